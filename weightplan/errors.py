@@ -1,0 +1,141 @@
+"""weightplan's exceptions.
+
+Every error weightplan raises is a :class:`WeightplanError`; no dependency's exception
+escapes (they are wrapped and chained with ``from``). The tree::
+
+    WeightplanError
+    ├── CheckpointError              a checkpoint file can't be used (names the file)
+    │   ├── UnsafeFormatError        pickle-based file (.bin/.pt); never unpickled
+    │   ├── NotSafetensorsError      not a safetensors file at all
+    │   ├── HeaderError              malformed or inconsistent header / index (names the key)
+    │   ├── TruncatedCheckpointError file shorter than its header says
+    │   ├── MissingShardError        the index names a shard that isn't there
+    │   └── StaleCheckpointError     the file changed between explain() and execute()
+    ├── MappingError                 a mapping (transforms, ops) is misconfigured
+    │   ├── PatternError             a source/target pattern can't be compiled or used
+    │   ├── ConflictingTransformError two converters claim one pattern, a renaming targets
+    │   │                            a converter's output, two mappings claim one submodule
+    │   ├── IndexGapError            an index wildcard collected 0,1,2,4 (3 is missing)
+    │   ├── OpError                  an op can't apply to its inputs (Chunk that can't split, ...)
+    │   ├── NotInvertibleError       a transform or op has no exact inverse
+    │   └── RegistryError            registering or looking up a mapping failed
+    ├── PlanError                    the plan can't be executed as asked
+    │   ├── ShapeMismatchError       converted shape != model parameter shape
+    │   ├── StrictLoadError          missing / unexpected keys with ``strict=True``
+    │   └── BudgetError              no schedule fits the memory budget
+    ├── ExecutionError               failure while loading; names the node (key, file, op)
+    └── SaveError                    failure while saving; nothing half-written is left
+
+Subclasses also derive from the matching builtin (``ValueError``, ``KeyError``,
+``OSError``) so existing ``except`` clauses keep working.
+"""
+
+from __future__ import annotations
+
+
+class WeightplanError(Exception):
+    """Base class of every error weightplan raises."""
+
+
+class CheckpointError(WeightplanError, OSError):
+    """A checkpoint file can't be read or used."""
+
+    def __init__(self, message: str, *, file: str | None = None, key: str | None = None):
+        where = ""
+        if file is not None:
+            where = f"{file}"
+            if key is not None:
+                where += f" [{key}]"
+            where += ": "
+        super().__init__(where + message)
+        self.file = file
+        self.key = key
+
+    def __str__(self) -> str:  # OSError's __str__ would show errno formatting
+        return str(self.args[0])
+
+
+class UnsafeFormatError(CheckpointError):
+    """A pickle-based checkpoint; weightplan never unpickles untrusted data."""
+
+
+class NotSafetensorsError(CheckpointError):
+    """The file is not a safetensors file."""
+
+
+class HeaderError(CheckpointError):
+    """A safetensors header or index is malformed or inconsistent."""
+
+
+class TruncatedCheckpointError(CheckpointError):
+    """The file is shorter than its header says."""
+
+
+class MissingShardError(CheckpointError):
+    """The index names a shard file that does not exist."""
+
+
+class StaleCheckpointError(CheckpointError):
+    """A checkpoint file changed between planning and execution."""
+
+
+class MappingError(WeightplanError, ValueError):
+    """A mapping (transforms and ops) is misconfigured."""
+
+
+class PatternError(MappingError):
+    """A source or target pattern can't be compiled or used."""
+
+
+class ConflictingTransformError(MappingError):
+    """Two transforms (or mappings) claim the same keys."""
+
+
+class IndexGapError(MappingError):
+    """An index wildcard collected a non-contiguous set of indices."""
+
+
+class OpError(MappingError):
+    """A conversion op can't apply to the tensors it was given."""
+
+
+class NotInvertibleError(MappingError):
+    """A transform or op has no exact inverse."""
+
+
+class RegistryError(MappingError, KeyError):
+    """Registering or looking up a mapping failed."""
+
+    def __str__(self) -> str:  # KeyError's __str__ would quote the message
+        return str(self.args[0])
+
+
+class PlanError(WeightplanError, ValueError):
+    """The plan can't be executed as asked."""
+
+
+class ShapeMismatchError(PlanError):
+    """A converted tensor's shape differs from its model parameter."""
+
+
+class StrictLoadError(PlanError):
+    """Missing or unexpected keys while loading with ``strict=True``."""
+
+
+class BudgetError(PlanError):
+    """No schedule stays under the memory budget."""
+
+    def __init__(self, message: str, *, minimum_bytes: int | None = None):
+        super().__init__(message)
+        self.minimum_bytes = minimum_bytes
+
+
+class ExecutionError(WeightplanError, RuntimeError):
+    """A failure while executing a plan, wrapped with the node it happened at."""
+
+
+class SaveError(WeightplanError, OSError):
+    """A failure while saving; the target directory is left without partial output."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])

@@ -1,0 +1,1 @@
+"""The executor: runs a plan's events with a thread pool of byte-range readers."""

@@ -1,0 +1,43 @@
+"""A progress bar (bytes, GB/s, ETA) on a terminal; silent otherwise."""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn,
+)
+
+
+def wants_progress(progress: bool | None) -> bool:
+    """``None`` means: only when stderr is a terminal."""
+    if progress is None:
+        return sys.stderr.isatty()
+    return bool(progress)
+
+
+class LoadProgress:
+    """Context manager; ``advance(nbytes)`` from the main thread."""
+
+    def __init__(self, total_bytes: int, enabled: bool, description: str = "loading"):
+        self._progress = None
+        if enabled:
+            self._progress = Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
+                TransferSpeedColumn(), TimeRemainingColumn(),
+                console=Console(file=sys.stderr), transient=False)
+            self._task = self._progress.add_task(description, total=total_bytes)
+
+    def advance(self, nbytes: int) -> None:
+        if self._progress is not None:
+            self._progress.advance(self._task, nbytes)
+
+    def __enter__(self) -> "LoadProgress":
+        if self._progress is not None:
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()

@@ -1,0 +1,66 @@
+"""The :class:`LoadReport` returned by ``plan.execute()``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from weightplan.units import format_bytes
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """What a load did and what it cost.
+
+    ``peak_bytes`` is the most memory the executor held at once (allocated model tensors
+    plus temporaries), counted exactly; ``rss_peak_bytes`` is the growth of the process's
+    peak resident memory during the load as the OS measured it (``None`` when the OS
+    can't tell). ``initialized`` lists missing tensors given fresh values on a meta model.
+    """
+
+    bytes_read: int
+    bytes_needed: int
+    seconds: float
+    peak_bytes: int
+    planned_peak_bytes: int
+    rss_peak_bytes: int | None
+    tensors_loaded: int
+    threads: int
+    stage_seconds: Mapping[str, float] = field(default_factory=dict)
+    missing: frozenset[str] = frozenset()
+    unexpected: frozenset[str] = frozenset()
+    initialized: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def gb_per_s(self) -> float:
+        """Read throughput in GB/s (10^9 bytes)."""
+        return self.bytes_read / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "bytes_read": self.bytes_read, "bytes_needed": self.bytes_needed,
+            "seconds": self.seconds, "gb_per_s": self.gb_per_s, "peak_bytes": self.peak_bytes,
+            "planned_peak_bytes": self.planned_peak_bytes, "rss_peak_bytes": self.rss_peak_bytes,
+            "tensors_loaded": self.tensors_loaded, "threads": self.threads,
+            "stage_seconds": dict(self.stage_seconds), "missing": sorted(self.missing),
+            "unexpected": sorted(self.unexpected), "initialized": dict(self.initialized),
+        }
+
+    def __str__(self) -> str:
+        stages = ", ".join(f"{k} {v:.2f}s" for k, v in self.stage_seconds.items())
+        rss = "n/a" if self.rss_peak_bytes is None else format_bytes(self.rss_peak_bytes)
+        lines = [
+            f"loaded {self.tensors_loaded} tensors: {format_bytes(self.bytes_read)} read "
+            f"in {self.seconds:.2f}s ({self.gb_per_s:.2f} GB/s, {self.threads} threads)",
+            f"peak held {format_bytes(self.peak_bytes)} (planned "
+            f"{format_bytes(self.planned_peak_bytes)}), process peak RSS +{rss}",
+        ]
+        if stages:
+            lines.append(f"stage time (summed over threads): {stages}")
+        if self.missing:
+            lines.append(f"missing: {len(self.missing)} tensors")
+        if self.unexpected:
+            lines.append(f"unexpected: {len(self.unexpected)} checkpoint keys (not loaded)")
+        for name, how in sorted(self.initialized.items()):
+            lines.append(f"initialized {name} by {how}")
+        return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""The planner: checkpoint headers → key routing → graph → verification → schedule."""

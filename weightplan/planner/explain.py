@@ -1,0 +1,121 @@
+"""``explain(model, checkpoint)``: the planning pipeline, from headers to a :class:`Plan`.
+
+headers → mapping → routing → conversions (ops resolved, specs inferred) → graph (verified)
+→ programs (where bytes land) → schedule (order, window, peak) → findings.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+
+from weightplan.errors import BudgetError, MappingError, PlanError
+from weightplan.planner.build import build_conversions
+from weightplan.planner.checkpoint import open_checkpoint
+from weightplan.planner.findings import collect_findings
+from weightplan.planner.graph import build_graph
+from weightplan.planner.match import route_checkpoint
+from weightplan.planner.model_info import inspect_model
+from weightplan.planner.placement import plan_program
+from weightplan.planner.plan import Plan, PlanOptions
+from weightplan.planner.registry import REGISTRY, MappingChoice
+from weightplan.planner.schedule import Schedule, make_schedule, order_programs
+from weightplan.planner.spec import parse_dtype
+from weightplan.planner.transforms import LEGACY, WeightTransform
+from weightplan.planner.verify import verify
+from weightplan.units import format_bytes, parse_bytes
+
+SYNC_ENV = "WEIGHTPLAN_SYNC_LOAD"
+
+
+def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: object = None,
+            dtype: torch.dtype | str | None = None, budget: int | str | None = None,
+            tp: object = None, quantization: object = None, threads: int = 4) -> Plan:
+    """Plan loading ``checkpoint`` into ``model`` from headers only; nothing is read or written.
+
+    Args:
+        model: a ``torch.nn.Module`` (usually on ``meta``), or ``None`` to see what the
+            keys become under ``mapping`` without a model.
+        checkpoint: a ``.safetensors`` file, a directory, a list of files, or a dict.
+        mapping: ``None`` (look the model up in the registry), a registered name, or a
+            list of transforms. Legacy ``LayerNorm.gamma/beta`` renames always apply.
+        dtype: cast floating tensors of a meta model to this dtype.
+        budget: bytes (or ``"8GiB"``) the load may add at most; raises
+            :class:`BudgetError` with the smallest budget that works when impossible.
+        tp, quantization: reserved for tensor-parallel and quantized loading.
+        threads: reader threads (``0``, or ``WEIGHTPLAN_SYNC_LOAD=1``, reads inline).
+
+    Returns:
+        A :class:`Plan`. Missing / unexpected / mismatched keys are reported on it;
+        configuration errors (conflicting converters, index gaps, unreadable files) raise.
+
+    Example:
+        >>> plan = explain(model, "ckpt_dir/")          # doctest: +SKIP
+        >>> print(plan); plan.execute()                 # doctest: +SKIP
+    """
+    if tp is not None or quantization is not None:
+        raise PlanError("tensor-parallel (tp=) and quantized (quantization=) loading are not "
+                        "available in this version of weightplan")
+    options = PlanOptions(parse_dtype(dtype), _threads(threads),
+                          None if budget is None else parse_bytes(budget, what="budget"))
+    ckpt = open_checkpoint(checkpoint)
+    info = inspect_model(model) if model is not None else None
+    choice = choose_mapping(mapping, model)
+    transforms = choice.transforms + tuple(t for t in LEGACY if t not in choice.transforms)
+    routing = route_checkpoint(ckpt, transforms, info)
+    conversions = build_conversions(routing.groups, info, options.dtype)
+    graph = build_graph(n for c in conversions for n in c.nodes)
+    verify(graph)
+    programs = [plan_program(c) for c in conversions if c.loads]
+    files = [f.path for f in ckpt.files]
+    schedule = schedule_within(order_programs(programs, files), options)
+    findings = collect_findings(info, routing, conversions)
+    return Plan(model, ckpt, info, choice, transforms, routing, conversions, graph, schedule,
+                findings, options)
+
+
+def choose_mapping(mapping: object, model: torch.nn.Module | None) -> MappingChoice:
+    if mapping is None:
+        if model is None:
+            return MappingChoice(None, "no model and no mapping: keys are used as they are", ())
+        return REGISTRY.choose(model)
+    if isinstance(mapping, str):
+        return MappingChoice(mapping, f"requested mapping {mapping!r}", tuple(REGISTRY.get(mapping)))
+    if isinstance(mapping, Sequence) and all(isinstance(t, WeightTransform) for t in mapping):
+        return MappingChoice(None, f"{len(mapping)} transforms given", tuple(mapping))
+    raise MappingError(f"mapping must be None, a registered name or a list of transforms, "
+                       f"got {mapping!r}")
+
+
+def _threads(threads: int) -> int:
+    if os.environ.get(SYNC_ENV, "").strip() not in ("", "0"):
+        return 0
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+        raise PlanError(f"threads must be a non-negative int, got {threads!r}")
+    return threads
+
+
+def schedule_within(programs: tuple, options: PlanOptions) -> Schedule:
+    """The default schedule, or with a budget the largest read-ahead window that fits."""
+    schedule = make_schedule(programs, threads=options.threads)
+    if options.budget is None or schedule.peak_bytes <= options.budget:
+        return schedule
+    tightest = make_schedule(programs, threads=options.threads, window_bytes=0)
+    if tightest.peak_bytes > options.budget:
+        peak = tightest.peak
+        raise BudgetError(
+            f"no schedule fits a budget of {format_bytes(options.budget)}: the smallest "
+            f"possible peak is {format_bytes(tightest.peak_bytes)} ({tightest.peak_bytes} bytes), "
+            f"reached at {peak.label}", minimum_bytes=tightest.peak_bytes)
+    lo, hi = tightest.window_bytes, schedule.window_bytes
+    best = tightest
+    while hi - lo > 1 << 20:
+        mid = (lo + hi) // 2
+        candidate = make_schedule(programs, threads=options.threads, window_bytes=mid)
+        if candidate.peak_bytes <= options.budget:
+            best, lo = candidate, mid
+        else:
+            hi = mid
+    return best

@@ -1,0 +1,146 @@
+"""Index-space geometry for writing bytes straight into their final place.
+
+A :class:`Region` is a box of an op input (or a checkpoint tensor). A :class:`View` is a
+strided window into a destination tensor's storage, in elements. A :class:`Fragment`
+says "this region of the tensor lands in that view of destination ``target``". Ops map
+fragments of their outputs back to fragments of their inputs (``ConversionOp.place``),
+so a read can land directly in the slice of the parameter a merge would put it in.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+def row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for size in reversed(shape):
+        strides.append(acc)
+        acc *= size
+    return tuple(reversed(strides))
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """A strided window (shape, stride, offset in elements) into a destination's storage."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int = 0
+
+    @classmethod
+    def contiguous(cls, shape: tuple[int, ...], offset: int = 0) -> "View":
+        return cls(tuple(shape), row_major_strides(tuple(shape)), offset)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def is_contiguous(self) -> bool:
+        expected = 1
+        for size, stride in reversed(tuple(zip(self.shape, self.stride))):
+            if size != 1 and stride != expected:
+                return False
+            expected *= size
+        return True
+
+    def narrow(self, dim: int, start: int, length: int) -> "View":
+        shape = list(self.shape)
+        shape[dim] = length
+        return View(tuple(shape), self.stride, self.offset + start * self.stride[dim])
+
+    def select(self, dim: int, index: int) -> "View":
+        return View(self.shape[:dim] + self.shape[dim + 1:], self.stride[:dim] + self.stride[dim + 1:],
+                    self.offset + index * self.stride[dim])
+
+    def unsqueeze(self, dim: int) -> "View":
+        inner = self.stride[dim] * self.shape[dim] if dim < len(self.shape) else 1
+        return View(self.shape[:dim] + (1,) + self.shape[dim:],
+                    self.stride[:dim] + (inner,) + self.stride[dim:], self.offset)
+
+    def transpose(self, a: int, b: int) -> "View":
+        shape, stride = list(self.shape), list(self.stride)
+        shape[a], shape[b] = shape[b], shape[a]
+        stride[a], stride[b] = stride[b], stride[a]
+        return View(tuple(shape), tuple(stride), self.offset)
+
+    def split(self, dim: int, sizes: tuple[int, ...]) -> "View":
+        """Split one dim into several (always a view)."""
+        inner = row_major_strides(sizes)
+        stride = tuple(s * self.stride[dim] for s in inner)
+        return View(self.shape[:dim] + sizes + self.shape[dim + 1:],
+                    self.stride[:dim] + stride + self.stride[dim + 1:], self.offset)
+
+    def reshaped(self, shape: tuple[int, ...]) -> "View | None":
+        """The same elements with another shape, when both are contiguous."""
+        if not self.is_contiguous() or math.prod(shape) != self.numel:
+            return None
+        return View.contiguous(shape, self.offset)
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    """A box ``[starts, stops)`` in a tensor's index space."""
+
+    starts: tuple[int, ...]
+    stops: tuple[int, ...]
+
+    @classmethod
+    def full(cls, shape: tuple[int, ...]) -> "Region":
+        return cls((0,) * len(shape), tuple(shape))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(b - a for a, b in zip(self.starts, self.stops))
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def is_full(self, shape: tuple[int, ...]) -> bool:
+        return self.starts == (0,) * len(shape) and self.stops == tuple(shape)
+
+    def with_dim(self, dim: int, start: int, stop: int) -> "Region":
+        return Region(self.starts[:dim] + (start,) + self.starts[dim + 1:],
+                      self.stops[:dim] + (stop,) + self.stops[dim + 1:])
+
+    def drop(self, dim: int) -> "Region":
+        return Region(self.starts[:dim] + self.starts[dim + 1:], self.stops[:dim] + self.stops[dim + 1:])
+
+    def insert(self, dim: int, index: int) -> "Region":
+        return Region(self.starts[:dim] + (index,) + self.starts[dim:],
+                      self.stops[:dim] + (index + 1,) + self.stops[dim:])
+
+    def swap(self, a: int, b: int) -> "Region":
+        starts, stops = list(self.starts), list(self.stops)
+        starts[a], starts[b] = starts[b], starts[a]
+        stops[a], stops[b] = stops[b], stops[a]
+        return Region(tuple(starts), tuple(stops))
+
+    def element_span(self, shape: tuple[int, ...]) -> tuple[int, int]:
+        """``(first, count)``: the contiguous run of elements (row-major) enclosing the box."""
+        if self.numel == 0:
+            return 0, 0
+        strides = row_major_strides(shape)
+        first = sum(a * s for a, s in zip(self.starts, strides))
+        last = sum((b - 1) * s for b, s in zip(self.stops, strides))
+        return first, last - first + 1
+
+
+@dataclass(frozen=True, slots=True)
+class Fragment:
+    """``region`` of a tensor lands in ``view`` of destination number ``target``.
+
+    ``view.numel == region.numel``; the region's elements, in row-major order, fill the
+    view in row-major order (shapes may differ, e.g. after a reshaping op).
+    """
+
+    region: Region
+    target: int
+    view: View
+
+    @property
+    def aligned(self) -> bool:
+        """Region and view have the same shape, so ops can keep slicing both together."""
+        return self.region.shape == self.view.shape

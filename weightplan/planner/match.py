@@ -1,0 +1,220 @@
+"""Phase 1: route every checkpoint key through renamings to at most one converter.
+
+For each key (natural order): every matching renaming fires, in list order, chained;
+then the first matching converter claims the key. Keys claimed by one converter with
+the same surroundings (text before and after the match, captured groups) form a
+:class:`Group`; an unclaimed key is a group of its own. When a model is known, two
+fix-ups keep real checkpoints loading: the model's ``base_model_prefix`` is added or
+removed when that makes the key exist, and a key whose transformed name is unknown but
+whose original name exists keeps its original name. Both are recorded on the route.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from weightplan.errors import ConflictingTransformError, IndexGapError
+from weightplan.planner.checkpoint import Checkpoint, TensorEntry
+from weightplan.planner.model_info import ModelInfo
+from weightplan.planner.patterns import natural_key
+from weightplan.planner.transforms import (
+    ConverterMatch, PrefixChange, Renaming, WeightConverter, WeightRenaming, WeightTransform,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """What phase 1 decided for one checkpoint key."""
+
+    key: str
+    renamed: str  # the key after every renaming (and prefix fix-up)
+    fired: tuple[Renaming, ...]  # renamings that changed it, in order
+    converter: WeightConverter | None = None
+    match: ConverterMatch | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Group:
+    """Keys consumed together: one converter application, or one renamed key."""
+
+    converter: WeightConverter | None
+    sources: tuple[tuple[TensorEntry, ...], ...]  # per source pattern, ordered by index
+    routes: tuple[tuple[Route, ...], ...]  # aligned with ``sources``
+    targets: tuple[str, ...]  # target keys; ``*`` still stands for an output index
+
+    @property
+    def entries(self) -> tuple[TensorEntry, ...]:
+        return tuple(e for stream in self.sources for e in stream)
+
+    @property
+    def first_offset(self) -> tuple[str, int]:
+        first = min(self.entries, key=lambda e: (e.file or "", e.offset))
+        return first.file or "", first.offset
+
+
+@dataclass(frozen=True)
+class Incomplete:
+    """A converter group lacking some of its source patterns."""
+
+    converter: WeightConverter
+    targets: tuple[str, ...]
+    present: tuple[str, ...]  # checkpoint keys found
+    missing_patterns: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Routing:
+    routes: tuple[Route, ...]
+    groups: tuple[Group, ...]
+    incomplete: tuple[Incomplete, ...]
+
+
+def route_checkpoint(checkpoint: Checkpoint, transforms: Sequence[WeightTransform],
+                     model: ModelInfo | None) -> Routing:
+    """Route every key of ``checkpoint``; raises for configuration errors."""
+    renamings = [t for t in transforms if isinstance(t, Renaming)]
+    converters = [t for t in transforms if isinstance(t, WeightConverter)]
+    check_conflicts(renamings, converters)
+    keys = sorted(checkpoint.entries, key=natural_key)
+    routes = tuple(_route(k, renamings, converters, model) for k in keys)
+    groups, incomplete = _group(routes, checkpoint)
+    return Routing(routes, groups, incomplete)
+
+
+def _apply(key: str, renamings: Sequence[Renaming], converters: Sequence[WeightConverter]
+           ) -> Route:
+    name, fired = key, []
+    for r in renamings:
+        new = r.rename(name)
+        if new is not None:
+            fired.append(r)
+            name = new
+    for c in converters:
+        m = c.match(name)
+        if m is not None:
+            return Route(key, name, tuple(fired), c, m)
+    return Route(key, name, tuple(fired))
+
+
+def _route(key: str, renamings: list[Renaming], converters: list[WeightConverter],
+           model: ModelInfo | None) -> Route:
+    route = _apply(key, renamings, converters)
+    if model is None or _lands(route, model):
+        return route
+    prefix = model.base_model_prefix
+    if prefix:
+        for fix in (PrefixChange(prefix_to_remove=prefix), PrefixChange(prefix_to_add=prefix)):
+            fixed = _apply(key, [*renamings, fix], converters)
+            if fix in fixed.fired and _lands(fixed, model):
+                return Route(fixed.key, fixed.renamed, fixed.fired, fixed.converter,
+                             fixed.match, note=f"base_model_prefix {prefix!r} fix-up")
+    if key in model and (route.fired or route.converter):
+        return Route(key, key, (), note="kept its checkpoint name: the transformed name is "
+                                        "not in the model but the original is")
+    return route
+
+
+def _lands(route: Route, model: ModelInfo) -> bool:
+    if route.converter is None:
+        return route.renamed in model
+    targets = route.converter.target_keys(route.match)
+    return any(t in model for t in targets if "*" not in t) or any("*" in t for t in targets)
+
+
+def _group(routes: tuple[Route, ...], checkpoint: Checkpoint
+           ) -> tuple[tuple[Group, ...], tuple[Incomplete, ...]]:
+    buckets: dict[tuple, list[Route]] = {}
+    for r in routes:
+        if r.converter is None:
+            ident: tuple = ("rename", r.key)
+        else:
+            m = r.match
+            ident = ("convert", r.converter, m.head, m.tail, m.match.groups)
+        buckets.setdefault(ident, []).append(r)
+    groups, incomplete = [], []
+    for members in buckets.values():
+        first = members[0]
+        if first.converter is None:
+            entry = checkpoint.entries[first.key]
+            groups.append(Group(None, ((entry,),), ((first,),), (first.renamed,)))
+            continue
+        group = _converter_group(first.converter, members, checkpoint)
+        (groups if isinstance(group, Group) else incomplete).append(group)
+    return tuple(groups), tuple(incomplete)
+
+
+def _converter_group(converter: WeightConverter, members: list[Route], checkpoint: Checkpoint
+                     ) -> Group | Incomplete:
+    targets = converter.target_keys(members[0].match)
+    streams: list[list[Route]] = [[] for _ in converter.source_patterns]
+    for r in members:
+        streams[r.match.source_index].append(r)
+    missing = tuple(p for p, s in zip(converter.source_patterns, streams) if not s)
+    if missing:
+        return Incomplete(converter, targets, tuple(r.key for r in members), missing)
+    ordered = []
+    for pattern, source, stream in zip(converter.source_patterns, converter.sources, streams):
+        ordered.append(_ordered_stream(converter, pattern, source.has_index, stream, targets,
+                                       checkpoint))
+    _check_counts(converter, ordered, targets)
+    sources = tuple(tuple(checkpoint.entries[r.key] for r in s) for s in ordered)
+    return Group(converter, sources, tuple(tuple(s) for s in ordered), targets)
+
+
+def _ordered_stream(converter: WeightConverter, pattern: str, has_index: bool,
+                    stream: list[Route], targets: tuple[str, ...], checkpoint: Checkpoint
+                    ) -> list[Route]:
+    if not has_index:
+        if len(stream) > 1:
+            raise ConflictingTransformError(
+                f"{converter.describe()}: source {pattern!r} matched several keys for one "
+                f"group ({', '.join(r.key for r in stream)}); anchor the pattern or use `*`")
+        return stream
+    stream = sorted(stream, key=lambda r: r.match.match.index)
+    indices = [r.match.match.index for r in stream]
+    if indices != list(range(len(indices))):
+        present = set(indices)
+        gaps = [i for i in range(max(indices) + 1) if i not in present]
+        dupes = sorted({i for i in indices if indices.count(i) > 1})
+        what = f"indices {gaps} are missing" if gaps else f"indices {dupes} appear twice"
+        raise IndexGapError(f"{converter.describe()}: for {targets[0]}, source {pattern!r} "
+                            f"collected {len(indices)} tensors but {what} (e.g. near "
+                            f"{stream[0].key} in "
+                            f"{checkpoint.entries[stream[0].key].file or '<memory>'})")
+    return stream
+
+
+def _check_counts(converter: WeightConverter, ordered: list[list[Route]],
+                  targets: tuple[str, ...]) -> None:
+    counts = {len(s) for s, src in zip(ordered, converter.sources) if src.has_index}
+    if len(counts) > 1:
+        sizes = {p: len(s) for p, s in zip(converter.source_patterns, ordered)}
+        raise IndexGapError(f"{converter.describe()}: for {targets[0]} the source patterns "
+                            f"collected different counts {sizes}; an index is missing")
+
+
+def check_conflicts(renamings: Sequence[Renaming], converters: Sequence[WeightConverter]) -> None:
+    """Two converters claiming one pattern, or a renaming that rewrites a converter's output."""
+    seen: dict[tuple[str | None, str], WeightConverter] = {}
+    for c in converters:
+        for pattern in c.source_patterns:
+            other = seen.setdefault((c.scope_prefix, pattern), c)
+            if other is not c:
+                raise ConflictingTransformError(
+                    f"two converters claim source pattern {pattern!r}: {other.describe()} and "
+                    f"{c.describe()}")
+    for r in renamings:
+        if not isinstance(r, WeightRenaming):
+            continue
+        for c in converters:
+            for t in c._targets:
+                sample = t.expand(("0",) * t.max_group, "0")
+                scoped = f"{c.scope_prefix}.{sample}" if c.scope_prefix else sample
+                if r.rename(scoped) is not None:
+                    raise ConflictingTransformError(
+                        f"renaming ({r.describe()}) rewrites {sample!r}, the output of "
+                        f"converter ({c.describe()}); renamings run before converters, so it "
+                        "would never see that key. Rename the converter's sources or change "
+                        "its target instead.")

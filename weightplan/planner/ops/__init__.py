@@ -1,0 +1,13 @@
+"""Conversion ops: each one class carrying inference, placement, kernel and inverse."""
+
+from weightplan.planner.ops.base import ConversionOp, OpContext, Streams, TensorwiseOp
+from weightplan.planner.ops.layout import Chunk, Concatenate, MergeModulelist, SplitModulelist
+from weightplan.planner.ops.reshape import (
+    Conv3dToLinear, LinearToConv3d, PermuteForRope, Transpose,
+)
+
+__all__ = [
+    "ConversionOp", "OpContext", "Streams", "TensorwiseOp",
+    "Chunk", "Concatenate", "MergeModulelist", "SplitModulelist",
+    "Transpose", "PermuteForRope", "Conv3dToLinear", "LinearToConv3d",
+]

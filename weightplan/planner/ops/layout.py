@@ -1,0 +1,214 @@
+"""Ops that split and join tensors: Chunk, Concatenate, MergeModulelist, SplitModulelist."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+from weightplan.errors import OpError
+from weightplan.planner.geometry import Fragment
+from weightplan.planner.ops.base import (
+    ConversionOp, OpContext, Streams, Wiring, flat, normalize_dim, single_input,
+)
+from weightplan.planner.spec import TensorSpec
+
+
+@dataclass(frozen=True, repr=False)
+class Chunk(ConversionOp):
+    """Split one tensor along ``dim`` into one piece per target.
+
+    Piece sizes come from the target parameters' shapes (uneven GQA q/k/v splits work);
+    when the targets aren't model parameters the pieces are equal. ``sizes`` pins them.
+    Inverse: :class:`Concatenate`.
+    """
+
+    allocates = False
+
+    dim: int = 0
+    sizes: tuple[int, ...] | None = field(default=None, kw_only=True)
+
+    def resolve(self, ctx: OpContext, inputs: Streams[TensorSpec]) -> "Chunk":
+        spec = single_input(self, inputs)
+        d = normalize_dim(self, self.dim, len(spec.shape))
+        total, n = spec.shape[d], len(ctx.target_keys)
+        sizes = self.sizes
+        if sizes is None:
+            sizes = _sizes_from_targets(ctx, d, total)
+        if sizes is None:
+            if n == 0 or total % n:
+                raise OpError(f"{self!r} can't split {list(spec.shape)} (size {total} on dim "
+                              f"{d}) into {n} equal pieces for {list(ctx.target_keys)}")
+            sizes = (total // n,) * n
+        if sum(sizes) != total or len(sizes) != n:
+            raise OpError(f"{self!r}: sizes {list(sizes)} don't split {total} on dim {d} into "
+                          f"{n} targets {list(ctx.target_keys)}")
+        return dataclasses.replace(self, dim=d, sizes=tuple(sizes))
+
+    def forward(self, streams):
+        (tensor,), = streams
+        if self.sizes is None:
+            raise OpError(f"{self!r} is not resolved: plan it (or pass sizes=...) first")
+        return tuple((piece,) for piece in torch.split(tensor, list(self.sizes), self.dim))
+
+    def wiring(self, inputs) -> Wiring:
+        return tuple((((0, 0),),) for _ in self.sizes or ())
+
+    def place(self, outputs, inputs):
+        d, offset, frags = self.dim, 0, []
+        for (piece,), size in zip(outputs, self.sizes or ()):
+            for f in piece:
+                if not f.aligned:
+                    return None
+                start, stop = f.region.starts[d] + offset, f.region.stops[d] + offset
+                frags.append(Fragment(f.region.with_dim(d, start, stop), f.target, f.view))
+            offset += size
+        return ((tuple(frags),),)
+
+    def inverse(self) -> "Concatenate":
+        return Concatenate(self.dim)
+
+
+def _sizes_from_targets(ctx: OpContext, d: int, total: int) -> tuple[int, ...] | None:
+    specs = ctx.target_specs
+    if not specs or any(s is None or len(s.shape) <= d for s in specs):
+        return None
+    sizes = tuple(s.shape[d] for s in specs)
+    return sizes if sum(sizes) == total else None
+
+
+@dataclass(frozen=True, repr=False)
+class Concatenate(ConversionOp):
+    """Concatenate every input tensor (streams in declared order) along ``dim``.
+
+    Inverse: :class:`Chunk` with the input sizes.
+    """
+
+    dim: int = 0
+    sizes: tuple[int, ...] | None = field(default=None, kw_only=True)
+
+    def resolve(self, ctx: OpContext, inputs: Streams[TensorSpec]) -> "Concatenate":
+        specs = flat(inputs)
+        if not specs:
+            raise OpError(f"{self!r} got no tensors")
+        d = normalize_dim(self, self.dim, len(specs[0].shape))
+        return dataclasses.replace(self, dim=d, sizes=tuple(s.shape[d] for s in specs))
+
+    def forward(self, streams):
+        return ((torch.cat(flat(streams), self.dim),),)
+
+    def place(self, outputs, inputs):
+        d = self.dim
+        (frags,), = outputs
+        placed: list[list[tuple[Fragment, ...]]] = []
+        offset = 0
+        for stream in inputs:
+            row = []
+            for spec in stream:
+                lo_k, hi_k = offset, offset + spec.shape[d]
+                mine = []
+                for f in frags:
+                    if not f.aligned:
+                        return None
+                    lo, hi = max(lo_k, f.region.starts[d]), min(hi_k, f.region.stops[d])
+                    if lo < hi:
+                        region = f.region.with_dim(d, lo - lo_k, hi - lo_k)
+                        view = f.view.narrow(d, lo - f.region.starts[d], hi - lo)
+                        mine.append(Fragment(region, f.target, view))
+                row.append(tuple(mine))
+                offset = hi_k
+            placed.append(row)
+        return tuple(tuple(r) for r in placed)
+
+    def wiring(self, inputs) -> Wiring:
+        every = tuple((i, j) for i, stream in enumerate(inputs) for j in range(len(stream)))
+        return ((every,),)
+
+    def inverse(self) -> Chunk:
+        return Chunk(self.dim, sizes=self.sizes)
+
+
+@dataclass(frozen=True, repr=False)
+class MergeModulelist(ConversionOp):
+    """Stack each stream's list of tensors (collected by ``*``) along a new axis ``dim``.
+
+    Inverse: :class:`SplitModulelist`.
+    """
+
+    dim: int = 0
+
+    def resolve(self, ctx, inputs):
+        for stream in inputs:
+            if not stream:
+                raise OpError(f"{self!r}: a source pattern collected no tensors")
+            normalize_dim(self, self.dim, len(stream[0].shape) + 1)
+        return self
+
+    def forward(self, streams):
+        return tuple((torch.stack(stream, self._dim(stream[0].dim())),) for stream in streams)
+
+    def _dim(self, ndim_in: int) -> int:
+        return self.dim + ndim_in + 1 if self.dim < 0 else self.dim
+
+    def wiring(self, inputs) -> Wiring:
+        return tuple((tuple((i, j) for j in range(len(s))),) for i, s in enumerate(inputs))
+
+    def place(self, outputs, inputs):
+        placed = []
+        for (frags,), stream in zip(outputs, inputs):
+            d = self._dim(len(stream[0].shape))
+            per_item: list[list[Fragment]] = [[] for _ in stream]
+            for f in frags:
+                if not f.aligned:
+                    return None
+                for idx in range(f.region.starts[d], f.region.stops[d]):
+                    view = f.view.select(d, idx - f.region.starts[d])
+                    per_item[idx].append(Fragment(f.region.drop(d), f.target, view))
+            placed.append(tuple(tuple(p) for p in per_item))
+        return tuple(placed)
+
+    def inverse(self) -> "SplitModulelist":
+        return SplitModulelist(self.dim)
+
+
+@dataclass(frozen=True, repr=False)
+class SplitModulelist(ConversionOp):
+    """Unbind each stream's tensor along ``dim`` into a list (only ``dim`` is removed).
+
+    Inverse: :class:`MergeModulelist`.
+    """
+
+    allocates = False
+
+    dim: int = 0
+
+    def resolve(self, ctx, inputs):
+        for stream in inputs:
+            if len(stream) != 1:
+                raise OpError(f"{self!r} takes one tensor per source pattern, got {len(stream)}")
+            normalize_dim(self, self.dim, len(stream[0].shape))
+        return self
+
+    def forward(self, streams):
+        return tuple(tuple(t.unbind(self.dim)) for (t,) in streams)
+
+    def wiring(self, inputs) -> Wiring:
+        return tuple(tuple(((i, 0),) for _ in range(s[0].shape[self.dim]))
+                     for i, s in enumerate(inputs))
+
+    def place(self, outputs, inputs):
+        placed = []
+        for out_stream, (spec,) in zip(outputs, inputs):
+            d = normalize_dim(self, self.dim, len(spec.shape))
+            mine = []
+            for idx, frags in enumerate(out_stream):
+                for f in frags:
+                    if not f.aligned:
+                        return None
+                    mine.append(Fragment(f.region.insert(d, idx), f.target, f.view.unsqueeze(d)))
+            placed.append((tuple(mine),))
+        return tuple(placed)
+
+    def inverse(self) -> MergeModulelist:
+        return MergeModulelist(self.dim)

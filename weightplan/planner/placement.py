@@ -1,0 +1,149 @@
+"""Where every byte lands: turn a conversion into read tasks and (rarely) op runs.
+
+Starting from the destinations (each loaded target is a full view of its model tensor),
+fragments are pushed backwards through the op chain with ``ConversionOp.place``. When
+every op places, each checkpoint tensor's bytes are read straight into the slice of the
+destination a merge/concat/chunk would put them in: no intermediate at all. A read is
+*direct* (no temporary) when its destination view is contiguous, the dtype needs no cast
+and the source region is one contiguous byte range; otherwise it goes through a
+temporary of exactly the bytes read. When an op can't place, the ops up to it run on
+materialized tensors and their outputs are copied into the placed views.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from weightplan.planner.build import Conversion, TargetStatus
+from weightplan.planner.checkpoint import TensorEntry
+from weightplan.planner.geometry import Fragment, Region, View
+from weightplan.planner.ops.base import ConversionOp, Streams
+from weightplan.planner.spec import TensorSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    """A model tensor a program writes: allocated by the executor or written in place."""
+
+    key: str
+    aliases: tuple[str, ...]
+    spec: TensorSpec
+    allocates: bool
+    stride: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadTask:
+    """Read ``region`` of a checkpoint tensor; land it in ``fragment`` (or keep it whole)."""
+
+    entry: TensorEntry
+    source: tuple[int, int]  # (stream, index) within the conversion's sources
+    region: Region
+    fragment: Fragment | None  # None: kept as an input of the materialized ops
+    direct: bool  # the bytes land in the destination without a temporary
+
+    @property
+    def byte_range(self) -> tuple[int, int]:
+        """(absolute file offset, length) of the bytes this task reads."""
+        first, count = self.region.element_span(self.entry.spec.shape)
+        size = self.entry.spec.dtype.itemsize
+        return self.entry.offset + first * size, count * size
+
+    @property
+    def nbytes(self) -> int:
+        return self.byte_range[1]
+
+    @property
+    def tmp_bytes(self) -> int:
+        return 0 if self.direct else self.nbytes
+
+
+@dataclass(frozen=True)
+class Program:
+    """What the executor does for one conversion, decided at plan time."""
+
+    conversion: Conversion
+    destinations: tuple[Destination, ...]
+    reads: tuple[ReadTask, ...]
+    materialize: tuple[ConversionOp, ...]  # ops run on tensors (empty: everything placed)
+    outputs: Streams[tuple[Fragment, ...]]  # where the materialized ops' outputs land
+
+    @property
+    def read_bytes(self) -> int:
+        return sum(r.nbytes for r in self.reads)
+
+    @property
+    def needed_bytes(self) -> int:
+        return sum(r.region.numel * r.entry.spec.dtype.itemsize for r in self.reads)
+
+    @property
+    def dest_bytes(self) -> int:
+        """Bytes this program allocates for the model (0 when writing in place)."""
+        return sum(d.spec.nbytes for d in self.destinations if d.allocates)
+
+    @property
+    def held_bytes(self) -> int:
+        """Temporaries kept until the materialized ops run."""
+        return sum(r.tmp_bytes for r in self.reads if r.fragment is None)
+
+    @property
+    def task_tmp_bytes(self) -> tuple[int, ...]:
+        """Temporaries that live only while their read task runs."""
+        return tuple(r.tmp_bytes for r in self.reads if r.fragment is not None and r.tmp_bytes)
+
+    @property
+    def convert_bytes(self) -> int:
+        """Upper bound of the tensors the materialized ops allocate."""
+        stages = self.conversion.stages
+        return sum(sum(s.nbytes for stream in stages[k + 1] for s in stream)
+                   for k, op in enumerate(self.materialize) if op.allocates)
+
+    @property
+    def direct_fraction(self) -> float:
+        total = self.read_bytes
+        return sum(r.nbytes for r in self.reads if r.direct) / total if total else 1.0
+
+
+def plan_program(conv: Conversion) -> Program:
+    """Destinations, then fragments pushed back through the ops as far as they go."""
+    loads = [t for t in conv.targets if t.status is TargetStatus.LOAD]
+    dests = tuple(Destination(t.key, t.model.aliases if t.model else (t.key,), t.dest,
+                              bool(t.model is None or t.model.allocates),
+                              t.model.stride if t.model else View.contiguous(t.dest.shape).stride)
+                  for t in loads)
+    final: list[list[tuple[Fragment, ...]]] = [[() for _ in s] for s in conv.stages[-1]]
+    for index, (t, d) in enumerate(zip(loads, dests)):
+        i, j = t.position
+        final[i][j] = (Fragment(Region.full(t.dest.shape), index, View(d.spec.shape, d.stride)),)
+    frags: Streams[tuple[Fragment, ...]] = tuple(tuple(row) for row in final)
+    m = len(conv.ops)
+    while m > 0:
+        placed = conv.ops[m - 1].place(frags, conv.stages[m - 1])
+        if placed is None:
+            break
+        frags, m = placed, m - 1
+    if m == 0:
+        return Program(conv, dests, _placed_reads(conv, frags, dests), (), ())
+    reads = tuple(ReadTask(e, (i, j), Region.full(e.spec.shape), None, e.file is None)
+                  for i, stream in enumerate(conv.group.sources) for j, e in enumerate(stream))
+    return Program(conv, dests, reads, conv.ops[:m], frags)
+
+
+def _placed_reads(conv: Conversion, frags: Streams[tuple[Fragment, ...]],
+                  dests: tuple[Destination, ...]) -> tuple[ReadTask, ...]:
+    tasks = []
+    for i, stream in enumerate(conv.group.sources):
+        for j, entry in enumerate(stream):
+            for f in frags[i][j]:
+                if f.region.numel == 0:
+                    continue
+                tasks.append(ReadTask(entry, (i, j), f.region, f, _direct(entry, f, dests)))
+    return tuple(tasks)
+
+
+def _direct(entry: TensorEntry, f: Fragment, dests: tuple[Destination, ...]) -> bool:
+    if entry.file is None:
+        return True  # in memory: one copy_ from the source view, casting on the way
+    _, count = f.region.element_span(entry.spec.shape)
+    return (f.view.is_contiguous() and count == f.region.numel
+            and dests[f.target].spec.dtype == entry.spec.dtype)

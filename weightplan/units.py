@@ -1,0 +1,36 @@
+"""Byte sizes: parse ``"8GiB"`` / ``"5GB"`` and format ``1.52 GiB``."""
+
+from __future__ import annotations
+
+import re
+
+from weightplan.errors import PlanError
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
+          "gb": 1000**3, "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2,
+          "gib": 1024**3, "tib": 1024**4}
+
+
+def parse_bytes(value: int | float | str, *, what: str = "size") -> int:
+    """``4096``, ``"4KiB"``, ``"1.5GB"`` → bytes. Raises :class:`PlanError` otherwise."""
+    if isinstance(value, bool):
+        raise PlanError(f"{what} must be a number of bytes or a string like '8GiB', got {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise PlanError(f"{what} must not be negative, got {value!r}")
+        return int(value)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise PlanError(f"can't parse {what} {value!r}: use bytes or a string like '8GiB', "
+                        "'512MB', '1.5GB'")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def format_bytes(n: int | float) -> str:
+    """Binary units, 3 significant digits: ``1.52 GiB``."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{int(n)} B" if unit == "B" else f"{n:.3g} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")

@@ -1,0 +1,41 @@
+"""``plan.to_dict()``: the explanation as plain, JSON-serializable data."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from weightplan.viz.rows import mapping_rows
+
+
+def plan_to_dict(plan) -> dict:
+    peak = plan.schedule.peak
+    info = plan.model_info
+    return {
+        "checkpoint": {"description": plan.checkpoint.description,
+                       "files": [f.path for f in plan.checkpoint.files],
+                       "tensors": len(plan.checkpoint), "bytes": plan.checkpoint.nbytes},
+        "model": None if info is None else {"class": info.class_name,
+                                            "model_type": info.model_type,
+                                            "tensors": len(info.unique()), "bytes": info.nbytes},
+        "mapping": {"key": plan.mapping.key, "reason": plan.mapping.reason,
+                    "transforms": [t.describe() for t in plan.transforms]},
+        "rows": [asdict(r) for r in mapping_rows(plan.conversions)],
+        "read_bytes": plan.read_bytes,
+        "model_bytes": plan.model_bytes,
+        "peak_bytes": plan.peak_bytes,
+        "peak_at": None if peak is None else {"step": peak.event.step, "label": peak.label},
+        "window_bytes": plan.schedule.window_bytes,
+        "threads": plan.options.threads,
+        "budget": plan.options.budget,
+        "missing": sorted(plan.missing),
+        "unexpected": sorted(plan.unexpected),
+        "mismatched": {k: {"checkpoint_shape": list(v.checkpoint_shape),
+                           "model_shape": list(v.model_shape)}
+                       for k, v in sorted(plan.mismatched.items())},
+        "problems": [{"kind": p.kind.value, "key": p.key, "message": p.message}
+                     for p in plan.problems],
+        "notes": [{"key": n.key, "message": n.message} for n in plan.notes],
+        "timeline": [{"event": p.event.kind.value, "step": p.event.step, "label": p.label,
+                      "resident": p.resident, "in_flight": p.in_flight,
+                      "intermediate": p.intermediate} for p in plan.schedule.timeline],
+    }

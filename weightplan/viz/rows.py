@@ -1,0 +1,94 @@
+"""The grouped mapping: conversions with the same shape of work folded into one row."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from weightplan.planner.build import Conversion, TargetStatus
+from weightplan.planner.spec import short_dtype
+from weightplan.planner.transforms import LEGACY
+from weightplan.viz.folding import fold_keys, split_numbers
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the explanation: ``count`` conversions that differ only in indices."""
+
+    rule: str
+    sources: tuple[str, ...]  # folded checkpoint keys
+    targets: tuple[str, ...]  # folded model keys
+    ops: str
+    shape: str
+    dtype: str
+    status: str
+    count: int
+    nbytes: int  # bytes written into the model (all folded conversions)
+
+
+def rule_of(conv: Conversion) -> str:
+    fired = []
+    for stream in conv.group.routes:
+        for route in stream:
+            for r in route.fired:
+                text = ("legacy " if r in LEGACY else "") + r.describe()
+                if text not in fired:
+                    fired.append(text)
+    notes = {r.note for stream in conv.group.routes for r in stream if r.note}
+    parts = fired + (["convert"] if conv.group.converter is not None else [])
+    parts += sorted(notes)
+    return "; ".join(parts) if parts else "as is"
+
+
+def _status(conv: Conversion) -> str:
+    statuses = sorted({t.status.value for t in conv.targets})
+    return "+".join(statuses)
+
+
+def _dtype(conv: Conversion) -> str:
+    kinds = []
+    for t in conv.targets:
+        text = short_dtype(t.produced.dtype)
+        if t.dtype != t.produced.dtype:
+            text += f"→{short_dtype(t.dtype)}"
+        if text not in kinds:
+            kinds.append(text)
+    return ",".join(kinds)
+
+
+def _shapes(conv: Conversion) -> str:
+    shapes = []
+    for t in conv.targets:
+        text = "[" + ", ".join(map(str, t.produced.shape)) + "]"
+        if text not in shapes:
+            shapes.append(text)
+    return " ".join(shapes)
+
+
+def _ops(conv: Conversion) -> str:
+    """The op chain as the mapping wrote it (resolved sizes are an implementation detail)."""
+    written = conv.group.converter.operations if conv.group.converter else ()
+    return " → ".join(repr(o) for o in written)
+
+
+def _signature(conv: Conversion) -> tuple:
+    templates = tuple(split_numbers(t.key)[0] for t in conv.targets)
+    return (rule_of(conv), templates, _ops(conv),
+            tuple(t.produced.shape for t in conv.targets), _dtype(conv), _status(conv))
+
+
+def mapping_rows(conversions: tuple[Conversion, ...]) -> list[Row]:
+    """Fold conversions whose keys differ only in numeric components."""
+    buckets: dict[tuple, list[Conversion]] = {}
+    for conv in conversions:
+        buckets.setdefault(_signature(conv), []).append(conv)
+    rows = []
+    for signature, convs in buckets.items():
+        first = convs[0]
+        sources = fold_keys(e.key for c in convs for e in c.group.entries)
+        targets = fold_keys(t.key for c in convs for t in c.targets)
+        nbytes = sum(t.dest.nbytes for c in convs for t in c.targets
+                     if t.status is TargetStatus.LOAD)
+        rows.append(Row(signature[0], tuple(sources), tuple(targets),
+                        _ops(first), _shapes(first),
+                        signature[4], signature[5], len(convs), nbytes))
+    return rows
