@@ -180,6 +180,8 @@ def read_header(path: str) -> tuple[dict[str, TensorEntry], dict[str, str]]:
             _check_magic(path, head, size)
             (n,) = struct.unpack("<Q", head)
             raw = f.read(n)
+    except CheckpointError:
+        raise
     except FileNotFoundError as e:
         raise CheckpointError("file not found", file=path) from e
     except IsADirectoryError as e:

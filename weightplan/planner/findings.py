@@ -63,7 +63,7 @@ def collect_findings(model: ModelInfo | None, routing: Routing,
         keys = [e.key for e in conv.group.entries]
         statuses = {t.status for t in conv.targets}
         for t in conv.targets:
-            if t.status in (TargetStatus.LOAD, TargetStatus.MISMATCH, TargetStatus.TIED_DUPLICATE):
+            if t.model is not None and t.status is not TargetStatus.UNEXPECTED:
                 produced.add(t.model.name)
             if t.status is TargetStatus.MISMATCH:
                 mismatched[t.key] = Mismatch(t.produced.shape, t.model.spec.shape)

@@ -37,10 +37,13 @@ def header_lines(plan) -> list[str]:
 
 def mapping_lines(plan, width: int) -> list[str]:
     """One block per folded row: rule, checkpoint keys, then ``→ model key`` and sizes."""
-    lines = []
-    for n, row in enumerate(mapping_rows(plan.conversions), 1):
+    lines, previous, n = [], None, 0
+    for row in mapping_rows(plan.conversions):
         rule = row.rule if not row.ops else row.rule.replace("convert", f"convert {row.ops}", 1)
-        lines.append(f"#{n:<3} {rule}")
+        if rule != previous or row.ops:  # consecutive rows of one simple rule share a header
+            n += 1
+            lines.append(f"#{n:<3} {rule}")
+        previous = rule
         count = f" ×{row.count}" if row.count > 1 else ""
         info = f"{row.dtype}{row.shape}{count}  {format_bytes(row.nbytes)}  {row.status}"
         targets = list(row.targets)

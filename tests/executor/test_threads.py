@@ -1,0 +1,35 @@
+"""Thread stress: many small reads racing into shared destinations must land exactly."""
+
+import sys
+import threading
+
+import torch
+
+import weightplan
+from weightplan import WeightConverter
+from weightplan.ops import Concatenate, MergeModulelist
+
+from tests.conftest import module_with, write_checkpoint
+
+
+def test_many_threads_many_small_reads(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "getswitchinterval", sys.getswitchinterval)
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        g = torch.Generator().manual_seed(0)
+        ckpt = {f"l.{l}.e.{e}.{w}": torch.randn(3, 5, generator=g)
+                for l in range(6) for e in range(16) for w in ("a", "b")}
+        directory = write_checkpoint(tmp_path / "c", ckpt, shards=3)
+        conv = WeightConverter(["e.*.a", "e.*.b"], "fused", [MergeModulelist(0), Concatenate(1)])
+        for attempt in range(3):
+            model = module_with({f"l.{l}.fused": ((16, 6, 5), torch.float32) for l in range(6)})
+            barrier = threading.Barrier(1)
+            barrier.wait()
+            weightplan.load(model, directory, mapping=[conv], threads=8)
+            for l in range(6):
+                want = torch.cat([torch.stack([ckpt[f"l.{l}.e.{e}.{w}"] for e in range(16)])
+                                  for w in ("a", "b")], dim=1)
+                assert torch.equal(getattr(model.l, str(l)).fused, want), (attempt, l)
+    finally:
+        sys.setswitchinterval(old)

@@ -1,0 +1,70 @@
+"""The ``weightplan`` command line.
+
+    weightplan demo                                  build, explain and load a small checkpoint
+    weightplan explain CKPT --model-type mixtral     what the keys become, with shapes
+    weightplan explain CKPT --model-type mixtral --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from weightplan.errors import WeightplanError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="weightplan", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="build a small legacy checkpoint, explain and load it")
+    demo.add_argument("--dir", help="write the demo checkpoint here (default: a temp dir)")
+    exp = sub.add_parser("explain", help="explain a checkpoint under a registered mapping")
+    exp.add_argument("checkpoint", help=".safetensors file or checkpoint directory")
+    exp.add_argument("--model-type", "--mapping", dest="mapping",
+                     help="registered mapping (model_type or class name), e.g. mixtral")
+    exp.add_argument("--dtype", help="cast floating tensors to this dtype (e.g. bf16)")
+    exp.add_argument("--json", action="store_true", help="print plan.to_dict() as JSON")
+    exp.add_argument("--width", type=int, default=None, help="text width")
+    sub.add_parser("mappings", help="list registered mappings")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except WeightplanError as e:
+        print(f"weightplan: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "demo":
+        from weightplan.demo import run_demo
+
+        return run_demo(args.dir)
+    if args.command == "mappings":
+        from weightplan.planner.registry import REGISTRY
+
+        for key in REGISTRY.keys():
+            target = REGISTRY.resolve(key)
+            print(key if target == key else f"{key} -> {target}")
+        return 0
+    return _explain(args)
+
+
+def _explain(args: argparse.Namespace) -> int:
+    import weightplan
+    from weightplan.viz.text import explain_text
+
+    plan = weightplan.explain(None, args.checkpoint, mapping=args.mapping, dtype=args.dtype)
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2))
+    else:
+        sys.stdout.write(explain_text(plan, width=args.width))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
