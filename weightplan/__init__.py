@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from weightplan.convert import convert
 from weightplan.errors import WeightplanError
+from weightplan.executor import run as _run  # imported up front: not inside the first load
 from weightplan.executor.report import LoadReport
 from weightplan.meta import init_empty
 from weightplan.planner import mappings as _mappings

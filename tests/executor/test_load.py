@@ -33,7 +33,8 @@ def test_mixtral_legacy_checkpoint_loads_exactly(moe_dir, threads):
     assert all(torch.equal(got[k], want[k]) for k in want)
     assert all(not p.is_meta for p in model.parameters())
     assert report.bytes_read == sum(t.nbytes for t in ckpt.values())
-    assert report.tensors_loaded == len(want) and report.threads == threads
+    assert report.tensors_loaded == len(want)
+    assert report.threads == min(threads, os.cpu_count())
 
 
 def test_allocated_model_is_written_in_place(moe_dir):
@@ -44,7 +45,8 @@ def test_allocated_model_is_written_in_place(moe_dir):
     assert {k: v.data_ptr() for k, v in state(model).items()} == pointers
     want = expected_moe(ckpt)
     assert all(torch.equal(state(model)[k], want[k]) for k in want)
-    assert report.peak_bytes == 0
+    largest = max(t.nbytes for t in ckpt.values())
+    assert 0 < report.peak_bytes <= report.planned_peak_bytes <= 4 * largest
 
 
 def test_in_memory_dict_checkpoint():

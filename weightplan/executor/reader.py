@@ -1,21 +1,26 @@
-"""Byte-range reads from checkpoint files straight into caller memory (``os.preadv``).
+"""Byte-range reads from checkpoint files.
 
-Files are opened once per execution and never mapped, so the page cache is the only
-copy outside the destination: the process's resident memory holds what it loaded, not
-the file. ``preadv`` releases the GIL, so reads on a thread pool run in parallel.
+Each read maps exactly its byte range (:meth:`Reader.window`), copies out of it and
+unmaps it at once, so the process never holds the file: resident memory is what was
+loaded plus the windows in flight. Why map rather than ``pread``: the cost of loading
+from a warm page cache is faulting in the fresh destination pages, and ``pread`` faults
+them one at a time in kernel context, while a user-space ``copy_`` out of a mapped
+window lets torch's parallel copy fault them faster (measured on the 1.5 GB benchmark
+checkpoint: 1.2-1.6 s with ``pread``, 0.43-0.49 s mapped, 0.3-0.56 s for the
+``safetensors`` + ``clone`` floor).
 """
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
+import mmap
 import os
+from collections.abc import Iterator
 
 import torch
 
-from weightplan.errors import CheckpointError, StaleCheckpointError, TruncatedCheckpointError
+from weightplan.errors import StaleCheckpointError, TruncatedCheckpointError
 from weightplan.planner.checkpoint import Checkpoint, FileStamp
-
-CHUNK_BYTES = 64 * 1024 * 1024
 
 
 class Reader:
@@ -43,28 +48,24 @@ class Reader:
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
 
-    def read_into(self, path: str, offset: int, address: int, nbytes: int) -> None:
-        """Read ``nbytes`` at ``offset`` of ``path`` into memory at ``address``."""
+    @contextlib.contextmanager
+    def window(self, path: str, offset: int, nbytes: int) -> Iterator[torch.Tensor]:
+        """A ``uint8`` tensor over bytes ``[offset, offset + nbytes)`` of ``path``, mapped
+        for the duration of the block (copy out of it; don't keep it)."""
         fd = self._fds[path]
-        done = 0
-        while done < nbytes:
-            size = min(CHUNK_BYTES, nbytes - done)
-            buf = (ctypes.c_char * size).from_address(address + done)
-            try:
-                got = os.preadv(fd, [buf], offset + done)
-            except OSError as e:
-                raise CheckpointError(f"read failed at byte {offset + done}: {e}", file=path) from e
-            if got == 0:
-                raise TruncatedCheckpointError(
-                    f"file ended at byte {offset + done}, {nbytes - done} bytes short", file=path)
-            done += got
-
-    def read_tensor(self, path: str, offset: int, nbytes: int) -> torch.Tensor:
-        """A new ``uint8`` tensor holding the bytes."""
-        out = torch.empty(nbytes, dtype=torch.uint8)
-        if nbytes:
-            self.read_into(path, offset, out.data_ptr(), nbytes)
-        return out
+        if offset + nbytes > os.fstat(fd).st_size:
+            raise TruncatedCheckpointError(f"bytes {offset}..{offset + nbytes} are past the end "
+                                           "of the file (it shrank during the load)", file=path)
+        start = offset - offset % mmap.ALLOCATIONGRANULARITY
+        # private + writable: torch wants a writable buffer; nothing is ever written
+        mapped = mmap.mmap(fd, nbytes + offset - start, flags=mmap.MAP_PRIVATE,
+                           prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=start)
+        try:
+            view = torch.frombuffer(mapped, dtype=torch.uint8, count=nbytes, offset=offset - start)
+            yield view
+            del view
+        finally:
+            mapped.close()
 
     def close(self) -> None:
         for fd in self._fds.values():

@@ -8,6 +8,7 @@ after every step succeeded, so a failure leaves such a model untouched.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import warnings
@@ -29,9 +30,6 @@ from weightplan.executor.sinks import (
 from weightplan.planner.geometry import Region, View, row_major_strides
 from weightplan.planner.placement import Program, ReadTask
 from weightplan.planner.schedule import EventKind
-
-SPLIT_BYTES = 32 * 1024 * 1024  # direct reads larger than this are split across threads
-
 
 class _InlinePool:
     """``threads=0``: every task runs when submitted."""
@@ -78,7 +76,7 @@ class _Execution:
         self.tracker.add(program.dest_bytes)
         step = self.steps[index] = _Step(dests)
         for task in program.reads:
-            for piece in _pieces(task):
+            for piece in task.pieces:
                 step.futures.append(self.pool.submit(self._read, program, step, task, piece))
 
     def finalize(self, index: int) -> None:
@@ -131,36 +129,33 @@ class _Execution:
             self.convert_seconds += time.perf_counter() - start
 
 
-def _pieces(task: ReadTask) -> list[tuple[int, int]]:
-    """Byte sub-ranges ``(start, length)`` relative to the task; only direct reads split."""
-    total = task.nbytes
-    if not task.direct or task.entry.file is None or total <= SPLIT_BYTES:
-        return [(0, total)]
-    return [(s, min(SPLIT_BYTES, total - s)) for s in range(0, total, SPLIT_BYTES)]
-
-
 def _read_task(run: _Execution, program: Program, step: _Step, task: ReadTask,
                piece: tuple[int, int]) -> None:
     entry, f = task.entry, task.fragment
     if entry.file is None:
         _copy_from_memory(run, step, task)
-    elif task.direct:
-        base = step.dests[f.target]
-        address = base.data_ptr() + f.view.offset * base.element_size() + piece[0]
-        run.reader.read_into(entry.file, task.byte_range[0] + piece[0], address, piece[1])
-    else:
-        offset, nbytes = task.byte_range
-        run.tracker.add(nbytes)
-        raw = run.reader.read_tensor(entry.file, offset, nbytes).view(entry.spec.dtype)
-        src = torch.as_strided(raw, task.region.shape, row_major_strides(entry.spec.shape), 0)
-        if f is None:
-            step.held[task.source] = src  # released (and untracked) when the step converts
+        return
+    offset = task.byte_range[0] + piece[0]
+    with run.reader.window(entry.file, offset, piece[1]) as raw, run.tracker.holding(piece[1]):
+        if task.direct:
+            base = step.dests[f.target]
+            start = f.view.offset * base.element_size() + piece[0]
+            _bytes_of(base)[start:start + piece[1]].copy_(raw)
             return
-        try:
-            with torch.no_grad():
-                _view(step.dests[f.target], f.view).copy_(src.reshape(f.view.shape))
-        finally:
-            run.tracker.sub(nbytes)
+        src = torch.as_strided(raw.view(entry.spec.dtype), task.region.shape,
+                               row_major_strides(entry.spec.shape), 0)
+        if f is None:  # an input of materialized ops: keep a copy (released when they ran)
+            run.tracker.add(piece[1])
+            step.held[task.source] = src.clone()
+            return
+        with torch.no_grad():
+            _view(step.dests[f.target], f.view).copy_(src.reshape(f.view.shape))
+
+
+def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
+    """The flat ``uint8`` storage of a contiguous destination (starting at its offset)."""
+    flat = tensor.detach().reshape(-1) if tensor.dim() else tensor.detach().reshape(1)
+    return flat.view(torch.uint8)
 
 
 def _copy_from_memory(run: _Execution, step: _Step, task: ReadTask) -> None:
@@ -187,7 +182,7 @@ def execute_plan(plan, *, strict: bool = False, progress: bool | None = None) ->
     _preflight(plan, strict)
     meter, tracker = RssMeter(), Tracker()
     started = time.perf_counter()
-    threads = plan.options.threads
+    threads = workers(plan.options.threads)
     pool = ThreadPoolExecutor(threads, thread_name_prefix="weightplan") if threads else _InlinePool()
     bar = LoadProgress(plan.read_bytes, wants_progress(progress))
     try:
@@ -207,6 +202,11 @@ def execute_plan(plan, *, strict: bool = False, progress: bool | None = None) ->
         stage_seconds={"read": run.read_seconds, "convert": run.convert_seconds,
                        "assign": time.perf_counter() - assign_start},
         missing=plan.missing, unexpected=plan.unexpected, initialized=initialized)
+
+
+def workers(threads: int) -> int:
+    """Copies out of the page cache are CPU-bound: never more workers than CPUs."""
+    return min(threads, os.cpu_count() or 1)
 
 
 def _preflight(plan, strict: bool) -> None:

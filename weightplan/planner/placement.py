@@ -12,13 +12,16 @@ materialized tensors and their outputs are copied into the placed views.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 from weightplan.planner.build import Conversion, TargetStatus
 from weightplan.planner.checkpoint import TensorEntry
 from weightplan.planner.geometry import Fragment, Region, View
 from weightplan.planner.ops.base import ConversionOp, Streams
 from weightplan.planner.spec import TensorSpec
+
+WINDOW_BYTES = 32 * 1024 * 1024  # direct reads larger than this are split into pieces
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,14 +43,19 @@ class ReadTask:
     source: tuple[int, int]  # (stream, index) within the conversion's sources
     region: Region
     fragment: Fragment | None  # None: kept as an input of the materialized ops
-    direct: bool  # the bytes land in the destination without a temporary
+    direct: bool  # a plain byte copy: contiguous destination, same dtype, one byte range
+    byte_range: tuple[int, int] = field(init=False)  # (absolute file offset, length)
+    pieces: tuple[tuple[int, int], ...] = field(init=False)
 
-    @property
-    def byte_range(self) -> tuple[int, int]:
-        """(absolute file offset, length) of the bytes this task reads."""
+    def __post_init__(self) -> None:
         first, count = self.region.element_span(self.entry.spec.shape)
         size = self.entry.spec.dtype.itemsize
-        return self.entry.offset + first * size, count * size
+        total = count * size
+        object.__setattr__(self, "byte_range", (self.entry.offset + first * size, total))
+        # big direct reads are split so they run in parallel; each piece is one mapped window
+        split = self.direct and self.entry.file is not None and total > WINDOW_BYTES
+        pieces = tuple((s, min(WINDOW_BYTES, total - s)) for s in range(0, total, WINDOW_BYTES))
+        object.__setattr__(self, "pieces", pieces if split else ((0, total),))
 
     @property
     def nbytes(self) -> int:
@@ -55,7 +63,13 @@ class ReadTask:
 
     @property
     def tmp_bytes(self) -> int:
-        return 0 if self.direct else self.nbytes
+        """Bytes of a temporary kept after the read (only for materialized-op inputs)."""
+        return self.nbytes if self.fragment is None and self.entry.file is not None else 0
+
+    @property
+    def window_bytes(self) -> int:
+        """The largest file window this task maps at once (0 for in-memory sources)."""
+        return 0 if self.entry.file is None else max(length for _, length in self.pieces)
 
 
 @dataclass(frozen=True)
@@ -68,37 +82,37 @@ class Program:
     materialize: tuple[ConversionOp, ...]  # ops run on tensors (empty: everything placed)
     outputs: Streams[tuple[Fragment, ...]]  # where the materialized ops' outputs land
 
-    @property
+    @cached_property
     def read_bytes(self) -> int:
         return sum(r.nbytes for r in self.reads)
 
-    @property
+    @cached_property
     def needed_bytes(self) -> int:
         return sum(r.region.numel * r.entry.spec.dtype.itemsize for r in self.reads)
 
-    @property
+    @cached_property
     def dest_bytes(self) -> int:
         """Bytes this program allocates for the model (0 when writing in place)."""
         return sum(d.spec.nbytes for d in self.destinations if d.allocates)
 
-    @property
+    @cached_property
     def held_bytes(self) -> int:
         """Temporaries kept until the materialized ops run."""
-        return sum(r.tmp_bytes for r in self.reads if r.fragment is None)
+        return sum(r.tmp_bytes for r in self.reads)
 
-    @property
-    def task_tmp_bytes(self) -> tuple[int, ...]:
-        """Temporaries that live only while their read task runs."""
-        return tuple(r.tmp_bytes for r in self.reads if r.fragment is not None and r.tmp_bytes)
+    @cached_property
+    def window_sizes(self) -> tuple[int, ...]:
+        """Mapped file windows of the reads, each live only while its read runs."""
+        return tuple(r.window_bytes for r in self.reads if r.window_bytes)
 
-    @property
+    @cached_property
     def convert_bytes(self) -> int:
         """Upper bound of the tensors the materialized ops allocate."""
         stages = self.conversion.stages
         return sum(sum(s.nbytes for stream in stages[k + 1] for s in stream)
                    for k, op in enumerate(self.materialize) if op.allocates)
 
-    @property
+    @cached_property
     def direct_fraction(self) -> float:
         total = self.read_bytes
         return sum(r.nbytes for r in self.reads if r.direct) / total if total else 1.0
@@ -124,7 +138,7 @@ def plan_program(conv: Conversion) -> Program:
         frags, m = placed, m - 1
     if m == 0:
         return Program(conv, dests, _placed_reads(conv, frags, dests), (), ())
-    reads = tuple(ReadTask(e, (i, j), Region.full(e.spec.shape), None, e.file is None)
+    reads = tuple(ReadTask(e, (i, j), Region.full(e.spec.shape), None, False)
                   for i, stream in enumerate(conv.group.sources) for j, e in enumerate(stream))
     return Program(conv, dests, reads, conv.ops[:m], frags)
 

@@ -129,6 +129,7 @@ def simulate(steps: Sequence[Program], events: Sequence[Event], threads: int
 
 
 def _in_flight(pending: Sequence[Program], threads: int) -> int:
+    """Held op inputs, plus the largest windows that ``threads`` readers can map at once."""
     held = sum(p.held_bytes for p in pending)
-    task_tmps = [t for p in pending for t in p.task_tmp_bytes]
-    return held + sum(heapq.nlargest(max(threads, 1), task_tmps))
+    windows = [w for p in pending for w in p.window_sizes]
+    return held + sum(heapq.nlargest(max(threads, 1), windows))

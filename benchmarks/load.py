@@ -1,0 +1,188 @@
+"""Load benchmark: weightplan vs the safetensors copy floor vs transformers from_pretrained.
+
+Builds (or reuses) a ~1.5 GB Mixtral-style checkpoint in the legacy per-expert layout
+(8 layers, 8 experts, hidden 1024, intermediate 3584, bf16; written the way
+``save_pretrained`` writes Mixtral) and times, each in a fresh process with a warm page
+cache, alternating the order of the contenders:
+
+* floor        ``safetensors.torch.load_file`` on every shard, each tensor cloned into
+               fresh memory (``load_file`` alone only maps the file)
+* weightplan   ``explain`` + ``execute`` into ``MixtralForCausalLM`` built under ``init_empty``
+* transformers ``MixtralForCausalLM.from_pretrained(dtype=bfloat16)``
+
+Times are the load phase (imports and, for weightplan, the meta model construction
+excluded). Peak RSS is the growth of the process's peak resident set during that phase.
+Prints medians and the ratios the issue targets.
+
+    python benchmarks/load.py [--repeat 5] [--cache DIR] [--threads 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_CACHE = HERE / ".cache" / "mixtral-legacy-1.5g"
+DIMS = dict(vocab_size=32000, hidden_size=1024, intermediate_size=3584, num_hidden_layers=8,
+            num_attention_heads=16, num_key_value_heads=4, num_local_experts=8,
+            num_experts_per_tok=2, tie_word_embeddings=False)
+
+
+def build_checkpoint(directory: Path) -> None:
+    """Random bf16 tensors under the legacy names, sharded like save_pretrained."""
+    import torch
+    from transformers import MixtralConfig
+
+    sys.path.insert(0, str(HERE.parent))
+    from weightplan.demo import write_sharded
+
+    if (directory / "config.json").exists():
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    cfg = MixtralConfig(**DIMS)
+    h, i, e = cfg.hidden_size, cfg.intermediate_size, cfg.num_local_experts
+    kv = cfg.num_key_value_heads * (h // cfg.num_attention_heads)
+    g = torch.Generator().manual_seed(0)
+
+    def rand(*shape):
+        return (torch.randn(*shape, generator=g) * 0.02).to(torch.bfloat16)
+
+    tensors = {"model.embed_tokens.weight": rand(cfg.vocab_size, h),
+               "lm_head.weight": rand(cfg.vocab_size, h), "model.norm.weight": rand(h)}
+    for layer in range(cfg.num_hidden_layers):
+        p = f"model.layers.{layer}"
+        tensors.update({f"{p}.self_attn.q_proj.weight": rand(h, h),
+                        f"{p}.self_attn.k_proj.weight": rand(kv, h),
+                        f"{p}.self_attn.v_proj.weight": rand(kv, h),
+                        f"{p}.self_attn.o_proj.weight": rand(h, h),
+                        f"{p}.input_layernorm.weight": rand(h),
+                        f"{p}.post_attention_layernorm.weight": rand(h),
+                        f"{p}.block_sparse_moe.gate.weight": rand(e, h)})
+        for x in range(e):
+            q = f"{p}.block_sparse_moe.experts.{x}"
+            tensors.update({f"{q}.w1.weight": rand(i, h), f"{q}.w2.weight": rand(h, i),
+                            f"{q}.w3.weight": rand(i, h)})
+    write_sharded(tensors, directory, shards=4)
+    cfg.save_pretrained(directory)
+
+
+def _rss(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(field)
+
+
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def child(mode: str, directory: Path, threads: int) -> dict:
+    """One measurement, in this (fresh) process."""
+    import torch
+
+    shards = sorted(directory.glob("*.safetensors"))
+    model = None
+    if mode == "weightplan":
+        import weightplan
+        from transformers import MixtralConfig, MixtralForCausalLM
+
+        cfg = MixtralConfig.from_pretrained(directory)
+        with weightplan.init_empty():
+            model = MixtralForCausalLM(cfg)
+    elif mode == "transformers":
+        from transformers import MixtralForCausalLM
+    else:
+        from safetensors.torch import load_file
+    baseline = _rss("VmRSS")
+    _reset_peak()
+    start = time.perf_counter()
+    if mode == "floor":
+        held = [{k: t.clone() for k, t in load_file(str(s)).items()} for s in shards]
+        nbytes = sum(t.nbytes for d in held for t in d.values())
+    elif mode == "weightplan":
+        plan = weightplan.explain(model, directory, dtype=torch.bfloat16, threads=threads)
+        planned = time.perf_counter()
+        plan.execute(progress=False)
+        nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    else:
+        model = MixtralForCausalLM.from_pretrained(directory, dtype=torch.bfloat16)
+        nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    seconds = time.perf_counter() - start
+    result = {"mode": mode, "seconds": seconds, "rss_peak": _rss("VmHWM") - baseline,
+              "model_bytes": nbytes}
+    if mode == "weightplan":
+        result.update(explain_seconds=planned - start, planned_peak=plan.peak_bytes)
+    return result
+
+
+def run_child(mode: str, directory: Path, threads: int) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", mode, "--cache", str(directory),
+                          "--threads", str(threads)], check=True, capture_output=True, text=True,
+                         env={**os.environ, "TRANSFORMERS_VERBOSITY": "error",
+                              "HF_HUB_OFFLINE": "1"})
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def warm_cache(directory: Path) -> None:
+    for path in directory.glob("*.safetensors"):
+        with open(path, "rb") as f:
+            while f.read(64 << 20):
+                pass
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--modes", default="floor,weightplan,transformers")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.cache, args.threads)))
+        return
+    build_checkpoint(args.cache)
+    warm_cache(args.cache)
+    modes = args.modes.split(",")
+    results: dict[str, list[dict]] = {m: [] for m in modes}
+    for r in range(args.repeat):
+        for mode in (modes if r % 2 == 0 else modes[::-1]):
+            results[mode].append(run_child(mode, args.cache, args.threads))
+    report(results)
+
+
+def report(results: dict[str, list[dict]]) -> None:
+    gib = 1024**3
+    med = {m: statistics.median(x["seconds"] for x in rs) for m, rs in results.items()}
+    rss = {m: statistics.median(x["rss_peak"] for x in rs) for m, rs in results.items()}
+    model_bytes = next(iter(results.values()))[0]["model_bytes"]
+    print(f"checkpoint: {model_bytes / gib:.2f} GiB of tensors; medians of "
+          f"{len(next(iter(results.values())))} fresh-process runs")
+    print(f"{'contender':<14}{'load s':>9}{'peak RSS GiB':>14}{'RSS / model':>13}")
+    for m in results:
+        print(f"{m:<14}{med[m]:>9.3f}{rss[m] / gib:>14.3f}{rss[m] / model_bytes:>13.3f}")
+    if "weightplan" in med:
+        wp = results["weightplan"]
+        explain_s = statistics.median(x["explain_seconds"] for x in wp)
+        planned = statistics.median(x["planned_peak"] for x in wp)
+        print(f"weightplan explain (headers, plan): {explain_s:.3f} s of the {med['weightplan']:.3f} s;"
+              f" planned peak {planned / gib:.3f} GiB vs measured {rss['weightplan'] / gib:.3f} GiB")
+        if "floor" in med:
+            print(f"weightplan / floor time:        {med['weightplan'] / med['floor']:.3f}  (target ≤ 1.3)")
+        if "transformers" in med:
+            print(f"weightplan / transformers time: {med['weightplan'] / med['transformers']:.3f}  (target ≤ 0.5)")
+        print(f"weightplan peak RSS / model:    {rss['weightplan'] / model_bytes:.3f}  (target ≤ 1.10)")
+
+
+if __name__ == "__main__":
+    main()
