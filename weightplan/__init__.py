@@ -7,15 +7,17 @@
 
 from __future__ import annotations
 
-from weightplan.convert import convert
+from weightplan.convert import convert, revert
 from weightplan.errors import WeightplanError
-from weightplan.executor import run as _run  # imported up front: not inside the first load
-from weightplan.executor.report import LoadReport
+from weightplan.executor import load as _load  # imported up front: not inside the first load
+from weightplan.executor.report import LoadReport, SaveReport
 from weightplan.meta import init_empty
 from weightplan.planner import mappings as _mappings
 from weightplan.planner.explain import explain
 from weightplan.planner.plan import Plan
 from weightplan.planner.registry import REGISTRY, get_mapping, register_alias, register_mapping
+from weightplan.planner.save import explain_convert, explain_save
+from weightplan.planner.write_plan import WritePlan
 from weightplan.planner.transforms import PrefixChange, WeightConverter, WeightRenaming
 
 _mappings.register_builtins(REGISTRY)
@@ -29,8 +31,22 @@ def load(model, checkpoint, *, strict: bool = False, progress: bool | None = Non
     return explain(model, checkpoint, **kwargs).execute(strict=strict, progress=progress)
 
 
+def save(model, directory, *, mapping=None, max_shard_size: int | str = "5GB",
+         overwrite: bool = False, threads: int = 4, progress: bool | None = None) -> SaveReport:
+    """Write ``model`` to ``directory`` in its checkpoint's original layout.
+
+    ``explain_save(model, directory, ...).execute(progress=...)``: a model loaded by
+    weightplan is written back exactly as its checkpoint was (keys, shapes, dtypes,
+    bytes); any other model through the inverse of its mapping.
+    """
+    plan = explain_save(model, directory, mapping=mapping, max_shard_size=max_shard_size,
+                        overwrite=overwrite, threads=threads)
+    return plan.execute(progress=progress)
+
+
 __all__ = [
-    "explain", "load", "convert", "Plan", "LoadReport",
+    "explain", "load", "save", "convert", "revert", "explain_save", "explain_convert",
+    "Plan", "WritePlan", "LoadReport", "SaveReport",
     "WeightRenaming", "PrefixChange", "WeightConverter",
     "register_mapping", "get_mapping", "register_alias", "init_empty", "WeightplanError",
 ]

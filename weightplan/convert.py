@@ -11,6 +11,8 @@ from weightplan.planner.build import Conversion, build_conversions
 from weightplan.planner.checkpoint import open_checkpoint
 from weightplan.planner.explain import choose_mapping
 from weightplan.planner.match import route_checkpoint
+from weightplan.planner.record import record_of_conversions
+from weightplan.planner.reverse import derived_groups, record_groups
 from weightplan.planner.transforms import LEGACY
 
 
@@ -21,7 +23,8 @@ def convert(tensors: Mapping[str, torch.Tensor], mapping: object) -> dict[str, t
     Legacy ``LayerNorm.gamma/beta`` renames apply, as when loading.
 
     Returns:
-        A new dict of converted tensors (contiguous; inputs are not modified).
+        A new dict of converted tensors (contiguous; inputs are not modified). It also
+        records what fired, so :func:`revert` can undo exactly that.
 
     Raises:
         MappingError: a converter group lacks one of its source patterns, or two keys
@@ -37,12 +40,14 @@ def convert(tensors: Mapping[str, torch.Tensor], mapping: object) -> dict[str, t
         inc = routing.incomplete[0]
         raise MappingError(f"{inc.converter.describe()}: found {', '.join(inc.present)} but "
                            f"nothing for {', '.join(inc.missing_patterns)}")
-    out: dict[str, torch.Tensor] = {}
-    for conv in build_conversions(routing.groups, None, None):
+    out = Converted()
+    conversions = build_conversions(routing.groups, None, None)
+    for conv in conversions:
         for key, value in run_conversion(conv, ckpt.tensors).items():
             if key in out:
                 raise ConflictingTransformError(f"two conversions produce {key}")
             out[key] = value
+    out.record = record_of_conversions(conversions, ckpt)
     return out
 
 
@@ -61,3 +66,35 @@ def run_conversion(conv: Conversion, tensors: Mapping[str, torch.Tensor]
 def _shares(tensor: torch.Tensor, tensors: Mapping[str, torch.Tensor]) -> bool:
     ptr = tensor.untyped_storage().data_ptr()
     return any(t.untyped_storage().data_ptr() == ptr for t in tensors.values())
+
+
+class Converted(dict):
+    """The dict :func:`convert` returns: also remembers what fired, so that
+    :func:`revert` undoes exactly that (``.record``)."""
+
+    record = None
+
+
+def revert(tensors: Mapping[str, torch.Tensor], mapping: object) -> dict[str, torch.Tensor]:
+    """The exact inverse of :func:`convert`.
+
+    Given the dict :func:`convert` returned, its record is replayed backwards (exact even
+    for prefix changes and legacy renames). For any other dict the inverse is derived from
+    ``mapping``: inverse converters first, then inverse renamings; a transform whose
+    inverse would be a guess (a ``PrefixChange``) raises :class:`NotInvertibleError`.
+    """
+    ckpt = open_checkpoint(dict(tensors))
+    record = getattr(tensors, "record", None)
+    if record is not None:
+        reverse = record_groups(record, ckpt)
+    else:
+        if mapping is None:
+            raise MappingError("revert() needs a mapping: a registered name or transforms")
+        reverse = derived_groups(choose_mapping(mapping, None).transforms, ckpt)
+    out: dict[str, torch.Tensor] = {}
+    for conv in build_conversions(reverse.groups, reverse.outputs, None):
+        for key, value in run_conversion(conv, ckpt.tensors).items():
+            if key in out:
+                raise ConflictingTransformError(f"two conversions produce {key}")
+            out[key] = value
+    return out

@@ -64,3 +64,36 @@ class LoadReport:
         for name, how in sorted(self.initialized.items()):
             lines.append(f"initialized {name} by {how}")
         return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class SaveReport:
+    """What a write (save or convert) did and what it cost."""
+
+    directory: str
+    files: tuple[str, ...]
+    bytes_written: int
+    tensors_written: int
+    seconds: float
+    peak_bytes: int
+    planned_peak_bytes: int
+    rss_peak_bytes: int | None
+    threads: int
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.bytes_written / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {"directory": self.directory, "files": list(self.files),
+                "bytes_written": self.bytes_written, "tensors_written": self.tensors_written,
+                "seconds": self.seconds, "gb_per_s": self.gb_per_s, "peak_bytes": self.peak_bytes,
+                "planned_peak_bytes": self.planned_peak_bytes,
+                "rss_peak_bytes": self.rss_peak_bytes, "threads": self.threads}
+
+    def __str__(self) -> str:
+        rss = "n/a" if self.rss_peak_bytes is None else format_bytes(self.rss_peak_bytes)
+        return (f"wrote {self.tensors_written} tensors ({format_bytes(self.bytes_written)}) to "
+                f"{self.directory} in {len(self.files)} file(s) in {self.seconds:.2f}s "
+                f"({self.gb_per_s:.2f} GB/s)\npeak held {format_bytes(self.peak_bytes)} (planned "
+                f"{format_bytes(self.planned_peak_bytes)}), process peak RSS +{rss}")

@@ -1,9 +1,11 @@
-"""Execute a plan: walk its events, read on a thread pool, write into destinations.
+"""Execute a plan: walk its events, copy on a thread pool, write into a sink.
 
 The executor decides nothing: the schedule's events say when each step's destinations
-are allocated and its reads queued (SUBMIT) and when its reads are awaited and its
-materialized ops run (FINALIZE). Loaded tensors are installed into a meta model only
-after every step succeeded, so a failure leaves such a model untouched.
+are opened and its reads queued (SUBMIT) and when its reads are awaited and its
+materialized ops run (FINALIZE). Where bytes go is the sink's business: model tensors
+(:class:`~weightplan.executor.sinks.ModelSink`) or output files
+(:class:`~weightplan.executor.writer.FileSink`). Sinks commit only after every step
+succeeded, so a failure leaves a meta model untouched and no half-written checkpoint.
 """
 
 from __future__ import annotations
@@ -11,25 +13,19 @@ from __future__ import annotations
 import os
 import threading
 import time
-import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
 
-from weightplan.errors import (
-    ExecutionError, PlanError, ShapeMismatchError, StrictLoadError, WeightplanError,
-)
+from weightplan.errors import ExecutionError, WeightplanError
 from weightplan.executor.memory import RssMeter, Tracker
 from weightplan.executor.progress import LoadProgress, wants_progress
 from weightplan.executor.reader import Reader
-from weightplan.executor.report import LoadReport
-from weightplan.executor.sinks import (
-    check_unchanged, destination_tensor, initialize_missing, install,
-)
-from weightplan.planner.geometry import Region, View, row_major_strides
+from weightplan.planner.geometry import Region, row_major_strides
 from weightplan.planner.placement import Program, ReadTask
 from weightplan.planner.schedule import EventKind
+
 
 class _InlinePool:
     """``threads=0``: every task runs when submitted."""
@@ -48,17 +44,29 @@ class _InlinePool:
 
 @dataclass
 class _Step:
-    dests: list[torch.Tensor]
+    handles: list
     futures: list[Future] = field(default_factory=list)
     held: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
 
 
+@dataclass
+class RunStats:
+    """What one execution measured (the sink-specific report is built from it)."""
+
+    seconds: float = 0.0
+    read_seconds: float = 0.0
+    convert_seconds: float = 0.0
+    commit_seconds: float = 0.0
+    peak_bytes: int = 0
+    rss_peak_bytes: int | None = None
+    threads: int = 0
+
+
 class _Execution:
-    def __init__(self, plan, reader: Reader, pool, tracker: Tracker, progress: LoadProgress):
-        self.plan, self.reader, self.pool = plan, reader, pool
+    def __init__(self, plan, sink, reader: Reader, pool, tracker: Tracker, progress):
+        self.plan, self.sink, self.reader, self.pool = plan, sink, reader, pool
         self.tracker, self.progress = tracker, progress
         self.steps: dict[int, _Step] = {}
-        self.results: dict[str, torch.Tensor] = {}
         self.read_seconds = 0.0
         self.convert_seconds = 0.0
         self._lock = threading.Lock()
@@ -72,9 +80,9 @@ class _Execution:
 
     def submit(self, index: int) -> None:
         program = self.plan.schedule.steps[index]
-        dests = [destination_tensor(self.plan.model, d) for d in program.destinations]
-        self.tracker.add(program.dest_bytes)
-        step = self.steps[index] = _Step(dests)
+        handles = [self.sink.open(d) for d in program.destinations]
+        self.tracker.add(program.dest_bytes + program.staged_bytes)
+        step = self.steps[index] = _Step(handles)
         for task in program.reads:
             for piece in task.pieces:
                 step.futures.append(self.pool.submit(self._read, program, step, task, piece))
@@ -85,8 +93,9 @@ class _Execution:
             future.result()
         if program.materialize:
             self._convert(program, step)
-        for dest, tensor in zip(program.destinations, step.dests):
-            self.results[dest.key] = tensor
+        for dest, handle in zip(program.destinations, step.handles):
+            self.sink.close(dest, handle)
+        self.tracker.sub(program.staged_bytes)
         self.progress.advance(program.read_bytes)
 
     def _read(self, program: Program, step: _Step, task: ReadTask, piece: tuple[int, int]):
@@ -107,101 +116,86 @@ class _Execution:
         start = time.perf_counter()
         self.tracker.add(program.convert_bytes)
         try:
-            conv = program.conversion
-            streams = tuple(tuple(step.held[(i, j)] for j in range(len(s)))
-                            for i, s in enumerate(conv.group.sources))
-            for k, op in enumerate(program.materialize):
-                try:
-                    streams = op.forward(streams)
-                except Exception as e:
-                    raise ExecutionError(f"op #{k} {op!r} failed for {conv.label} "
-                                         f"(sources {', '.join(e.key for e in conv.group.entries)}): "
-                                         f"{e}") from e
-            with torch.no_grad():
-                for i, out_stream in enumerate(program.outputs):
-                    for j, frags in enumerate(out_stream):
-                        for f in frags:
-                            src = streams[i][j][_slices(f.region)]
-                            _view(step.dests[f.target], f.view).copy_(src.reshape(f.view.shape))
+            streams = _run_ops(program, step)
+            for i, out_stream in enumerate(program.outputs):
+                for j, frags in enumerate(out_stream):
+                    for f in frags:
+                        src = streams[i][j][_slices(f.region)]
+                        dest = program.destinations[f.target]
+                        self.sink.write_view(step.handles[f.target], dest, f.view, src)
         finally:
             self.tracker.sub(program.convert_bytes + program.held_bytes)
             step.held.clear()
             self.convert_seconds += time.perf_counter() - start
 
 
+def _run_ops(program: Program, step: _Step):
+    conv = program.conversion
+    streams = tuple(tuple(step.held[(i, j)] for j in range(len(s)))
+                    for i, s in enumerate(conv.group.sources))
+    for k, op in enumerate(program.materialize):
+        try:
+            streams = op.forward(streams)
+        except Exception as e:
+            raise ExecutionError(f"op #{k} {op!r} failed for {conv.label} (sources "
+                                 f"{', '.join(e.key for e in conv.group.entries)}): {e}") from e
+    return streams
+
+
 def _read_task(run: _Execution, program: Program, step: _Step, task: ReadTask,
                piece: tuple[int, int]) -> None:
-    entry, f = task.entry, task.fragment
-    if entry.file is None:
-        _copy_from_memory(run, step, task)
-        return
-    offset = task.byte_range[0] + piece[0]
-    with run.reader.window(entry.file, offset, piece[1]) as raw, run.tracker.holding(piece[1]):
-        if task.direct:
-            base = step.dests[f.target]
-            start = f.view.offset * base.element_size() + piece[0]
-            _bytes_of(base)[start:start + piece[1]].copy_(raw)
-            return
-        src = torch.as_strided(raw.view(entry.spec.dtype), task.region.shape,
-                               row_major_strides(entry.spec.shape), 0)
+    with _source(run, task, piece) as src:
+        f = task.fragment
         if f is None:  # an input of materialized ops: keep a copy (released when they ran)
-            run.tracker.add(piece[1])
-            step.held[task.source] = src.clone()
+            run.tracker.add(task.tmp_bytes)
+            step.held[task.source] = src.clone() if task.entry.file is not None else src
             return
-        with torch.no_grad():
-            _view(step.dests[f.target], f.view).copy_(src.reshape(f.view.shape))
+        dest = program.destinations[f.target]
+        if task.direct:
+            offset = f.view.offset * dest.spec.dtype.itemsize + piece[0]
+            run.sink.write_bytes(step.handles[f.target], dest, offset, src)
+        else:
+            run.sink.write_view(step.handles[f.target], dest, f.view, src)
 
 
-def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
-    """The flat ``uint8`` storage of a contiguous destination (starting at its offset)."""
+class _source:
+    """One piece of a read: its raw bytes when the read is direct, else the typed region
+    (strided into a mapped file window, or a view of the in-memory tensor)."""
+
+    def __init__(self, run: _Execution, task: ReadTask, piece: tuple[int, int]):
+        self.run, self.task, self.piece = run, task, piece
+        self._window = None
+
+    def __enter__(self) -> torch.Tensor:
+        task, (start, length) = self.task, self.piece
+        entry = task.entry
+        if entry.file is None:
+            tensor = self.run.plan.checkpoint.tensors[entry.key]
+            if not task.direct:
+                return tensor[_slices(task.region)]
+            first = task.byte_range[0] + start
+            return _flat_bytes(tensor)[first:first + length]
+        self._window = self.run.reader.window(entry.file, task.byte_range[0] + start, length)
+        self.run.tracker.add(length)
+        raw = self._window.__enter__()
+        if task.direct:
+            return raw
+        return torch.as_strided(raw.view(entry.spec.dtype), task.region.shape,
+                                row_major_strides(entry.spec.shape), 0)
+
+    def __exit__(self, *exc) -> None:
+        if self._window is not None:
+            self._window.__exit__(*exc)
+            self.run.tracker.sub(self.piece[1])
+
+
+def _flat_bytes(tensor: torch.Tensor) -> torch.Tensor:
     flat = tensor.detach().reshape(-1) if tensor.dim() else tensor.detach().reshape(1)
     return flat.view(torch.uint8)
 
 
-def _copy_from_memory(run: _Execution, step: _Step, task: ReadTask) -> None:
-    tensor = run.plan.checkpoint.tensors[task.entry.key]
-    src = tensor[_slices(task.region)]
-    if task.fragment is None:
-        step.held[task.source] = src
-        return
-    f = task.fragment
-    with torch.no_grad():
-        _view(step.dests[f.target], f.view).copy_(src.reshape(f.view.shape))
-
-
 def _slices(region: Region) -> tuple[slice, ...]:
     return tuple(slice(a, b) for a, b in zip(region.starts, region.stops))
-
-
-def _view(base: torch.Tensor, view: View) -> torch.Tensor:
-    return torch.as_strided(base, view.shape, view.stride, base.storage_offset() + view.offset)
-
-
-def execute_plan(plan, *, strict: bool = False, progress: bool | None = None) -> LoadReport:
-    """Run ``plan`` (see :meth:`Plan.execute`)."""
-    _preflight(plan, strict)
-    meter, tracker = RssMeter(), Tracker()
-    started = time.perf_counter()
-    threads = workers(plan.options.threads)
-    pool = ThreadPoolExecutor(threads, thread_name_prefix="weightplan") if threads else _InlinePool()
-    bar = LoadProgress(plan.read_bytes, wants_progress(progress))
-    try:
-        with Reader(plan.checkpoint) as reader, bar:
-            run = _Execution(plan, reader, pool, tracker, bar)
-            run.run()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-    assign_start = time.perf_counter()
-    initialized = _finish(plan, run.results, strict)
-    seconds = time.perf_counter() - started
-    return LoadReport(
-        bytes_read=plan.read_bytes,
-        bytes_needed=sum(p.needed_bytes for p in plan.schedule.steps),
-        seconds=seconds, peak_bytes=tracker.peak, planned_peak_bytes=plan.peak_bytes,
-        rss_peak_bytes=meter.peak_growth(), tensors_loaded=len(run.results), threads=threads,
-        stage_seconds={"read": run.read_seconds, "convert": run.convert_seconds,
-                       "assign": time.perf_counter() - assign_start},
-        missing=plan.missing, unexpected=plan.unexpected, initialized=initialized)
 
 
 def workers(threads: int) -> int:
@@ -209,39 +203,24 @@ def workers(threads: int) -> int:
     return min(threads, os.cpu_count() or 1)
 
 
-def _preflight(plan, strict: bool) -> None:
-    """Everything that can fail before a byte is written fails here."""
-    if plan.model is None:
-        raise PlanError("this plan has no model to load into; pass one to explain()")
-    if plan.mismatched:
-        details = "; ".join(p.message for p in plan.problems if p.kind.value == "mismatch")
-        raise ShapeMismatchError(f"{len(plan.mismatched)} tensor(s) don't fit the model, nothing "
-                                 f"was loaded: {details}")
-    if strict and (plan.missing or plan.unexpected):
-        raise StrictLoadError(f"strict load: {len(plan.missing)} missing "
-                              f"({', '.join(sorted(plan.missing)[:5])}) and "
-                              f"{len(plan.unexpected)} unexpected "
-                              f"({', '.join(sorted(plan.unexpected)[:5])}); nothing was loaded")
-    for program in plan.schedule.steps:
-        for dest in program.destinations:
-            check_unchanged(plan.model, dest)
-
-
-def _finish(plan, results: dict[str, torch.Tensor], strict: bool) -> dict[str, str]:
-    info = plan.model_info
-    missing = [info.get(name) for name in sorted(plan.missing)]
-    initialized = initialize_missing(plan.model, missing) if not strict else {}
-    for program in plan.schedule.steps:
-        for dest in program.destinations:
-            install(plan.model, dest, results[dest.key], info.get(dest.key))
-    if plan.missing or plan.unexpected:
-        warnings.warn(f"weightplan: {len(plan.missing)} missing tensor(s) "
-                      f"{_some(plan.missing)} ({len(initialized)} initialized fresh) and "
-                      f"{len(plan.unexpected)} unexpected checkpoint key(s) "
-                      f"{_some(plan.unexpected)} not loaded", stacklevel=4)
-    return initialized
-
-
-def _some(names: frozenset[str]) -> str:
-    shown = sorted(names)[:3]
-    return f"[{', '.join(shown)}{', ...' if len(names) > 3 else ''}]" if names else ""
+def run_plan(plan, sink, *, progress: bool | None, description: str = "loading") -> RunStats:
+    """Execute ``plan`` into ``sink``; the sink commits only when every step succeeded."""
+    meter, tracker = RssMeter(), Tracker()
+    started = time.perf_counter()
+    threads = workers(plan.options.threads)
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="weightplan") if threads else _InlinePool()
+    bar = LoadProgress(plan.read_bytes, wants_progress(progress), description)
+    try:
+        with Reader(plan.checkpoint) as reader, bar:
+            run = _Execution(plan, sink, reader, pool, tracker, bar)
+            run.run()
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        sink.abort()
+        raise
+    pool.shutdown(wait=True)
+    commit_start = time.perf_counter()
+    sink.commit()
+    now = time.perf_counter()
+    return RunStats(now - started, run.read_seconds, run.convert_seconds, now - commit_start,
+                    tracker.peak, meter.peak_growth(), threads)

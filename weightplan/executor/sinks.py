@@ -1,4 +1,14 @@
-"""The load sink: destination tensors of a model, and putting loaded tensors into it."""
+"""The load sink: destination tensors of a model, and putting loaded tensors into it.
+
+A sink takes the executor's writes (calls 1-3 from reader threads, 4-5 from the main
+thread):
+
+1. ``open(dest)`` when a step is submitted: a handle to write into;
+2. ``write_bytes(handle, dest, byte_offset, data)``: a direct byte copy;
+3. ``write_view(handle, dest, view, src)``: a strided / casting copy;
+4. ``close(dest, handle)`` when the step is finalized;
+5. ``commit()`` after the last step, or ``abort()`` on any failure.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +16,9 @@ import torch
 from torch import nn
 
 from weightplan.errors import PlanError
-from weightplan.planner.model_info import ModelTensor
-from weightplan.planner.placement import Destination
+from weightplan.planner.geometry import View
+from weightplan.planner.model_info import ModelInfo, ModelTensor
+from weightplan.planner.placement import Destination, DestKind
 
 
 def module_and_attr(model: nn.Module, name: str) -> tuple[nn.Module, str]:
@@ -72,7 +83,8 @@ def initialize_missing(model: nn.Module, infos: list[ModelTensor]) -> dict[str, 
         if not info.on_meta:
             continue
         tensor = torch.zeros(info.spec.shape, dtype=info.spec.dtype)
-        install(model, Destination(info.name, info.aliases, info.spec, True, ()), tensor, info)
+        install(model, Destination(info.name, info.aliases, info.spec, DestKind.ALLOCATE, ()),
+                tensor, info)
         module, _ = module_and_attr(model, info.name)
         if callable(getattr(module, "reset_parameters", None)):
             modules[id(module)] = module
@@ -88,3 +100,53 @@ def initialize_missing(model: nn.Module, infos: list[ModelTensor]) -> dict[str, 
                     if module_and_attr(model, info.name)[0] is module:
                         done[info.name] = f"zeros (reset_parameters failed: {e})"
     return done
+
+
+def strided(base: torch.Tensor, view: View) -> torch.Tensor:
+    """``base``'s storage seen through ``view``."""
+    return torch.as_strided(base, view.shape, view.stride, base.storage_offset() + view.offset)
+
+
+def flat_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """The bytes of a contiguous tensor, as a flat ``uint8`` view."""
+    flat = tensor.detach().reshape(-1) if tensor.dim() else tensor.detach().reshape(1)
+    return flat.view(torch.uint8)
+
+
+class ModelSink:
+    """Writes into model tensors: fresh ones for meta parameters, else their own storage.
+
+    Fresh tensors are installed only at :meth:`commit`, so a failed load leaves a meta
+    model untouched.
+    """
+
+    def __init__(self, model: nn.Module, info: ModelInfo, missing: list[str], initialize: bool):
+        self.model, self.info = model, info
+        self.missing, self.initialize = missing, initialize
+        self.results: dict[str, tuple[Destination, torch.Tensor]] = {}
+        self.initialized: dict[str, str] = {}
+
+    def open(self, dest: Destination) -> torch.Tensor:
+        return destination_tensor(self.model, dest)
+
+    def write_bytes(self, handle: torch.Tensor, dest: Destination, offset: int,
+                    data: torch.Tensor) -> None:
+        flat_bytes(handle)[offset:offset + data.numel()].copy_(data)
+
+    def write_view(self, handle: torch.Tensor, dest: Destination, view: View,
+                   src: torch.Tensor) -> None:
+        with torch.no_grad():
+            strided(handle, view).copy_(src.reshape(view.shape))
+
+    def close(self, dest: Destination, handle: torch.Tensor) -> None:
+        self.results[dest.key] = (dest, handle)
+
+    def commit(self) -> None:
+        if self.initialize:
+            infos = [self.info.get(name) for name in self.missing]
+            self.initialized = initialize_missing(self.model, infos)
+        for dest, tensor in self.results.values():
+            install(self.model, dest, tensor, self.info.get(dest.key))
+
+    def abort(self) -> None:
+        self.results.clear()

@@ -103,8 +103,9 @@ def build_conversion(group: Group, model: ModelInfo | None, dtype: torch.dtype |
 
 
 def _context(group: Group, model: ModelInfo | None) -> OpContext:
+    names = group.targets if group.explicit is None else tuple(s[0] for s in group.explicit)
     specs = tuple(model.get(t).spec if model is not None and model.get(t) is not None else None
-                  for t in group.targets)
+                  for t in names)
     keys = tuple(tuple(e.key for e in s) for s in group.sources)
     return OpContext(group.targets, specs, keys, model.config if model is not None else None)
 
@@ -135,12 +136,15 @@ def _targets(group: Group, outputs: Streams[TensorSpec], model: ModelInfo | None
                       f"({', '.join(group.targets)})")
     out = []
     for i, (pattern, stream) in enumerate(zip(group.targets, outputs)):
-        if len(stream) > 1 and "*" not in pattern:
+        expected = len(group.explicit[i]) if group.explicit is not None else None
+        if expected is None and len(stream) > 1 and "*" not in pattern:
             raise OpError(f"{group.converter.describe()}: output {i} is a list of "
                           f"{len(stream)} tensors but target {pattern!r} has no `*` for them")
+        if expected is not None and expected != len(stream):
+            raise OpError(f"output {i} of {group.converter.describe()} has {len(stream)} "
+                          f"tensors where {expected} were recorded")
         for j, spec in enumerate(stream):
-            key = pattern.replace("*", str(j)) if "*" in pattern else pattern
-            out.append(_target(key, spec, (i, j), model, dtype))
+            out.append(_target(group.output_key(i, j), spec, (i, j), model, dtype))
     return tuple(out)
 
 

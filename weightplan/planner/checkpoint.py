@@ -36,6 +36,7 @@ class TensorEntry:
     spec: TensorSpec
     file: str | None  # None: the tensor lives in an in-memory dict
     offset: int = 0  # absolute byte offset of the first data byte in ``file``
+    contiguous: bool = True  # in-memory tensors may be strided; file data never is
 
     @property
     def nbytes(self) -> int:
@@ -105,7 +106,8 @@ def _from_memory(tensors: Mapping) -> Checkpoint:
         if not isinstance(value, torch.Tensor):
             raise HeaderError(f"value is a {type(value).__name__}, not a tensor",
                               file="<memory>", key=str(key))
-        entries[str(key)] = TensorEntry(str(key), TensorSpec.of(value), None)
+        entries[str(key)] = TensorEntry(str(key), TensorSpec.of(value), None,
+                                        contiguous=value.is_contiguous())
     return Checkpoint(entries, tensors=dict(tensors), description="<memory>")
 
 

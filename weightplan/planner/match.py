@@ -43,15 +43,31 @@ class Group:
     sources: tuple[tuple[TensorEntry, ...], ...]  # per source pattern, ordered by index
     routes: tuple[tuple[Route, ...], ...]  # aligned with ``sources``
     targets: tuple[str, ...]  # target keys; ``*`` still stands for an output index
+    explicit: tuple[tuple[str, ...], ...] | None = None  # exact output keys per stream (saves)
+    post_rename: tuple[Renaming, ...] = ()  # applied to every output key (inverse renamings)
 
     @property
     def entries(self) -> tuple[TensorEntry, ...]:
         return tuple(e for stream in self.sources for e in stream)
 
-    @property
-    def first_offset(self) -> tuple[str, int]:
-        first = min(self.entries, key=lambda e: (e.file or "", e.offset))
-        return first.file or "", first.offset
+    def output_key(self, stream: int, index: int) -> str:
+        """The key of output ``index`` of output stream ``stream``."""
+        return self.renamed_output(stream, index)[0]
+
+    def renamed_output(self, stream: int, index: int) -> tuple[str, tuple[Renaming, ...]]:
+        """The output key and the post renamings that fired on it."""
+        if self.explicit is not None:
+            key = self.explicit[stream][index]
+        else:
+            pattern = self.targets[stream]
+            key = pattern.replace("*", str(index)) if "*" in pattern else pattern
+        fired = []
+        for renaming in self.post_rename:
+            new = renaming.rename(key)
+            if new is not None:
+                key = new
+                fired.append(renaming)
+        return key, tuple(fired)
 
 
 @dataclass(frozen=True)

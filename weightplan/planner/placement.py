@@ -1,21 +1,24 @@
 """Where every byte lands: turn a conversion into read tasks and (rarely) op runs.
 
-Starting from the destinations (each loaded target is a full view of its model tensor),
-fragments are pushed backwards through the op chain with ``ConversionOp.place``. When
-every op places, each checkpoint tensor's bytes are read straight into the slice of the
-destination a merge/concat/chunk would put them in: no intermediate at all. A read is
-*direct* (no temporary) when its destination view is contiguous, the dtype needs no cast
-and the source region is one contiguous byte range; otherwise it goes through a
-temporary of exactly the bytes read. When an op can't place, the ops up to it run on
-materialized tensors and their outputs are copied into the placed views.
+Starting from the destinations (each target is a full view of a model tensor, or of a
+tensor in an output file), fragments are pushed backwards through the op chain with
+``ConversionOp.place``. When every op places, each source tensor's bytes go straight into
+the slice of the destination a merge/concat/chunk would put them in: no intermediate at
+all. A read is *direct* (a plain byte copy) when its destination view is contiguous, the
+dtype needs no cast and the source region is one contiguous byte range; otherwise it is a
+strided (and casting) copy. When an op can't place, the ops up to it run on materialized
+tensors and their outputs are copied into the placed views. An output-file destination
+written by anything but direct copies is *staged*: assembled in memory, written once.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from enum import Enum
 from functools import cached_property
 
-from weightplan.planner.build import Conversion, TargetStatus
+from weightplan.planner.build import Conversion, Target, TargetStatus
 from weightplan.planner.checkpoint import TensorEntry
 from weightplan.planner.geometry import Fragment, Region, View
 from weightplan.planner.ops.base import ConversionOp, Streams
@@ -24,15 +27,40 @@ from weightplan.planner.spec import TensorSpec
 WINDOW_BYTES = 32 * 1024 * 1024  # direct reads larger than this are split into pieces
 
 
+class DestKind(Enum):
+    ALLOCATE = "allocate"  # a new model tensor, resident after the load
+    IN_PLACE = "in place"  # an existing model tensor's storage
+    FILE = "file"  # a tensor in an output file: written, then released
+
+
 @dataclass(frozen=True, slots=True)
 class Destination:
-    """A model tensor a program writes: allocated by the executor or written in place."""
+    """A tensor a program writes."""
 
     key: str
     aliases: tuple[str, ...]
     spec: TensorSpec
-    allocates: bool
+    kind: DestKind
     stride: tuple[int, ...]
+    staged: bool = False  # FILE: assembled in memory, then written in one piece
+
+    @property
+    def allocates(self) -> bool:
+        return self.kind is DestKind.ALLOCATE
+
+
+def model_destination(t: Target) -> Destination:
+    """Load: a model tensor (allocated when on meta) or a plain output when there's no model."""
+    if t.model is None:
+        return Destination(t.key, (t.key,), t.dest, DestKind.ALLOCATE,
+                           View.contiguous(t.dest.shape).stride)
+    kind = DestKind.ALLOCATE if t.model.allocates else DestKind.IN_PLACE
+    return Destination(t.key, t.model.aliases, t.dest, kind, t.model.stride)
+
+
+def file_destination(t: Target) -> Destination:
+    """Save / convert: a tensor of an output file."""
+    return Destination(t.key, (t.key,), t.dest, DestKind.FILE, View.contiguous(t.dest.shape).stride)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +81,7 @@ class ReadTask:
         total = count * size
         object.__setattr__(self, "byte_range", (self.entry.offset + first * size, total))
         # big direct reads are split so they run in parallel; each piece is one mapped window
-        split = self.direct and self.entry.file is not None and total > WINDOW_BYTES
+        split = self.direct and total > WINDOW_BYTES
         pieces = tuple((s, min(WINDOW_BYTES, total - s)) for s in range(0, total, WINDOW_BYTES))
         object.__setattr__(self, "pieces", pieces if split else ((0, total),))
 
@@ -96,6 +124,11 @@ class Program:
         return sum(d.spec.nbytes for d in self.destinations if d.allocates)
 
     @cached_property
+    def staged_bytes(self) -> int:
+        """Output tensors assembled in memory until the step is finalized."""
+        return sum(d.spec.nbytes for d in self.destinations if d.staged)
+
+    @cached_property
     def held_bytes(self) -> int:
         """Temporaries kept until the materialized ops run."""
         return sum(r.tmp_bytes for r in self.reads)
@@ -118,13 +151,11 @@ class Program:
         return sum(r.nbytes for r in self.reads if r.direct) / total if total else 1.0
 
 
-def plan_program(conv: Conversion) -> Program:
+def plan_program(conv: Conversion,
+                 destination: Callable[[Target], Destination] = model_destination) -> Program:
     """Destinations, then fragments pushed back through the ops as far as they go."""
     loads = [t for t in conv.targets if t.status is TargetStatus.LOAD]
-    dests = tuple(Destination(t.key, t.model.aliases if t.model else (t.key,), t.dest,
-                              bool(t.model is None or t.model.allocates),
-                              t.model.stride if t.model else View.contiguous(t.dest.shape).stride)
-                  for t in loads)
+    dests = tuple(destination(t) for t in loads)
     final: list[list[tuple[Fragment, ...]]] = [[() for _ in s] for s in conv.stages[-1]]
     for index, (t, d) in enumerate(zip(loads, dests)):
         i, j = t.position
@@ -137,10 +168,20 @@ def plan_program(conv: Conversion) -> Program:
             break
         frags, m = placed, m - 1
     if m == 0:
-        return Program(conv, dests, _placed_reads(conv, frags, dests), (), ())
+        reads = _placed_reads(conv, frags, dests)
+        return Program(conv, _staging(dests, reads, False), reads, (), ())
     reads = tuple(ReadTask(e, (i, j), Region.full(e.spec.shape), None, False)
                   for i, stream in enumerate(conv.group.sources) for j, e in enumerate(stream))
-    return Program(conv, dests, reads, conv.ops[:m], frags)
+    return Program(conv, _staging(dests, reads, True), reads, conv.ops[:m], frags)
+
+
+def _staging(dests: tuple[Destination, ...], reads: tuple[ReadTask, ...], materialized: bool
+             ) -> tuple[Destination, ...]:
+    """File destinations written by anything but direct byte copies are staged in memory."""
+    indirect = {r.fragment.target for r in reads if r.fragment is not None and not r.direct}
+    return tuple(replace(d, staged=True)
+                 if d.kind is DestKind.FILE and (materialized or i in indirect) else d
+                 for i, d in enumerate(dests))
 
 
 def _placed_reads(conv: Conversion, frags: Streams[tuple[Fragment, ...]],
@@ -156,8 +197,6 @@ def _placed_reads(conv: Conversion, frags: Streams[tuple[Fragment, ...]],
 
 
 def _direct(entry: TensorEntry, f: Fragment, dests: tuple[Destination, ...]) -> bool:
-    if entry.file is None:
-        return True  # in memory: one copy_ from the source view, casting on the way
     _, count = f.region.element_span(entry.spec.shape)
-    return (f.view.is_contiguous() and count == f.region.numel
+    return (entry.contiguous and f.view.is_contiguous() and count == f.region.numel
             and dests[f.target].spec.dtype == entry.spec.dtype)

@@ -108,7 +108,7 @@ class Plan:
         Returns:
             A :class:`LoadReport` with bytes read, seconds, GB/s and the peak held.
         """
-        from weightplan.executor.run import execute_plan
+        from weightplan.executor.load import execute_plan
 
         return execute_plan(self, strict=strict, progress=progress)
 

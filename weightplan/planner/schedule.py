@@ -129,7 +129,8 @@ def simulate(steps: Sequence[Program], events: Sequence[Event], threads: int
 
 
 def _in_flight(pending: Sequence[Program], threads: int) -> int:
-    """Held op inputs, plus the largest windows that ``threads`` readers can map at once."""
-    held = sum(p.held_bytes for p in pending)
+    """Held op inputs and staged outputs, plus the largest windows that ``threads``
+    readers can map at once."""
+    held = sum(p.held_bytes + p.staged_bytes for p in pending)
     windows = [w for p in pending for w in p.window_sizes]
     return held + sum(heapq.nlargest(max(threads, 1), windows))

@@ -39,3 +39,20 @@ def plan_to_dict(plan) -> dict:
                       "resident": p.resident, "in_flight": p.in_flight,
                       "intermediate": p.intermediate} for p in plan.schedule.timeline],
     }
+
+
+def write_plan_to_dict(plan) -> dict:
+    peak = plan.schedule.peak
+    return {
+        "mode": plan.mode,
+        "directory": plan.directory,
+        "files": list(plan.layout.names),
+        "tensors": len(plan.layout.locations),
+        "bytes": plan.layout.total_bytes,
+        "mapping": {"key": plan.mapping.key, "reason": plan.mapping.reason,
+                    "transforms": [t.describe() for t in plan.transforms]},
+        "rows": [asdict(r) for r in mapping_rows(plan.conversions)],
+        "peak_bytes": plan.peak_bytes,
+        "peak_at": None if peak is None else {"step": peak.event.step, "label": peak.label},
+        "notes": [n.message for n in plan.notes],
+    }

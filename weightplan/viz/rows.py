@@ -33,6 +33,10 @@ def rule_of(conv: Conversion) -> str:
                 text = ("legacy " if r in LEGACY else "") + r.describe()
                 if text not in fired:
                     fired.append(text)
+    for t in conv.targets:
+        for r in conv.group.renamed_output(*t.position)[1]:
+            if r.describe() not in fired:
+                fired.append(r.describe())
     notes = {r.note for stream in conv.group.routes for r in stream if r.note}
     parts = fired + (["convert"] if conv.group.converter is not None else [])
     parts += sorted(notes)

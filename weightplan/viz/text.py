@@ -23,6 +23,8 @@ def explain_text(plan, width: int | None = None) -> str:
 
 
 def header_lines(plan) -> list[str]:
+    if hasattr(plan, "layout"):
+        return write_header_lines(plan)
     ckpt = plan.checkpoint
     files = f"{len(ckpt.files)} file(s), " if ckpt.files else ""
     model = "no model" if plan.model_info is None else (
@@ -35,6 +37,16 @@ def header_lines(plan) -> list[str]:
             f"mapping: {mapping} — {plan.mapping.reason} (+{extra} legacy renames)"]
 
 
+def write_header_lines(plan) -> list[str]:
+    layout = plan.layout
+    what = {"record": "save (exact inverse of the recorded load)",
+            "mapping": "save (inverse of the mapping)", "convert": "convert"}[plan.mode]
+    return [f"weightplan {what}: {plan.checkpoint.description} ({len(plan.checkpoint)} tensors) → "
+            f"{plan.directory} ({len(layout.files)} file(s), {len(layout.locations)} tensors, "
+            f"{format_bytes(layout.total_bytes)})",
+            f"mapping: {plan.mapping.key or 'none'} — {plan.mapping.reason}"]
+
+
 def mapping_lines(plan, width: int) -> list[str]:
     """One block per folded row: rule, checkpoint keys, then ``→ model key`` and sizes."""
     lines, previous, n = [], None, 0
@@ -45,7 +57,8 @@ def mapping_lines(plan, width: int) -> list[str]:
             lines.append(f"#{n:<3} {rule}")
         previous = rule
         count = f" ×{row.count}" if row.count > 1 else ""
-        info = f"{row.dtype}{row.shape}{count}  {format_bytes(row.nbytes)}  {row.status}"
+        status = row.status.replace("load", "write") if hasattr(plan, "layout") else row.status
+        info = f"{row.dtype}{row.shape}{count}  {format_bytes(row.nbytes)}  {status}"
         targets = list(row.targets)
         if len(row.sources) == 1 and len(targets) == 1:
             one = f"      {row.sources[0]} → {targets[0]}"
@@ -69,8 +82,10 @@ def total_lines(plan) -> list[str]:
     threads = plan.options.threads or "inline"
     lines = [
         f"reads: {format_bytes(read)} in {sum(len(p.reads) for p in steps)} reads, "
-        f"{100 * direct / read if read else 100:.0f}% straight into model memory; "
-        f"model tensors written: {format_bytes(plan.model_bytes)}",
+        f"{100 * direct / read if read else 100:.0f}% straight into "
+        f"{'the output files' if hasattr(plan, 'layout') else 'model memory'}; "
+        f"{'tensors' if hasattr(plan, 'layout') else 'model tensors'} written: "
+        f"{format_bytes(plan.model_bytes)}",
         f"peak estimate: {format_bytes(plan.peak_bytes)}{at}; read-ahead window "
         f"{format_bytes(plan.schedule.window_bytes)}, threads: {threads}"
         + (f", budget {format_bytes(plan.options.budget)}" if plan.options.budget else ""),

@@ -65,8 +65,9 @@ class PermuteForRope(TensorwiseOp):
             raise OpError(f"{self!r} needs an even head_dim: pass PermuteForRope(head_dim=...) "
                           "or plan with a model whose config has head_dim (or hidden_size and "
                           "num_attention_heads)")
-        mask = tuple(self.names is None or any(n in k for n in self.names for k in keys)
-                     for keys in _stream_keys(self, ctx, inputs))
+        mask = self.mask if self.mask is not None else tuple(  # kept when inverting a plan
+            self.names is None or any(n in k for n in self.names for k in keys)
+            for keys in _stream_keys(self, ctx, inputs))
         for permuted, stream in zip(mask, inputs):
             for spec in stream if permuted else ():
                 if not spec.shape or spec.shape[0] % head_dim:

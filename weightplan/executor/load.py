@@ -1,0 +1,56 @@
+"""``plan.execute()`` for load plans: checks, the model sink, the report."""
+
+from __future__ import annotations
+
+import warnings
+
+from weightplan.errors import PlanError, ShapeMismatchError, StrictLoadError
+from weightplan.executor.report import LoadReport
+from weightplan.executor.run import run_plan
+from weightplan.executor.sinks import ModelSink, check_unchanged
+from weightplan.planner.record import attach_record, get_record, merge_records, record_from_plan
+
+
+def execute_plan(plan, *, strict: bool = False, progress: bool | None = None) -> LoadReport:
+    """Run a load plan (see :meth:`Plan.execute`)."""
+    preflight(plan, strict)
+    sink = ModelSink(plan.model, plan.model_info, sorted(plan.missing), initialize=not strict)
+    stats = run_plan(plan, sink, progress=progress)
+    attach_record(plan.model, merge_records(get_record(plan.model), record_from_plan(plan)))
+    if plan.missing or plan.unexpected:
+        warnings.warn(f"weightplan: {len(plan.missing)} missing tensor(s) "
+                      f"{_some(plan.missing)} ({len(sink.initialized)} initialized fresh) and "
+                      f"{len(plan.unexpected)} unexpected checkpoint key(s) "
+                      f"{_some(plan.unexpected)} not loaded", stacklevel=3)
+    return LoadReport(
+        bytes_read=plan.read_bytes,
+        bytes_needed=sum(p.needed_bytes for p in plan.schedule.steps),
+        seconds=stats.seconds, peak_bytes=stats.peak_bytes, planned_peak_bytes=plan.peak_bytes,
+        rss_peak_bytes=stats.rss_peak_bytes, tensors_loaded=len(sink.results),
+        threads=stats.threads,
+        stage_seconds={"read": stats.read_seconds, "convert": stats.convert_seconds,
+                       "assign": stats.commit_seconds},
+        missing=plan.missing, unexpected=plan.unexpected, initialized=sink.initialized)
+
+
+def preflight(plan, strict: bool) -> None:
+    """Everything that can fail before a byte is written fails here."""
+    if plan.model is None:
+        raise PlanError("this plan has no model to load into; pass one to explain()")
+    if plan.mismatched:
+        details = "; ".join(p.message for p in plan.problems if p.kind.value == "mismatch")
+        raise ShapeMismatchError(f"{len(plan.mismatched)} tensor(s) don't fit the model, nothing "
+                                 f"was loaded: {details}")
+    if strict and (plan.missing or plan.unexpected):
+        raise StrictLoadError(f"strict load: {len(plan.missing)} missing "
+                              f"({', '.join(sorted(plan.missing)[:5])}) and "
+                              f"{len(plan.unexpected)} unexpected "
+                              f"({', '.join(sorted(plan.unexpected)[:5])}); nothing was loaded")
+    for program in plan.schedule.steps:
+        for dest in program.destinations:
+            check_unchanged(plan.model, dest)
+
+
+def _some(names: frozenset[str]) -> str:
+    shown = sorted(names)[:3]
+    return f"[{', '.join(shown)}{', ...' if len(names) > 3 else ''}]" if names else ""

@@ -1,0 +1,129 @@
+"""The file sink: a streaming, atomic safetensors writer for a planned shard layout.
+
+Every shard is written under a temporary name in the target directory: header first,
+then each tensor's bytes at its planned offset as steps complete (``pwrite``, straight
+from the source tensor's memory when the copy is direct). Only when every step succeeded
+are the shards fsync'ed and renamed into place, stale shards of an overwritten
+checkpoint removed, and the index written last. On any failure the temporaries are
+deleted: the directory never holds a half-written checkpoint.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import torch
+
+from weightplan.errors import SaveError
+from weightplan.executor.sinks import flat_bytes, strided
+from weightplan.planner.geometry import View
+from weightplan.planner.layout import INDEX_NAME, SINGLE_NAME, ShardLayout
+from weightplan.planner.placement import Destination
+
+PARTIAL = ".weightplan-partial"
+
+
+def _pwrite_all(fd: int, data: torch.Tensor, offset: int, path: str) -> None:
+    nbytes = data.numel()
+    done = 0
+    while done < nbytes:
+        buf = (ctypes.c_char * (nbytes - done)).from_address(data.data_ptr() + done)
+        try:
+            done += os.pwrite(fd, buf, offset + done)
+        except OSError as e:
+            raise SaveError(f"{path}: write failed at byte {offset + done}: {e}") from e
+
+
+class FileSink:
+    """Writes destinations of kind FILE into the shards of ``layout`` under ``directory``."""
+
+    def __init__(self, directory: str, layout: ShardLayout, overwrite: bool):
+        self.directory, self.layout, self.overwrite = Path(directory), layout, overwrite
+        self._fds: dict[str, int] = {}
+        self._partial: dict[str, Path] = {}
+        taken = [n for n in layout.names if (self.directory / n).exists()]
+        if taken and not overwrite:
+            raise SaveError(f"{self.directory} now holds {', '.join(taken)}; pass overwrite=True "
+                            "to replace it")
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            for shard in layout.files:
+                self._create(shard.name, shard.header, shard.size)
+        except BaseException as e:
+            self.abort()
+            if isinstance(e, OSError) and not isinstance(e, SaveError):
+                raise SaveError(f"{self.directory}: can't create the output files: {e}") from e
+            raise
+
+    def _create(self, name: str, header: bytes, size: int) -> None:
+        path = self.directory / f".{name}{PARTIAL}"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._fds[name], self._partial[name] = fd, path
+        os.ftruncate(fd, size)
+        _pwrite_all(fd, torch.frombuffer(bytearray(header), dtype=torch.uint8), 0, str(path))
+
+    def open(self, dest: Destination) -> torch.Tensor | None:
+        return torch.empty(dest.spec.shape, dtype=dest.spec.dtype) if dest.staged else None
+
+    def write_bytes(self, handle, dest: Destination, offset: int, data: torch.Tensor) -> None:
+        name, base = self.layout.locations[dest.key]
+        _pwrite_all(self._fds[name], data.contiguous(), base + offset, str(self._partial[name]))
+
+    def write_view(self, handle: torch.Tensor, dest: Destination, view: View,
+                   src: torch.Tensor) -> None:
+        with torch.no_grad():
+            strided(handle, view).copy_(src.reshape(view.shape))
+
+    def close(self, dest: Destination, handle: torch.Tensor | None) -> None:
+        if handle is not None:
+            self.write_bytes(None, dest, 0, flat_bytes(handle))
+
+    def commit(self) -> None:
+        try:
+            for fd in self._fds.values():
+                os.fsync(fd)
+        except OSError as e:
+            self.abort()
+            raise SaveError(f"{self.directory}: flushing the shards failed: {e}") from e
+        self._close_all()
+        old = self._old_shards()
+        (self.directory / INDEX_NAME).unlink(missing_ok=True)
+        for name, path in self._partial.items():
+            os.replace(path, self.directory / name)
+        self._partial.clear()
+        for stale in old - set(self.layout.names):
+            (self.directory / stale).unlink(missing_ok=True)
+        if self.layout.index is not None:
+            tmp = self.directory / f".{INDEX_NAME}{PARTIAL}"
+            tmp.write_bytes(self.layout.index)
+            os.replace(tmp, self.directory / INDEX_NAME)
+        _fsync_dir(self.directory)
+
+    def _old_shards(self) -> set[str]:
+        """Checkpoint files an overwrite replaces: the old index's shards, the single file."""
+        old = {p.name for p in self.directory.glob("*.safetensors")}
+        return {n for n in old if n == SINGLE_NAME or n.startswith("model-")}
+
+    def abort(self) -> None:
+        self._close_all()
+        for path in self._partial.values():
+            path.unlink(missing_ok=True)
+        self._partial.clear()
+
+    def _close_all(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,99 @@
+"""What a load did, kept on the model so that saving can undo exactly that.
+
+A :class:`LoadRecord` lists, for every conversion that loaded, the original checkpoint
+keys and specs per source stream, the resolved ops (Chunk sizes, RoPE head sizes
+included) and the model keys they produced. Saving runs the inverse ops on the model's
+tensors and writes the recorded keys and dtypes: no pattern is inverted, nothing is
+guessed (a ``PrefixChange`` that did or did not fire is simply what the record says).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from weightplan.planner.build import Conversion, TargetStatus
+from weightplan.planner.ops.base import ConversionOp
+from weightplan.planner.patterns import natural_key
+from weightplan.planner.spec import TensorSpec
+from weightplan.planner.transforms import Renaming
+
+RECORD_ATTRIBUTE = "_weightplan_record"
+
+
+@dataclass(frozen=True)
+class RecordedConversion:
+    """One loaded conversion, enough to run it backwards."""
+
+    sources: tuple[tuple[tuple[str, TensorSpec], ...], ...]  # per stream: (checkpoint key, spec)
+    ops: tuple[ConversionOp, ...]  # resolved forward ops
+    targets: tuple[tuple[str, tuple[int, int]], ...]  # (model key, position in the last stage)
+    fired: tuple[Renaming, ...] = ()
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(k for stream in self.sources for k, _ in stream)
+
+
+@dataclass(frozen=True)
+class LoadRecord:
+    """Every loaded conversion, the checkpoint keys that were not loaded, and metadata."""
+
+    conversions: tuple[RecordedConversion, ...]
+    not_loaded: tuple[str, ...] = ()
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    order: tuple[str, ...] = ()  # original checkpoint keys, file by file, in data order
+
+
+def record_from_plan(plan) -> LoadRecord:
+    """The record of a load plan that executed successfully."""
+    return record_of_conversions(plan.conversions, plan.checkpoint, plan.unexpected)
+
+
+def record_of_conversions(conversions, checkpoint, unexpected=frozenset()) -> LoadRecord:
+    """The record of conversions run on ``checkpoint`` (a load, or an in-memory convert)."""
+    kept, not_loaded = [], set(unexpected)
+    for conv in conversions:
+        recorded = _record(conv)
+        if recorded is None:
+            not_loaded.update(e.key for e in conv.group.entries)
+        else:
+            kept.append(recorded)
+    entries = checkpoint.entries.values()
+    order = tuple(e.key for e in sorted(entries, key=lambda e: (e.file or "", e.offset,
+                                                                natural_key(e.key))))
+    return LoadRecord(tuple(kept), tuple(sorted(not_loaded, key=natural_key)),
+                      dict(checkpoint.metadata), order)
+
+
+def _record(conv: Conversion) -> RecordedConversion | None:
+    """``None`` when some output went nowhere: the sources can't be rebuilt from the model."""
+    if any(t.status not in (TargetStatus.LOAD, TargetStatus.TIED_DUPLICATE) for t in conv.targets):
+        return None
+    sources = tuple(tuple((e.key, e.spec) for e in stream) for stream in conv.group.sources)
+    fired: list[Renaming] = []
+    for stream in conv.group.routes:
+        for route in stream:
+            fired.extend(r for r in route.fired if r not in fired)
+    targets = tuple((t.key, t.position) for t in conv.targets)
+    return RecordedConversion(sources, conv.ops, targets, tuple(fired))
+
+
+def attach_record(model, record: LoadRecord) -> None:
+    """Keep ``record`` on the model (a plain attribute; not part of its state)."""
+    object.__setattr__(model, RECORD_ATTRIBUTE, record)
+
+
+def get_record(model) -> LoadRecord | None:
+    return getattr(model, RECORD_ATTRIBUTE, None)
+
+
+def merge_records(old: LoadRecord | None, new: LoadRecord) -> LoadRecord:
+    """A second load into the same model: its conversions replace the ones they overwrite."""
+    if old is None:
+        return new
+    written = {key for c in new.conversions for key, _ in c.targets}
+    kept = tuple(c for c in old.conversions if not any(k in written for k, _ in c.targets))
+    order = new.order + tuple(k for k in old.order if k not in set(new.order))
+    return LoadRecord(kept + new.conversions, tuple(sorted(set(old.not_loaded) | set(new.not_loaded))),
+                      {**old.metadata, **new.metadata}, order)

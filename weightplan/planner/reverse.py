@@ -1,0 +1,129 @@
+"""Groups for writing a checkpoint back: from a load record, or derived from a mapping.
+
+Saving runs the same builder as loading with the model's tensors as sources. With a
+:class:`~weightplan.planner.record.LoadRecord` every recorded conversion runs backwards
+(inverse ops in reverse order) into exactly the recorded keys and dtypes. Without one the
+inverse is derived from the mapping: inverse converters first, then inverse renamings in
+reverse order; a transform whose inverse would be a guess is refused.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from weightplan.errors import IndexGapError, MappingError, NotInvertibleError, SaveError
+from weightplan.planner.checkpoint import Checkpoint
+from weightplan.planner.geometry import row_major_strides
+from weightplan.planner.match import Group, Route, route_checkpoint
+from weightplan.planner.model_info import ModelInfo, ModelTensor
+from weightplan.planner.patterns import natural_key
+from weightplan.planner.record import LoadRecord, RecordedConversion
+from weightplan.planner.transforms import (
+    LEGACY, PrefixChange, Renaming, WeightConverter, WeightTransform,
+)
+
+
+@dataclass(frozen=True)
+class ReverseGroups:
+    """Groups to build, the output layout they must match (record mode) and notes."""
+
+    groups: tuple[Group, ...]
+    outputs: ModelInfo | None  # recorded keys and specs; None when derived
+    notes: tuple[str, ...]
+
+
+def record_groups(record: LoadRecord, source: Checkpoint) -> ReverseGroups:
+    """One group per recorded conversion; model tensors not in the record are kept as is."""
+    groups, notes, covered = [], [], set()
+    for recorded in record.conversions:
+        group = _record_group(recorded, source)
+        groups.append(group)
+        covered.update(e.key for e in group.entries)
+    for key in sorted(set(source.entries) - covered, key=natural_key):
+        entry = source.entries[key]
+        route = Route(key, key, (), note="not in the loaded checkpoint: kept under its model name")
+        groups.append(Group(None, ((entry,),), ((route,),), (key,)))
+        notes.append(f"{key} was not loaded from the checkpoint; written under its model name")
+    if record.not_loaded:
+        notes.append(f"{len(record.not_loaded)} checkpoint key(s) were not loaded, so they "
+                     f"can't be written back: {', '.join(record.not_loaded[:5])}")
+    return ReverseGroups(tuple(groups), _recorded_outputs(record, groups), tuple(notes))
+
+
+def _record_group(recorded: RecordedConversion, source: Checkpoint) -> Group:
+    streams: dict[int, dict[int, str]] = {}
+    for key, (i, j) in recorded.targets:
+        streams.setdefault(i, {})[j] = key
+    try:
+        sources = tuple(tuple(source.entries[streams[i][j]] for j in sorted(streams[i]))
+                        for i in sorted(streams))
+    except KeyError as e:
+        raise SaveError(f"the model no longer has {e.args[0]}, which the load record says "
+                        f"holds {', '.join(recorded.keys[:3])}") from e
+    explicit = tuple(tuple(k for k, _ in stream) for stream in recorded.sources)
+    note = "exact inverse of the recorded load" + (
+        f" ({'; '.join(r.describe() for r in recorded.fired)})" if recorded.fired else "")
+    routes = tuple(tuple(Route(e.key, e.key, (), note=note) for e in s) for s in sources)
+    converter = None
+    if recorded.ops:
+        ops = tuple(op.inverse() for op in reversed(recorded.ops))
+        converter = WeightConverter([re.escape(s[0].key) for s in sources],
+                                    [re.escape(s[0]) for s in explicit], ops)
+    return Group(converter, sources, routes, tuple(s[0] for s in explicit), explicit)
+
+
+def _recorded_outputs(record: LoadRecord, groups: list[Group]) -> ModelInfo:
+    """The recorded checkpoint keys and specs, as the 'model' the builder checks against."""
+    tensors = {}
+    for recorded in record.conversions:
+        for stream in recorded.sources:
+            for key, spec in stream:
+                tensors[key] = ModelTensor(key, spec, (key,), False, True,
+                                           row_major_strides(spec.shape), False)
+    for group in groups:
+        if group.converter is None and group.targets[0] not in tensors:
+            entry = group.sources[0][0]
+            tensors[entry.key] = ModelTensor(entry.key, entry.spec, (entry.key,), False, True,
+                                             row_major_strides(entry.spec.shape), False)
+    return ModelInfo(tensors)
+
+
+def derived_groups(transforms: Sequence[WeightTransform], source: Checkpoint) -> ReverseGroups:
+    """Route the model's keys through the inverted mapping (converters, then renamings)."""
+    converters, renamings = invert_mapping(transforms)
+    try:
+        routing = route_checkpoint(source, converters, None)
+    except IndexGapError as e:
+        raise SaveError(f"the inverse mapping can't collect the model's tensors: {e}") from e
+    if routing.incomplete:
+        inc = routing.incomplete[0]
+        raise MappingError(f"inverse {inc.converter.describe()}: found {', '.join(inc.present)} "
+                           f"but nothing for {', '.join(inc.missing_patterns)}")
+    groups = tuple(Group(g.converter, g.sources, g.routes, g.targets, None, renamings)
+                   for g in routing.groups)
+    return ReverseGroups(groups, None, ())
+
+
+def invert_mapping(transforms: Sequence[WeightTransform]
+                   ) -> tuple[list[WeightConverter], tuple[Renaming, ...]]:
+    """Inverse converters (in order) and inverse renamings (in reverse order).
+
+    Legacy renames are skipped (they fire only on legacy checkpoints, which a derived
+    inverse can't know about); a ``PrefixChange`` is refused: adding a prefix that may
+    already be there is not invertible without knowing which keys had it.
+    """
+    converters: list[WeightConverter] = []
+    renamings: list[Renaming] = []
+    for t in transforms:
+        if t in LEGACY:
+            continue
+        if isinstance(t, PrefixChange):
+            raise NotInvertibleError(
+                f"{t.describe()}: without a record of the load, which keys had the prefix "
+                "is unknown. Load the checkpoint with weightplan first (the model then "
+                "remembers what fired) or leave the PrefixChange out of the mapping")
+        inverse = t.inverse()
+        (converters if isinstance(inverse, WeightConverter) else renamings).append(inverse)
+    return converters, tuple(reversed(renamings))

@@ -1,0 +1,179 @@
+"""``explain_save`` / ``explain_convert``: plan writing a checkpoint, from specs only.
+
+Saving a model uses its load record when it has one (exact: the recorded keys, dtypes
+and op inverses) and otherwise the inverse of its mapping. Converting on disk routes a
+checkpoint's keys forward through a mapping, or backward through its inverse. Both end
+in the same :class:`WritePlan`: conversions, a shard layout, a schedule.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from weightplan.errors import ConflictingTransformError, MappingError, SaveError
+from weightplan.planner.build import Conversion, TargetStatus, build_conversions
+from weightplan.planner.checkpoint import Checkpoint, open_checkpoint
+from weightplan.planner.explain import choose_mapping, _threads
+from weightplan.planner.findings import Note
+from weightplan.planner.graph import build_graph
+from weightplan.planner.layout import INDEX_NAME, ShardLayout, plan_layout
+from weightplan.planner.match import route_checkpoint
+from weightplan.planner.model_info import inspect_model
+from weightplan.planner.patterns import natural_key
+from weightplan.planner.placement import Program, file_destination, plan_program
+from weightplan.planner.plan import PlanOptions
+from weightplan.planner.record import get_record
+from weightplan.planner.registry import MappingChoice
+from weightplan.planner.reverse import ReverseGroups, derived_groups, record_groups
+from weightplan.planner.schedule import make_schedule
+from weightplan.planner.transforms import LEGACY
+from weightplan.planner.verify import verify
+from weightplan.planner.write_plan import WritePlan
+from weightplan.units import parse_bytes
+
+
+def explain_save(model: torch.nn.Module, directory: str | os.PathLike, *, mapping: object = None,
+                 max_shard_size: int | str = "5GB", overwrite: bool = False,
+                 threads: int = 4) -> WritePlan:
+    """Plan writing ``model`` to ``directory`` in its checkpoint's original layout.
+
+    Args:
+        model: a model with real (not meta) tensors.
+        directory: where the shards and ``model.safetensors.index.json`` go.
+        mapping: ``None`` uses the record of the model's last weightplan load (exact),
+            else the registry's mapping for the model; a name or a list of transforms
+            derives the inverse from that mapping instead.
+        max_shard_size: bytes per shard (``"5GB"``); a bigger tensor gets its own shard.
+        overwrite: replace checkpoint files already in ``directory``.
+        threads: writer threads (0: inline).
+
+    Raises:
+        NotInvertibleError: a transform of the mapping has no unambiguous inverse.
+        SaveError: meta tensors, an unwritable or occupied directory, too little space.
+    """
+    record = get_record(model)
+    if mapping is None and record is not None:
+        source = open_checkpoint(model_state(model, aliases=True))
+        reverse = record_groups(record, source)
+        choice = MappingChoice(None, "the record of the model's last weightplan load", ())
+        order, metadata, mode = record.order, dict(record.metadata), "record"
+    else:
+        source = open_checkpoint(model_state(model, aliases=False))
+        choice = choose_mapping(mapping, model)
+        reverse = derived_groups(choice.transforms, source)
+        order, metadata, mode = (), {"format": "pt"}, "mapping"
+    return make_write_plan(directory, source, reverse, choice, mode, order=order,
+                           metadata=metadata, max_shard_size=max_shard_size,
+                           overwrite=overwrite, threads=threads)
+
+
+def explain_convert(source: object, directory: str | os.PathLike, *, mapping: object,
+                    reverse: bool = False, max_shard_size: int | str = "5GB",
+                    overwrite: bool = False, threads: int = 4) -> WritePlan:
+    """Plan converting a checkpoint on disk to another layout, without a model.
+
+    Forward applies ``mapping`` (with the legacy renames) as a load would; ``reverse``
+    applies its inverse (a saved model's layout back to the original one).
+    """
+    if mapping is None:
+        raise MappingError("converting needs a mapping: a registered name or transforms")
+    ckpt = open_checkpoint(source)
+    choice = choose_mapping(mapping, None)
+    if reverse:
+        groups = derived_groups(choice.transforms, ckpt)
+    else:
+        transforms = choice.transforms + tuple(t for t in LEGACY if t not in choice.transforms)
+        routing = route_checkpoint(ckpt, transforms, None)
+        if routing.incomplete:
+            inc = routing.incomplete[0]
+            raise MappingError(f"{inc.converter.describe()}: found {', '.join(inc.present)} "
+                               f"but nothing for {', '.join(inc.missing_patterns)}")
+        groups = ReverseGroups(routing.groups, None, ())
+    order = tuple(e.key for e in sorted(ckpt.entries.values(), key=lambda e: (e.file, e.offset)))
+    return make_write_plan(directory, ckpt, groups, choice, "convert", order=order,
+                           metadata=dict(ckpt.metadata) or {"format": "pt"},
+                           max_shard_size=max_shard_size, overwrite=overwrite, threads=threads)
+
+
+def model_state(model: torch.nn.Module, *, aliases: bool) -> dict[str, torch.Tensor]:
+    """The model's parameters and persistent buffers, detached (tied names once, unless
+    ``aliases``); meta tensors can't be saved."""
+    info = inspect_model(model)
+    state = model.state_dict()
+    keep = set(state) if aliases else {t.name for t in info.unique()}
+    meta = sorted(k for k in keep if state[k].is_meta)
+    if meta:
+        raise SaveError(f"{len(meta)} tensor(s) are on the meta device and have no values to "
+                        f"save: {', '.join(meta[:5])}")
+    return {k: v for k, v in state.items() if k in keep}
+
+
+def make_write_plan(directory, source: Checkpoint, reverse: ReverseGroups, choice: MappingChoice,
+                    mode: str, *, order, metadata, max_shard_size, overwrite: bool,
+                    threads: int) -> WritePlan:
+    conversions = build_conversions(reverse.groups, reverse.outputs, None)
+    _check_outputs(conversions)
+    graph = build_graph(n for c in conversions for n in c.nodes)
+    verify(graph)
+    layout = plan_layout(_ordered_specs(conversions, order),
+                         parse_bytes(max_shard_size, what="max_shard_size"), metadata)
+    check_directory(Path(directory), layout, overwrite)
+    programs = sorted((plan_program(c, file_destination) for c in conversions if c.loads),
+                      key=lambda p: _first_location(p, layout))
+    options = PlanOptions(None, _threads(threads), None)
+    schedule = make_schedule(tuple(programs), threads=options.threads)
+    notes = tuple(Note(str(directory), n) for n in reverse.notes)
+    return WritePlan(str(directory), source, mode, choice, choice.transforms, conversions, graph,
+                     schedule, layout, options, overwrite, notes)
+
+
+def _check_outputs(conversions: tuple[Conversion, ...]) -> None:
+    seen: dict[str, Conversion] = {}
+    for conv in conversions:
+        for t in conv.targets:
+            if t.status is TargetStatus.MISMATCH:
+                raise SaveError(f"{t.key}: the model's tensors give {list(t.produced.shape)} "
+                                f"but the recorded checkpoint had {list(t.model.spec.shape)}")
+            other = seen.setdefault(t.key, conv)
+            if other is not conv:
+                raise ConflictingTransformError(f"two model tensors would be written as {t.key}: "
+                                                f"from {other.label} and {conv.label}")
+
+
+def _ordered_specs(conversions: tuple[Conversion, ...], order: tuple[str, ...]):
+    specs = {t.key: t.dest for c in conversions for t in c.targets}
+    rank = {k: i for i, k in enumerate(order)}
+    keys = sorted(specs, key=lambda k: (rank.get(k, len(rank)), natural_key(k)))
+    return [(k, specs[k]) for k in keys]
+
+
+def _first_location(program: Program, layout: ShardLayout) -> tuple[int, int]:
+    names = {f.name: i for i, f in enumerate(layout.files)}
+    firsts = [layout.locations[d.key] for d in program.destinations]
+    return min((names[f], off) for f, off in firsts)
+
+
+def check_directory(directory: Path, layout: ShardLayout, overwrite: bool) -> None:
+    """Refuse, before writing anything, a target that can't or shouldn't take the files."""
+    if directory.exists() and not directory.is_dir():
+        raise SaveError(f"{directory} exists and is not a directory")
+    existing = sorted(p.name for p in directory.glob("*.safetensors")) if directory.is_dir() else []
+    if directory.is_dir() and (directory / INDEX_NAME).exists():
+        existing.append(INDEX_NAME)
+    if existing and not overwrite:
+        raise SaveError(f"{directory} already holds a checkpoint ({', '.join(existing[:4])}); "
+                        "pass overwrite=True to replace it")
+    anchor = directory
+    while not anchor.exists():
+        anchor = anchor.parent
+    if not os.access(anchor, os.W_OK | os.X_OK):
+        raise SaveError(f"{anchor} is not writable")
+    needed = sum(f.size for f in layout.files)
+    free = shutil.disk_usage(anchor).free
+    if needed > free:
+        raise SaveError(f"{directory}: the checkpoint needs {needed} bytes but only {free} are "
+                        "free on that filesystem")
