@@ -101,3 +101,21 @@ def expected_moe(ckpt: dict[str, torch.Tensor], layers: int = 2, experts: int = 
 def moe_dir(tmp_path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
     ckpt = moe_checkpoint()
     return write_checkpoint(tmp_path / "ckpt", ckpt, shards=2), ckpt
+
+
+def legacy_of(state: dict[str, torch.Tensor], layers: int = 2, experts: int = 4
+              ) -> dict[str, torch.Tensor]:
+    """The inverse of :func:`expected_moe`, written independently of weightplan."""
+    out = {"model.embed_tokens.weight": state["model.embed_tokens.weight"]}
+    for layer in range(layers):
+        src, dst = f"model.layers.{layer}", f"model.layers.{layer}.block_sparse_moe"
+        gate_up = state[f"{src}.mlp.experts.gate_up_proj"]
+        inter = gate_up.shape[1] // 2
+        for e in range(experts):
+            out[f"{dst}.experts.{e}.w1.weight"] = gate_up[e, :inter]
+            out[f"{dst}.experts.{e}.w3.weight"] = gate_up[e, inter:]
+            out[f"{dst}.experts.{e}.w2.weight"] = state[f"{src}.mlp.experts.down_proj"][e]
+        out[f"{dst}.gate.weight"] = state[f"{src}.mlp.gate.weight"]
+        out[f"{src}.LayerNorm.gamma"] = state[f"{src}.LayerNorm.weight"]
+        out[f"{src}.LayerNorm.beta"] = state[f"{src}.LayerNorm.bias"]
+    return out

@@ -3,6 +3,7 @@
     weightplan demo                                  build, explain and load a small checkpoint
     weightplan explain CKPT --model-type mixtral     what the keys become, with shapes
     weightplan explain CKPT --model-type mixtral --json
+    weightplan convert SRC DST --model-type mixtral [--reverse]   on disk, no model
 """
 
 from __future__ import annotations
@@ -26,6 +27,17 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--dtype", help="cast floating tensors to this dtype (e.g. bf16)")
     exp.add_argument("--json", action="store_true", help="print plan.to_dict() as JSON")
     exp.add_argument("--width", type=int, default=None, help="text width")
+    conv = sub.add_parser("convert", help="convert a checkpoint on disk to another layout")
+    conv.add_argument("source", help="checkpoint file or directory")
+    conv.add_argument("destination", help="output directory")
+    conv.add_argument("--model-type", "--mapping", dest="mapping", required=True,
+                      help="registered mapping, e.g. mixtral")
+    conv.add_argument("--reverse", action="store_true",
+                      help="apply the inverse mapping (model layout back to the original)")
+    conv.add_argument("--max-shard-size", default="5GB", help="bytes per output shard")
+    conv.add_argument("--overwrite", action="store_true", help="replace a checkpoint in DST")
+    conv.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
+    conv.add_argument("--threads", type=int, default=4)
     sub.add_parser("mappings", help="list registered mappings")
     return parser
 
@@ -51,7 +63,21 @@ def _dispatch(args: argparse.Namespace) -> int:
             target = REGISTRY.resolve(key)
             print(key if target == key else f"{key} -> {target}")
         return 0
+    if args.command == "convert":
+        return _convert(args)
     return _explain(args)
+
+
+def _convert(args: argparse.Namespace) -> int:
+    import weightplan
+
+    plan = weightplan.explain_convert(args.source, args.destination, mapping=args.mapping,
+                                      reverse=args.reverse, max_shard_size=args.max_shard_size,
+                                      overwrite=args.overwrite, threads=args.threads)
+    print(plan)
+    if not args.dry_run:
+        print(plan.execute())
+    return 0
 
 
 def _explain(args: argparse.Namespace) -> int:

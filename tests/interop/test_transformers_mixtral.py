@@ -57,3 +57,30 @@ def test_fully_meta_model_reports_its_meta_buffers(saved):
         model = MixtralForCausalLM(cfg)
     plan = weightplan.explain(model, directory)
     assert any(p.kind.value == "meta buffer" and "inv_freq" in p.key for p in plan.problems)
+
+
+def test_save_gives_back_what_save_pretrained_wrote(saved, tmp_path):
+    cfg, directory = saved
+    with weightplan.init_empty():
+        model = MixtralForCausalLM(cfg)
+    weightplan.load(model, directory)
+    out = tmp_path / "weightplan-out"
+    weightplan.save(model, out, max_shard_size="100KB")
+    cfg.save_pretrained(out)
+    original = {}
+    with safe_open(str(directory / "model.safetensors"), "pt") as f:
+        for key in f.keys():
+            original[key] = f.get_tensor(key)
+    written = {}
+    for shard in sorted(out.glob("*.safetensors")):
+        with safe_open(str(shard), "pt") as f:
+            for key in f.keys():
+                written[key] = f.get_tensor(key)
+    assert set(written) == set(original)
+    for key, value in original.items():
+        assert written[key].dtype == value.dtype and torch.equal(written[key], value), key
+    reloaded = MixtralForCausalLM.from_pretrained(out, dtype=torch.float32)
+    reference = MixtralForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    expected = reference.state_dict()
+    for key, value in reloaded.state_dict().items():
+        assert torch.equal(value, expected[key]), key

@@ -10,7 +10,7 @@ reverse order; a transform whose inverse would be a guess is refused.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from weightplan.errors import IndexGapError, MappingError, NotInvertibleError, SaveError
@@ -34,13 +34,16 @@ class ReverseGroups:
     notes: tuple[str, ...]
 
 
-def record_groups(record: LoadRecord, source: Checkpoint) -> ReverseGroups:
-    """One group per recorded conversion; model tensors not in the record are kept as is."""
+def record_groups(record: LoadRecord, source: Checkpoint,
+                  aliases: Mapping[str, tuple[str, ...]] | None = None) -> ReverseGroups:
+    """One group per recorded conversion; model tensors not in the record are kept as is
+    (``aliases``: every name of each tied tensor, so a tied twin counts as covered)."""
     groups, notes, covered = [], [], set()
     for recorded in record.conversions:
         group = _record_group(recorded, source)
         groups.append(group)
-        covered.update(e.key for e in group.entries)
+        for e in group.entries:
+            covered.update((aliases or {}).get(e.key, (e.key,)))
     for key in sorted(set(source.entries) - covered, key=natural_key):
         entry = source.entries[key]
         route = Route(key, key, (), note="not in the loaded checkpoint: kept under its model name")

@@ -58,7 +58,8 @@ def explain_save(model: torch.nn.Module, directory: str | os.PathLike, *, mappin
     record = get_record(model)
     if mapping is None and record is not None:
         source = open_checkpoint(model_state(model, aliases=True))
-        reverse = record_groups(record, source)
+        names = {a: t.aliases for t in inspect_model(model).unique() for a in t.aliases}
+        reverse = record_groups(record, source, names)
         choice = MappingChoice(None, "the record of the model's last weightplan load", ())
         order, metadata, mode = record.order, dict(record.metadata), "record"
     else:
