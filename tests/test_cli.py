@@ -63,3 +63,14 @@ def test_convert_dry_run_writes_nothing(tmp_path, capsys):
                  "--dry-run"]) == 0
     assert not (tmp_path / "o").exists()
     assert "weightplan convert" in capsys.readouterr().out
+
+
+def test_explain_with_budget(tmp_path, capsys):
+    directory = write_checkpoint(tmp_path / "c", moe_checkpoint())
+    assert main(["explain", str(directory), "--model-type", "mixtral", "--budget", "1MiB"]) == 0
+    assert "budget 1 MiB" in capsys.readouterr().out
+    assert main(["explain", str(directory), "--model-type", "mixtral", "--budget", "10B"]) == 2
+    err = capsys.readouterr().err
+    assert "BudgetError" in err and "smallest possible peak" in err
+    assert main(["explain", str(directory), "--model-type", "mixtral", "--budget", "lots"]) == 2
+    assert "can't parse budget" in capsys.readouterr().err

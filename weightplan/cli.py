@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--model-type", "--mapping", dest="mapping",
                      help="registered mapping (model_type or class name), e.g. mixtral")
     exp.add_argument("--dtype", help="cast floating tensors to this dtype (e.g. bf16)")
+    exp.add_argument("--budget", help="memory the load may add at most, e.g. 8GiB")
     exp.add_argument("--json", action="store_true", help="print plan.to_dict() as JSON")
     exp.add_argument("--width", type=int, default=None, help="text width")
     conv = sub.add_parser("convert", help="convert a checkpoint on disk to another layout")
@@ -84,7 +85,8 @@ def _explain(args: argparse.Namespace) -> int:
     import weightplan
     from weightplan.viz.text import explain_text
 
-    plan = weightplan.explain(None, args.checkpoint, mapping=args.mapping, dtype=args.dtype)
+    plan = weightplan.explain(None, args.checkpoint, mapping=args.mapping, dtype=args.dtype,
+                              budget=args.budget)
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
     else:

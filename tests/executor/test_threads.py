@@ -12,8 +12,8 @@ from tests.conftest import module_with, write_checkpoint
 
 
 def test_many_threads_many_small_reads(tmp_path, monkeypatch):
-    import weightplan.executor.run as run
-    monkeypatch.setattr(run, "workers", lambda threads: threads)  # more workers than CPUs
+    import weightplan.planner.schedule as schedule
+    monkeypatch.setattr(schedule, "effective_threads", lambda threads: threads)  # > CPUs
     old = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
     try:

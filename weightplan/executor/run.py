@@ -10,7 +10,6 @@ succeeded, so a failure leaves a meta model untouched and no half-written checkp
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -198,16 +197,11 @@ def _slices(region: Region) -> tuple[slice, ...]:
     return tuple(slice(a, b) for a, b in zip(region.starts, region.stops))
 
 
-def workers(threads: int) -> int:
-    """Copies out of the page cache are CPU-bound: never more workers than CPUs."""
-    return min(threads, os.cpu_count() or 1)
-
-
 def run_plan(plan, sink, *, progress: bool | None, description: str = "loading") -> RunStats:
     """Execute ``plan`` into ``sink``; the sink commits only when every step succeeded."""
     meter, tracker = RssMeter(), Tracker()
     started = time.perf_counter()
-    threads = workers(plan.options.threads)
+    threads = plan.schedule.threads
     pool = ThreadPoolExecutor(threads, thread_name_prefix="weightplan") if threads else _InlinePool()
     bar = LoadProgress(plan.read_bytes, wants_progress(progress), description)
     try:

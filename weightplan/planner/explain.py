@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from weightplan.errors import BudgetError, MappingError, PlanError
+from weightplan.errors import MappingError, PlanError
 from weightplan.planner.build import build_conversions
 from weightplan.planner.checkpoint import open_checkpoint
 from weightplan.planner.findings import collect_findings
@@ -21,11 +21,12 @@ from weightplan.planner.model_info import inspect_model
 from weightplan.planner.placement import plan_program
 from weightplan.planner.plan import Plan, PlanOptions
 from weightplan.planner.registry import REGISTRY, MappingChoice
-from weightplan.planner.schedule import Schedule, make_schedule, order_programs
+from weightplan.planner.budget import schedule_within
+from weightplan.planner.schedule import order_programs
 from weightplan.planner.spec import parse_dtype
 from weightplan.planner.transforms import LEGACY, WeightTransform
 from weightplan.planner.verify import verify
-from weightplan.units import format_bytes, parse_bytes
+from weightplan.units import parse_bytes
 
 SYNC_ENV = "WEIGHTPLAN_SYNC_LOAD"
 
@@ -95,27 +96,3 @@ def _threads(threads: int) -> int:
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
         raise PlanError(f"threads must be a non-negative int, got {threads!r}")
     return threads
-
-
-def schedule_within(programs: tuple, options: PlanOptions) -> Schedule:
-    """The default schedule, or with a budget the largest read-ahead window that fits."""
-    schedule = make_schedule(programs, threads=options.threads)
-    if options.budget is None or schedule.peak_bytes <= options.budget:
-        return schedule
-    tightest = make_schedule(programs, threads=options.threads, window_bytes=0)
-    if tightest.peak_bytes > options.budget:
-        peak = tightest.peak
-        raise BudgetError(
-            f"no schedule fits a budget of {format_bytes(options.budget)}: the smallest "
-            f"possible peak is {format_bytes(tightest.peak_bytes)} ({tightest.peak_bytes} bytes), "
-            f"reached at {peak.label}", minimum_bytes=tightest.peak_bytes)
-    lo, hi = tightest.window_bytes, schedule.window_bytes
-    best = tightest
-    while hi - lo > 1 << 20:
-        mid = (lo + hi) // 2
-        candidate = make_schedule(programs, threads=options.threads, window_bytes=mid)
-        if candidate.peak_bytes <= options.budget:
-            best, lo = candidate, mid
-        else:
-            hi = mid
-    return best

@@ -17,6 +17,7 @@ in flight plus the new step's fit in ``window_bytes``. The resulting event list 
 from __future__ import annotations
 
 import heapq
+import os
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -84,12 +85,18 @@ def order_programs(programs: Sequence[Program], file_order: Sequence[str]) -> tu
     return tuple(sorted(programs, key=key))
 
 
+def effective_threads(threads: int) -> int:
+    """Copies out of the page cache are CPU-bound: never more workers than CPUs."""
+    return min(threads, os.cpu_count() or 1)
+
+
 def make_schedule(steps: tuple[Program, ...], *, threads: int,
                   window_bytes: int | None = None) -> Schedule:
     largest = max((p.read_bytes for p in steps), default=0)
     window = max(window_bytes if window_bytes is not None else DEFAULT_WINDOW_BYTES, largest)
     events = plan_events(steps, window)
-    return Schedule(steps, events, simulate(steps, events, threads), window, threads)
+    workers = effective_threads(threads)
+    return Schedule(steps, events, simulate(steps, events, workers), window, workers)
 
 
 def plan_events(steps: Sequence[Program], window: int) -> tuple[Event, ...]:

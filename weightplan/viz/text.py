@@ -80,6 +80,8 @@ def total_lines(plan) -> list[str]:
     peak = plan.schedule.peak
     at = f" at step {peak.event.step + 1}/{len(steps)} ({peak.label})" if peak else ""
     threads = plan.options.threads or "inline"
+    if plan.options.threads and plan.schedule.threads != plan.options.threads:
+        threads = f"{plan.options.threads} ({plan.schedule.threads} used: one per CPU)"
     lines = [
         f"reads: {format_bytes(read)} in {sum(len(p.reads) for p in steps)} reads, "
         f"{100 * direct / read if read else 100:.0f}% straight into "

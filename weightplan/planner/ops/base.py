@@ -93,6 +93,13 @@ class TensorwiseOp(ConversionOp):
     def forward_one(self, tensor: torch.Tensor, stream: int) -> torch.Tensor:
         raise NotImplementedError
 
+    def infer_one(self, spec: TensorSpec, stream: int) -> TensorSpec:
+        """Shape/dtype of one output (default: run ``forward_one`` on a meta tensor)."""
+        return TensorSpec.of(self.forward_one(spec.meta(), stream))
+
+    def infer(self, inputs: Streams[TensorSpec]) -> Streams[TensorSpec]:
+        return tuple(tuple(self.infer_one(s, i) for s in stream) for i, stream in enumerate(inputs))
+
     def place_one(self, fragment: Fragment, spec: TensorSpec, stream: int) -> Fragment | None:
         return None
 

@@ -46,6 +46,15 @@ class Chunk(ConversionOp):
                           f"{n} targets {list(ctx.target_keys)}")
         return dataclasses.replace(self, dim=d, sizes=tuple(sizes))
 
+    def infer(self, inputs: Streams[TensorSpec]) -> Streams[TensorSpec]:
+        spec = single_input(self, inputs)
+        shape = list(spec.shape)
+        out = []
+        for size in self.sizes or ():
+            shape[self.dim] = size
+            out.append((TensorSpec(tuple(shape), spec.dtype),))
+        return tuple(out)
+
     def forward(self, streams):
         (tensor,), = streams
         if self.sizes is None:
@@ -94,6 +103,18 @@ class Concatenate(ConversionOp):
             raise OpError(f"{self!r} got no tensors")
         d = normalize_dim(self, self.dim, len(specs[0].shape))
         return dataclasses.replace(self, dim=d, sizes=tuple(s.shape[d] for s in specs))
+
+    def infer(self, inputs: Streams[TensorSpec]) -> Streams[TensorSpec]:
+        specs = flat(inputs)
+        first, d = specs[0], self.dim
+        for s in specs[1:]:
+            rest = [x for i, x in enumerate(s.shape) if i != d]
+            want = [x for i, x in enumerate(first.shape) if i != d]
+            if len(s.shape) != len(first.shape) or rest != want or s.dtype != first.dtype:
+                raise OpError(f"{self!r}: can't concatenate {s} with {first} on dim {d}")
+        shape = list(first.shape)
+        shape[d] = sum(s.shape[d] for s in specs)
+        return ((TensorSpec(tuple(shape), first.dtype),),)
 
     def forward(self, streams):
         return ((torch.cat(flat(streams), self.dim),),)
@@ -145,6 +166,18 @@ class MergeModulelist(ConversionOp):
             normalize_dim(self, self.dim, len(stream[0].shape) + 1)
         return self
 
+    def infer(self, inputs: Streams[TensorSpec]) -> Streams[TensorSpec]:
+        out = []
+        for stream in inputs:
+            first = stream[0]
+            if any(s != first for s in stream):
+                other = next(s for s in stream if s != first)
+                raise OpError(f"{self!r}: can't stack {other} with {first}")
+            shape = list(first.shape)
+            shape.insert(self._dim(len(shape)), len(stream))
+            out.append((TensorSpec(tuple(shape), first.dtype),))
+        return tuple(out)
+
     def forward(self, streams):
         return tuple((torch.stack(stream, self._dim(stream[0].dim())),) for stream in streams)
 
@@ -189,6 +222,14 @@ class SplitModulelist(ConversionOp):
                 raise OpError(f"{self!r} takes one tensor per source pattern, got {len(stream)}")
             normalize_dim(self, self.dim, len(stream[0].shape))
         return self
+
+    def infer(self, inputs: Streams[TensorSpec]) -> Streams[TensorSpec]:
+        out = []
+        for (spec,) in inputs:
+            d = normalize_dim(self, self.dim, len(spec.shape))
+            piece = TensorSpec(spec.shape[:d] + spec.shape[d + 1:], spec.dtype)
+            out.append((piece,) * spec.shape[d])
+        return tuple(out)
 
     def forward(self, streams):
         return tuple(tuple(t.unbind(self.dim)) for (t,) in streams)

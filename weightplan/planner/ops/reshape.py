@@ -31,6 +31,13 @@ class Transpose(TensorwiseOp):
     def forward_one(self, tensor, stream):
         return tensor.transpose(self.dim0, self.dim1)
 
+    def infer_one(self, spec, stream):
+        shape = list(spec.shape)
+        a = normalize_dim(self, self.dim0, len(shape))
+        b = normalize_dim(self, self.dim1, len(shape))
+        shape[a], shape[b] = shape[b], shape[a]
+        return TensorSpec(tuple(shape), spec.dtype)
+
     def place_one(self, fragment, spec, stream):
         if not fragment.aligned:
             return None
@@ -78,6 +85,9 @@ class PermuteForRope(TensorwiseOp):
     def _split(self, rows: int) -> tuple[int, int, int]:
         heads, half = rows // self.head_dim, self.head_dim // 2
         return (heads, 2, half) if self.reverse else (heads, half, 2)
+
+    def infer_one(self, spec, stream):
+        return spec
 
     def forward_one(self, tensor, stream):
         if self.mask is not None and not self.mask[stream]:
@@ -147,6 +157,9 @@ class Conv3dToLinear(TensorwiseOp):
     def forward_one(self, tensor, stream):
         return tensor.reshape(tensor.shape[0], -1)
 
+    def infer_one(self, spec, stream):
+        return TensorSpec((spec.shape[0], math.prod(spec.shape[1:])), spec.dtype)
+
     def place_one(self, fragment, spec, stream):
         out_shape = (spec.shape[0], math.prod(spec.shape[1:]))
         return _place_reshape(fragment, spec, out_shape)
@@ -172,6 +185,9 @@ class LinearToConv3d(TensorwiseOp):
 
     def forward_one(self, tensor, stream):
         return tensor.reshape(tensor.shape[0], self.in_channels, *_kernel(self.kernel_size))
+
+    def infer_one(self, spec, stream):
+        return TensorSpec((spec.shape[0], self.in_channels, *_kernel(self.kernel_size)), spec.dtype)
 
     def place_one(self, fragment, spec, stream):
         out_shape = (spec.shape[0], self.in_channels, *_kernel(self.kernel_size))
