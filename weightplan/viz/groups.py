@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass
-from pathlib import Path
 
 from weightplan.errors import RenderError
 from weightplan.planner.build import Conversion, TargetStatus
@@ -27,6 +26,7 @@ from weightplan.planner.patterns import natural_key
 from weightplan.units import format_bytes
 from weightplan.viz.boxes import Box, BoxContext, Slot, make_box, node_slots
 from weightplan.viz.folding import fold_keys, ranges, split_numbers
+from weightplan.viz.style import checkpoint_name
 
 DETAILS = ("grouped", "full")
 MAX_NOTE_KEYS = 6
@@ -203,8 +203,7 @@ def _peak_line(plan, bucket: list[Conversion]) -> str | None:
 
 
 def _title(plan) -> tuple[str, str]:
-    ckpt = plan.checkpoint
-    name = Path(ckpt.description).name or ckpt.description
+    name = checkpoint_name(plan.checkpoint)
     model = plan.model_info.class_name if plan.model_info is not None else "no model"
     peak = plan.schedule.peak
     at = (f" at step {peak.event.step + 1}/{len(plan.schedule.steps)} ({peak.label})"

@@ -8,6 +8,7 @@ the same picture on every machine.
 from __future__ import annotations
 
 import zlib
+from pathlib import Path
 from xml.sax.saxutils import escape as _xml_escape
 
 from weightplan.planner.nodes import NodeKind
@@ -50,3 +51,8 @@ def dot_string(text: str, *, left: bool = False) -> str:
 def xml_text(text: str) -> str:
     """Escape ``text`` for XML character data and double-quoted attributes."""
     return _xml_escape(text, {'"': "&quot;"})
+
+
+def checkpoint_name(checkpoint) -> str:
+    """The checkpoint's last path component: pictures don't depend on where it lies."""
+    return Path(checkpoint.description).name or checkpoint.description

@@ -17,7 +17,7 @@ from pathlib import Path
 from weightplan.errors import RenderError
 from weightplan.planner.schedule import MemoryPoint
 from weightplan.units import format_bytes
-from weightplan.viz.style import PEAK_COLOUR, SERIES_COLOURS, xml_text
+from weightplan.viz.style import PEAK_COLOUR, SERIES_COLOURS, checkpoint_name, xml_text
 
 WIDTH, HEIGHT = 960, 400
 LEFT, RIGHT, TOP, BOTTOM = 88, 24, 78, 52
@@ -113,7 +113,8 @@ def render_timeline(plan, path: str | Path) -> str:
 def _document(width: int, height: int, plan) -> list[str]:
     return [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
             f'viewBox="0 0 {width} {height}" {FONT} font-size="12">',
-            f"<title>weightplan memory timeline: {xml_text(plan.checkpoint.description)}</title>",
+            f"<title>weightplan memory timeline: {xml_text(checkpoint_name(plan.checkpoint))}"
+            "</title>",
             f'<rect width="{width}" height="{height}" fill="#ffffff"/>']
 
 
@@ -202,6 +203,10 @@ def _peak(frame: Frame, plan) -> list[str]:
            f'stroke="{PEAK_COLOUR}" stroke-dasharray="2,2"/>',
            f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{PEAK_COLOUR}"/>']
     ty = max(y + 16, TOP + 14)
+    box_w = 6.6 * max(map(len, lines)) + 12  # roughly: 12px Helvetica is ~6.6px a char
+    box_x = tx - box_w + 6 if right else tx - 6
+    out.append(f'<rect x="{box_x:.1f}" y="{ty - 13:.1f}" width="{box_w:.1f}" height="50" '
+               f'rx="3" fill="#ffffff" fill-opacity="0.85"/>')
     out += [_text(tx, ty + 15 * i, line, anchor=anchor, fill=PEAK_COLOUR, halo=True,
                   weight="bold" if i == 0 else None) for i, line in enumerate(lines)]
     return out
