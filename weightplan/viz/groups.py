@@ -59,6 +59,7 @@ class Picture:
 
     @property
     def boxes(self) -> int:
+        """How many nodes the picture draws (the problems note not counted)."""
         return sum(len(p.boxes) for c in self.clusters for p in c.parts)
 
 

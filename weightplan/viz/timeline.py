@@ -44,9 +44,11 @@ class Frame:
     height: int
 
     def x(self, event: float) -> float:
+        """Horizontal position of the start of event number ``event``."""
         return LEFT + (self.width - LEFT - RIGHT) * event / max(self.events, 1)
 
     def y(self, nbytes: float) -> float:
+        """Vertical position of ``nbytes`` (0 at the axis, ``top_bytes`` at the top)."""
         return self.height - BOTTOM - (self.height - TOP - BOTTOM) * nbytes / self.top_bytes
 
 
