@@ -3,6 +3,7 @@
     weightplan demo                                  build, explain and load a small checkpoint
     weightplan explain CKPT --model-type mixtral     what the keys become, with shapes
     weightplan explain CKPT --model-type mixtral --json
+    weightplan explain CKPT --model-type mixtral --svg plan.svg --timeline mem.svg
     weightplan convert SRC DST --model-type mixtral [--reverse]   on disk, no model
 """
 
@@ -28,6 +29,13 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--budget", help="memory the load may add at most, e.g. 8GiB")
     exp.add_argument("--json", action="store_true", help="print plan.to_dict() as JSON")
     exp.add_argument("--width", type=int, default=None, help="text width")
+    exp.add_argument("--svg", metavar="PATH",
+                     help="draw the plan graph (.svg/.png/.pdf with graphviz, or .dot)")
+    exp.add_argument("--timeline", metavar="PATH", help="draw the memory timeline (.svg)")
+    exp.add_argument("--detail", choices=("grouped", "full"), default=None,
+                     help="graph detail (default: grouped; full with --only)")
+    exp.add_argument("--only", metavar="GLOB",
+                     help="draw only the keys matching GLOB, e.g. 'model.layers.0.*'")
     conv = sub.add_parser("convert", help="convert a checkpoint on disk to another layout")
     conv.add_argument("source", help="checkpoint file or directory")
     conv.add_argument("destination", help="output directory")
@@ -91,7 +99,23 @@ def _explain(args: argparse.Namespace) -> int:
         print(json.dumps(plan.to_dict(), indent=2))
     else:
         sys.stdout.write(explain_text(plan, width=args.width))
+    _pictures(plan, args)
     return 0
+
+
+def _pictures(plan, args: argparse.Namespace) -> None:
+    """``--svg`` / ``--timeline``: write the pictures; say where on stderr (stdout may be JSON)."""
+    import warnings
+
+    if args.svg:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            written = plan.render(args.svg, detail=args.detail, only=args.only)
+        for w in caught:
+            print(f"weightplan: {w.message}", file=sys.stderr)
+        print(f"weightplan: wrote {written}", file=sys.stderr)
+    if args.timeline:
+        print(f"weightplan: wrote {plan.render_timeline(args.timeline)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

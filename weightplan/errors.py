@@ -24,6 +24,7 @@ escapes (they are wrapped and chained with ``from``). The tree::
     │   ├── StrictLoadError          missing / unexpected keys with ``strict=True``
     │   └── BudgetError              no schedule fits the memory budget
     ├── ExecutionError               failure while loading; names the node (key, file, op)
+    ├── RenderError                  a plan can't be drawn as asked (detail, only=, format, dot)
     └── SaveError                    failure while saving; nothing half-written is left
 
 Subclasses also derive from the matching builtin (``ValueError``, ``KeyError``,
@@ -132,6 +133,11 @@ class BudgetError(PlanError):
 
 class ExecutionError(WeightplanError, RuntimeError):
     """A failure while executing a plan, wrapped with the node it happened at."""
+
+
+class RenderError(WeightplanError, ValueError):
+    """A plan can't be drawn as asked: unknown detail or format, a glob matching nothing, or
+    the ``dot`` binary failed."""
 
 
 class SaveError(WeightplanError, OSError):

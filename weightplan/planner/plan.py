@@ -118,11 +118,38 @@ class Plan:
 
         return plan_to_dict(self)
 
-    def render(self, path: str, **kwargs) -> str:
-        """Draw the plan graph (graphviz); returns the file written. See :mod:`viz.dot`."""
+    def render(self, path: str, *, detail: str | None = None, only: str | None = None) -> str:
+        """Draw the plan graph with graphviz; returns the file written.
+
+        Args:
+            path: ``.svg`` / ``.png`` / ``.pdf`` (rendered by graphviz's ``dot`` binary; when
+                it is missing the ``.dot`` file is written instead, with a warning saying
+                how to render it) or ``.dot``.
+            detail: ``"grouped"`` (default) draws repeated layers once as a cluster marked
+                ``×N (layers 0..N-1)`` and each expert list as one node; ``"full"`` draws
+                every node (the default when ``only`` is given).
+            only: a glob over checkpoint and model keys (``"model.layers.3.*"``).
+
+        Example:
+            >>> plan.render("plan.svg")                                # doctest: +SKIP
+            >>> plan.render("layer3.svg", only="model.layers.3.*")     # doctest: +SKIP
+        """
         from weightplan.viz.dot import render_plan
 
-        return render_plan(self, path, **kwargs)
+        return render_plan(self, path, detail=detail, only=only)
+
+    def render_timeline(self, path: str) -> str:
+        """Draw the planned memory per event (resident, in flight, intermediate, the budget,
+        the peak and its cause) as an SVG file; returns the file written."""
+        from weightplan.viz.timeline import render_timeline
+
+        return render_timeline(self, path)
+
+    def _repr_html_(self) -> str:
+        """Jupyter: the grouped table, the graph (when ``dot`` exists) and the timeline."""
+        from weightplan.viz.html import plan_html
+
+        return plan_html(self)
 
     def __str__(self) -> str:
         from weightplan.viz.text import explain_text

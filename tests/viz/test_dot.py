@@ -1,0 +1,159 @@
+"""The plan graph: golden DOT, grouping of repeated layers and experts, only=, rendering."""
+
+import os
+import re
+import subprocess
+import sys
+import warnings
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import torch
+
+import weightplan
+from weightplan.errors import RenderError
+from weightplan.planner.nodes import NodeKind
+from weightplan.viz import dot as dot_module
+from weightplan.viz.dot import find_dot, render_plan, to_dot
+from weightplan.viz.groups import plan_picture
+from weightplan.viz.style import KIND_COLOURS, PEAK_COLOUR, dot_string, op_colour
+
+from tests.viz.plans import deep_plan, small_plan
+
+GOLDEN = Path(__file__).parent / "golden" / "small_plan.dot"
+UPDATE = os.environ.get("WEIGHTPLAN_UPDATE_GOLDEN") == "1"
+needs_dot = pytest.mark.skipif(find_dot() is None, reason="graphviz `dot` is not installed")
+
+
+def node_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if re.match(r"\s+n\d+ \[", line)]
+
+
+def test_golden_dot():
+    text = to_dot(small_plan())
+    if UPDATE:
+        GOLDEN.write_text(text, encoding="utf-8")
+    assert text.encode() == GOLDEN.read_bytes(), (
+        "DOT output changed; if on purpose, rerun with WEIGHTPLAN_UPDATE_GOLDEN=1")
+
+
+def test_dot_bytes_do_not_depend_on_hash_seed():
+    code = ("import sys; from tests.viz.plans import small_plan; "
+            "from weightplan.viz.dot import to_dot; sys.stdout.write(to_dot(small_plan()))")
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
+                         env={**os.environ, "PYTHONHASHSEED": "12345"}, check=True).stdout
+    assert out == to_dot(small_plan()).encode()
+
+
+def test_sixty_layers_fold_into_one_cluster():
+    plan = deep_plan(layers=60, experts=8)
+    text = to_dot(plan)
+    assert "×60 (layers 0..59)" in text and "read experts 0..7: 8 × f32[2, 2]" in text
+    assert len(node_lines(text)) < 30  # 60 × (5 parameters, 24 reads) drawn as 16 boxes
+    for kind in ("gate_up_proj", "down_proj", "gate.weight", "LayerNorm.weight"):
+        assigns = [line for line in node_lines(text) if kind in line and "assign" in line]
+        assert len(assigns) == 1, kind
+    assert "model.layers.{0..59}.block_sparse_moe.experts.{0..7}.w1.weight" in text
+    assert not re.search(r"experts\.\d+\.", text)  # no single expert is drawn
+
+
+def test_full_detail_draws_every_node():
+    plan = small_plan()
+    full = plan_picture(plan, detail="full")
+    assert full.boxes == plan.graph.number_of_nodes()
+    assert plan_picture(plan).boxes < full.boxes
+
+
+def test_only_draws_one_layer_in_full():
+    text = to_dot(small_plan(), only="model.layers.1.*")
+    assert "model.layers.0" not in text and "embed_tokens" not in text
+    assert "model.layers.1.block_sparse_moe.experts.0.w1.weight" in text
+    assert "model.layers.1.block_sparse_moe.experts.1.w1.weight" in text
+    assert 'label="model.layers.1\\l' in text  # one cluster for the layer
+    grouped = to_dot(small_plan(), only="model.layers.1.*", detail="grouped")
+    assert "experts.{0,1}.w1.weight" in grouped
+
+
+def test_only_matches_checkpoint_keys_too():
+    text = to_dot(small_plan(), only="*.LayerNorm.gamma")
+    assert "LayerNorm.weight" in text and "LayerNorm.bias" not in text
+
+
+def test_bad_arguments_raise_render_errors():
+    plan = small_plan()
+    with pytest.raises(RenderError, match="matches no checkpoint or model key"):
+        to_dot(plan, only="nothing.*")
+    with pytest.raises(RenderError, match="detail must be one of"):
+        to_dot(plan, detail="some")
+    with pytest.raises(RenderError, match="use a .svg, .png, .pdf or .dot path"):
+        plan.render("plan.jpeg")
+
+
+def test_peak_and_problems_are_marked():
+    text = to_dot(small_plan())
+    peak = [line for line in node_lines(text) if "▲ peak" in line]
+    assert len(peak) == 1 and f'color="{PEAK_COLOUR}"' in peak[0]
+    assert "model.layers.{0,1}.mlp.gate.weight" in peak[0]
+    assert "mismatch: the model has f32[3]" in text
+    assert "missing (1): model.lm_head.weight" in text
+    assert "unexpected (1): model.stray.bias" in text
+
+
+def test_colours_are_stable_by_kind_and_op_name():
+    assert op_colour("MergeModulelist") == op_colour("MergeModulelist") == "#ede9fe"
+    assert op_colour("Chunk") == "#e0f2fe"
+    text = to_dot(small_plan())
+    for line in node_lines(text):
+        if "\\nread " in line:
+            assert f'fillcolor="{KIND_COLOURS[NodeKind.READ]}"' in line
+
+
+def test_labels_are_escaped():
+    assert dot_string('a"b\\N') == '"a\\"b\\\\N"'
+    assert dot_string("one\ntwo", left=True) == '"one\\ltwo\\l"'
+    plan = weightplan.explain(None, {'odd"key\\N.w': torch.ones(2)})
+    text = to_dot(plan)
+    assert 'odd\\"key\\\\N.w' in text
+
+
+def test_casts_are_drawn():
+    text = to_dot(deep_plan(layers=2, experts=2, dtype=torch.bfloat16))
+    assert "cast → bf16" in text and f'fillcolor="{KIND_COLOURS[NodeKind.CAST]}"' in text
+
+
+def test_render_writes_dot(tmp_path):
+    path = small_plan().render(tmp_path / "plan.dot")
+    assert path == str(tmp_path / "plan.dot")
+    assert Path(path).read_text(encoding="utf-8") == GOLDEN.read_text(encoding="utf-8")
+
+
+def test_render_without_dot_writes_dot_and_says_how(tmp_path, monkeypatch):
+    monkeypatch.setattr(dot_module, "find_dot", lambda: None)
+    with pytest.warns(UserWarning, match=r"dot -Tsvg .*plan\.dot -o .*plan\.svg"):
+        path = small_plan().render(tmp_path / "plan.svg")
+    assert path == str(tmp_path / "plan.dot") and Path(path).read_text().startswith("digraph")
+    assert not (tmp_path / "plan.svg").exists()
+
+
+@needs_dot
+def test_render_svg_parses_as_xml(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        path = render_plan(deep_plan(layers=60, experts=8), tmp_path / "plan.svg")
+    root = ET.parse(path).getroot()
+    assert root.tag.endswith("svg")
+    assert "×60 (layers 0..59)" in Path(path).read_text(encoding="utf-8")
+
+
+@needs_dot
+def test_render_png_and_only(tmp_path):
+    path = small_plan().render(tmp_path / "layer.png", only="model.layers.0.*")
+    assert Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@needs_dot
+def test_dot_failure_is_a_render_error(tmp_path):
+    with pytest.raises(RenderError, match="exited with"):
+        dot_module.run_dot("digraph { this is not dot", "svg")

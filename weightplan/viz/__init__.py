@@ -1,0 +1,1 @@
+"""Presentation: the text explanation, plan graph (DOT/SVG), memory timeline, notebook HTML."""

@@ -1,0 +1,228 @@
+"""Fold a plan into what its picture draws: parts (drawn conversions) inside clusters.
+
+``detail="grouped"`` (the default) collapses repeated structure twice:
+
+1. Conversions whose graphs have the same shape (same node kinds, ops, specs and wiring,
+   keys equal up to their numeric components, see :func:`~weightplan.viz.folding.split_numbers`)
+   become one *part*, drawn once for all of them; inside it every read stream of N indexed
+   keys is one box (``experts 0..7``).
+2. Parts whose model keys share the first indexed component (``model.layers.N``) and the
+   same set of indices go into one cluster marked ``×60 (layers 0..59)``.
+
+``detail="full"`` draws every graph node; ``only=`` (a glob over checkpoint and model keys)
+keeps the conversions it matches and, unless ``detail`` says otherwise, draws them in full.
+Everything is sorted by natural key order, so the same plan gives the same picture.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+
+from weightplan.errors import RenderError
+from weightplan.planner.build import Conversion, TargetStatus
+from weightplan.planner.nodes import Node, NodeKind
+from weightplan.planner.patterns import natural_key
+from weightplan.units import format_bytes
+from weightplan.viz.boxes import Box, BoxContext, Slot, make_box, node_slots
+from weightplan.viz.folding import fold_keys, ranges, split_numbers
+from weightplan.viz.style import checkpoint_name
+
+DETAILS = ("grouped", "full")
+MAX_NOTE_KEYS = 6
+
+
+@dataclass(frozen=True)
+class Part:
+    """One drawn conversion, standing for ``count`` conversions of the same shape."""
+
+    boxes: tuple[Box, ...]
+    edges: tuple[tuple[int, int], ...]  # (input box, consumer box), indices into ``boxes``
+    count: int
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Parts drawn in one frame; ``title`` is ``None`` for parts drawn at the top level."""
+
+    title: tuple[str, ...] | None
+    parts: tuple[Part, ...]
+
+
+@dataclass(frozen=True)
+class Picture:
+    """The whole drawing as data: title lines, clusters in order, problem notes."""
+
+    title: tuple[str, ...]
+    clusters: tuple[Cluster, ...]
+    notes: tuple[str, ...]
+
+    @property
+    def boxes(self) -> int:
+        """How many nodes the picture draws (the problems note not counted)."""
+        return sum(len(p.boxes) for c in self.clusters for p in c.parts)
+
+
+def plan_picture(plan, *, detail: str | None = None, only: str | None = None) -> Picture:
+    """Fold ``plan`` into a :class:`Picture` (see the module docstring).
+
+    Args:
+        plan: a :class:`~weightplan.Plan`.
+        detail: ``"grouped"`` or ``"full"``; default ``"grouped"``, or ``"full"`` with ``only``.
+        only: a glob (``"model.layers.3.*"``) over checkpoint and model keys.
+
+    Raises:
+        RenderError: an unknown ``detail``, or an ``only`` glob that matches nothing.
+    """
+    detail = detail or ("full" if only else "grouped")
+    if detail not in DETAILS:
+        raise RenderError(f"detail must be one of {', '.join(map(repr, DETAILS))}, "
+                          f"got {detail!r}")
+    convs = _select(plan, only)
+    buckets = _buckets(convs, grouped=detail == "grouped")
+    clusters = _clusters(plan, buckets, grouped=detail == "grouped")
+    drawn = sum(len(c.parts) for c in clusters)
+    scope = f" · only {only}" if only else ""
+    title = (*_title(plan), f"{detail}: {len(convs)} conversions drawn as {drawn}{scope}")
+    return Picture(title, clusters, _notes(plan, only))
+
+
+def _select(plan, only: str | None) -> list[Conversion]:
+    convs = [c for c in plan.conversions if c.nodes]
+    if only is None:
+        return convs
+    chosen = [c for c in convs if any(
+        fnmatch.fnmatchcase(k, only) for k in _keys_of(c))]
+    if not chosen:
+        some = ", ".join(fold_keys(t.key for c in convs for t in c.targets)[:4])
+        raise RenderError(f"only={only!r} matches no checkpoint or model key of this plan "
+                          f"(model keys look like: {some}); use a glob such as "
+                          f"'model.layers.0.*'")
+    return chosen
+
+
+def _keys_of(conv: Conversion) -> list[str]:
+    return [e.key for e in conv.group.entries] + [t.key for t in conv.targets]
+
+
+def _buckets(convs: list[Conversion], grouped: bool) -> list[list[Conversion]]:
+    if not grouped:
+        return [[c] for c in convs]
+    buckets: dict[tuple, list[Conversion]] = {}
+    for conv in convs:
+        buckets.setdefault(_signature(conv), []).append(conv)
+    return list(buckets.values())
+
+
+def _signature(conv: Conversion) -> tuple:
+    """Equal for conversions whose graphs differ only in the numbers inside keys."""
+    slots = node_slots(conv, grouped=True)
+    index = {n: i for i, n in enumerate(conv.nodes)}
+    shape = tuple((n.kind, slots[n], _template(n), n.spec, tuple(index[m] for m in n.inputs))
+                  for n in conv.nodes)
+    return shape, tuple((split_numbers(t.key)[0], t.status) for t in conv.targets)
+
+
+def _template(node: Node) -> object:
+    a = node.attrs
+    if node.kind is NodeKind.READ:
+        return split_numbers(a.entry.key)[0]
+    if node.kind is NodeKind.ASSIGN:
+        return split_numbers(a.target)[0], a.allocates
+    if node.kind is NodeKind.OP:
+        return repr(a.op)
+    return a.dtype
+
+
+def _cluster_key(bucket: list[Conversion]) -> tuple[str, str, tuple[int, ...]]:
+    """``("model.layers", "layers", (0, …, 59))`` from the first indexed model-key component;
+    ``(label, "", ())`` for a part drawn at the top level."""
+    parts = bucket[0].label.split(".")
+    first = next((i for i, p in enumerate(parts) if p.isdigit()), None)
+    if first is None:
+        return bucket[0].label, "", ()
+    name = parts[first - 1] if first > 0 else "index"
+    indices = sorted({int(c.label.split(".")[first]) for c in bucket})
+    return ".".join(parts[:first]), name, tuple(indices)
+
+
+def _clusters(plan, buckets: list[list[Conversion]], grouped: bool) -> tuple[Cluster, ...]:
+    keyed: dict[tuple[str, str, tuple[int, ...]], list[list[Conversion]]] = {}
+    for bucket in sorted(buckets, key=lambda b: natural_key(b[0].label)):
+        keyed.setdefault(_cluster_key(bucket), []).append(bucket)
+    out = []
+    for (prefix, name, indices), group in keyed.items():
+        parts = tuple(_part(plan, b, grouped, max(len(indices), 1)) for b in group)
+        if not indices:
+            out.append(Cluster(None, parts))
+            continue
+        folded = ranges(indices)
+        times = f" ×{len(indices)} ({name} {folded.strip('{}')})" if len(indices) > 1 else ""
+        nbytes = sum(t.dest.nbytes for b in group for c in b for t in c.targets
+                     if t.status is TargetStatus.LOAD)
+        out.append(Cluster((f"{prefix}.{folded}{times}", f"{format_bytes(nbytes)} into the model"),
+                           parts))
+    return tuple(out)
+
+
+def _part(plan, bucket: list[Conversion], grouped: bool, span: int) -> Part:
+    rep = bucket[0]
+    rep_slots = node_slots(rep, grouped)
+    order: dict[Slot, list[Node]] = {}
+    for n in rep.nodes:
+        order.setdefault(rep_slots[n], []).append(n)
+    every: dict[Slot, list[Node]] = {s: [] for s in order}
+    for conv in bucket:
+        for n, slot in node_slots(conv, grouped).items():
+            every[slot].append(n)
+    ctx = BoxContext(rep, _materialized(plan, rep), _peak_line(plan, bucket),
+                     f" · ×{len(bucket)}" if len(bucket) != span else "")
+    slots = list(order)
+    boxes = tuple(make_box(order[s][0].kind, order[s], every[s], ctx) for s in slots)
+    position = {s: i for i, s in enumerate(slots)}
+    edges = dict.fromkeys((position[rep_slots[m]], position[rep_slots[n]])
+                          for n in rep.nodes for m in n.inputs)
+    return Part(boxes, tuple(edges), len(bucket))
+
+
+def _materialized(plan, conv: Conversion) -> int:
+    for program in plan.schedule.steps:
+        if program.conversion is conv:
+            return len(program.materialize)
+    return 0
+
+
+def _peak_line(plan, bucket: list[Conversion]) -> str | None:
+    peak = plan.schedule.peak
+    if peak is None:
+        return None
+    conv = plan.schedule.steps[peak.event.step].conversion
+    if not any(c is conv for c in bucket):
+        return None
+    return (f"▲ peak {format_bytes(peak.total)} at step {peak.event.step + 1}/"
+            f"{len(plan.schedule.steps)} ({peak.event.kind.value} {peak.label})")
+
+
+def _title(plan) -> tuple[str, str]:
+    name = checkpoint_name(plan.checkpoint)
+    model = plan.model_info.class_name if plan.model_info is not None else "no model"
+    peak = plan.schedule.peak
+    at = (f" at step {peak.event.step + 1}/{len(plan.schedule.steps)} ({peak.label})"
+          if peak else "")
+    budget = f" · budget {format_bytes(plan.options.budget)}" if plan.options.budget else ""
+    return (f"weightplan plan: {name} → {model}",
+            f"{format_bytes(plan.read_bytes)} read · {format_bytes(plan.model_bytes)} into "
+            f"the model · peak {format_bytes(plan.peak_bytes)}{at}{budget}")
+
+
+def _notes(plan, only: str | None) -> tuple[str, ...]:
+    notes = []
+    for what, names in (("missing", plan.missing), ("unexpected", plan.unexpected)):
+        if only is not None:
+            names = [k for k in names if fnmatch.fnmatchcase(k, only)]
+        if names:
+            folded = fold_keys(names)
+            extra = len(folded) - MAX_NOTE_KEYS
+            more = f", … {extra} more" if extra > 0 else ""
+            notes.append(f"{what} ({len(names)}): {', '.join(folded[:MAX_NOTE_KEYS])}{more}")
+    return tuple(notes)

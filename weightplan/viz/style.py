@@ -1,0 +1,58 @@
+"""Shared look of the pictures: stable colours, byte labels, escaping for DOT and XML.
+
+Colours never depend on run order or ``hash()`` randomization: node kinds have fixed
+colours and ops take theirs from a CRC of the op's class name, so the same plan draws
+the same picture on every machine.
+"""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+from xml.sax.saxutils import escape as _xml_escape
+
+from weightplan.planner.nodes import NodeKind
+
+KIND_COLOURS = {
+    NodeKind.READ: "#dbeafe",  # light blue: bytes come from the checkpoint
+    NodeKind.CAST: "#fef3c7",  # light amber: a dtype change
+    NodeKind.ASSIGN: "#dcfce7",  # light green: lands in the model
+}
+OP_PALETTE = ("#ede9fe", "#fce7f3", "#e0f2fe", "#fae8ff", "#ffedd5", "#ccfbf1", "#f5f5f4",
+              "#e0e7ff")
+PEAK_COLOUR = "#dc2626"
+PROBLEM_COLOUR = "#b91c1c"
+PROBLEM_FILL = "#fee2e2"  # mismatched assigns and the problems note
+EDGE_COLOUR = "#6b7280"
+CLUSTER_COLOUR = "#9ca3af"
+
+# memory timeline series: resident model tensors, reads in flight, op intermediates
+SERIES_COLOURS = {"resident": "#60a5fa", "in flight": "#f59e0b", "intermediate": "#a78bfa"}
+
+
+def op_colour(name: str) -> str:
+    """A stable pastel colour for an op class name (CRC32, not the salted ``hash()``)."""
+    return OP_PALETTE[zlib.crc32(name.encode()) % len(OP_PALETTE)]
+
+
+def dot_string(text: str, *, left: bool = False) -> str:
+    """``text`` as a double-quoted DOT string, one DOT line break per line of ``text``.
+
+    Backslashes are doubled first: DOT reads ``\\N``, ``\\G``, ``\\L`` … as escapes.
+    ``left=True`` left-justifies every line (DOT's ``\\l``) instead of centring them.
+    """
+    body = text.replace("\\", "\\\\").replace('"', '\\"')
+    lines = body.splitlines() or [""]
+    if left:
+        return '"' + "".join(line + "\\l" for line in lines) + '"'
+    return '"' + "\\n".join(lines) + '"'
+
+
+def xml_text(text: str) -> str:
+    """Escape ``text`` for XML character data and double-quoted attributes."""
+    return _xml_escape(text, {'"': "&quot;"})
+
+
+def checkpoint_name(checkpoint) -> str:
+    """The checkpoint's last path component: pictures don't depend on where it lies."""
+    return Path(checkpoint.description).name or checkpoint.description
