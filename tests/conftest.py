@@ -10,6 +10,8 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from weightplan.ops import ConversionOp
+
 
 def module_with(specs: dict[str, tuple[tuple[int, ...], torch.dtype] | torch.Tensor],
                 device: str = "meta", buffers: tuple[str, ...] = ()) -> nn.Module:
@@ -95,6 +97,17 @@ def expected_moe(ckpt: dict[str, torch.Tensor], layers: int = 2, experts: int = 
         out[f"{dst}.LayerNorm.weight"] = ckpt[f"model.layers.{layer}.LayerNorm.gamma"]
         out[f"{dst}.LayerNorm.bias"] = ckpt[f"model.layers.{layer}.LayerNorm.beta"]
     return out
+
+
+class Doubler(ConversionOp):
+    """A user op that can't place: its inputs are read into temporaries, it allocates its
+    output, and it runs on materialized tensors."""
+
+    def forward(self, streams):
+        return tuple(tuple(t * 2 for t in s) for s in streams)
+
+    def inverse(self):
+        raise NotImplementedError
 
 
 @pytest.fixture

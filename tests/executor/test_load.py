@@ -13,10 +13,12 @@ from weightplan.errors import (
     ExecutionError, PlanError, ShapeMismatchError, StaleCheckpointError, StrictLoadError,
 )
 from weightplan.ops import (
-    Chunk, ConversionOp, MergeModulelist, PermuteForRope, SplitModulelist, Transpose,
+    Chunk, MergeModulelist, PermuteForRope, SplitModulelist, Transpose,
 )
 
-from tests.conftest import expected_moe, module_with, moe_checkpoint, moe_model, write_checkpoint
+from tests.conftest import (
+    Doubler, expected_moe, module_with, moe_checkpoint, moe_model, write_checkpoint,
+)
 
 
 def state(model):
@@ -98,16 +100,6 @@ def test_transpose_and_rope_go_through_a_temporary(tmp_path):
     plan.execute()
     assert torch.equal(model.proj, w.T)
     assert torch.equal(model.q_proj, q.view(4, 2, 2, 4).transpose(1, 2).reshape(16, 4))
-
-
-class Doubler(ConversionOp):
-    """A user op that can't place: runs on materialized tensors."""
-
-    def forward(self, streams):
-        return tuple(tuple(t * 2 for t in s) for s in streams)
-
-    def inverse(self):
-        raise NotImplementedError
 
 
 def test_user_op_runs_materialized_then_merges_in_place(tmp_path):

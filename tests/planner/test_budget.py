@@ -6,19 +6,9 @@ import torch
 import weightplan
 from weightplan import WeightConverter
 from weightplan.errors import BudgetError
-from weightplan.ops import ConversionOp, MergeModulelist
+from weightplan.ops import MergeModulelist
 
-from tests.conftest import module_with, moe_checkpoint, moe_model, write_checkpoint
-
-
-class Scale(ConversionOp):
-    """Can't place: its inputs are read into temporaries and it allocates its output."""
-
-    def forward(self, streams):
-        return tuple(tuple(t * 2 for t in s) for s in streams)
-
-    def inverse(self):
-        raise NotImplementedError
+from tests.conftest import Doubler, module_with, moe_model, write_checkpoint
 
 
 def heavy_checkpoint(tmp_path):
@@ -28,7 +18,7 @@ def heavy_checkpoint(tmp_path):
     directory = write_checkpoint(tmp_path / "c", tensors)
     specs = {f"a.{i}.w": ((64, 64), torch.float32) for i in range(24)}
     specs["z.stacked"] = ((16, 64, 64), torch.float32)
-    mapping = [WeightConverter(r"z\.big\.*\.w", "z.stacked", [Scale(), MergeModulelist(0)])]
+    mapping = [WeightConverter(r"z\.big\.*\.w", "z.stacked", [Doubler(), MergeModulelist(0)])]
     return directory, specs, mapping, tensors
 
 

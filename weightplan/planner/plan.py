@@ -31,8 +31,32 @@ class PlanOptions:
     budget: int | None
 
 
+class Explained:
+    """What load and write plans share: their schedule's figures and the text view."""
+
+    schedule: Schedule
+
+    @property
+    def peak_bytes(self) -> int:
+        """Estimated peak memory this plan adds to the process (see :mod:`planner.schedule`)."""
+        return self.schedule.peak_bytes
+
+    @property
+    def read_bytes(self) -> int:
+        return sum(p.read_bytes for p in self.schedule.steps)
+
+    def timeline(self) -> tuple[MemoryPoint, ...]:
+        """Planned bytes after each scheduled event (see :mod:`planner.schedule`)."""
+        return self.schedule.timeline
+
+    def __str__(self) -> str:
+        from weightplan.viz.text import explain_text
+
+        return explain_text(self)
+
+
 @dataclass(frozen=True, eq=False)
-class Plan:
+class Plan(Explained):
     """A load plan: the mapping, the graph, the schedule, the memory estimate, the problems.
 
     Build it with :func:`weightplan.explain`; ``print(plan)`` shows it, ``plan.execute()``
@@ -75,15 +99,6 @@ class Plan:
         return self.findings.notes
 
     @property
-    def peak_bytes(self) -> int:
-        """Estimated peak memory the load adds to the process (model tensors included)."""
-        return self.schedule.peak_bytes
-
-    @property
-    def read_bytes(self) -> int:
-        return sum(p.read_bytes for p in self.schedule.steps)
-
-    @property
     def model_bytes(self) -> int:
         """Bytes of the model tensors this plan writes."""
         return sum(d.spec.nbytes for p in self.schedule.steps for d in p.destinations)
@@ -92,10 +107,6 @@ class Plan:
     def loaded_keys(self) -> tuple[str, ...]:
         return tuple(t.key for c in self.conversions for t in c.targets
                      if t.status is TargetStatus.LOAD)
-
-    def timeline(self) -> tuple[MemoryPoint, ...]:
-        """Planned bytes after each scheduled event (see :mod:`planner.schedule`)."""
-        return self.schedule.timeline
 
     def execute(self, *, strict: bool = False, progress: bool | None = None) -> "LoadReport":
         """Load the checkpoint into the model as planned.
@@ -150,11 +161,6 @@ class Plan:
         from weightplan.viz.html import plan_html
 
         return plan_html(self)
-
-    def __str__(self) -> str:
-        from weightplan.viz.text import explain_text
-
-        return explain_text(self)
 
     def __repr__(self) -> str:
         return (f"<Plan {self.checkpoint.description}: {len(self.loaded_keys)} tensors, "

@@ -77,7 +77,34 @@ class Renaming(WeightTransform):
 
 
 @dataclass(frozen=True)
-class WeightRenaming(Renaming):
+class PatternTransform(WeightTransform):
+    """Fields and matching shared by transforms written as source / target patterns."""
+
+    source_patterns: tuple[str, ...]
+    target_patterns: tuple[str, ...]
+    scope_prefix: str | None = field(default=None, kw_only=True)
+    _sources: tuple[SourcePattern, ...] = field(init=False, repr=False, compare=False)
+    _targets: tuple[TargetPattern, ...] = field(init=False, repr=False, compare=False)
+
+    @property
+    def sources(self) -> tuple[SourcePattern, ...]:
+        return self._sources
+
+    def first_match(self, key: str) -> tuple[int, str, str, PatternMatch] | None:
+        """The first source matching ``key`` in scope: (index, scope head, rest, match)."""
+        scoped = self.split_scope(key)
+        if scoped is None:
+            return None
+        head, rest = scoped
+        for i, source in enumerate(self._sources):
+            m = source.search(rest)
+            if m is not None:
+                return i, head, rest, m
+        return None
+
+
+@dataclass(frozen=True)
+class WeightRenaming(PatternTransform, Renaming):
     """Rewrite the matched substring of a key.
 
     Args:
@@ -90,12 +117,6 @@ class WeightRenaming(Renaming):
         ``model.layers.0.block_sparse_moe.gate.weight`` into ``model.layers.0.mlp.gate.weight``.
     """
 
-    source_patterns: tuple[str, ...]
-    target_patterns: tuple[str, ...]
-    scope_prefix: str | None = field(default=None, kw_only=True)
-    _sources: tuple[SourcePattern, ...] = field(init=False, repr=False, compare=False)
-    _targets: tuple[TargetPattern, ...] = field(init=False, repr=False, compare=False)
-
     def __post_init__(self) -> None:
         sources = _as_tuple(self.source_patterns, "source_patterns")
         targets = _as_tuple(self.target_patterns, "target_patterns")
@@ -106,17 +127,13 @@ class WeightRenaming(Renaming):
         _compile(self)
 
     def rename(self, key: str) -> str | None:
-        scoped = self.split_scope(key)
-        if scoped is None:
+        found = self.first_match(key)
+        if found is None:
             return None
-        head, rest = scoped
-        for i, source in enumerate(self._sources):
-            m = source.search(rest)
-            if m is not None:
-                target = self._targets[i if len(self._targets) > 1 else 0]
-                new = head + rest[:m.start] + target.expand(m.groups, m.index) + rest[m.end:]
-                return new if new != key else None
-        return None
+        i, head, rest, m = found
+        target = self._targets[i if len(self._targets) > 1 else 0]
+        new = head + rest[:m.start] + target.expand(m.groups, m.index) + rest[m.end:]
+        return new if new != key else None
 
     def inverse(self) -> "WeightRenaming":
         if len(self.source_patterns) > 1 and len(self.target_patterns) == 1:
@@ -195,7 +212,7 @@ class ConverterMatch:
 
 
 @dataclass(frozen=True)
-class WeightConverter(WeightTransform):
+class WeightConverter(PatternTransform):
     """Collect keys by source pattern and turn them into target keys through ops.
 
     Args:
@@ -212,12 +229,7 @@ class WeightConverter(WeightTransform):
                             operations=[MergeModulelist(0), Concatenate(1)])
     """
 
-    source_patterns: tuple[str, ...]
-    target_patterns: tuple[str, ...]
     operations: tuple[ConversionOp, ...] = ()
-    scope_prefix: str | None = field(default=None, kw_only=True)
-    _sources: tuple[SourcePattern, ...] = field(init=False, repr=False, compare=False)
-    _targets: tuple[TargetPattern, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         sources = _as_tuple(self.source_patterns, "source_patterns")
@@ -234,23 +246,15 @@ class WeightConverter(WeightTransform):
         _compile(self)
 
     def match(self, key: str) -> ConverterMatch | None:
-        scoped = self.split_scope(key)
-        if scoped is None:
+        found = self.first_match(key)
+        if found is None:
             return None
-        head, rest = scoped
-        for i, source in enumerate(self._sources):
-            m = source.search(rest)
-            if m is not None:
-                return ConverterMatch(i, head + rest[:m.start], rest[m.end:], m)
-        return None
+        i, head, rest, m = found
+        return ConverterMatch(i, head + rest[:m.start], rest[m.end:], m)
 
     def target_keys(self, cm: ConverterMatch) -> tuple[str, ...]:
         """Target keys of the group ``cm`` belongs to (``*`` left in place)."""
         return tuple(cm.head + t.expand(cm.match.groups, "*") + cm.tail for t in self._targets)
-
-    @property
-    def sources(self) -> tuple[SourcePattern, ...]:
-        return self._sources
 
     def inverse(self) -> "WeightConverter":
         ops = tuple(op.inverse() for op in reversed(self.operations))
@@ -267,7 +271,7 @@ def _set(obj: object, **values: object) -> None:
         object.__setattr__(obj, name, value)
 
 
-def _compile(transform: WeightRenaming | WeightConverter) -> None:
+def _compile(transform: PatternTransform) -> None:
     sources = tuple(compile_source(p) for p in transform.source_patterns)
     targets = tuple(compile_target(p) for p in transform.target_patterns)
     need = max(t.max_group for t in targets)
@@ -278,7 +282,7 @@ def _compile(transform: WeightRenaming | WeightConverter) -> None:
     _set(transform, _sources=sources, _targets=targets)
 
 
-def _inverse_sources(transform: WeightRenaming | WeightConverter) -> tuple[str, ...]:
+def _inverse_sources(transform: PatternTransform) -> tuple[str, ...]:
     """The inverse's sources: each target turned back into a regex."""
     if any(t.max_group for t in transform._targets) and len(transform._sources) > 1:
         raise NotInvertibleError(f"{transform.describe()}: targets with group references "
@@ -286,7 +290,7 @@ def _inverse_sources(transform: WeightRenaming | WeightConverter) -> tuple[str, 
     return tuple(target_to_source(t, transform._sources[0]) for t in transform._targets)
 
 
-def _inverse_targets(transform: WeightRenaming | WeightConverter) -> tuple[str, ...]:
+def _inverse_targets(transform: PatternTransform) -> tuple[str, ...]:
     """The inverse's targets: each source turned into the literal key it matched."""
     try:
         return tuple(source_to_target(p) for p in transform.source_patterns)

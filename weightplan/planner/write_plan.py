@@ -17,9 +17,9 @@ from weightplan.planner.build import Conversion
 from weightplan.planner.checkpoint import Checkpoint
 from weightplan.planner.findings import Note, Problem
 from weightplan.planner.layout import ShardLayout
-from weightplan.planner.plan import PlanOptions
+from weightplan.planner.plan import Explained, PlanOptions
 from weightplan.planner.registry import MappingChoice
-from weightplan.planner.schedule import MemoryPoint, Schedule
+from weightplan.planner.schedule import Schedule
 from weightplan.planner.transforms import WeightTransform
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, eq=False)
-class WritePlan:
+class WritePlan(Explained):
     """What will be written where, decided before a byte is written.
 
     Build it with :func:`weightplan.explain_save` (or the ``convert`` command);
@@ -54,15 +54,6 @@ class WritePlan:
     problems: tuple[Problem, ...] = ()
 
     @property
-    def peak_bytes(self) -> int:
-        """Estimated peak memory the write adds (staged tensors, read windows)."""
-        return self.schedule.peak_bytes
-
-    @property
-    def read_bytes(self) -> int:
-        return sum(p.read_bytes for p in self.schedule.steps)
-
-    @property
     def model_bytes(self) -> int:
         """Bytes of tensor data written."""
         return self.layout.total_bytes
@@ -70,9 +61,6 @@ class WritePlan:
     @property
     def files(self) -> tuple[str, ...]:
         return self.layout.names
-
-    def timeline(self) -> tuple[MemoryPoint, ...]:
-        return self.schedule.timeline
 
     def execute(self, *, progress: bool | None = None) -> "SaveReport":
         """Write the checkpoint; a failure leaves no half-written file behind."""
@@ -84,11 +72,6 @@ class WritePlan:
         from weightplan.viz.data import write_plan_to_dict
 
         return write_plan_to_dict(self)
-
-    def __str__(self) -> str:
-        from weightplan.viz.text import explain_text
-
-        return explain_text(self)
 
     def __repr__(self) -> str:
         return (f"<WritePlan {self.mode} → {self.directory}: {len(self.layout.locations)} "
