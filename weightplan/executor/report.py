@@ -49,8 +49,10 @@ class LoadReport:
     def __str__(self) -> str:
         stages = ", ".join(f"{k} {v:.2f}s" for k, v in self.stage_seconds.items())
         rss = "n/a" if self.rss_peak_bytes is None else format_bytes(self.rss_peak_bytes)
+        over = (f" for {format_bytes(self.bytes_needed)} needed"
+                if self.bytes_read != self.bytes_needed else "")
         lines = [
-            f"loaded {self.tensors_loaded} tensors: {format_bytes(self.bytes_read)} read "
+            f"loaded {self.tensors_loaded} tensors: {format_bytes(self.bytes_read)} read{over} "
             f"in {self.seconds:.2f}s ({self.gb_per_s:.2f} GB/s, {self.threads} threads)",
             f"peak held {format_bytes(self.peak_bytes)} (planned "
             f"{format_bytes(self.planned_peak_bytes)}), process peak RSS +{rss}",
