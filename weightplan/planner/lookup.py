@@ -128,6 +128,9 @@ def _skip(walk: _Walk, path: str, module: nn.Module, identifier: str, via: Via) 
     if _claimed_above(walk.skipped.get(identifier, ()), path):
         return
     found = walk.find(module, identifier)
+    model_type = model_type_of(module)
+    if found is None and via is Via.CLASS and model_type and is_submodel(module):
+        found = walk.find(module, model_type)  # what it would have got otherwise
     if found is None:
         return
     owner = _nearest(walk.claimed[identifier], path)

@@ -67,8 +67,9 @@ class SubmoduleMapping:
         where = self.path or "<root>"
         if not self.applied:
             owner = self.skipped_for or "<root>"
-            return (f"{where} ({self.class_name}): skipped, {self.how()} already claimed by "
-                    f"its ancestor {owner}")
+            name = f"class {self.identifier}" if self.via is Via.CLASS else (
+                f"model_type {self.identifier!r}")
+            return f"{where} ({self.class_name}): skipped, {name} already claimed by {owner}"
         scope = f"scoped to {self.path}.*" if self.path else "unscoped"
         bad = f"; {len(self.problems)} part(s) not translated" if self.problems else ""
         return (f"{where} ({self.class_name}): {self.how()}, {len(self.transforms)} "

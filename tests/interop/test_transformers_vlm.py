@@ -1,0 +1,111 @@
+"""Composite (vision-language) families against transformers' from_pretrained: Llava,
+Gemma3, PaliGemma and Mistral3 (a Llava-family model whose class and model_type differ
+from Llava's). Each loads from the layout save_pretrained writes (the old flat
+``language_model.model.*`` one), from the current layout (no transform may fire), and
+from a legacy vision tower that still has its ``vision_model.`` level."""
+
+import pytest
+import torch
+
+from tests.interop.oracle import assert_same, keys, load_both, rewrite, save
+
+T = pytest.importorskip("transformers")
+
+TEXT = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2)
+VISION = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+              image_size=16, patch_size=8)
+IMAGE_TOKEN = 95
+
+
+def llava():
+    cfg = T.LlavaConfig(text_config=T.LlamaConfig(**TEXT),
+                        vision_config=T.CLIPVisionConfig(**VISION, projection_dim=32),
+                        image_token_index=IMAGE_TOKEN, vision_feature_layer=-1)
+    return T.LlavaForConditionalGeneration, cfg, {}
+
+
+def gemma3():
+    cfg = T.Gemma3Config(text_config=T.Gemma3TextConfig(**TEXT, head_dim=8),
+                         vision_config=T.SiglipVisionConfig(**VISION), mm_tokens_per_image=4,
+                         image_token_index=IMAGE_TOKEN, boi_token_index=93, eoi_token_index=94)
+    return T.Gemma3ForConditionalGeneration, cfg, {}
+
+
+def paligemma():
+    cfg = T.PaliGemmaConfig(text_config=T.GemmaConfig(**TEXT, head_dim=8),
+                            vision_config=T.SiglipVisionConfig(**VISION, projection_dim=32),
+                            projection_dim=32, image_token_index=IMAGE_TOKEN)
+    return T.PaliGemmaForConditionalGeneration, cfg, {}
+
+
+def mistral3():
+    cfg = T.Mistral3Config(text_config=T.MistralConfig(**TEXT, head_dim=8),
+                           vision_config=T.PixtralVisionConfig(**VISION, head_dim=8),
+                           image_token_index=IMAGE_TOKEN, spatial_merge_size=1,
+                           vision_feature_layer=-1)
+    return T.Mistral3ForConditionalGeneration, cfg, {"image_sizes": torch.tensor([[16, 16]])}
+
+
+FAMILIES = {"llava": llava, "gemma3": gemma3, "paligemma": paligemma, "mistral3": mistral3}
+# the inner model class each family's root wraps, found by class name → LlavaModel
+INNER = {"llava": "LlavaModel", "gemma3": "Gemma3Model", "paligemma": "PaliGemmaModel",
+         "mistral3": "Mistral3Model"}
+
+
+def inputs(extra: dict) -> dict:
+    """Four image tokens (a 16×16 image in 8×8 patches) and some text."""
+    torch.manual_seed(1)
+    ids = torch.tensor([[1] + [IMAGE_TOKEN] * 4 + [5, 9, 14, 2]])
+    return {"input_ids": ids, "pixel_values": torch.randn(1, 3, 16, 16), **extra}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_save_pretrained_layout_loads_like_from_pretrained(family, tmp_path):
+    cls, cfg, extra = FAMILIES[family]()
+    directory = save(cls, cfg, tmp_path)
+    assert any(k.startswith("language_model.model.layers.") for k in keys(directory))
+    model, reference, plan = load_both(cls, cfg, directory)
+    applied = {s.path: s for s in plan.mapping.applied}
+    assert (applied[""].identifier, applied[""].key) == (family, "llava")
+    assert (applied["model"].identifier, applied["model"].key) == (INNER[family], "LlavaModel")
+    assert applied["model"].transforms[0].scope_prefix == "model"
+    text = str(plan)
+    assert f"model ({INNER[family]}): class {INNER[family]}" in text
+    assert "scoped to model.*" in text
+    assert_same(model, reference, inputs(extra))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_current_layout_loads_with_no_transform_firing(family, tmp_path):
+    cls, cfg, extra = FAMILIES[family]()
+    directory = save(cls, cfg, tmp_path, original_format=False)
+    assert any(k.startswith("model.language_model.layers.") for k in keys(directory))
+    model, reference, plan = load_both(cls, cfg, directory)
+    assert all(not r.fired and r.converter is None and not r.note for r in plan.routing.routes)
+    assert_same(model, reference, inputs(extra))
+
+
+@pytest.mark.parametrize("family", ["llava", "gemma3", "paligemma"])
+def test_legacy_vision_model_level_is_removed_in_scope(family, tmp_path):
+    """Old checkpoints of CLIP / SigLIP towers keep ``vision_tower.vision_model.*``."""
+    cls, cfg, extra = FAMILIES[family]()
+    directory = save(cls, cfg, tmp_path / "saved")
+    legacy = rewrite(directory, tmp_path / "legacy",
+                     lambda k: k.replace("vision_tower.", "vision_tower.vision_model.", 1))
+    assert any(k.startswith("vision_tower.vision_model.encoder.") for k in keys(legacy))
+    model, reference, plan = load_both(cls, cfg, directory, legacy)
+    tower = next(s for s in plan.mapping.applied if s.path == "model.vision_tower")
+    assert tower.key == "CLIPVisionModel" and tower.transforms[0].scope_prefix == "model.vision_tower"
+    assert "remove prefix vision_model in model.vision_tower.*" in str(plan)
+    assert_same(model, reference, inputs(extra))
+
+
+def test_base_model_checkpoint_loads_into_the_composite(tmp_path):
+    """A LlavaModel checkpoint (no ``model.`` level, no head) into LlavaForConditionalGeneration."""
+    cls, cfg, extra = llava()
+    directory = save(cls, cfg, tmp_path / "full", original_format=False)
+    base = rewrite(directory, tmp_path / "base", lambda k: k.removeprefix("model."))
+    assert any(k.startswith("language_model.layers.") for k in keys(base))
+    model, reference, plan = load_both(cls, cfg, directory, base)
+    assert_same(model, reference, inputs(extra))
