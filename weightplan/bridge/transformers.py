@@ -48,6 +48,7 @@ class Translation:
     key: str  # the transformers key it is an alias of (itself when not an alias)
     transforms: tuple[WeightTransform, ...]
     problems: tuple[str, ...]  # one line per transform that could not be translated
+    gaps: tuple[str, ...]  # what each problem lacks: an op or transform type name
     total: int  # transforms in transformers' list
 
     @property
@@ -59,6 +60,10 @@ class Translation:
 
 class Untranslatable(Exception):
     """Internal: one transform or op has no weightplan equivalent (message says why)."""
+
+    def __init__(self, message: str, name: str):
+        super().__init__(message)
+        self.name = name  # the op or transform type weightplan lacks
 
 
 class TransformersFinder:
@@ -90,14 +95,15 @@ def translate_mapping(identifier: str) -> Translation | None:
     original = get_checkpoint_conversion_mapping(identifier)
     if original is None:
         return None
-    transforms, problems = [], []
+    transforms, problems, gaps = [], [], []
     for t in original:
         try:
             transforms.append(translate_transform(t))
         except Untranslatable as e:
             problems.append(f"transformers mapping {identifier!r}: {e}; left out")
+            gaps.append(e.name)
     return Translation(identifier, _alias_of(identifier, original), tuple(transforms),
-                       tuple(problems), len(original))
+                       tuple(problems), tuple(gaps), len(original))
 
 
 def translate_transform(t: object) -> WeightTransform:
@@ -114,7 +120,8 @@ def translate_transform(t: object) -> WeightTransform:
                             model_prefix=t.model_prefix or None)
     if kind not in (tf.WeightRenaming, tf.WeightConverter):
         raise Untranslatable(f"{kind.__name__} {_patterns(t)} has no weightplan equivalent "
-                             "(its renaming depends on state or code weightplan can't read)")
+                             "(its renaming depends on state or code weightplan can't read)",
+                             kind.__name__)
     sources, targets = _translated_patterns(t)
     try:
         if kind is tf.WeightRenaming:
@@ -123,7 +130,7 @@ def translate_transform(t: object) -> WeightTransform:
         operations = [op for o in t.operations for op in translate_op(o)]
         return WeightConverter(sources, targets, operations)
     except MappingError as e:
-        raise Untranslatable(f"{kind.__name__} {_patterns(t)}: {e}") from e
+        raise Untranslatable(f"{kind.__name__} {_patterns(t)}: {e}", kind.__name__) from e
 
 
 def _translated_patterns(t: object) -> tuple[list[str], list[str]]:
@@ -132,7 +139,7 @@ def _translated_patterns(t: object) -> tuple[list[str], list[str]]:
         captured = next((c for _, c in pairs if c is not None), None)
         sources = [source_pattern(with_group(p, captured)) for p in t._original_source_patterns]
     except MappingError as e:
-        raise Untranslatable(f"{type(t).__name__} {_patterns(t)}: {e}") from e
+        raise Untranslatable(f"{type(t).__name__} {_patterns(t)}: {e}", "pattern") from e
     return sources, [p for p, _ in pairs]
 
 
@@ -145,10 +152,12 @@ def translate_op(op: object) -> list[wops.ConversionOp]:
     name = type(op).__name__
     if name in ("Chunk", "Concatenate") and getattr(op, "num_shards_attribute", None):
         raise Untranslatable(f"op {name}(num_shards_attribute={op.num_shards_attribute!r}) "
-                             "(a piece count read from the config) is not supported yet")
+                             "(a piece count read from the config) is not supported yet",
+                             f"{name}(num_shards_attribute)")
     if name == "Transpose" and op.check_dims:
         raise Untranslatable("op Transpose(check_dims=True) (transpose only when the shape "
-                             "differs from the model's) is not supported yet")
+                             "differs from the model's) is not supported yet",
+                             "Transpose(check_dims)")
     simple = {
         "Chunk": lambda: wops.Chunk(op.dim),
         "Split": lambda: wops.Chunk(op.dim),  # weightplan's Chunk sizes pieces by target
@@ -161,7 +170,7 @@ def translate_op(op: object) -> list[wops.ConversionOp]:
         "LinearToConv3d": lambda: wops.LinearToConv3d(op.in_channels, op.kernel_size),
     }
     if name not in simple or type(op).__module__ != "transformers.core_model_loading":
-        raise Untranslatable(f"op {name} has no weightplan equivalent yet")
+        raise Untranslatable(f"op {name} has no weightplan equivalent yet", name)
     return [simple[name]()]
 
 
