@@ -14,7 +14,7 @@ T = pytest.importorskip("transformers")
 @pytest.fixture(scope="module")
 def llava_dir(tmp_path_factory):
     from tests.interop.oracle import save
-    from tests.interop.test_transformers_vlm import llava
+    from tests.interop.families import llava
 
     cls, cfg, _ = llava()
     return save(cls, cfg, tmp_path_factory.mktemp("llava"))

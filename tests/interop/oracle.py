@@ -20,12 +20,14 @@ def save(cls, cfg, directory: Path, *, original_format: bool = True, seed: int =
     return directory
 
 
-def rewrite(source: Path, target: Path, rename: Callable[[str], str]) -> Path:
-    """Copy a single-file checkpoint directory with every key passed through ``rename``."""
+def rewrite(source: Path, target: Path, rename: Callable[[str], str] = lambda k: k,
+            change: Callable[[str, torch.Tensor], torch.Tensor] = lambda k, v: v) -> Path:
+    """Copy a single-file checkpoint directory, every key through ``rename`` and every
+    tensor through ``change``."""
     target.mkdir(parents=True, exist_ok=True)
     tensors = load_file(str(source / "model.safetensors"))
-    save_file({rename(k): v for k, v in tensors.items()}, str(target / "model.safetensors"),
-              metadata={"format": "pt"})
+    save_file({rename(k): change(k, v).contiguous() for k, v in tensors.items()},
+              str(target / "model.safetensors"), metadata={"format": "pt"})
     shutil.copy(source / "config.json", target / "config.json")
     return target
 

@@ -10,7 +10,6 @@ import weightplan
 from weightplan.planner.lookup import lookup_mapping
 from weightplan.planner.registry import MappingRegistry, Source
 
-from tests.interop import test_transformers_vlm as vlm
 from tests.interop.oracle import assert_same, load_both, rewrite, save
 
 T = pytest.importorskip("transformers")
@@ -18,11 +17,13 @@ from weightplan.bridge.transformers import (  # noqa: E402
     Coverage, TransformersFinder, translate_all, translate_mapping,
 )
 
+from tests.interop import families as vlm  # noqa: E402
+
 # families whose transformers mapping weightplan runs exactly (built-in ones included)
 KNOWN_GOOD = ("mixtral", "minimax", "minimax_m2", "qwen2_moe", "qwen3_moe", "olmoe",
               "deepseek_v3", "phimoe", "lfm2_moe", "jamba", "nemotron_h", "llava", "gemma3",
               "paligemma", "mistral3", "LlavaModel", "Gemma3Model", "CLIPVisionModel",
-              "SiglipVisionModel", "llava_next", "qwen2_audio", "legacy")
+              "SiglipVisionModel", "llava_next", "qwen2_audio", "qwen3_vl_moe", "legacy")
 # (family, what its problem must name): ops and transforms weightplan has no equivalent for
 KNOWN_GAPS = (("ernie4_5_vl_moe", "ErnieFuseAndSplitTextVisionExperts"),
               ("dory", "LayerPairCollapse"), ("qwen4_exp_text", "num_shards_attribute"))
@@ -101,3 +102,31 @@ def test_the_bridge_alone_agrees_with_the_built_in_mappings(family, tmp_path):
     assert not plan.missing and not plan.unexpected and not plan.problems, str(plan)
     plan.execute()
     assert_same(model, reference, vlm.inputs(extra))
+
+
+def qwen3_vl_moe():
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]}
+    text = dict(vocab_size=96, hidden_size=32, intermediate_size=48, moe_intermediate_size=8,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                num_experts=4, num_experts_per_tok=2, rope_parameters=rope)
+    vision = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=4,
+                  out_hidden_size=32, patch_size=8, spatial_merge_size=1,
+                  temporal_patch_size=1, num_position_embeddings=16,
+                  deepstack_visual_indexes=[0])
+    return (T.Qwen3VLMoeForConditionalGeneration,
+            T.Qwen3VLMoeConfig(text_config=text, vision_config=vision))
+
+
+@pytest.mark.parametrize("layout", ["as_saved", "transposed"])
+def test_fused_experts_in_either_layout_load_through_transpose_to_fit(layout, tmp_path):
+    """transformers' Transpose(check_dims=True) (qwen3_vl_moe) as TransposeToFit."""
+    cls, cfg = qwen3_vl_moe()
+    directory = save(cls, cfg, tmp_path / "saved")
+    if layout == "transposed":
+        fused = ("experts.gate_up_proj", "experts.down_proj")
+        directory = rewrite(directory, tmp_path / "transposed",
+                            change=lambda k, v: v.transpose(1, 2) if k.endswith(fused) else v)
+    model, reference, plan = load_both(cls, cfg, directory)
+    swaps = {op.swap for c in plan.conversions for op in c.ops}
+    assert swaps == {layout == "transposed"}
+    assert_same(model, reference, {"input_ids": torch.tensor([[1, 5, 9, 14, 2]])})

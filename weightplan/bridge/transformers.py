@@ -5,7 +5,8 @@ depth-first lookup (:mod:`weightplan.planner.lookup`) asks :class:`TransformersF
 it fetches transformers' own list for the class name or ``model_type`` and translates
 it by type: ``WeightRenaming``, ``PrefixChange`` and ``WeightConverter`` with the ops
 ``Chunk``, ``Split``, ``Concatenate``, ``MergeModulelist``, ``SplitModulelist``,
-``Transpose``, ``PermuteForRope``, ``Conv3dToLinear``, ``LinearToConv3d``. Anything else
+``Transpose`` (with ``check_dims``: :class:`~weightplan.bridge.ops.TransposeToFit`),
+``PermuteForRope``, ``Conv3dToLinear``, ``LinearToConv3d``. Anything else
 (stateful renamings, ops weightplan does not have yet, options such as
 ``num_shards_attribute``) is left out *and reported*: the plan lists it as a problem
 naming the family and the op, and the keys it would have converted show up as
@@ -23,6 +24,7 @@ from enum import Enum
 from torch import nn
 
 from weightplan.bridge.dialect import source_pattern, target_pattern, with_group
+from weightplan.bridge.ops import TransposeToFit
 from weightplan.errors import MappingError
 from weightplan.planner import ops as wops
 from weightplan.planner.lookup import Found, is_transformers_class
@@ -154,10 +156,8 @@ def translate_op(op: object) -> list[wops.ConversionOp]:
         raise Untranslatable(f"op {name}(num_shards_attribute={op.num_shards_attribute!r}) "
                              "(a piece count read from the config) is not supported yet",
                              f"{name}(num_shards_attribute)")
-    if name == "Transpose" and op.check_dims:
-        raise Untranslatable("op Transpose(check_dims=True) (transpose only when the shape "
-                             "differs from the model's) is not supported yet",
-                             "Transpose(check_dims)")
+    if name == "Transpose" and getattr(op, "check_dims", False):
+        return [TransposeToFit(op.dim0, op.dim1)]
     simple = {
         "Chunk": lambda: wops.Chunk(op.dim),
         "Split": lambda: wops.Chunk(op.dim),  # weightplan's Chunk sizes pieces by target
