@@ -54,7 +54,8 @@ def test_a_source_back_reference_takes_the_targets_group():
 
 def test_translated_patterns_rename_like_transformers():
     rename = WeightRenaming(source_pattern(".block_sparse_moe."), target_pattern(".mlp.")[0])
-    assert rename.rename("model.layers.3.block_sparse_moe.gate.weight") == "model.layers.3.mlp.gate.weight"
+    key = "model.layers.3.block_sparse_moe.gate.weight"
+    assert rename.rename(key) == "model.layers.3.mlp.gate.weight"
     conv = WeightConverter(source_pattern(".experts.*.w2.weight"), ".experts.down_proj",
                            [MergeModulelist(0)])
     m = conv.match("model.layers.3.mlp.experts.5.w2.weight")

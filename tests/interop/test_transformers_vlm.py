@@ -9,7 +9,7 @@ import torch
 
 from tests.interop.oracle import assert_same, keys, load_both, rewrite, save
 
-pytest.importorskip("transformers")
+T = pytest.importorskip("transformers")
 from tests.interop.families import FAMILIES, INNER, inputs, llava  # noqa: E402
 
 
@@ -49,7 +49,8 @@ def test_legacy_vision_model_level_is_removed_in_scope(family, tmp_path):
     assert any(k.startswith("vision_tower.vision_model.encoder.") for k in keys(legacy))
     model, reference, plan = load_both(cls, cfg, directory, legacy)
     tower = next(s for s in plan.mapping.applied if s.path == "model.vision_tower")
-    assert tower.key == "CLIPVisionModel" and tower.transforms[0].scope_prefix == "model.vision_tower"
+    assert tower.key == "CLIPVisionModel"
+    assert tower.transforms[0].scope_prefix == "model.vision_tower"
     assert "remove prefix vision_model in model.vision_tower.*" in str(plan)
     assert_same(model, reference, inputs(extra))
 
@@ -62,3 +63,24 @@ def test_base_model_checkpoint_loads_into_the_composite(tmp_path):
     assert any(k.startswith("language_model.layers.") for k in keys(base))
     model, reference, plan = load_both(cls, cfg, directory, base)
     assert_same(model, reference, inputs(extra))
+
+
+def test_an_moe_text_model_inside_a_composite_gets_its_own_scoped_mapping(tmp_path):
+    """Llava around a Mixtral: the root moves the text model, LlavaModel drops its
+    ``model.`` level, then Mixtral's experts mapping converts under model.language_model."""
+    from tests.interop.families import VISION
+
+    text = T.MixtralConfig(vocab_size=96, hidden_size=32, intermediate_size=48,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                           num_local_experts=4, num_experts_per_tok=2)
+    cfg = T.LlavaConfig(text_config=text, image_token_index=95, vision_feature_layer=-1,
+                        vision_config=T.CLIPVisionConfig(**VISION, projection_dim=32))
+    cls = T.LlavaForConditionalGeneration
+    directory = save(cls, cfg, tmp_path)
+    assert "language_model.model.layers.1.block_sparse_moe.experts.3.w2.weight" in keys(directory)
+    model, reference, plan = load_both(cls, cfg, directory)
+    moe = next(s for s in plan.mapping.applied if s.path == "model.language_model")
+    assert (moe.identifier, moe.class_name) == ("mixtral", "MixtralModel")
+    assert {t.scope_prefix for t in moe.transforms} == {"model.language_model"}
+    assert "→ model.language_model.layers.{0,1}.mlp.experts.gate_up_proj" in str(plan)
+    assert_same(model, reference, inputs({}))

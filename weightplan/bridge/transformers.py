@@ -27,7 +27,7 @@ from weightplan.bridge.dialect import source_pattern, target_pattern, with_group
 from weightplan.bridge.ops import TransposeToFit
 from weightplan.errors import MappingError
 from weightplan.planner import ops as wops
-from weightplan.planner.lookup import Found, is_transformers_class
+from weightplan.planner.lookup import Found, is_submodel, is_transformers_class
 from weightplan.planner.registry import Source
 from weightplan.planner.transforms import (
     PrefixChange, WeightConverter, WeightRenaming, WeightTransform,
@@ -71,15 +71,17 @@ class Untranslatable(Exception):
 class TransformersFinder:
     """The bridge as a lookup :data:`~weightplan.planner.lookup.Finder`.
 
-    Only transformers' own classes are bridged (and classes a user registered with
-    transformers), as transformers itself skips custom code. Translations are cached
-    per finder, i.e. per ``explain`` call.
+    As in transformers, only sub-models (``PreTrainedModel``s) are looked up, and only
+    transformers' own classes (or names a user registered with transformers): custom
+    code is skipped. Translations are cached per finder, i.e. per ``explain`` call.
     """
 
     def __init__(self) -> None:
         self._seen: dict[str, Translation | None] = {}
 
     def __call__(self, module: nn.Module, identifier: str) -> Found | None:
+        if not is_submodel(module):  # transformers looks up PreTrainedModels only
+            return None
         if not is_transformers_class(module) and identifier not in _user_registered():
             return None
         if identifier not in self._seen:

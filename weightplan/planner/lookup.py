@@ -163,6 +163,7 @@ def is_submodel(module: nn.Module) -> bool:
 
 
 def is_transformers_class(module: nn.Module) -> bool:
+    """The module's class is defined inside the transformers package (not remote code)."""
     return type(module).__module__.startswith("transformers.")
 
 
