@@ -1,10 +1,12 @@
 """The ``weightplan`` command line.
 
     weightplan demo                                  build, explain and load a small checkpoint
-    weightplan explain CKPT --model-type mixtral     what the keys become, with shapes
+    weightplan explain CKPT_DIR                      the full plan for the model config.json names
+    weightplan explain CKPT --model-type mixtral     what the keys become, with shapes (no model)
     weightplan explain CKPT --model-type mixtral --json
     weightplan explain CKPT --model-type mixtral --svg plan.svg --timeline mem.svg
     weightplan convert SRC DST --model-type mixtral [--reverse]   on disk, no model
+    weightplan mappings                              registered mappings and aliases
 """
 
 from __future__ import annotations
@@ -21,10 +23,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="build a small legacy checkpoint, explain and load it")
     demo.add_argument("--dir", help="write the demo checkpoint here (default: a temp dir)")
-    exp = sub.add_parser("explain", help="explain a checkpoint under a registered mapping")
-    exp.add_argument("checkpoint", help=".safetensors file or checkpoint directory")
+    exp = sub.add_parser("explain", help="explain loading a checkpoint (headers only)")
+    exp.add_argument("checkpoint", help=".safetensors file or checkpoint directory; with a "
+                     "config.json and transformers installed, the model it names is built "
+                     "on meta and the full plan explained")
     exp.add_argument("--model-type", "--mapping", dest="mapping",
-                     help="registered mapping (model_type or class name), e.g. mixtral")
+                     help="explain without a model, under this registered mapping "
+                          "(model_type or class name), e.g. mixtral")
     exp.add_argument("--dtype", help="cast floating tensors to this dtype (e.g. bf16)")
     exp.add_argument("--budget", help="memory the load may add at most, e.g. 8GiB")
     exp.add_argument("--json", action="store_true", help="print plan.to_dict() as JSON")
@@ -93,7 +98,10 @@ def _explain(args: argparse.Namespace) -> int:
     import weightplan
     from weightplan.viz.text import explain_text
 
-    plan = weightplan.explain(None, args.checkpoint, mapping=args.mapping, dtype=args.dtype,
+    model, dtype = None, args.dtype
+    if args.mapping is None:
+        model, dtype = _model_for(args.checkpoint, args.dtype)
+    plan = weightplan.explain(model, args.checkpoint, mapping=args.mapping, dtype=dtype,
                               budget=args.budget)
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
@@ -116,6 +124,25 @@ def _pictures(plan, args: argparse.Namespace) -> None:
         print(f"weightplan: wrote {written}", file=sys.stderr)
     if args.timeline:
         print(f"weightplan: wrote {plan.render_timeline(args.timeline)}", file=sys.stderr)
+
+
+def _model_for(checkpoint: str, dtype: str | None):
+    """The model config.json names, built on meta; ``None`` when there is no config.json
+    or no transformers (then the keys are explained as they are)."""
+    from weightplan.bridge.hub import build_empty_model, config_path
+
+    if config_path(checkpoint) is None:
+        print(f"weightplan: no config.json next to {checkpoint}: explaining the keys without a "
+              "model (pass --model-type to apply a mapping)", file=sys.stderr)
+        return None, dtype
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        print("weightplan: transformers is not installed: explaining the keys without a model",
+              file=sys.stderr)
+        return None, dtype
+    built = build_empty_model(checkpoint)
+    return built.model, dtype if dtype is not None else built.dtype
 
 
 if __name__ == "__main__":

@@ -25,7 +25,9 @@ escapes (they are wrapped and chained with ``from``). The tree::
     │   └── BudgetError              no schedule fits the memory budget
     ├── ExecutionError               failure while loading; names the node (key, file, op)
     ├── RenderError                  a plan can't be drawn as asked (detail, only=, format, dot)
-    └── SaveError                    failure while saving; nothing half-written is left
+    ├── SaveError                    failure while saving; nothing half-written is left
+    └── ModelBuildError              no model could be built from a checkpoint's config.json
+                                     (transformers missing, or says what it could not build)
 
 Subclasses also derive from the matching builtin (``ValueError``, ``KeyError``,
 ``OSError``) so existing ``except`` clauses keep working.
@@ -145,3 +147,7 @@ class SaveError(WeightplanError, OSError):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+class ModelBuildError(WeightplanError, ValueError):
+    """A model could not be built from a checkpoint directory's ``config.json``."""

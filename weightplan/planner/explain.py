@@ -6,6 +6,7 @@ headers → mapping → routing → conversions (ops resolved, specs inferred) �
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 
@@ -16,6 +17,7 @@ from weightplan.planner.build import build_conversions
 from weightplan.planner.checkpoint import open_checkpoint
 from weightplan.planner.findings import collect_findings
 from weightplan.planner.graph import build_graph
+from weightplan.planner.lookup import lookup_mapping, mapping_findings
 from weightplan.planner.match import route_checkpoint
 from weightplan.planner.model_info import inspect_model
 from weightplan.planner.placement import plan_program
@@ -40,8 +42,11 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
         model: a ``torch.nn.Module`` (usually on ``meta``), or ``None`` to see what the
             keys become under ``mapping`` without a model.
         checkpoint: a ``.safetensors`` file, a directory, a list of files, or a dict.
-        mapping: ``None`` (look the model up in the registry), a registered name, or a
-            list of transforms. Legacy ``LayerNorm.gamma/beta`` renames always apply.
+        mapping: ``None`` (look the model's submodules up in the registry, depth first,
+            each mapping scoped to its submodule; transformers models whose family isn't
+            built in get transformers' own mapping through :mod:`weightplan.bridge`), a
+            registered name, or a list of transforms. Legacy ``LayerNorm.gamma/beta``
+            renames always apply.
         dtype: cast floating tensors of a meta model to this dtype.
         budget: bytes (or ``"8GiB"``) the load may add at most; raises
             :class:`BudgetError` with the smallest budget that works when impossible.
@@ -73,21 +78,43 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
     files = [f.path for f in ckpt.files]
     schedule = schedule_within(order_programs(programs, files), options)
     findings = collect_findings(info, routing, conversions)
+    looked_up = mapping is None and model is not None
+    findings = _with_mapping_findings(findings, choice, looked_up=looked_up)
     return Plan(model, ckpt, info, choice, transforms, routing, conversions, graph, schedule,
                 findings, options)
 
 
 def choose_mapping(mapping: object, model: torch.nn.Module | None) -> MappingChoice:
+    """The transforms for ``mapping``; ``None`` looks the model's submodules up (SPEC §5)."""
     if mapping is None:
         if model is None:
             return MappingChoice(None, "no model and no mapping: keys are used as they are", ())
-        return REGISTRY.choose(model)
+        return lookup_mapping(model, REGISTRY, bridge=_bridge_for(model))
     if isinstance(mapping, str):
         return MappingChoice(mapping, f"requested mapping {mapping!r}", tuple(REGISTRY.get(mapping)))
     if isinstance(mapping, Sequence) and all(isinstance(t, WeightTransform) for t in mapping):
         return MappingChoice(None, f"{len(mapping)} transforms given", tuple(mapping))
     raise MappingError(f"mapping must be None, a registered name or a list of transforms, "
                        f"got {mapping!r}")
+
+
+def _bridge_for(model: torch.nn.Module):
+    """transformers' own mappings, for transformers models whose family isn't built in."""
+    from weightplan.planner.lookup import is_transformers_class
+
+    if not any(is_transformers_class(m) for m in model.modules()):
+        return None
+    from weightplan.bridge.transformers import TransformersFinder
+
+    return TransformersFinder()
+
+
+def _with_mapping_findings(findings, choice: MappingChoice, *, looked_up: bool):
+    problems, notes = mapping_findings(choice, looked_up=looked_up)
+    if not problems and not notes:
+        return findings
+    return dataclasses.replace(findings, problems=tuple(problems) + findings.problems,
+                               notes=tuple(notes) + findings.notes)
 
 
 def _threads(threads: int) -> int:

@@ -19,6 +19,7 @@ class ProblemKind(Enum):
     INCOMPLETE = "incomplete"
     PARTIAL = "partial"  # a converter output has no model tensor, its siblings load
     META_BUFFER = "meta buffer"
+    MAPPING = "mapping"  # part of a (bridged) mapping weightplan can't run
 
 
 class Mismatch(NamedTuple):

@@ -1,10 +1,31 @@
-"""Built-in mappings for common checkpoint families (facts: transformers v5 §4.3)."""
+"""Built-in mappings for common checkpoint families (facts: transformers v5 §4.3).
+
+Every family here is proven by an interop test against transformers' ``from_pretrained``
+(``tests/interop/``). Families not listed still load through the transformers bridge
+(:mod:`weightplan.bridge.transformers`) when the model is a transformers model.
+
+* Experts, Mixtral layout: ``block_sparse_moe`` → ``mlp``; per-expert ``w1`` (gate),
+  ``w3`` (up), ``w2`` (down) stacked into ``gate_up_proj`` / ``down_proj``.
+* Experts, Qwen2-MoE layout: ``mlp.experts.N.{gate,up,down}_proj`` stacked the same way.
+* Llava family: the composite's old flat layout (``language_model.model.*``,
+  ``language_model.lm_head``, ``vision_tower.*`` at the top) moves under ``model.``.
+  The root's ``model_type`` mapping moves the towers; the inner ``LlavaModel``-like
+  class (found by class name, scoped to its path) drops the text model's own ``model.``.
+  Every pattern is anchored, so keys already in the current layout are left alone.
+* Vision towers saved with their old ``vision_model.`` level (CLIP, SigLIP) lose it.
+"""
 
 from __future__ import annotations
 
 from weightplan.planner.ops import Concatenate, MergeModulelist
 from weightplan.planner.registry import MappingRegistry
-from weightplan.planner.transforms import WeightConverter, WeightRenaming
+from weightplan.planner.transforms import PrefixChange, WeightConverter, WeightRenaming
+
+MIXTRAL_ALIASES = ("minimax",)
+QWEN2_MOE_ALIASES = ("qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3")
+LLAVA_ALIASES = ("paligemma", "gemma3", "mistral3")  # model_type → "llava"
+LLAVA_MODEL_ALIASES = ("PaliGemmaModel", "Gemma3Model", "Mistral3Model")  # class → "LlavaModel"
+VISION_TOWER_ALIASES = ("SiglipVisionModel",)  # class → "CLIPVisionModel"
 
 
 def _fused_experts(gate: str, up: str, down: str, prefix: str) -> list[WeightConverter]:
@@ -17,13 +38,25 @@ def _fused_experts(gate: str, up: str, down: str, prefix: str) -> list[WeightCon
     ]
 
 
+def _llava_root(*parts: str) -> list[WeightRenaming]:
+    """The composite's top-level parts move under ``model.``; the text head goes to the top."""
+    return [WeightRenaming(r"^language_model\.lm_head\.", "lm_head."),
+            *(WeightRenaming(rf"^{part}(?=\.|$)", f"model.{part}")
+              for part in ("language_model", *parts))]
+
+
 def register_builtins(registry: MappingRegistry) -> None:
-    # Mixtral: block_sparse_moe → mlp; experts w1 (gate), w3 (up), w2 (down).
+    """Register the built-in families and their aliases into ``registry``."""
     registry.register("mixtral", [WeightRenaming(".block_sparse_moe.", ".mlp."),
                                   *_fused_experts("w1", "w3", "w2", ".experts")])
-    registry.alias("minimax", "mixtral")
-    # Qwen2-MoE layout: mlp.experts.N.{gate,up,down}_proj.
     registry.register("qwen2_moe", _fused_experts("gate_proj", "up_proj", "down_proj",
                                                   "mlp.experts"))
-    for alias in ("qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3"):
-        registry.alias(alias, "qwen2_moe")
+    registry.register("llava", _llava_root("vision_tower", "multi_modal_projector"))
+    registry.register("LlavaModel", [WeightRenaming(r"^language_model\.model\.",
+                                                     "language_model.")])
+    registry.register("CLIPVisionModel", [PrefixChange(prefix_to_remove="vision_model")])
+    for base, aliases in (("mixtral", MIXTRAL_ALIASES), ("qwen2_moe", QWEN2_MOE_ALIASES),
+                          ("llava", LLAVA_ALIASES), ("LlavaModel", LLAVA_MODEL_ALIASES),
+                          ("CLIPVisionModel", VISION_TOWER_ALIASES)):
+        for alias in aliases:
+            registry.alias(alias, base)

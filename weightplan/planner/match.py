@@ -5,7 +5,8 @@ then the first matching converter claims the key. Keys claimed by one converter 
 the same surroundings (text before and after the match, captured groups) form a
 :class:`Group`; an unclaimed key is a group of its own. When a model is known, two
 fix-ups keep real checkpoints loading: the model's ``base_model_prefix`` is added or
-removed when that makes the key exist, and a key whose transformed name is unknown but
+removed (after the renamings, or before them so mappings scoped to a submodule path see
+the key) when that makes the key exist, and a key whose transformed name is unknown but
 whose original name exists keeps its original name. Both are recorded on the route.
 """
 
@@ -119,17 +120,31 @@ def _route(key: str, renamings: list[Renaming], converters: list[WeightConverter
     route = _apply(key, renamings, converters)
     if model is None or _lands(route, model):
         return route
-    prefix = model.base_model_prefix
-    if prefix:
-        for fix in (PrefixChange(prefix_to_remove=prefix), PrefixChange(prefix_to_add=prefix)):
-            fixed = _apply(key, [*renamings, fix], converters)
-            if fix in fixed.fired and _lands(fixed, model):
-                return Route(fixed.key, fixed.renamed, fixed.fired, fixed.converter,
-                             fixed.match, note=f"base_model_prefix {prefix!r} fix-up")
+    fixed = _prefix_fixup(key, renamings, converters, model)
+    if fixed is not None:
+        return fixed
     if key in model and (route.fired or route.converter):
         return Route(key, key, (), note="kept its checkpoint name: the transformed name is "
                                         "not in the model but the original is")
     return route
+
+
+def _prefix_fixup(key: str, renamings: list[Renaming], converters: list[WeightConverter],
+                  model: ModelInfo) -> Route | None:
+    """Add or remove the model's ``base_model_prefix`` after the renamings or, so that
+    mappings scoped to a submodule path see the key, before them."""
+    prefix = model.base_model_prefix
+    if not prefix:
+        return None
+    for fix in (PrefixChange(prefix_to_remove=prefix), PrefixChange(prefix_to_add=prefix)):
+        verb = "removed" if fix.prefix_to_remove else "added"
+        for order, when in (([*renamings, fix], "after"), ([fix, *renamings], "before")):
+            fixed = _apply(key, order, converters)
+            if fix in fixed.fired and _lands(fixed, model):
+                return Route(fixed.key, fixed.renamed, fixed.fired, fixed.converter,
+                             fixed.match, note=f"base_model_prefix {prefix!r} {verb} "
+                                               f"{when} the renamings")
+    return None
 
 
 def _lands(route: Route, model: ModelInfo) -> bool:

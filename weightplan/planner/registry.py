@@ -9,20 +9,93 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-
-import torch
+from enum import Enum
 
 from weightplan.errors import RegistryError
 from weightplan.planner.transforms import WeightTransform
 
 
+class Via(Enum):
+    """How a submodule's mapping was found."""
+
+    CLASS = "class"  # its class name is registered
+    MODEL_TYPE = "model_type"  # its ``config.model_type`` is registered
+
+
+class Source(Enum):
+    """Where a mapping came from."""
+
+    REGISTRY = "registry"  # weightplan's registry (built-in families, register_mapping)
+    TRANSFORMERS = "transformers"  # translated from transformers' own conversion mapping
+
+
+@dataclass(frozen=True)
+class SubmoduleMapping:
+    """What the depth-first lookup decided for one submodule (see :mod:`planner.lookup`).
+
+    ``skipped_for`` is set when the submodule was skipped because the ancestor at that
+    path already claimed the same identifier; then ``transforms`` is empty.
+    """
+
+    path: str  # dotted module path, "" for the root
+    class_name: str
+    model_type: str | None
+    identifier: str  # the class name or model_type that was looked up
+    via: Via
+    key: str  # the registered key the identifier resolved to (aliases followed)
+    source: Source = Source.REGISTRY
+    transforms: tuple[WeightTransform, ...] = ()  # scoped to ``path``
+    skipped_for: str | None = None
+    problems: tuple[str, ...] = ()  # parts of a bridged mapping that could not be used
+
+    @property
+    def applied(self) -> bool:
+        return self.skipped_for is None
+
+    def how(self) -> str:
+        """``model_type 'gemma3' (alias of 'llava')`` / ``class LlavaModel``."""
+        name = f"class {self.identifier}" if self.via is Via.CLASS else (
+            f"model_type {self.identifier!r}")
+        if self.key != self.identifier:
+            name += f" (alias of {self.key!r})"
+        if self.source is Source.TRANSFORMERS:
+            name += " via the transformers bridge"
+        return name
+
+    def describe(self) -> str:
+        """One line for the explanation header."""
+        where = self.path or "<root>"
+        if not self.applied:
+            owner = self.skipped_for or "<root>"
+            name = f"class {self.identifier}" if self.via is Via.CLASS else (
+                f"model_type {self.identifier!r}")
+            return f"{where} ({self.class_name}): skipped, {name} already claimed by {owner}"
+        scope = f"scoped to {self.path}.*" if self.path else "unscoped"
+        bad = f"; {len(self.problems)} part(s) not translated" if self.problems else ""
+        return (f"{where} ({self.class_name}): {self.how()}, {len(self.transforms)} "
+                f"transform(s), {scope}{bad}")
+
+
 @dataclass(frozen=True)
 class MappingChoice:
-    """Which registered mapping a model got, and why (shown in the explanation)."""
+    """Which registered mapping(s) a model got, and why (shown in the explanation).
 
-    key: str | None  # registered key used (None: no mapping found)
+    ``transforms`` is everything that applies, in order (root first, then each
+    submodule's scoped copy, depth first); ``submodules`` says who got what.
+    """
+
+    key: str | None  # registered key of the first mapping applied (None: no mapping found)
     reason: str
     transforms: tuple[WeightTransform, ...]
+    submodules: tuple[SubmoduleMapping, ...] = ()
+
+    @property
+    def applied(self) -> tuple[SubmoduleMapping, ...]:
+        return tuple(s for s in self.submodules if s.applied)
+
+    @property
+    def problems(self) -> tuple[str, ...]:
+        return tuple(f"{s.path or '<root>'}: {p}" for s in self.applied for p in s.problems)
 
 
 class MappingRegistry:
@@ -74,21 +147,6 @@ class MappingRegistry:
 
     def keys(self) -> list[str]:
         return sorted({*self._mappings, *self._aliases})
-
-    def choose(self, model: torch.nn.Module) -> MappingChoice:
-        """Class name first, then ``config.model_type``, at the model's root."""
-        class_name = type(model).__name__
-        if class_name in self:
-            return MappingChoice(class_name, f"class {class_name}", tuple(self.get(class_name)))
-        model_type = getattr(getattr(model, "config", None), "model_type", None)
-        if isinstance(model_type, str) and model_type in self:
-            how = f"model_type {model_type!r}"
-            if self.resolve(model_type) != model_type:
-                how += f" (alias of {self.resolve(model_type)!r})"
-            return MappingChoice(model_type, how, tuple(self.get(model_type)))
-        what = f"class {class_name}" + (f", model_type {model_type!r}" if model_type else "")
-        return MappingChoice(None, f"no registered mapping for {what}: keys are used as they "
-                                   "are (plus legacy renames)", ())
 
 
 REGISTRY = MappingRegistry()

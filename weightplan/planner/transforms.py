@@ -67,6 +67,10 @@ class WeightTransform:
     def describe(self) -> str:
         raise NotImplementedError
 
+    def _where(self) -> str:
+        """`` in model.vision_tower.*`` for a scoped transform (shown in descriptions)."""
+        return f" in {self.scope_prefix}.*" if self.scope_prefix else ""
+
 
 class Renaming(WeightTransform):
     """A transform that renames one key to one key."""
@@ -143,7 +147,8 @@ class WeightRenaming(PatternTransform, Renaming):
                               scope_prefix=self.scope_prefix)
 
     def describe(self) -> str:
-        return f"rename {_join(self.source_patterns)} → {_join(self.target_patterns)}"
+        return (f"rename {_join(self.source_patterns)} → {_join(self.target_patterns)}"
+                + self._where())
 
 
 @dataclass(frozen=True)
@@ -197,8 +202,8 @@ class PrefixChange(Renaming):
     def describe(self) -> str:
         under = f" under {self.model_prefix}" if self.model_prefix else ""
         if self.prefix_to_add is not None:
-            return f"add prefix {self.prefix_to_add}{under}"
-        return f"remove prefix {self.prefix_to_remove}{under}"
+            return f"add prefix {self.prefix_to_add}{under}{self._where()}"
+        return f"remove prefix {self.prefix_to_remove}{under}{self._where()}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,7 +268,8 @@ class WeightConverter(PatternTransform):
 
     def describe(self) -> str:
         ops = ", ".join(repr(op) for op in self.operations)
-        return f"convert {_join(self.source_patterns)} → {_join(self.target_patterns)} [{ops}]"
+        return (f"convert {_join(self.source_patterns)} → {_join(self.target_patterns)} [{ops}]"
+                + self._where())
 
 
 def _set(obj: object, **values: object) -> None:

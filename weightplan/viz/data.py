@@ -18,7 +18,8 @@ def plan_to_dict(plan) -> dict:
                                             "model_type": info.model_type,
                                             "tensors": len(info.unique()), "bytes": info.nbytes},
         "mapping": {"key": plan.mapping.key, "reason": plan.mapping.reason,
-                    "transforms": [t.describe() for t in plan.transforms]},
+                    "transforms": [t.describe() for t in plan.transforms],
+                    "submodules": [submodule_to_dict(s) for s in plan.mapping.submodules]},
         "rows": [asdict(r) for r in mapping_rows(plan.conversions)],
         "read_bytes": plan.read_bytes,
         "model_bytes": plan.model_bytes,
@@ -56,3 +57,12 @@ def write_plan_to_dict(plan) -> dict:
         "peak_at": None if peak is None else {"step": peak.event.step, "label": peak.label},
         "notes": [n.message for n in plan.notes],
     }
+
+
+def submodule_to_dict(s) -> dict:
+    """One entry of the depth-first mapping lookup (``planner.registry.SubmoduleMapping``)."""
+    return {"path": s.path, "class": s.class_name, "model_type": s.model_type,
+            "identifier": s.identifier, "via": s.via.value, "key": s.key,
+            "source": s.source.value, "applied": s.applied, "skipped_for": s.skipped_for,
+            "scope": s.path or None, "transforms": [t.describe() for t in s.transforms],
+            "problems": list(s.problems), "description": s.describe()}

@@ -32,9 +32,13 @@ def header_lines(plan) -> list[str]:
         f"{format_bytes(plan.model_info.nbytes)})")
     extra = len(plan.transforms) - len(plan.mapping.transforms)
     mapping = plan.mapping.key or "none"
-    return [f"weightplan plan: {ckpt.description} ({files}{len(ckpt)} tensors, "
-            f"{format_bytes(ckpt.nbytes)}) → {model}",
-            f"mapping: {mapping} — {plan.mapping.reason} (+{extra} legacy renames)"]
+    lines = [f"weightplan plan: {ckpt.description} ({files}{len(ckpt)} tensors, "
+             f"{format_bytes(ckpt.nbytes)}) → {model}",
+             f"mapping: {mapping} — {plan.mapping.reason} (+{extra} legacy renames)"]
+    subs = plan.mapping.submodules  # which submodule got which mapping (SPEC §5)
+    if len(subs) > 1 or any(s.path for s in subs):
+        lines += [f"  {s.describe()}" for s in subs]
+    return lines
 
 
 def write_header_lines(plan) -> list[str]:

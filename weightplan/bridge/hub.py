@@ -1,0 +1,99 @@
+"""An empty transformers model for a Hugging Face checkpoint directory (``config.json``).
+
+``weightplan explain CKPT_DIR`` uses it: the config is read with ``AutoConfig``, the class
+named first in ``config.architectures`` that transformers has is built (else
+``AutoModelForCausalLM``, else ``AutoModel``) under :func:`weightplan.init_empty`, so
+parameters sit on ``meta`` and nothing is allocated. Every failure is a
+:class:`ModelBuildError` saying what failed; remote code is never run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from weightplan.errors import ModelBuildError
+from weightplan.meta import init_empty
+
+
+@dataclass(frozen=True)
+class BuiltModel:
+    """The model and what it was built from."""
+
+    model: nn.Module
+    config_path: Path
+    class_name: str
+    dtype: torch.dtype | None  # the config's dtype: what from_pretrained would use
+
+
+def config_path(checkpoint: str | Path) -> Path | None:
+    """``config.json`` of a checkpoint directory (or next to a checkpoint file), if any."""
+    path = Path(checkpoint)
+    candidate = (path if path.is_dir() else path.parent) / "config.json"
+    return candidate if candidate.is_file() else None
+
+
+def build_empty_model(checkpoint: str | Path) -> BuiltModel:
+    """Build the model ``config.json`` describes, with its parameters on ``meta``.
+
+    Raises:
+        ModelBuildError: there is no ``config.json``, transformers is not installed, or
+            transformers can't read the config or build the class (the message says which).
+    """
+    path = config_path(checkpoint)
+    if path is None:
+        raise ModelBuildError(f"{checkpoint}: no config.json to build a model from; pass "
+                              "--model-type to explain the checkpoint without a model")
+    try:
+        import transformers
+    except ImportError as e:
+        raise ModelBuildError(f"{path}: building a model needs transformers, which is not "
+                              "installed (pip install transformers), or pass --model-type"
+                              ) from e
+    config = _read_config(transformers, path)
+    cls, name = _model_class(transformers, config, path)
+    try:
+        with init_empty():
+            model = cls(config) if name != "auto" else cls.from_config(config)
+    except Exception as e:  # transformers raises anything from a model's __init__
+        raise ModelBuildError(f"{path}: transformers can't build {type(config).__name__} "
+                              f"into {getattr(cls, '__name__', cls)}: "
+                              f"{type(e).__name__}: {e}") from e
+    return BuiltModel(model, path, type(model).__name__, _dtype(config))
+
+
+def _read_config(transformers, path: Path):
+    try:
+        return transformers.AutoConfig.from_pretrained(str(path.parent))
+    except Exception as e:  # ValueError / KeyError / OSError / JSON errors, by version
+        raise ModelBuildError(f"{path}: transformers can't read this config: "
+                              f"{type(e).__name__}: {e}") from e
+
+
+def _model_class(transformers, config, path: Path):
+    for name in getattr(config, "architectures", None) or ():
+        cls = getattr(transformers, name, None)
+        if isinstance(cls, type) and issubclass(cls, nn.Module):
+            return cls, name
+    for auto in ("AutoModelForCausalLM", "AutoModel"):
+        cls = getattr(transformers, auto)
+        if type(config) in getattr(cls, "_model_mapping", {}):
+            return cls, "auto"
+    raise ModelBuildError(f"{path}: transformers has no model class for "
+                          f"{type(config).__name__} (architectures: "
+                          f"{getattr(config, 'architectures', None)})")
+
+
+def _dtype(config) -> torch.dtype | None:
+    """The config's dtype when it names one (``"auto"`` and the like don't)."""
+    from weightplan.errors import PlanError
+    from weightplan.planner.spec import parse_dtype
+
+    value = getattr(config, "dtype", None)
+    try:
+        return parse_dtype(value)
+    except PlanError:
+        return None

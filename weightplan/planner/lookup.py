@@ -1,0 +1,217 @@
+"""Depth-first mapping lookup over a model's submodules (SPEC §5).
+
+For each submodule, in ``model.named_modules()`` order (pre-order, the root first):
+
+1. skip it when an ancestor already claimed its class name;
+2. look its class name up: weightplan's registry first, then (for transformers classes,
+   when a bridge is given) transformers' own registered mapping;
+3. if that finds nothing: skip it when an ancestor already claimed its ``model_type``,
+   else look the ``model_type`` up the same way;
+4. a hit is scoped to the submodule's dotted path (the root's stays unscoped) and claims
+   the class name; a ``model_type`` hit also claims the ``model_type``. A class hit
+   leaves the ``model_type`` free, so another submodule that only has that
+   ``model_type`` is still reached.
+
+Siblings are never ancestors of each other, so each gets its own scoped copy. Class
+names are looked up on every module; ``model_type`` on the root and on sub-models
+(transformers ``PreTrainedModel`` subclasses, or any module from outside transformers
+that carries ``config.model_type``), so attention layers holding a config are not
+mistaken for sub-models. Two mappings that convert the same source pattern of one
+submodule differently are ambiguous: :class:`ConflictingTransformError` names both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import nn
+
+from weightplan.errors import ConflictingTransformError
+from weightplan.planner.findings import Note, Problem, ProblemKind
+from weightplan.planner.registry import (
+    MappingChoice, MappingRegistry, Source, SubmoduleMapping, Via,
+)
+from weightplan.planner.transforms import WeightConverter, WeightTransform
+
+
+@dataclass(frozen=True)
+class Found:
+    """A mapping found for one identifier, before scoping."""
+
+    key: str  # registered key (aliases followed)
+    transforms: tuple[WeightTransform, ...]
+    source: Source = Source.REGISTRY
+    problems: tuple[str, ...] = ()
+
+
+Finder = Callable[[nn.Module, str], "Found | None"]
+"""``finder(module, identifier)``: a mapping from outside the registry (the bridge)."""
+
+
+@dataclass
+class _Walk:
+    """State of one lookup: who claimed which identifier, and what was decided."""
+
+    registry: MappingRegistry
+    bridge: Finder | None
+    claimed: dict[str, list[str]]
+    skipped: dict[str, list[str]]
+    entries: list[SubmoduleMapping]
+
+    def find(self, module: nn.Module, identifier: str) -> Found | None:
+        key = self.registry.resolve(identifier)
+        if key is not None:
+            return Found(key, tuple(self.registry.get(identifier)))
+        return self.bridge(module, identifier) if self.bridge is not None else None
+
+
+def lookup_mapping(model: nn.Module, registry: MappingRegistry, *,
+                   bridge: Finder | None = None) -> MappingChoice:
+    """Walk ``model`` depth first and collect every submodule's scoped mapping.
+
+    Args:
+        model: the model; its submodules are visited in ``named_modules()`` order.
+        registry: where class names and ``model_type`` strings are looked up.
+        bridge: optional second source, asked when the registry has nothing.
+
+    Returns:
+        A :class:`MappingChoice` whose ``transforms`` are the scoped lists in visit
+        order and whose ``submodules`` say who got what and why (skips included).
+
+    Raises:
+        ConflictingTransformError: two mappings convert one submodule's keys differently.
+    """
+    walk = _Walk(registry, bridge, {}, {}, [])
+    for path, module in model.named_modules():
+        _visit(walk, path, module)
+    applied = [e for e in walk.entries if e.applied]
+    check_ambiguous(applied)
+    transforms = tuple(t for e in applied for t in e.transforms)
+    return MappingChoice(applied[0].identifier if applied else None, _reason(model, applied),
+                         transforms, tuple(walk.entries))
+
+
+def _visit(walk: _Walk, path: str, module: nn.Module) -> None:
+    class_name = type(module).__name__
+    if _claimed_above(walk.claimed.get(class_name, ()), path):
+        _skip(walk, path, module, class_name, Via.CLASS)
+        return
+    found = walk.find(module, class_name)
+    if found is not None:
+        _apply(walk, path, module, class_name, Via.CLASS, found)
+        return
+    model_type = model_type_of(module)
+    if model_type is None or not (path == "" or is_submodel(module)):
+        return
+    if _claimed_above(walk.claimed.get(model_type, ()), path):
+        _skip(walk, path, module, model_type, Via.MODEL_TYPE)
+        return
+    found = walk.find(module, model_type)
+    if found is not None:
+        _apply(walk, path, module, model_type, Via.MODEL_TYPE, found)
+
+
+def _apply(walk: _Walk, path: str, module: nn.Module, identifier: str, via: Via,
+           found: Found) -> None:
+    scoped = tuple(t.with_scope(path) if path else t for t in found.transforms)
+    walk.entries.append(SubmoduleMapping(
+        path, type(module).__name__, model_type_of(module), identifier, via, found.key,
+        found.source, scoped, None, found.problems))
+    walk.claimed.setdefault(type(module).__name__, []).append(path)
+    if via is Via.MODEL_TYPE:
+        walk.claimed.setdefault(identifier, []).append(path)
+
+
+def _skip(walk: _Walk, path: str, module: nn.Module, identifier: str, via: Via) -> None:
+    """Record a skip once per claim: not again under a module already skipped for it."""
+    if _claimed_above(walk.skipped.get(identifier, ()), path):
+        return
+    found = walk.find(module, identifier)
+    model_type = model_type_of(module)
+    if found is None and via is Via.CLASS and model_type and is_submodel(module):
+        found = walk.find(module, model_type)  # what it would have got otherwise
+    if found is None:
+        return
+    owner = _nearest(walk.claimed[identifier], path)
+    walk.skipped.setdefault(identifier, []).append(path)
+    walk.entries.append(SubmoduleMapping(
+        path, type(module).__name__, model_type_of(module), identifier, via, found.key,
+        found.source, (), owner))
+
+
+def _claimed_above(paths, path: str) -> bool:
+    return any(p == "" or path.startswith(p + ".") for p in paths)
+
+
+def _nearest(paths: list[str], path: str) -> str:
+    above = [p for p in paths if p == "" or path.startswith(p + ".")]
+    return max(above, key=len)
+
+
+def model_type_of(module: nn.Module) -> str | None:
+    """``module.config.model_type`` when it is a non-empty string, else ``None``."""
+    model_type = getattr(getattr(module, "config", None), "model_type", None)
+    return model_type if isinstance(model_type, str) and model_type else None
+
+
+def is_submodel(module: nn.Module) -> bool:
+    """A transformers ``PreTrainedModel``, or a non-transformers module with a config."""
+    if any(c.__name__ == "PreTrainedModel" for c in type(module).__mro__):
+        return True
+    return not is_transformers_class(module) and model_type_of(module) is not None
+
+
+def is_transformers_class(module: nn.Module) -> bool:
+    """The module's class is defined inside the transformers package (not remote code)."""
+    return type(module).__module__.startswith("transformers.")
+
+
+def _reason(model: nn.Module, applied: list[SubmoduleMapping]) -> str:
+    if not applied:
+        model_type = model_type_of(model)
+        what = f"class {type(model).__name__}" + (
+            f", model_type {model_type!r}" if model_type else "")
+        return (f"no registered mapping for {what} or its submodules: keys are used as "
+                "they are (plus legacy renames)")
+    first = applied[0]
+    reason = first.how() + (f" at {first.path}" if first.path else "")
+    if len(applied) > 1:
+        reason += f"; {len(applied) - 1} more submodule mapping(s), scoped"
+    return reason
+
+
+def check_ambiguous(applied: list[SubmoduleMapping]) -> None:
+    """Raise when an outer and an inner mapping convert one source pattern differently."""
+    for i, outer in enumerate(applied):
+        for inner in applied[i + 1:]:
+            if outer.path and not inner.path.startswith(outer.path + "."):
+                continue
+            for a in _converters(outer):
+                for b in _converters(inner):
+                    shared = set(a.source_patterns) & set(b.source_patterns)
+                    if shared and not _same_conversion(a, b):
+                        raise ConflictingTransformError(
+                            f"ambiguous mappings for submodule {inner.path}: "
+                            f"{outer.how()} at {outer.path or '<root>'} converts "
+                            f"{sorted(shared)[0]!r} with {a.describe()}, and {inner.how()} "
+                            f"at {inner.path} with {b.describe()}; register one mapping for "
+                            "it (overwrite=True) or drop the converter from one of them")
+
+
+def _converters(entry: SubmoduleMapping) -> list[WeightConverter]:
+    return [t for t in entry.transforms if isinstance(t, WeightConverter)]
+
+
+def _same_conversion(a: WeightConverter, b: WeightConverter) -> bool:
+    return (a.source_patterns, a.target_patterns, a.operations) == (
+        b.source_patterns, b.target_patterns, b.operations)
+
+
+def mapping_findings(choice: MappingChoice, *, looked_up: bool
+                     ) -> tuple[list[Problem], list[Note]]:
+    """Problems (parts of a bridged mapping weightplan can't run) and the no-mapping note."""
+    problems = [Problem(ProblemKind.MAPPING, s.path or s.identifier, f"{s.how()}: {p}")
+                for s in choice.applied for p in s.problems]
+    notes = [Note("", choice.reason)] if looked_up and not choice.applied else []
+    return problems, notes
