@@ -8,7 +8,7 @@ from weightplan.cli import main
 
 from tests.conftest import moe_checkpoint, write_checkpoint
 
-T = pytest.importorskip("transformers")
+import transformers as T  # noqa: E402  (a dev dependency: always installed by `make test`)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import torch
 
 from tests.interop.oracle import assert_same, keys, load_both, save
 
-T = pytest.importorskip("transformers")
+import transformers as T  # noqa: E402  (a dev dependency: always installed by `make test`)
 
 TEXT = dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
 

@@ -9,7 +9,7 @@ from weightplan.cli import main
 from weightplan.viz import dot as dot_module
 from weightplan.viz.dot import find_dot
 
-from tests.conftest import moe_checkpoint, write_checkpoint
+from tests.conftest import needs_dot, moe_checkpoint, write_checkpoint
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ def test_bad_glob_is_an_error_not_a_traceback(ckpt_dir, tmp_path, capsys):
     assert "RenderError" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(find_dot() is None, reason="graphviz `dot` is not installed")
+@needs_dot
 def test_explain_svg_with_dot(ckpt_dir, tmp_path, capsys):
     assert main(["explain", str(ckpt_dir), "--model-type", "mixtral",
                  "--svg", str(tmp_path / "plan.svg")]) == 0

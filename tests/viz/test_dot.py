@@ -23,7 +23,7 @@ from tests.viz.plans import deep_plan, small_plan
 
 GOLDEN = Path(__file__).parent / "golden" / "small_plan.dot"
 UPDATE = os.environ.get("WEIGHTPLAN_UPDATE_GOLDEN") == "1"
-needs_dot = pytest.mark.skipif(find_dot() is None, reason="graphviz `dot` is not installed")
+from tests.conftest import needs_dot  # noqa: E402
 
 
 def node_lines(text: str) -> list[str]:

@@ -12,6 +12,8 @@ from weightplan.viz.html import plan_html
 
 from tests.viz.plans import small_plan
 
+from tests.conftest import needs_dot
+
 
 def test_html_repr_has_the_grouped_table():
     html = small_plan()._repr_html_()
@@ -41,7 +43,7 @@ def test_html_without_dot_says_how_to_get_the_graph(monkeypatch):
     assert "install graphviz" in html and html.count("<svg") == 1  # the timeline only
 
 
-@pytest.mark.skipif(find_dot() is None, reason="graphviz `dot` is not installed")
+@needs_dot
 def test_html_includes_the_graph_when_dot_exists():
     html = small_plan()._repr_html_()
     assert html.count("<svg") == 2 and "plan graph (grouped)" in html

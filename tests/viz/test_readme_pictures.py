@@ -8,10 +8,12 @@ import pytest
 
 from weightplan.viz.dot import find_dot
 
+from tests.conftest import needs_dot
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "readme_pictures.py"
 
 
-@pytest.mark.skipif(find_dot() is None, reason="graphviz `dot` is not installed")
+@needs_dot
 def test_readme_pictures_script(tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("readme_pictures", SCRIPT)
     module = importlib.util.module_from_spec(spec)

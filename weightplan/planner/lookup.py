@@ -3,10 +3,11 @@
 For each submodule, in ``model.named_modules()`` order (pre-order, the root first):
 
 1. skip it when an ancestor already claimed its class name;
-2. look its class name up: weightplan's registry first, then (for transformers classes,
-   when a bridge is given) transformers' own registered mapping;
-3. if that finds nothing: skip it when an ancestor already claimed its ``model_type``,
-   else look the ``model_type`` up the same way;
+2. look its class name up, then its ``model_type`` (not when an ancestor already claimed
+   it: then the submodule is skipped unless its class name finds something). The
+   sources are weightplan's registry and, only for submodules whose class name and
+   ``model_type`` the registry doesn't know, the bridge (transformers' own registered
+   mappings, for transformers classes): each identifier is asked of the registry first;
 4. a hit is scoped to the submodule's dotted path (the root's stays unscoped) and claims
    the class name; a ``model_type`` hit also claims the ``model_type``. A class hit
    leaves the ``model_type`` free, so another submodule that only has that
@@ -59,11 +60,13 @@ class _Walk:
     skipped: dict[str, list[str]]
     entries: list[SubmoduleMapping]
 
-    def find(self, module: nn.Module, identifier: str) -> Found | None:
+    def find(self, module: nn.Module, identifier: str, bridge: bool = True) -> Found | None:
         key = self.registry.resolve(identifier)
         if key is not None:
             return Found(key, tuple(self.registry.get(identifier)))
-        return self.bridge(module, identifier) if self.bridge is not None else None
+        if bridge and self.bridge is not None:
+            return self.bridge(module, identifier)
+        return None
 
 
 def lookup_mapping(model: nn.Module, registry: MappingRegistry, *,
@@ -97,19 +100,25 @@ def _visit(walk: _Walk, path: str, module: nn.Module) -> None:
     if _claimed_above(walk.claimed.get(class_name, ()), path):
         _skip(walk, path, module, class_name, Via.CLASS)
         return
-    found = walk.find(module, class_name)
-    if found is not None:
-        _apply(walk, path, module, class_name, Via.CLASS, found)
-        return
     model_type = model_type_of(module)
-    if model_type is None or not (path == "" or is_submodel(module)):
-        return
-    if _claimed_above(walk.claimed.get(model_type, ()), path):
+    typed = model_type is not None and (path == "" or is_submodel(module))
+    blocked = typed and _claimed_above(walk.claimed.get(model_type, ()), path)
+    for via, identifier in ((Via.CLASS, class_name), (Via.MODEL_TYPE, model_type)):
+        if via is Via.MODEL_TYPE and (not typed or blocked):
+            break
+        found = walk.find(module, identifier, bridge=not _known(walk, class_name, model_type))
+        if found is not None:
+            _apply(walk, path, module, identifier, via, found)
+            return
+    if blocked:
         _skip(walk, path, module, model_type, Via.MODEL_TYPE)
-        return
-    found = walk.find(module, model_type)
-    if found is not None:
-        _apply(walk, path, module, model_type, Via.MODEL_TYPE, found)
+
+
+def _known(walk: _Walk, class_name: str, model_type: str | None) -> bool:
+    """The registry covers this family: the bridge isn't asked (building transformers'
+    table costs about 0.1 s the first time)."""
+    return walk.registry.resolve(class_name) is not None or (
+        model_type is not None and walk.registry.resolve(model_type) is not None)
 
 
 def _apply(walk: _Walk, path: str, module: nn.Module, identifier: str, via: Via,
