@@ -7,7 +7,6 @@ scopes, legacy names) over random dtypes (bf16, fp16, fp8 e4m3, ints, f32) and s
 """
 
 import itertools
-from pathlib import Path
 
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -41,9 +40,9 @@ def same_bits(a, b):
 
 
 def block_tensors(name, layers, experts, dims, dtype, seed):
-    """Checkpoint tensors of one building block, and the transforms that convert them."""
+    """Checkpoint tensors of one building block (its converter is in ``CONVERTERS``)."""
     a, b, hd = dims
-    out, t = {}, []
+    out = {}
     for layer in range(layers):
         p = f"layers.{layer}"
         if name == "fused":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from weightplan.convert import convert, revert
 from weightplan.errors import WeightplanError
-from weightplan.executor import load as _load  # imported up front: not inside the first load
+from weightplan.executor import load as _load  # noqa: F401  (imported now: not inside the first load)
 from weightplan.executor.report import LoadReport, SaveReport
 from weightplan.meta import init_empty
 from weightplan.planner import mappings as _mappings

@@ -7,7 +7,6 @@ import pytest
 
 from weightplan.cli import main
 from weightplan.viz import dot as dot_module
-from weightplan.viz.dot import find_dot
 
 from tests.conftest import needs_dot, moe_checkpoint, write_checkpoint
 

@@ -15,7 +15,7 @@ import weightplan
 from weightplan.errors import RenderError
 from weightplan.planner.nodes import NodeKind
 from weightplan.viz import dot as dot_module
-from weightplan.viz.dot import find_dot, render_plan, to_dot
+from weightplan.viz.dot import render_plan, to_dot
 from weightplan.viz.groups import plan_picture
 from weightplan.viz.style import KIND_COLOURS, PEAK_COLOUR, dot_string, op_colour
 

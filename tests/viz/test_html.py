@@ -2,12 +2,10 @@
 
 import xml.etree.ElementTree as ET
 
-import pytest
 import torch
 
 import weightplan
 from weightplan.viz import dot as dot_module
-from weightplan.viz.dot import find_dot
 from weightplan.viz.html import plan_html
 
 from tests.viz.plans import small_plan

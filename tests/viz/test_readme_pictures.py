@@ -4,9 +4,7 @@ import importlib.util
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-import pytest
 
-from weightplan.viz.dot import find_dot
 
 from tests.conftest import needs_dot
 

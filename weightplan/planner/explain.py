@@ -64,7 +64,7 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
     if tp is not None or quantization is not None:
         raise PlanError("tensor-parallel (tp=) and quantized (quantization=) loading are not "
                         "available in this version of weightplan")
-    options = PlanOptions(parse_dtype(dtype), _threads(threads),
+    options = PlanOptions(parse_dtype(dtype), parse_threads(threads),
                           None if budget is None else parse_bytes(budget, what="budget"))
     ckpt = open_checkpoint(checkpoint)
     info = inspect_model(model) if model is not None else None
@@ -117,7 +117,7 @@ def _with_mapping_findings(findings, choice: MappingChoice, *, looked_up: bool):
                                notes=tuple(notes) + findings.notes)
 
 
-def _threads(threads: int) -> int:
+def parse_threads(threads: int) -> int:
     if os.environ.get(SYNC_ENV, "").strip() not in ("", "0"):
         return 0
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:

@@ -17,7 +17,7 @@ import torch
 from weightplan.errors import ConflictingTransformError, MappingError, SaveError
 from weightplan.planner.build import Conversion, TargetStatus, build_conversions
 from weightplan.planner.checkpoint import Checkpoint, open_checkpoint
-from weightplan.planner.explain import choose_mapping, _threads
+from weightplan.planner.explain import choose_mapping, parse_threads
 from weightplan.planner.findings import Note
 from weightplan.planner.graph import build_graph
 from weightplan.planner.layout import INDEX_NAME, ShardLayout, plan_layout
@@ -125,7 +125,7 @@ def make_write_plan(directory, source: Checkpoint, reverse: ReverseGroups, choic
     check_directory(Path(directory), layout, overwrite)
     programs = sorted((plan_program(c, file_destination) for c in conversions if c.loads),
                       key=lambda p: _first_location(p, layout))
-    options = PlanOptions(None, _threads(threads), None)
+    options = PlanOptions(None, parse_threads(threads), None)
     schedule = make_schedule(tuple(programs), threads=options.threads)
     notes = tuple(Note(str(directory), n) for n in reverse.notes)
     return WritePlan(str(directory), source, mode, choice, choice.transforms, conversions, graph,

@@ -31,8 +31,8 @@ def _as_tuple(patterns: object, what: str) -> tuple[str, ...]:
         return (patterns,)
     try:
         out = tuple(patterns)  # type: ignore[arg-type]
-    except TypeError:
-        raise MappingError(f"{what} must be a string or a list of strings, got {patterns!r}")
+    except TypeError as e:
+        raise MappingError(f"{what} must be a string or a list of strings, got {patterns!r}") from e
     if not out or not all(isinstance(p, str) for p in out):
         raise MappingError(f"{what} must be a non-empty list of strings, got {patterns!r}")
     return out

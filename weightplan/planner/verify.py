@@ -31,7 +31,7 @@ def verify(graph: nx.DiGraph) -> None:
 
 
 def _check_inputs(graph: nx.DiGraph, node: Node) -> None:
-    for slot, source in enumerate(node.inputs):
+    for source in node.inputs:
         if source not in graph:
             raise PlanError(f"{node!r} uses {source!r}, which is not in the graph")
         if graph.edges[source, node].get("slot") is None:
