@@ -6,15 +6,13 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from weightplan.errors import NotInvertibleError, OpError
-from weightplan.planner.geometry import Fragment
-from weightplan.planner.ops.base import (
-    OpContext, Streams, TensorwiseOp, normalize_dim, single_input,
-)
+from weightplan.planner.ops.base import OpContext, Streams, normalize_dim, single_input
+from weightplan.planner.ops.reshape import Transpose
 from weightplan.planner.spec import TensorSpec
 
 
 @dataclass(frozen=True, repr=False)
-class TransposeToFit(TensorwiseOp):
+class TransposeToFit(Transpose):
     """transformers' ``Transpose(check_dims=True)``: swap two dims unless the checkpoint
     tensor already has the model tensor's shape, so both layouts load.
 
@@ -22,10 +20,6 @@ class TransposeToFit(TensorwiseOp):
     with it swaps. Only the resolved op has an inverse (the same decision, undone).
     """
 
-    allocates = False
-
-    dim0: int = 0
-    dim1: int = 1
     swap: bool | None = field(default=None, kw_only=True)
 
     def resolve(self, ctx: OpContext, inputs: Streams[TensorSpec]) -> "TransposeToFit":
@@ -39,16 +33,13 @@ class TransposeToFit(TensorwiseOp):
     def forward_one(self, tensor, stream):
         if self.swap is None:
             raise OpError(f"{self!r} is not resolved: plan it against a model first")
-        return tensor.transpose(self.dim0, self.dim1) if self.swap else tensor
+        return super().forward_one(tensor, stream) if self.swap else tensor
+
+    def infer_one(self, spec, stream):
+        return super().infer_one(spec, stream) if self.swap else spec
 
     def place_one(self, fragment, spec, stream):
-        if not self.swap:
-            return fragment
-        if not fragment.aligned:
-            return None
-        a = normalize_dim(self, self.dim0, len(spec.shape))
-        b = normalize_dim(self, self.dim1, len(spec.shape))
-        return Fragment(fragment.region.swap(a, b), fragment.target, fragment.view.transpose(a, b))
+        return super().place_one(fragment, spec, stream) if self.swap else fragment
 
     def inverse(self) -> "TransposeToFit":
         if self.swap is None:
