@@ -133,6 +133,16 @@ def run_child(mode: str, directory: Path, threads: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def alternating(contenders: list, repeat: int, measure) -> dict:
+    """``measure(c)`` for every contender, ``repeat`` rounds, reversing the order every
+    other round so no contender always runs first; results by contender, in run order."""
+    results: dict = {c: [] for c in contenders}
+    for r in range(repeat):
+        for c in (contenders if r % 2 == 0 else contenders[::-1]):
+            results[c].append(measure(c))
+    return results
+
+
 def warm_cache(directory: Path) -> None:
     for path in directory.glob("*.safetensors"):
         with open(path, "rb") as f:
@@ -153,12 +163,8 @@ def main() -> None:
         return
     build_checkpoint(args.cache)
     warm_cache(args.cache)
-    modes = args.modes.split(",")
-    results: dict[str, list[dict]] = {m: [] for m in modes}
-    for r in range(args.repeat):
-        for mode in (modes if r % 2 == 0 else modes[::-1]):
-            results[mode].append(run_child(mode, args.cache, args.threads))
-    report(results)
+    report(alternating(args.modes.split(","), args.repeat,
+                       lambda mode: run_child(mode, args.cache, args.threads)))
 
 
 def report(results: dict[str, list[dict]]) -> None:

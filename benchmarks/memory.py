@@ -29,7 +29,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from load import DEFAULT_CACHE, _reset_peak, _rss, build_checkpoint, warm_cache  # noqa: E402
+from load import (  # noqa: E402
+    DEFAULT_CACHE, _reset_peak, _rss, alternating, build_checkpoint, warm_cache,
+)
 
 BIG_GROUP = HERE / ".cache" / "big-group-0.8g"
 CASES = [("mixtral", "async", 4, False), ("mixtral", "sync", 0, False),
@@ -154,15 +156,16 @@ def main() -> None:
 
 
 def measure(repeat: int) -> dict:
-    results: dict[tuple, list[dict]] = {}
-    for r in range(repeat):
-        for case, label, threads, budgeted in (CASES if r % 2 == 0 else CASES[::-1]):
-            key = (case, label)
-            results.setdefault(key, []).append(
-                run(["--child", case, str(threads), "1" if budgeted else "0"]))
-        for case in ("mixtral", "big-group"):
-            results.setdefault((case, "floor"), []).append(run(["--floor", case]))
-    return results
+    floors = [(case, "floor", 0, False) for case in ("mixtral", "big-group")]
+
+    def one(contender: tuple) -> dict:
+        case, label, threads, budgeted = contender
+        if label == "floor":
+            return run(["--floor", case])
+        return run(["--child", case, str(threads), "1" if budgeted else "0"])
+
+    results = alternating(CASES + floors, repeat, one)
+    return {(case, label): rows for (case, label, _, _), rows in results.items()}
 
 
 def report(results: dict) -> None:

@@ -30,7 +30,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from load import DEFAULT_CACHE, _reset_peak, _rss, build_checkpoint, warm_cache  # noqa: E402
+from load import (  # noqa: E402
+    DEFAULT_CACHE, _reset_peak, _rss, alternating, build_checkpoint, warm_cache,
+)
 
 
 def child(mode: str, directory: Path, out: Path) -> dict:
@@ -93,12 +95,8 @@ def main() -> None:
         return
     build_checkpoint(args.cache)
     warm_cache(args.cache)
-    modes = ["reference", "weightplan"]
-    results: dict[str, list[dict]] = {m: [] for m in modes}
-    for r in range(args.repeat):
-        for mode in (modes if r % 2 == 0 else modes[::-1]):
-            results[mode].append(run_child(mode, args.cache))
-    report(results)
+    report(alternating(["reference", "weightplan"], args.repeat,
+                       lambda mode: run_child(mode, args.cache)))
 
 
 def report(results: dict[str, list[dict]]) -> None:
