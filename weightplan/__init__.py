@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from weightplan.convert import convert, revert
 from weightplan.errors import WeightplanError
-from weightplan.executor import load as _load  # noqa: F401  (imported now: not inside the first load)
+from weightplan.executor import execute_load as _load  # noqa: F401  (imported now: not inside the first load)
 from weightplan.executor.report import LoadReport, SaveReport
 from weightplan.meta import init_empty
-from weightplan.planner import mappings as _mappings
+from weightplan.planner.keys import mappings as _mappings
 from weightplan.planner.explain import explain
 from weightplan.planner.plan import Plan
-from weightplan.planner.registry import REGISTRY, get_mapping, register_alias, register_mapping
-from weightplan.planner.save import explain_convert, explain_save
-from weightplan.planner.write_plan import WritePlan
-from weightplan.planner.transforms import PrefixChange, WeightConverter, WeightRenaming
+from weightplan.planner.keys.registry import REGISTRY, get_mapping, register_alias, register_mapping
+from weightplan.planner.write.explain_write import explain_convert, explain_save
+from weightplan.planner.write.write_plan import WritePlan
+from weightplan.planner.keys.transforms import PrefixChange, WeightConverter, WeightRenaming
 
 _mappings.register_builtins(REGISTRY)
 

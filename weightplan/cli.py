@@ -71,7 +71,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return run_demo(args.dir)
     if args.command == "mappings":
-        from weightplan.planner.registry import REGISTRY
+        from weightplan.planner.keys.registry import REGISTRY
 
         for key in REGISTRY.keys():
             target = REGISTRY.resolve(key)

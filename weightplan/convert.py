@@ -7,13 +7,13 @@ from collections.abc import Mapping
 import torch
 
 from weightplan.errors import ConflictingTransformError, MappingError
-from weightplan.planner.build import Conversion, build_conversions
-from weightplan.planner.checkpoint import open_checkpoint
+from weightplan.planner.tensors.build import Conversion, build_conversions
+from weightplan.planner.inputs.checkpoint import open_checkpoint
 from weightplan.planner.explain import choose_mapping
-from weightplan.planner.match import route_checkpoint
-from weightplan.planner.record import record_of_conversions
-from weightplan.planner.reverse import derived_groups, record_groups
-from weightplan.planner.transforms import LEGACY
+from weightplan.planner.keys.routing import route_checkpoint
+from weightplan.planner.write.record import record_of_conversions
+from weightplan.planner.write.reverse import derived_groups, record_groups
+from weightplan.planner.keys.transforms import LEGACY
 
 
 def convert(tensors: Mapping[str, torch.Tensor], mapping: object) -> dict[str, torch.Tensor]:

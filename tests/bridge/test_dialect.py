@@ -6,7 +6,7 @@ from weightplan import WeightConverter, WeightRenaming
 from weightplan.bridge.dialect import source_pattern, target_pattern, with_group
 from weightplan.errors import PatternError
 from weightplan.ops import MergeModulelist
-from weightplan.planner.patterns import compile_source
+from weightplan.planner.keys.patterns import compile_source
 
 
 def matches(pattern: str, key: str) -> bool:

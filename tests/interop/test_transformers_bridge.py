@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import weightplan
-from weightplan.planner.lookup import lookup_mapping
-from weightplan.planner.registry import MappingRegistry, Source
+from weightplan.planner.keys.lookup import lookup_mapping
+from weightplan.planner.keys.registry import MappingRegistry, Source
 
 from tests.interop.oracle import assert_same, load_both, rewrite, save
 

@@ -11,7 +11,7 @@ from weightplan.errors import (
     CheckpointError, HeaderError, MissingShardError, NotSafetensorsError,
     TruncatedCheckpointError, UnsafeFormatError,
 )
-from weightplan.planner.checkpoint import open_checkpoint
+from weightplan.planner.inputs.checkpoint import open_checkpoint
 
 from tests.conftest import write_checkpoint
 

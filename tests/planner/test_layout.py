@@ -6,8 +6,8 @@ import struct
 import torch
 from safetensors.torch import load_file
 
-from weightplan.planner.layout import encode_header, plan_layout
-from weightplan.planner.spec import TensorSpec
+from weightplan.planner.write.shards import encode_header, plan_layout
+from weightplan.planner.tensors.spec import TensorSpec
 
 
 def spec(*shape, dtype=torch.float32):

@@ -11,8 +11,8 @@ import weightplan
 from weightplan import PrefixChange, WeightConverter, WeightRenaming
 from weightplan.errors import ConflictingTransformError
 from weightplan.ops import Concatenate, MergeModulelist, Transpose
-from weightplan.planner.lookup import is_submodel, lookup_mapping
-from weightplan.planner.registry import MappingRegistry, Via
+from weightplan.planner.keys.lookup import is_submodel, lookup_mapping
+from weightplan.planner.keys.registry import MappingRegistry, Via
 
 
 def cfg(model_type):

@@ -7,8 +7,8 @@ import weightplan
 from weightplan import PrefixChange, WeightConverter, WeightRenaming
 from weightplan.errors import ConflictingTransformError, IndexGapError
 from weightplan.ops import Concatenate, MergeModulelist, Transpose
-from weightplan.planner.checkpoint import open_checkpoint
-from weightplan.planner.match import route_checkpoint
+from weightplan.planner.inputs.checkpoint import open_checkpoint
+from weightplan.planner.keys.routing import route_checkpoint
 
 from tests.conftest import module_with
 
@@ -18,7 +18,7 @@ def ones(*keys, shape=(2, 2)):
 
 
 def routes(ckpt, transforms, model=None):
-    from weightplan.planner.model_info import inspect_model
+    from weightplan.planner.inputs.model_info import inspect_model
     info = inspect_model(model) if model is not None else None
     return route_checkpoint(open_checkpoint(ckpt), transforms, info)
 

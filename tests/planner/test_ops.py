@@ -8,9 +8,9 @@ from weightplan.ops import (
     Chunk, Concatenate, ConversionOp, Conv3dToLinear, LinearToConv3d, MergeModulelist,
     PermuteForRope, SplitModulelist, Transpose,
 )
-from weightplan.planner.geometry import Fragment, Region, View
-from weightplan.planner.ops.base import OpContext
-from weightplan.planner.spec import TensorSpec
+from weightplan.planner.tensors.geometry import Fragment, Region, View
+from weightplan.planner.tensors.ops.base import OpContext
+from weightplan.planner.tensors.spec import TensorSpec
 
 
 def ctx(n_targets=1, target_shapes=None, config=None, source_keys=((),)):

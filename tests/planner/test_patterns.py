@@ -1,7 +1,7 @@
 import pytest
 
 from weightplan.errors import NotInvertibleError, PatternError
-from weightplan.planner.patterns import (
+from weightplan.planner.keys.patterns import (
     compile_source, compile_target, natural_key, source_to_target, target_to_source,
 )
 

@@ -11,8 +11,8 @@ import weightplan
 from weightplan import WeightConverter
 from weightplan.errors import BudgetError, OpError, PlanError
 from weightplan.ops import Chunk, Transpose
-from weightplan.planner.nodes import NodeKind
-from weightplan.planner.verify import verify
+from weightplan.planner.tensors.nodes import NodeKind
+from weightplan.planner.tensors.verify import verify
 
 from tests.conftest import module_with, moe_checkpoint, moe_model
 

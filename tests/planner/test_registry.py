@@ -5,8 +5,8 @@ import pytest
 import weightplan
 from weightplan import WeightRenaming
 from weightplan.errors import RegistryError
-from weightplan.planner.mappings import LLAVA_ALIASES, LLAVA_MODEL_ALIASES
-from weightplan.planner.registry import MappingRegistry
+from weightplan.planner.keys.mappings import LLAVA_ALIASES, LLAVA_MODEL_ALIASES
+from weightplan.planner.keys.registry import MappingRegistry
 
 
 def test_register_get_and_overwrite():

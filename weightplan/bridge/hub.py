@@ -90,7 +90,7 @@ def _model_class(transformers, config, path: Path):
 def _dtype(config) -> torch.dtype | None:
     """The config's dtype when it names one (``"auto"`` and the like don't)."""
     from weightplan.errors import PlanError
-    from weightplan.planner.spec import parse_dtype
+    from weightplan.planner.tensors.spec import parse_dtype
 
     value = getattr(config, "dtype", None)
     try:

@@ -6,9 +6,9 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from weightplan.errors import NotInvertibleError, OpError
-from weightplan.planner.ops.base import OpContext, Streams, normalize_dim, single_input
-from weightplan.planner.ops.reshape import Transpose
-from weightplan.planner.spec import TensorSpec
+from weightplan.planner.tensors.ops.base import OpContext, Streams, normalize_dim, single_input
+from weightplan.planner.tensors.ops.reshape import Transpose
+from weightplan.planner.tensors.spec import TensorSpec
 
 
 @dataclass(frozen=True, repr=False)

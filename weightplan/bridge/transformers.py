@@ -1,7 +1,7 @@
 """transformers' registered conversion mappings, translated into weightplan transforms.
 
 For a transformers model whose family weightplan has no built-in mapping for, the
-depth-first lookup (:mod:`weightplan.planner.lookup`) asks :class:`TransformersFinder`;
+depth-first lookup (:mod:`weightplan.planner.keys.lookup`) asks :class:`TransformersFinder`;
 it fetches transformers' own list for the class name or ``model_type`` and translates
 it by type: ``WeightRenaming``, ``PrefixChange`` and ``WeightConverter`` with the ops
 ``Chunk``, ``Split``, ``Concatenate``, ``MergeModulelist``, ``SplitModulelist``,
@@ -26,10 +26,10 @@ from torch import nn
 from weightplan.bridge.dialect import source_pattern, target_pattern, with_group
 from weightplan.bridge.ops import TransposeToFit
 from weightplan.errors import MappingError
-from weightplan.planner import ops as wops
-from weightplan.planner.lookup import Found, is_submodel, is_transformers_class
-from weightplan.planner.registry import Source
-from weightplan.planner.transforms import (
+from weightplan.planner.tensors import ops as wops
+from weightplan.planner.keys.lookup import Found, is_submodel, is_transformers_class
+from weightplan.planner.keys.registry import Source
+from weightplan.planner.keys.transforms import (
     PrefixChange, WeightConverter, WeightRenaming, WeightTransform,
 )
 
@@ -69,7 +69,7 @@ class Untranslatable(Exception):
 
 
 class TransformersFinder:
-    """The bridge as a lookup :data:`~weightplan.planner.lookup.Finder`.
+    """The bridge as a lookup :data:`~weightplan.planner.keys.lookup.Finder`.
 
     As in transformers, only sub-models (``PreTrainedModel``s) are looked up, and only
     transformers' own classes (or names a user registered with transformers): custom

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import torch
 
 from weightplan.errors import StaleCheckpointError, TruncatedCheckpointError
-from weightplan.planner.checkpoint import Checkpoint, FileStamp
+from weightplan.planner.inputs.checkpoint import Checkpoint, FileStamp
 
 
 class Reader:

@@ -21,9 +21,9 @@ from weightplan.errors import ExecutionError, WeightplanError
 from weightplan.executor.memory import RssMeter, Tracker
 from weightplan.executor.progress import LoadProgress, wants_progress
 from weightplan.executor.reader import Reader
-from weightplan.planner.geometry import Region, row_major_strides
-from weightplan.planner.placement import Program, ReadTask
-from weightplan.planner.schedule import EventKind
+from weightplan.planner.tensors.geometry import Region, row_major_strides
+from weightplan.planner.tensors.placement import Program, ReadTask
+from weightplan.planner.tensors.schedule import EventKind
 
 
 class _InlinePool:

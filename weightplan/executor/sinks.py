@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 from weightplan.errors import PlanError
-from weightplan.planner.geometry import View
-from weightplan.planner.model_info import ModelInfo, ModelTensor
-from weightplan.planner.placement import Destination, DestKind
+from weightplan.planner.tensors.geometry import View
+from weightplan.planner.inputs.model_info import ModelInfo, ModelTensor
+from weightplan.planner.tensors.placement import Destination, DestKind
 
 
 def module_and_attr(model: nn.Module, name: str) -> tuple[nn.Module, str]:

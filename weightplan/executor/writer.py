@@ -18,9 +18,9 @@ import torch
 
 from weightplan.errors import SaveError
 from weightplan.executor.sinks import flat_bytes, strided
-from weightplan.planner.geometry import View
-from weightplan.planner.layout import INDEX_NAME, SINGLE_NAME, ShardLayout
-from weightplan.planner.placement import Destination
+from weightplan.planner.tensors.geometry import View
+from weightplan.planner.write.shards import INDEX_NAME, SINGLE_NAME, ShardLayout
+from weightplan.planner.tensors.placement import Destination
 
 PARTIAL = ".weightplan-partial"
 

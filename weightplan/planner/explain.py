@@ -13,21 +13,21 @@ from collections.abc import Sequence
 import torch
 
 from weightplan.errors import MappingError, PlanError
-from weightplan.planner.build import build_conversions
-from weightplan.planner.checkpoint import open_checkpoint
+from weightplan.planner.tensors.build import build_conversions
+from weightplan.planner.inputs.checkpoint import open_checkpoint
 from weightplan.planner.findings import collect_findings
-from weightplan.planner.graph import build_graph
-from weightplan.planner.lookup import lookup_mapping, mapping_findings
-from weightplan.planner.match import route_checkpoint
-from weightplan.planner.model_info import inspect_model
-from weightplan.planner.placement import plan_program
+from weightplan.planner.tensors.graph import build_graph
+from weightplan.planner.keys.lookup import lookup_mapping, mapping_findings
+from weightplan.planner.keys.routing import route_checkpoint
+from weightplan.planner.inputs.model_info import inspect_model
+from weightplan.planner.tensors.placement import plan_program
 from weightplan.planner.plan import Plan, PlanOptions
-from weightplan.planner.registry import REGISTRY, MappingChoice
-from weightplan.planner.budget import schedule_within
-from weightplan.planner.schedule import order_programs
-from weightplan.planner.spec import parse_dtype
-from weightplan.planner.transforms import LEGACY, WeightTransform
-from weightplan.planner.verify import verify
+from weightplan.planner.keys.registry import REGISTRY, MappingChoice
+from weightplan.planner.tensors.budget import schedule_within
+from weightplan.planner.tensors.schedule import order_programs
+from weightplan.planner.tensors.spec import parse_dtype
+from weightplan.planner.keys.transforms import LEGACY, WeightTransform
+from weightplan.planner.tensors.verify import verify
 from weightplan.units import parse_bytes
 
 SYNC_ENV = "WEIGHTPLAN_SYNC_LOAD"
@@ -100,7 +100,7 @@ def choose_mapping(mapping: object, model: torch.nn.Module | None) -> MappingCho
 
 def _bridge_for(model: torch.nn.Module):
     """transformers' own mappings, for transformers models whose family isn't built in."""
-    from weightplan.planner.lookup import is_transformers_class
+    from weightplan.planner.keys.lookup import is_transformers_class
 
     if not any(is_transformers_class(m) for m in model.modules()):
         return None

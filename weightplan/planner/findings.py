@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
 
-from weightplan.planner.build import Conversion, TargetStatus
-from weightplan.planner.match import Routing
-from weightplan.planner.model_info import ModelInfo
+from weightplan.planner.tensors.build import Conversion, TargetStatus
+from weightplan.planner.keys.routing import Routing
+from weightplan.planner.inputs.model_info import ModelInfo
 
 
 class ProblemKind(Enum):

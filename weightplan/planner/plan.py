@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING
 import networkx as nx
 import torch
 
-from weightplan.planner.build import Conversion, TargetStatus
-from weightplan.planner.checkpoint import Checkpoint
+from weightplan.planner.tensors.build import Conversion, TargetStatus
+from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.findings import Findings, Mismatch, Note, Problem
-from weightplan.planner.match import Routing
-from weightplan.planner.model_info import ModelInfo
-from weightplan.planner.registry import MappingChoice
-from weightplan.planner.schedule import MemoryPoint, Schedule
-from weightplan.planner.transforms import WeightTransform
+from weightplan.planner.keys.routing import Routing
+from weightplan.planner.inputs.model_info import ModelInfo
+from weightplan.planner.keys.registry import MappingChoice
+from weightplan.planner.tensors.schedule import MemoryPoint, Schedule
+from weightplan.planner.keys.transforms import WeightTransform
 
 if TYPE_CHECKING:
     from weightplan.executor.report import LoadReport
@@ -119,7 +119,7 @@ class Plan(Explained):
         Returns:
             A :class:`LoadReport` with bytes read, seconds, GB/s and the peak held.
         """
-        from weightplan.executor.load import execute_plan
+        from weightplan.executor.execute_load import execute_plan
 
         return execute_plan(self, strict=strict, progress=progress)
 

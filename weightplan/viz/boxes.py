@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from weightplan.planner.build import Conversion, TargetStatus
-from weightplan.planner.nodes import Node, NodeKind
-from weightplan.planner.spec import short_dtype
+from weightplan.planner.tensors.build import Conversion, TargetStatus
+from weightplan.planner.tensors.nodes import Node, NodeKind
+from weightplan.planner.tensors.spec import short_dtype
 from weightplan.units import format_bytes
 from weightplan.viz.folding import fold_keys, ranges, split_numbers
 from weightplan.viz.style import KIND_COLOURS, PROBLEM_FILL, op_colour

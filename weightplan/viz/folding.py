@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from weightplan.planner.patterns import natural_key
+from weightplan.planner.keys.patterns import natural_key
 
 
 def split_numbers(key: str) -> tuple[tuple[str | None, ...], tuple[int, ...]]:

@@ -20,9 +20,9 @@ import fnmatch
 from dataclasses import dataclass
 
 from weightplan.errors import RenderError
-from weightplan.planner.build import Conversion, TargetStatus
-from weightplan.planner.nodes import Node, NodeKind
-from weightplan.planner.patterns import natural_key
+from weightplan.planner.tensors.build import Conversion, TargetStatus
+from weightplan.planner.tensors.nodes import Node, NodeKind
+from weightplan.planner.keys.patterns import natural_key
 from weightplan.units import format_bytes
 from weightplan.viz.boxes import Box, BoxContext, Slot, make_box, node_slots
 from weightplan.viz.folding import fold_keys, ranges, split_numbers

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from weightplan.planner.build import Conversion, TargetStatus
-from weightplan.planner.spec import short_dtype
-from weightplan.planner.transforms import LEGACY
+from weightplan.planner.tensors.build import Conversion, TargetStatus
+from weightplan.planner.tensors.spec import short_dtype
+from weightplan.planner.keys.transforms import LEGACY
 from weightplan.viz.folding import fold_keys, split_numbers
 
 

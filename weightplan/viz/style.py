@@ -11,7 +11,7 @@ import zlib
 from pathlib import Path
 from xml.sax.saxutils import escape as _xml_escape
 
-from weightplan.planner.nodes import NodeKind
+from weightplan.planner.tensors.nodes import NodeKind
 
 KIND_COLOURS = {
     NodeKind.READ: "#dbeafe",  # light blue: bytes come from the checkpoint

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from weightplan.errors import RenderError
-from weightplan.planner.schedule import MemoryPoint
+from weightplan.planner.tensors.schedule import MemoryPoint
 from weightplan.units import format_bytes
 from weightplan.viz.style import PEAK_COLOUR, SERIES_COLOURS, checkpoint_name, xml_text
 

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import cached_property
 
-from weightplan.planner.build import Conversion, Target, TargetStatus
-from weightplan.planner.checkpoint import TensorEntry
-from weightplan.planner.geometry import Fragment, Region, View
-from weightplan.planner.ops.base import ConversionOp, Streams
-from weightplan.planner.spec import TensorSpec
+from weightplan.planner.tensors.build import Conversion, Target, TargetStatus
+from weightplan.planner.inputs.checkpoint import TensorEntry
+from weightplan.planner.tensors.geometry import Fragment, Region, View
+from weightplan.planner.tensors.ops.base import ConversionOp, Streams
+from weightplan.planner.tensors.spec import TensorSpec
 
 WINDOW_BYTES = 32 * 1024 * 1024  # direct reads larger than this are split into pieces
 

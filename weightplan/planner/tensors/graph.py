@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import networkx as nx
 
-from weightplan.planner.nodes import Node
+from weightplan.planner.tensors.nodes import Node
 
 
 def build_graph(nodes: Iterable[Node]) -> nx.DiGraph:

@@ -19,8 +19,8 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from weightplan.errors import MappingError, NotInvertibleError, PatternError
-from weightplan.planner.ops.base import ConversionOp
-from weightplan.planner.patterns import (
+from weightplan.planner.tensors.ops.base import ConversionOp
+from weightplan.planner.keys.patterns import (
     PatternMatch, SourcePattern, TargetPattern, compile_source, compile_target,
     source_to_target, target_to_source,
 )

@@ -30,8 +30,8 @@ from typing import ClassVar, TypeVar
 import torch
 
 from weightplan.errors import NotInvertibleError, OpError
-from weightplan.planner.geometry import Fragment
-from weightplan.planner.spec import TensorSpec
+from weightplan.planner.tensors.geometry import Fragment
+from weightplan.planner.tensors.spec import TensorSpec
 
 T = TypeVar("T")
 Streams = tuple[tuple[T, ...], ...]

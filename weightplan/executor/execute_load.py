@@ -8,7 +8,7 @@ from weightplan.errors import PlanError, ShapeMismatchError, StrictLoadError
 from weightplan.executor.report import LoadReport
 from weightplan.executor.run import run_plan
 from weightplan.executor.sinks import ModelSink, check_unchanged
-from weightplan.planner.record import attach_record, get_record, merge_records, record_from_plan
+from weightplan.planner.write.record import attach_record, get_record, merge_records, record_from_plan
 
 
 def execute_plan(plan, *, strict: bool = False, progress: bool | None = None) -> LoadReport:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import networkx as nx
 
 from weightplan.errors import PlanError
-from weightplan.planner.nodes import Node, NodeKind
+from weightplan.planner.tensors.nodes import Node, NodeKind
 
 
 def verify(graph: nx.DiGraph) -> None:

@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from weightplan.planner.build import Conversion, TargetStatus
-from weightplan.planner.ops.base import ConversionOp
-from weightplan.planner.patterns import natural_key
-from weightplan.planner.spec import TensorSpec
-from weightplan.planner.transforms import Renaming
+from weightplan.planner.tensors.build import Conversion, TargetStatus
+from weightplan.planner.tensors.ops.base import ConversionOp
+from weightplan.planner.keys.patterns import natural_key
+from weightplan.planner.tensors.spec import TensorSpec
+from weightplan.planner.keys.transforms import Renaming
 
 RECORD_ATTRIBUTE = "_weightplan_record"
 

@@ -1,8 +1,8 @@
 """Conversion ops: each one class carrying inference, placement, kernel and inverse."""
 
-from weightplan.planner.ops.base import ConversionOp, OpContext, Streams, TensorwiseOp
-from weightplan.planner.ops.layout import Chunk, Concatenate, MergeModulelist, SplitModulelist
-from weightplan.planner.ops.reshape import (
+from weightplan.planner.tensors.ops.base import ConversionOp, OpContext, Streams, TensorwiseOp
+from weightplan.planner.tensors.ops.joins import Chunk, Concatenate, MergeModulelist, SplitModulelist
+from weightplan.planner.tensors.ops.reshape import (
     Conv3dToLinear, LinearToConv3d, PermuteForRope, Transpose,
 )
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from weightplan.planner.geometry import row_major_strides
-from weightplan.planner.spec import TensorSpec
+from weightplan.planner.tensors.geometry import row_major_strides
+from weightplan.planner.tensors.spec import TensorSpec
 
 
 @dataclass(frozen=True, slots=True)

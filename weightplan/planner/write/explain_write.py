@@ -15,24 +15,24 @@ from pathlib import Path
 import torch
 
 from weightplan.errors import ConflictingTransformError, MappingError, SaveError
-from weightplan.planner.build import Conversion, TargetStatus, build_conversions
-from weightplan.planner.checkpoint import Checkpoint, open_checkpoint
+from weightplan.planner.tensors.build import Conversion, TargetStatus, build_conversions
+from weightplan.planner.inputs.checkpoint import Checkpoint, open_checkpoint
 from weightplan.planner.explain import choose_mapping, parse_threads
 from weightplan.planner.findings import Note
-from weightplan.planner.graph import build_graph
-from weightplan.planner.layout import INDEX_NAME, ShardLayout, plan_layout
-from weightplan.planner.match import route_checkpoint
-from weightplan.planner.model_info import inspect_model
-from weightplan.planner.patterns import natural_key
-from weightplan.planner.placement import Program, file_destination, plan_program
+from weightplan.planner.tensors.graph import build_graph
+from weightplan.planner.write.shards import INDEX_NAME, ShardLayout, plan_layout
+from weightplan.planner.keys.routing import route_checkpoint
+from weightplan.planner.inputs.model_info import inspect_model
+from weightplan.planner.keys.patterns import natural_key
+from weightplan.planner.tensors.placement import Program, file_destination, plan_program
 from weightplan.planner.plan import PlanOptions
-from weightplan.planner.record import get_record
-from weightplan.planner.registry import MappingChoice
-from weightplan.planner.reverse import ReverseGroups, derived_groups, record_groups
-from weightplan.planner.schedule import make_schedule
-from weightplan.planner.transforms import LEGACY
-from weightplan.planner.verify import verify
-from weightplan.planner.write_plan import WritePlan
+from weightplan.planner.write.record import get_record
+from weightplan.planner.keys.registry import MappingChoice
+from weightplan.planner.write.reverse import ReverseGroups, derived_groups, record_groups
+from weightplan.planner.tensors.schedule import make_schedule
+from weightplan.planner.keys.transforms import LEGACY
+from weightplan.planner.tensors.verify import verify
+from weightplan.planner.write.write_plan import WritePlan
 from weightplan.units import parse_bytes
 
 

@@ -17,9 +17,9 @@ Every family here is proven by an interop test against transformers' ``from_pret
 
 from __future__ import annotations
 
-from weightplan.planner.ops import Concatenate, MergeModulelist
-from weightplan.planner.registry import MappingRegistry
-from weightplan.planner.transforms import PrefixChange, WeightConverter, WeightRenaming
+from weightplan.planner.tensors.ops import Concatenate, MergeModulelist
+from weightplan.planner.keys.registry import MappingRegistry
+from weightplan.planner.keys.transforms import PrefixChange, WeightConverter, WeightRenaming
 
 MIXTRAL_ALIASES = ("minimax",)
 QWEN2_MOE_ALIASES = ("qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3")

@@ -1,6 +1,6 @@
 """Build conversions: resolve ops, infer every shape and dtype, create the graph nodes.
 
-Each routed :class:`~weightplan.planner.match.Group` becomes a :class:`Conversion`: its
+Each routed :class:`~weightplan.planner.keys.routing.Group` becomes a :class:`Conversion`: its
 op chain resolved against the model (Chunk sizes, RoPE head sizes), the spec of every
 intermediate, and one :class:`Target` per output with its status (load, unexpected,
 shape mismatch, tied duplicate). Op failures at plan time raise :class:`OpError` naming
@@ -16,11 +16,11 @@ from enum import Enum
 import torch
 
 from weightplan.errors import ConflictingTransformError, OpError, WeightplanError
-from weightplan.planner.match import Group
-from weightplan.planner.model_info import ModelInfo, ModelTensor
-from weightplan.planner.nodes import AssignAttrs, CastAttrs, Node, NodeKind, OpAttrs, ReadAttrs
-from weightplan.planner.ops.base import ConversionOp, OpContext, Streams
-from weightplan.planner.spec import TensorSpec
+from weightplan.planner.keys.routing import Group
+from weightplan.planner.inputs.model_info import ModelInfo, ModelTensor
+from weightplan.planner.tensors.nodes import AssignAttrs, CastAttrs, Node, NodeKind, OpAttrs, ReadAttrs
+from weightplan.planner.tensors.ops.base import ConversionOp, OpContext, Streams
+from weightplan.planner.tensors.spec import TensorSpec
 
 
 class TargetStatus(Enum):

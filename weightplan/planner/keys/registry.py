@@ -1,7 +1,7 @@
 """The mapping registry: transforms registered by ``model_type`` or class name.
 
 The registry is the one piece of process-wide state in weightplan, like a codec table:
-built-in families are registered at import (:mod:`weightplan.planner.mappings`) and
+built-in families are registered at import (:mod:`weightplan.planner.keys.mappings`) and
 users add their own with :func:`register_mapping`.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from weightplan.errors import RegistryError
-from weightplan.planner.transforms import WeightTransform
+from weightplan.planner.keys.transforms import WeightTransform
 
 
 class Via(Enum):

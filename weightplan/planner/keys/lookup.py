@@ -30,10 +30,10 @@ from torch import nn
 
 from weightplan.errors import ConflictingTransformError
 from weightplan.planner.findings import Note, Problem, ProblemKind
-from weightplan.planner.registry import (
+from weightplan.planner.keys.registry import (
     MappingChoice, MappingRegistry, Source, SubmoduleMapping, Via,
 )
-from weightplan.planner.transforms import WeightConverter, WeightTransform
+from weightplan.planner.keys.transforms import WeightConverter, WeightTransform
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Groups for writing a checkpoint back: from a load record, or derived from a mapping.
 
 Saving runs the same builder as loading with the model's tensors as sources. With a
-:class:`~weightplan.planner.record.LoadRecord` every recorded conversion runs backwards
+:class:`~weightplan.planner.write.record.LoadRecord` every recorded conversion runs backwards
 (inverse ops in reverse order) into exactly the recorded keys and dtypes. Without one the
 inverse is derived from the mapping: inverse converters first, then inverse renamings in
 reverse order; a transform whose inverse would be a guess is refused.
@@ -14,13 +14,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from weightplan.errors import IndexGapError, MappingError, NotInvertibleError, SaveError
-from weightplan.planner.checkpoint import Checkpoint
-from weightplan.planner.geometry import row_major_strides
-from weightplan.planner.match import Group, Route, route_checkpoint
-from weightplan.planner.model_info import ModelInfo, ModelTensor
-from weightplan.planner.patterns import natural_key
-from weightplan.planner.record import LoadRecord, RecordedConversion
-from weightplan.planner.transforms import (
+from weightplan.planner.inputs.checkpoint import Checkpoint
+from weightplan.planner.tensors.geometry import row_major_strides
+from weightplan.planner.keys.routing import Group, Route, route_checkpoint
+from weightplan.planner.inputs.model_info import ModelInfo, ModelTensor
+from weightplan.planner.keys.patterns import natural_key
+from weightplan.planner.write.record import LoadRecord, RecordedConversion
+from weightplan.planner.keys.transforms import (
     LEGACY, PrefixChange, Renaming, WeightConverter, WeightTransform,
 )
 

@@ -11,8 +11,8 @@ budget that works and what it is made of.
 from __future__ import annotations
 
 from weightplan.errors import BudgetError
-from weightplan.planner.placement import Program
-from weightplan.planner.schedule import Schedule, make_schedule
+from weightplan.planner.tensors.placement import Program
+from weightplan.planner.tensors.schedule import Schedule, make_schedule
 from weightplan.units import format_bytes
 
 MIN_STEP = 1 << 20  # window search resolution

@@ -7,9 +7,9 @@ import math
 from dataclasses import dataclass, field
 
 from weightplan.errors import OpError
-from weightplan.planner.geometry import Fragment, Region
-from weightplan.planner.ops.base import OpContext, Streams, TensorwiseOp, normalize_dim
-from weightplan.planner.spec import TensorSpec
+from weightplan.planner.tensors.geometry import Fragment, Region
+from weightplan.planner.tensors.ops.base import OpContext, Streams, TensorwiseOp, normalize_dim
+from weightplan.planner.tensors.spec import TensorSpec
 
 
 @dataclass(frozen=True, repr=False)

@@ -22,7 +22,7 @@ from weightplan.errors import (
     CheckpointError, HeaderError, MissingShardError, NotSafetensorsError,
     TruncatedCheckpointError, UnsafeFormatError,
 )
-from weightplan.planner.spec import SAFETENSORS_DTYPES, TensorSpec
+from weightplan.planner.tensors.spec import SAFETENSORS_DTYPES, TensorSpec
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 MAX_HEADER_BYTES = 100 * 1024 * 1024

@@ -3,7 +3,7 @@
 Same pipeline as a load plan, read in the other direction: sources are the model's
 tensors (or a checkpoint on disk), the conversions are built by the same builder, the
 schedule is the same scheduler's, and the sink is a streaming, atomic file writer laid
-out in advance (:mod:`weightplan.planner.layout`).
+out in advance (:mod:`weightplan.planner.write.shards`).
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING
 
 import networkx as nx
 
-from weightplan.planner.build import Conversion
-from weightplan.planner.checkpoint import Checkpoint
+from weightplan.planner.tensors.build import Conversion
+from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.findings import Note, Problem
-from weightplan.planner.layout import ShardLayout
+from weightplan.planner.write.shards import ShardLayout
 from weightplan.planner.plan import Explained, PlanOptions
-from weightplan.planner.registry import MappingChoice
-from weightplan.planner.schedule import Schedule
-from weightplan.planner.transforms import WeightTransform
+from weightplan.planner.keys.registry import MappingChoice
+from weightplan.planner.tensors.schedule import Schedule
+from weightplan.planner.keys.transforms import WeightTransform
 
 if TYPE_CHECKING:
     from weightplan.executor.report import SaveReport
@@ -64,7 +64,7 @@ class WritePlan(Explained):
 
     def execute(self, *, progress: bool | None = None) -> "SaveReport":
         """Write the checkpoint; a failure leaves no half-written file behind."""
-        from weightplan.executor.save import execute_write
+        from weightplan.executor.execute_write import execute_write
 
         return execute_write(self, progress=progress)
 

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from weightplan.planner.placement import Program
+from weightplan.planner.tensors.placement import Program
 
 DEFAULT_WINDOW_BYTES = 256 * 1024 * 1024
 

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from weightplan.errors import ConflictingTransformError, IndexGapError
-from weightplan.planner.checkpoint import Checkpoint, TensorEntry
-from weightplan.planner.model_info import ModelInfo
-from weightplan.planner.patterns import natural_key
-from weightplan.planner.transforms import (
+from weightplan.planner.inputs.checkpoint import Checkpoint, TensorEntry
+from weightplan.planner.inputs.model_info import ModelInfo
+from weightplan.planner.keys.patterns import natural_key
+from weightplan.planner.keys.transforms import (
     ConverterMatch, PrefixChange, Renaming, WeightConverter, WeightRenaming, WeightTransform,
 )
 

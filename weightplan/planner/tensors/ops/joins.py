@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 import torch
 
 from weightplan.errors import OpError
-from weightplan.planner.geometry import Fragment
-from weightplan.planner.ops.base import (
+from weightplan.planner.tensors.geometry import Fragment
+from weightplan.planner.tensors.ops.base import (
     ConversionOp, OpContext, Streams, Wiring, flat, normalize_dim, single_input,
 )
-from weightplan.planner.spec import TensorSpec
+from weightplan.planner.tensors.spec import TensorSpec
 
 
 @dataclass(frozen=True, repr=False)

@@ -12,9 +12,9 @@ from enum import Enum
 
 import torch
 
-from weightplan.planner.checkpoint import TensorEntry
-from weightplan.planner.ops.base import ConversionOp
-from weightplan.planner.spec import TensorSpec, short_dtype
+from weightplan.planner.inputs.checkpoint import TensorEntry
+from weightplan.planner.tensors.ops.base import ConversionOp
+from weightplan.planner.tensors.spec import TensorSpec, short_dtype
 
 
 class NodeKind(Enum):

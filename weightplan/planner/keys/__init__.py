@@ -1,0 +1,1 @@
+"""Key mapping: patterns, transforms, the registry and its lookup, routing keys to converters."""

@@ -1,0 +1,1 @@
+"""Tensor and byte planning: specs, ops, geometry, the graph, placement, schedule, budget."""

@@ -1,0 +1,1 @@
+"""The write direction: load records, reversed groups, shard layouts, write plans."""
