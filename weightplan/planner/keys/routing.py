@@ -182,11 +182,11 @@ def _converter_group(converter: WeightConverter, members: list[Route], checkpoin
     streams: list[list[Route]] = [[] for _ in converter.source_patterns]
     for r in members:
         streams[r.match.source_index].append(r)
-    missing = tuple(p for p, s in zip(converter.source_patterns, streams) if not s)
+    missing = tuple(p for p, s in zip(converter.source_patterns, streams, strict=False) if not s)
     if missing:
         return Incomplete(converter, targets, tuple(r.key for r in members), missing)
     ordered = []
-    for pattern, source, stream in zip(converter.source_patterns, converter.sources, streams):
+    for pattern, source, stream in zip(converter.source_patterns, converter.sources, streams, strict=False):
         ordered.append(_ordered_stream(converter, pattern, source.has_index, stream, targets,
                                        checkpoint))
     _check_counts(converter, ordered, targets)
@@ -219,9 +219,9 @@ def _ordered_stream(converter: WeightConverter, pattern: str, has_index: bool,
 
 def _check_counts(converter: WeightConverter, ordered: list[list[Route]],
                   targets: tuple[str, ...]) -> None:
-    counts = {len(s) for s, src in zip(ordered, converter.sources) if src.has_index}
+    counts = {len(s) for s, src in zip(ordered, converter.sources, strict=False) if src.has_index}
     if len(counts) > 1:
-        sizes = {p: len(s) for p, s in zip(converter.source_patterns, ordered)}
+        sizes = {p: len(s) for p, s in zip(converter.source_patterns, ordered, strict=False)}
         raise IndexGapError(f"{converter.describe()}: for {targets[0]} the source patterns "
                             f"collected different counts {sizes}; an index is missing")
 

@@ -66,7 +66,7 @@ class Chunk(ConversionOp):
 
     def place(self, outputs, inputs):
         d, offset, frags = self.dim, 0, []
-        for (piece,), size in zip(outputs, self.sizes or ()):
+        for (piece,), size in zip(outputs, self.sizes or (), strict=False):
             for f in piece:
                 if not f.aligned:
                     return None
@@ -189,7 +189,7 @@ class MergeModulelist(ConversionOp):
 
     def place(self, outputs, inputs):
         placed = []
-        for (frags,), stream in zip(outputs, inputs):
+        for (frags,), stream in zip(outputs, inputs, strict=False):
             d = self._dim(len(stream[0].shape))
             per_item: list[list[Fragment]] = [[] for _ in stream]
             for f in frags:
@@ -240,7 +240,7 @@ class SplitModulelist(ConversionOp):
 
     def place(self, outputs, inputs):
         placed = []
-        for out_stream, (spec,) in zip(outputs, inputs):
+        for out_stream, (spec,) in zip(outputs, inputs, strict=False):
             d = normalize_dim(self, self.dim, len(spec.shape))
             mine = []
             for idx, frags in enumerate(out_stream):

@@ -75,7 +75,7 @@ class PermuteForRope(TensorwiseOp):
         mask = self.mask if self.mask is not None else tuple(  # kept when inverting a plan
             self.names is None or any(n in k for n in self.names for k in keys)
             for keys in _stream_keys(self, ctx, inputs))
-        for permuted, stream in zip(mask, inputs):
+        for permuted, stream in zip(mask, inputs, strict=False):
             for spec in stream if permuted else ():
                 if not spec.shape or spec.shape[0] % head_dim:
                     raise OpError(f"{self!r}: {list(spec.shape)} rows are not a multiple of "
