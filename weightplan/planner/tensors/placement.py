@@ -22,7 +22,10 @@ from weightplan.planner.inputs.checkpoint import TensorEntry
 from weightplan.planner.tensors.build import Conversion, stage_specs, stages
 from weightplan.planner.tensors.destination import Destination, DestKind
 from weightplan.planner.tensors.geometry import Fragment, Region, View
-from weightplan.planner.tensors.nodes import Node, op_attrs, read_attrs, sink_attrs
+from weightplan.errors import PlanError
+from weightplan.planner.tensors.nodes import (
+    CastAttrs, Node, ShardAttrs, op_attrs, read_attrs, sink_attrs,
+)
 from weightplan.planner.tensors.ops.base import ConversionOp, Streams
 
 PIECE_BYTES = 32 * 1024 * 1024  # direct reads larger than this are split into pieces
@@ -163,13 +166,22 @@ def plan_step(conv: Conversion, piece_bytes: int = PIECE_BYTES) -> Step:
 
 def _final_fragments(outputs: Streams[Node], written: list[Node],
                      dests: tuple[Destination, ...]) -> Streams[tuple[Fragment, ...]]:
+    """Each destination as a fragment of the last stage's value it comes from: through a
+    cast unchanged, through a shard as the shard's region of its input."""
     position = {n: (i, j) for i, stream in enumerate(outputs) for j, n in enumerate(stream)}
     final: list[list[tuple[Fragment, ...]]] = [[() for _ in s] for s in outputs]
     for target, (sink, d) in enumerate(zip(written, dests, strict=True)):
-        value = sink.inputs[0]
-        value = value.inputs[0] if value not in position else value  # through a cast
+        value, region = sink.inputs[0], Region.full(d.spec.shape)
+        while value not in position:
+            a = value.attrs
+            if isinstance(a, ShardAttrs):
+                region = region.shifted(a.region.starts)
+            elif not isinstance(a, CastAttrs):
+                raise PlanError(f"{value!r} between the ops and {sink!r} can't be placed; only "
+                                "casts and shards may sit there")
+            value = value.inputs[0]
         i, j = position[value]
-        final[i][j] = (Fragment(Region.full(d.spec.shape), target, View(d.spec.shape, d.stride)),)
+        final[i][j] += (Fragment(region, target, View(d.spec.shape, d.stride)),)
     return tuple(tuple(row) for row in final)
 
 
