@@ -22,7 +22,10 @@ escapes (they are wrapped and chained with ``from``). The tree::
     ├── PlanError                    the plan can't be executed as asked
     │   ├── ShapeMismatchError       converted shape != model parameter shape
     │   ├── StrictLoadError          missing / unexpected keys with ``strict=True``
-    │   └── BudgetError              no schedule fits the memory budget
+    │   ├── BudgetError              no schedule fits the memory budget
+    │   └── QuantizationError        a quantized checkpoint or model can't be loaded as asked
+    │                                (quantization_config unusable, FP8 weight without its
+    │                                scale, a scale grid that doesn't fit the weight)
     ├── ExecutionError               failure while loading; names the node (key, file, op)
     ├── RenderError                  a plan can't be drawn as asked (detail, only=, format, dot)
     ├── SaveError                    failure while saving; nothing half-written is left
@@ -131,6 +134,17 @@ class BudgetError(PlanError):
     def __init__(self, message: str, *, minimum_bytes: int | None = None):
         super().__init__(message)
         self.minimum_bytes = minimum_bytes
+
+
+class QuantizationError(PlanError):
+    """A quantized (FP8) checkpoint, config or model can't be loaded or saved as asked."""
+
+    def __init__(self, message: str, *, key: str | None = None, file: str | None = None):
+        where = f"{file}: " if file else ""
+        where += f"[{key}] " if key else ""
+        super().__init__(where + message)
+        self.key = key
+        self.file = file
 
 
 class ExecutionError(WeightplanError, RuntimeError):
