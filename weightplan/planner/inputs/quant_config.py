@@ -65,7 +65,7 @@ def parse_quant_config(raw: object, *, source: str = "config") -> QuantConfig | 
     if raw is None:
         return None
     data = _as_dict(raw, source)
-    method = str(data.get("quant_method", "")).lower()
+    method = _text(data.get("quant_method", "")).lower()
     if method != "fp8":
         raise QuantizationError(
             f"quant_method {data.get('quant_method')!r} is not supported: weightplan loads "
@@ -115,6 +115,11 @@ def _skip_match(pattern: str, module: str) -> bool:
         return module == pattern or module.startswith(pattern + ".")
 
 
+def _text(value: object) -> str:
+    """A string, or a str-valued enum's value (transformers' ``QuantizationMethod.FP8``)."""
+    return str(getattr(value, "value", value))
+
+
 def _as_dict(raw: object, source: str) -> Mapping:
     if isinstance(raw, Mapping):
         return raw
@@ -129,7 +134,7 @@ def _choice(data: Mapping, name: str, allowed: tuple[str, ...], default: str, so
     value = data.get(name)
     if value is None:
         return default
-    value = str(value).lower()
+    value = _text(value).lower()
     if value not in allowed:
         raise QuantizationError(f"quantization_config.{name} is {data.get(name)!r}; weightplan "
                                 f"knows {', '.join(allowed)}", file=source)
