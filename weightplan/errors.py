@@ -23,6 +23,8 @@ escapes (they are wrapped and chained with ``from``). The tree::
     │   ├── ShapeMismatchError       converted shape != model parameter shape
     │   ├── StrictLoadError          missing / unexpected keys with ``strict=True``
     │   ├── BudgetError              no schedule fits the memory budget
+    │   ├── GraphError               the plan graph or its lowering breaks an invariant
+    │   │                            (``verify``; ``.problems`` lists every message)
     │   └── QuantizationError        a quantized checkpoint or model can't be loaded as asked
     │                                (quantization_config unusable, FP8 weight without its
     │                                scale, a scale grid that doesn't fit the weight)
@@ -134,6 +136,17 @@ class BudgetError(PlanError):
     def __init__(self, message: str, *, minimum_bytes: int | None = None):
         super().__init__(message)
         self.minimum_bytes = minimum_bytes
+
+
+class GraphError(PlanError):
+    """``verify`` found broken invariants; each message names the node and the fix."""
+
+    def __init__(self, problems: "tuple[str, ...] | list[str]"):
+        self.problems = tuple(problems)
+        shown = "\n  ".join(self.problems[:10])
+        more = f"\n  ... and {len(self.problems) - 10} more" if len(self.problems) > 10 else ""
+        super().__init__(f"the plan graph is inconsistent ({len(self.problems)} problem(s)); "
+                         f"this is a bug in weightplan or in a user op:\n  {shown}{more}")
 
 
 class QuantizationError(PlanError):

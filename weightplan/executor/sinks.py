@@ -1,13 +1,6 @@
 """The load sink: destination tensors of a model, and putting loaded tensors into it.
 
-A sink takes the executor's writes (calls 1-3 from reader threads, 4-5 from the main
-thread):
-
-1. ``open(dest)`` when a step is submitted: a handle to write into;
-2. ``write_bytes(handle, dest, byte_offset, data)``: a direct byte copy;
-3. ``write_view(handle, dest, view, src)``: a strided / casting copy;
-4. ``close(dest, handle)`` when the step is finalized;
-5. ``commit()`` after the last step, or ``abort()`` on any failure.
+It follows the :class:`~weightplan.executor.sink.Sink` protocol.
 """
 
 from __future__ import annotations
@@ -16,9 +9,9 @@ import torch
 from torch import nn
 
 from weightplan.errors import PlanError
-from weightplan.planner.tensors.geometry import View
 from weightplan.planner.inputs.model_info import ModelInfo, ModelTensor
-from weightplan.planner.tensors.placement import Destination, DestKind
+from weightplan.planner.tensors.destination import Destination, DestKind
+from weightplan.planner.tensors.geometry import View
 
 
 def module_and_attr(model: nn.Module, name: str) -> tuple[nn.Module, str]:
@@ -71,7 +64,7 @@ def install(model: nn.Module, dest: Destination, tensor: torch.Tensor, info: Mod
             module._parameters[attr] = value
 
 
-def initialize_missing(model: nn.Module, infos: list[ModelTensor]) -> dict[str, str]:
+def initialize_missing(model: nn.Module, infos: list[ModelTensor | None]) -> dict[str, str]:
     """Give missing meta tensors real storage; ``reset_parameters()`` where modules have it.
 
     Runs before loaded tensors are installed, so a module's ``reset_parameters`` only
@@ -80,7 +73,7 @@ def initialize_missing(model: nn.Module, infos: list[ModelTensor]) -> dict[str, 
     done: dict[str, str] = {}
     modules: dict[int, nn.Module] = {}
     for info in infos:
-        if not info.on_meta:
+        if info is None or not info.on_meta:
             continue
         tensor = torch.zeros(info.spec.shape, dtype=info.spec.dtype)
         install(model, Destination(info.name, info.aliases, info.spec, DestKind.ALLOCATE, ()),
@@ -97,7 +90,7 @@ def initialize_missing(model: nn.Module, infos: list[ModelTensor]) -> dict[str, 
                 module.reset_parameters()
             except Exception as e:  # a module mixing meta and real tensors may refuse
                 for info in infos:
-                    if module_and_attr(model, info.name)[0] is module:
+                    if info is not None and module_and_attr(model, info.name)[0] is module:
                         done[info.name] = f"zeros (reset_parameters failed: {e})"
     return done
 

@@ -6,6 +6,8 @@ import shutil
 import sys
 
 from weightplan.planner.findings import ProblemKind
+from weightplan.planner.plan import Direction, LoadPlanData, PlanData
+from weightplan.planner.write.write_plan import WritePlanData
 from weightplan.units import format_bytes
 from weightplan.viz.folding import fold_keys
 from weightplan.viz.rows import mapping_rows
@@ -13,7 +15,7 @@ from weightplan.viz.rows import mapping_rows
 MAX_LIST = 12
 
 
-def explain_text(plan, width: int | None = None) -> str:
+def explain_text(plan: PlanData, width: int | None = None) -> str:
     """Render ``plan`` as the text ``print(plan)`` shows."""
     if width is None:
         width = shutil.get_terminal_size((120, 24)).columns if sys.stdout.isatty() else 120
@@ -22,9 +24,10 @@ def explain_text(plan, width: int | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def header_lines(plan) -> list[str]:
-    if hasattr(plan, "layout"):
+def header_lines(plan: PlanData) -> list[str]:
+    if isinstance(plan, WritePlanData):
         return write_header_lines(plan)
+    assert isinstance(plan, LoadPlanData)
     ckpt = plan.checkpoint
     files = f"{len(ckpt.files)} file(s), " if ckpt.files else ""
     model = "no model" if plan.model_info is None else (
@@ -41,17 +44,16 @@ def header_lines(plan) -> list[str]:
     return lines
 
 
-def write_header_lines(plan) -> list[str]:
+def write_header_lines(plan: WritePlanData) -> list[str]:
     layout = plan.layout
-    what = {"record": "save (exact inverse of the recorded load)",
-            "mapping": "save (inverse of the mapping)", "convert": "convert"}[plan.mode]
+    what = f"{plan.direction.value} ({plan.inversion.description})"
     return [f"weightplan {what}: {plan.checkpoint.description} ({len(plan.checkpoint)} tensors) → "
             f"{plan.directory} ({len(layout.files)} file(s), {len(layout.locations)} tensors, "
             f"{format_bytes(layout.total_bytes)})",
             f"mapping: {plan.mapping.key or 'none'} — {plan.mapping.reason}"]
 
 
-def mapping_lines(plan, width: int) -> list[str]:
+def mapping_lines(plan: PlanData, width: int) -> list[str]:
     """One block per folded row: rule, checkpoint keys, then ``→ model key`` and sizes."""
     lines, previous, n = [], None, 0
     for row in mapping_rows(plan.conversions):
@@ -61,7 +63,8 @@ def mapping_lines(plan, width: int) -> list[str]:
             lines.append(f"#{n:<3} {rule}")
         previous = rule
         count = f" ×{row.count}" if row.count > 1 else ""
-        status = row.status.replace("load", "write") if hasattr(plan, "layout") else row.status
+        writes = isinstance(plan, WritePlanData)
+        status = row.status.replace("load", "write") if writes else row.status
         info = f"{row.dtype}{row.shape}{count}  {format_bytes(row.nbytes)}  {status}"
         targets = list(row.targets)
         if len(row.sources) == 1 and len(targets) == 1:
@@ -77,7 +80,7 @@ def mapping_lines(plan, width: int) -> list[str]:
     return lines
 
 
-def total_lines(plan) -> list[str]:
+def total_lines(plan: PlanData) -> list[str]:
     steps = plan.schedule.steps
     read = plan.read_bytes
     direct = sum(r.nbytes for p in steps for r in p.reads if r.direct)
@@ -89,8 +92,8 @@ def total_lines(plan) -> list[str]:
     lines = [
         f"reads: {format_bytes(read)} in {sum(len(p.reads) for p in steps)} reads, "
         f"{100 * direct / read if read else 100:.0f}% straight into "
-        f"{'the output files' if hasattr(plan, 'layout') else 'model memory'}; "
-        f"{'tensors' if hasattr(plan, 'layout') else 'model tensors'} written: "
+        f"{'model memory' if plan.direction is Direction.LOAD else 'the output files'}; "
+        f"{'model tensors' if plan.direction is Direction.LOAD else 'tensors'} written: "
         f"{format_bytes(plan.model_bytes)}",
         f"peak estimate: {format_bytes(plan.peak_bytes)}{at}; read-ahead window "
         f"{format_bytes(plan.schedule.window_bytes)}, threads: {threads}"
@@ -99,8 +102,8 @@ def total_lines(plan) -> list[str]:
     return lines
 
 
-def problem_lines(plan) -> list[str]:
-    if not plan.problems:
+def problem_lines(plan: PlanData) -> list[str]:
+    if not isinstance(plan, LoadPlanData) or not plan.problems:
         return ["problems: none"]
     lines = [f"problems: {len(plan.problems)}"]
     simple = {ProblemKind.MISSING: plan.missing, ProblemKind.UNEXPECTED: plan.unexpected}
@@ -117,11 +120,12 @@ def problem_lines(plan) -> list[str]:
     return lines
 
 
-def note_lines(plan) -> list[str]:
-    if not plan.notes:
+def note_lines(plan: PlanData) -> list[str]:
+    notes = plan.notes if isinstance(plan, (LoadPlanData, WritePlanData)) else ()
+    if not notes:
         return []
-    lines = [f"notes: {len(plan.notes)}"]
-    lines += [f"  {n.message}" for n in plan.notes[:MAX_LIST]]
-    if len(plan.notes) > MAX_LIST:
-        lines.append(f"  … {len(plan.notes) - MAX_LIST} more")
+    lines = [f"notes: {len(notes)}"]
+    lines += [f"  {n.message}" for n in notes[:MAX_LIST]]
+    if len(notes) > MAX_LIST:
+        lines.append(f"  … {len(notes) - MAX_LIST} more")
     return lines
