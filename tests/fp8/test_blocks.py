@@ -128,3 +128,18 @@ def test_quantized_fixture_weight_round_trips_within_fp8_precision():
     step = (tile / 448).repeat_interleave(128, 0)[:192].repeat_interleave(128, 1)
     assert ((back - w).abs() <= w.abs() * 2 ** -4 + step * 2 ** -6).all()
     assert math.isclose(back.abs().max().item(), w.abs().max().item(), rel_tol=1e-6)
+
+
+def test_regions_of_a_weight_dequantize_with_the_weights_scales():
+    """A read of part of a weight (a Chunk piece, a shard): rows and columns that start
+    mid-block take the scales of the blocks they lie in."""
+    q, s = random_fp8((3, 320, 300))
+    full = ref_dequant(q, s, dtype=torch.float32)
+    for lead, rows, cols in ((slice(0, 3), slice(0, 320), slice(0, 300)),
+                             (slice(1, 3), slice(100, 260), slice(70, 299)),
+                             (slice(2, 3), slice(127, 129), slice(255, 257))):
+        region = q[lead, rows, cols]
+        out = torch.empty(region.shape)
+        dequantize_into(region, s, out, (128, 128), origin=(lead.start, rows.start, cols.start),
+                        full_shape=q.shape, chunk_bytes=1)
+        assert torch.equal(out, full[lead, rows, cols])

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from weightplan.errors import ExecutionError, WeightplanError
+from weightplan.executor.dequant import dequantize_read
 from weightplan.executor.memory import RssMeter, Tracker
 from weightplan.executor.progress import LoadProgress, wants_progress
 from weightplan.executor.reader import Reader
@@ -153,6 +154,9 @@ def _run_ops(program: Step, step: _Step) -> Streams[torch.Tensor]:
 def _read_task(run: _Execution, program: Step, step: _Step, task: ReadTask,
                piece: tuple[int, int]) -> None:
     with _source(run, task, piece) as src:
+        if task.dequantize is not None:
+            dequantize_read(run, program, step, task, src)
+            return
         f = task.fragment
         if f is None:  # an input of materialized ops: keep a copy (released when they ran)
             run.tracker.add(task.tmp_bytes)

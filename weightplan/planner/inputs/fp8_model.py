@@ -40,6 +40,7 @@ class Fp8Param:
     scale: str
     block: Block
     activation: str | None = None
+    scale_dtype: torch.dtype = torch.float32
 
     @property
     def companions(self) -> tuple[str, ...]:
@@ -75,7 +76,7 @@ def fp8_params(model: ModelInfo, config: QuantConfig | None = None) -> Fp8Model:
             continue
         base = t.name.removesuffix(".weight")
         activation = next((base + s for s in ACTIVATION_SUFFIXES if base + s in model), None)
-        params[t.name] = Fp8Param(t.name, scale.name, block, activation)
+        params[t.name] = Fp8Param(t.name, scale.name, block, activation, scale.spec.dtype)
     return Fp8Model(params, tuple(unscaled), block)
 
 

@@ -84,14 +84,23 @@ def matrices(shape: tuple[int, ...]):
     return itertools.product(*(range(n) for n in shape[:-2]))
 
 
-def expand_rows(scales: torch.Tensor, b0: int, rows: int) -> torch.Tensor:
-    """Scale rows repeated over their block rows: ``[nr, nc] → [rows, nc]`` (small)."""
-    return scales.repeat_interleave(b0, dim=0)[:rows]
+def expand_rows(scales: torch.Tensor, b0: int, rows: int, row0: int = 0) -> torch.Tensor:
+    """Scale rows repeated over their block rows: the scales of rows ``[row0, row0 + rows)``
+    of the weight, ``[rows, nc]`` (small: ``b1`` times smaller than the rows)."""
+    first = row0 // b0
+    block_rows = scales[first: -(-(row0 + rows) // b0)]
+    skip = row0 - first * b0
+    return block_rows.repeat_interleave(b0, dim=0)[skip: skip + rows]
 
 
-def scale_columns_(x: torch.Tensor, srows: torch.Tensor, b1: int) -> torch.Tensor:
-    """``x[r, c] *= srows[r, c // b1]`` in place, broadcasting over each block's columns
-    (a view of ``x``: the scales are never expanded over columns)."""
+def scale_columns_(x: torch.Tensor, srows: torch.Tensor, b1: int, col0: int = 0) -> torch.Tensor:
+    """``x[r, c] *= srows[r, (col0 + c) // b1 − col0 // b1]`` in place: columns of ``x``
+    are weight columns ``col0 + c``, ``srows`` holds the scale columns from ``col0 // b1``
+    on. Each block's columns are a broadcast view of ``x``: scales are never expanded."""
+    head = min(-col0 % b1, x.shape[-1])
+    if head:
+        x[:, :head].mul_(srows[:, :1])
+        x, srows = x[:, head:], srows[:, 1:]
     full, rem = divmod(x.shape[-1], b1)
     if full:
         x[:, : full * b1].unflatten(-1, (full, b1)).mul_(srows[:, :full, None])
@@ -100,41 +109,51 @@ def scale_columns_(x: torch.Tensor, srows: torch.Tensor, b1: int) -> torch.Tenso
     return x
 
 
+def dequantize_chunks(q: torch.Tensor, scales: torch.Tensor, block: Block,
+                      origin: tuple[int, ...] | None = None, *, full_shape=None,
+                      chunk_bytes: int = CHUNK_BYTES):
+    """Yield ``(index, r0, r1, x)``: ``x`` (fp32, a reused workspace) is ``q[index][r0:r1]``
+    dequantized. ``q`` may be a region of a larger weight (``full_shape``) starting at
+    ``origin``; ``scales`` is the whole weight's grid. Copy ``x`` before the next step."""
+    shape = tuple(q.shape)
+    full_shape = tuple(full_shape or shape)
+    origin = tuple(origin or (0,) * len(shape))
+    if q.numel() == 0:
+        return
+    s = decode_scales(scales).reshape(scale_grid(full_shape, block))
+    b0, b1 = block_of(full_shape, block)
+    lead0, (row0, col0) = origin[:-2], origin[-2:]
+    cols = shape[-1]
+    work = torch.empty(rows_per_chunk(shape, block, chunk_bytes) * cols, dtype=torch.float32,
+                       device=q.device)
+    step = work.numel() // cols
+    for idx in matrices(shape):
+        s_mat = s[tuple(a + i for a, i in zip(lead0, idx))][:, col0 // b1: -(-(col0 + cols) // b1)]
+        for r0 in range(0, shape[-2], step):
+            r1 = min(shape[-2], r0 + step)
+            x = work[: (r1 - r0) * cols].view(r1 - r0, cols)
+            x.copy_(q[idx][r0:r1])
+            scale_columns_(x, expand_rows(s_mat, b0, r1 - r0, row0 + r0), b1, col0)
+            yield idx, r0, r1, x
+
+
 def dequantize_into(q: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, block: Block,
-                    *, chunk_bytes: int = CHUNK_BYTES) -> torch.Tensor:
+                    *, origin: tuple[int, ...] | None = None, full_shape=None,
+                    chunk_bytes: int = CHUNK_BYTES) -> torch.Tensor:
     """``out ← (q.float() · s)`` per block, cast to ``out.dtype``; returns ``out``.
 
-    ``q`` is ``[..., R, C]`` FP8, ``scales`` its ceil grid (or one per-tensor value when
-    ``block`` is ``None``), ``out`` any floating view of ``q``'s shape (for example the
-    slice of a merged parameter). Work happens in row chunks through one fp32 workspace
-    of :func:`workspace_bytes`.
+    ``q`` is ``[..., R, C]`` FP8 (or a region of a ``full_shape`` weight at ``origin``),
+    ``scales`` the weight's ceil grid (or one per-tensor value when ``block`` is ``None``),
+    ``out`` any floating view of ``q``'s shape (for example the slice of a merged
+    parameter). Work happens in row chunks through one fp32 workspace of
+    :func:`workspace_bytes`.
     """
-    shape = tuple(q.shape)
-    if tuple(out.shape) != shape:
-        raise ValueError(f"destination {list(out.shape)} != weight {list(shape)}")
-    if q.numel() == 0:
-        return out
-    grid = scale_grid(shape, block)
-    s = decode_scales(scales).reshape(grid)
-    work = torch.empty(rows_per_chunk(shape, block, chunk_bytes) * shape[-1], dtype=torch.float32,
-                       device=q.device)
-    b0, b1 = block_of(shape, block)
-    for idx in matrices(shape):
-        _dequantize_matrix(q[idx], s[idx], out[idx], (b0, b1), work)
+    if tuple(out.shape) != tuple(q.shape):
+        raise ValueError(f"destination {list(out.shape)} != weight {list(q.shape)}")
+    for idx, r0, r1, x in dequantize_chunks(q, scales, block, origin, full_shape=full_shape,
+                                             chunk_bytes=chunk_bytes):
+        out[idx][r0:r1].copy_(x)
     return out
-
-
-def _dequantize_matrix(q: torch.Tensor, s: torch.Tensor, out: torch.Tensor,
-                       block: tuple[int, int], work: torch.Tensor) -> None:
-    rows, cols = q.shape
-    b0, b1 = block
-    step = work.numel() // cols
-    for r0 in range(0, rows, step):
-        r1 = min(rows, r0 + step)
-        x = work[: (r1 - r0) * cols].view(r1 - r0, cols)
-        x.copy_(q[r0:r1])
-        srows = expand_rows(s[r0 // b0: -(-r1 // b0)], b0, r1 - r0)
-        out[r0:r1].copy_(scale_columns_(x, srows, b1))
 
 
 def dequantize(q: torch.Tensor, scales: torch.Tensor, block: Block,

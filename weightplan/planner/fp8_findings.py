@@ -1,0 +1,58 @@
+"""FP8 findings: what the pairing and the builder found, as problems and notes.
+
+A problem of kind ``quantization`` makes ``execute`` refuse the plan (it would install a
+wrong weight): an FP8 weight without its scale, a scale grid that doesn't fit, an FP8
+parameter without a scale parameter, FP8 that can't be kept through an op. Scales next
+to weights that aren't FP8 are notes (the keys are reported unexpected anyway).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from weightplan.planner.findings import Findings, Note, Problem, ProblemKind
+from weightplan.planner.inputs.fp8_pairs import Fp8ProblemKind
+from weightplan.planner.tensors.build import Conversion
+from weightplan.planner.tensors.nodes import NodeKind
+from weightplan.planner.tensors.quant_build import QuantContext
+
+
+def with_fp8_findings(findings: Findings, quant: QuantContext | None,
+                      conversions: Sequence[Conversion], kept_problems: Sequence[tuple[str, str]]
+                      ) -> Findings:
+    """``findings`` plus the FP8 problems and a note saying what the plan does with FP8."""
+    if quant is None:
+        return findings
+    problems, notes = [], []
+    for p in quant.pairing.problems:
+        if p.kind is Fp8ProblemKind.STRAY_SCALE:
+            notes.append(Note(p.key, p.message))
+        else:
+            problems.append(Problem(ProblemKind.QUANTIZATION, p.key, f"{p.kind.value}: {p.message}"))
+    problems += [Problem(ProblemKind.QUANTIZATION, key, f"can't keep FP8: {message}")
+                 for key, message in kept_problems]
+    if quant.model is not None:
+        problems += [Problem(ProblemKind.QUANTIZATION, name,
+                             f"{name} is an FP8 parameter without a fitting scale parameter "
+                             f"({name}_scale_inv); weightplan can't fill it correctly")
+                     for name in quant.model.unscaled]
+    notes.append(Note("<fp8>", summary(quant, conversions)))
+    return dataclasses.replace(findings, problems=findings.problems + tuple(problems),
+                               notes=findings.notes + tuple(notes))
+
+
+def summary(quant: QuantContext, conversions: Sequence[Conversion]) -> str:
+    """One line: how many weights are dequantized, kept, quantized, with which blocks."""
+    counts = {k: 0 for k in (NodeKind.DEQUANTIZE, NodeKind.QUANTIZE)}
+    for conv in conversions:
+        for n in conv.nodes:
+            if n.kind in counts and not (n.kind is NodeKind.QUANTIZE and n.attrs.scale):
+                counts[n.kind] += 1
+    kept = sum(1 for c in conversions for t in c.targets if quant.keeps(t.key))
+    kept -= counts[NodeKind.QUANTIZE]
+    block = quant.config.block if quant.config is not None else (128, 128)
+    source = quant.config.source if quant.config is not None else "no quantization_config"
+    return (f"FP8 ({len(quant.pairing.pairs)} scaled weights, blocks {block}, from {source}): "
+            f"{counts[NodeKind.DEQUANTIZE]} dequantized, {kept} kept in FP8, "
+            f"{counts[NodeKind.QUANTIZE]} quantized")
