@@ -76,9 +76,7 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     choice = choose_mapping(mapping, model, finder)
     transforms = choice.transforms + tuple(t for t in LEGACY if t not in choice.transforms)
     quant = quant_context(checkpoint, ckpt, info, model)
-    routing = route_checkpoint(routed_checkpoint(ckpt, quant), transforms, info)
-    conversions = build_conversions(routing.groups, info, options.dtype, SinkKind.MODEL, quant)
-    conversions, kept_problems = add_scale_conversions(conversions, quant, info)
+    routing, conversions, kept_problems = _convert(ckpt, transforms, info, options, quant)
     graph, schedule = lower(conversions, ckpt, order=_checkpoint_order(ckpt),
                             threads=options.threads, budget=options.budget)
     findings = collect_findings(info, routing, conversions)
@@ -87,6 +85,14 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     findings = _with_mapping_findings(findings, choice, looked_up=looked_up)
     return LoadPlanData(Direction.LOAD, ckpt, choice, transforms, conversions, graph, schedule,
                         options, model, info, routing, findings)
+
+
+def _convert(ckpt: Checkpoint, transforms, info, options: PlanOptions, quant):
+    """Routing and conversions; FP8 scales travel with their weights (see quant_build)."""
+    routing = route_checkpoint(routed_checkpoint(ckpt, quant), transforms, info)
+    conversions = build_conversions(routing.groups, info, options.dtype, SinkKind.MODEL, quant)
+    conversions, kept_problems = add_scale_conversions(conversions, quant, info)
+    return routing, conversions, kept_problems
 
 
 def _checkpoint_order(ckpt: Checkpoint) -> StepOrder:

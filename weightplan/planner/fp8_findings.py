@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 from weightplan.planner.findings import Findings, Note, Problem, ProblemKind
 from weightplan.planner.inputs.fp8_pairs import Fp8ProblemKind
-from weightplan.planner.tensors.build import Conversion
+from weightplan.planner.quant.blocks import FP8_DTYPES
+from weightplan.planner.tensors.build import Conversion, TargetStatus
 from weightplan.planner.tensors.nodes import NodeKind
 from weightplan.planner.tensors.quant_build import QuantContext
 
@@ -24,10 +25,13 @@ def with_fp8_findings(findings: Findings, quant: QuantContext | None,
     """``findings`` plus the FP8 problems and a note saying what the plan does with FP8."""
     if quant is None:
         return findings
+    plain_keys, plain_targets, loaded = _plain_copies(conversions)
     problems, notes = [], []
     for p in quant.pairing.problems:
         if p.kind is Fp8ProblemKind.STRAY_SCALE:
             notes.append(Note(p.key, p.message))
+        elif p.kind is Fp8ProblemKind.MISSING_SCALE and p.key in plain_keys:
+            continue  # float8 bytes copied into a float8 tensor: nothing to scale
         else:
             problems.append(Problem(ProblemKind.QUANTIZATION, p.key, f"{p.kind.value}: {p.message}"))
     problems += [Problem(ProblemKind.QUANTIZATION, key, f"can't keep FP8: {message}")
@@ -36,10 +40,25 @@ def with_fp8_findings(findings: Findings, quant: QuantContext | None,
         problems += [Problem(ProblemKind.QUANTIZATION, name,
                              f"{name} is an FP8 parameter without a fitting scale parameter "
                              f"({name}_scale_inv); weightplan can't fill it correctly")
-                     for name in quant.model.unscaled]
+                     for name in quant.model.unscaled
+                     if name in loaded and name not in plain_targets]
     notes.append(Note("<fp8>", summary(quant, conversions)))
     return dataclasses.replace(findings, problems=findings.problems + tuple(problems),
                                notes=findings.notes + tuple(notes))
+
+
+def _plain_copies(conversions: Sequence[Conversion]) -> tuple[set[str], set[str], set[str]]:
+    """Checkpoint keys and model keys of conversions that copy float8 into float8 tensors
+    without scales (plain data, not block-quantized weights); and every loaded key."""
+    keys, targets, loaded = set(), set(), set()
+    for conv in conversions:
+        loads = [t for t in conv.targets if t.status is TargetStatus.LOAD]
+        loaded.update(t.key for t in loads)
+        quantized = any(n.kind in (NodeKind.DEQUANTIZE, NodeKind.QUANTIZE) for n in conv.nodes)
+        if loads and not quantized and all(t.dtype in FP8_DTYPES for t in loads):
+            keys.update(e.key for e in conv.group.entries)
+            targets.update(t.key for t in loads)
+    return keys, targets, loaded
 
 
 def summary(quant: QuantContext, conversions: Sequence[Conversion]) -> str:
