@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 
 from weightplan.planner.quant.blocks import dequantize_chunks, dequantize_into
+from weightplan.planner.quant.quantize import quantize
+from weightplan.planner.tensors.quant_steps import QuantizeTask
 from weightplan.planner.tensors.geometry import View
 from weightplan.planner.tensors.placement import ReadTask
 
@@ -54,3 +56,16 @@ def _scale(run, task: ReadTask) -> torch.Tensor:
         return run.checkpoint.tensors[entry.key]
     with run.reader.window(entry.file, entry.offset, entry.nbytes) as raw:
         return raw.view(entry.spec.dtype).reshape(entry.spec.shape).clone()
+
+
+def quantize_write(sink, program, handles, task: QuantizeTask, streams) -> None:
+    """Quantize a materialized value (transformers' formula, edge tiles zero-padded) and
+    write the FP8 weight and its scale into their destinations."""
+    i, j = task.position
+    value = streams[i][j]
+    q, s = quantize(value, tuple(task.block), scale_fmt=task.scale_fmt)
+    for index, tensor in ((task.weight, q), (task.scale, s)):
+        if index is None:
+            continue
+        dest = program.destinations[index]
+        sink.write_view(handles[index], dest, View(dest.spec.shape, dest.stride), tensor)

@@ -23,6 +23,7 @@ from weightplan.planner.tensors.build import Conversion, stage_specs, stages
 from weightplan.planner.tensors.destination import Destination, DestKind
 from weightplan.planner.tensors.geometry import Fragment, Region, View
 from weightplan.planner.quant.blocks import workspace_bytes
+from weightplan.planner.tensors.quant_steps import QuantizeTask, quantize_plan
 from weightplan.planner.tensors.nodes import (
     DequantizeAttrs, Node, NodeKind, op_attrs, read_attrs, sink_attrs,
 )
@@ -124,6 +125,7 @@ class Step:
     sources: Streams[Node]  # the READ nodes by source position (inputs of materialized ops)
     materialize: tuple[Streams[Node], ...]  # op-node stages run on tensors (empty: all placed)
     outputs: Streams[tuple[Fragment, ...]]  # where the last materialized stage's outputs land
+    quantized: tuple[QuantizeTask, ...] = ()  # values quantized into FP8 weight + scale
 
     @property
     def ops(self) -> tuple[ConversionOp, ...]:
@@ -161,8 +163,9 @@ class Step:
     @cached_property
     def convert_bytes(self) -> int:
         """Upper bound of the tensors the materialized ops allocate."""
-        return sum(sum(n.spec.nbytes for stream in stage for n in stream)
-                   for stage in self.materialize if op_attrs(stage[0][0]).op.allocates)
+        ops = sum(sum(n.spec.nbytes for stream in stage for n in stream)
+                  for stage in self.materialize if op_attrs(stage[0][0]).op.allocates)
+        return ops + sum(t.work_bytes for t in self.quantized)
 
     @cached_property
     def direct_fraction(self) -> float:
@@ -176,6 +179,8 @@ def plan_step(conv: Conversion, piece_bytes: int = PIECE_BYTES) -> Step:
     values = stages(conv)
     written = [s for s in conv.sinks if sink_attrs(s).dest.written]
     dests = tuple(sink_attrs(s).dest for s in written)
+    if any(n.kind is NodeKind.QUANTIZE for n in conv.nodes):
+        return _quantize_step(conv, values, written, dests, piece_bytes)
     frags = _final_fragments(values[-1], written, dests)
     m = len(values) - 1
     while m > 0:
@@ -191,6 +196,16 @@ def plan_step(conv: Conversion, piece_bytes: int = PIECE_BYTES) -> Step:
                   for stream in values[0] for n in stream)
     return Step(conv.label, conv.sinks, _staging(dests, reads, True), reads, values[0],
                 values[1:m + 1], frags)
+
+
+def _quantize_step(conv: Conversion, values, written: list[Node],
+                   dests: tuple[Destination, ...], piece_bytes: int) -> Step:
+    """Reads held, every op stage run on tensors, then quantized (see quant_steps)."""
+    outputs, tasks = quantize_plan(values[-1], written, dests)
+    reads = tuple(read_task(n, Region.full(n.spec.shape), None, False, piece_bytes)
+                  for stream in values[0] for n in stream)
+    return Step(conv.label, conv.sinks, _staging(dests, reads, True), reads, values[0],
+                values[1:], outputs, tasks)
 
 
 def _final_fragments(outputs: Streams[Node], written: list[Node],

@@ -28,6 +28,7 @@ from weightplan.planner.tensors.nodes import (
     ATTRS_OF, CastAttrs, DequantizeAttrs, Node, NodeKind, QuantizeAttrs, ShardAttrs, SinkAttrs,
 )
 from weightplan.planner.tensors.placement import ReadTask, Step
+from weightplan.planner.tensors.quant_steps import quantize_fragments
 
 _ARITY = {NodeKind.READ: 0, NodeKind.CAST: 1, NodeKind.SINK: 1, NodeKind.SHARD: 1,
           NodeKind.QUANTIZE: 1, NodeKind.DEQUANTIZE: 2}
@@ -147,6 +148,9 @@ def check_coverage(step: Step) -> list[str]:
         for placed in stream:
             for f in placed:
                 frags[f.target].append(f)
+    for task in step.quantized:
+        for f in quantize_fragments(task, step.destinations):
+            frags[f.target].append(f)
     problems = []
     for dest, fs in zip(step.destinations, frags, strict=True):
         problem = coverage_problem(dest_view(dest), fs)
