@@ -55,7 +55,8 @@ def _plain_copies(conversions: Sequence[Conversion]) -> tuple[set[str], set[str]
         loads = [t for t in conv.targets if t.status is TargetStatus.LOAD]
         loaded.update(t.key for t in loads)
         quantized = any(n.kind in (NodeKind.DEQUANTIZE, NodeKind.QUANTIZE) for n in conv.nodes)
-        if loads and not quantized and all(t.dtype in FP8_DTYPES for t in loads):
+        fp8_sources = all(e.spec.dtype in FP8_DTYPES for e in conv.group.entries)
+        if loads and not quantized and fp8_sources and all(t.dtype in FP8_DTYPES for t in loads):
             keys.update(e.key for e in conv.group.entries)
             targets.update(t.key for t in loads)
     return keys, targets, loaded

@@ -74,11 +74,12 @@ def _ops(conv: Conversion) -> str:
     """The op chain as the mapping wrote it (resolved sizes are an implementation detail)."""
     written = conv.group.converter.operations if conv.group.converter else ()
     chain = [repr(o) for o in written]
-    fp8 = {n.kind: n for n in conv.nodes if n.kind in (NodeKind.DEQUANTIZE, NodeKind.QUANTIZE)}
+    fp8 = {n.kind: n for n in conv.nodes if n.kind is NodeKind.DEQUANTIZE
+           or (n.kind is NodeKind.QUANTIZE and not n.attrs.scale)}
     if NodeKind.DEQUANTIZE in fp8:
         chain.insert(0, quant_label(fp8[NodeKind.DEQUANTIZE]) + " (per source, with its scale)")
     if NodeKind.QUANTIZE in fp8:
-        chain.append(quant_label(fp8[NodeKind.QUANTIZE]).replace("scale ", "") + " + scale")
+        chain.append(quant_label(fp8[NodeKind.QUANTIZE]) + " + scale")
     return " → ".join(chain)
 
 
