@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 import weightplan
 from tests.fp8.checkpoints import family, ref_dequant
 from tests.fp8.oracle import bits, hf_quantize
-from tests.fp8.test_oracle_fixtures import model_slice
+from tests.fp8.test_fp8_oracle_fixtures import model_slice
 
 
 def meta_model(name, fp8=False):

@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 
 import weightplan
 from tests.conftest import module_with
-from tests.fp8.test_interop import meta_model
+from tests.fp8.test_fp8_interop import meta_model
 from weightplan.errors import QuantizationError
 from weightplan.planner.quant.quantize import quantize
 
