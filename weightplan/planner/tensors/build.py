@@ -162,6 +162,8 @@ def build_conversion(group: Group, expected: Expected, dtype: torch.dtype | None
         quantized = quantize_nodes(t.key, value, quant) if t.status is TargetStatus.LOAD else None
         if quantized is not None:
             scale_target = _quantized_target(t, quantized, expected)
+            t = replace(t, dtype=quantized[0].spec.dtype)
+            targets[targets.index(next(x for x in targets if x.key == t.key))] = t
             targets.append(scale_target)
             nodes += [quantized[0], quantized[1],
                       Node(NodeKind.SINK, quantized[0].spec, (quantized[0],), SinkAttrs(destination(t, sink))),
