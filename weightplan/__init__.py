@@ -34,16 +34,17 @@ def load(model: torch.nn.Module, checkpoint: object, *, strict: bool = False,
 
 
 def save(model: torch.nn.Module, directory: str | os.PathLike[str], *, mapping: object = None,
-         max_shard_size: int | str = "5GB",
-         overwrite: bool = False, threads: int = 4, progress: bool | None = None) -> SaveReport:
+         max_shard_size: int | str = "5GB", overwrite: bool = False, threads: int = 4,
+         progress: bool | None = None, quantize: str | None = None) -> SaveReport:
     """Write ``model`` to ``directory`` in its checkpoint's original layout.
 
     ``explain_save(model, directory, ...).execute(progress=...)``: a model loaded by
     weightplan is written back exactly as its checkpoint was (keys, shapes, dtypes,
-    bytes); any other model through the inverse of its mapping.
+    bytes); any other model through the inverse of its mapping. ``quantize="fp8"``
+    writes block FP8 with ``weight_scale_inv`` where the model was dequantized.
     """
     plan = explain_save(model, directory, mapping=mapping, max_shard_size=max_shard_size,
-                        overwrite=overwrite, threads=threads)
+                        overwrite=overwrite, threads=threads, quantize=quantize)
     return plan.execute(progress=progress)
 
 

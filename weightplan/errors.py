@@ -23,8 +23,11 @@ escapes (they are wrapped and chained with ``from``). The tree::
     │   ├── ShapeMismatchError       converted shape != model parameter shape
     │   ├── StrictLoadError          missing / unexpected keys with ``strict=True``
     │   ├── BudgetError              no schedule fits the memory budget
-    │   └── GraphError               the plan graph or its lowering breaks an invariant
-    │                                (``verify``; ``.problems`` lists every message)
+    │   ├── GraphError               the plan graph or its lowering breaks an invariant
+    │   │                            (``verify``; ``.problems`` lists every message)
+    │   └── QuantizationError        a quantized checkpoint or model can't be loaded as asked
+    │                                (quantization_config unusable, FP8 weight without its
+    │                                scale, a scale grid that doesn't fit the weight)
     ├── ExecutionError               failure while loading; names the node (key, file, op)
     ├── RenderError                  a plan can't be drawn as asked (detail, only=, format, dot)
     ├── SaveError                    failure while saving; nothing half-written is left
@@ -144,6 +147,17 @@ class GraphError(PlanError):
         more = f"\n  ... and {len(self.problems) - 10} more" if len(self.problems) > 10 else ""
         super().__init__(f"the plan graph is inconsistent ({len(self.problems)} problem(s)); "
                          f"this is a bug in weightplan or in a user op:\n  {shown}{more}")
+
+
+class QuantizationError(PlanError):
+    """A quantized (FP8) checkpoint, config or model can't be loaded or saved as asked."""
+
+    def __init__(self, message: str, *, key: str | None = None, file: str | None = None):
+        where = f"{file}: " if file else ""
+        where += f"[{key}] " if key else ""
+        super().__init__(where + message)
+        self.key = key
+        self.file = file
 
 
 class ExecutionError(WeightplanError, RuntimeError):

@@ -57,7 +57,8 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
 
 def explain_save(model: torch.nn.Module, directory: str | os.PathLike[str], *,
                  mapping: object = None, max_shard_size: int | str = "5GB",
-                 overwrite: bool = False, threads: int = 4) -> WritePlan:
+                 overwrite: bool = False, threads: int = 4, quantize: str | None = None
+                 ) -> WritePlan:
     """Plan writing ``model`` to ``directory`` in its checkpoint's original layout.
 
     Args:
@@ -69,13 +70,15 @@ def explain_save(model: torch.nn.Module, directory: str | os.PathLike[str], *,
         max_shard_size: bytes per shard (``"5GB"``); a bigger tensor gets its own shard.
         overwrite: replace checkpoint files already in ``directory``.
         threads: writer threads (0: inline).
+        quantize: ``"fp8"`` re-quantizes what a dequantizing load widened (or, without a
+            load record, the linear weights) into block FP8 + ``weight_scale_inv``.
 
     Raises:
         NotInvertibleError: a transform of the mapping has no unambiguous inverse.
         SaveError: meta tensors, an unwritable or occupied directory, too little space.
     """
     data = explain_save_plan(model, directory, mapping=mapping, max_shard_size=max_shard_size,
-                             overwrite=overwrite, threads=threads,
+                             overwrite=overwrite, threads=threads, quantize=quantize,
                              finder=bridge_for(model) if mapping is None else None)
     return promote(WritePlan, data)
 

@@ -6,7 +6,7 @@ import warnings
 
 from torch import nn
 
-from weightplan.errors import PlanError, ShapeMismatchError, StrictLoadError
+from weightplan.errors import PlanError, QuantizationError, ShapeMismatchError, StrictLoadError
 from weightplan.executor.report import LoadReport
 from weightplan.executor.run import run_plan
 from weightplan.executor.model_sink import ModelSink, check_unchanged
@@ -46,6 +46,10 @@ def preflight(plan: LoadPlanData, strict: bool) -> tuple[nn.Module, ModelInfo]:
         details = "; ".join(p.message for p in plan.problems if p.kind.value == "mismatch")
         raise ShapeMismatchError(f"{len(plan.mismatched)} tensor(s) don't fit the model, nothing "
                                  f"was loaded: {details}")
+    fp8 = [p for p in plan.problems if p.kind.value == "quantization"]
+    if fp8:
+        raise QuantizationError(f"{len(fp8)} FP8 problem(s), nothing was loaded: "
+                                + "; ".join(p.message for p in fp8[:5]))
     if strict and (plan.missing or plan.unexpected):
         raise StrictLoadError(f"strict load: {len(plan.missing)} missing "
                               f"({', '.join(sorted(plan.missing)[:5])}) and "

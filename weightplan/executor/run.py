@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from weightplan.errors import ExecutionError, WeightplanError
+from weightplan.executor.dequant import dequantize_read, quantize_write
 from weightplan.executor.memory import RssMeter, Tracker
 from weightplan.executor.progress import LoadProgress, wants_progress
 from weightplan.executor.reader import Reader
@@ -98,7 +99,7 @@ class _Execution:
         program, step = self.schedule.steps[index], self.steps.pop(index)
         for future in step.futures:
             future.result()
-        if program.materialize:
+        if program.materialize or program.quantized:
             self._convert(program, step)
         for dest, handle in zip(program.destinations, step.handles, strict=True):
             self.sink.close(dest, handle)
@@ -130,6 +131,8 @@ class _Execution:
                         src = streams[i][j][_slices(f.region)]
                         dest = program.destinations[f.target]
                         self.sink.write_view(step.handles[f.target], dest, f.view, src)
+            for task in program.quantized:
+                quantize_write(self.sink, program, step.handles, task, streams)
         finally:
             self.tracker.sub(program.convert_bytes + program.held_bytes)
             step.held.clear()
@@ -153,6 +156,9 @@ def _run_ops(program: Step, step: _Step) -> Streams[torch.Tensor]:
 def _read_task(run: _Execution, program: Step, step: _Step, task: ReadTask,
                piece: tuple[int, int]) -> None:
     with _source(run, task, piece) as src:
+        if task.dequantize is not None:
+            dequantize_read(run, program, step, task, src)
+            return
         f = task.fragment
         if f is None:  # an input of materialized ops: keep a copy (released when they ran)
             run.tracker.add(task.tmp_bytes)

@@ -16,6 +16,7 @@ import torch
 
 from weightplan.errors import MappingError, PlanError
 from weightplan.planner.findings import Findings, collect_findings
+from weightplan.planner.fp8_findings import with_fp8_findings
 from weightplan.planner.inputs.checkpoint import Checkpoint, open_checkpoint
 from weightplan.planner.inputs.model_info import inspect_model
 from weightplan.planner.keys.lookup import Finder, lookup_mapping, mapping_findings
@@ -26,6 +27,8 @@ from weightplan.planner.plan import Direction, LoadPlanData, PlanOptions
 from weightplan.planner.tensors.build import SinkKind, build_conversions
 from weightplan.planner.tensors.lower import StepOrder, lower
 from weightplan.planner.tensors.placement import Step
+from weightplan.planner.tensors.quant_build import quant_context, routed_checkpoint
+from weightplan.planner.tensors.quant_scales import add_scale_conversions
 from weightplan.planner.tensors.schedule import order_steps
 from weightplan.planner.tensors.spec import parse_dtype
 from weightplan.units import parse_bytes
@@ -72,15 +75,24 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     info = inspect_model(model) if model is not None else None
     choice = choose_mapping(mapping, model, finder)
     transforms = choice.transforms + tuple(t for t in LEGACY if t not in choice.transforms)
-    routing = route_checkpoint(ckpt, transforms, info)
-    conversions = build_conversions(routing.groups, info, options.dtype, SinkKind.MODEL)
+    quant = quant_context(checkpoint, ckpt, info, model)
+    routing, conversions, kept_problems = _convert(ckpt, transforms, info, options, quant)
     graph, schedule = lower(conversions, ckpt, order=_checkpoint_order(ckpt),
                             threads=options.threads, budget=options.budget)
     findings = collect_findings(info, routing, conversions)
+    findings = with_fp8_findings(findings, quant, conversions, kept_problems)
     looked_up = mapping is None and model is not None
     findings = _with_mapping_findings(findings, choice, looked_up=looked_up)
     return LoadPlanData(Direction.LOAD, ckpt, choice, transforms, conversions, graph, schedule,
                         options, model, info, routing, findings)
+
+
+def _convert(ckpt: Checkpoint, transforms, info, options: PlanOptions, quant):
+    """Routing and conversions; FP8 scales travel with their weights (see quant_build)."""
+    routing = route_checkpoint(routed_checkpoint(ckpt, quant), transforms, info)
+    conversions = build_conversions(routing.groups, info, options.dtype, SinkKind.MODEL, quant)
+    conversions, kept_problems = add_scale_conversions(conversions, quant, info)
+    return routing, conversions, kept_problems
 
 
 def _checkpoint_order(ckpt: Checkpoint) -> StepOrder:

@@ -58,15 +58,20 @@ def node_slots(conv: Conversion, grouped: bool) -> dict[Node, Slot]:
     slots: dict[Node, Slot] = {}
     for n in conv.nodes:
         a = n.attrs
-        if isinstance(a, ReadAttrs):
+        if n.kind is NodeKind.READ and a.entry in streams:
             slots[n] = (0, streams[a.entry])
-        elif isinstance(a, OpAttrs):
+        elif n.kind is NodeKind.DEQUANTIZE:  # an FP8 read, its scale's read, the dequantize
+            stream = streams[n.inputs[0].attrs.entry]
+            slots[n.inputs[1]], slots[n] = (0, stream, 1), (0, stream, 2)
+        elif n.kind is NodeKind.OP:
             slots[n] = (1 + a.stage, a.position[0])
         elif isinstance(a, SinkAttrs):
             stream = target_stream[a.target]
-            slots[n] = (last + 2, stream)
-            if n.inputs and n.inputs[0].kind is NodeKind.CAST:
-                slots[n.inputs[0]] = (last + 1, stream)
+            before = n.inputs[0] if n.inputs else None
+            scale = before is not None and before.kind is NodeKind.QUANTIZE and before.attrs.scale
+            slots[n] = (last + 2, stream, 1) if scale else (last + 2, stream)
+            if before is not None and before.kind in (NodeKind.CAST, NodeKind.QUANTIZE):
+                slots[before] = (last + 1, stream, 1) if scale else (last + 1, stream)
     return slots
 
 
@@ -85,7 +90,19 @@ def make_box(kind: NodeKind, rep: Sequence[Node], every: Sequence[Node], ctx: Bo
         return Box(kind, (f"{op!r}{times}", f"{size} · {how}"), op_colour(type(op).__name__))
     if kind is NodeKind.CAST:
         return Box(kind, (f"cast → {short_dtype(cast_attrs(rep[0]).dtype)}", size), KIND_COLOURS[kind])
+    if kind in (NodeKind.DEQUANTIZE, NodeKind.QUANTIZE):
+        return Box(kind, (quant_label(rep[0]), size), KIND_COLOURS[kind])
     return _assign_box(rep, every, size, ctx)
+
+
+def quant_label(node: Node) -> str:
+    """``dequantize 128×128 → bf16`` / ``quantize 128×128 → f8_e4m3`` / ``… → scale f32``."""
+    a = node.attrs
+    block = "×".join(map(str, a.block))
+    if node.kind is NodeKind.DEQUANTIZE:
+        return f"dequantize {block} → {short_dtype(a.dtype)}"
+    what = "scale " if a.scale else ""
+    return f"quantize {block} → {what}{short_dtype(a.dtype)}"
 
 
 def _assign_box(rep: Sequence[Node], every: Sequence[Node], size: str, ctx: BoxContext) -> Box:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from weightplan.planner.tensors.build import Conversion, TargetStatus
+from weightplan.planner.tensors.nodes import NodeKind
+from weightplan.viz.boxes import quant_label
 from weightplan.planner.tensors.spec import short_dtype
 from weightplan.planner.keys.transforms import LEGACY
 from weightplan.viz.folding import fold_keys, split_numbers
@@ -71,7 +73,14 @@ def _shapes(conv: Conversion) -> str:
 def _ops(conv: Conversion) -> str:
     """The op chain as the mapping wrote it (resolved sizes are an implementation detail)."""
     written = conv.group.converter.operations if conv.group.converter else ()
-    return " → ".join(repr(o) for o in written)
+    chain = [repr(o) for o in written]
+    fp8 = {n.kind: n for n in conv.nodes if n.kind is NodeKind.DEQUANTIZE
+           or (n.kind is NodeKind.QUANTIZE and not n.attrs.scale)}
+    if NodeKind.DEQUANTIZE in fp8:
+        chain.insert(0, quant_label(fp8[NodeKind.DEQUANTIZE]) + " (per source, with its scale)")
+    if NodeKind.QUANTIZE in fp8:
+        chain.append(quant_label(fp8[NodeKind.QUANTIZE]) + " + scale")
+    return " → ".join(chain)
 
 
 def _signature(conv: Conversion) -> tuple:

@@ -15,6 +15,15 @@ from weightplan.viz.rows import mapping_rows
 MAX_LIST = 12
 
 
+def _rule_text(row) -> str:
+    """The row's rule with its op chain (an FP8 dequantize shows on renamed keys too)."""
+    if not row.ops:
+        return row.rule
+    if "convert" in row.rule:
+        return row.rule.replace("convert", f"convert {row.ops}", 1)
+    return row.ops if row.rule == "as is" else f"{row.rule}; {row.ops}"
+
+
 def explain_text(plan: PlanData, width: int | None = None) -> str:
     """Render ``plan`` as the text ``print(plan)`` shows."""
     if width is None:
@@ -57,7 +66,7 @@ def mapping_lines(plan: PlanData, width: int) -> list[str]:
     """One block per folded row: rule, checkpoint keys, then ``→ model key`` and sizes."""
     lines, previous, n = [], None, 0
     for row in mapping_rows(plan.conversions):
-        rule = row.rule if not row.ops else row.rule.replace("convert", f"convert {row.ops}", 1)
+        rule = _rule_text(row)
         if rule != previous or row.ops:  # consecutive rows of one simple rule share a header
             n += 1
             lines.append(f"#{n:<3} {rule}")

@@ -28,7 +28,9 @@ from weightplan.planner.tensors.nodes import (
     CastAttrs, Node, NodeKind, OpAttrs, ReadAttrs, SinkAttrs, op_attrs, read_attrs, sink_attrs,
 )
 from weightplan.planner.tensors.ops.base import ConversionOp, OpContext, Streams, Wiring
+from weightplan.planner.tensors.quant_build import QuantContext, quantize_nodes, source_values
 from weightplan.planner.tensors.spec import TensorSpec
+from weightplan.planner.quant.blocks import FP8_DTYPES
 
 
 class TargetStatus(Enum):
@@ -112,8 +114,10 @@ def stages(conv: Conversion) -> tuple[Streams[Node], ...]:
     """Stage 0: the reads by source position; stage k: the outputs of op k-1."""
     rows: list[dict[tuple[int, int], Node]] = [{} for _ in range(len(conv.ops) + 1)]
     for n in conv.nodes:
-        if n.kind is NodeKind.READ:
-            rows[0][read_attrs(n).source] = n
+        if n.kind is NodeKind.READ:  # a scale's read sits behind its weight's dequantize
+            rows[0].setdefault(read_attrs(n).source, n)
+        elif n.kind is NodeKind.DEQUANTIZE:  # the op chain's input in place of the read
+            rows[0][read_attrs(n.inputs[0]).source] = n
         elif n.kind is NodeKind.OP:
             a = op_attrs(n)
             rows[a.stage + 1][a.position] = n
@@ -131,32 +135,55 @@ def stage_specs(stage: Streams[Node]) -> Streams[TensorSpec]:
 
 
 def build_conversions(groups: Sequence[Group], expected: Expected, dtype: torch.dtype | None,
-                      sink: SinkKind) -> tuple[Conversion, ...]:
+                      sink: SinkKind, quant: QuantContext | None = None
+                      ) -> tuple[Conversion, ...]:
     """Build every group, then settle tied duplicates and double claims."""
-    built = [build_conversion(g, expected, dtype, sink) for g in groups]
+    built = [build_conversion(g, expected, dtype, sink, quant) for g in groups]
     return settle_claims(built)
 
 
 def build_conversion(group: Group, expected: Expected, dtype: torch.dtype | None,
-                     sink: SinkKind) -> Conversion:
+                     sink: SinkKind, quant: QuantContext | None = None) -> Conversion:
     values: Streams[Node] = tuple(
         tuple(Node(NodeKind.READ, e.spec, (), ReadAttrs(e, (i, j))) for j, e in enumerate(s))
         for i, s in enumerate(group.sources))
     nodes = [n for s in values for n in s]
+    values, added = source_values(group, values, quant, expected, dtype)
+    nodes += added
     ctx = _context(group, expected)
     ops = group.converter.operations if group.converter else ()
     for k, op in enumerate(ops):
         resolved, out_specs, wiring = _apply_op(op, ctx, stage_specs(values), group, k)
         values = _op_nodes(resolved, k, out_specs, wiring, values)
         nodes += [n for s in values for n in s]
-    targets = _targets(group, stage_specs(values), expected, dtype)
-    for t in targets:
+    targets = list(_targets(group, stage_specs(values), expected, dtype))
+    for t in tuple(targets):
         value = values[t.position[0]][t.position[1]]
+        quantized = quantize_nodes(t.key, value, quant) if t.status is TargetStatus.LOAD else None
+        if quantized is not None:
+            scale_target = _quantized_target(t, quantized, expected)
+            t = replace(t, dtype=quantized[0].spec.dtype)
+            targets[targets.index(next(x for x in targets if x.key == t.key))] = t
+            targets.append(scale_target)
+            nodes += [quantized[0], quantized[1],
+                      Node(NodeKind.SINK, quantized[0].spec, (quantized[0],), SinkAttrs(destination(t, sink))),
+                      Node(NodeKind.SINK, quantized[1].spec, (quantized[1],),
+                           SinkAttrs(destination(scale_target, sink)))]
+            continue
         if t.status is TargetStatus.LOAD and t.dtype != t.produced.dtype:
             value = Node(NodeKind.CAST, t.dest, (value,), CastAttrs(t.dtype))
             nodes.append(value)
         nodes.append(Node(NodeKind.SINK, value.spec, (value,), SinkAttrs(destination(t, sink))))
-    return Conversion(group, targets, tuple(nodes))
+    return Conversion(group, tuple(targets), tuple(nodes))
+
+
+def _quantized_target(t: Target, quantized: tuple[Node, Node, str], expected: Expected) -> Target:
+    """The scale parameter a quantize node writes, as a target of its own."""
+    _, scale, key = quantized
+    mt = expected.get(key) if isinstance(expected, ModelInfo) else None
+    want = _expected_spec(expected, key)
+    status = TargetStatus.LOAD if want is None or want.shape == scale.spec.shape else TargetStatus.MISMATCH
+    return Target(key, scale.spec, t.position, mt, want, scale.spec.dtype, status)
 
 
 def _op_nodes(op: ConversionOp, k: int, out_specs: Streams[TensorSpec], wiring: Wiring,
@@ -259,7 +286,9 @@ def _target(key: str, spec: TensorSpec, position: tuple[int, int], expected: Exp
 def destination_dtype(produced: TensorSpec, mt: ModelTensor | None,
                       requested: torch.dtype | None) -> torch.dtype:
     """Allocated tensors keep their dtype; new ones take ``requested`` (floats) or the model's."""
-    floating = produced.dtype.is_floating_point
+    floating = produced.dtype.is_floating_point and produced.dtype not in FP8_DTYPES
+    if mt is not None and mt.spec.dtype in FP8_DTYPES:
+        return mt.spec.dtype  # FP8 parameters keep FP8 (a requested dtype is for floats)
     if mt is None:
         return requested if requested is not None and floating else produced.dtype
     if not mt.on_meta or requested is None or not mt.spec.dtype.is_floating_point:

@@ -23,8 +23,10 @@ from weightplan.planner.tensors.build import Conversion, stage_specs, stages
 from weightplan.planner.tensors.destination import Destination, DestKind
 from weightplan.planner.tensors.geometry import Fragment, Region, View
 from weightplan.errors import PlanError
+from weightplan.planner.quant.blocks import workspace_bytes
+from weightplan.planner.tensors.quant_steps import QuantizeTask, quantize_plan
 from weightplan.planner.tensors.nodes import (
-    CastAttrs, Node, ShardAttrs, op_attrs, read_attrs, sink_attrs,
+    CastAttrs, DequantizeAttrs, Node, NodeKind, ShardAttrs, op_attrs, read_attrs, sink_attrs,
 )
 from weightplan.planner.tensors.ops.base import ConversionOp, Streams
 
@@ -39,7 +41,7 @@ class ReadTask:
     range, length) windows read in parallel. Built by :func:`read_task`.
     """
 
-    node: Node  # the READ node this task lowers
+    node: Node  # the READ node this task lowers (or the DEQUANTIZE node behind a read)
     region: Region
     fragment: Fragment | None  # None: kept as an input of the materialized ops
     direct: bool  # a plain byte copy: contiguous destination, same dtype, one byte range
@@ -47,12 +49,34 @@ class ReadTask:
     pieces: tuple[tuple[int, int], ...]
 
     @property
+    def read(self) -> Node:
+        """The READ node of the bytes (a dequantize's weight input)."""
+        return self.node.inputs[0] if self.node.kind is NodeKind.DEQUANTIZE else self.node
+
+    @property
     def entry(self) -> TensorEntry:
-        return read_attrs(self.node).entry
+        return read_attrs(self.read).entry
 
     @property
     def source(self) -> tuple[int, int]:
-        return read_attrs(self.node).source
+        return read_attrs(self.read).source
+
+    @property
+    def dequantize(self) -> DequantizeAttrs | None:
+        """Set when the read's bytes are FP8 dequantized on their way (scale: ``scale``)."""
+        a = self.node.attrs
+        return a if isinstance(a, DequantizeAttrs) else None
+
+    @property
+    def scale(self) -> TensorEntry | None:
+        return read_attrs(self.node.inputs[1]).entry if self.dequantize is not None else None
+
+    @property
+    def work_bytes(self) -> int:
+        """Besides the window: a dequantize's scales and its fp32 chunk workspace."""
+        if self.dequantize is None or self.scale is None:
+            return 0
+        return self.scale.nbytes + workspace_bytes(self.region.shape, self.dequantize.block)
 
     @property
     def nbytes(self) -> int:
@@ -61,19 +85,26 @@ class ReadTask:
     @property
     def tmp_bytes(self) -> int:
         """Bytes of a temporary kept after the read (only for materialized-op inputs)."""
-        return self.nbytes if self.fragment is None and self.entry.file is not None else 0
+        if self.fragment is not None:
+            return 0
+        if self.dequantize is not None:
+            return self.region.numel * self.dequantize.dtype.itemsize
+        return self.nbytes if self.entry.file is not None else 0
 
     @property
     def window_bytes(self) -> int:
-        """The largest file window this task maps at once (0 for in-memory sources)."""
-        return 0 if self.entry.file is None else max(length for _, length in self.pieces)
+        """The largest file window this task maps at once (0 for in-memory sources), with
+        what a dequantize holds while it runs."""
+        window = 0 if self.entry.file is None else max(length for _, length in self.pieces)
+        return window + self.work_bytes
 
 
 def read_task(node: Node, region: Region, fragment: Fragment | None, direct: bool,
               piece_bytes: int = PIECE_BYTES) -> ReadTask:
     """The byte range of ``region`` of ``node``'s entry; direct reads over ``piece_bytes``
     are split into pieces so that they run in parallel (each piece is one mapped window)."""
-    entry = read_attrs(node).entry
+    read = node.inputs[0] if node.kind is NodeKind.DEQUANTIZE else node
+    entry = read_attrs(read).entry
     first, count = region.element_span(entry.spec.shape)
     size = entry.spec.dtype.itemsize
     total = count * size
@@ -95,6 +126,7 @@ class Step:
     sources: Streams[Node]  # the READ nodes by source position (inputs of materialized ops)
     materialize: tuple[Streams[Node], ...]  # op-node stages run on tensors (empty: all placed)
     outputs: Streams[tuple[Fragment, ...]]  # where the last materialized stage's outputs land
+    quantized: tuple[QuantizeTask, ...] = ()  # values quantized into FP8 weight + scale
 
     @property
     def ops(self) -> tuple[ConversionOp, ...]:
@@ -132,8 +164,9 @@ class Step:
     @cached_property
     def convert_bytes(self) -> int:
         """Upper bound of the tensors the materialized ops allocate."""
-        return sum(sum(n.spec.nbytes for stream in stage for n in stream)
-                   for stage in self.materialize if op_attrs(stage[0][0]).op.allocates)
+        ops = sum(sum(n.spec.nbytes for stream in stage for n in stream)
+                  for stage in self.materialize if op_attrs(stage[0][0]).op.allocates)
+        return ops + sum(t.work_bytes for t in self.quantized)
 
     @cached_property
     def direct_fraction(self) -> float:
@@ -147,6 +180,8 @@ def plan_step(conv: Conversion, piece_bytes: int = PIECE_BYTES) -> Step:
     values = stages(conv)
     written = [s for s in conv.sinks if sink_attrs(s).dest.written]
     dests = tuple(sink_attrs(s).dest for s in written)
+    if any(n.kind is NodeKind.QUANTIZE for n in conv.nodes):
+        return _quantize_step(conv, values, written, dests, piece_bytes)
     frags = _final_fragments(values[-1], written, dests)
     m = len(values) - 1
     while m > 0:
@@ -162,6 +197,16 @@ def plan_step(conv: Conversion, piece_bytes: int = PIECE_BYTES) -> Step:
                   for stream in values[0] for n in stream)
     return Step(conv.label, conv.sinks, _staging(dests, reads, True), reads, values[0],
                 values[1:m + 1], frags)
+
+
+def _quantize_step(conv: Conversion, values, written: list[Node],
+                   dests: tuple[Destination, ...], piece_bytes: int) -> Step:
+    """Reads held, every op stage run on tensors, then quantized (see quant_steps)."""
+    outputs, tasks = quantize_plan(values[-1], written, dests)
+    reads = tuple(read_task(n, Region.full(n.spec.shape), None, False, piece_bytes)
+                  for stream in values[0] for n in stream)
+    return Step(conv.label, conv.sinks, _staging(dests, reads, True), reads, values[0],
+                values[1:], outputs, tasks)
 
 
 def _final_fragments(outputs: Streams[Node], written: list[Node],
@@ -199,7 +244,8 @@ def _placed_reads(sources: Streams[Node], frags: Streams[tuple[Fragment, ...]],
     tasks = []
     for i, stream in enumerate(sources):
         for j, node in enumerate(stream):
-            entry = read_attrs(node).entry
+            read = node.inputs[0] if node.kind is NodeKind.DEQUANTIZE else node
+            entry = read_attrs(read).entry
             for f in frags[i][j]:
                 if f.region.numel == 0:
                     continue

@@ -31,6 +31,7 @@ from weightplan.planner.tensors.nodes import (
 )
 from weightplan.planner.tensors.placement import ReadTask, Step
 from weightplan.planner.tensors.schedule import Event, EventKind
+from weightplan.planner.tensors.quant_steps import quantize_fragments
 
 _ARITY = {NodeKind.READ: 0, NodeKind.CAST: 1, NodeKind.SINK: 1, NodeKind.SHARD: 1,
           NodeKind.QUANTIZE: 1, NodeKind.DEQUANTIZE: 2}
@@ -150,6 +151,9 @@ def check_coverage(step: Step) -> list[str]:
         for placed in stream:
             for f in placed:
                 frags[f.target].append(f)
+    for task in step.quantized:
+        for f in quantize_fragments(task, step.destinations):
+            frags[f.target].append(f)
     problems = []
     for dest, fs in zip(step.destinations, frags, strict=True):
         problem = coverage_problem(dest_view(dest), fs)

@@ -30,6 +30,8 @@ from weightplan.planner.tensors.build import Conversion, SinkKind, TargetStatus,
 from weightplan.planner.tensors.lower import lower
 from weightplan.planner.tensors.placement import Step
 from weightplan.planner.tensors.spec import TensorSpec
+from weightplan.planner.tensors.quant_build import QuantContext
+from weightplan.planner.write.fp8_save import blocks_to_quantize, check_quantize, save_quant_context
 from weightplan.planner.write.record import get_record
 from weightplan.planner.write.reverse import ReverseGroups, derived_groups, record_groups
 from weightplan.planner.write.shards import INDEX_NAME, ShardLayout, plan_layout
@@ -39,8 +41,8 @@ from weightplan.units import parse_bytes
 
 def explain_save_plan(model: torch.nn.Module, directory: str | os.PathLike[str], *,
                       mapping: object = None, max_shard_size: int | str = "5GB",
-                      overwrite: bool = False, threads: int = 4, finder: Finder | None = None
-                      ) -> WritePlanData:
+                      overwrite: bool = False, threads: int = 4, finder: Finder | None = None,
+                      quantize: str | None = None) -> WritePlanData:
     """Plan writing ``model`` to ``directory`` in its checkpoint's original layout.
 
     Args:
@@ -53,11 +55,14 @@ def explain_save_plan(model: torch.nn.Module, directory: str | os.PathLike[str],
         overwrite: replace checkpoint files already in ``directory``.
         threads: writer threads (0: inline).
         finder: the mapping lookup's second source (the transformers bridge).
+        quantize: ``"fp8"`` writes the tensors that were FP8 (or, without a record, the
+            linear weights) as block FP8 with ``weight_scale_inv`` (:mod:`.fp8_save`).
 
     Raises:
         NotInvertibleError: a transform of the mapping has no unambiguous inverse.
         SaveError: meta tensors, an unwritable or occupied directory, too little space.
     """
+    check_quantize(quantize)
     record = get_record(model)
     if mapping is None and record is not None:
         source = open_checkpoint(model_state(model, aliases=True))
@@ -70,9 +75,15 @@ def explain_save_plan(model: torch.nn.Module, directory: str | os.PathLike[str],
         choice = choose_mapping(mapping, model, finder)
         reverse = derived_groups(choice.transforms, source)
         order, metadata, how = (), {"format": "pt"}, Inversion.MAPPING
+    quant = None
+    if quantize == "fp8":
+        built = build_conversions(reverse.groups, reverse.outputs, None, SinkKind.FILE)
+        outputs = [(t.key, t.dest) for c in built for t in c.targets]
+        quant = save_quant_context(blocks_to_quantize(record if how is Inversion.RECORD else None,
+                                                      outputs))
     return make_write_plan(directory, source, reverse, choice, how, order=order,
                            metadata=metadata, max_shard_size=max_shard_size,
-                           overwrite=overwrite, threads=threads)
+                           overwrite=overwrite, threads=threads, quant=quant)
 
 
 def explain_convert_plan(source: object, directory: str | os.PathLike[str], *, mapping: object,
@@ -123,8 +134,8 @@ def model_state(model: torch.nn.Module, *, aliases: bool) -> dict[str, torch.Ten
 def make_write_plan(directory: str | os.PathLike, source: Checkpoint, reverse: ReverseGroups,
                     choice: MappingChoice, how: Inversion, *, order: tuple[str, ...],
                     metadata: dict[str, str], max_shard_size: int | str, overwrite: bool,
-                    threads: int) -> WritePlanData:
-    conversions = build_conversions(reverse.groups, reverse.outputs, None, SinkKind.FILE)
+                    threads: int, quant: QuantContext | None = None) -> WritePlanData:
+    conversions = build_conversions(reverse.groups, reverse.outputs, None, SinkKind.FILE, quant)
     _check_outputs(conversions)
     layout = plan_layout(_ordered_specs(conversions, order),
                          parse_bytes(max_shard_size, what="max_shard_size"), metadata)

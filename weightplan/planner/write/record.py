@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.tensors.build import Conversion, TargetStatus
+from weightplan.planner.tensors.nodes import NodeKind
 from weightplan.planner.tensors.ops.base import ConversionOp
 from weightplan.planner.keys.patterns import natural_key
 from weightplan.planner.tensors.spec import TensorSpec
@@ -36,6 +37,9 @@ class RecordedConversion:
     ops: tuple[ConversionOp, ...]  # resolved forward ops
     targets: tuple[tuple[str, tuple[int, int]], ...]  # (model key, position in the last stage)
     fired: tuple[Renaming, ...] = ()
+    # FP8 sources that were dequantized: (checkpoint key, block); their recorded spec is
+    # the dequantized one (what the model holds), so saving writes that by default
+    dequantized: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -78,13 +82,16 @@ def _record(conv: Conversion) -> RecordedConversion | None:
     """``None`` when some output went nowhere: the sources can't be rebuilt from the model."""
     if any(t.status not in (TargetStatus.LOAD, TargetStatus.TIED_DUPLICATE) for t in conv.targets):
         return None
-    sources = tuple(tuple((e.key, e.spec) for e in stream) for stream in conv.group.sources)
+    widened = {n.inputs[0].attrs.entry.key: n for n in conv.nodes if n.kind is NodeKind.DEQUANTIZE}
+    sources = tuple(tuple((e.key, widened[e.key].spec if e.key in widened else e.spec)
+                          for e in stream) for stream in conv.group.sources)
     fired: list[Renaming] = []
     for stream in conv.group.routes:
         for route in stream:
             fired.extend(r for r in route.fired if r not in fired)
     targets = tuple((t.key, t.position) for t in conv.targets)
-    return RecordedConversion(sources, conv.ops, targets, tuple(fired))
+    dequantized = tuple((k, n.attrs.block) for k, n in widened.items())
+    return RecordedConversion(sources, conv.ops, targets, tuple(fired), dequantized)
 
 
 def attach_record(model: nn.Module, record: LoadRecord) -> None:

@@ -1,0 +1,72 @@
+"""Saving FP8 models: kept FP8 saves back bit for bit; a dequantized model saves at its
+own dtype without scales by default, or re-quantized with ``quantize="fp8"``."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import weightplan
+from tests.fp8.oracle import bits
+from tests.fp8.test_fp8_interop import meta_model
+from weightplan.errors import SaveError
+from weightplan.planner.quant.blocks import dequantize
+
+
+def saved(directory):
+    out = {}
+    for path in sorted(directory.glob("*.safetensors")):
+        out.update(load_file(str(path)))
+    return out
+
+
+@pytest.mark.parametrize("name", ["dsv3", "mixtral"])
+def test_kept_fp8_saves_back_bit_for_bit(fp8_checkpoints, tmp_path, name):
+    _, fp8_dir = fp8_checkpoints(name)
+    model = meta_model(name, fp8=True)
+    weightplan.explain(model, fp8_dir, dtype=torch.bfloat16).execute()
+    weightplan.save(model, tmp_path / "out")
+    original, written = load_file(str(fp8_dir / "model.safetensors")), saved(tmp_path / "out")
+    assert set(written) == set(original)
+    for key, value in original.items():
+        if key.endswith("e_score_correction_bias"):  # fp32 in the model, bf16 in our fixture
+            continue
+        assert written[key].dtype == value.dtype and torch.equal(bits(written[key]), bits(value)), key
+
+
+def test_dequantized_model_saves_its_own_dtype_without_scales(fp8_checkpoints, tmp_path):
+    _, fp8_dir = fp8_checkpoints("mixtral")
+    model = meta_model("mixtral")
+    weightplan.explain(model, fp8_dir, dtype=torch.bfloat16).execute()
+    weightplan.save(model, tmp_path / "out")
+    original, written = load_file(str(fp8_dir / "model.safetensors")), saved(tmp_path / "out")
+    assert set(written) == {k for k in original if not k.endswith("_scale_inv")}
+    key = "model.layers.1.block_sparse_moe.experts.2.w3.weight"
+    assert written[key].dtype == torch.bfloat16
+    expected = dequantize(original[key], original[key + "_scale_inv"], (128, 128), torch.bfloat16)
+    assert torch.equal(written[key], expected)
+    again = meta_model("mixtral")
+    weightplan.explain(again, tmp_path / "out", dtype=torch.bfloat16).execute()
+    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(),
+                                                 model.state_dict().values()))
+
+
+def test_dequantized_model_saved_requantized(fp8_checkpoints, tmp_path):
+    _, fp8_dir = fp8_checkpoints("dsv3")
+    model = meta_model("dsv3")
+    weightplan.explain(model, fp8_dir, dtype=torch.bfloat16).execute()
+    plan = weightplan.explain_save(model, tmp_path / "out", quantize="fp8")
+    assert "quantize" in str(plan) or plan.conversions
+    plan.execute()
+    original, written = load_file(str(fp8_dir / "model.safetensors")), saved(tmp_path / "out")
+    assert set(written) == set(original)
+    for key, value in original.items():
+        if value.dtype == torch.float8_e4m3fn:  # quantizing a dequantized weight: same bytes
+            assert torch.equal(bits(written[key]), bits(value)), key
+            scale = original[key + "_scale_inv"]
+            assert torch.allclose(written[key + "_scale_inv"], scale, rtol=2 ** -20, atol=0), key
+
+
+def test_quantize_option_is_checked(tmp_path):
+    model = meta_model("mixtral")
+    with pytest.raises(SaveError, match="quantize='int4'"):
+        weightplan.explain_save(model, tmp_path / "out", quantize="int4")

@@ -1,0 +1,71 @@
+"""The dequantize read: FP8 bytes from a mapped window, scaled into their destination.
+
+A dequantize node's read task maps its weight region like any read, reads the (small)
+scale tensor, and writes ``q.float() · s`` into the destination view one row chunk at a
+time through the sink (an fp32 workspace of at most ``CHUNK_BYTES``): no full-size fp32
+temporary and no FP8 copy. An input of materialized ops gets a fresh dequantized tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from weightplan.planner.quant.blocks import dequantize_chunks, dequantize_into
+from weightplan.planner.quant.quantize import quantize
+from weightplan.planner.tensors.quant_steps import QuantizeTask
+from weightplan.planner.tensors.geometry import View
+from weightplan.planner.tensors.placement import ReadTask
+
+
+def dequantize_read(run, program, step, task: ReadTask, src: torch.Tensor) -> None:
+    """Dequantize ``src`` (the task's FP8 region) into the task's fragment (or hold it)."""
+    attrs = task.dequantize
+    assert attrs is not None
+    scale = _scale(run, task)
+    origin, full = task.region.starts, task.entry.spec.shape
+    f = task.fragment
+    run.tracker.add(task.work_bytes)
+    try:
+        if f is None or tuple(f.view.shape) != tuple(task.region.shape):
+            out = torch.empty(task.region.shape, dtype=attrs.dtype)
+            dequantize_into(src, scale, out, attrs.block, origin=origin, full_shape=full)
+            if f is None:
+                run.tracker.add(task.tmp_bytes)
+                step.held[task.source] = out
+                return
+            run.sink.write_view(step.handles[f.target], program.destinations[f.target], f.view, out)
+            return
+        dest, handle = program.destinations[f.target], step.handles[f.target]
+        for idx, r0, r1, x in dequantize_chunks(src, scale, attrs.block, origin, full_shape=full):
+            run.sink.write_view(handle, dest, rows_of(f.view, idx, r0, r1), x)
+    finally:
+        run.tracker.sub(task.work_bytes)
+
+
+def rows_of(view: View, index: tuple[int, ...], r0: int, r1: int) -> View:
+    """Rows ``[r0, r1)`` of matrix ``index`` of a ``[..., R, C]`` view."""
+    offset = view.offset + sum(i * s for i, s in zip(index, view.stride)) + r0 * view.stride[-2]
+    return View((r1 - r0, view.shape[-1]), tuple(view.stride[-2:]), offset)
+
+
+def _scale(run, task: ReadTask) -> torch.Tensor:
+    entry = task.scale
+    assert entry is not None
+    if entry.file is None:
+        assert run.checkpoint.tensors is not None
+        return run.checkpoint.tensors[entry.key]
+    with run.reader.window(entry.file, entry.offset, entry.nbytes) as raw:
+        return raw.view(entry.spec.dtype).reshape(entry.spec.shape).clone()
+
+
+def quantize_write(sink, program, handles, task: QuantizeTask, streams) -> None:
+    """Quantize a materialized value (transformers' formula, edge tiles zero-padded) and
+    write the FP8 weight and its scale into their destinations."""
+    i, j = task.position
+    value = streams[i][j]
+    q, s = quantize(value, tuple(task.block), scale_fmt=task.scale_fmt)
+    for index, tensor in ((task.weight, q), (task.scale, s)):
+        if index is None:
+            continue
+        dest = program.destinations[index]
+        sink.write_view(handles[index], dest, View(dest.spec.shape, dest.stride), tensor)

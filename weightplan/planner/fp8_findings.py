@@ -1,0 +1,78 @@
+"""FP8 findings: what the pairing and the builder found, as problems and notes.
+
+A problem of kind ``quantization`` makes ``execute`` refuse the plan (it would install a
+wrong weight): an FP8 weight without its scale, a scale grid that doesn't fit, an FP8
+parameter without a scale parameter, FP8 that can't be kept through an op. Scales next
+to weights that aren't FP8 are notes (the keys are reported unexpected anyway).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from weightplan.planner.findings import Findings, Note, Problem, ProblemKind
+from weightplan.planner.inputs.fp8_pairs import Fp8ProblemKind
+from weightplan.planner.quant.blocks import FP8_DTYPES
+from weightplan.planner.tensors.build import Conversion, TargetStatus
+from weightplan.planner.tensors.nodes import NodeKind
+from weightplan.planner.tensors.quant_build import QuantContext
+
+
+def with_fp8_findings(findings: Findings, quant: QuantContext | None,
+                      conversions: Sequence[Conversion], kept_problems: Sequence[tuple[str, str]]
+                      ) -> Findings:
+    """``findings`` plus the FP8 problems and a note saying what the plan does with FP8."""
+    if quant is None:
+        return findings
+    plain_keys, plain_targets, loaded = _plain_copies(conversions)
+    problems, notes = [], []
+    for p in quant.pairing.problems:
+        if p.kind is Fp8ProblemKind.STRAY_SCALE:
+            notes.append(Note(p.key, p.message))
+        elif p.kind is Fp8ProblemKind.MISSING_SCALE and p.key in plain_keys:
+            continue  # float8 bytes copied into a float8 tensor: nothing to scale
+        else:
+            problems.append(Problem(ProblemKind.QUANTIZATION, p.key, f"{p.kind.value}: {p.message}"))
+    problems += [Problem(ProblemKind.QUANTIZATION, key, f"can't keep FP8: {message}")
+                 for key, message in kept_problems]
+    if quant.model is not None:
+        problems += [Problem(ProblemKind.QUANTIZATION, name,
+                             f"{name} is an FP8 parameter without a fitting scale parameter "
+                             f"({name}_scale_inv); weightplan can't fill it correctly")
+                     for name in quant.model.unscaled
+                     if name in loaded and name not in plain_targets]
+    notes.append(Note("<fp8>", summary(quant, conversions)))
+    return dataclasses.replace(findings, problems=findings.problems + tuple(problems),
+                               notes=findings.notes + tuple(notes))
+
+
+def _plain_copies(conversions: Sequence[Conversion]) -> tuple[set[str], set[str], set[str]]:
+    """Checkpoint keys and model keys of conversions that copy float8 into float8 tensors
+    without scales (plain data, not block-quantized weights); and every loaded key."""
+    keys, targets, loaded = set(), set(), set()
+    for conv in conversions:
+        loads = [t for t in conv.targets if t.status is TargetStatus.LOAD]
+        loaded.update(t.key for t in loads)
+        quantized = any(n.kind in (NodeKind.DEQUANTIZE, NodeKind.QUANTIZE) for n in conv.nodes)
+        fp8_sources = all(e.spec.dtype in FP8_DTYPES for e in conv.group.entries)
+        if loads and not quantized and fp8_sources and all(t.dtype in FP8_DTYPES for t in loads):
+            keys.update(e.key for e in conv.group.entries)
+            targets.update(t.key for t in loads)
+    return keys, targets, loaded
+
+
+def summary(quant: QuantContext, conversions: Sequence[Conversion]) -> str:
+    """One line: how many weights are dequantized, kept, quantized, with which blocks."""
+    counts = {k: 0 for k in (NodeKind.DEQUANTIZE, NodeKind.QUANTIZE)}
+    for conv in conversions:
+        for n in conv.nodes:
+            if n.kind in counts and not (n.kind is NodeKind.QUANTIZE and n.attrs.scale):
+                counts[n.kind] += 1
+    kept = sum(1 for c in conversions for t in c.targets if quant.keeps(t.key))
+    kept -= counts[NodeKind.QUANTIZE]
+    block = quant.config.block if quant.config is not None else (128, 128)
+    source = quant.config.source if quant.config is not None else "no quantization_config"
+    return (f"FP8 ({len(quant.pairing.pairs)} scaled weights, blocks {block}, from {source}): "
+            f"{counts[NodeKind.DEQUANTIZE]} dequantized, {kept} kept in FP8, "
+            f"{counts[NodeKind.QUANTIZE]} quantized")

@@ -1,0 +1,167 @@
+"""Pre-quantized FP8 checkpoints recognised from headers: every FP8 weight with its scale.
+
+A weight ``X.weight`` stored as ``F8_E4M3`` (or ``F8_E5M2``) is paired with
+``X.weight_scale_inv`` (and ``X.activation_scale`` when the checkpoint has one); a key
+that doesn't end in ``.weight`` (a fused ``experts.gate_up_proj``) with
+``<key>_scale_inv``, as transformers names them. Checks, each a :class:`Fp8Problem`
+naming the key, both shapes and the expected grid:
+
+- an FP8 weight without its scale (``missing scale``): loading it would be a silent cast;
+- a scale whose shape is not the ceil grid ``[..., ⌈R/b0⌉, ⌈C/b1⌉]`` (``scale grid``);
+- a scale of a dtype that is no scale (``scale dtype``);
+- a scale next to a weight that is not FP8 (``stray scale``), or next to no weight.
+
+Only headers are read. The block comes from ``quantization_config`` (128×128 when the
+checkpoint has FP8 weights but no config: DeepSeek-V3's and transformers' default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+from weightplan.planner.inputs.checkpoint import TensorEntry
+from weightplan.planner.inputs.quant_config import QuantConfig
+from weightplan.planner.quant.blocks import FP8_DTYPES, SCALE_DTYPES, Block, grid_fits, scale_grid
+from weightplan.planner.tensors.spec import short_dtype
+
+ACTIVATION_SUFFIXES = (".activation_scale", ".input_scale")
+
+
+class Fp8ProblemKind(Enum):
+    MISSING_SCALE = "missing scale"
+    SCALE_GRID = "scale grid"
+    SCALE_DTYPE = "scale dtype"
+    STRAY_SCALE = "stray scale"
+
+
+@dataclass(frozen=True, slots=True)
+class ScaledWeight:
+    """An FP8 weight and the tensors that dequantize it."""
+
+    weight: TensorEntry
+    scale: TensorEntry
+    block: Block
+    activation: TensorEntry | None = None
+
+    @property
+    def companions(self) -> tuple[str, ...]:
+        extra = (self.activation.key,) if self.activation is not None else ()
+        return (self.scale.key,) + extra
+
+
+@dataclass(frozen=True, slots=True)
+class Fp8Problem:
+    kind: Fp8ProblemKind
+    key: str
+    message: str
+    weight_shape: tuple[int, ...] | None = None
+    scale_shape: tuple[int, ...] | None = None
+    expected: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Fp8Pairing:
+    """What :func:`pair_scales` found: pairs by weight key, problems, consumed keys."""
+
+    pairs: Mapping[str, ScaledWeight]
+    problems: tuple[Fp8Problem, ...]
+    companions: frozenset[str]  # scale / activation keys that belong to a weight
+    config: QuantConfig | None = field(default=None, compare=False)
+
+    @property
+    def quantized(self) -> bool:
+        return bool(self.pairs) or any(p.kind is Fp8ProblemKind.MISSING_SCALE
+                                       for p in self.problems)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.pairs
+
+
+def scale_key(key: str) -> str:
+    """``X.weight → X.weight_scale_inv``; any other key ``K → K_scale_inv``."""
+    return key + "_scale_inv"
+
+
+def activation_keys(key: str) -> tuple[str, ...]:
+    base = key.removesuffix(".weight")
+    return tuple(base + s for s in ACTIVATION_SUFFIXES)
+
+
+def is_scale_key(key: str) -> bool:
+    return key.endswith("_scale_inv") or key.endswith(ACTIVATION_SUFFIXES)
+
+
+def weight_key_of(scale: str) -> str | None:
+    """The weight a scale key belongs to (``None`` for activation scales)."""
+    return scale.removesuffix("_scale_inv") if scale.endswith("_scale_inv") else None
+
+
+def pair_scales(entries: Mapping[str, TensorEntry], config: QuantConfig | None = None
+                ) -> Fp8Pairing:
+    """Pair every FP8 weight of ``entries`` with its scale (see the module docstring)."""
+    block = config.block if config is not None else (128, 128)
+    pairs: dict[str, ScaledWeight] = {}
+    problems: list[Fp8Problem] = []
+    for key, entry in entries.items():
+        if entry.spec.dtype in FP8_DTYPES and not is_scale_key(key):
+            found = _pair(entries, entry, block)
+            if isinstance(found, ScaledWeight):
+                pairs[key] = found
+            else:
+                problems.append(found)
+    companions = frozenset(k for p in pairs.values() for k in p.companions)
+    problems.extend(_strays(entries, pairs, companions))
+    return Fp8Pairing(pairs, tuple(problems), companions, config)
+
+
+def _pair(entries: Mapping[str, TensorEntry], weight: TensorEntry, block: Block
+          ) -> ScaledWeight | Fp8Problem:
+    key, shape = weight.key, weight.spec.shape
+    scale = entries.get(scale_key(key))
+    expected = scale_grid(shape, block) if len(shape) >= 2 else None
+    if scale is None:
+        return Fp8Problem(Fp8ProblemKind.MISSING_SCALE, key,
+                          f"{key} is {short_dtype(weight.spec.dtype)}{list(shape)} but the "
+                          f"checkpoint has no {scale_key(key)}; without it the weight can't "
+                          "be dequantized (a plain cast would be wrong). Add the scale "
+                          "tensor, or load a checkpoint that has it", shape, None, expected)
+    if scale.spec.dtype not in SCALE_DTYPES:
+        return Fp8Problem(Fp8ProblemKind.SCALE_DTYPE, scale.key,
+                          f"{scale.key} is {short_dtype(scale.spec.dtype)}; a scale is f32, "
+                          "bf16, f16 or e8m0 (u8 / f8_e8m0)", shape, scale.spec.shape, expected)
+    if not grid_fits(shape, scale.spec.shape, block):
+        return Fp8Problem(Fp8ProblemKind.SCALE_GRID, scale.key, _grid_text(weight, scale, block),
+                          shape, scale.spec.shape, expected)
+    activation = next((entries[k] for k in activation_keys(key) if k in entries), None)
+    return ScaledWeight(weight, scale, block, activation)
+
+
+def _grid_text(weight: TensorEntry, scale: TensorEntry, block: Block) -> str:
+    shape = weight.spec.shape
+    if len(shape) < 2:
+        return (f"{weight.key} is an FP8 tensor of {len(shape)} dims {list(shape)}; block "
+                f"scales need a [..., rows, cols] weight")
+    what = "one scale per tensor" if block is None else f"blocks {block[0]}×{block[1]}"
+    return (f"{scale.key} is {list(scale.spec.shape)} but {weight.key} "
+            f"{list(shape)} with {what} needs the ceil grid {list(scale_grid(shape, block))}; "
+            "check quantization_config.weight_block_size in config.json")
+
+
+def _strays(entries: Mapping[str, TensorEntry], pairs: Mapping[str, ScaledWeight],
+            companions: frozenset[str]) -> list[Fp8Problem]:
+    out = []
+    for key, entry in entries.items():
+        owner = weight_key_of(key)
+        if owner is None or key in companions or owner in pairs:
+            continue
+        weight = entries.get(owner)
+        if weight is not None and weight.spec.dtype in FP8_DTYPES:
+            continue  # its weight's problem is already reported
+        what = ("no such tensor" if weight is None
+                else f"it is {short_dtype(weight.spec.dtype)}, not FP8")
+        out.append(Fp8Problem(Fp8ProblemKind.STRAY_SCALE, key,
+                              f"{key} scales {owner}, but {what}: the scale is not applied",
+                              None if weight is None else weight.spec.shape, entry.spec.shape))
+    return out

@@ -1,0 +1,188 @@
+"""FP8 in the graph: dequantize, keep and quantize, decided per conversion.
+
+With a :class:`QuantContext` (the checkpoint's weight ↔ scale pairs and the model's FP8
+parameters), building a conversion does one of three things (SPEC §8):
+
+- **dequantize**: a paired FP8 source of a conversion whose targets are floating gets a
+  ``DEQUANTIZE`` node (inputs: the weight's and the scale's reads), which replaces the
+  read as the op chain's input: per expert, *before* merges, landing straight in the
+  destination slice (placement pushes fragments back to it like to a read);
+- **keep**: targets that are FP8 parameters with scale parameters take the FP8 bytes as
+  they are, and :func:`add_scale_conversions` adds a sibling conversion that carries the
+  scales through the same ops (:func:`~weightplan.planner.quant.scale_ops.scale_op`);
+- **quantize**: a floating value headed for an FP8 parameter with a scale parameter gets
+  two ``QUANTIZE`` nodes (weight and scale), each with its sink.
+
+Whatever can't be done right is a problem on the plan (:func:`quant_problems`), which
+``execute`` refuses; never a silent cast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from weightplan.errors import QuantizationError
+from weightplan.planner.inputs.checkpoint import Checkpoint
+from weightplan.planner.inputs.fp8_model import Fp8Model, fp8_params
+from weightplan.planner.inputs.fp8_pairs import Fp8Pairing, Fp8ProblemKind, pair_scales, scale_key
+from weightplan.planner.inputs.model_info import ModelInfo
+from weightplan.planner.inputs.quant_config import (
+    QuantConfig, quant_config_of_model, read_quant_config,
+)
+from weightplan.planner.keys.routing import Group
+from weightplan.planner.quant.blocks import FP8_DTYPES, E8M0, block_of, scale_grid
+from weightplan.planner.tensors.nodes import (
+    DequantizeAttrs, Node, NodeKind, QuantizeAttrs, ReadAttrs, read_attrs,
+)
+from weightplan.planner.tensors.ops.base import Streams
+from weightplan.planner.tensors.spec import TensorSpec
+
+
+@dataclass(frozen=True)
+class QuantContext:
+    """What the builder needs to place FP8 nodes."""
+
+    pairing: Fp8Pairing
+    model: Fp8Model | None
+    config: QuantConfig | None  # the checkpoint's quantization_config
+
+    def keeps(self, name: str) -> bool:
+        return self.model is not None and name in self.model.params
+
+
+def quant_context(source: object, ckpt: Checkpoint, info: ModelInfo | None,
+                  model: object = None) -> QuantContext | None:
+    """The checkpoint's pairs and the model's FP8 parameters (``None``: nothing FP8)."""
+    model_config = quant_config_of_model(model) if model is not None else None
+    config = _checkpoint_config(source) or model_config
+    pairing = pair_scales(ckpt.entries, config)
+    fp8_model = fp8_params(info, model_config or config) if info is not None else None
+    has_model_fp8 = fp8_model is not None and (fp8_model.params or fp8_model.unscaled)
+    if not pairing.quantized and not pairing.problems and not has_model_fp8:
+        return None
+    return QuantContext(pairing, fp8_model, config)
+
+
+def _checkpoint_config(source: object) -> QuantConfig | None:
+    if not isinstance(source, (str, Path)):
+        return None
+    path = Path(source)
+    return read_quant_config(path if path.is_dir() else path.parent)
+
+
+def routed_checkpoint(ckpt: Checkpoint, quant: QuantContext | None) -> Checkpoint:
+    """The checkpoint routing sees: scales travel with their weights, not on their own."""
+    if quant is None or not quant.pairing.companions:
+        return ckpt
+    entries = {k: e for k, e in ckpt.entries.items() if k not in quant.pairing.companions}
+    return replace(ckpt, entries=entries)
+
+
+def source_values(group: Group, reads: Streams[Node], quant: QuantContext | None,
+                  expected: object, dtype: torch.dtype | None
+                  ) -> tuple[Streams[Node], list[Node]]:
+    """The op chain's inputs: each paired FP8 read behind a ``DEQUANTIZE`` node, unless the
+    conversion keeps FP8. Returns the values and the nodes added."""
+    if quant is None or _keeps(group, quant):
+        return reads, []
+    out_dtype = dequantized_dtype(group, expected, dtype)
+    added: list[Node] = []
+    streams = []
+    for stream in reads:
+        row = []
+        for read in stream:
+            pair = quant.pairing.pairs.get(read_attrs(read).entry.key)
+            if pair is None:
+                row.append(read)
+                continue
+            scale = Node(NodeKind.READ, pair.scale.spec, (), ReadAttrs(pair.scale, read_attrs(read).source))
+            shape = read.spec.shape
+            node = Node(NodeKind.DEQUANTIZE, TensorSpec(shape, out_dtype), (read, scale),
+                        DequantizeAttrs(out_dtype, block_of(shape, pair.block)))
+            added += [scale, node]
+            row.append(node)
+        streams.append(tuple(row))
+    return tuple(streams), added
+
+
+def _keeps(group: Group, quant: QuantContext) -> bool:
+    return any(quant.keeps(name) for name in _target_names(group))
+
+
+def _target_names(group: Group) -> tuple[str, ...]:
+    if group.explicit is not None:
+        return tuple(k for stream in group.explicit for k in stream)
+    return group.targets
+
+
+def dequantized_dtype(group: Group, expected: object, requested: torch.dtype | None
+                      ) -> torch.dtype:
+    """The model's dtype for the group's targets (``requested`` for meta ones), else the
+    requested dtype, else bf16 (DeepSeek-V3's)."""
+    if isinstance(expected, ModelInfo):
+        for name in _target_names(group):
+            mt = expected.get(name)
+            if mt is not None and mt.spec.dtype.is_floating_point and mt.spec.dtype not in FP8_DTYPES:
+                return requested if requested is not None and mt.on_meta else mt.spec.dtype
+    return requested or torch.bfloat16
+
+
+def quantize_nodes(key: str, value: Node, quant: QuantContext | None
+                   ) -> tuple[Node, Node, str] | None:
+    """``(weight node, scale node, scale key)`` when ``value`` goes to an FP8 parameter
+    with a scale parameter and is floating; else ``None``."""
+    if quant is None or not quant.keeps(key) or value.spec.dtype in FP8_DTYPES:
+        return None
+    if not value.spec.dtype.is_floating_point:
+        return None
+    assert quant.model is not None
+    param = quant.model.params[key]
+    block = block_of(value.spec.shape, param.block)
+    scale_dtype = param.scale_dtype
+    weight = Node(NodeKind.QUANTIZE, TensorSpec(value.spec.shape, torch.float8_e4m3fn), (value,),
+                  QuantizeAttrs(torch.float8_e4m3fn, block, False))
+    scale = Node(NodeKind.QUANTIZE, TensorSpec(scale_grid(value.spec.shape, param.block), scale_dtype),
+                 (value,), QuantizeAttrs(scale_dtype, block, True))
+    return weight, scale, param.scale
+
+
+def scale_format(attrs: QuantizeAttrs) -> str:
+    return "ue8m0" if E8M0 is not None and attrs.dtype == E8M0 else "float"
+
+
+def scale_group(group: Group, ops: tuple, specs: tuple, quant: QuantContext) -> Group:
+    """The sibling group that carries the scales of a kept conversion through its ops.
+
+    Raises:
+        QuantizationError: a source has no scale, or an op cuts through blocks.
+    """
+    from weightplan.planner.quant.scale_ops import scale_op
+
+    sources = []
+    for stream in group.sources:
+        pairs = [quant.pairing.pairs.get(e.key) for e in stream]
+        missing = [e.key for e, p in zip(stream, pairs) if p is None]
+        if missing:
+            raise QuantizationError(f"{', '.join(missing)} is not a scaled FP8 weight, but "
+                                    f"{group.targets[0]} keeps FP8: load it into a floating "
+                                    "model instead", key=group.targets[0])
+        sources.append(tuple(p.scale for p in pairs))
+    block = quant.pairing.pairs[group.sources[0][0].key].block
+    scale_ops = tuple(scale_op(op, tuple(s for stream in spec for s in stream), block,
+                               key=group.targets[0]) for op, spec in zip(ops, specs))
+    converter = None
+    if group.converter is not None:
+        converter = replace(group.converter, operations=scale_ops)
+    explicit = None if group.explicit is None else tuple(
+        tuple(scale_key(k) for k in stream) for stream in group.explicit)
+    return replace(group, converter=converter, sources=tuple(sources), explicit=explicit,
+                   targets=tuple(scale_key(t) for t in group.targets))
+
+
+def pairing_problem_kinds() -> Mapping[Fp8ProblemKind, bool]:
+    """Which pairing problems stop ``execute`` (stray scales are only unexpected keys)."""
+    return {k: k is not Fp8ProblemKind.STRAY_SCALE for k in Fp8ProblemKind}
