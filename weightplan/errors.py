@@ -10,6 +10,10 @@ escapes (they are wrapped and chained with ``from``). The tree::
     │   ├── HeaderError              malformed or inconsistent header / index (names the key)
     │   ├── TruncatedCheckpointError file shorter than its header says
     │   ├── MissingShardError        the index names a shard that isn't there
+    │   ├── UnsafePathError          an index names a path outside the checkpoint directory,
+    │   │                            or a special file (FIFO, device, directory)
+    │   ├── InterruptedSaveError     the directory holds a save interrupted during its commit
+    │   │                            (``weightplan recover DIR`` completes it)
     │   └── StaleCheckpointError     the file changed between explain() and execute()
     ├── MappingError                 a mapping (transforms, ops) is misconfigured
     │   ├── PatternError             a source/target pattern can't be compiled or used
@@ -24,10 +28,17 @@ escapes (they are wrapped and chained with ``from``). The tree::
     │   ├── StrictLoadError          missing / unexpected keys with ``strict=True``
     │   └── BudgetError              no schedule fits the memory budget
     ├── ExecutionError               failure while loading; names the node (key, file, op)
+    │   └── PartialLoadError         a failed load into allocated tensors overwrote some of
+    │                                them (``.overwritten`` lists exactly which)
     ├── RenderError                  a plan can't be drawn as asked (detail, only=, format, dot)
     ├── SaveError                    failure while saving; nothing half-written is left
-    └── ModelBuildError              no model could be built from a checkpoint's config.json
-                                     (transformers missing, or says what it could not build)
+    ├── ModelBuildError              no model could be built from a checkpoint's config.json
+    │                                (transformers missing, or says what it could not build,
+    │                                or the config asks to run code shipped with it)
+    ├── ArgumentError                a public function was called with an argument of the
+    │                                wrong type or value (also a ``TypeError``)
+    └── UnexpectedError              anything else that went wrong inside weightplan or a
+                                     dependency, wrapped (a bug: please report it)
 
 Subclasses also derive from the matching builtin (``ValueError``, ``KeyError``,
 ``OSError``) so existing ``except`` clauses keep working.
@@ -76,6 +87,14 @@ class TruncatedCheckpointError(CheckpointError):
 
 class MissingShardError(CheckpointError):
     """The index names a shard file that does not exist."""
+
+
+class UnsafePathError(CheckpointError):
+    """A path escapes the checkpoint directory, or names a FIFO, device or directory."""
+
+
+class InterruptedSaveError(CheckpointError):
+    """The directory holds a save that was interrupted during its commit."""
 
 
 class StaleCheckpointError(CheckpointError):
@@ -137,6 +156,14 @@ class ExecutionError(WeightplanError, RuntimeError):
     """A failure while executing a plan, wrapped with the node it happened at."""
 
 
+class PartialLoadError(ExecutionError):
+    """A failed load overwrote some already-allocated model tensors before failing."""
+
+    def __init__(self, message: str, *, overwritten: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.overwritten = overwritten
+
+
 class RenderError(WeightplanError, ValueError):
     """A plan can't be drawn as asked: unknown detail or format, a glob matching nothing, or
     the ``dot`` binary failed."""
@@ -151,3 +178,11 @@ class SaveError(WeightplanError, OSError):
 
 class ModelBuildError(WeightplanError, ValueError):
     """A model could not be built from a checkpoint directory's ``config.json``."""
+
+
+class ArgumentError(WeightplanError, TypeError, ValueError):
+    """A public function got an argument of the wrong type or value."""
+
+
+class UnexpectedError(WeightplanError, RuntimeError):
+    """An unexpected failure inside weightplan or a dependency, wrapped; please report it."""

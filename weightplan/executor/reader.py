@@ -19,8 +19,10 @@ from collections.abc import Iterator
 
 import torch
 
-from weightplan.errors import StaleCheckpointError, TruncatedCheckpointError
+from weightplan.errors import CheckpointError, StaleCheckpointError, TruncatedCheckpointError
 from weightplan.planner.inputs.checkpoint import Checkpoint, FileStamp
+from weightplan.planner.inputs.fingerprint import check_unchanged
+from weightplan.planner.inputs.paths import open_regular
 
 
 class Reader:
@@ -28,6 +30,7 @@ class Reader:
 
     def __init__(self, checkpoint: Checkpoint):
         self._fds: dict[str, int] = {}
+        self._stamps = {stamp.path: stamp for stamp in checkpoint.files}
         try:
             for stamp in checkpoint.files:
                 self._open(stamp)
@@ -37,14 +40,12 @@ class Reader:
 
     def _open(self, stamp: FileStamp) -> None:
         try:
-            now = FileStamp.of(stamp.path)
-        except OSError as e:
-            raise StaleCheckpointError(f"can't stat the file any more: {e}", file=stamp.path) from e
-        if (now.size, now.mtime_ns) != (stamp.size, stamp.mtime_ns):
-            raise StaleCheckpointError("the file changed since the plan was made; call "
-                                       "explain() again", file=stamp.path)
-        fd = os.open(stamp.path, os.O_RDONLY)
+            fd = open_regular(stamp.path)
+        except CheckpointError as e:
+            raise StaleCheckpointError(f"can't open the file any more: {e}",
+                                       file=stamp.path) from e
         self._fds[stamp.path] = fd
+        check_unchanged(stamp, fd)  # size, times, inode and the header's SHA-256
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
 
@@ -75,5 +76,14 @@ class Reader:
     def __enter__(self) -> "Reader":
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def verify(self) -> None:
+        """Every file is still as planned (run after the last read, before the commit)."""
+        for path, fd in self._fds.items():
+            check_unchanged(self._stamps[path], fd, when="during the load")
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        try:
+            if exc_type is None:
+                self.verify()
+        finally:
+            self.close()
