@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from weightplan import guard as _guard
 from weightplan.convert import convert, revert
 from weightplan.errors import WeightplanError
 from weightplan.executor import execute_load as _load  # noqa: F401  (imported now: not inside the first load)
@@ -43,6 +44,15 @@ def save(model, directory, *, mapping=None, max_shard_size: int | str = "5GB",
                         overwrite=overwrite, threads=threads)
     return plan.execute(progress=progress)
 
+
+# the public contract: typed arguments in, only WeightplanError out (see weightplan.guard)
+explain = _guard.public(explain, _guard.check_explain)
+load = _guard.public(load, _guard.check_load)
+save = _guard.public(save, _guard.check_save)
+explain_save = _guard.public(explain_save, _guard.check_save)
+explain_convert = _guard.public(explain_convert, _guard.check_explain_convert)
+convert = _guard.public(convert, _guard.check_tensors)
+revert = _guard.public(revert, _guard.check_tensors)
 
 __all__ = [
     "explain", "load", "save", "convert", "revert", "explain_save", "explain_convert",

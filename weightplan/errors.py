@@ -31,7 +31,10 @@ escapes (they are wrapped and chained with ``from``). The tree::
     │   └── PartialLoadError         a failed load into allocated tensors overwrote some of
     │                                them (``.overwritten`` lists exactly which)
     ├── RenderError                  a plan can't be drawn as asked (detail, only=, format, dot)
-    ├── SaveError                    failure while saving; nothing half-written is left
+    ├── SaveError                    failure while saving; nothing half-written is left (a
+    │                                failure inside the commit leaves the directory marked
+    │                                as an interrupted save, which ``weightplan recover``
+    │                                completes)
     ├── ModelBuildError              no model could be built from a checkpoint's config.json
     │                                (transformers missing, or says what it could not build,
     │                                or the config asks to run code shipped with it)
@@ -170,7 +173,9 @@ class RenderError(WeightplanError, ValueError):
 
 
 class SaveError(WeightplanError, OSError):
-    """A failure while saving; the target directory is left without partial output."""
+    """A failure while saving; the target directory holds the old checkpoint intact, or
+    (after a failure inside the commit) an interrupted save that loads refuse and
+    ``weightplan recover DIR`` completes."""
 
     def __str__(self) -> str:
         return str(self.args[0])

@@ -6,11 +6,13 @@ import warnings
 
 from weightplan.errors import PlanError, ShapeMismatchError, StrictLoadError
 from weightplan.executor.report import LoadReport
+from weightplan.guard import typed
 from weightplan.executor.run import run_plan
 from weightplan.executor.sinks import ModelSink, check_unchanged
 from weightplan.planner.write.record import attach_record, get_record, merge_records, record_from_plan
 
 
+@typed("execute")
 def execute_plan(plan, *, strict: bool = False, progress: bool | None = None) -> LoadReport:
     """Run a load plan (see :meth:`Plan.execute`)."""
     preflight(plan, strict)

@@ -5,8 +5,10 @@ from __future__ import annotations
 from weightplan.executor.report import SaveReport
 from weightplan.executor.run import run_plan
 from weightplan.executor.writer import FileSink
+from weightplan.guard import typed
 
 
+@typed("execute")
 def execute_write(plan, *, progress: bool | None = None) -> SaveReport:
     """Write ``plan``'s checkpoint; nothing is left behind if it fails."""
     sink = FileSink(plan.directory, plan.layout, plan.overwrite)
