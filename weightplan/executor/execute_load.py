@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 
 from weightplan.errors import PlanError, ShapeMismatchError, StrictLoadError
+from weightplan.executor.atomic import GuardedSink, partial_load_errors
 from weightplan.executor.report import LoadReport
 from weightplan.guard import typed
 from weightplan.executor.run import run_plan
@@ -13,11 +14,14 @@ from weightplan.planner.write.record import attach_record, get_record, merge_rec
 
 
 @typed("execute")
-def execute_plan(plan, *, strict: bool = False, progress: bool | None = None) -> LoadReport:
+def execute_plan(plan, *, strict: bool = False, progress: bool | None = None,
+                 atomic: bool = False) -> LoadReport:
     """Run a load plan (see :meth:`Plan.execute`)."""
     preflight(plan, strict)
     sink = ModelSink(plan.model, plan.model_info, sorted(plan.missing), initialize=not strict)
-    stats = run_plan(plan, sink, progress=progress)
+    sink = GuardedSink(sink, atomic=atomic)  # see executor/atomic.py
+    with partial_load_errors(sink):
+        stats = run_plan(plan, sink, progress=progress)
     attach_record(plan.model, merge_records(get_record(plan.model), record_from_plan(plan)))
     if plan.missing or plan.unexpected:
         warnings.warn(f"weightplan: {len(plan.missing)} missing tensor(s) "

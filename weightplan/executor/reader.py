@@ -42,8 +42,9 @@ class Reader:
         try:
             fd = open_regular(stamp.path)
         except CheckpointError as e:
-            raise StaleCheckpointError(f"can't open the file any more: {e}",
-                                       file=stamp.path) from e
+            reason = str(e).removeprefix(f"{stamp.path}: ")
+            raise StaleCheckpointError(f"the file changed since the plan was made ({reason}); "
+                                       "call explain() again", file=stamp.path) from e
         self._fds[stamp.path] = fd
         check_unchanged(stamp, fd)  # size, times, inode and the header's SHA-256
         if hasattr(os, "posix_fadvise"):

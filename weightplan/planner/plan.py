@@ -108,20 +108,32 @@ class Plan(Explained):
         return tuple(t.key for c in self.conversions for t in c.targets
                      if t.status is TargetStatus.LOAD)
 
-    def execute(self, *, strict: bool = False, progress: bool | None = None) -> "LoadReport":
+    def execute(self, *, strict: bool = False, progress: bool | None = None,
+                atomic: bool = False) -> "LoadReport":
         """Load the checkpoint into the model as planned.
 
         Args:
             strict: raise :class:`StrictLoadError` on missing or unexpected keys instead of
                 reporting them (shape mismatches always raise, before anything is written).
             progress: show a progress bar; ``None`` shows it only on a terminal.
+            atomic: stage tensors that are already allocated and copy them in only when
+                every read succeeded, so a failure touches nothing (costs
+                ``plan.atomic_bytes`` more memory). Without it, a failure after in-place
+                writes raises :class:`PartialLoadError` listing the tensors written.
 
         Returns:
             A :class:`LoadReport` with bytes read, seconds, GB/s and the peak held.
         """
         from weightplan.executor.execute_load import execute_plan
 
-        return execute_plan(self, strict=strict, progress=progress)
+        return execute_plan(self, strict=strict, progress=progress, atomic=atomic)
+
+    @property
+    def atomic_bytes(self) -> int:
+        """Extra memory ``execute(atomic=True)`` holds (one copy of the in-place tensors)."""
+        from weightplan.executor.atomic import atomic_bytes
+
+        return atomic_bytes(self)
 
     def to_dict(self) -> dict:
         """The explanation as plain data (JSON-serializable)."""
