@@ -53,6 +53,12 @@ explain_save = _guard.public(explain_save, _guard.check_save)
 explain_convert = _guard.public(explain_convert, _guard.check_explain_convert)
 convert = _guard.public(convert, _guard.check_tensors)
 revert = _guard.public(revert, _guard.check_tensors)
+register_mapping = _guard.public(register_mapping, _guard.check_names)
+register_alias = _guard.public(register_alias, _guard.check_names)
+get_mapping = _guard.public(get_mapping, _guard.check_names)
+_guard.guard_methods(Plan, {"render": _guard.check_path, "render_timeline": _guard.check_path,
+                            "to_dict": None})
+_guard.guard_methods(WritePlan, {"to_dict": None})
 
 __all__ = [
     "explain", "load", "save", "convert", "revert", "explain_save", "explain_convert",

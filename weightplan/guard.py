@@ -103,6 +103,28 @@ def check_flag(value: object, what: str) -> None:
         raise ArgumentError(f"{what} must be True, False or None, got {value!r}")
 
 
+def check_path(bound: inspect.BoundArguments) -> None:
+    check_path_argument(bound.arguments.get("path"), what="path")
+
+
+def check_names(bound: inspect.BoundArguments) -> None:
+    """Registry calls: ``key`` / ``alias`` are strings, ``transforms`` a list or tuple."""
+    for name in ("key", "alias"):
+        if name in bound.arguments and not isinstance(bound.arguments[name], str):
+            raise ArgumentError(f"{name} must be a str (a model_type or class name), got "
+                                f"{type(bound.arguments[name]).__name__}")
+    transforms = bound.arguments.get("transforms", ())
+    if not isinstance(transforms, (list, tuple)):
+        raise ArgumentError(f"transforms must be a list of WeightRenaming / WeightConverter / "
+                            f"PrefixChange, got {type(transforms).__name__}")
+
+
+def guard_methods(cls: type, checks: dict[str, Callable | None]) -> None:
+    """Give methods of ``cls`` the :func:`public` contract (checked arguments, typed errors)."""
+    for name, check in checks.items():
+        setattr(cls, name, public(getattr(cls, name), check))
+
+
 def check_explain(bound: inspect.BoundArguments) -> None:
     check_model(bound.arguments.get("model"))
     check_checkpoint(bound.arguments.get("checkpoint"))

@@ -3,6 +3,8 @@ the CLI prints one line and exits non-zero (``--debug`` shows the traceback)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -49,6 +51,15 @@ CALLS = {
     "convert a list": lambda c: weightplan.convert([1, 2], "mixtral"),
     "revert None": lambda c: weightplan.revert(None, "mixtral"),
     "explain_convert bytes": lambda c: weightplan.explain_convert(c, b"x", mapping="mixtral"),
+    "register_mapping None": lambda c: weightplan.register_mapping(None, None),
+    "register_mapping not a list": lambda c: weightplan.register_mapping("k", None),
+    "get_mapping a list": lambda c: weightplan.get_mapping(["x"]),
+    "register_alias int": lambda c: weightplan.register_alias(1, "mixtral"),
+    "render an int": lambda c: weightplan.explain(None, c).render(123),
+    "render_timeline bytes": lambda c: weightplan.explain(None, c).render_timeline(b"x.svg"),
+    "save into a FIFO": lambda c: (os.mkfifo(c / "fifo"),
+                                   weightplan.save(torch.nn.Linear(2, 2), c / "fifo")),
+    "explain a list holding a dir": lambda c: weightplan.explain(None, [str(c)]),
 }
 
 
