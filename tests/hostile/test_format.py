@@ -7,6 +7,8 @@ import struct
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 
@@ -126,3 +128,28 @@ def test_every_refusal_is_a_checkpoint_error(tmp_path):
         path = write(tmp_path / "m.safetensors", raw_file(header, bytes(size)))
         with pytest.raises(CheckpointError):
             open_checkpoint(path)
+
+
+def _depth(value) -> int:
+    if isinstance(value, dict):
+        return 1 + max([_depth(v) for v in value.values()] or [0])
+    if isinstance(value, list):
+        return 1 + max([_depth(v) for v in value] or [0])
+    return 0
+
+
+_json = st.recursive(st.one_of(st.none(), st.integers(), st.text(alphabet='[]{}"\\ab', max_size=6)),
+                     lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                             st.dictionaries(st.text('[]{}"\\a', max_size=4),
+                                                             inner, max_size=3)),
+                     max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(_json)
+def test_json_depth_is_measured_exactly(value):
+    """Brackets inside strings (escaped quotes included) never count."""
+    raw = json.dumps(value).encode()
+    depth = _depth(value)
+    assert json_depth_ok(raw, depth)
+    assert depth == 0 or not json_depth_ok(raw, depth - 1)

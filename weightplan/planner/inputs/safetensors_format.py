@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from operator import itemgetter
 
 from weightplan.errors import HeaderError, NotSafetensorsError, TruncatedCheckpointError
 
@@ -35,6 +36,7 @@ MAX_DIM = 2**63 - 1  # torch sizes are int64
 _STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _EMPTY_PAIRS = re.compile(rb"\[\]|\{\}")
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_NOT_SYNTAX = bytes(b for b in range(256) if b not in b'[]{}"\\')
 
 
 def json_depth_ok(raw: bytes, limit: int = MAX_DEPTH) -> bool:
@@ -43,7 +45,8 @@ def json_depth_ok(raw: bytes, limit: int = MAX_DEPTH) -> bool:
     Each pass deletes the innermost ``[]``/``{}`` pairs, so ``limit`` passes empty any
     text nested at most ``limit`` deep; every pass runs at C speed.
     """
-    brackets = _STRINGS.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    syntax = raw.translate(None, _NOT_SYNTAX)  # strings keep only their quotes / escapes
+    brackets = _STRINGS.sub(b"", syntax).translate(None, _NOT_BRACKETS)
     for _ in range(limit):
         if not brackets:
             return True
@@ -56,11 +59,13 @@ def json_depth_ok(raw: bytes, limit: int = MAX_DEPTH) -> bool:
 
 def _no_duplicates(where: Callable[[str], HeaderError]):
     def hook(pairs: list[tuple[str, object]]) -> dict:
-        out: dict = {}
-        for key, value in pairs:
-            if key in out:
-                raise where(key)
-            out[key] = value
+        out = dict(pairs)
+        if len(out) != len(pairs):
+            seen: set[str] = set()
+            for key, _ in pairs:
+                if key in seen:
+                    raise where(key)
+                seen.add(key)
         return out
 
     return hook
@@ -148,7 +153,7 @@ def check_offsets(path: str, key: str, offsets: object) -> tuple[int, int]:
 def check_coverage(path: str, spans: dict[str, tuple[int, int]], data_bytes: int) -> None:
     """The spans, sorted, tile ``[0, data_bytes)`` exactly: no gap, overlap or trailing byte."""
     start, last = 0, None
-    for key, (begin, end) in sorted(spans.items(), key=lambda kv: (kv[1], kv[0])):
+    for key, (begin, end) in sorted(spans.items(), key=itemgetter(1)):
         if begin != start:
             what = "overlaps" if begin < start else "leaves a gap after"
             prev = f"the previous tensor {last!r}" if last is not None else "the data start"
