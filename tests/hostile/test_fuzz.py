@@ -137,7 +137,8 @@ def _edit(header: dict, edit_list) -> dict:
         if kind in ("dtype", "shape", "data_offsets"):
             entry[kind] = value
         elif kind == "shift" and isinstance(entry.get("data_offsets"), list):
-            entry["data_offsets"] = [max(o + delta, 0) for o in entry["data_offsets"]]
+            entry["data_offsets"] = [max(o + delta, 0) if type(o) is int else o
+                                     for o in entry["data_offsets"]]
         elif kind == "drop":
             entry.pop(["dtype", "shape", "data_offsets"][abs(delta) % 3], None)
         else:
