@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from weightplan.errors import ArgumentError, WeightplanError
+from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.inputs.paths import check_path_argument
 
 
@@ -93,7 +94,7 @@ def check_checkpoint(checkpoint: object) -> None:
     if isinstance(checkpoint, torch.nn.Module):
         raise ArgumentError("checkpoint is a torch.nn.Module; pass model first: "
                             "explain(model, checkpoint)")
-    if type(checkpoint).__name__ == "Checkpoint":
+    if isinstance(checkpoint, Checkpoint):
         return
     check_path_argument(checkpoint)
 
