@@ -186,10 +186,14 @@ def test_recover_refuses_a_crafted_journal(tmp_path):
     assert victim.read_text() == "keep me"
 
 
-def test_cli_recover(tmp_path):
-    from .helpers import run_cli
+def test_cli_recover(tmp_path, capsys):
+    from weightplan import cli
 
     directory = tmp_path / "d"
     _save(directory, 1.0, 300, overwrite=False)
-    result = run_cli("recover", str(directory))
-    assert result.returncode == 0 and "nothing to do" in result.stdout
+    (directory / ".model.safetensors.weightplan-partial").write_bytes(b"orphan")
+    assert cli.main(["recover", str(directory)]) == 0
+    assert "removed 1 orphaned" in capsys.readouterr().out
+    assert cli.main(["recover", str(directory)]) == 0
+    assert "nothing to do" in capsys.readouterr().out
+    assert _outcome(directory) == "old"

@@ -142,6 +142,7 @@ def test_atomic_execute_touches_nothing_on_failure(ckpt, monkeypatch):
     plan = weightplan.explain(model, ckpt, threads=0)
     assert plan.atomic_bytes == sum(v.nbytes for v in DATA.values())
     assert "atomic=True" in str(plan)
+    assert plan.to_dict()["atomic_bytes"] == plan.atomic_bytes
     _fail_on_second_read(monkeypatch)
     with pytest.raises(ExecutionError) as info:
         plan.execute(atomic=True)

@@ -39,15 +39,29 @@ def _evil_dir(tmp_path, model_type: str):
     return ckpt, marker
 
 
-@pytest.mark.parametrize("model_type", ["evil", "llama"])
-def test_cli_explain_never_runs_shipped_config_code(tmp_path, model_type):
-    ckpt, marker = _evil_dir(tmp_path, model_type)
+def test_cli_explain_never_runs_shipped_config_code(tmp_path):
+    """End to end, in a subprocess answering "y" to any prompt."""
+    ckpt, marker = _evil_dir(tmp_path, "evil")
     result = run_cli("explain", str(ckpt), stdin="y\ny\ny\n")
     assert not marker.exists(), "code from the checkpoint directory ran"
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
     assert "auto_map" in result.stderr and "never runs code" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("model_type", ["evil", "llama"])
+def test_cli_main_never_runs_shipped_code(tmp_path, model_type, monkeypatch, capsys):
+    """In process (faster), "y" on stdin, for an unknown and a known model_type."""
+    import io
+
+    from weightplan import cli
+
+    ckpt, marker = _evil_dir(tmp_path, model_type)
+    monkeypatch.setattr("sys.stdin", io.StringIO("y\ny\ny\n"))
+    assert cli.main(["explain", str(ckpt)]) != 0
+    assert not marker.exists(), "code from the checkpoint directory ran"
+    assert "never runs code" in capsys.readouterr().err
 
 
 def test_build_empty_model_refuses_auto_map(tmp_path):

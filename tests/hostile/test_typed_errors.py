@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 import weightplan
 from weightplan.errors import ArgumentError, CheckpointError, PlanError, WeightplanError
 
-from .helpers import entry, meta_model, raw_file, run_cli, write
+from .helpers import entry, meta_model, raw_file, write
 
 T = {"w": torch.ones(2)}
 
@@ -104,18 +104,19 @@ def test_budget_still_parses_numbers(ckpt):
         weightplan.explain(None, ckpt, budget=float("-inf"))
 
 
-def test_cli_one_line_no_traceback_and_debug(tmp_path):
+def test_cli_one_line_no_traceback_and_debug(tmp_path, capsys):
+    from weightplan import cli
+
     bad = write(tmp_path / "model.safetensors", raw_file('{"a": ' + "[" * 5000 + "]" * 5000 + "}"))
-    result = run_cli("explain", str(bad))
-    assert result.returncode != 0
-    lines = [x for x in result.stderr.splitlines() if "error" in x]
+    assert cli.main(["explain", str(bad)]) != 0
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if "error" in x]
     assert len(lines) == 1 and "HeaderError" in lines[0] and str(bad) in lines[0]
-    assert result.stderr.endswith(lines[0] + "\n")
-    assert "Traceback" not in result.stderr
-    debug = run_cli("explain", str(bad), "--debug")
-    assert debug.returncode != 0 and "Traceback" in debug.stderr
-    missing = run_cli("--debug", "explain", str(tmp_path / "nope"))
-    assert missing.returncode != 0 and "Traceback" in missing.stderr
+    assert err.endswith(lines[0] + "\n") and "Traceback" not in err
+    assert cli.main(["explain", str(bad), "--debug"]) != 0
+    assert "Traceback" in capsys.readouterr().err
+    assert cli.main(["--debug", "explain", str(tmp_path / "nope")]) != 0
+    assert "Traceback" in capsys.readouterr().err
 
 
 def test_cli_unexpected_errors_are_one_line_too(monkeypatch, capsys):
