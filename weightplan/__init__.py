@@ -26,10 +26,11 @@ _mappings.register_builtins(REGISTRY)
 __version__ = "0.1.0"
 
 
-def load(model, checkpoint, *, strict: bool = False, progress: bool | None = None, **kwargs
-         ) -> LoadReport:
-    """``explain(model, checkpoint, **kwargs).execute(strict=..., progress=...)``."""
-    return explain(model, checkpoint, **kwargs).execute(strict=strict, progress=progress)
+def load(model, checkpoint, *, strict: bool = False, progress: bool | None = None,
+         atomic: bool = False, **kwargs) -> LoadReport:
+    """``explain(model, checkpoint, **kwargs).execute(strict=..., progress=..., atomic=...)``."""
+    return explain(model, checkpoint, **kwargs).execute(strict=strict, progress=progress,
+                                                        atomic=atomic)
 
 
 def save(model, directory, *, mapping=None, max_shard_size: int | str = "5GB",

@@ -134,6 +134,7 @@ def check_explain(bound: inspect.BoundArguments) -> None:
 def check_load(bound: inspect.BoundArguments) -> None:
     check_explain(bound)
     check_flag(bound.arguments.get("strict", False), "strict")
+    check_flag(bound.arguments.get("atomic", False), "atomic")
     check_flag(bound.arguments.get("progress"), "progress")
 
 

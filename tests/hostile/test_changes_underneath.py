@@ -154,6 +154,9 @@ def test_atomic_execute_loads_exactly_when_nothing_fails(ckpt):
     model = _allocated_model()
     weightplan.explain(model, ckpt).execute(atomic=True)
     assert all(torch.equal(model.get_parameter(k), DATA[k]) for k in KEYS)
+    again = _allocated_model()
+    weightplan.load(again, ckpt, atomic=True)
+    assert all(torch.equal(again.get_parameter(k), DATA[k]) for k in KEYS)
 
 
 def test_failure_before_any_write_is_not_partial(ckpt):
