@@ -14,6 +14,7 @@ import torch
 
 from weightplan.api.entry import explain, explain_convert, explain_save
 from weightplan.api.plans import Plan, WritePlan
+from weightplan import guard as _guard
 from weightplan.convert import convert, revert
 from weightplan.errors import WeightplanError
 from weightplan.executor.report import LoadReport, SaveReport
@@ -28,9 +29,10 @@ __version__ = "0.1.0"
 
 
 def load(model: torch.nn.Module, checkpoint: object, *, strict: bool = False,
-         progress: bool | None = None, **kwargs: Any) -> LoadReport:
-    """``explain(model, checkpoint, **kwargs).execute(strict=..., progress=...)``."""
-    return explain(model, checkpoint, **kwargs).execute(strict=strict, progress=progress)
+         progress: bool | None = None, atomic: bool = False, **kwargs: Any) -> LoadReport:
+    """``explain(model, checkpoint, **kwargs).execute(strict=..., progress=..., atomic=...)``."""
+    return explain(model, checkpoint, **kwargs).execute(strict=strict, progress=progress,
+                                                        atomic=atomic)
 
 
 def save(model: torch.nn.Module, directory: str | os.PathLike[str], *, mapping: object = None,
@@ -47,6 +49,21 @@ def save(model: torch.nn.Module, directory: str | os.PathLike[str], *, mapping: 
                         overwrite=overwrite, threads=threads, quantize=quantize)
     return plan.execute(progress=progress)
 
+
+# the public contract: typed arguments in, only WeightplanError out (see weightplan.guard)
+explain = _guard.public(explain, _guard.check_explain)
+load = _guard.public(load, _guard.check_load)
+save = _guard.public(save, _guard.check_save)
+explain_save = _guard.public(explain_save, _guard.check_save)
+explain_convert = _guard.public(explain_convert, _guard.check_explain_convert)
+convert = _guard.public(convert, _guard.check_tensors)
+revert = _guard.public(revert, _guard.check_tensors)
+register_mapping = _guard.public(register_mapping, _guard.check_names)
+register_alias = _guard.public(register_alias, _guard.check_names)
+get_mapping = _guard.public(get_mapping, _guard.check_names)
+_guard.guard_methods(Plan, {"render": _guard.check_path, "render_timeline": _guard.check_path,
+                            "to_dict": None})
+_guard.guard_methods(WritePlan, {"to_dict": None})
 
 __all__ = [
     "explain", "load", "save", "convert", "revert", "explain_save", "explain_convert",

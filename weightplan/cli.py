@@ -7,6 +7,9 @@
     weightplan explain CKPT --model-type mixtral --svg plan.svg --timeline mem.svg
     weightplan convert SRC DST --model-type mixtral [--reverse]   on disk, no model
     weightplan mappings                              registered mappings and aliases
+    weightplan recover DIR                           complete a save interrupted in its commit
+
+Errors are one line on stderr and a non-zero exit; ``--debug`` adds the traceback.
 """
 
 from __future__ import annotations
@@ -20,10 +23,16 @@ from weightplan.errors import WeightplanError
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="weightplan", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="build a small legacy checkpoint, explain and load it")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show tracebacks on errors")
+    demo = sub.add_parser("demo", parents=[common],
+                          help="build a small legacy checkpoint, explain and load it")
     demo.add_argument("--dir", help="write the demo checkpoint here (default: a temp dir)")
-    exp = sub.add_parser("explain", help="explain loading a checkpoint (headers only)")
+    exp = sub.add_parser("explain", parents=[common],
+                         help="explain loading a checkpoint (headers only)")
     exp.add_argument("checkpoint", help=".safetensors file or checkpoint directory; with a "
                      "config.json and transformers installed, the model it names is built "
                      "on meta and the full plan explained")
@@ -41,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="graph detail (default: grouped; full with --only)")
     exp.add_argument("--only", metavar="GLOB",
                      help="draw only the keys matching GLOB, e.g. 'model.layers.0.*'")
-    conv = sub.add_parser("convert", help="convert a checkpoint on disk to another layout")
+    conv = sub.add_parser("convert", parents=[common],
+                          help="convert a checkpoint on disk to another layout")
     conv.add_argument("source", help="checkpoint file or directory")
     conv.add_argument("destination", help="output directory")
     conv.add_argument("--model-type", "--mapping", dest="mapping", required=True,
@@ -52,7 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--overwrite", action="store_true", help="replace a checkpoint in DST")
     conv.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
     conv.add_argument("--threads", type=int, default=4)
-    sub.add_parser("mappings", help="list registered mappings")
+    sub.add_parser("mappings", parents=[common], help="list registered mappings")
+    rec = sub.add_parser("recover", parents=[common],
+                         help="complete a save that was interrupted in its commit")
+    rec.add_argument("directory", help="the checkpoint directory the save was writing")
     return parser
 
 
@@ -60,8 +73,19 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return _dispatch(args)
-    except WeightplanError as e:
-        print(f"weightplan: error: {type(e).__name__}: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("weightplan: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # one line, whatever it is; --debug shows the traceback
+        if args.debug:
+            import traceback
+
+            traceback.print_exc()
+        kind = type(e).__name__
+        if not isinstance(e, WeightplanError):
+            kind = f"unexpected {kind}"
+        message = " ".join(str(e).split())
+        print(f"weightplan: error: {kind}: {message}", file=sys.stderr)
         return 2
 
 
@@ -79,6 +103,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "convert":
         return _convert(args)
+    if args.command == "recover":
+        from weightplan.executor.commit import recover
+
+        print(recover(args.directory))
+        return 0
     return _explain(args)
 
 

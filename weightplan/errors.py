@@ -10,6 +10,10 @@ escapes (they are wrapped and chained with ``from``). The tree::
     │   ├── HeaderError              malformed or inconsistent header / index (names the key)
     │   ├── TruncatedCheckpointError file shorter than its header says
     │   ├── MissingShardError        the index names a shard that isn't there
+    │   ├── UnsafePathError          an index names a path outside the checkpoint directory,
+    │   │                            or a special file (FIFO, device, directory)
+    │   ├── InterruptedSaveError     the directory holds a save interrupted during its commit
+    │   │                            (``weightplan recover DIR`` completes it)
     │   └── StaleCheckpointError     the file changed between explain() and execute()
     ├── MappingError                 a mapping (transforms, ops) is misconfigured
     │   ├── PatternError             a source/target pattern can't be compiled or used
@@ -29,10 +33,20 @@ escapes (they are wrapped and chained with ``from``). The tree::
     │                                (quantization_config unusable, FP8 weight without its
     │                                scale, a scale grid that doesn't fit the weight)
     ├── ExecutionError               failure while loading; names the node (key, file, op)
+    │   └── PartialLoadError         a failed load into allocated tensors overwrote some of
+    │                                them (``.overwritten`` lists exactly which)
     ├── RenderError                  a plan can't be drawn as asked (detail, only=, format, dot)
-    ├── SaveError                    failure while saving; nothing half-written is left
-    └── ModelBuildError              no model could be built from a checkpoint's config.json
-                                     (transformers missing, or says what it could not build)
+    ├── SaveError                    failure while saving; nothing half-written is left (a
+    │                                failure inside the commit leaves the directory marked
+    │                                as an interrupted save, which ``weightplan recover``
+    │                                completes)
+    ├── ModelBuildError              no model could be built from a checkpoint's config.json
+    │                                (transformers missing, or says what it could not build,
+    │                                or the config asks to run code shipped with it)
+    ├── ArgumentError                a public function was called with an argument of the
+    │                                wrong type or value (also a ``TypeError``)
+    └── UnexpectedError              anything else that went wrong inside weightplan or a
+                                     dependency, wrapped (a bug: please report it)
 
 Subclasses also derive from the matching builtin (``ValueError``, ``KeyError``,
 ``OSError``) so existing ``except`` clauses keep working.
@@ -81,6 +95,14 @@ class TruncatedCheckpointError(CheckpointError):
 
 class MissingShardError(CheckpointError):
     """The index names a shard file that does not exist."""
+
+
+class UnsafePathError(CheckpointError):
+    """A path escapes the checkpoint directory, or names a FIFO, device or directory."""
+
+
+class InterruptedSaveError(CheckpointError):
+    """The directory holds a save that was interrupted during its commit."""
 
 
 class StaleCheckpointError(CheckpointError):
@@ -164,13 +186,23 @@ class ExecutionError(WeightplanError, RuntimeError):
     """A failure while executing a plan, wrapped with the node it happened at."""
 
 
+class PartialLoadError(ExecutionError):
+    """A failed load overwrote some already-allocated model tensors before failing."""
+
+    def __init__(self, message: str, *, overwritten: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.overwritten = overwritten
+
+
 class RenderError(WeightplanError, ValueError):
     """A plan can't be drawn as asked: unknown detail or format, a glob matching nothing, or
     the ``dot`` binary failed."""
 
 
 class SaveError(WeightplanError, OSError):
-    """A failure while saving; the target directory is left without partial output."""
+    """A failure while saving; the target directory holds the old checkpoint intact, or
+    (after a failure inside the commit) an interrupted save that loads refuse and
+    ``weightplan recover DIR`` completes."""
 
     def __str__(self) -> str:
         return str(self.args[0])
@@ -178,3 +210,11 @@ class SaveError(WeightplanError, OSError):
 
 class ModelBuildError(WeightplanError, ValueError):
     """A model could not be built from a checkpoint directory's ``config.json``."""
+
+
+class ArgumentError(WeightplanError, TypeError, ValueError):
+    """A public function got an argument of the wrong type or value."""
+
+
+class UnexpectedError(WeightplanError, RuntimeError):
+    """An unexpected failure inside weightplan or a dependency, wrapped; please report it."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
 
 from weightplan.errors import PlanError
@@ -15,15 +17,23 @@ def parse_bytes(value: int | float | str, *, what: str = "size") -> int:
     """``4096``, ``"4KiB"``, ``"1.5GB"`` → bytes. Raises :class:`PlanError` otherwise."""
     if isinstance(value, bool):
         raise PlanError(f"{what} must be a number of bytes or a string like '8GiB', got {value!r}")
-    if isinstance(value, (int, float)):
+    if isinstance(value, numbers.Real):
+        if not math.isfinite(value):
+            raise PlanError(f"{what} must be a finite number of bytes, got {value!r}")
         if value < 0:
             raise PlanError(f"{what} must not be negative, got {value!r}")
         return int(value)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+    if not isinstance(value, str):
+        raise PlanError(f"{what} must be a number of bytes or a string like '8GiB', got a "
+                        f"{type(value).__name__}")
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
     if not m or m.group(2).lower() not in _UNITS:
         raise PlanError(f"can't parse {what} {value!r}: use bytes or a string like '8GiB', "
                         "'512MB', '1.5GB'")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    number = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not math.isfinite(number):
+        raise PlanError(f"{what} {value!r} is too large")
+    return int(number)
 
 
 def format_bytes(n: int | float) -> str:

@@ -23,7 +23,7 @@ def entry(key: str, shape: tuple[int, ...], offset: int, dtype: torch.dtype = to
 
 def checkpoint(*entries: TensorEntry) -> Checkpoint:
     end = max(e.offset + e.nbytes for e in entries)
-    return Checkpoint({e.key: e for e in entries}, (FileStamp(FILE, end, 0, DATA_START),))
+    return Checkpoint({e.key: e for e in entries}, (FileStamp(FILE, end, 0, data_start=DATA_START),))
 
 
 def conversion(streams: list[list[TensorEntry]], targets: list[str],

@@ -113,7 +113,7 @@ def test_a_destination_written_twice():
 def test_a_read_outside_the_data_section():
     conv, step, ckpt = merged()
     (stamp,) = ckpt.files
-    moved = dataclasses.replace(ckpt, files=(FileStamp(FILE, stamp.size, 0, stamp.data_start + 30),))
+    moved = dataclasses.replace(ckpt, files=(FileStamp(FILE, stamp.size, 0, data_start=stamp.data_start + 30),))
     problems = check(plan_graph([conv]), [step], moved)
     assert len(problems) == 2  # e.0 and e.1 start before the (moved) data section
     assert "read of e.0.w [64, 88) leaves the data section [94, 136)" in problems[0]

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from weightplan.executor.execute_load import execute_plan
 from weightplan.executor.execute_write import execute_write
 from weightplan.executor.report import LoadReport, SaveReport
+from weightplan.guard import call_typed
 from weightplan.planner.plan import LoadPlanData, PlanData
 from weightplan.planner.write.write_plan import WritePlanData
 from weightplan.viz.data import plan_to_dict, write_plan_to_dict
@@ -37,18 +38,24 @@ class Plan(LoadPlanData):
     runs it. A plan is immutable: executing it changes the model, never the plan.
     """
 
-    def execute(self, *, strict: bool = False, progress: bool | None = None) -> LoadReport:
+    def execute(self, *, strict: bool = False, progress: bool | None = None,
+                atomic: bool = False) -> LoadReport:
         """Load the checkpoint into the model as planned.
 
         Args:
             strict: raise :class:`StrictLoadError` on missing or unexpected keys instead of
                 reporting them (shape mismatches always raise, before anything is written).
             progress: show a progress bar; ``None`` shows it only on a terminal.
+            atomic: stage tensors that are already allocated and copy them in only when
+                every read succeeded, so a failure touches nothing (costs
+                ``plan.atomic_bytes`` more memory). Without it, a failure after in-place
+                writes raises :class:`PartialLoadError` listing the tensors written.
 
         Returns:
             A :class:`LoadReport` with bytes read, seconds, GB/s and the peak held.
         """
-        return execute_plan(self, strict=strict, progress=progress)
+        return call_typed("execute", execute_plan, self, strict=strict, progress=progress,
+                          atomic=atomic)
 
     def to_dict(self) -> dict[str, Any]:
         """The explanation as plain data (JSON-serializable)."""
@@ -99,7 +106,7 @@ class WritePlan(WritePlanData):
 
     def execute(self, *, progress: bool | None = None) -> SaveReport:
         """Write the checkpoint; a failure leaves no half-written file behind."""
-        return execute_write(self, progress=progress)
+        return call_typed("execute", execute_write, self, progress=progress)
 
     def to_dict(self) -> dict[str, Any]:
         return write_plan_to_dict(self)

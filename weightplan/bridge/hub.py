@@ -57,7 +57,8 @@ def build_empty_model(checkpoint: str | Path) -> BuiltModel:
     cls, name = _model_class(transformers, config, path)
     try:
         with init_empty():
-            model = cls(config) if name != "auto" else cls.from_config(config)
+            model = (cls(config) if name != "auto"
+                     else cls.from_config(config, trust_remote_code=False))
     except Exception as e:  # transformers raises anything from a model's __init__
         raise ModelBuildError(f"{path}: transformers can't build {type(config).__name__} "
                               f"into {getattr(cls, '__name__', cls)}: "
@@ -66,8 +67,11 @@ def build_empty_model(checkpoint: str | Path) -> BuiltModel:
 
 
 def _read_config(transformers, path: Path):
-    try:
-        return transformers.AutoConfig.from_pretrained(str(path.parent))
+    from weightplan.bridge.config_guard import refuse_remote_code
+
+    refuse_remote_code(path)
+    try:  # remote code disabled: transformers never imports code from the directory
+        return transformers.AutoConfig.from_pretrained(str(path.parent), trust_remote_code=False)
     except Exception as e:  # ValueError / KeyError / OSError / JSON errors, by version
         raise ModelBuildError(f"{path}: transformers can't read this config: "
                               f"{type(e).__name__}: {e}") from e

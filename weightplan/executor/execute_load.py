@@ -7,6 +7,7 @@ import warnings
 from torch import nn
 
 from weightplan.errors import PlanError, QuantizationError, ShapeMismatchError, StrictLoadError
+from weightplan.executor.atomic import GuardedSink, partial_load_errors
 from weightplan.executor.report import LoadReport
 from weightplan.executor.run import run_plan
 from weightplan.executor.model_sink import ModelSink, check_unchanged
@@ -15,12 +16,14 @@ from weightplan.planner.plan import LoadPlanData
 from weightplan.planner.write.record import attach_record, get_record, merge_records, record_from_plan
 
 
-def execute_plan(plan: LoadPlanData, *, strict: bool = False, progress: bool | None = None
-                 ) -> LoadReport:
+def execute_plan(plan: LoadPlanData, *, strict: bool = False, progress: bool | None = None,
+                 atomic: bool = False) -> LoadReport:
     """Run a load plan (see :meth:`weightplan.Plan.execute`)."""
     model, info = preflight(plan, strict)
-    sink = ModelSink(model, info, sorted(plan.missing), initialize=not strict)
-    stats = run_plan(plan.schedule, plan.checkpoint, sink, progress=progress)
+    sink = GuardedSink(ModelSink(model, info, sorted(plan.missing), initialize=not strict),
+                       atomic=atomic)  # see executor/atomic.py
+    with partial_load_errors(sink):
+        stats = run_plan(plan.schedule, plan.checkpoint, sink, progress=progress)
     attach_record(model, merge_records(get_record(model), record_from_plan(plan)))
     if plan.missing or plan.unexpected:
         warnings.warn(f"weightplan: {len(plan.missing)} missing tensor(s) "

@@ -19,8 +19,11 @@ from collections.abc import Iterator
 
 import torch
 
-from weightplan.errors import StaleCheckpointError, TruncatedCheckpointError
+from weightplan.errors import CheckpointError, StaleCheckpointError, TruncatedCheckpointError
+from weightplan.executor.lease import LeaseGuard
 from weightplan.planner.inputs.checkpoint import Checkpoint, FileStamp
+from weightplan.planner.inputs.fingerprint import check_unchanged
+from weightplan.planner.inputs.paths import open_regular
 
 
 class Reader:
@@ -28,22 +31,24 @@ class Reader:
 
     def __init__(self, checkpoint: Checkpoint):
         self._fds: dict[str, int] = {}
+        self._stamps = {stamp.path: stamp for stamp in checkpoint.files}
+        self._lease = LeaseGuard()  # no SIGBUS: see executor/lease.py
         try:
             for stamp in checkpoint.files:
                 self._open(stamp)
+            self._lease.start(self._fds.values())
+            self.verify(when="since the plan was made")  # size, times, inode, header SHA-256
         except BaseException:
             self.close()
             raise
 
     def _open(self, stamp: FileStamp) -> None:
         try:
-            now = FileStamp.of(stamp.path)
-        except OSError as e:
-            raise StaleCheckpointError(f"can't stat the file any more: {e}", file=stamp.path) from e
-        if (now.size, now.mtime_ns) != (stamp.size, stamp.mtime_ns):
-            raise StaleCheckpointError("the file changed since the plan was made; call "
-                                       "explain() again", file=stamp.path)
-        fd = os.open(stamp.path, os.O_RDONLY)
+            fd = open_regular(stamp.path)
+        except CheckpointError as e:
+            reason = str(e).removeprefix(f"{stamp.path}: ")
+            raise StaleCheckpointError(f"the file changed since the plan was made ({reason}); "
+                                       "call explain() again", file=stamp.path) from e
         self._fds[stamp.path] = fd
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
@@ -53,21 +58,25 @@ class Reader:
         """A ``uint8`` tensor over bytes ``[offset, offset + nbytes)`` of ``path``, mapped
         for the duration of the block (copy out of it; don't keep it)."""
         fd = self._fds[path]
-        if offset + nbytes > os.fstat(fd).st_size:
-            raise TruncatedCheckpointError(f"bytes {offset}..{offset + nbytes} are past the end "
-                                           "of the file (it shrank during the load)", file=path)
-        start = offset - offset % mmap.ALLOCATIONGRANULARITY
-        # private + writable: torch wants a writable buffer; nothing is ever written
-        mapped = mmap.mmap(fd, nbytes + offset - start, flags=mmap.MAP_PRIVATE,
-                           prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=start)
-        try:
-            view = torch.frombuffer(mapped, dtype=torch.uint8, count=nbytes, offset=offset - start)
-            yield view
-            del view
-        finally:
-            mapped.close()
+        with self._lease.mapping(path):
+            if offset + nbytes > os.fstat(fd).st_size:
+                raise TruncatedCheckpointError(f"bytes {offset}..{offset + nbytes} are past the "
+                                               "end of the file (it shrank during the load)",
+                                               file=path)
+            start = offset - offset % mmap.ALLOCATIONGRANULARITY
+            # private + writable: torch wants a writable buffer; nothing is ever written
+            mapped = mmap.mmap(fd, nbytes + offset - start, flags=mmap.MAP_PRIVATE,
+                               prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=start)
+            try:
+                view = torch.frombuffer(mapped, dtype=torch.uint8, count=nbytes,
+                                        offset=offset - start)
+                yield view
+                del view
+            finally:
+                mapped.close()
 
     def close(self) -> None:
+        self._lease.stop()
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
@@ -75,5 +84,14 @@ class Reader:
     def __enter__(self) -> "Reader":
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def verify(self, when: str = "during the load") -> None:
+        """Every file is still as planned (at the start, and after the last read)."""
+        for path, fd in self._fds.items():
+            check_unchanged(self._stamps[path], fd, when=when)
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        try:
+            if exc_type is None:
+                self.verify()
+        finally:
+            self.close()

@@ -5,9 +5,11 @@ It follows the :class:`~weightplan.executor.sink.Sink` protocol.
 Every shard is written under a temporary name in the target directory: header first,
 then each tensor's bytes at its planned offset as steps complete (``pwrite``, straight
 from the source tensor's memory when the copy is direct). Only when every step succeeded
-are the shards fsync'ed and renamed into place, stale shards of an overwritten
-checkpoint removed, and the index written last. On any failure the temporaries are
-deleted: the directory never holds a half-written checkpoint.
+are the shards and the index fsync'ed and committed through a journal
+(:mod:`weightplan.executor.commit`): renamed into place, the index last, and stale files
+of an overwritten checkpoint removed. A failure before the commit deletes the
+temporaries; a failure or a kill during it leaves the directory marked as an interrupted
+save, which loads refuse and ``weightplan recover DIR`` completes. Never a mix.
 """
 
 from __future__ import annotations
@@ -19,12 +21,16 @@ from pathlib import Path
 import torch
 
 from weightplan.errors import SaveError
+from weightplan.executor.commit import (
+    PARTIAL, Journal, commit, step, temp_name, write_synced,
+)
 from weightplan.executor.model_sink import flat_bytes, strided
+from weightplan.planner.inputs.paths import refuse_interrupted_save
 from weightplan.planner.tensors.destination import Destination
 from weightplan.planner.tensors.geometry import View
 from weightplan.planner.write.shards import INDEX_NAME, SINGLE_NAME, ShardLayout
 
-PARTIAL = ".weightplan-partial"
+__all__ = ["FileSink", "PARTIAL"]
 
 
 def _pwrite_all(fd: int, data: torch.Tensor, offset: int, path: str) -> None:
@@ -45,6 +51,7 @@ class FileSink:
         self.directory, self.layout, self.overwrite = Path(directory), layout, overwrite
         self._fds: dict[str, int] = {}
         self._partial: dict[str, Path] = {}
+        refuse_interrupted_save(self.directory)
         taken = [n for n in layout.names if (self.directory / n).exists()]
         if taken and not overwrite:
             raise SaveError(f"{self.directory} now holds {', '.join(taken)}; pass overwrite=True "
@@ -53,6 +60,7 @@ class FileSink:
             self.directory.mkdir(parents=True, exist_ok=True)
             for shard in layout.files:
                 self._create(shard.name, shard.header, shard.size)
+            step("created")
         except BaseException as e:
             self.abort()
             if isinstance(e, OSError) and not isinstance(e, SaveError):
@@ -60,7 +68,7 @@ class FileSink:
             raise
 
     def _create(self, name: str, header: bytes, size: int) -> None:
-        path = self.directory / f".{name}{PARTIAL}"
+        path = self.directory / temp_name(name)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self._fds[name], self._partial[name] = fd, path
         os.ftruncate(fd, size)
@@ -86,27 +94,35 @@ class FileSink:
         try:
             for fd in self._fds.values():
                 os.fsync(fd)
-        except OSError as e:
+            self._close_all()
+            step("shards synced")
+            journal = self._journal()
+        except BaseException as e:
             self.abort()
-            raise SaveError(f"{self.directory}: flushing the shards failed: {e}") from e
-        self._close_all()
-        old = self._old_shards()
-        (self.directory / INDEX_NAME).unlink(missing_ok=True)
-        for name, path in self._partial.items():
-            os.replace(path, self.directory / name)
+            if not isinstance(e, OSError) or isinstance(e, SaveError):
+                raise
+            raise SaveError(f"{self.directory}: flushing the new files failed ({e}); nothing "
+                            "was changed") from e
+        commit(self.directory, journal, self.abort)
         self._partial.clear()
-        for stale in old - set(self.layout.names):
-            (self.directory / stale).unlink(missing_ok=True)
-        if self.layout.index is not None:
-            tmp = self.directory / f".{INDEX_NAME}{PARTIAL}"
-            tmp.write_bytes(self.layout.index)
-            os.replace(tmp, self.directory / INDEX_NAME)
-        _fsync_dir(self.directory)
 
-    def _old_shards(self) -> set[str]:
-        """Checkpoint files an overwrite replaces: the old index's shards, the single file."""
+    def _journal(self) -> Journal:
+        """Write the index under its temporary name; the renames and deletes to commit."""
+        finals = list(self.layout.names)
+        if self.layout.index is not None:
+            tmp = self.directory / temp_name(INDEX_NAME)
+            self._partial[INDEX_NAME] = tmp
+            write_synced(tmp, self.layout.index)
+            step("index synced")
+            finals.append(INDEX_NAME)
+        renames = tuple((temp_name(n), n) for n in finals)
+        return Journal(renames, tuple(sorted(self._old_files() - set(finals))))
+
+    def _old_files(self) -> set[str]:
+        """Checkpoint files an overwrite replaces: the old index, its shards, the single file."""
         old = {p.name for p in self.directory.glob("*.safetensors")}
-        return {n for n in old if n == SINGLE_NAME or n.startswith("model-")}
+        old = {n for n in old if n == SINGLE_NAME or n.startswith("model-")}
+        return old | ({INDEX_NAME} if (self.directory / INDEX_NAME).exists() else set())
 
     def abort(self) -> None:
         self._close_all()
@@ -118,14 +134,3 @@ class FileSink:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -111,3 +111,11 @@ class LoadPlanData(PlanData):
     def loaded_keys(self) -> tuple[str, ...]:
         return tuple(t.key for c in self.conversions for t in c.targets
                      if t.status is TargetStatus.LOAD)
+
+    @property
+    def atomic_bytes(self) -> int:
+        """Extra memory ``execute(atomic=True)`` holds: one copy of every tensor written
+        in place (already allocated in the model)."""
+        seen = {d.key: d.spec.nbytes for step in self.schedule.steps
+                for d in step.destinations if not d.allocates}
+        return sum(seen.values())

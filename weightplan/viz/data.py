@@ -24,6 +24,7 @@ def plan_to_dict(plan) -> dict:
         "read_bytes": plan.read_bytes,
         "model_bytes": plan.model_bytes,
         "peak_bytes": plan.peak_bytes,
+        "atomic_bytes": plan.atomic_bytes,
         "peak_at": None if peak is None else {"step": peak.event.step, "label": peak.label},
         "window_bytes": plan.schedule.window_bytes,
         "threads": plan.options.threads,

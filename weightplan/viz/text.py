@@ -108,6 +108,11 @@ def total_lines(plan: PlanData) -> list[str]:
         f"{format_bytes(plan.schedule.window_bytes)}, threads: {threads}"
         + (f", budget {format_bytes(plan.options.budget)}" if plan.options.budget else ""),
     ]
+    staged = plan.atomic_bytes if isinstance(plan, LoadPlanData) else 0
+    if staged:  # allocated model tensors are written in place
+        lines.append(f"in place: {format_bytes(staged)} of allocated model tensors; "
+                     f"execute(atomic=True) stages them (+{format_bytes(staged)}) so a "
+                     "failure touches nothing")
     return lines
 
 

@@ -9,7 +9,6 @@ parameter is touched. Pickle-based formats are refused: they can execute code.
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 from collections.abc import Mapping, Sequence
@@ -19,13 +18,22 @@ from pathlib import Path
 import torch
 
 from weightplan.errors import (
-    CheckpointError, HeaderError, MissingShardError, NotSafetensorsError,
+    ArgumentError, CheckpointError, HeaderError, MissingShardError, NotSafetensorsError,
     TruncatedCheckpointError, UnsafeFormatError,
+)
+from weightplan.planner.inputs.fingerprint import FileStamp, stamp_fd
+from weightplan.planner.inputs.paths import (
+    check_path_argument, open_regular, refuse_interrupted_save, shard_path,
+)
+from weightplan.planner.inputs.safetensors_format import (
+    MAX_HEADER_BYTES, MAX_INDEX_BYTES, check_coverage, check_offsets, check_shape,
+    parse_header, parse_metadata, strict_json,
 )
 from weightplan.planner.tensors.spec import SAFETENSORS_DTYPES, TensorSpec
 
+__all__ = ["Checkpoint", "FileStamp", "TensorEntry", "open_checkpoint", "read_header"]
+
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
-MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,21 +49,6 @@ class TensorEntry:
     @property
     def nbytes(self) -> int:
         return self.spec.nbytes
-
-
-@dataclass(frozen=True, slots=True)
-class FileStamp:
-    """Identity of a file at plan time, checked again before execution."""
-
-    path: str
-    size: int
-    mtime_ns: int
-    data_start: int = 0  # first byte of the data section (after the 8-byte length and header)
-
-    @classmethod
-    def of(cls, path: str, data_start: int = 0) -> "FileStamp":
-        st = os.stat(path)
-        return cls(path, st.st_size, st.st_mtime_ns, data_start)
 
 
 @dataclass(frozen=True)
@@ -87,18 +80,31 @@ def open_checkpoint(source: object) -> Checkpoint:
     if isinstance(source, Mapping):
         return _from_memory(source)
     if isinstance(source, (str, os.PathLike)):
-        path = Path(source)
-        if path.is_dir():
+        path = Path(check_path_argument(source))
+        if _is_dir(path):
+            refuse_interrupted_save(path)
             return _from_files(_directory_files(path), description=str(path))
+        refuse_interrupted_save(path.parent)
         return _from_files([(str(path), None)], description=str(path))
-    if isinstance(source, Sequence):
-        files: list[tuple[str, Mapping[str, str] | None]] = [(str(Path(p)), None) for p in source]
+    if isinstance(source, Sequence) and not isinstance(source, (bytes, bytearray)):
+        files = [(check_path_argument(p, what="checkpoint file"), None) for p in source]
         if not files:
             raise CheckpointError("an empty list of checkpoint files was given")
+        for p, _ in files:
+            refuse_interrupted_save(Path(p).parent)
         return _from_files(files, description=f"{len(files)} files")
-    raise CheckpointError(
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        check_path_argument(source)
+    raise ArgumentError(
         f"unsupported checkpoint {type(source).__name__}: pass a .safetensors path, a "
         "directory, a list of paths or a {key: tensor} dict")
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"can't use this path: {e}", file=str(path)) from e
 
 
 def _from_memory(tensors: Mapping) -> Checkpoint:
@@ -129,26 +135,47 @@ def _directory_files(path: Path) -> list[tuple[str, Mapping[str, str] | None]]:
     raise CheckpointError("no .safetensors file in this directory", file=str(path))
 
 
-def _index_files(index: Path) -> list[tuple[str, Mapping[str, str] | None]]:
+def _read_index(index: Path) -> dict[str, str]:
+    """The ``weight_map`` of an index file: strict JSON, bounded size, strings only."""
+    fd = open_regular(str(index))
     try:
-        data = json.loads(index.read_text())
-        weight_map = data["weight_map"]
-        if not isinstance(weight_map, dict):
-            raise TypeError("weight_map is not an object")
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        size = os.fstat(fd).st_size
+        if size > MAX_INDEX_BYTES:
+            raise HeaderError(f"index is {size} bytes, more than the {MAX_INDEX_BYTES} "
+                              "weightplan reads", file=str(index))
+        raw = _pread_exactly(fd, size, 0, str(index))
+    except OSError as e:
         raise HeaderError(f"unreadable index: {e}", file=str(index)) from e
+    finally:
+        os.close(fd)
+    data = strict_json(raw, file=str(index), what="index")
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict):
+        raise HeaderError("unreadable index: no \"weight_map\" object", file=str(index))
+    return weight_map
+
+
+def _index_files(index: Path) -> list[tuple[str, Mapping[str, str] | None]]:
     by_file: dict[str, dict[str, str]] = {}
-    for key, name in weight_map.items():
-        by_file.setdefault(str(name), {})[key] = name
+    for key, name in _read_index(index).items():
+        shard_path(index, name)  # refuses names outside the directory before anything else
+        by_file.setdefault(name, {})[key] = name
     files: list[tuple[str, Mapping[str, str] | None]] = []
     for name, keys in sorted(by_file.items()):
-        shard = index.parent / name
-        if not shard.is_file():
+        shard = shard_path(index, name)
+        if not _exists(shard, index):
             raise MissingShardError(
                 f"the index names shard {name!r} (holding {next(iter(keys))!r} and "
                 f"{len(keys) - 1} more keys) but it does not exist", file=str(index))
         files.append((str(shard), keys))
     return files
+
+
+def _exists(shard: Path, index: Path) -> bool:
+    try:
+        return shard.exists()
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"can't use shard path {shard.name!r}: {e}", file=str(index)) from e
 
 
 def _from_files(files: list[tuple[str, Mapping[str, str] | None]], *, description: str
@@ -157,7 +184,7 @@ def _from_files(files: list[tuple[str, Mapping[str, str] | None]], *, descriptio
     stamps = []
     metadata: dict[str, str] = {}
     for path, expected_keys in files:
-        file_entries, file_meta, data_start = read_header(path)
+        file_entries, file_meta, stamp = read_stamped_header(path)
         for key in expected_keys or ():
             if key not in file_entries:
                 raise HeaderError("the index places this key here but the file's header "
@@ -167,38 +194,54 @@ def _from_files(files: list[tuple[str, Mapping[str, str] | None]], *, descriptio
                 raise HeaderError(f"key also present in {entries[key].file}", file=path, key=key)
             entries[key] = entry
         metadata.update(file_meta)
-        stamps.append(FileStamp.of(path, data_start))
+        stamps.append(stamp)
     return Checkpoint(entries, tuple(stamps), metadata=metadata, description=description)
 
 
-def read_header(path: str) -> tuple[dict[str, TensorEntry], dict[str, str], int]:
-    """Parse and validate one safetensors header; returns entries, ``__metadata__`` and
-    the first byte of the data section."""
+def read_header(path: str) -> tuple[dict[str, TensorEntry], dict[str, str]]:
+    """Parse and validate one safetensors header; returns entries and ``__metadata__``."""
+    entries, meta, _ = read_stamped_header(path)
+    return entries, meta
+
+
+def read_stamped_header(path: str) -> tuple[dict[str, TensorEntry], dict[str, str], FileStamp]:
+    """:func:`read_header` plus the file's :class:`FileStamp` (taken on the same open file)."""
     if Path(path).suffix in PICKLE_SUFFIXES:
         raise UnsafeFormatError("pickle-based checkpoint; weightplan never unpickles "
                                 "untrusted data. Convert it to safetensors first.", file=path)
+    fd = open_regular(path)
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            head = f.read(8)
-            _check_magic(path, head, size)
-            (n,) = struct.unpack("<Q", head)
-            raw = f.read(n)
+        size = os.fstat(fd).st_size
+        head = os.pread(fd, 8, 0)
+        _check_magic(path, head, size)
+        (n,) = struct.unpack("<Q", head)
+        raw = _pread_exactly(fd, n, 8, path)
+        stamp = stamp_fd(path, fd)
     except CheckpointError:
         raise
-    except FileNotFoundError as e:
-        raise CheckpointError("file not found", file=path) from e
-    except IsADirectoryError as e:
-        raise CheckpointError("is a directory, not a file", file=path) from e
     except OSError as e:
         raise CheckpointError(f"can't read: {e}", file=path) from e
-    header = _parse_json(path, raw)
+    finally:
+        os.close(fd)
+    header = parse_header(path, raw)
+    file_meta = parse_metadata(path, header.pop("__metadata__", None))
     data_start = 8 + n
-    file_meta = header.pop("__metadata__", None) or {}
-    if not isinstance(file_meta, dict):
-        raise HeaderError("__metadata__ is not an object", file=path)
     entries = {key: _entry(path, key, info, data_start, size) for key, info in header.items()}
-    return entries, {str(k): str(v) for k, v in file_meta.items()}, data_start
+    check_coverage(path, {k: (e.offset - data_start, e.offset - data_start + e.nbytes)
+                          for k, e in entries.items()}, size - data_start)
+    return entries, file_meta, stamp
+
+
+def _pread_exactly(fd: int, n: int, offset: int, path: str) -> bytes:
+    parts, done = [], 0
+    while done < n:
+        chunk = os.pread(fd, min(n - done, 1 << 24), offset + done)
+        if not chunk:
+            raise TruncatedCheckpointError(f"the header ends after {done} of its {n} bytes",
+                                           file=path)
+        parts.append(chunk)
+        done += len(chunk)
+    return b"".join(parts)
 
 
 def _check_magic(path: str, head: bytes, size: int) -> None:
@@ -218,33 +261,20 @@ def _check_magic(path: str, head: bytes, size: int) -> None:
                                   file=path)
 
 
-def _parse_json(path: str, raw: bytes) -> dict:
-    if not raw.lstrip()[:1] == b"{":
-        raise NotSafetensorsError("header is not a JSON object", file=path)
-    try:
-        header = json.loads(raw)
-    except ValueError as e:
-        raise HeaderError(f"header is not valid JSON: {e}", file=path) from e
-    if not isinstance(header, dict):
-        raise HeaderError("header is not a JSON object", file=path)
-    return header
-
-
 def _entry(path: str, key: str, info: object, data_start: int, size: int) -> TensorEntry:
     if not isinstance(info, dict):
         raise HeaderError("entry is not an object", file=path, key=key)
-    dtype_name, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-    if dtype_name not in SAFETENSORS_DTYPES:
+    for field_name in ("dtype", "shape", "data_offsets"):
+        if field_name not in info:
+            raise HeaderError(f"entry lacks {field_name!r}", file=path, key=key)
+    dtype_name = info["dtype"]
+    if not isinstance(dtype_name, str) or dtype_name not in SAFETENSORS_DTYPES:
         raise HeaderError(f"unknown dtype {dtype_name!r}", file=path, key=key)
-    if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
-        raise HeaderError(f"invalid shape {shape!r}", file=path, key=key)
-    if not (isinstance(offsets, list) and len(offsets) == 2
-            and all(isinstance(o, int) for o in offsets) and 0 <= offsets[0] <= offsets[1]):
-        raise HeaderError(f"invalid data_offsets {offsets!r}", file=path, key=key)
-    spec = TensorSpec(tuple(shape), SAFETENSORS_DTYPES[dtype_name])
-    begin, end = offsets
+    shape = check_shape(path, key, info["shape"])
+    begin, end = check_offsets(path, key, info["data_offsets"])
+    spec = TensorSpec(shape, SAFETENSORS_DTYPES[dtype_name])
     if end - begin != spec.nbytes:
-        raise HeaderError(f"data_offsets span {end - begin} bytes but {dtype_name}{shape} "
+        raise HeaderError(f"data_offsets span {end - begin} bytes but {dtype_name}{list(shape)} "
                           f"needs {spec.nbytes}", file=path, key=key)
     if data_start + end > size:
         raise TruncatedCheckpointError(

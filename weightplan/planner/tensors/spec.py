@@ -7,13 +7,15 @@ from dataclasses import dataclass
 
 import torch
 
-# safetensors dtype names <-> torch dtypes. Names torch lacks are skipped at import.
+# safetensors dtype names <-> torch dtypes. Names torch lacks are skipped at import. Only
+# names safetensors itself knows (no C128: its reader refuses it, so we neither read nor
+# write it).
 _ST_NAMES = {
     "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
     "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
     "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8", "BOOL": "bool",
     "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu",
-    "C64": "complex64", "C128": "complex128",
+    "C64": "complex64",
 }
 SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
     name: getattr(torch, attr) for name, attr in _ST_NAMES.items() if hasattr(torch, attr)

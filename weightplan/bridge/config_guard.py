@@ -1,0 +1,54 @@
+"""No code from a checkpoint directory ever runs: configs that ask for it are refused.
+
+A ``config.json`` with ``auto_map`` names classes defined in Python files shipped with the
+checkpoint (``configuration_*.py``, ``modeling_*.py``); transformers would import them
+(after a prompt, or at once with ``trust_remote_code=True``). weightplan refuses such a
+config before transformers sees it, and reads every other config with remote code
+disabled. The config is read as strict JSON from a regular file (no FIFO, bounded size).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from weightplan.errors import CheckpointError, ModelBuildError
+from weightplan.planner.inputs.paths import open_regular
+from weightplan.planner.inputs.safetensors_format import strict_json
+
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+
+
+def read_config_json(path: Path) -> dict:
+    """``config.json`` as a dict; :class:`ModelBuildError` if it is not a small JSON object."""
+    try:
+        fd = open_regular(str(path))
+        try:
+            size = os.fstat(fd).st_size
+            if size > MAX_CONFIG_BYTES:
+                raise ModelBuildError(f"{path}: {size} bytes is too large for a config.json")
+            raw = os.pread(fd, size, 0)
+        finally:
+            os.close(fd)
+        data = strict_json(raw, file=str(path), what="config")
+    except CheckpointError as e:
+        raise ModelBuildError(f"{path}: can't read this config: {e}") from e
+    except OSError as e:
+        raise ModelBuildError(f"{path}: can't read this config: {e}") from e
+    if not isinstance(data, dict):
+        raise ModelBuildError(f"{path}: config.json is not a JSON object")
+    return data
+
+
+def refuse_remote_code(path: Path) -> dict:
+    """The config, unless it asks for code shipped with the checkpoint (``auto_map``)."""
+    config = read_config_json(path)
+    auto_map = config.get("auto_map")
+    if auto_map:
+        names = sorted(auto_map) if isinstance(auto_map, dict) else auto_map
+        raise ModelBuildError(
+            f"{path}: this config's auto_map ({names}) asks to run Python code shipped with "
+            "the checkpoint; weightplan never runs code from a checkpoint directory. Build "
+            "the model yourself (after reviewing that code) and pass it to explain(), or "
+            "pass --model-type to explain the keys without a model")
+    return config

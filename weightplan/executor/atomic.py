@@ -1,0 +1,90 @@
+"""A failed load never leaves a model silently half overwritten.
+
+Tensors on ``meta`` are allocated fresh and installed only at the commit, so a failure
+leaves them untouched anyway. Tensors that are already allocated are written in place;
+:class:`GuardedSink` wraps the model sink to make that safe either way:
+
+- default: it records which in-place tensors received any byte; if the load fails after
+  that, :func:`partial_load_errors` raises :class:`PartialLoadError` listing exactly
+  those tensors (``.overwritten``), chained to the cause. Nothing written: the cause as is.
+- ``atomic=True``: in-place tensors are staged (a copy of each, so partial writes keep
+  the rest of the tensor) and copied into the model only at the commit, after every read
+  succeeded and every file was verified unchanged. A failure touches nothing. The cost
+  is one extra copy of the in-place tensors (``plan.atomic_bytes``), shown in the plan.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from weightplan.errors import PartialLoadError, WeightplanError
+from weightplan.executor.model_sink import current_tensor
+
+
+class GuardedSink:
+    """Wraps a :class:`~weightplan.executor.model_sink.ModelSink`: tracks or stages in-place writes."""
+
+    def __init__(self, inner, *, atomic: bool):
+        self.inner, self.atomic = inner, atomic
+        self.touched: set[str] = set()
+        self._staged: dict[str, torch.Tensor] = {}
+
+    def __getattr__(self, name: str):  # results, initialized, ...: the model sink's
+        return getattr(self.inner, name)
+
+    def open(self, dest) -> torch.Tensor:
+        if not self.atomic or dest.allocates:
+            return self.inner.open(dest)
+        if dest.key not in self._staged:
+            current = current_tensor(self.inner.model, dest.key).detach()
+            staged = torch.empty_strided(current.size(), current.stride(), dtype=current.dtype)
+            self._staged[dest.key] = staged.copy_(current)
+        return self._staged[dest.key]
+
+    def write_bytes(self, handle, dest, offset: int, data: torch.Tensor) -> None:
+        self._note(dest)
+        self.inner.write_bytes(handle, dest, offset, data)
+
+    def write_view(self, handle, dest, view, src: torch.Tensor) -> None:
+        self._note(dest)
+        self.inner.write_view(handle, dest, view, src)
+
+    def _note(self, dest) -> None:
+        if not dest.allocates and not self.atomic:
+            self.touched.add(dest.key)  # set.add is atomic under the GIL
+
+    def close(self, dest, handle) -> None:
+        self.inner.close(dest, handle)
+
+    def commit(self) -> None:
+        with torch.no_grad():
+            for key, staged in self._staged.items():
+                current_tensor(self.inner.model, key).detach().copy_(staged)
+        self._staged.clear()
+        self.inner.commit()
+
+    def abort(self) -> None:
+        self._staged.clear()
+        self.inner.abort()
+
+
+@contextlib.contextmanager
+def partial_load_errors(sink: GuardedSink) -> Iterator[None]:
+    """Re-raise a failure as :class:`PartialLoadError` when in-place tensors were written."""
+    try:
+        yield
+    except Exception as e:
+        if not sink.touched:
+            raise
+        names = sorted(sink.touched)
+        shown = ", ".join(names[:20]) + (f", ... ({len(names)} in all)" if len(names) > 20 else "")
+        cause = f"{type(e).__name__}: {e}" if not isinstance(e, WeightplanError) else str(e)
+        raise PartialLoadError(
+            f"the load failed after overwriting {len(names)} already-allocated tensor(s) in "
+            f"place: {shown}. Those hold a mix of old and new values; the others are "
+            f"untouched. Cause: {cause}. Load again, or use execute(atomic=True) to stage "
+            "in-place tensors so that a failure touches nothing", overwritten=tuple(names)
+        ) from e

@@ -1,0 +1,156 @@
+"""The public entry points' contract: typed arguments in, only ``WeightplanError`` out.
+
+:func:`public` wraps a public function: its arguments are bound to its signature (a wrong
+call is an :class:`ArgumentError`, not a ``TypeError``), checked by a validator where one
+is given, and any exception that is not a :class:`WeightplanError` is wrapped in
+:class:`UnexpectedError`, chained with ``from`` (``KeyboardInterrupt`` and other
+``BaseException``\\ s pass through untouched). Validators here turn the classic mistakes
+(arguments swapped, a path as the model, bytes as a path) into messages saying the fix.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+
+import torch
+
+from weightplan.errors import ArgumentError, WeightplanError
+from weightplan.planner.inputs.checkpoint import Checkpoint
+from weightplan.planner.inputs.paths import check_path_argument
+
+
+def public(fn: Callable, check: Callable[[inspect.BoundArguments], None] | None = None
+           ) -> Callable:
+    """``fn`` with its arguments bound and checked, and every escaping error typed."""
+    signature = inspect.signature(fn)
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise ArgumentError(f"{name}{signature}: {e}") from e
+        if check is not None:
+            check(bound)
+        return call_typed(name, fn, *args, **kwargs)
+
+    wrapper.__signature__ = signature
+    return wrapper
+
+
+def call_typed(what: str, fn: Callable, *args, **kwargs):
+    """``fn(*args, **kwargs)``; a non-weightplan exception becomes :class:`UnexpectedError`."""
+    from weightplan.errors import UnexpectedError
+
+    try:
+        return fn(*args, **kwargs)
+    except WeightplanError:
+        raise
+    except RecursionError as e:
+        raise UnexpectedError(f"{what}: input nested too deeply to process ({e})") from e
+    except Exception as e:
+        raise UnexpectedError(f"{what} failed: {type(e).__name__}: {e} (unexpected: please "
+                              "report it with the traceback of the chained exception)") from e
+
+
+def typed(what: str) -> Callable[[Callable], Callable]:
+    """Decorator form of :func:`call_typed` (for ``execute`` functions)."""
+    def decorate(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            return call_typed(what, fn, *args, **kwargs)
+        return wrapper
+    return decorate
+
+
+def check_model(model: object, *, what: str = "model", optional: bool = True) -> None:
+    """``model`` must be a ``torch.nn.Module`` (or ``None`` where ``optional``)."""
+    if model is None and optional:
+        return
+    if isinstance(model, torch.nn.Module):
+        return
+    hint = ""
+    if isinstance(model, Mapping):
+        hint = (" (a dict: a state dict? The checkpoint goes second: "
+                "explain(model, state_dict), or explain(None, state_dict) without a model)")
+    elif isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
+        hint = (" (a path: the checkpoint goes second: explain(model, path), or "
+                "explain(None, path) without a model)")
+    allowed = "a torch.nn.Module or None" if optional else "a torch.nn.Module"
+    raise ArgumentError(f"{what} must be {allowed}, got {type(model).__name__}{hint}")
+
+
+def check_checkpoint(checkpoint: object) -> None:
+    """A path, a list of paths or a ``{key: tensor}`` dict; bytes and NUL bytes refused."""
+    if isinstance(checkpoint, Mapping):
+        return
+    if isinstance(checkpoint, (list, tuple)):
+        for item in checkpoint:
+            check_path_argument(item, what="checkpoint file")
+        return
+    if isinstance(checkpoint, torch.nn.Module):
+        raise ArgumentError("checkpoint is a torch.nn.Module; pass model first: "
+                            "explain(model, checkpoint)")
+    if isinstance(checkpoint, Checkpoint):
+        return
+    check_path_argument(checkpoint)
+
+
+def check_flag(value: object, what: str) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise ArgumentError(f"{what} must be True, False or None, got {value!r}")
+
+
+def check_path(bound: inspect.BoundArguments) -> None:
+    check_path_argument(bound.arguments.get("path"), what="path")
+
+
+def check_names(bound: inspect.BoundArguments) -> None:
+    """Registry calls: ``key`` / ``alias`` are strings, ``transforms`` a list or tuple."""
+    for name in ("key", "alias"):
+        if name in bound.arguments and not isinstance(bound.arguments[name], str):
+            raise ArgumentError(f"{name} must be a str (a model_type or class name), got "
+                                f"{type(bound.arguments[name]).__name__}")
+    transforms = bound.arguments.get("transforms", ())
+    if not isinstance(transforms, (list, tuple)):
+        raise ArgumentError(f"transforms must be a list of WeightRenaming / WeightConverter / "
+                            f"PrefixChange, got {type(transforms).__name__}")
+
+
+def guard_methods(cls: type, checks: dict[str, Callable | None]) -> None:
+    """Give methods of ``cls`` the :func:`public` contract (checked arguments, typed errors)."""
+    for name, check in checks.items():
+        setattr(cls, name, public(getattr(cls, name), check))
+
+
+def check_explain(bound: inspect.BoundArguments) -> None:
+    check_model(bound.arguments.get("model"))
+    check_checkpoint(bound.arguments.get("checkpoint"))
+
+
+def check_load(bound: inspect.BoundArguments) -> None:
+    check_explain(bound)
+    check_flag(bound.arguments.get("strict", False), "strict")
+    check_flag(bound.arguments.get("atomic", False), "atomic")
+    check_flag(bound.arguments.get("progress"), "progress")
+
+
+def check_save(bound: inspect.BoundArguments) -> None:
+    check_model(bound.arguments.get("model"), optional=False)
+    check_path_argument(bound.arguments.get("directory"), what="directory")
+    check_flag(bound.arguments.get("overwrite", False), "overwrite")
+
+
+def check_tensors(bound: inspect.BoundArguments) -> None:
+    tensors = bound.arguments.get("tensors")
+    if not isinstance(tensors, Mapping):
+        raise ArgumentError(f"tensors must be a {{key: tensor}} dict, got "
+                            f"{type(tensors).__name__}")
+
+
+def check_explain_convert(bound: inspect.BoundArguments) -> None:
+    check_checkpoint(bound.arguments.get("source"))
+    check_path_argument(bound.arguments.get("directory"), what="directory")
