@@ -18,14 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import cached_property
 
+from weightplan.errors import PlanError
 from weightplan.planner.inputs.checkpoint import TensorEntry
 from weightplan.planner.tensors.build import Conversion, stage_op, stage_specs, stages
 from weightplan.planner.tensors.destination import Destination, DestKind
 from weightplan.planner.tensors.geometry import Fragment, Region, View
-from weightplan.errors import PlanError
-from weightplan.planner.tensors.nodes import (
-    CastAttrs, Node, ShardAttrs, read_attrs, sink_attrs,
-)
+from weightplan.planner.tensors.nodes import CastAttrs, Node, ShardAttrs, read_attrs, sink_attrs
 from weightplan.planner.tensors.ops.base import ConversionOp, Streams
 
 PIECE_BYTES = 32 * 1024 * 1024  # direct reads larger than this are split into pieces
