@@ -12,6 +12,7 @@ from weightplan.errors import WeightplanError
 from weightplan.executor import execute_load as _load  # noqa: F401  (imported now: not inside the first load)
 from weightplan.executor.report import LoadReport, SaveReport
 from weightplan.meta import init_empty
+from weightplan.model_config import write_model_config
 from weightplan.planner.keys import mappings as _mappings
 from weightplan.planner.explain import explain
 from weightplan.planner.plan import Plan
@@ -37,11 +38,15 @@ def save(model, directory, *, mapping=None, max_shard_size: int | str = "5GB",
 
     ``explain_save(model, directory, ...).execute(progress=...)``: a model loaded by
     weightplan is written back exactly as its checkpoint was (keys, shapes, dtypes,
-    bytes); any other model through the inverse of its mapping.
+    bytes); any other model through the inverse of its mapping (prefix changes left out,
+    as transformers does). A transformers model's ``config.json`` (and generation config)
+    is written too, so ``from_pretrained(directory)`` gives the model back.
     """
     plan = explain_save(model, directory, mapping=mapping, max_shard_size=max_shard_size,
                         overwrite=overwrite, threads=threads)
-    return plan.execute(progress=progress)
+    report = plan.execute(progress=progress)
+    write_model_config(model, directory)
+    return report
 
 
 __all__ = [

@@ -22,6 +22,7 @@ escapes (they are wrapped and chained with ``from``). The tree::
     ├── PlanError                    the plan can't be executed as asked
     │   ├── ShapeMismatchError       converted shape != model parameter shape
     │   ├── StrictLoadError          missing / unexpected keys with ``strict=True``
+    │   ├── MetaBufferError          buffers left on meta that nothing can rebuild
     │   └── BudgetError              no schedule fits the memory budget
     ├── ExecutionError               failure while loading; names the node (key, file, op)
     ├── RenderError                  a plan can't be drawn as asked (detail, only=, format, dot)
@@ -123,6 +124,11 @@ class ShapeMismatchError(PlanError):
 
 class StrictLoadError(PlanError):
     """Missing or unexpected keys while loading with ``strict=True``."""
+
+
+class MetaBufferError(PlanError):
+    """Non-persistent buffers are on ``meta``, no checkpoint holds them and the model's own
+    init can't rebuild them (names the buffers)."""
 
 
 class BudgetError(PlanError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 
-from weightplan.errors import PlanError, ShapeMismatchError, StrictLoadError
+from weightplan.errors import MetaBufferError, PlanError, ShapeMismatchError, StrictLoadError
 from weightplan.executor.report import LoadReport
 from weightplan.executor.run import run_plan
 from weightplan.executor.sinks import ModelSink, check_unchanged
@@ -14,7 +14,8 @@ from weightplan.planner.write.record import attach_record, get_record, merge_rec
 def execute_plan(plan, *, strict: bool = False, progress: bool | None = None) -> LoadReport:
     """Run a load plan (see :meth:`Plan.execute`)."""
     preflight(plan, strict)
-    sink = ModelSink(plan.model, plan.model_info, sorted(plan.missing), initialize=not strict)
+    fresh = sorted(plan.missing | plan.findings.ignored_missing)
+    sink = ModelSink(plan.model, plan.model_info, fresh, initialize=True)
     stats = run_plan(plan, sink, progress=progress)
     attach_record(plan.model, merge_records(get_record(plan.model), record_from_plan(plan)))
     if plan.missing or plan.unexpected:
@@ -46,9 +47,20 @@ def preflight(plan, strict: bool) -> None:
                               f"({', '.join(sorted(plan.missing)[:5])}) and "
                               f"{len(plan.unexpected)} unexpected "
                               f"({', '.join(sorted(plan.unexpected)[:5])}); nothing was loaded")
+    refuse_meta_buffers(plan)
     for program in plan.schedule.steps:
         for dest in program.destinations:
             check_unchanged(plan.model, dest)
+
+
+def refuse_meta_buffers(plan) -> None:
+    """Buffers left on meta that nothing rebuilds would fail (or give NaN) later: refuse."""
+    stuck = [p.key for p in plan.problems if p.kind.value == "meta buffer"]
+    if stuck:
+        raise MetaBufferError(f"{len(stuck)} non-persistent buffer(s) are on the meta device and "
+                              f"nothing can rebuild them: {', '.join(stuck[:8])}; build the model "
+                              "under weightplan.init_empty() (buffers stay real) or give them "
+                              "real values before execute(); nothing was loaded")
 
 
 def _some(names: frozenset[str]) -> str:

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from weightplan.errors import PlanError
+from weightplan.executor.init import initialize_fresh
 from weightplan.planner.tensors.geometry import View
 from weightplan.planner.inputs.model_info import ModelInfo, ModelTensor
 from weightplan.planner.tensors.placement import Destination, DestKind
@@ -71,37 +72,6 @@ def install(model: nn.Module, dest: Destination, tensor: torch.Tensor, info: Mod
             module._parameters[attr] = value
 
 
-def initialize_missing(model: nn.Module, infos: list[ModelTensor]) -> dict[str, str]:
-    """Give missing meta tensors real storage; ``reset_parameters()`` where modules have it.
-
-    Runs before loaded tensors are installed, so a module's ``reset_parameters`` only
-    touches the missing tensors (the rest are still on meta, where init is a no-op).
-    """
-    done: dict[str, str] = {}
-    modules: dict[int, nn.Module] = {}
-    for info in infos:
-        if not info.on_meta:
-            continue
-        tensor = torch.zeros(info.spec.shape, dtype=info.spec.dtype)
-        install(model, Destination(info.name, info.aliases, info.spec, DestKind.ALLOCATE, ()),
-                tensor, info)
-        module, _ = module_and_attr(model, info.name)
-        if callable(getattr(module, "reset_parameters", None)):
-            modules[id(module)] = module
-            done[info.name] = f"{type(module).__name__}.reset_parameters()"
-        else:
-            done[info.name] = "zeros (its module has no reset_parameters)"
-    with torch.no_grad():
-        for module in modules.values():
-            try:
-                module.reset_parameters()
-            except Exception as e:  # a module mixing meta and real tensors may refuse
-                for info in infos:
-                    if module_and_attr(model, info.name)[0] is module:
-                        done[info.name] = f"zeros (reset_parameters failed: {e})"
-    return done
-
-
 def strided(base: torch.Tensor, view: View) -> torch.Tensor:
     """``base``'s storage seen through ``view``."""
     return torch.as_strided(base, view.shape, view.stride, base.storage_offset() + view.offset)
@@ -142,9 +112,9 @@ class ModelSink:
         self.results[dest.key] = (dest, handle)
 
     def commit(self) -> None:
-        if self.initialize:
-            infos = [self.info.get(name) for name in self.missing]
-            self.initialized = initialize_missing(self.model, infos)
+        # before installing: loaded tensors are still on meta, so the init can't touch them
+        names = self.missing if self.initialize else []
+        self.initialized = initialize_fresh(self.model, self.info, names)
         for dest, tensor in self.results.values():
             install(self.model, dest, tensor, self.info.get(dest.key))
 

@@ -22,6 +22,7 @@ from weightplan.planner.findings import Note
 from weightplan.planner.tensors.graph import build_graph
 from weightplan.planner.write.shards import INDEX_NAME, ShardLayout, plan_layout
 from weightplan.planner.keys.routing import route_checkpoint
+from weightplan.planner.keys.unrecorded import without_prefix_changes
 from weightplan.planner.inputs.model_info import inspect_model
 from weightplan.planner.keys.patterns import natural_key
 from weightplan.planner.tensors.placement import Program, file_destination, plan_program
@@ -65,6 +66,8 @@ def explain_save(model: torch.nn.Module, directory: str | os.PathLike, *, mappin
     else:
         source = open_checkpoint(model_state(model, aliases=False))
         choice = choose_mapping(mapping, model)
+        if mapping is None:  # like transformers: no record, so no PrefixChange to invert
+            choice = without_prefix_changes(choice)
         reverse = derived_groups(choice.transforms, source)
         order, metadata, mode = (), {"format": "pt"}, "mapping"
     return make_write_plan(directory, source, reverse, choice, mode, order=order,
