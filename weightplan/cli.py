@@ -30,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--model-type", "--mapping", dest="mapping",
                      help="explain without a model, under this registered mapping "
                           "(model_type or class name), e.g. mixtral")
-    exp.add_argument("--dtype", help="cast floating tensors to this dtype (e.g. bf16)")
+    exp.add_argument("--dtype", help="cast floating tensors to this dtype (e.g. bf16); "
+                     "'auto' (the default with a model): the config's, else the checkpoint's")
     exp.add_argument("--budget", help="memory the load may add at most, e.g. 8GiB")
     exp.add_argument("--json", action="store_true", help="print plan.to_dict() as JSON")
     exp.add_argument("--width", type=int, default=None, help="text width")
@@ -142,7 +143,7 @@ def _model_for(checkpoint: str, dtype: str | None):
               file=sys.stderr)
         return None, dtype
     built = build_empty_model(checkpoint)
-    return built.model, dtype if dtype is not None else built.dtype
+    return built.model, dtype if dtype is not None else "auto"
 
 
 if __name__ == "__main__":

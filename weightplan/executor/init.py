@@ -29,8 +29,11 @@ def _module_and_attr(model: nn.Module, name: str) -> tuple[nn.Module, str]:
     return (model.get_submodule(path) if path else model), attr
 
 
-def _allocate(model: nn.Module, info: ModelTensor, device: torch.device) -> torch.Tensor:
-    tensor = torch.empty(info.spec.shape, dtype=info.spec.dtype, device=device)
+def _allocate(model: nn.Module, info: ModelTensor, device: torch.device,
+              dtype: torch.dtype | None) -> torch.Tensor:
+    cast = dtype is not None and info.spec.dtype.is_floating_point and not info.keep_dtype
+    tensor = torch.empty(info.spec.shape, dtype=dtype if cast else info.spec.dtype,
+                         device=device)
     if not info.is_buffer:
         grad = info.requires_grad and tensor.is_floating_point()
         tensor = nn.Parameter(tensor, requires_grad=grad)
@@ -67,8 +70,10 @@ def _others_marked(model: nn.Module, fresh: set[int]) -> Iterator[None]:
 
 
 def initialize_fresh(model: nn.Module, info: ModelInfo, names: list[str],
-                     device: torch.device | str = "cpu") -> dict[str, str]:
-    """Allocate the meta tensors ``names`` and the model's meta buffers; initialize them.
+                     device: torch.device | str = "cpu", dtype: torch.dtype | None = None
+                     ) -> dict[str, str]:
+    """Allocate the meta tensors ``names`` (floating ones in ``dtype`` when given) and the
+    model's meta buffers; initialize them.
 
     Returns ``{name: how it was initialized}`` for the tensors in ``names``.
     """
@@ -77,7 +82,7 @@ def initialize_fresh(model: nn.Module, info: ModelInfo, names: list[str],
     for name in names:
         entry = info.get(name)
         if entry is not None and entry.on_meta:
-            fresh[name] = _allocate(model, entry, device)
+            fresh[name] = _allocate(model, entry, device, dtype)
     for name in info.meta_buffers:
         fresh[name] = _allocate_buffer(model, name, device)
     if not fresh:

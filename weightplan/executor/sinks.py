@@ -90,8 +90,9 @@ class ModelSink:
     model untouched.
     """
 
-    def __init__(self, model: nn.Module, info: ModelInfo, missing: list[str], initialize: bool):
-        self.model, self.info = model, info
+    def __init__(self, model: nn.Module, info: ModelInfo, missing: list[str], initialize: bool,
+                 dtype: torch.dtype | None = None):
+        self.model, self.info, self.dtype = model, info, dtype
         self.missing, self.initialize = missing, initialize
         self.results: dict[str, tuple[Destination, torch.Tensor]] = {}
         self.initialized: dict[str, str] = {}
@@ -114,7 +115,7 @@ class ModelSink:
     def commit(self) -> None:
         # before installing: loaded tensors are still on meta, so the init can't touch them
         names = self.missing if self.initialize else []
-        self.initialized = initialize_fresh(self.model, self.info, names)
+        self.initialized = initialize_fresh(self.model, self.info, names, dtype=self.dtype)
         for dest, tensor in self.results.values():
             install(self.model, dest, tensor, self.info.get(dest.key))
 

@@ -25,7 +25,7 @@ from weightplan.planner.plan import Plan, PlanOptions
 from weightplan.planner.keys.registry import REGISTRY, MappingChoice
 from weightplan.planner.tensors.budget import schedule_within
 from weightplan.planner.tensors.schedule import order_programs
-from weightplan.planner.tensors.spec import parse_dtype
+from weightplan.planner.inputs.dtype import keep_fp32, resolve_dtype
 from weightplan.planner.keys.transforms import LEGACY, WeightTransform
 from weightplan.planner.tensors.verify import verify
 from weightplan.units import parse_bytes
@@ -47,7 +47,9 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
             built in get transformers' own mapping through :mod:`weightplan.bridge`), a
             registered name, or a list of transforms. Legacy ``LayerNorm.gamma/beta``
             renames always apply.
-        dtype: cast floating tensors of a meta model to this dtype.
+        dtype: cast floating tensors of a meta model to this dtype; ``"auto"``: the
+            config's dtype, else the checkpoint's (as transformers); ``None``: the model's.
+            Tensors the model keeps in float32 (``_keep_in_fp32_modules``) stay float32.
         budget: bytes (or ``"8GiB"``) the load may add at most; raises
             :class:`BudgetError` with the smallest budget that works when impossible.
         tp, quantization: reserved for tensor-parallel and quantized loading.
@@ -64,10 +66,10 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
     if tp is not None or quantization is not None:
         raise PlanError("tensor-parallel (tp=) and quantized (quantization=) loading are not "
                         "available in this version of weightplan")
-    options = PlanOptions(parse_dtype(dtype), parse_threads(threads),
-                          None if budget is None else parse_bytes(budget, what="budget"))
     ckpt = open_checkpoint(checkpoint)
-    info = inspect_model(model) if model is not None else None
+    options = PlanOptions(resolve_dtype(dtype, model, ckpt), parse_threads(threads),
+                          None if budget is None else parse_bytes(budget, what="budget"))
+    info = keep_fp32(model, inspect_model(model) if model is not None else None, options.dtype)
     choice = choose_mapping(mapping, model)
     transforms = choice.transforms + tuple(t for t in LEGACY if t not in choice.transforms)
     routing = route_checkpoint(ckpt, transforms, info)

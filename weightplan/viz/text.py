@@ -22,6 +22,26 @@ def explain_text(plan, width: int | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _loaded_bytes(plan) -> int:
+    """Bytes the model holds once loaded: what the plan writes plus the missing tensors
+    (in the dtype asked for), not the model's pre-cast sizes."""
+    dtype = plan.options.dtype
+    fresh = 0
+    for name in plan.missing | plan.findings.ignored_missing:
+        t = plan.model_info.get(name)
+        if t is None:
+            continue
+        cast = dtype is not None and t.on_meta and t.spec.dtype.is_floating_point \
+            and not t.keep_dtype
+        fresh += t.spec.numel * (dtype.itemsize if cast else t.spec.dtype.itemsize)
+    return plan.model_bytes + fresh
+
+
+def _dtype_text(plan) -> str:
+    dtype = plan.options.dtype
+    return "" if dtype is None else f" in {str(dtype).removeprefix('torch.')}"
+
+
 def header_lines(plan) -> list[str]:
     if hasattr(plan, "layout"):
         return write_header_lines(plan)
@@ -29,7 +49,7 @@ def header_lines(plan) -> list[str]:
     files = f"{len(ckpt.files)} file(s), " if ckpt.files else ""
     model = "no model" if plan.model_info is None else (
         f"{plan.model_info.class_name} ({len(plan.model_info.unique())} tensors, "
-        f"{format_bytes(plan.model_info.nbytes)})")
+        f"{format_bytes(_loaded_bytes(plan))}{_dtype_text(plan)})")
     extra = len(plan.transforms) - len(plan.mapping.transforms)
     mapping = plan.mapping.key or "none"
     lines = [f"weightplan plan: {ckpt.description} ({files}{len(ckpt)} tensors, "

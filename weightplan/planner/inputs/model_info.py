@@ -24,6 +24,7 @@ class ModelTensor:
     on_meta: bool  # True: execute allocates it; False: bytes are written into its storage
     stride: tuple[int, ...]
     requires_grad: bool
+    keep_dtype: bool = False  # the model keeps it in its dtype whatever dtype is asked
 
     @property
     def allocates(self) -> bool:
