@@ -47,9 +47,8 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
             built in get transformers' own mapping through :mod:`weightplan.bridge`), a
             registered name, or a list of transforms. Legacy ``LayerNorm.gamma/beta``
             renames always apply.
-        dtype: cast floating tensors of a meta model to this dtype; ``"auto"``: the
-            config's dtype, else the checkpoint's (as transformers); ``None``: the model's.
-            Tensors the model keeps in float32 (``_keep_in_fp32_modules``) stay float32.
+        dtype: cast floating tensors of a meta model to this; ``"auto"``: the config's, else
+            the checkpoint's (fp32-kept modules stay fp32, as transformers); ``None``: the model's.
         budget: bytes (or ``"8GiB"``) the load may add at most; raises
             :class:`BudgetError` with the smallest budget that works when impossible.
         tp, quantization: reserved for tensor-parallel and quantized loading.
