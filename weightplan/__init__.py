@@ -13,6 +13,7 @@ from weightplan.executor import execute_load as _load  # noqa: F401  (imported n
 from weightplan.executor.report import LoadReport, SaveReport
 from weightplan.meta import init_empty
 from weightplan.model_config import write_model_config
+from weightplan.pretrained import from_pretrained
 from weightplan.planner.keys import mappings as _mappings
 from weightplan.planner.explain import explain
 from weightplan.planner.plan import Plan
@@ -54,4 +55,5 @@ __all__ = [
     "Plan", "WritePlan", "LoadReport", "SaveReport",
     "WeightRenaming", "PrefixChange", "WeightConverter",
     "register_mapping", "get_mapping", "register_alias", "init_empty", "WeightplanError",
+    "from_pretrained",
 ]

@@ -2,6 +2,7 @@
 
     weightplan demo                                  build, explain and load a small checkpoint
     weightplan explain CKPT_DIR                      the full plan for the model config.json names
+    weightplan explain ORG/NAME                      the same for a Hugging Face repo id
     weightplan explain CKPT --model-type mixtral     what the keys become, with shapes (no model)
     weightplan explain CKPT --model-type mixtral --json
     weightplan explain CKPT --model-type mixtral --svg plan.svg --timeline mem.svg
@@ -24,7 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="build a small legacy checkpoint, explain and load it")
     demo.add_argument("--dir", help="write the demo checkpoint here (default: a temp dir)")
     exp = sub.add_parser("explain", help="explain loading a checkpoint (headers only)")
-    exp.add_argument("checkpoint", help=".safetensors file or checkpoint directory; with a "
+    exp.add_argument("checkpoint", help=".safetensors file, checkpoint directory or Hub repo "
+                     "id (org/name, local cache first); with a "
                      "config.json and transformers installed, the model it names is built "
                      "on meta and the full plan explained")
     exp.add_argument("--model-type", "--mapping", dest="mapping",
@@ -99,6 +101,9 @@ def _explain(args: argparse.Namespace) -> int:
     import weightplan
     from weightplan.viz.text import explain_text
 
+    from weightplan.pretrained import resolve_checkpoint
+
+    args.checkpoint = str(resolve_checkpoint(args.checkpoint))  # a repo id: its snapshot
     model, dtype = None, args.dtype
     if args.mapping is None:
         model, dtype = _model_for(args.checkpoint, args.dtype)
