@@ -74,15 +74,23 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return run_demo(args.dir)
     if args.command == "mappings":
-        from weightplan.planner.keys.registry import REGISTRY
-
-        for key in REGISTRY.keys():
-            target = REGISTRY.resolve(key)
-            print(key if target == key else f"{key} -> {target}")
-        return 0
+        return _mappings()
     if args.command == "convert":
         return _convert(args)
     return _explain(args)
+
+
+def _mappings() -> int:
+    from weightplan.bridge.names import bridged_names
+    from weightplan.planner.keys.registry import REGISTRY
+
+    for key in REGISTRY.keys():
+        target = REGISTRY.resolve(key)
+        print(key if target == key else f"{key} -> {target}")
+    for key in bridged_names():
+        if key not in REGISTRY:
+            print(f"{key} (transformers bridge)")
+    return 0
 
 
 def _convert(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from weightplan.bridge.names import named_choice
 from weightplan.errors import MappingError, PlanError
 from weightplan.planner.tensors.build import build_conversions
 from weightplan.planner.inputs.checkpoint import open_checkpoint
@@ -92,7 +93,7 @@ def choose_mapping(mapping: object, model: torch.nn.Module | None) -> MappingCho
             return MappingChoice(None, "no model and no mapping: keys are used as they are", ())
         return lookup_mapping(model, REGISTRY, bridge=_bridge_for(model))
     if isinstance(mapping, str):
-        return MappingChoice(mapping, f"requested mapping {mapping!r}", tuple(REGISTRY.get(mapping)))
+        return named_choice(mapping)  # registered, else bridged from transformers
     if isinstance(mapping, Sequence) and all(isinstance(t, WeightTransform) for t in mapping):
         return MappingChoice(None, f"{len(mapping)} transforms given", tuple(mapping))
     raise MappingError(f"mapping must be None, a registered name or a list of transforms, "
