@@ -16,11 +16,17 @@ import argparse
 import json
 import sys
 
+from weightplan import __version__
 from weightplan.errors import WeightplanError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="weightplan", description=__doc__.splitlines()[0])
+    lines = __doc__.splitlines()
+    parser = argparse.ArgumentParser(
+        prog="weightplan", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Load model checkpoints by an explicit plan: explain, convert, list "
+                    "mappings.", epilog="examples:\n" + "\n".join(lines[2:]).rstrip())
+    parser.add_argument("--version", action="version", version=f"weightplan {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="build a small legacy checkpoint, explain and load it")
     demo.add_argument("--dir", help="write the demo checkpoint here (default: a temp dir)")

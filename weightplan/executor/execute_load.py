@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import warnings
+import logging
 
 from weightplan.errors import MetaBufferError, PlanError, ShapeMismatchError, StrictLoadError
 from weightplan.executor.report import LoadReport
 from weightplan.executor.run import run_plan
 from weightplan.executor.sinks import ModelSink, check_unchanged
 from weightplan.planner.write.record import attach_record, get_record, merge_records, record_from_plan
+
+log = logging.getLogger("weightplan")
 
 
 def execute_plan(plan, *, strict: bool = False, progress: bool | None = None) -> LoadReport:
@@ -19,10 +21,10 @@ def execute_plan(plan, *, strict: bool = False, progress: bool | None = None) ->
     stats = run_plan(plan, sink, progress=progress)
     attach_record(plan.model, merge_records(get_record(plan.model), record_from_plan(plan)))
     if plan.missing or plan.unexpected:
-        warnings.warn(f"weightplan: {len(plan.missing)} missing tensor(s) "
-                      f"{_some(plan.missing)} ({len(sink.initialized)} initialized fresh) and "
-                      f"{len(plan.unexpected)} unexpected checkpoint key(s) "
-                      f"{_some(plan.unexpected)} not loaded", stacklevel=3)
+        log.warning("%d missing tensor(s) %s (%d initialized by the model's own init) and %d "
+                    "unexpected checkpoint key(s) %s not loaded", len(plan.missing),
+                    _some(plan.missing), len(sink.initialized), len(plan.unexpected),
+                    _some(plan.unexpected))
     return LoadReport(
         bytes_read=plan.read_bytes,
         bytes_needed=sum(p.needed_bytes for p in plan.schedule.steps),

@@ -95,7 +95,6 @@ class _Execution:
         for dest, handle in zip(program.destinations, step.handles):
             self.sink.close(dest, handle)
         self.tracker.sub(program.staged_bytes)
-        self.progress.advance(program.read_bytes)
 
     def _read(self, program: Program, step: _Step, task: ReadTask, piece: tuple[int, int]):
         start = time.perf_counter()
@@ -110,6 +109,7 @@ class _Execution:
         finally:
             with self._lock:
                 self.read_seconds += time.perf_counter() - start
+        self.progress.advance(piece[1])  # per read, from the reader thread (thread-safe)
 
     def _convert(self, program: Program, step: _Step) -> None:
         start = time.perf_counter()

@@ -129,19 +129,51 @@ def problem_lines(plan) -> list[str]:
             folded = fold_keys(names)
             lines.append(f"  {kind.value} ({len(names)}): " + ", ".join(folded[:MAX_LIST])
                          + (f", … {len(folded) - MAX_LIST} more" if len(folded) > MAX_LIST else ""))
-    detailed = [p for p in plan.problems if p.kind not in simple]
-    for p in detailed[:MAX_LIST]:
-        lines.append(f"  {p.kind.value}: {p.message}")
+    lines += _mismatch_lines(plan)
+    detailed = _folded([p for p in plan.problems if p.kind not in simple
+                        and p.kind is not ProblemKind.MISMATCH])
+    for kind, message in detailed[:MAX_LIST]:
+        lines.append(f"  {kind}: {message}")
     if len(detailed) > MAX_LIST:
         lines.append(f"  … {len(detailed) - MAX_LIST} more")
     return lines
+
+
+def _mismatch_lines(plan) -> list[str]:
+    """Shape mismatches folded by layer: one line per (checkpoint shape, model shape)."""
+    by_shapes: dict[tuple, list[str]] = {}
+    for key, mismatch in plan.mismatched.items():
+        by_shapes.setdefault(tuple(mismatch), []).append(key)
+    lines = []
+    for (got, want), keys in by_shapes.items():
+        folded = fold_keys(keys)
+        lines.append(f"  mismatch ({len(keys)}): {', '.join(folded[:3])}"
+                     f"{', …' if len(folded) > 3 else ''}: checkpoint gives {list(got)} but the "
+                     f"model has {list(want)}")
+    return lines
+
+
+def _folded(items) -> list[tuple[str, str]]:
+    """Problems or notes whose messages differ only in their key, folded by layer."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for item in items:
+        kind = getattr(getattr(item, "kind", None), "value", "")
+        template = item.message.replace(item.key, "\0") if item.key else item.message
+        groups.setdefault((kind, template), []).append(item.key)
+    out = []
+    for (kind, template), keys in groups.items():
+        folded = fold_keys(keys) if len(keys) > 1 else keys
+        text = ", ".join(folded[:3]) + (", …" if len(folded) > 3 else "")
+        out.append((kind, template.replace("\0", text)))
+    return out
 
 
 def note_lines(plan) -> list[str]:
     if not plan.notes:
         return []
     lines = [f"notes: {len(plan.notes)}"]
-    lines += [f"  {n.message}" for n in plan.notes[:MAX_LIST]]
-    if len(plan.notes) > MAX_LIST:
-        lines.append(f"  … {len(plan.notes) - MAX_LIST} more")
+    folded = _folded(plan.notes)
+    lines += [f"  {message}" for _, message in folded[:MAX_LIST]]
+    if len(folded) > MAX_LIST:
+        lines.append(f"  … {len(folded) - MAX_LIST} more")
     return lines
