@@ -17,7 +17,8 @@ def execute_plan(plan, *, strict: bool = False, progress: bool | None = None) ->
     """Run a load plan (see :meth:`Plan.execute`)."""
     preflight(plan, strict)
     fresh = sorted(plan.missing | plan.findings.ignored_missing)
-    sink = ModelSink(plan.model, plan.model_info, fresh, initialize=True, dtype=plan.options.dtype)
+    sink = ModelSink(plan.model, plan.model_info, fresh, initialize=True,
+                     dtype=plan.options.dtype, devices=plan.options.devices)
     stats = run_plan(plan, sink, progress=progress)
     attach_record(plan.model, merge_records(get_record(plan.model), record_from_plan(plan)))
     if plan.missing or plan.unexpected:

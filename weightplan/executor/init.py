@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from weightplan.device import CPU, DeviceMap
 from weightplan.planner.inputs.model_info import ModelInfo, ModelTensor
 from weightplan.planner.inputs.model_init import init_chain, owner_name
 
@@ -70,21 +71,23 @@ def _others_marked(model: nn.Module, fresh: set[int]) -> Iterator[None]:
 
 
 def initialize_fresh(model: nn.Module, info: ModelInfo, names: list[str],
-                     device: torch.device | str = "cpu", dtype: torch.dtype | None = None
+                     dtype: torch.dtype | None = None, devices: DeviceMap | None = None
                      ) -> dict[str, str]:
     """Allocate the meta tensors ``names`` (floating ones in ``dtype`` when given) and the
     model's meta buffers; initialize them.
 
     Returns ``{name: how it was initialized}`` for the tensors in ``names``.
     """
-    device = torch.device(device)
+    where = devices.device_for if devices is not None else (lambda _: CPU)
     fresh: dict[str, torch.Tensor] = {}
     for name in names:
         entry = info.get(name)
         if entry is not None and entry.on_meta:
-            fresh[name] = _allocate(model, entry, device, dtype)
+            fresh[name] = _allocate(model, entry, where(name), dtype)
     for name in info.meta_buffers:
-        fresh[name] = _allocate_buffer(model, name, device)
+        fresh[name] = _allocate_buffer(model, name, where(name))
+    if devices is not None:
+        _move_buffers(model, devices, set(fresh))
     if not fresh:
         return {}
     done: dict[str, str] = {}
@@ -94,6 +97,15 @@ def initialize_fresh(model: nn.Module, info: ModelInfo, names: list[str],
             how = _run_chain(chain) if chain else _reset(model, path, members, fresh)
             done.update({m: how for m in members})
     return {name: done[name] for name in names if name in done}
+
+
+def _move_buffers(model: nn.Module, devices: DeviceMap, fresh: set[str]) -> None:
+    """Real buffers (computed at build time, on the CPU) go where their module is loaded."""
+    for name, buffer in list(model.named_buffers()):
+        device = devices.device_for(name)
+        if name not in fresh and not buffer.is_meta and buffer.device != device:
+            module, attr = _module_and_attr(model, name)
+            module._buffers[attr] = buffer.to(device)
 
 
 def _by_module(fresh: dict[str, torch.Tensor]) -> dict[str, list[str]]:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from weightplan.bridge.names import named_choice
+from weightplan.device import parse_device
 from weightplan.errors import MappingError, PlanError
 from weightplan.planner.tensors.build import build_conversions
 from weightplan.planner.inputs.checkpoint import open_checkpoint
@@ -36,7 +37,8 @@ SYNC_ENV = "WEIGHTPLAN_SYNC_LOAD"
 
 def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: object = None,
             dtype: torch.dtype | str | None = None, budget: int | str | None = None,
-            tp: object = None, quantization: object = None, threads: int = 4) -> Plan:
+            tp: object = None, quantization: object = None, threads: int = 4,
+            device: object = None) -> Plan:
     """Plan loading ``checkpoint`` into ``model`` from headers only; nothing is read or written.
 
     Args:
@@ -54,21 +56,20 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
             :class:`BudgetError` with the smallest budget that works when impossible.
         tp, quantization: reserved for tensor-parallel and quantized loading.
         threads: reader threads (``0``, or ``WEIGHTPLAN_SYNC_LOAD=1``, reads inline).
+        device: where meta tensors go: ``"cuda:1"``, ``{module prefix: device}``, ...
 
     Returns:
         A :class:`Plan`. Missing / unexpected / mismatched keys are reported on it;
         configuration errors (conflicting converters, index gaps, unreadable files) raise.
 
     Example:
-        >>> plan = explain(model, "ckpt_dir/")          # doctest: +SKIP
-        >>> print(plan); plan.execute()                 # doctest: +SKIP
+        >>> print(explain(model, "ckpt_dir/", device="cuda:0"))  # doctest: +SKIP
     """
-    if tp is not None or quantization is not None:
-        raise PlanError("tensor-parallel (tp=) and quantized (quantization=) loading are not "
-                        "available in this version of weightplan")
+    _refuse_reserved(tp, quantization)
     ckpt = open_checkpoint(checkpoint)
     options = PlanOptions(resolve_dtype(dtype, model, ckpt), parse_threads(threads),
-                          None if budget is None else parse_bytes(budget, what="budget"))
+                          None if budget is None else parse_bytes(budget, what="budget"),
+                          parse_device(device))
     info = keep_fp32(model, inspect_model(model) if model is not None else None, options.dtype)
     choice = choose_mapping(mapping, model)
     transforms = choice.transforms + tuple(t for t in LEGACY if t not in choice.transforms)
@@ -80,10 +81,16 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
     files = [f.path for f in ckpt.files]
     schedule = schedule_within(order_programs(programs, files), options)
     findings = collect_findings(info, routing, conversions)
-    looked_up = mapping is None and model is not None
-    findings = _with_mapping_findings(findings, choice, looked_up=looked_up)
+    findings = _with_mapping_findings(findings, choice,
+                                      looked_up=mapping is None and model is not None)
     return Plan(model, ckpt, info, choice, transforms, routing, conversions, graph, schedule,
                 findings, options)
+
+
+def _refuse_reserved(tp: object, quantization: object) -> None:
+    if tp is not None or quantization is not None:
+        raise PlanError("tensor-parallel (tp=) and quantized (quantization=) loading are not "
+                        "available in this version of weightplan")
 
 
 def choose_mapping(mapping: object, model: torch.nn.Module | None) -> MappingChoice:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import networkx as nx
 import torch
 
+from weightplan.device import DeviceMap
 from weightplan.planner.tensors.build import Conversion, TargetStatus
 from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.findings import Findings, Mismatch, Note, Problem
@@ -29,6 +30,7 @@ class PlanOptions:
     dtype: torch.dtype | None
     threads: int
     budget: int | None
+    devices: DeviceMap | None = None  # where meta tensors are loaded (None: the CPU)
 
 
 class Explained:
