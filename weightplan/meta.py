@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -62,7 +62,7 @@ class _SizedOnMeta(TorchFunctionMode):
 
     def __init__(self):
         super().__init__()
-        self.recipes: dict[int, tuple[object, tuple, dict, torch.Tensor]] = {}
+        self.recipes: dict[int, tuple[Callable, tuple, dict, torch.Tensor]] = {}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

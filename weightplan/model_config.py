@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -28,7 +29,7 @@ def _dtype_name(model: torch.nn.Module) -> str | None:
 
 def write_model_config(model: torch.nn.Module, directory: str | Path) -> list[str]:
     """Write the model's ``config.json`` (and generation config); returns the files written."""
-    config = getattr(model, "config", None)
+    config: Any = getattr(model, "config", None)
     if not callable(getattr(config, "save_pretrained", None)):
         return []
     config = copy.deepcopy(config)

@@ -40,15 +40,19 @@ def _allocate(model: nn.Module, info: ModelTensor, device: torch.device,
         tensor = nn.Parameter(tensor, requires_grad=grad)
     for alias in info.aliases:
         module, attr = _module_and_attr(model, alias)
-        (module._buffers if info.is_buffer else module._parameters)[attr] = tensor
+        if info.is_buffer:
+            module._buffers[attr] = tensor
+        else:
+            module._parameters[attr] = tensor  # type: ignore[assignment]
     return tensor
 
 
 def _allocate_buffer(model: nn.Module, name: str, device: torch.device) -> torch.Tensor:
     module, attr = _module_and_attr(model, name)
-    old = module._buffers[attr]
-    module._buffers[attr] = torch.empty(old.shape, dtype=old.dtype, device=device)
-    return module._buffers[attr]
+    old = module.get_buffer(attr)
+    new = torch.empty(old.shape, dtype=old.dtype, device=device)
+    module._buffers[attr] = new
+    return new
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ from weightplan.executor.init import initialize_fresh
 from weightplan.executor.staging import Stager
 from weightplan.planner.tensors.geometry import View
 from weightplan.planner.inputs.model_info import ModelInfo, ModelTensor
-from weightplan.planner.tensors.placement import Destination, DestKind
+from weightplan.planner.tensors.placement import Destination
 
 
 def module_and_attr(model: nn.Module, name: str) -> tuple[nn.Module, str]:

@@ -59,7 +59,8 @@ class _WriteProbe(TorchFunctionMode):
 
     def __init__(self, watched: dict[int, str]):
         super().__init__()
-        self.watched, self.written = watched, set()
+        self.watched = watched
+        self.written: set[str] = set()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
