@@ -17,6 +17,8 @@ import torch
 from weightplan.errors import PlanError
 
 CPU = torch.device("cpu")
+STAGING_CHUNK = 32 << 20  # bytes per pinned host buffer CUDA copies go through
+STAGING_BUFFERS = 8  # buffers in the pool: host staging is at most their product
 
 
 @dataclass(frozen=True)

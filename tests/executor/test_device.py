@@ -7,6 +7,7 @@ import torch
 import weightplan
 from weightplan.device import CPU, parse_device
 from weightplan.errors import PlanError
+from weightplan.units import format_bytes
 
 from tests.interop.matrix import FAMILIES, build, output, pretrained
 
@@ -42,7 +43,9 @@ def test_meta_to_cpu_loads_like_from_pretrained(device, tmp_path):
     cls(cfg).save_pretrained(tmp_path)
     reference = pretrained(cls, tmp_path, dtype=torch.float32)
     model = build(cls, cfg, "meta")
-    weightplan.load(model, tmp_path, device=device, strict=True)
+    plan = weightplan.explain(model, tmp_path, device=device)
+    assert f"devices: cpu {format_bytes(plan.model_bytes)}" in str(plan)
+    plan.execute(strict=True)
     assert all(t.device == CPU for t in [*model.parameters(), *model.buffers()])
     assert torch.equal(output(model, inputs), output(reference, inputs))
 

@@ -11,7 +11,7 @@ from huggingface_hub.file_download import repo_folder_name
 
 import weightplan
 from weightplan.cli import main
-from weightplan.errors import CheckpointError
+from weightplan.errors import CheckpointError, ModelBuildError
 
 from tests.interop.matrix import FAMILIES, output, pretrained
 
@@ -85,3 +85,16 @@ def test_a_repo_id_not_in_the_cache_offline_says_so(tmp_path, offline):
         weightplan.from_pretrained("tiny-org/nothing", cache_dir=tmp_path)
     with pytest.raises(CheckpointError, match="not a Hugging Face repo id"):
         weightplan.from_pretrained(tmp_path / "no" / "such" / "dir")
+
+
+def test_a_config_that_needs_remote_code_is_refused_without_running_it(tmp_path):
+    marker = tmp_path / "ran"
+    (tmp_path / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n")
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "evil_model", "architectures": ["EvilModel"], '
+        '"auto_map": {"AutoConfig": "evil.EvilConfig", "AutoModel": "evil.EvilModel"}}')
+    from safetensors.torch import save_file
+    save_file({"w": torch.zeros(1)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ModelBuildError, match="config.json"):
+        weightplan.from_pretrained(tmp_path)
+    assert not marker.exists()

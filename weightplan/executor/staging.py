@@ -13,8 +13,9 @@ import threading
 
 import torch
 
-CHUNK = 32 << 20
-BUFFERS = 8
+from weightplan.device import STAGING_BUFFERS, STAGING_CHUNK
+
+CHUNK, BUFFERS = STAGING_CHUNK, STAGING_BUFFERS
 
 
 class Stager:

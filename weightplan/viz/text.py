@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import sys
 
+from weightplan.device import STAGING_BUFFERS, STAGING_CHUNK
 from weightplan.planner.findings import ProblemKind
 from weightplan.units import format_bytes
 from weightplan.viz.folding import fold_keys
@@ -116,7 +117,24 @@ def total_lines(plan) -> list[str]:
         f"{format_bytes(plan.schedule.window_bytes)}, threads: {threads}"
         + (f", budget {format_bytes(plan.options.budget)}" if plan.options.budget else ""),
     ]
-    return lines
+    return lines + device_lines(plan)
+
+
+def device_lines(plan) -> list[str]:
+    """With ``device=``: bytes per device, and the host staging CUDA copies go through."""
+    devices = getattr(plan.options, "devices", None)
+    if devices is None:
+        return []
+    per: dict[str, int] = {}
+    for program in plan.schedule.steps:
+        for dest in program.destinations:
+            if dest.allocates:
+                name = str(devices.device_for(dest.key))
+                per[name] = per.get(name, 0) + dest.spec.nbytes
+    text = ", ".join(f"{d} {format_bytes(n)}" for d, n in sorted(per.items()))
+    staging = f"; host staging (pinned) ≤ {format_bytes(STAGING_BUFFERS * STAGING_CHUNK)}" \
+        if devices.uses_cuda else ""
+    return [f"devices: {text or 'nothing allocated'}{staging}"]
 
 
 def problem_lines(plan) -> list[str]:
