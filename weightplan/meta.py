@@ -35,6 +35,8 @@ def _numel(name: str, args: tuple, kwargs: dict) -> float:
         size = kwargs.get("size", args[-1] if args else None)
     elif name in ("eye", "randperm"):
         size = [a for a in args if isinstance(a, int)] or None
+        if name == "eye" and size is not None and len(size) == 1:
+            size = size * 2  # eye(n) is n × n
     else:
         size = kwargs.get("size", args[0] if len(args) == 1 or name == "full" else args)
     if isinstance(size, int):

@@ -50,6 +50,7 @@ class Stager:
     def copy_bytes(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         """``dst[:] = src`` for flat ``uint8`` tensors, ``dst`` on CUDA, ``src`` on the host."""
         stream = self._stream(dst.device)
+        stream.wait_stream(torch.cuda.default_stream(dst.device))  # dst was allocated there
         for start in range(0, src.numel(), self.chunk):
             n = min(self.chunk, src.numel() - start)
             buffer = self._acquire()
