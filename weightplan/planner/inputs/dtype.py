@@ -31,17 +31,15 @@ def resolve_dtype(dtype: object, model: torch.nn.Module | None,
 
 def config_dtype(config: object) -> torch.dtype | None:
     """The dtype a (transformers) config names, if any (``torch_dtype`` in old configs)."""
-    for attr in ("dtype", "torch_dtype"):
-        value = getattr(config, attr, None)
-        if isinstance(value, dict):  # per sub-config dtypes: not one dtype to cast to
-            return None
-        try:
-            resolved = parse_dtype(value)
-        except PlanError:
-            continue
-        if resolved is not None and resolved.is_floating_point:
-            return resolved
-    return None
+    attr = "dtype" if hasattr(config, "dtype") else "torch_dtype"  # (deprecated name)
+    value = getattr(config, attr, None)
+    if isinstance(value, dict):  # per sub-config dtypes: not one dtype to cast to
+        return None
+    try:
+        resolved = parse_dtype(value)
+    except PlanError:
+        return None
+    return resolved if resolved is not None and resolved.is_floating_point else None
 
 
 def checkpoint_dtype(checkpoint: Checkpoint) -> torch.dtype | None:
