@@ -8,13 +8,18 @@ cache, alternating the order of the contenders:
 * floor        ``safetensors.torch.load_file`` on every shard, each tensor cloned into
                fresh memory (``load_file`` alone only maps the file)
 * weightplan   ``explain`` + ``execute`` into ``MixtralForCausalLM`` built under ``init_empty``
+* user         the user path, all of it timed: build ``MixtralForCausalLM(config)`` under
+               ``init_empty`` + ``explain(dtype="auto")`` + ``execute`` (build, explain and
+               load reported separately)
 * transformers ``MixtralForCausalLM.from_pretrained(dtype=bfloat16)``
 
-Times are the load phase (imports and, for weightplan, the meta model construction
+Times are the load phase (imports and, for ``weightplan``, the meta model construction
 excluded). Peak RSS is the growth of the process's peak resident set during that phase.
-Prints medians and the ratios the issue targets.
+``--cold`` evicts the shards from the page cache (``posix_fadvise(POSIX_FADV_DONTNEED)``)
+before each process. Prints medians and the ratios the issue targets.
 
-    python benchmarks/load.py [--repeat 5] [--cache DIR] [--threads 4]
+    python benchmarks/load.py [--repeat 5] [--cache DIR] [--threads 4] [--cold]
+        [--modes floor,weightplan,user,transformers]
 """
 
 from __future__ import annotations
@@ -92,6 +97,8 @@ def child(mode: str, directory: Path, threads: int) -> dict:
 
     shards = sorted(directory.glob("*.safetensors"))
     model = None
+    if mode == "user":
+        return user_path(directory, threads)
     if mode == "weightplan":
         import weightplan
         from transformers import MixtralConfig, MixtralForCausalLM
@@ -125,6 +132,40 @@ def child(mode: str, directory: Path, threads: int) -> dict:
     return result
 
 
+def user_path(directory: Path, threads: int) -> dict:
+    """Build empty + explain + load, each part timed, as a user writes it."""
+    import weightplan
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    cfg = MixtralConfig.from_pretrained(directory)
+    baseline = _rss("VmRSS")
+    _reset_peak()
+    start = time.perf_counter()
+    with weightplan.init_empty():
+        model = MixtralForCausalLM(cfg)
+    built = time.perf_counter()
+    plan = weightplan.explain(model, directory, dtype="auto", threads=threads)
+    planned = time.perf_counter()
+    plan.execute(progress=False)
+    done = time.perf_counter()
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    return {"mode": "user", "seconds": done - start, "rss_peak": _rss("VmHWM") - baseline,
+            "model_bytes": nbytes, "build_seconds": built - start,
+            "explain_seconds": planned - built, "load_seconds": done - planned,
+            "planned_peak": plan.peak_bytes}
+
+
+def evict(directory: Path) -> None:
+    """Drop the shards from the page cache, so the next process reads from disk."""
+    for path in directory.glob("*.safetensors"):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def run_child(mode: str, directory: Path, threads: int) -> dict:
     out = subprocess.run([sys.executable, __file__, "--child", mode, "--cache", str(directory),
                           "--threads", str(threads)], check=True, capture_output=True, text=True,
@@ -155,7 +196,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--threads", type=int, default=4)
-    parser.add_argument("--modes", default="floor,weightplan,transformers")
+    parser.add_argument("--modes", default="floor,weightplan,user,transformers")
+    parser.add_argument("--cold", action="store_true",
+                        help="evict the shards from the page cache before each process")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -163,8 +206,12 @@ def main() -> None:
         return
     build_checkpoint(args.cache)
     warm_cache(args.cache)
-    report(alternating(args.modes.split(","), args.repeat,
-                       lambda mode: run_child(mode, args.cache, args.threads)))
+
+    def measure(mode: str) -> dict:
+        if args.cold:
+            evict(args.cache)
+        return run_child(mode, args.cache, args.threads)
+    report(alternating(args.modes.split(","), args.repeat, measure))
 
 
 def report(results: dict[str, list[dict]]) -> None:
@@ -188,6 +235,21 @@ def report(results: dict[str, list[dict]]) -> None:
         if "transformers" in med:
             print(f"weightplan / transformers time: {med['weightplan'] / med['transformers']:.3f}  (target ≤ 0.5)")
         print(f"weightplan peak RSS / model:    {rss['weightplan'] / model_bytes:.3f}  (target ≤ 1.10)")
+    if "user" in med:
+        user_report(results["user"], med, rss["user"] / model_bytes)
+
+
+def user_report(runs: list[dict], med: dict, rss_ratio: float) -> None:
+    parts = {k: statistics.median(x[f"{k}_seconds"] for x in runs)
+             for k in ("build", "explain", "load")}
+    print(f"user path {med['user']:.3f} s: build {parts['build']:.3f} s, explain "
+          f"{parts['explain']:.3f} s, load {parts['load']:.3f} s")
+    if "floor" in med:
+        print(f"user / floor time:              {med['user'] / med['floor']:.3f}  (target ≤ 1.3)")
+    if "transformers" in med:
+        print(f"user / transformers time:       {med['user'] / med['transformers']:.3f}  "
+              "(target ≤ 0.35 warm, ≤ 0.45 cold)")
+    print(f"user peak RSS / model:          {rss_ratio:.3f}  (target ≤ 1.02)")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ import weightplan.ops
 
 def test_exported_names():
     for name in ("explain", "load", "convert", "Plan", "LoadReport", "WeightRenaming",
-                 "PrefixChange", "WeightConverter", "register_mapping", "get_mapping"):
+                 "PrefixChange", "WeightConverter", "register_mapping", "get_mapping",
+                 "from_pretrained", "init_empty"):
         assert name in weightplan.__all__ and hasattr(weightplan, name), name
     for name in ("Chunk", "Concatenate", "MergeModulelist", "SplitModulelist", "Transpose",
                  "PermuteForRope", "Conv3dToLinear", "LinearToConv3d", "ConversionOp"):
@@ -21,6 +22,13 @@ def test_explain_signature():
     for name, default in (("mapping", None), ("dtype", None), ("budget", None), ("tp", None),
                           ("quantization", None), ("threads", 4)):
         assert params[name].kind is inspect.Parameter.KEYWORD_ONLY and params[name].default == default
+
+
+def test_from_pretrained_signature():
+    params = inspect.signature(weightplan.from_pretrained).parameters
+    assert list(params)[0] == "name_or_path"
+    assert params["dtype"].default == "auto" and params["device"].default is None
+    assert params["dtype"].kind is inspect.Parameter.KEYWORD_ONLY
 
 
 def test_register_and_get_mapping():

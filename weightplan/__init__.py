@@ -19,6 +19,8 @@ from weightplan.convert import convert, revert
 from weightplan.errors import WeightplanError
 from weightplan.executor.report import LoadReport, SaveReport
 from weightplan.meta import init_empty
+from weightplan.model_config import write_model_config
+from weightplan.pretrained import from_pretrained
 from weightplan.planner.keys import mappings as _mappings
 from weightplan.planner.keys.registry import REGISTRY, get_mapping, register_alias, register_mapping
 from weightplan.planner.keys.transforms import PrefixChange, WeightConverter, WeightRenaming
@@ -42,12 +44,17 @@ def save(model: torch.nn.Module, directory: str | os.PathLike[str], *, mapping: 
 
     ``explain_save(model, directory, ...).execute(progress=...)``: a model loaded by
     weightplan is written back exactly as its checkpoint was (keys, shapes, dtypes,
-    bytes); any other model through the inverse of its mapping. ``quantize="fp8"``
-    writes block FP8 with ``weight_scale_inv`` where the model was dequantized.
+    bytes); any other model through the inverse of its mapping (prefix changes left out,
+    as transformers does). ``quantize="fp8"`` writes block FP8 with ``weight_scale_inv``
+    where the model was dequantized. A transformers model's ``config.json`` (and
+    generation config) is written too, so ``from_pretrained(directory)`` gives the model
+    back.
     """
     plan = explain_save(model, directory, mapping=mapping, max_shard_size=max_shard_size,
                         overwrite=overwrite, threads=threads, quantize=quantize)
-    return plan.execute(progress=progress)
+    report = plan.execute(progress=progress)
+    write_model_config(model, directory)
+    return report
 
 
 # the public contract: typed arguments in, only WeightplanError out (see weightplan.guard)
@@ -70,4 +77,5 @@ __all__ = [
     "Plan", "WritePlan", "LoadReport", "SaveReport",
     "WeightRenaming", "PrefixChange", "WeightConverter",
     "register_mapping", "get_mapping", "register_alias", "init_empty", "WeightplanError",
+    "from_pretrained",
 ]

@@ -2,6 +2,7 @@
 
     weightplan demo                                  build, explain and load a small checkpoint
     weightplan explain CKPT_DIR                      the full plan for the model config.json names
+    weightplan explain ORG/NAME                      the same for a Hugging Face repo id
     weightplan explain CKPT --model-type mixtral     what the keys become, with shapes (no model)
     weightplan explain CKPT --model-type mixtral --json
     weightplan explain CKPT --model-type mixtral --svg plan.svg --timeline mem.svg
@@ -9,7 +10,7 @@
     weightplan mappings                              registered mappings and aliases
     weightplan recover DIR                           complete a save interrupted in its commit
 
-Errors are one line on stderr and a non-zero exit; ``--debug`` adds the traceback.
+Errors are one line on stderr and a non-zero exit; --debug adds the traceback.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from weightplan import __version__
 from weightplan.errors import WeightplanError
 
 if TYPE_CHECKING:
@@ -28,7 +30,12 @@ if TYPE_CHECKING:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="weightplan", description=__doc__.splitlines()[0])
+    lines = __doc__.splitlines()
+    parser = argparse.ArgumentParser(
+        prog="weightplan", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Load model checkpoints by an explicit plan: explain, convert, list "
+                    "mappings.", epilog="examples:\n" + "\n".join(lines[2:]).rstrip())
+    parser.add_argument("--version", action="version", version=f"weightplan {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
@@ -37,15 +44,27 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", parents=[common],
                           help="build a small legacy checkpoint, explain and load it")
     demo.add_argument("--dir", help="write the demo checkpoint here (default: a temp dir)")
-    exp = sub.add_parser("explain", parents=[common],
-                         help="explain loading a checkpoint (headers only)")
-    exp.add_argument("checkpoint", help=".safetensors file or checkpoint directory; with a "
+    _explain_parser(sub.add_parser("explain", parents=[common],
+                                   help="explain loading a checkpoint (headers only)"))
+    _convert_parser(sub.add_parser("convert", parents=[common],
+                                   help="convert a checkpoint on disk to another layout"))
+    sub.add_parser("mappings", parents=[common], help="list registered mappings")
+    rec = sub.add_parser("recover", parents=[common],
+                         help="complete a save that was interrupted in its commit")
+    rec.add_argument("directory", help="the checkpoint directory the save was writing")
+    return parser
+
+
+def _explain_parser(exp: argparse.ArgumentParser) -> None:
+    exp.add_argument("checkpoint", help=".safetensors file, checkpoint directory or Hub repo "
+                     "id (org/name, local cache first); with a "
                      "config.json and transformers installed, the model it names is built "
                      "on meta and the full plan explained")
     exp.add_argument("--model-type", "--mapping", dest="mapping",
                      help="explain without a model, under this registered mapping "
                           "(model_type or class name), e.g. mixtral")
-    exp.add_argument("--dtype", help="cast floating tensors to this dtype (e.g. bf16)")
+    exp.add_argument("--dtype", help="cast floating tensors to this dtype (e.g. bf16); "
+                     "'auto' (the default with a model): the config's, else the checkpoint's")
     exp.add_argument("--budget", help="memory the load may add at most, e.g. 8GiB")
     exp.add_argument("--json", action="store_true", help="print plan.to_dict() as JSON")
     exp.add_argument("--width", type=int, default=None, help="text width")
@@ -56,8 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="graph detail (default: grouped; full with --only)")
     exp.add_argument("--only", metavar="GLOB",
                      help="draw only the keys matching GLOB, e.g. 'model.layers.0.*'")
-    conv = sub.add_parser("convert", parents=[common],
-                          help="convert a checkpoint on disk to another layout")
+
+
+def _convert_parser(conv: argparse.ArgumentParser) -> None:
     conv.add_argument("source", help="checkpoint file or directory")
     conv.add_argument("destination", help="output directory")
     conv.add_argument("--model-type", "--mapping", dest="mapping", required=True,
@@ -68,11 +88,6 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--overwrite", action="store_true", help="replace a checkpoint in DST")
     conv.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
     conv.add_argument("--threads", type=int, default=4)
-    sub.add_parser("mappings", parents=[common], help="list registered mappings")
-    rec = sub.add_parser("recover", parents=[common],
-                         help="complete a save that was interrupted in its commit")
-    rec.add_argument("directory", help="the checkpoint directory the save was writing")
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,12 +116,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return run_demo(args.dir)
     if args.command == "mappings":
-        from weightplan.planner.keys.registry import REGISTRY
-
-        for key in REGISTRY.keys():
-            target = REGISTRY.resolve(key)
-            print(key if target == key else f"{key} -> {target}")
-        return 0
+        return _mappings()
     if args.command == "convert":
         return _convert(args)
     if args.command == "recover":
@@ -115,6 +125,19 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(recover(args.directory))
         return 0
     return _explain(args)
+
+
+def _mappings() -> int:
+    from weightplan.bridge.names import bridged_names
+    from weightplan.planner.keys.registry import REGISTRY
+
+    for key in REGISTRY.keys():
+        target = REGISTRY.resolve(key)
+        print(key if target == key else f"{key} -> {target}")
+    for key in bridged_names():
+        if key not in REGISTRY:
+            print(f"{key} (transformers bridge)")
+    return 0
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -133,6 +156,9 @@ def _explain(args: argparse.Namespace) -> int:
     import weightplan
     from weightplan.viz.text import explain_text
 
+    from weightplan.pretrained import resolve_checkpoint
+
+    args.checkpoint = str(resolve_checkpoint(args.checkpoint))  # a repo id: its snapshot
     model, dtype = None, args.dtype
     if args.mapping is None:
         model, dtype = _model_for(args.checkpoint, args.dtype)
@@ -177,7 +203,7 @@ def _model_for(checkpoint: str, dtype: str | None) -> tuple[nn.Module | None, An
               file=sys.stderr)
         return None, dtype
     built = build_empty_model(checkpoint)
-    return built.model, dtype if dtype is not None else built.dtype
+    return built.model, dtype if dtype is not None else "auto"
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ escapes (they are wrapped and chained with ``from``). The tree::
     ├── PlanError                    the plan can't be executed as asked
     │   ├── ShapeMismatchError       converted shape != model parameter shape
     │   ├── StrictLoadError          missing / unexpected keys with ``strict=True``
+    │   ├── MetaBufferError          buffers left on meta that nothing can rebuild
     │   ├── BudgetError              no schedule fits the memory budget
     │   ├── GraphError               the plan graph or its lowering breaks an invariant
     │   │                            (``verify``; ``.problems`` lists every message)
@@ -150,6 +151,11 @@ class ShapeMismatchError(PlanError):
 
 class StrictLoadError(PlanError):
     """Missing or unexpected keys while loading with ``strict=True``."""
+
+
+class MetaBufferError(PlanError):
+    """Non-persistent buffers are on ``meta``, no checkpoint holds them and the model's own
+    init can't rebuild them (names the buffers)."""
 
 
 class BudgetError(PlanError):

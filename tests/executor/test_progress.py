@@ -1,11 +1,16 @@
-"""The progress bar: bytes, speed and ETA on a terminal; silent otherwise or when asked."""
+"""The progress bar: bytes, speed and ETA on a terminal; silent otherwise or when asked;
+it advances per read. Messages go through the ``weightplan`` logger."""
 
 import io
+import logging
 import sys
+
+import torch
 
 from rich.progress import DownloadColumn, TimeRemainingColumn, TransferSpeedColumn
 
 import weightplan
+from weightplan.executor import progress as progress_module
 from weightplan.executor.progress import LoadProgress, wants_progress
 
 from tests.conftest import moe_model
@@ -46,3 +51,24 @@ def test_silent_when_not_a_terminal(moe_dir, monkeypatch):
     assert not wants_progress(None) and wants_progress(True) and not wants_progress(False)
     weightplan.load(moe_model(), directory, mapping="mixtral")
     assert sys.stderr.getvalue() == ""
+
+
+def test_the_bar_advances_per_read(moe_dir, monkeypatch):
+    directory, _ = moe_dir
+    advances = []
+    monkeypatch.setattr(progress_module.LoadProgress, "advance",
+                        lambda self, n: advances.append(n))
+    plan = weightplan.explain(moe_model(), directory, mapping="mixtral", threads=2)
+    plan.execute(progress=True)
+    reads = sum(len(t.pieces) for p in plan.schedule.steps for t in p.reads)
+    assert len(advances) == reads > len(plan.schedule.steps)
+    assert sum(advances) == plan.read_bytes
+
+
+def test_messages_go_through_the_weightplan_logger(moe_dir, caplog):
+    directory, _ = moe_dir
+    model = moe_model()
+    model.extra = torch.nn.Linear(2, 2, device="meta")
+    with caplog.at_level(logging.WARNING):
+        weightplan.load(model, directory, mapping="mixtral")
+    assert [r.name for r in caplog.records] == ["weightplan"]

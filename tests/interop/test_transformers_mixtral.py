@@ -51,12 +51,18 @@ def test_load_matches_from_pretrained(saved):
         assert torch.equal(model(ids).logits, reference(ids).logits)
 
 
-def test_fully_meta_model_reports_its_meta_buffers(saved):
+def test_fully_meta_model_gets_its_buffers_rebuilt_by_its_own_init(saved):
     cfg, directory = saved
     with torch.device("meta"):
         model = MixtralForCausalLM(cfg)
     plan = weightplan.explain(model, directory)
-    assert any(p.kind.value == "meta buffer" and "inv_freq" in p.key for p in plan.problems)
+    assert not plan.problems, str(plan)
+    assert any("inv_freq" in n.key and "rebuilds it" in n.message for n in plan.notes)
+    plan.execute()
+    with weightplan.init_empty():
+        expected = MixtralForCausalLM(cfg)
+    assert not model.model.rotary_emb.inv_freq.is_meta
+    assert torch.equal(model.model.rotary_emb.inv_freq, expected.model.rotary_emb.inv_freq)
 
 
 def test_save_gives_back_what_save_pretrained_wrote(saved, tmp_path):

@@ -8,6 +8,7 @@ import os
 import torch
 
 from weightplan.api.plans import Plan, WritePlan, promote
+from weightplan.bridge.names import named_choice
 from weightplan.bridge.transformers import TransformersFinder
 from weightplan.planner.explain import explain_load
 from weightplan.planner.keys.lookup import Finder, is_transformers_class
@@ -21,9 +22,15 @@ def bridge_for(model: torch.nn.Module | None) -> Finder | None:
     return TransformersFinder()
 
 
+def by_name(mapping: object) -> object:
+    """A mapping given by name: registered, else bridged from transformers (or a typo hint)."""
+    return named_choice(mapping) if isinstance(mapping, str) else mapping
+
+
 def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: object = None,
             dtype: torch.dtype | str | None = None, budget: int | str | None = None,
-            tp: object = None, quantization: object = None, threads: int = 4) -> Plan:
+            tp: object = None, quantization: object = None, threads: int = 4,
+            device: object = None) -> Plan:
     """Plan loading ``checkpoint`` into ``model`` from headers only; nothing is read or written.
 
     Args:
@@ -35,11 +42,14 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
             built in get transformers' own mapping through :mod:`weightplan.bridge`), a
             registered name, or a list of transforms. Legacy ``LayerNorm.gamma/beta``
             renames always apply.
-        dtype: cast floating tensors of a meta model to this dtype.
+        dtype: cast floating tensors of a meta model to this dtype; ``"auto"``: the
+            config's dtype, else the checkpoint's (as transformers does).
         budget: bytes (or ``"8GiB"``) the load may add at most; raises
             :class:`BudgetError` with the smallest budget that works when impossible.
         tp, quantization: reserved for tensor-parallel and quantized loading.
         threads: reader threads (``0``, or ``WEIGHTPLAN_SYNC_LOAD=1``, reads inline).
+        device: where meta tensors are allocated: ``"cpu"``, ``"cuda:1"``, a
+            ``torch.device``, or ``{module prefix: device}``.
 
     Returns:
         A :class:`Plan`. Missing / unexpected / mismatched keys are reported on it;
@@ -50,8 +60,9 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
         >>> print(plan); plan.execute()                 # doctest: +SKIP
     """
     finder = bridge_for(model) if mapping is None else None
-    data = explain_load(model, checkpoint, mapping=mapping, dtype=dtype, budget=budget, tp=tp,
-                        quantization=quantization, threads=threads, finder=finder)
+    data = explain_load(model, checkpoint, mapping=by_name(mapping), dtype=dtype, budget=budget,
+                        tp=tp, quantization=quantization, threads=threads, device=device,
+                        finder=finder)
     return promote(Plan, data)
 
 
@@ -77,7 +88,7 @@ def explain_save(model: torch.nn.Module, directory: str | os.PathLike[str], *,
         NotInvertibleError: a transform of the mapping has no unambiguous inverse.
         SaveError: meta tensors, an unwritable or occupied directory, too little space.
     """
-    data = explain_save_plan(model, directory, mapping=mapping, max_shard_size=max_shard_size,
+    data = explain_save_plan(model, directory, mapping=by_name(mapping), max_shard_size=max_shard_size,
                              overwrite=overwrite, threads=threads, quantize=quantize,
                              finder=bridge_for(model) if mapping is None else None)
     return promote(WritePlan, data)
@@ -91,7 +102,7 @@ def explain_convert(source: object, directory: str | os.PathLike[str], *, mappin
     Forward applies ``mapping`` (with the legacy renames) as a load would; ``reverse``
     applies its inverse (a saved model's layout back to the original one).
     """
-    data = explain_convert_plan(source, directory, mapping=mapping, reverse=reverse,
+    data = explain_convert_plan(source, directory, mapping=by_name(mapping), reverse=reverse,
                                 max_shard_size=max_shard_size, overwrite=overwrite,
                                 threads=threads)
     return promote(WritePlan, data)

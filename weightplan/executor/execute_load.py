@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import warnings
+import logging
 
 from torch import nn
 
-from weightplan.errors import PlanError, QuantizationError, ShapeMismatchError, StrictLoadError
+from weightplan.errors import (
+    MetaBufferError, PlanError, QuantizationError, ShapeMismatchError, StrictLoadError,
+)
 from weightplan.executor.atomic import GuardedSink, partial_load_errors
 from weightplan.executor.report import LoadReport
 from weightplan.executor.run import run_plan
@@ -15,21 +17,25 @@ from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.plan import LoadPlanData
 from weightplan.planner.write.record import attach_record, get_record, merge_records, record_from_plan
 
+log = logging.getLogger("weightplan")
+
 
 def execute_plan(plan: LoadPlanData, *, strict: bool = False, progress: bool | None = None,
                  atomic: bool = False) -> LoadReport:
     """Run a load plan (see :meth:`weightplan.Plan.execute`)."""
     model, info = preflight(plan, strict)
-    sink = GuardedSink(ModelSink(model, info, sorted(plan.missing), initialize=not strict),
-                       atomic=atomic)  # see executor/atomic.py
+    fresh = sorted(plan.missing | plan.findings.ignored_missing)
+    inner = ModelSink(model, info, fresh, initialize=True, dtype=plan.options.dtype,
+                      devices=plan.options.devices)
+    sink = GuardedSink(inner, atomic=atomic)  # see executor/atomic.py
     with partial_load_errors(sink):
         stats = run_plan(plan.schedule, plan.checkpoint, sink, progress=progress)
     attach_record(model, merge_records(get_record(model), record_from_plan(plan)))
     if plan.missing or plan.unexpected:
-        warnings.warn(f"weightplan: {len(plan.missing)} missing tensor(s) "
-                      f"{_some(plan.missing)} ({len(sink.initialized)} initialized fresh) and "
-                      f"{len(plan.unexpected)} unexpected checkpoint key(s) "
-                      f"{_some(plan.unexpected)} not loaded", stacklevel=3)
+        log.warning("%d missing tensor(s) %s (%d initialized by the model's own init) and %d "
+                    "unexpected checkpoint key(s) %s not loaded", len(plan.missing),
+                    _some(plan.missing), len(sink.initialized), len(plan.unexpected),
+                    _some(plan.unexpected))
     return LoadReport(
         bytes_read=plan.read_bytes,
         bytes_needed=sum(p.needed_bytes for p in plan.schedule.steps),
@@ -58,10 +64,21 @@ def preflight(plan: LoadPlanData, strict: bool) -> tuple[nn.Module, ModelInfo]:
                               f"({', '.join(sorted(plan.missing)[:5])}) and "
                               f"{len(plan.unexpected)} unexpected "
                               f"({', '.join(sorted(plan.unexpected)[:5])}); nothing was loaded")
+    refuse_meta_buffers(plan)
     for program in plan.schedule.steps:
         for dest in program.destinations:
             check_unchanged(plan.model, dest)
     return plan.model, plan.model_info
+
+
+def refuse_meta_buffers(plan) -> None:
+    """Buffers left on meta that nothing rebuilds would fail (or give NaN) later: refuse."""
+    stuck = [p.key for p in plan.problems if p.kind.value == "meta buffer"]
+    if stuck:
+        raise MetaBufferError(f"{len(stuck)} non-persistent buffer(s) are on the meta device and "
+                              f"nothing can rebuild them: {', '.join(stuck[:8])}; build the model "
+                              "under weightplan.init_empty() (buffers stay real) or give them "
+                              "real values before execute(); nothing was loaded")
 
 
 def _some(names: frozenset[str]) -> str:

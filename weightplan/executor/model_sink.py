@@ -9,8 +9,11 @@ import torch
 from torch import nn
 
 from weightplan.errors import PlanError
+from weightplan.planner.inputs.device import DeviceMap
+from weightplan.executor.init import initialize_fresh
+from weightplan.executor.staging import Stager
 from weightplan.planner.inputs.model_info import ModelInfo, ModelTensor
-from weightplan.planner.tensors.destination import Destination, DestKind
+from weightplan.planner.tensors.destination import Destination
 from weightplan.planner.tensors.geometry import View
 
 
@@ -38,10 +41,13 @@ def check_unchanged(model: nn.Module, dest: Destination) -> None:
                         f"shape {list(tensor.shape)}; call explain() again")
 
 
-def destination_tensor(model: nn.Module, dest: Destination) -> torch.Tensor:
-    """A fresh tensor for an allocating destination, else the model's own storage."""
+def destination_tensor(model: nn.Module, dest: Destination,
+                       devices: DeviceMap | None = None) -> torch.Tensor:
+    """A fresh tensor for an allocating destination (on its device), else the model's own
+    storage."""
     if dest.allocates:
-        return torch.empty(dest.spec.shape, dtype=dest.spec.dtype)
+        device = devices.device_for(dest.key) if devices is not None else None
+        return torch.empty(dest.spec.shape, dtype=dest.spec.dtype, device=device)
     return current_tensor(model, dest.key).detach()
 
 
@@ -65,37 +71,6 @@ def install(model: nn.Module, dest: Destination, tensor: torch.Tensor, info: Mod
             module._parameters[attr] = value
 
 
-def initialize_missing(model: nn.Module, infos: list[ModelTensor | None]) -> dict[str, str]:
-    """Give missing meta tensors real storage; ``reset_parameters()`` where modules have it.
-
-    Runs before loaded tensors are installed, so a module's ``reset_parameters`` only
-    touches the missing tensors (the rest are still on meta, where init is a no-op).
-    """
-    done: dict[str, str] = {}
-    modules: dict[int, nn.Module] = {}
-    for info in infos:
-        if info is None or not info.on_meta:
-            continue
-        tensor = torch.zeros(info.spec.shape, dtype=info.spec.dtype)
-        install(model, Destination(info.name, info.aliases, info.spec, DestKind.ALLOCATE, ()),
-                tensor, info)
-        module, _ = module_and_attr(model, info.name)
-        if callable(getattr(module, "reset_parameters", None)):
-            modules[id(module)] = module
-            done[info.name] = f"{type(module).__name__}.reset_parameters()"
-        else:
-            done[info.name] = "zeros (its module has no reset_parameters)"
-    with torch.no_grad():
-        for module in modules.values():
-            try:
-                module.reset_parameters()  # type: ignore[operator]  # checked callable above
-            except Exception as e:  # a module mixing meta and real tensors may refuse
-                for info in infos:
-                    if info is not None and module_and_attr(model, info.name)[0] is module:
-                        done[info.name] = f"zeros (reset_parameters failed: {e})"
-    return done
-
-
 def strided(base: torch.Tensor, view: View) -> torch.Tensor:
     """``base``'s storage seen through ``view``."""
     return torch.as_strided(base, view.shape, view.stride, base.storage_offset() + view.offset)
@@ -114,33 +89,47 @@ class ModelSink:
     model untouched.
     """
 
-    def __init__(self, model: nn.Module, info: ModelInfo, missing: list[str], initialize: bool):
-        self.model, self.info = model, info
+    def __init__(self, model: nn.Module, info: ModelInfo, missing: list[str], initialize: bool,
+                 dtype: torch.dtype | None = None, devices: DeviceMap | None = None):
+        self.model, self.info, self.dtype, self.devices = model, info, dtype, devices
+        self.stager = Stager() if devices is not None and devices.uses_cuda else None
         self.missing, self.initialize = missing, initialize
         self.results: dict[str, tuple[Destination, torch.Tensor]] = {}
         self.initialized: dict[str, str] = {}
 
     def open(self, dest: Destination) -> torch.Tensor:
-        return destination_tensor(self.model, dest)
+        return destination_tensor(self.model, dest, self.devices)
 
     def write_bytes(self, handle: torch.Tensor, dest: Destination, offset: int,
                     data: torch.Tensor) -> None:
-        flat_bytes(handle)[offset:offset + data.numel()].copy_(data)
+        target = flat_bytes(handle)[offset:offset + data.numel()]
+        if handle.is_cuda and self.stager is not None:  # pinned staging, non-blocking
+            self.stager.copy_bytes(target, data)
+        else:
+            target.copy_(data)
 
     def write_view(self, handle: torch.Tensor, dest: Destination, view: View,
                    src: torch.Tensor) -> None:
         with torch.no_grad():
-            strided(handle, view).copy_(src.reshape(view.shape))
+            if handle.is_cuda and self.stager is not None:
+                self.stager.copy_view(strided(handle, view), src.reshape(view.shape))
+            else:
+                strided(handle, view).copy_(src.reshape(view.shape))
 
     def close(self, dest: Destination, handle: torch.Tensor) -> None:
         self.results[dest.key] = (dest, handle)
 
     def commit(self) -> None:
-        if self.initialize:
-            infos = [self.info.get(name) for name in self.missing]
-            self.initialized = initialize_missing(self.model, infos)
+        # before installing: loaded tensors are still on meta, so the init can't touch them
+        if self.stager is not None:
+            self.stager.finish()  # every device copy landed before the model sees it
+        names = self.missing if self.initialize else []
+        self.initialized = initialize_fresh(self.model, self.info, names, dtype=self.dtype,
+                                            devices=self.devices)
         for dest, tensor in self.results.values():
             install(self.model, dest, tensor, self.info.get(dest.key))
 
     def abort(self) -> None:
+        if self.stager is not None:
+            self.stager.finish()
         self.results.clear()

@@ -1,4 +1,8 @@
-"""A progress bar (bytes, GB/s, ETA) on a terminal; silent otherwise."""
+"""A progress bar (bytes, GB/s, ETA) on a terminal or in a notebook; silent otherwise.
+
+rich draws it (a live bar on terminals, a widget in Jupyter); it advances after every
+read, from the reader threads (rich's progress is thread-safe).
+"""
 
 from __future__ import annotations
 
@@ -11,14 +15,14 @@ from rich.progress import (
 
 
 def wants_progress(progress: bool | None) -> bool:
-    """``None`` means: only when stderr is a terminal."""
+    """``None`` means: only when stderr is a terminal, or in a Jupyter notebook."""
     if progress is None:
-        return sys.stderr.isatty()
+        return sys.stderr.isatty() or Console().is_jupyter
     return bool(progress)
 
 
 class LoadProgress:
-    """Context manager; ``advance(nbytes)`` from the main thread."""
+    """Context manager; ``advance(nbytes)`` from any thread."""
 
     def __init__(self, total_bytes: int, enabled: bool, description: str = "loading"):
         self._progress = None

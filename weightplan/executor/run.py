@@ -104,7 +104,6 @@ class _Execution:
         for dest, handle in zip(program.destinations, step.handles, strict=True):
             self.sink.close(dest, handle)
         self.tracker.sub(program.staged_bytes)
-        self.progress.advance(program.read_bytes)
 
     def _read(self, program: Step, step: _Step, task: ReadTask, piece: tuple[int, int]) -> None:
         start = time.perf_counter()
@@ -119,6 +118,7 @@ class _Execution:
         finally:
             with self._lock:
                 self.read_seconds += time.perf_counter() - start
+        self.progress.advance(piece[1])  # per read, from the reader thread (thread-safe)
 
     def _convert(self, program: Step, step: _Step) -> None:
         start = time.perf_counter()

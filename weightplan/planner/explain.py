@@ -18,10 +18,12 @@ from weightplan.errors import MappingError, PlanError
 from weightplan.planner.findings import Findings, collect_findings
 from weightplan.planner.fp8_findings import with_fp8_findings
 from weightplan.planner.inputs.checkpoint import Checkpoint, open_checkpoint
+from weightplan.planner.inputs.device import parse_device
 from weightplan.planner.inputs.model_info import inspect_model
 from weightplan.planner.keys.lookup import Finder, lookup_mapping, mapping_findings
 from weightplan.planner.keys.registry import REGISTRY, MappingChoice
 from weightplan.planner.keys.routing import route_checkpoint
+from weightplan.planner.inputs.dtype import keep_fp32, resolve_dtype
 from weightplan.planner.keys.transforms import LEGACY, WeightTransform
 from weightplan.planner.plan import Direction, LoadPlanData, PlanOptions
 from weightplan.planner.tensors.build import SinkKind, build_conversions
@@ -30,7 +32,6 @@ from weightplan.planner.tensors.placement import Step
 from weightplan.planner.tensors.quant_build import quant_context, routed_checkpoint
 from weightplan.planner.tensors.quant_scales import add_scale_conversions
 from weightplan.planner.tensors.schedule import order_steps
-from weightplan.planner.tensors.spec import parse_dtype
 from weightplan.units import parse_bytes
 
 SYNC_ENV = "WEIGHTPLAN_SYNC_LOAD"
@@ -39,7 +40,7 @@ SYNC_ENV = "WEIGHTPLAN_SYNC_LOAD"
 def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: object = None,
                  dtype: torch.dtype | str | None = None, budget: int | str | None = None,
                  tp: object = None, quantization: object = None, threads: int = 4,
-                 finder: Finder | None = None) -> LoadPlanData:
+                 device: object = None, finder: Finder | None = None) -> LoadPlanData:
     """Plan loading ``checkpoint`` into ``model`` from headers only; nothing is read or written.
 
     Args:
@@ -51,11 +52,13 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
             built in get transformers' own mapping through :mod:`weightplan.bridge`), a
             registered name, or a list of transforms. Legacy ``LayerNorm.gamma/beta``
             renames always apply.
-        dtype: cast floating tensors of a meta model to this dtype.
+        dtype: cast floating tensors of a meta model to this; ``"auto"``: the config's, else
+            the checkpoint's (fp32-kept modules stay fp32, as transformers); ``None``: the model's.
         budget: bytes (or ``"8GiB"``) the load may add at most; raises
             :class:`BudgetError` with the smallest budget that works when impossible.
         tp, quantization: reserved for tensor-parallel and quantized loading.
         threads: reader threads (``0``, or ``WEIGHTPLAN_SYNC_LOAD=1``, reads inline).
+        device: where meta tensors go: ``"cuda:1"``, ``{module prefix: device}``, ...
         finder: the mapping lookup's second source (the transformers bridge).
 
     Returns:
@@ -63,16 +66,14 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
         configuration errors (conflicting converters, index gaps, unreadable files) raise.
 
     Example:
-        >>> plan = explain(model, "ckpt_dir/")          # doctest: +SKIP
-        >>> print(plan); plan.execute()                 # doctest: +SKIP
+        >>> print(explain(model, "ckpt_dir/", device="cuda:0"))  # doctest: +SKIP
     """
-    if tp is not None or quantization is not None:
-        raise PlanError("tensor-parallel (tp=) and quantized (quantization=) loading are not "
-                        "available in this version of weightplan")
-    options = PlanOptions(parse_dtype(dtype), parse_threads(threads),
-                          None if budget is None else parse_bytes(budget, what="budget"))
+    _refuse_reserved(tp, quantization)
     ckpt = open_checkpoint(checkpoint)
-    info = inspect_model(model) if model is not None else None
+    options = PlanOptions(resolve_dtype(dtype, model, ckpt), parse_threads(threads),
+                          None if budget is None else parse_bytes(budget, what="budget"),
+                          parse_device(device))
+    info = keep_fp32(model, inspect_model(model) if model is not None else None, options.dtype)
     choice = choose_mapping(mapping, model, finder)
     transforms = choice.transforms + tuple(t for t in LEGACY if t not in choice.transforms)
     quant = quant_context(checkpoint, ckpt, info, model)
@@ -85,6 +86,12 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     findings = _with_mapping_findings(findings, choice, looked_up=looked_up)
     return LoadPlanData(Direction.LOAD, ckpt, choice, transforms, conversions, graph, schedule,
                         options, model, info, routing, findings)
+
+
+def _refuse_reserved(tp: object, quantization: object) -> None:
+    if tp is not None or quantization is not None:
+        raise PlanError("tensor-parallel (tp=) and quantized (quantization=) loading are not "
+                        "available in this version of weightplan")
 
 
 def _convert(ckpt: Checkpoint, transforms, info, options: PlanOptions, quant):
@@ -112,6 +119,8 @@ def choose_mapping(mapping: object, model: torch.nn.Module | None,
         if model is None:
             return MappingChoice(None, "no model and no mapping: keys are used as they are", ())
         return lookup_mapping(model, REGISTRY, bridge=finder)
+    if isinstance(mapping, MappingChoice):  # resolved above the planner (bridged names)
+        return mapping
     if isinstance(mapping, str):
         return MappingChoice(mapping, f"requested mapping {mapping!r}", tuple(REGISTRY.get(mapping)))
     if isinstance(mapping, Sequence) and all(isinstance(t, WeightTransform) for t in mapping):

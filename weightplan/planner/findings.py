@@ -10,6 +10,7 @@ from typing import NamedTuple
 from weightplan.planner.tensors.build import Conversion, Target, TargetStatus
 from weightplan.planner.keys.routing import Routing
 from weightplan.planner.inputs.model_info import ModelInfo
+from weightplan.planner.inputs.model_init import matches
 
 
 class ProblemKind(Enum):
@@ -52,6 +53,7 @@ class Findings:
     mismatched: Mapping[str, Mismatch]
     problems: tuple[Problem, ...]
     notes: tuple[Note, ...]
+    ignored_missing: frozenset[str] = frozenset()  # missing, but declared ignorable
 
 
 def collect_findings(model: ModelInfo | None, routing: Routing,
@@ -95,13 +97,46 @@ def collect_findings(model: ModelInfo | None, routing: Routing,
     missing = _missing(model, produced)
     problems.extend(Problem(ProblemKind.MISSING, k, f"{k} is not produced by the checkpoint")
                     for k in sorted(missing))
-    if model is not None:
-        problems.extend(Problem(ProblemKind.META_BUFFER, b, f"non-persistent buffer {b} is on "
-                                "the meta device and no checkpoint holds it; build the model "
-                                "under weightplan.init_empty() so buffers stay real")
-                        for b in model.meta_buffers)
-    return Findings(frozenset(missing), frozenset(unexpected), mismatched, tuple(problems),
-                    tuple(notes))
+    return _model_declarations(model, Findings(frozenset(missing), frozenset(unexpected),
+                                               mismatched, tuple(problems), tuple(notes)))
+
+
+def _model_declarations(model: ModelInfo | None, found: Findings) -> Findings:
+    """What the model declares: ignorable keys become notes, buffers its init rebuilds
+    are notes, the others are problems; declared ties are noted."""
+    if model is None:
+        return found
+    problems, notes = [], list(found.notes)
+    ignored_missing = {k for k in found.missing if matches(model.ignore_missing, k)}
+    ignored_unexpected = {k for k in found.unexpected if matches(model.ignore_unexpected, k)}
+    ignored = ignored_missing | ignored_unexpected
+    for p in found.problems:
+        if p.key in ignored and p.kind in (ProblemKind.MISSING, ProblemKind.UNEXPECTED):
+            pattern = matches(model.ignore_missing if p.key in ignored_missing
+                              else model.ignore_unexpected, p.key)
+            notes.append(Note(p.key, f"{p.message}; the model declares it ignorable "
+                                     f"({pattern!r}){_init_text(p.key in ignored_missing)}"))
+        else:
+            problems.append(p)
+    for b in model.meta_buffers:
+        if b in model.rebuilt_buffers:
+            notes.append(Note(b, f"non-persistent buffer {b} is on meta; the model's own init "
+                                 "rebuilds it after loading"))
+        else:
+            problems.append(Problem(ProblemKind.META_BUFFER, b, _META_TEXT.format(b)))
+    notes.extend(Note(t, f"{t} is tied to {s} (declared by the model): one tensor, two names")
+                 for s, t in model.declared_ties)
+    return Findings(found.missing - ignored_missing, found.unexpected - ignored_unexpected,
+                    found.mismatched, tuple(problems), tuple(notes), frozenset(ignored_missing))
+
+
+_META_TEXT = ("non-persistent buffer {} is on the meta device, no checkpoint holds it and the "
+              "model's own init can't rebuild it; build the model under weightplan.init_empty() "
+              "(buffers stay real) instead of torch.device('meta')")
+
+
+def _init_text(missing: bool) -> str:
+    return "; it gets the model's own init" if missing else "; not loaded"
 
 
 def _missing(model: ModelInfo | None, produced: set[str]) -> set[str]:

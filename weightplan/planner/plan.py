@@ -15,6 +15,7 @@ from enum import Enum
 
 import torch
 
+from weightplan.planner.inputs.device import DeviceMap
 from weightplan.planner.findings import Findings, Mismatch, Note, Problem
 from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.inputs.model_info import ModelInfo
@@ -41,6 +42,7 @@ class PlanOptions:
     dtype: torch.dtype | None
     threads: int
     budget: int | None
+    devices: DeviceMap | None = None  # where meta tensors are loaded (None: the CPU)
 
 
 @dataclass(frozen=True, eq=False)

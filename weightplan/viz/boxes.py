@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from weightplan.planner.tensors.build import Conversion, TargetStatus
 from weightplan.planner.tensors.destination import DestKind
 from weightplan.planner.tensors.nodes import (
-    Node, NodeKind, OpAttrs, ReadAttrs, SinkAttrs, cast_attrs, op_attrs, read_attrs, sink_attrs,
+    Node, NodeKind, SinkAttrs, cast_attrs, op_attrs, read_attrs, sink_attrs,
 )
 from weightplan.planner.tensors.spec import short_dtype
 from weightplan.units import format_bytes

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import sys
 
+from weightplan.planner.inputs.device import STAGING_BUFFERS, STAGING_CHUNK
 from weightplan.planner.findings import ProblemKind
 from weightplan.planner.plan import Direction, LoadPlanData, PlanData
 from weightplan.planner.write.write_plan import WritePlanData
@@ -33,6 +34,27 @@ def explain_text(plan: PlanData, width: int | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _loaded_bytes(plan: LoadPlanData) -> int:
+    """Bytes the model holds once loaded: what the plan writes plus the missing tensors
+    (in the dtype asked for), not the model's pre-cast sizes."""
+    dtype = plan.options.dtype
+    fresh = 0
+    for name in plan.missing | plan.findings.ignored_missing:
+        t = plan.model_info.get(name) if plan.model_info is not None else None
+        if t is None:
+            continue
+        cast = dtype is not None and t.on_meta and t.spec.dtype.is_floating_point \
+            and not t.keep_dtype
+        fresh += t.spec.numel * (dtype.itemsize if cast and dtype is not None
+                                 else t.spec.dtype.itemsize)
+    return plan.model_bytes + fresh
+
+
+def _dtype_text(plan: PlanData) -> str:
+    dtype = plan.options.dtype
+    return "" if dtype is None else f" in {str(dtype).removeprefix('torch.')}"
+
+
 def header_lines(plan: PlanData) -> list[str]:
     if isinstance(plan, WritePlanData):
         return write_header_lines(plan)
@@ -41,7 +63,7 @@ def header_lines(plan: PlanData) -> list[str]:
     files = f"{len(ckpt.files)} file(s), " if ckpt.files else ""
     model = "no model" if plan.model_info is None else (
         f"{plan.model_info.class_name} ({len(plan.model_info.unique())} tensors, "
-        f"{format_bytes(plan.model_info.nbytes)})")
+        f"{format_bytes(_loaded_bytes(plan))}{_dtype_text(plan)})")
     extra = len(plan.transforms) - len(plan.mapping.transforms)
     mapping = plan.mapping.key or "none"
     lines = [f"weightplan plan: {ckpt.description} ({files}{len(ckpt)} tensors, "
@@ -113,7 +135,24 @@ def total_lines(plan: PlanData) -> list[str]:
         lines.append(f"in place: {format_bytes(staged)} of allocated model tensors; "
                      f"execute(atomic=True) stages them (+{format_bytes(staged)}) so a "
                      "failure touches nothing")
-    return lines
+    return lines + device_lines(plan)
+
+
+def device_lines(plan: PlanData) -> list[str]:
+    """With ``device=``: bytes per device, and the host staging CUDA copies go through."""
+    devices = plan.options.devices
+    if devices is None:
+        return []
+    per: dict[str, int] = {}
+    for program in plan.schedule.steps:
+        for dest in program.destinations:
+            if dest.allocates:
+                name = str(devices.device_for(dest.key))
+                per[name] = per.get(name, 0) + dest.spec.nbytes
+    text = ", ".join(f"{d} {format_bytes(n)}" for d, n in sorted(per.items()))
+    staging = f"; host staging (pinned) ≤ {format_bytes(STAGING_BUFFERS * STAGING_CHUNK)}" \
+        if devices.uses_cuda else ""
+    return [f"devices: {text or 'nothing allocated'}{staging}"]
 
 
 def problem_lines(plan: PlanData) -> list[str]:
@@ -126,12 +165,43 @@ def problem_lines(plan: PlanData) -> list[str]:
             folded = fold_keys(names)
             lines.append(f"  {kind.value} ({len(names)}): " + ", ".join(folded[:MAX_LIST])
                          + (f", … {len(folded) - MAX_LIST} more" if len(folded) > MAX_LIST else ""))
-    detailed = [p for p in plan.problems if p.kind not in simple]
-    for p in detailed[:MAX_LIST]:
-        lines.append(f"  {p.kind.value}: {p.message}")
+    lines += _mismatch_lines(plan)
+    detailed = _folded([p for p in plan.problems if p.kind not in simple
+                        and p.kind is not ProblemKind.MISMATCH])
+    for kind, message in detailed[:MAX_LIST]:
+        lines.append(f"  {kind}: {message}")
     if len(detailed) > MAX_LIST:
         lines.append(f"  … {len(detailed) - MAX_LIST} more")
     return lines
+
+
+def _mismatch_lines(plan: LoadPlanData) -> list[str]:
+    """Shape mismatches folded by layer: one line per (checkpoint shape, model shape)."""
+    by_shapes: dict[tuple, list[str]] = {}
+    for key, mismatch in plan.mismatched.items():
+        by_shapes.setdefault(tuple(mismatch), []).append(key)
+    lines = []
+    for (got, want), keys in by_shapes.items():
+        folded = fold_keys(keys)
+        lines.append(f"  mismatch ({len(keys)}): {', '.join(folded[:3])}"
+                     f"{', …' if len(folded) > 3 else ''}: checkpoint gives {list(got)} but the "
+                     f"model has {list(want)}")
+    return lines
+
+
+def _folded(items) -> list[tuple[str, str]]:
+    """Problems or notes whose messages differ only in their key, folded by layer."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for item in items:
+        kind = getattr(getattr(item, "kind", None), "value", "")
+        template = item.message.replace(item.key, "\0") if item.key else item.message
+        groups.setdefault((kind, template), []).append(item.key)
+    out = []
+    for (kind, template), keys in groups.items():
+        folded = fold_keys(keys) if len(keys) > 1 else keys
+        text = ", ".join(folded[:3]) + (", …" if len(folded) > 3 else "")
+        out.append((kind, template.replace("\0", text)))
+    return out
 
 
 def note_lines(plan: PlanData) -> list[str]:
@@ -139,7 +209,8 @@ def note_lines(plan: PlanData) -> list[str]:
     if not notes:
         return []
     lines = [f"notes: {len(notes)}"]
-    lines += [f"  {n.message}" for n in notes[:MAX_LIST]]
-    if len(notes) > MAX_LIST:
-        lines.append(f"  … {len(notes) - MAX_LIST} more")
+    folded = _folded(notes)
+    lines += [f"  {message}" for _, message in folded[:MAX_LIST]]
+    if len(folded) > MAX_LIST:
+        lines.append(f"  … {len(folded) - MAX_LIST} more")
     return lines

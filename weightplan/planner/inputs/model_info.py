@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from weightplan.planner.inputs.model_init import ignore_patterns, rebuildable
+from weightplan.planner.inputs.ties import tie_groups
 from weightplan.planner.tensors.geometry import row_major_strides
 from weightplan.planner.tensors.spec import TensorSpec
 
@@ -22,6 +24,7 @@ class ModelTensor:
     on_meta: bool  # True: execute allocates it; False: bytes are written into its storage
     stride: tuple[int, ...]
     requires_grad: bool
+    keep_dtype: bool = False  # the model keeps it in its dtype whatever dtype is asked
 
     @property
     def allocates(self) -> bool:
@@ -38,6 +41,10 @@ class ModelInfo:
     model_type: str | None = None
     base_model_prefix: str | None = None
     meta_buffers: tuple[str, ...] = ()  # non-persistent buffers left on meta
+    rebuilt_buffers: frozenset[str] = frozenset()  # those the model's own init rebuilds
+    declared_ties: tuple[tuple[str, ...], ...] = ()  # groups re-tied from the declaration
+    ignore_missing: tuple[str, ...] = ()  # regexes of keys the model declares ignorable
+    ignore_unexpected: tuple[str, ...] = ()
 
     def get(self, name: str) -> ModelTensor | None:
         return self.tensors.get(name)
@@ -57,17 +64,17 @@ class ModelInfo:
 
 
 def inspect_model(model: torch.nn.Module) -> ModelInfo:
-    """Collect parameter and persistent-buffer metadata, grouping tied tensors."""
+    """Collect parameter and persistent-buffer metadata, grouping tied tensors.
+
+    Tensors tie when they are one object, and when the model declares the tie (see
+    :mod:`.ties`) even if the build convention gave them separate meta tensors.
+    """
     state = model.state_dict(keep_vars=True)
     buffers = {name for name, _ in model.named_buffers(remove_duplicate=False)}
-    names_by_tensor: dict[int, list[str]] = {}
-    tensors_by_id: dict[int, torch.Tensor] = {}
-    for name, tensor in state.items():
-        names_by_tensor.setdefault(id(tensor), []).append(name)
-        tensors_by_id[id(tensor)] = tensor
+    groups, retied = _groups(model, state)
     entries: dict[str, ModelTensor] = {}
-    for ident, names in names_by_tensor.items():
-        tensor = tensors_by_id[ident]
+    for names in groups:
+        tensor = state[names[0]]
         entry = ModelTensor(
             name=names[0], spec=TensorSpec.of(tensor), aliases=tuple(names),
             is_buffer=names[0] in buffers, on_meta=tensor.is_meta,
@@ -78,6 +85,35 @@ def inspect_model(model: torch.nn.Module) -> ModelInfo:
     meta_buffers = tuple(name for name, b in model.named_buffers()
                          if b.is_meta and name not in state)
     config = getattr(model, "config", None)
+    missing, unexpected = ignore_patterns(model)
     return ModelInfo(entries, config, type(model).__name__,
                      getattr(config, "model_type", None),
-                     getattr(model, "base_model_prefix", None) or None, meta_buffers)
+                     getattr(model, "base_model_prefix", None) or None, meta_buffers,
+                     rebuildable(model, meta_buffers), retied, missing, unexpected)
+
+
+def _groups(model: torch.nn.Module, state: Mapping[str, torch.Tensor]
+            ) -> tuple[list[list[str]], tuple[tuple[str, ...], ...]]:
+    """Names by tensor object, then declared ties merged where both sides are on meta."""
+    by_id: dict[int, list[str]] = {}
+    for name, tensor in state.items():
+        by_id.setdefault(id(tensor), []).append(name)
+    group_of = {name: names for names in by_id.values() for name in names}
+    retied = []
+    for tie in tie_groups(model, set(state)):
+        source = group_of[tie[0]]
+        for target in tie[1:]:
+            other = group_of[target]
+            if other is source or not _tieable(state[tie[0]], state[target]):
+                continue
+            source.extend(other)
+            for name in other:
+                group_of[name] = source
+            other.clear()
+            retied.append((tie[0], target))
+    return [g for g in by_id.values() if g], tuple(retied)
+
+
+def _tieable(source: torch.Tensor, target: torch.Tensor) -> bool:
+    return (target.is_meta and source.is_meta and source.shape == target.shape
+            and source.dtype == target.dtype)

@@ -7,6 +7,8 @@ users add their own with :func:`register_mapping`.
 
 from __future__ import annotations
 
+import difflib
+
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
@@ -138,8 +140,10 @@ class MappingRegistry:
     def get(self, key: str) -> list[WeightTransform]:
         target = self.resolve(key)
         if target is None:
-            known = ", ".join(sorted(self.keys())[:12])
-            raise RegistryError(f"no mapping registered for {key!r} (known: {known}, ...)")
+            close = difflib.get_close_matches(str(key), self.keys(), n=5, cutoff=0.6)
+            known = f"did you mean {', '.join(close)}?" if close else \
+                f"known: {', '.join(self.keys()[:12])}, ..."
+            raise RegistryError(f"no mapping registered for {key!r}; {known}")
         return list(self._mappings[target])
 
     def __contains__(self, key: object) -> bool:

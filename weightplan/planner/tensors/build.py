@@ -296,7 +296,7 @@ def destination_dtype(produced: TensorSpec, mt: ModelTensor | None,
         return mt.spec.dtype  # FP8 parameters keep FP8 (a requested dtype is for floats)
     if mt is None:
         return requested if requested is not None and floating else produced.dtype
-    if not mt.on_meta or requested is None or not mt.spec.dtype.is_floating_point:
+    if not mt.on_meta or requested is None or mt.keep_dtype or not mt.spec.dtype.is_floating_point:
         return mt.spec.dtype
     return requested if floating else mt.spec.dtype
 

@@ -26,7 +26,7 @@ from weightplan.planner.tensors.geometry import Fragment, Region, View
 from weightplan.planner.quant.blocks import workspace_bytes
 from weightplan.planner.tensors.quant_steps import QuantizeTask, quantize_plan
 from weightplan.planner.tensors.nodes import (
-    CastAttrs, DequantizeAttrs, Node, NodeKind, ShardAttrs, op_attrs, read_attrs, sink_attrs,
+    CastAttrs, DequantizeAttrs, Node, NodeKind, ShardAttrs, read_attrs, sink_attrs,
 )
 from weightplan.planner.tensors.ops.base import ConversionOp, Streams
 

@@ -19,6 +19,7 @@ from weightplan.errors import ConflictingTransformError, MappingError, SaveError
 from weightplan.planner.explain import choose_mapping, parse_threads
 from weightplan.planner.findings import Note
 from weightplan.planner.inputs.checkpoint import Checkpoint, open_checkpoint
+from weightplan.planner.keys.unrecorded import without_prefix_changes
 from weightplan.planner.inputs.model_info import inspect_model
 from weightplan.planner.keys.lookup import Finder
 from weightplan.planner.keys.patterns import natural_key
@@ -73,6 +74,8 @@ def explain_save_plan(model: torch.nn.Module, directory: str | os.PathLike[str],
     else:
         source = open_checkpoint(model_state(model, aliases=False))
         choice = choose_mapping(mapping, model, finder)
+        if mapping is None:  # like transformers: no record, so no PrefixChange to invert
+            choice = without_prefix_changes(choice)
         reverse = derived_groups(choice.transforms, source)
         order, metadata, how = (), {"format": "pt"}, Inversion.MAPPING
     quant = None

@@ -126,7 +126,8 @@ def invert_mapping(transforms: Sequence[WeightTransform]
             raise NotInvertibleError(
                 f"{t.describe()}: without a record of the load, which keys had the prefix "
                 "is unknown. Load the checkpoint with weightplan first (the model then "
-                "remembers what fired) or leave the PrefixChange out of the mapping")
+                "remembers what fired), pass mapping=None (prefix changes are then left out, as "
+                "transformers does), or mapping=[] to write the keys as the model names them")
         inverse = t.inverse()
         if isinstance(inverse, WeightConverter):
             converters.append(inverse)

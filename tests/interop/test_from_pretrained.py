@@ -1,0 +1,100 @@
+"""``weightplan.from_pretrained``: directory or repo id → the model transformers'
+``from_pretrained`` gives. Repo ids come from a Hugging Face cache laid out here with
+huggingface_hub's own naming (no network: the Hub is never asked)."""
+
+import shutil
+
+import huggingface_hub
+import pytest
+import torch
+from huggingface_hub.file_download import repo_folder_name
+
+import weightplan
+from weightplan.cli import main
+from weightplan.errors import CheckpointError, ModelBuildError
+
+from tests.interop.matrix import FAMILIES, output, pretrained
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def cached_repo(cache, repo_id: str, source) -> None:
+    """Put ``source``'s files where huggingface_hub keeps a snapshot of ``repo_id``."""
+    repo = cache / repo_folder_name(repo_id=repo_id, repo_type="model")
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(COMMIT)
+    shutil.copytree(source, repo / "snapshots" / COMMIT)
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def saved(family: str, directory, **config):
+    cls, cfg, inputs = FAMILIES[family]()
+    for key, value in config.items():
+        setattr(cfg, key, value)
+    torch.manual_seed(0)
+    cls(cfg).save_pretrained(directory)
+    return cls, inputs
+
+
+@pytest.mark.parametrize("family", ["gemma2", "llava", "deepseek_v3", "t5"])
+def test_a_directory_loads_like_transformers(family, tmp_path):
+    cls, inputs = saved(family, tmp_path)
+    model, report = weightplan.from_pretrained(tmp_path, return_report=True)
+    reference = pretrained(cls, tmp_path)
+    assert type(model) is cls and not model.training
+    assert report.tensors_loaded > 0 and not report.missing and not report.unexpected
+    for key, value in reference.state_dict().items():
+        assert model.state_dict()[key].dtype == value.dtype, key
+        assert torch.equal(model.state_dict()[key], value), key
+    assert torch.equal(output(model, inputs), output(reference, inputs))
+
+
+def test_auto_dtype_follows_the_config(tmp_path):
+    cls, inputs = saved("llama", tmp_path / "ckpt")
+    out = tmp_path / "bf16"
+    weightplan.save(pretrained(cls, tmp_path / "ckpt").to(torch.bfloat16), out)
+    model = weightplan.from_pretrained(out)  # the saved config says bfloat16
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in weightplan.from_pretrained(out, dtype=torch.float32).parameters()
+            } == {torch.float32}
+
+
+def test_a_repo_id_loads_from_the_local_cache(tmp_path, offline):
+    cls, inputs = saved("mixtral", tmp_path / "src")
+    cached_repo(tmp_path / "cache", "tiny-org/tiny-mixtral", tmp_path / "src")
+    model = weightplan.from_pretrained("tiny-org/tiny-mixtral", cache_dir=tmp_path / "cache")
+    reference = pretrained(cls, tmp_path / "src")
+    assert torch.equal(output(model, inputs), output(reference, inputs))
+
+
+def test_the_cli_explains_a_repo_id(tmp_path, offline, monkeypatch, capsys):
+    saved("qwen2", tmp_path / "src")
+    cached_repo(tmp_path / "cache", "tiny-org/tiny-qwen2", tmp_path / "src")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    assert main(["explain", "tiny-org/tiny-qwen2"]) == 0
+    out = capsys.readouterr().out
+    assert "→ Qwen2ForCausalLM" in out and COMMIT in out
+
+
+def test_a_repo_id_not_in_the_cache_offline_says_so(tmp_path, offline):
+    with pytest.raises(CheckpointError, match="tiny-org/nothing.*HF_HUB_OFFLINE"):
+        weightplan.from_pretrained("tiny-org/nothing", cache_dir=tmp_path)
+    with pytest.raises(CheckpointError, match="not a Hugging Face repo id"):
+        weightplan.from_pretrained(tmp_path / "no" / "such" / "dir")
+
+
+def test_a_config_that_needs_remote_code_is_refused_without_running_it(tmp_path):
+    marker = tmp_path / "ran"
+    (tmp_path / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n")
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "evil_model", "architectures": ["EvilModel"], '
+        '"auto_map": {"AutoConfig": "evil.EvilConfig", "AutoModel": "evil.EvilModel"}}')
+    from safetensors.torch import save_file
+    save_file({"w": torch.zeros(1)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ModelBuildError, match="config.json"):
+        weightplan.from_pretrained(tmp_path)
+    assert not marker.exists()

@@ -1,0 +1,89 @@
+"""Where each model tensor is loaded: one device, or a device per module prefix.
+
+``device="cuda:1"``, ``torch.device("cpu")``, ``0`` (CUDA ordinal), or
+``{"model.layers.0": "cuda:0", "lm_head": "cuda:1", "": "cpu"}``: the longest prefix
+(whole dotted components) that starts a tensor's name decides; names no prefix covers go
+to ``""`` when given, else to the CPU. ``None`` keeps the default (CPU for meta
+tensors, and an allocated tensor is written where it already is).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from weightplan.errors import PlanError
+
+CPU = torch.device("cpu")
+STAGING_CHUNK = 32 << 20  # bytes per pinned host buffer CUDA copies go through
+STAGING_BUFFERS = 8  # buffers in the pool: host staging is at most their product
+
+
+@dataclass(frozen=True)
+class DeviceMap:
+    """Devices by module prefix (``""``: everything else)."""
+
+    prefixes: tuple[tuple[str, torch.device], ...]  # longest first
+
+    def device_for(self, name: str) -> torch.device:
+        for prefix, device in self.prefixes:
+            if not prefix or name == prefix or name.startswith(prefix + "."):
+                return device
+        return CPU
+
+    @property
+    def devices(self) -> frozenset[torch.device]:
+        return frozenset(d for _, d in self.prefixes)
+
+    @property
+    def uses_cuda(self) -> bool:
+        return any(d.type == "cuda" for d in self.devices)
+
+
+def parse_device(device: object) -> DeviceMap | None:
+    """``device=`` as given to explain → a :class:`DeviceMap` (``None`` stays ``None``).
+
+    Raises:
+        PlanError: not a device, an unknown device string, a device this machine doesn't
+            have (``cuda`` without CUDA, an ordinal past the device count), or ``meta``.
+    """
+    if device is None:
+        return None
+    if isinstance(device, Mapping):
+        pairs = [(_prefix(k), _one(v, f"device[{k!r}]")) for k, v in device.items()]
+    else:
+        pairs = [("", _one(device, "device"))]
+    return DeviceMap(tuple(sorted(pairs, key=lambda p: -len(p[0]))))
+
+
+def _prefix(key: object) -> str:
+    if not isinstance(key, str):
+        raise PlanError(f"device map keys are module prefixes (str), got {key!r}")
+    return key.strip(".")
+
+
+def _one(value: object, what: str) -> torch.device:
+    if isinstance(value, bool) or not isinstance(value, (str, int, torch.device)):
+        raise PlanError(f"{what} must be a device string, a torch.device or a CUDA ordinal, "
+                        f"got {value!r}")
+    try:
+        device = torch.device("cuda", value) if isinstance(value, int) else torch.device(value)
+    except (RuntimeError, ValueError) as e:
+        raise PlanError(f"{what}={value!r} is not a device: {e}") from e
+    if device.type == "meta":
+        raise PlanError(f"{what}={value!r}: loading onto meta keeps nothing; use a real device")
+    if device.type == "cuda":
+        _check_cuda(device, what)
+    return device
+
+
+def _check_cuda(device: torch.device, what: str) -> None:
+    if not torch.cuda.is_available():
+        raise PlanError(f"{what}={str(device)!r} but CUDA is not available here; load on "
+                        "'cpu' or install a CUDA build of torch")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index >= torch.cuda.device_count():
+        raise PlanError(f"{what}={str(device)!r} but this machine has "
+                        f"{torch.cuda.device_count()} CUDA device(s)")

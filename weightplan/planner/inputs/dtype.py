@@ -1,0 +1,78 @@
+"""The dtype a load writes, the way transformers chooses it.
+
+``dtype="auto"`` is the model config's ``dtype`` when it names one, else the floating dtype
+most of the checkpoint's bytes have (the checkpoint's own dtype); ``None`` keeps the
+model's dtypes. Tensors the model keeps in float32 stay float32 as in transformers:
+``_keep_in_fp32_modules`` when loading in float16, ``_keep_in_fp32_modules_strict`` in
+float16 or bfloat16 (globs searched in the tensor's name).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import torch
+
+from weightplan.errors import PlanError
+from weightplan.planner.inputs.checkpoint import Checkpoint
+from weightplan.planner.inputs.model_info import ModelInfo
+from weightplan.planner.tensors.spec import parse_dtype
+
+
+def resolve_dtype(dtype: object, model: torch.nn.Module | None,
+                  checkpoint: Checkpoint) -> torch.dtype | None:
+    """``dtype`` as a torch dtype: ``"auto"`` is resolved against config and checkpoint."""
+    if not (isinstance(dtype, str) and dtype.lower() == "auto"):
+        return parse_dtype(dtype)  # type: ignore[arg-type]
+    configured = config_dtype(getattr(model, "config", None))
+    return configured if configured is not None else checkpoint_dtype(checkpoint)
+
+
+def config_dtype(config: object) -> torch.dtype | None:
+    """The dtype a (transformers) config names, if any (``torch_dtype`` in old configs)."""
+    attr = "dtype" if hasattr(config, "dtype") else "torch_dtype"  # (deprecated name)
+    value = getattr(config, attr, None)
+    if isinstance(value, dict):  # per sub-config dtypes: not one dtype to cast to
+        return None
+    try:
+        resolved = parse_dtype(value)
+    except PlanError:
+        return None
+    return resolved if resolved is not None and resolved.is_floating_point else None
+
+
+def checkpoint_dtype(checkpoint: Checkpoint) -> torch.dtype | None:
+    """The floating dtype holding most of the checkpoint's bytes."""
+    totals: dict[torch.dtype, int] = {}
+    for entry in checkpoint.entries.values():
+        if entry.spec.dtype.is_floating_point and entry.spec.dtype.itemsize > 1:
+            totals[entry.spec.dtype] = totals.get(entry.spec.dtype, 0) + entry.spec.nbytes
+    return max(totals, key=totals.__getitem__) if totals else None
+
+
+def keep_fp32(model: torch.nn.Module | None, info: ModelInfo | None,
+              dtype: torch.dtype | None) -> ModelInfo | None:
+    """``info`` with the tensors the model keeps in float32 marked to keep their dtype."""
+    if model is None or info is None or dtype not in (torch.float16, torch.bfloat16):
+        return info
+    globs = set(_declared(model, "_keep_in_fp32_modules_strict"))
+    if dtype == torch.float16:
+        globs |= set(_declared(model, "_keep_in_fp32_modules"))
+    if not globs:
+        return info
+    pattern = re.compile("|".join(g.replace("*", ".*") for g in sorted(globs)))
+    kept = {t.name: dataclasses.replace(t, keep_dtype=True) for t in info.unique()
+            if t.spec.dtype == torch.float32 and any(pattern.search(a) for a in t.aliases)}
+    if not kept:
+        return info
+    tensors = {name: kept.get(t.name, t) for name, t in info.tensors.items()}
+    return dataclasses.replace(info, tensors=tensors)
+
+
+def _declared(model: torch.nn.Module, attr: str) -> list[str]:
+    out: list[str] = []
+    for module in model.modules():
+        value = getattr(module, attr, None) or ()
+        out.extend(str(v) for v in value)
+    return out
