@@ -143,6 +143,8 @@ def _run_ops(program: Program, step: _Step):
 
 def _read_task(run: _Execution, program: Program, step: _Step, task: ReadTask,
                piece: tuple[int, int]) -> None:
+    if _read_straight(run, program, step, task, piece):
+        return
     with _source(run, task, piece) as src:
         f = task.fragment
         if f is None:  # an input of materialized ops: keep a copy (released when they ran)
@@ -155,6 +157,24 @@ def _read_task(run: _Execution, program: Program, step: _Step, task: ReadTask,
             run.sink.write_bytes(step.handles[f.target], dest, offset, src)
         else:
             run.sink.write_view(step.handles[f.target], dest, f.view, src)
+
+
+def _read_straight(run: _Execution, program: Program, step: _Step, task: ReadTask,
+                   piece: tuple[int, int]) -> bool:
+    """A direct read of a cold file goes from the file straight into the destination's
+    bytes (:meth:`Reader.read_into`); False when it can't (warm file, in-memory source,
+    a sink without CPU bytes to read into)."""
+    f, entry = task.fragment, task.entry
+    if not task.direct or f is None or entry.file is None or not run.reader.is_cold(entry.file):
+        return False
+    byte_view = getattr(run.sink, "byte_view", None)
+    dest = program.destinations[f.target]
+    offset = f.view.offset * dest.spec.dtype.itemsize + piece[0]
+    target = byte_view(step.handles[f.target], dest, offset, piece[1]) if byte_view else None
+    if target is None:
+        return False
+    run.reader.read_into(entry.file, task.byte_range[0] + piece[0], target)
+    return True
 
 
 class _source:

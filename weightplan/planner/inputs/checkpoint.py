@@ -195,8 +195,42 @@ def read_header(path: str) -> tuple[dict[str, TensorEntry], dict[str, str]]:
     file_meta = header.pop("__metadata__", None) or {}
     if not isinstance(file_meta, dict):
         raise HeaderError("__metadata__ is not an object", file=path)
-    entries = {key: _entry(path, key, info, data_start, size) for key, info in header.items()}
+    entries = parse_entries(path, header, data_start, size)
     return entries, {str(k): str(v) for k, v in file_meta.items()}
+
+
+def parse_entries(path: str, header: dict, data_start: int, size: int
+                  ) -> dict[str, TensorEntry]:
+    """Every header entry as a :class:`TensorEntry`, validated like :func:`_entry`.
+
+    The fast path for headers of ~100k keys: one ``TensorSpec`` per distinct
+    (dtype, shape), validated once; anything unusual goes through :func:`_entry`,
+    which raises the precise error.
+    """
+    specs: dict[tuple, TensorSpec] = {}
+    entries: dict[str, TensorEntry] = {}
+    for key, info in header.items():
+        try:
+            dtype_name, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
+            ident = (dtype_name, *shape)
+            spec = specs.get(ident)
+            if spec is None:
+                spec = specs[ident] = _spec(dtype_name, shape)
+            ok = (type(begin) is int and type(end) is int and 0 <= begin
+                  and end - begin == spec.nbytes and data_start + end <= size)
+        except (TypeError, KeyError, ValueError):
+            ok = False
+        entries[key] = (TensorEntry(key, spec, path, data_start + begin) if ok
+                        else _entry(path, key, info, data_start, size))
+    return entries
+
+
+def _spec(dtype_name: object, shape: list) -> TensorSpec:
+    """The spec of a valid (dtype, shape), else ``ValueError`` (the caller re-checks)."""
+    if dtype_name not in SAFETENSORS_DTYPES or not isinstance(shape, list) or not all(
+            type(d) is int and d >= 0 for d in shape):
+        raise ValueError(dtype_name, shape)
+    return TensorSpec(tuple(shape), SAFETENSORS_DTYPES[dtype_name])
 
 
 def _check_magic(path: str, head: bytes, size: int) -> None:
