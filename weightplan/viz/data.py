@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from weightplan.planner.tensors.machine import machine_fit
 from weightplan.viz.rows import mapping_rows
 
 
@@ -26,6 +27,7 @@ def plan_to_dict(plan) -> dict:
         "peak_bytes": plan.peak_bytes,
         "peak_at": None if peak is None else {"step": peak.event.step, "label": peak.label},
         "window_bytes": plan.schedule.window_bytes,
+        "machine": machine_fit(plan.schedule, plan.model_bytes).to_dict(),
         "threads": plan.options.threads,
         "budget": plan.options.budget,
         "missing": sorted(plan.missing),

@@ -6,6 +6,7 @@ import shutil
 import sys
 
 from weightplan.planner.findings import ProblemKind
+from weightplan.planner.tensors.machine import machine_fit
 from weightplan.units import format_bytes
 from weightplan.viz.folding import fold_keys
 from weightplan.viz.rows import mapping_rows
@@ -96,6 +97,8 @@ def total_lines(plan) -> list[str]:
         f"{format_bytes(plan.schedule.window_bytes)}, threads: {threads}"
         + (f", budget {format_bytes(plan.options.budget)}" if plan.options.budget else ""),
     ]
+    if not hasattr(plan, "layout"):  # loads land in this machine's memory; saves don't
+        lines.append(machine_fit(plan.schedule, plan.model_bytes).describe())
     return lines
 
 
