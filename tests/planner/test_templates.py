@@ -7,7 +7,7 @@ from weightplan import PrefixChange, WeightConverter, WeightRenaming
 from weightplan.ops import Concatenate, MergeModulelist
 from weightplan.planner.inputs.checkpoint import open_checkpoint
 from weightplan.planner.inputs.model_info import inspect_model
-from weightplan.planner.keys import routing
+from weightplan.planner.keys import router, routing
 from weightplan.planner.keys.registry import REGISTRY
 from weightplan.planner.keys.templates import digit_blind, template_of
 from weightplan.planner.keys.transforms import LEGACY
@@ -37,7 +37,7 @@ def test_digit_blindness(transform, blind):
 def _both(checkpoint, transforms, model, monkeypatch):
     fast = routing.route_checkpoint(checkpoint, transforms, model)
     with monkeypatch.context() as m:
-        m.setattr(routing, "template_of", lambda key: None)  # every key the slow way
+        m.setattr(router, "template_of", lambda key: None)  # every key the slow way
         slow = routing.route_checkpoint(checkpoint, transforms, model)
     return fast, slow
 
