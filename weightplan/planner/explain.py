@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from weightplan.errors import MappingError, PlanError
+from weightplan.planner.bulk import paused_gc
 from weightplan.planner.tensors.build import build_conversions
 from weightplan.planner.inputs.checkpoint import open_checkpoint
 from weightplan.planner.findings import collect_findings
@@ -33,6 +34,7 @@ from weightplan.units import parse_bytes
 SYNC_ENV = "WEIGHTPLAN_SYNC_LOAD"
 
 
+@paused_gc
 def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: object = None,
             dtype: torch.dtype | str | None = None, budget: int | str | None = None,
             tp: object = None, quantization: object = None, threads: int = 4) -> Plan:

@@ -22,6 +22,7 @@ from weightplan.errors import (
     CheckpointError, HeaderError, MissingShardError, NotSafetensorsError,
     TruncatedCheckpointError, UnsafeFormatError,
 )
+from weightplan.planner.bulk import paused_gc
 from weightplan.planner.tensors.spec import SAFETENSORS_DTYPES, TensorSpec
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -75,6 +76,7 @@ class Checkpoint:
         return len(self.entries)
 
 
+@paused_gc
 def open_checkpoint(source: object) -> Checkpoint:
     """Read the headers of ``source`` (path, directory, list of paths, or dict).
 

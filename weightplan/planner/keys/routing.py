@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from weightplan.errors import ConflictingTransformError, IndexGapError
+from weightplan.planner.bulk import paused_gc
 from weightplan.planner.inputs.checkpoint import Checkpoint, TensorEntry
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.keys.patterns import natural_key
@@ -88,6 +89,7 @@ class Routing:
     incomplete: tuple[Incomplete, ...]
 
 
+@paused_gc
 def route_checkpoint(checkpoint: Checkpoint, transforms: Sequence[WeightTransform],
                      model: ModelInfo | None) -> Routing:
     """Route every key of ``checkpoint``; raises for configuration errors."""
