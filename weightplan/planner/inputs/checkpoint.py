@@ -163,10 +163,10 @@ def _from_files(files: list[tuple[str, Mapping[str, str] | None]], *, descriptio
             if key not in file_entries:
                 raise HeaderError("the index places this key here but the file's header "
                                   "lacks it", file=path, key=key)
-        for key, entry in file_entries.items():
-            if key in entries:
-                raise HeaderError(f"key also present in {entries[key].file}", file=path, key=key)
-            entries[key] = entry
+        if not entries.keys().isdisjoint(file_entries):
+            key = next(k for k in file_entries if k in entries)
+            raise HeaderError(f"key also present in {entries[key].file}", file=path, key=key)
+        entries.update(file_entries)
         metadata.update(file_meta)
         stamps.append(FileStamp.of(path))
     return Checkpoint(entries, tuple(stamps), metadata=metadata, description=description)
@@ -209,17 +209,19 @@ def parse_entries(path: str, header: dict, data_start: int, size: int
     (dtype, shape), validated once; anything unusual goes through :func:`_entry`,
     which raises the precise error.
     """
-    specs: dict[tuple, TensorSpec] = {}
+    specs: dict[tuple, tuple[TensorSpec, int]] = {}
     entries: dict[str, TensorEntry] = {}
     for key, info in header.items():
         try:
             dtype_name, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
             ident = (dtype_name, *shape)
-            spec = specs.get(ident)
-            if spec is None:
-                spec = specs[ident] = _spec(dtype_name, shape)
+            known = specs.get(ident)
+            if known is None:
+                spec = _spec(dtype_name, shape)
+                known = specs[ident] = (spec, spec.nbytes)
+            spec, nbytes = known
             ok = (type(begin) is int and type(end) is int and 0 <= begin
-                  and end - begin == spec.nbytes and data_start + end <= size)
+                  and end - begin == nbytes and data_start + end <= size)
         except (TypeError, KeyError, ValueError):
             ok = False
         entries[key] = (TensorEntry(key, spec, path, data_start + begin) if ok

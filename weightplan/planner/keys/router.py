@@ -101,6 +101,7 @@ class Router:
         templates = None if model is None else frozenset(
             t for t in map(template_of, model.tensors) if t is not None)
         self.model, self.base = model, Applier(renamings, converters, templates)
+        self.landed: dict[tuple, bool] = {}  # by converter group: the same for its members
         self.fixups: list[tuple[PrefixChange, str, Applier]] = []
         prefix = model.base_model_prefix if model is not None else None
         for fix in (PrefixChange(prefix_to_remove=prefix), PrefixChange(prefix_to_add=prefix)
@@ -114,7 +115,7 @@ class Router:
         template = template_of(key)
         route = self.base(key, self.base.decision(template))
         model = self.model
-        if model is None or _lands(route, model):
+        if model is None or self.lands(route):
             return route
         for fix, note, applier in self.fixups:
             decided = applier.decision(template)
@@ -122,10 +123,21 @@ class Router:
                     r == fix and fires for r, fires in decided.matched)):
                 continue
             fixed = applier(key, decided)
-            if fix in fixed.fired and _lands(fixed, model):
+            if fix in fixed.fired and self.lands(fixed):
                 return routed(fixed.key, fixed.renamed, fixed.fired, fixed.converter,
                               fixed.match, note)
         if key in model and (route.fired or route.converter):
             return routed(key, key, (), note="kept its checkpoint name: the transformed name "
                                              "is not in the model but the original is")
         return route
+
+    def lands(self, route: Route) -> bool:
+        """:func:`routing._lands`, once per converter group (256 experts ask once)."""
+        if route.converter is None:
+            return route.renamed in self.model
+        m = route.match
+        ident = (route.converter, m.head, m.tail, m.match.groups)
+        landed = self.landed.get(ident)
+        if landed is None:
+            landed = self.landed[ident] = _lands(route, self.model)
+        return landed
