@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from weightplan.planner.bulk import paused_gc
 from weightplan.planner.tensors.machine import machine_fit
 from weightplan.viz.rows import mapping_rows
 
 
+@paused_gc
 def plan_to_dict(plan) -> dict:
     peak = plan.schedule.peak
     info = plan.model_info

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import sys
 
+from weightplan.planner.bulk import paused_gc
 from weightplan.planner.findings import ProblemKind
 from weightplan.planner.tensors.machine import machine_fit
 from weightplan.units import format_bytes
@@ -14,6 +15,7 @@ from weightplan.viz.rows import mapping_rows
 MAX_LIST = 12
 
 
+@paused_gc
 def explain_text(plan, width: int | None = None) -> str:
     """Render ``plan`` as the text ``print(plan)`` shows."""
     if width is None:

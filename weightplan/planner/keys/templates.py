@@ -14,6 +14,7 @@ really changes the key, and what it captures, is still computed on the real key.
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 
 from weightplan.planner.keys.patterns import _INDEX_GROUP, PatternMatch
@@ -94,4 +95,6 @@ class MatchShape:
         index = None if self.index_span is None else int(name[slice(*self.index_span)])
         groups = tuple(None if s is None else name[s[0]:s[1]] for s in self.group_spans)
         match = PatternMatch(self.start - self.scope, self.end - self.scope, index, groups)
-        return ConverterMatch(self.source_index, name[:self.start], name[self.end:], match)
+        # every key of a converter group shares its head and tail: keep one copy of each
+        return ConverterMatch(self.source_index, sys.intern(name[:self.start]),
+                              sys.intern(name[self.end:]), match)
