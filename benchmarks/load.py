@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # this checkout's weightplan, not an installed one
 DEFAULT_CACHE = HERE / ".cache" / "mixtral-legacy-1.5g"
 DIMS = dict(vocab_size=32000, hidden_size=1024, intermediate_size=3584, num_hidden_layers=8,
             num_attention_heads=16, num_key_value_heads=4, num_local_experts=8,
@@ -50,7 +51,6 @@ def build_checkpoint(directory: Path) -> None:
     import torch
     from transformers import MixtralConfig
 
-    sys.path.insert(0, str(HERE.parent))
     from weightplan.demo import write_sharded
 
     if (directory / "config.json").exists():
@@ -205,7 +205,6 @@ def available(mode: str) -> bool:
 
 def evict_cache(directory: Path) -> None:
     """Drop the shards from the page cache: the next read comes from the disk."""
-    sys.path.insert(0, str(HERE.parent))
     from weightplan.executor.reader import evict
 
     for path in directory.glob("*.safetensors"):

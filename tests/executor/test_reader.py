@@ -15,10 +15,11 @@ from tests.conftest import expected_moe, moe_model
 
 
 def _file(tmp_path, nbytes=3 * 1024 * 1024 + 17):
-    data = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    """8 filler bytes (the reader doesn't parse headers), then ``nbytes`` random bytes."""
+    generator = torch.Generator().manual_seed(1)
+    data = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=generator)
     path = tmp_path / "x.safetensors"
-    weightplan_header = b"\x00" * 8  # reader does not parse; any bytes will do
-    path.write_bytes(weightplan_header + data.numpy().tobytes())
+    path.write_bytes(b"\x00" * 8 + data.numpy().tobytes())
     return path, data
 
 
