@@ -102,6 +102,7 @@ class Router:
             t for t in map(template_of, model.tensors) if t is not None)
         self.model, self.base = model, Applier(renamings, converters, templates)
         self.landed: dict[tuple, bool] = {}  # by converter group: the same for its members
+        self.viable_fixups: dict[str, list] = {}  # by template
         self.fixups: list[tuple[PrefixChange, str, Applier]] = []
         prefix = model.base_model_prefix if model is not None else None
         for fix in (PrefixChange(prefix_to_remove=prefix), PrefixChange(prefix_to_add=prefix)
@@ -117,11 +118,7 @@ class Router:
         model = self.model
         if model is None or self.lands(route):
             return route
-        for fix, note, applier in self.fixups:
-            decided = applier.decision(template)
-            if decided is not None and not (decided.landable and any(
-                    r == fix and fires for r, fires in decided.matched)):
-                continue
+        for fix, note, applier, decided in self.viable(template):
             fixed = applier(key, decided)
             if fix in fixed.fired and self.lands(fixed):
                 return routed(fixed.key, fixed.renamed, fixed.fired, fixed.converter,
@@ -141,3 +138,18 @@ class Router:
         if landed is None:
             landed = self.landed[ident] = _lands(route, self.model)
         return landed
+
+    def viable(self, template: str | None) -> list:
+        """The fix-ups worth replaying for keys of ``template``: the prefix change fires
+        and some key of the template may land (all of them without a template)."""
+        found = self.viable_fixups.get(template) if template is not None else None
+        if found is None:
+            found = []
+            for fix, note, applier in self.fixups:
+                decided = applier.decision(template)
+                if decided is None or (decided.landable and any(
+                        r == fix and fires for r, fires in decided.matched)):
+                    found.append((fix, note, applier, decided))
+            if template is not None:
+                self.viable_fixups[template] = found
+        return found
