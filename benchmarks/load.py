@@ -12,6 +12,15 @@ cache, alternating the order of the contenders:
                ``init_empty`` + ``explain(dtype="auto")`` + ``execute`` (build, explain and
                load reported separately)
 * transformers ``MixtralForCausalLM.from_pretrained(dtype=bfloat16)``
+* pread        a plain parallel ``pread`` of every shard into fresh memory (``--threads``
+               workers, 32 MiB requests): the device floor a cold load is held to
+* runai        Run:ai Model Streamer (``RUNAI_STREAMER_CONCURRENCY=8``), tensors owned
+* fastsafetensors  ``fastsafe_open(nogds=True, device="cpu")``, each tensor cloned
+
+``runai`` and ``fastsafetensors`` are benchmark-only dependencies (``pip install
+.[bench]``); a contender whose package is missing is skipped with a note. ``--cold``
+evicts the shards from the page cache (``POSIX_FADV_DONTNEED``) before every run instead
+of warming it once; on a shared machine, compare only ratios taken in the same run.
 
 Times are the load phase (imports and, for ``weightplan``, the meta model construction
 excluded). Peak RSS is the growth of the process's peak resident set during that phase.
@@ -19,7 +28,7 @@ excluded). Peak RSS is the growth of the process's peak resident set during that
 before each process. Prints medians and the ratios the issue targets.
 
     python benchmarks/load.py [--repeat 5] [--cache DIR] [--threads 4] [--cold]
-        [--modes floor,weightplan,user,transformers]
+        [--modes pread,weightplan,user,runai,fastsafetensors,floor,transformers]
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # this checkout's weightplan, not an installed one
 DEFAULT_CACHE = HERE / ".cache" / "mixtral-legacy-1.5g"
 DIMS = dict(vocab_size=32000, hidden_size=1024, intermediate_size=3584, num_hidden_layers=8,
             num_attention_heads=16, num_key_value_heads=4, num_local_experts=8,
@@ -45,7 +55,6 @@ def build_checkpoint(directory: Path) -> None:
     import torch
     from transformers import MixtralConfig
 
-    sys.path.insert(0, str(HERE.parent))
     from weightplan.demo import write_sharded
 
     if (directory / "config.json").exists():
@@ -108,14 +117,18 @@ def child(mode: str, directory: Path, threads: int) -> dict:
             model = MixtralForCausalLM(cfg)
     elif mode == "transformers":
         from transformers import MixtralForCausalLM
-    else:
+    elif mode == "floor":
         from safetensors.torch import load_file
+    elif mode in PACKAGES:
+        __import__(PACKAGES[mode])  # imports are not part of the load
     baseline = _rss("VmRSS")
     _reset_peak()
     start = time.perf_counter()
     if mode == "floor":
         held = [{k: t.clone() for k, t in load_file(str(s)).items()} for s in shards]
         nbytes = sum(t.nbytes for d in held for t in d.values())
+    elif mode in CONTENDERS:
+        nbytes = CONTENDERS[mode](shards, threads)
     elif mode == "weightplan":
         plan = weightplan.explain(model, directory, dtype=torch.bfloat16, threads=threads)
         planned = time.perf_counter()
@@ -155,22 +168,85 @@ def user_path(directory: Path, threads: int) -> dict:
             "planned_peak": plan.peak_bytes}
 
 
-def evict(directory: Path) -> None:
-    """Drop the shards from the page cache, so the next process reads from disk."""
+def pread_floor(shards: list[Path], threads: int) -> int:
+    """Every shard's bytes read once into fresh memory by ``threads`` parallel preads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    piece, jobs = 32 << 20, []
+    fds = [os.open(s, os.O_RDONLY) for s in shards]
+    for fd in fds:
+        size = os.fstat(fd).st_size
+        jobs += [(fd, at, min(piece, size - at)) for at in range(0, size, piece)]
+    held = torch.empty(sum(n for _, _, n in jobs), dtype=torch.uint8)
+    buffer, starts = memoryview(held.numpy()), [0]
+    for _, _, n in jobs:
+        starts.append(starts[-1] + n)
+
+    def one(i: int) -> None:
+        fd, at, n = jobs[i]
+        done = 0
+        while done < n:
+            done += os.preadv(fd, [buffer[starts[i] + done:starts[i] + n]], at + done)
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(one, range(len(jobs))))
+    for fd in fds:
+        os.close(fd)
+    return held.numel()
+
+
+def runai_streamer(shards: list[Path], threads: int) -> int:
+    from runai_model_streamer import SafetensorsStreamer
+
+    held = {}
+    with SafetensorsStreamer() as streamer:
+        streamer.stream_files([str(s) for s in shards])
+        for name, tensor in streamer.get_tensors():
+            held[name] = tensor
+    return sum(t.nbytes for t in held.values())
+
+
+def fast_safetensors(shards: list[Path], threads: int) -> int:
+    from fastsafetensors import fastsafe_open
+
+    with fastsafe_open([str(s) for s in shards], nogds=True, device="cpu") as f:
+        held = {k: f.get_tensor(k).clone() for k in f.keys()}
+    return sum(t.nbytes for t in held.values())
+
+
+CONTENDERS = {"pread": pread_floor, "runai": runai_streamer,
+              "fastsafetensors": fast_safetensors}
+PACKAGES = {"runai": "runai_model_streamer", "fastsafetensors": "fastsafetensors",
+            "transformers": "transformers"}
+
+
+def available(mode: str) -> bool:
+    import importlib.util
+
+    package = PACKAGES.get(mode)
+    if package is None or importlib.util.find_spec(package) is not None:
+        return True
+    print(f"note: skipping {mode}: {package} is not installed (pip install '.[bench]')")
+    return False
+
+
+def evict_cache(directory: Path) -> None:
+    """Drop the shards from the page cache: the next read comes from the disk."""
+    from weightplan.executor.reader import evict
+
     for path in directory.glob("*.safetensors"):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        evict(path)
 
 
-def run_child(mode: str, directory: Path, threads: int) -> dict:
+def run_child(mode: str, directory: Path, threads: int, cold: bool = False) -> dict:
+    if cold:
+        evict_cache(directory)
     out = subprocess.run([sys.executable, __file__, "--child", mode, "--cache", str(directory),
                           "--threads", str(threads)], check=True, capture_output=True, text=True,
                          env={**os.environ, "TRANSFORMERS_VERBOSITY": "error",
-                              "HF_HUB_OFFLINE": "1"})
+                              "HF_HUB_OFFLINE": "1", "RUNAI_STREAMER_CONCURRENCY": "8"})
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -198,20 +274,19 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--modes", default="floor,weightplan,user,transformers")
     parser.add_argument("--cold", action="store_true",
-                        help="evict the shards from the page cache before each process")
+                        help="evict the shards from the page cache before every run")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.cache, args.threads)))
         return
     build_checkpoint(args.cache)
-    warm_cache(args.cache)
-
-    def measure(mode: str) -> dict:
-        if args.cold:
-            evict(args.cache)
-        return run_child(mode, args.cache, args.threads)
-    report(alternating(args.modes.split(","), args.repeat, measure))
+    if not args.cold:
+        warm_cache(args.cache)
+    modes = [m for m in args.modes.split(",") if available(m)]
+    print(f"page cache: {'cold (evicted before every run)' if args.cold else 'warm'}")
+    report(alternating(modes, args.repeat,
+                       lambda mode: run_child(mode, args.cache, args.threads, args.cold)))
 
 
 def report(results: dict[str, list[dict]]) -> None:
@@ -232,6 +307,11 @@ def report(results: dict[str, list[dict]]) -> None:
               f" planned peak {planned / gib:.3f} GiB vs measured {rss['weightplan'] / gib:.3f} GiB")
         if "floor" in med:
             print(f"weightplan / floor time:        {med['weightplan'] / med['floor']:.3f}  (target ≤ 1.3)")
+        if "pread" in med:
+            print(f"weightplan / parallel pread:    {med['weightplan'] / med['pread']:.3f}  (target ≤ 1.05 cold)")
+        for other in ("runai", "fastsafetensors"):
+            if other in med:
+                print(f"weightplan / {other + ':':<18}{med['weightplan'] / med[other]:.3f}  (target ≤ 1.0 cold)")
         if "transformers" in med:
             print(f"weightplan / transformers time: {med['weightplan'] / med['transformers']:.3f}  (target ≤ 0.5)")
         print(f"weightplan peak RSS / model:    {rss['weightplan'] / model_bytes:.3f}  (target ≤ 1.10)")

@@ -48,6 +48,10 @@ class GuardedSink:
         self._note(dest)
         self.inner.write_bytes(handle, dest, offset, data)
 
+    def byte_view(self, handle, dest, offset: int, nbytes: int) -> torch.Tensor | None:
+        self._note(dest)
+        return self.inner.byte_view(handle, dest, offset, nbytes)
+
     def write_view(self, handle, dest, view, src: torch.Tensor) -> None:
         self._note(dest)
         self.inner.write_view(handle, dest, view, src)

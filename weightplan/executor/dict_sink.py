@@ -24,6 +24,10 @@ class DictSink:
                     data: torch.Tensor) -> None:
         flat_bytes(handle)[offset:offset + data.numel()].copy_(data)
 
+    def byte_view(self, handle: torch.Tensor, dest: Destination, offset: int,
+                  nbytes: int) -> torch.Tensor | None:
+        return flat_bytes(handle)[offset:offset + nbytes]
+
     def write_view(self, handle: torch.Tensor, dest: Destination, view: View,
                    src: torch.Tensor) -> None:
         with torch.no_grad():

@@ -108,6 +108,14 @@ class ModelSink:
         else:
             target.copy_(data)
 
+    def byte_view(self, handle: torch.Tensor, dest: Destination, offset: int,
+                  nbytes: int) -> torch.Tensor | None:
+        """Bytes ``[offset, offset + nbytes)`` of ``handle`` to read a file into, when it
+        lives in CPU memory (else ``None``: the reader copies out of a window)."""
+        if handle.device.type != "cpu":
+            return None
+        return flat_bytes(handle)[offset:offset + nbytes]
+
     def write_view(self, handle: torch.Tensor, dest: Destination, view: View,
                    src: torch.Tensor) -> None:
         with torch.no_grad():

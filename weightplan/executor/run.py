@@ -155,6 +155,8 @@ def _run_ops(program: Step, step: _Step) -> Streams[torch.Tensor]:
 
 def _read_task(run: _Execution, program: Step, step: _Step, task: ReadTask,
                piece: tuple[int, int]) -> None:
+    if _read_straight(run, program, step, task, piece):
+        return
     with _source(run, task, piece) as src:
         if task.dequantize is not None:
             dequantize_read(run, program, step, task, src)
@@ -170,6 +172,23 @@ def _read_task(run: _Execution, program: Step, step: _Step, task: ReadTask,
             run.sink.write_bytes(step.handles[f.target], dest, offset, src)
         else:
             run.sink.write_view(step.handles[f.target], dest, f.view, src)
+
+
+def _read_straight(run: _Execution, program: Step, step: _Step, task: ReadTask,
+                   piece: tuple[int, int]) -> bool:
+    """A direct read of a cold file goes from the file straight into the destination's
+    bytes (:meth:`Reader.read_into`); False when it can't (warm file, in-memory source,
+    a sink without CPU bytes to read into)."""
+    f, entry = task.fragment, task.entry
+    if not task.direct or f is None or entry.file is None or not run.reader.is_cold(entry.file):
+        return False
+    dest = program.destinations[f.target]
+    offset = f.view.offset * dest.spec.dtype.itemsize + piece[0]
+    target = run.sink.byte_view(step.handles[f.target], dest, offset, piece[1])
+    if target is None:
+        return False
+    run.reader.read_into(entry.file, task.byte_range[0] + piece[0], target)
+    return True
 
 
 class _source:

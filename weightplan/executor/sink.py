@@ -3,7 +3,9 @@
 The executor calls, in this order (1-3 from reader threads, 4-5 from the main thread):
 
 1. ``open(dest)`` when a step is submitted: a handle to write into;
-2. ``write_bytes(handle, dest, byte_offset, data)``: a direct byte copy;
+2. ``write_bytes(handle, dest, byte_offset, data)``: a direct byte copy; or, for a file
+   not in the page cache, ``byte_view(handle, dest, byte_offset, nbytes)``: the handle's
+   own bytes for the reader to ``preadv`` into (``None``: no CPU bytes, so write_bytes);
 3. ``write_view(handle, dest, view, src)``: a strided / casting copy;
 4. ``close(dest, handle)`` when the step is finalized;
 5. ``commit()`` after the last step, or ``abort()`` on any failure.
@@ -28,6 +30,9 @@ class Sink(Protocol):
 
     def write_bytes(self, handle: Any, dest: Destination, offset: int,
                     data: torch.Tensor) -> None: ...
+
+    def byte_view(self, handle: Any, dest: Destination, offset: int,
+                  nbytes: int) -> torch.Tensor | None: ...
 
     def write_view(self, handle: Any, dest: Destination, view: View,
                    src: torch.Tensor) -> None: ...

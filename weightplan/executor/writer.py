@@ -77,7 +77,12 @@ class FileSink:
     def open(self, dest: Destination) -> torch.Tensor | None:
         return torch.empty(dest.spec.shape, dtype=dest.spec.dtype) if dest.staged else None
 
-    def write_bytes(self, handle: torch.Tensor | None, dest: Destination, offset: int, data: torch.Tensor) -> None:
+    def byte_view(self, handle: torch.Tensor | None, dest: Destination, offset: int,
+                  nbytes: int) -> torch.Tensor | None:
+        return None  # bytes go to the file with pwrite, never through a CPU view
+
+    def write_bytes(self, handle: torch.Tensor | None, dest: Destination, offset: int,
+                    data: torch.Tensor) -> None:
         name, base = self.layout.locations[dest.key]
         _pwrite_all(self._fds[name], data.contiguous(), base + offset, str(self._partial[name]))
 

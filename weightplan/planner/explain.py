@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from weightplan.errors import MappingError, PlanError
+from weightplan.planner.bulk import paused_gc
 from weightplan.planner.findings import Findings, collect_findings
 from weightplan.planner.fp8_findings import with_fp8_findings
 from weightplan.planner.inputs.checkpoint import Checkpoint, open_checkpoint
@@ -37,6 +38,7 @@ from weightplan.units import parse_bytes
 SYNC_ENV = "WEIGHTPLAN_SYNC_LOAD"
 
 
+@paused_gc
 def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: object = None,
                  dtype: torch.dtype | str | None = None, budget: int | str | None = None,
                  tp: object = None, quantization: object = None, threads: int = 4,

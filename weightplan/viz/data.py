@@ -9,9 +9,12 @@ from weightplan.planner.keys.registry import SubmoduleMapping
 from weightplan.planner.plan import LoadPlanData
 from weightplan.planner.write.write_plan import WritePlanData
 
+from weightplan.planner.bulk import paused_gc
+from weightplan.planner.tensors.machine import machine_fit
 from weightplan.viz.rows import mapping_rows
 
 
+@paused_gc
 def plan_to_dict(plan: LoadPlanData) -> dict[str, Any]:
     peak = plan.schedule.peak
     info = plan.model_info
@@ -32,6 +35,7 @@ def plan_to_dict(plan: LoadPlanData) -> dict[str, Any]:
         "atomic_bytes": plan.atomic_bytes,
         "peak_at": None if peak is None else {"step": peak.event.step, "label": peak.label},
         "window_bytes": plan.schedule.window_bytes,
+        "machine": machine_fit(plan.schedule, plan.model_bytes).to_dict(),
         "threads": plan.options.threads,
         "budget": plan.options.budget,
         "missing": sorted(plan.missing),

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from weightplan.errors import RenderError
 from weightplan.planner.plan import LoadPlanData
+from weightplan.planner.bulk import paused_gc
 from weightplan.viz.groups import Cluster, Picture, plan_picture
 from weightplan.viz.style import (
     CLUSTER_COLOUR, EDGE_COLOUR, PEAK_COLOUR, PROBLEM_COLOUR, PROBLEM_FILL, dot_string,
@@ -38,6 +39,7 @@ _HEADER = (
 )
 
 
+@paused_gc
 def to_dot(plan: LoadPlanData, *, detail: str | None = None, only: str | None = None) -> str:
     """The plan's graph as DOT text (see :func:`~weightplan.viz.groups.plan_picture`).
 

@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Iterable
 
 from weightplan.planner.keys.patterns import natural_key
 
 
+_NUMBER = re.compile(r"(?:^|(?<=\.))[0-9]+(?=\.|$)")  # a whole numeric component
+
+
 def split_numbers(key: str) -> tuple[tuple[str | None, ...], tuple[int, ...]]:
     """``("layers", None, "w")``, ``(3,)`` for ``layers.3.w``: the template and its numbers."""
-    parts = key.split(".")
-    template = tuple(None if p.isdigit() else p for p in parts)
-    return template, tuple(int(p) for p in parts if p.isdigit())
+    numbers = _NUMBER.findall(key)
+    return _template(_NUMBER.sub("\0", key) if numbers else key), tuple(map(int, numbers))
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _template(shape: str) -> tuple[str | None, ...]:
+    """``layers.\\0.w`` → ``("layers", None, "w")`` (computed once per key shape)."""
+    return tuple(None if p == "\0" else p for p in shape.split("."))
 
 
 def ranges(values: Iterable[int]) -> str:

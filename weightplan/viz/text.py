@@ -9,6 +9,8 @@ from weightplan.planner.inputs.device import STAGING_BUFFERS, STAGING_CHUNK
 from weightplan.planner.findings import ProblemKind
 from weightplan.planner.plan import Direction, LoadPlanData, PlanData
 from weightplan.planner.write.write_plan import WritePlanData
+from weightplan.planner.bulk import paused_gc
+from weightplan.planner.tensors.machine import machine_fit
 from weightplan.units import format_bytes
 from weightplan.viz.folding import fold_keys
 from weightplan.viz.rows import mapping_rows
@@ -25,6 +27,7 @@ def _rule_text(row) -> str:
     return row.ops if row.rule == "as is" else f"{row.rule}; {row.ops}"
 
 
+@paused_gc
 def explain_text(plan: PlanData, width: int | None = None) -> str:
     """Render ``plan`` as the text ``print(plan)`` shows."""
     if width is None:
@@ -135,6 +138,8 @@ def total_lines(plan: PlanData) -> list[str]:
         lines.append(f"in place: {format_bytes(staged)} of allocated model tensors; "
                      f"execute(atomic=True) stages them (+{format_bytes(staged)}) so a "
                      "failure touches nothing")
+    if isinstance(plan, LoadPlanData):  # loads land in this machine's memory; saves don't
+        lines.append(machine_fit(plan.schedule, plan.model_bytes).describe())
     return lines + device_lines(plan)
 
 

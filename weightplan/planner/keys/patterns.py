@@ -14,6 +14,7 @@ a target must name exactly one key.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -232,4 +233,9 @@ def _closing_paren(text: str, start: int) -> int:
 
 def natural_key(key: str) -> tuple:
     """Sort key: dot components, digits compared as numbers (``experts.10`` after ``.9``)."""
-    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in key.split("."))
+    return tuple(map(_component_key, key.split(".")))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _component_key(part: str) -> tuple:
+    return (0, int(part), "") if part.isdigit() else (1, 0, part)

@@ -16,11 +16,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from weightplan.errors import ConflictingTransformError, IndexGapError
+from weightplan.planner.bulk import paused_gc
 from weightplan.planner.inputs.checkpoint import Checkpoint, TensorEntry
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.keys.patterns import natural_key
 from weightplan.planner.keys.transforms import (
-    ConverterMatch, PrefixChange, Renaming, WeightConverter, WeightRenaming, WeightTransform,
+    ConverterMatch, Renaming, WeightConverter, WeightRenaming, WeightTransform,
 )
 
 
@@ -105,6 +106,7 @@ class Routing:
     incomplete: tuple[Incomplete, ...]
 
 
+@paused_gc
 def route_checkpoint(checkpoint: Checkpoint, transforms: Sequence[WeightTransform],
                      model: ModelInfo | None) -> Routing:
     """Route every key of ``checkpoint``; raises for configuration errors."""
@@ -112,7 +114,10 @@ def route_checkpoint(checkpoint: Checkpoint, transforms: Sequence[WeightTransfor
     converters = [t for t in transforms if isinstance(t, WeightConverter)]
     check_conflicts(renamings, converters)
     keys = sorted(checkpoint.entries, key=natural_key)
-    routes = tuple(_route(k, renamings, converters, model) for k in keys)
+    from weightplan.planner.keys.router import Router  # it builds on this module
+
+    router = Router(renamings, converters, model)
+    routes = tuple(router.route(k) for k in keys)
     groups, incomplete = _group(routes, checkpoint)
     return Routing(routes, groups, incomplete)
 
@@ -132,38 +137,7 @@ def _apply(key: str, renamings: Sequence[Renaming], converters: Sequence[WeightC
     return Route(key, name, tuple(fired))
 
 
-def _route(key: str, renamings: list[Renaming], converters: list[WeightConverter],
-           model: ModelInfo | None) -> Route:
-    route = _apply(key, renamings, converters)
-    if model is None or _lands(route, model):
-        return route
-    fixed = _prefix_fixup(key, renamings, converters, model)
-    if fixed is not None:
-        return fixed
-    if key in model and (route.fired or route.converter):
-        return Route(key, key, (), note="kept its checkpoint name: the transformed name is "
-                                        "not in the model but the original is")
-    return route
-
-
-def _prefix_fixup(key: str, renamings: list[Renaming], converters: list[WeightConverter],
-                  model: ModelInfo) -> Route | None:
-    """Add or remove the model's ``base_model_prefix`` after the renamings or, so that
-    mappings scoped to a submodule path see the key, before them."""
-    prefix = model.base_model_prefix
-    if not prefix:
-        return None
-    for fix in (PrefixChange(prefix_to_remove=prefix), PrefixChange(prefix_to_add=prefix)):
-        verb = "removed" if fix.prefix_to_remove else "added"
-        for order, when in (([*renamings, fix], "after"), ([fix, *renamings], "before")):
-            fixed = _apply(key, order, converters)
-            if fix in fixed.fired and _lands(fixed, model):
-                note = f"base_model_prefix {prefix!r} {verb} {when} the renamings"
-                return Route(fixed.key, fixed.renamed, fixed.fired, fixed.claim, note=note)
-    return None
-
-
-def _lands(route: Route, model: ModelInfo) -> bool:
+def _lands(route: Route, model: ModelInfo | frozenset[str]) -> bool:
     if route.claim is None:
         return route.renamed in model
     targets = route.claim.converter.target_keys(route.claim.match)

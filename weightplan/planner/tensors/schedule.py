@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from weightplan.planner.tensors.machine import default_window_bytes
 from weightplan.planner.tensors.placement import Step
 
-DEFAULT_WINDOW_BYTES = 256 * 1024 * 1024
 
 
 class EventKind(Enum):
@@ -93,7 +93,8 @@ def effective_threads(threads: int) -> int:
 def make_schedule(steps: tuple[Step, ...], *, threads: int,
                   window_bytes: int | None = None) -> Schedule:
     largest = max((p.read_bytes for p in steps), default=0)
-    window = max(window_bytes if window_bytes is not None else DEFAULT_WINDOW_BYTES, largest)
+    # by default bounded (planner/tensors/machine.py), not grown to the largest group
+    window = max(window_bytes, largest) if window_bytes is not None else default_window_bytes()
     events = plan_events(steps, window)
     workers = effective_threads(threads)
     return Schedule(steps, events, simulate(steps, events, workers), window, workers)

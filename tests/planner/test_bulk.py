@@ -1,0 +1,32 @@
+"""Planning runs with the cyclic collector paused, and puts it back as it was."""
+
+import gc
+
+import pytest
+
+from weightplan.planner.bulk import paused_gc
+
+
+def test_paused_inside_restored_after_even_on_error():
+    seen = []
+
+    @paused_gc
+    def inner():
+        seen.append(gc.isenabled())
+
+    @paused_gc
+    def outer():
+        inner()
+        seen.append(gc.isenabled())  # the inner call did not turn it back on
+        raise ValueError
+
+    assert gc.isenabled()
+    with pytest.raises(ValueError):
+        outer()
+    assert seen == [False, False] and gc.isenabled()
+    gc.disable()
+    try:
+        inner()
+        assert not gc.isenabled()  # left off: it was off before
+    finally:
+        gc.enable()

@@ -1,0 +1,91 @@
+"""Routing once per key template gives exactly the routes of routing every key."""
+
+import pytest
+import torch
+
+from weightplan import PrefixChange, WeightConverter, WeightRenaming
+from weightplan.ops import Concatenate, MergeModulelist
+from weightplan.planner.inputs.checkpoint import open_checkpoint
+from weightplan.planner.inputs.model_info import inspect_model
+from weightplan.planner.keys import router, routing
+from weightplan.planner.keys.registry import REGISTRY
+from weightplan.planner.keys.templates import digit_blind, template_of
+from weightplan.planner.keys.transforms import LEGACY
+
+from tests.conftest import module_with
+
+
+def test_template_keeps_digit_positions_and_refuses_leading_zeros():
+    assert template_of("model.layers.12.experts.3.w1") == "model.layers.11.experts.1.w1"
+    assert template_of("h.007.w") is None
+    assert template_of("h.0.w") == "h.1.w"
+
+
+@pytest.mark.parametrize("transform, blind", [
+    (WeightRenaming(r"layers\.(\d+)\.", r"blocks.\1."), True),
+    (WeightRenaming(r"layers\.1\.", "first."), False),  # a literal digit
+    (WeightRenaming(r"h\.(\d{2})\.", r"h.\1."), False),  # a counted quantifier
+    (WeightRenaming("attn", "attention", scope_prefix="model.layers.0"), False),
+    (WeightRenaming("gamma", "weight2"), False),  # a digit in the target
+    (PrefixChange(prefix_to_add="model"), True),
+    (PrefixChange(prefix_to_remove="model2"), False),
+])
+def test_digit_blindness(transform, blind):
+    assert digit_blind(transform) is blind
+
+
+def _both(checkpoint, transforms, model, monkeypatch):
+    fast = routing.route_checkpoint(checkpoint, transforms, model)
+    with monkeypatch.context() as m:
+        m.setattr(router, "template_of", lambda key: None)  # every key the slow way
+        slow = routing.route_checkpoint(checkpoint, transforms, model)
+    return fast, slow
+
+
+def _keys(*names):
+    return open_checkpoint({k: torch.zeros(1) for k in names})
+
+
+def test_swapped_groups_fall_back_where_the_template_cannot_tell(monkeypatch):
+    swap = WeightRenaming(r"layers\.(\d+)\.experts\.(\d+)\.", r"layers.\2.experts.\1.")
+    ckpt = _keys("layers.3.experts.3.w", "layers.12.experts.3.w", "layers.11.experts.22.w",
+                 "layers.22.experts.11.w", "layers.5.experts.10.w")
+    fast, slow = _both(ckpt, [swap], None, monkeypatch)
+    assert fast == slow
+    renamed = {r.key: r.renamed for r in fast.routes}
+    assert renamed["layers.11.experts.22.w"] == "layers.22.experts.11.w"
+    assert renamed["layers.3.experts.3.w"] == "layers.3.experts.3.w"
+
+
+def test_moe_routes_with_prefix_fixups_equal_the_slow_path(monkeypatch):
+    names = [f"layers.{i}.block_sparse_moe.experts.{e}.{w}.weight"
+             for i in range(3) for e in range(12) for w in ("w1", "w2", "w3")]
+    names += [f"layers.{i}.block_sparse_moe.gate.weight" for i in range(3)]
+    names += ["layers.0.LayerNorm.gamma", "layers.07.odd", "lm_head.weight", "extra.9.x"]
+    ckpt = _keys(*names)
+    specs = {f"model.layers.{i}.mlp.experts.gate_up_proj": ((12, 2, 1), torch.float32)
+             for i in range(3)}
+    specs.update({f"model.layers.{i}.mlp.experts.down_proj": ((12, 1, 1), torch.float32)
+                  for i in range(3)})
+    specs.update({"model.layers.0.LayerNorm.weight": ((1,), torch.float32),
+                  "lm_head.weight": ((1,), torch.float32)})
+    model = module_with(specs)
+    model.base_model_prefix = "model"
+    info = inspect_model(model)
+    transforms = tuple(REGISTRY.get("mixtral")) + LEGACY
+    fast, slow = _both(ckpt, transforms, info, monkeypatch)
+    assert fast == slow
+    notes = {r.key: r.note for r in fast.routes}
+    assert "added" in notes["layers.2.block_sparse_moe.experts.11.w3.weight"]
+    assert notes["lm_head.weight"] == ""
+
+
+def test_converter_with_groups_rebuilds_the_real_match(monkeypatch):
+    conv = WeightConverter([r"blocks\.(\d+)\.e\.*\.a", r"blocks\.(\d+)\.e\.*\.b"],
+                           r"blocks.\1.ab", operations=[MergeModulelist(0), Concatenate(1)])
+    ckpt = _keys(*[f"m.blocks.{i}.e.{e}.{w}" for i in (1, 10, 234) for e in range(11)
+                   for w in "ab"])
+    fast, slow = _both(ckpt, [conv], None, monkeypatch)
+    assert fast == slow
+    assert {g.targets for g in fast.groups} == {("m.blocks.1.ab",), ("m.blocks.10.ab",),
+                                               ("m.blocks.234.ab",)}

@@ -1,0 +1,100 @@
+"""Key templates: route ``layers.7.experts.42.w1`` once for every layer and expert.
+
+A frontier checkpoint has ~92k keys but a few dozen distinct shapes of key once layer and
+expert numbers are abstracted. The *template* of a key replaces every ASCII digit with
+``1`` (lengths and positions of digits are kept, and ``int`` round-trips them because a
+run of ``1``\\ s has no leading zero). A transform is *digit-blind* when nothing in it
+can tell one digit from another: its source regexes, targets, scope and prefixes contain
+no ASCII digit (``\\d`` is fine; ``{2}``, ``[0-5]``, ``\\1`` back-references and literal
+digits are not). Digit-blind regexes match a key and its template at the same spans, so
+which transforms *match* is decided once per template; whether a matching renaming
+really changes the key, and what it captures, is still computed on the real key.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+
+from weightplan.planner.keys.patterns import _INDEX_GROUP, PatternMatch
+from weightplan.planner.keys.transforms import (
+    ConverterMatch, PatternTransform, PrefixChange, WeightConverter, WeightRenaming,
+    WeightTransform,
+)
+
+_TO_ONE = str.maketrans("0123456789", "1111111111")
+_LEADING_ZERO = re.compile(r"(?<![0-9])0[0-9]")
+_DIGIT = re.compile(r"[0-9]")
+
+
+def template_of(key: str) -> str | None:
+    """The key with every digit made ``1``; ``None`` when a number has a leading zero
+    (``experts.007``), whose value would not round-trip through ``int``."""
+    if _LEADING_ZERO.search(key) is not None:
+        return None
+    return key.translate(_TO_ONE)
+
+
+def _no_digit(text: str | None) -> bool:
+    return text is None or _DIGIT.search(text) is None
+
+
+def digit_blind(transform: WeightTransform) -> bool:
+    """True when ``transform`` treats every digit alike (see the module docstring)."""
+    if not _no_digit(transform.scope_prefix):
+        return False
+    if isinstance(transform, PrefixChange):
+        return all(_no_digit(t) for t in (transform.prefix_to_add, transform.prefix_to_remove,
+                                          transform.model_prefix))
+    if not isinstance(transform, (WeightRenaming, WeightConverter)):
+        return False
+    return _pattern_blind(transform)
+
+
+def _pattern_blind(transform: PatternTransform) -> bool:
+    if not all(_no_digit(s.text) for s in transform.sources):
+        return False
+    return all(_no_digit(part) for t in transform._targets for part in t.parts
+               if isinstance(part, str))
+
+
+def all_blind(transforms) -> bool:
+    return all(digit_blind(t) for t in transforms)
+
+
+@dataclass(frozen=True, slots=True)
+class MatchShape:
+    """Where a converter's source matched a template: spans (absolute in the key) that
+    are the same in every key of the template, so the real match is rebuilt by slicing."""
+
+    source_index: int
+    scope: int  # length of the scope head the source was searched after
+    start: int
+    end: int
+    index_span: tuple[int, int] | None
+    group_spans: tuple[tuple[int, int] | None, ...]
+
+    @classmethod
+    def of(cls, converter: WeightConverter, name: str) -> "MatchShape | None":
+        found = converter.first_match(name)
+        if found is None:
+            return None
+        i, head, rest, _ = found
+        source = converter.sources[i]
+        m = source.regex.search(rest)
+        base = len(head)
+        index = m.span(_INDEX_GROUP) if source.has_index else None
+        groups = tuple(None if m.span(g)[0] < 0 else (base + m.start(g), base + m.end(g))
+                       for g in source.user_groups)
+        return cls(i, base, base + m.start(), base + m.end(),
+                   None if index is None else (base + index[0], base + index[1]), groups)
+
+    def rebuild(self, name: str) -> ConverterMatch:
+        """The :class:`ConverterMatch` ``converter.match(name)`` would return."""
+        index = None if self.index_span is None else int(name[slice(*self.index_span)])
+        groups = tuple(None if s is None else name[s[0]:s[1]] for s in self.group_spans)
+        match = PatternMatch(self.start - self.scope, self.end - self.scope, index, groups)
+        # every key of a converter group shares its head and tail: keep one copy of each
+        return ConverterMatch(self.source_index, sys.intern(name[:self.start]),
+                              sys.intern(name[self.end:]), match)
