@@ -22,7 +22,8 @@ escapes (they are wrapped and chained with ``from``). The tree::
     ├── PlanError                    the plan can't be executed as asked
     │   ├── ShapeMismatchError       converted shape != model parameter shape
     │   ├── StrictLoadError          missing / unexpected keys with ``strict=True``
-    │   └── BudgetError              no schedule fits the memory budget
+    │   ├── BudgetError              no schedule fits the memory budget
+    │   └── ParallelError            a tensor-parallel configuration can't work (names the fix)
     ├── ExecutionError               failure while loading; names the node (key, file, op)
     ├── RenderError                  a plan can't be drawn as asked (detail, only=, format, dot)
     ├── SaveError                    failure while saving; nothing half-written is left
@@ -131,6 +132,10 @@ class BudgetError(PlanError):
     def __init__(self, message: str, *, minimum_bytes: int | None = None):
         super().__init__(message)
         self.minimum_bytes = minimum_bytes
+
+
+class ParallelError(PlanError):
+    """A tensor/expert-parallel configuration can't work (mesh, ranks, plan, output)."""
 
 
 class ExecutionError(WeightplanError, RuntimeError):
