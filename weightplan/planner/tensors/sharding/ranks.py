@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from weightplan.parallel import TensorParallel
-from weightplan.planner.inputs.checkpoint import open_checkpoint
+from weightplan.planner.inputs.checkpoint import Checkpoint, open_checkpoint
 from weightplan.planner.inputs.model_info import inspect_model
 from weightplan.planner.keys.routing import route_checkpoint
 from weightplan.planner.keys.transforms import LEGACY
@@ -31,6 +31,7 @@ class RankPlan:
     sharding: ShardingPlan
     programs: tuple[ShardedProgram, ...]
     checkpoint_bytes: int
+    checkpoint: Checkpoint
 
     @property
     def read_bytes(self) -> int:
@@ -73,7 +74,7 @@ def plan_ranks(model: torch.nn.Module, checkpoint: object, tp: TensorParallel, *
     out = []
     for rank in ranks if ranks is not None else range(world):
         programs = tuple(shard_program(c, sharding.placement, world, rank) for c in conversions)
-        out.append(RankPlan(world, rank, sharding, programs, total))
+        out.append(RankPlan(world, rank, sharding, programs, total, ckpt))
     return tuple(out)
 
 
