@@ -34,6 +34,7 @@ def configs():
 
 
 MOE = ("qwen3moe", "mixtral", "dsv3")
+FOUR_RANKS = ("llama", "mixtral")
 
 
 def build(root: Path) -> dict[str, Path]:

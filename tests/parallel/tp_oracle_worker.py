@@ -1,10 +1,11 @@
 """torchrun worker: transformers' own TP/EP load of each fixture, dumped per rank.
 
-    torchrun --nproc-per-node N tests/parallel/tp_oracle_worker.py MODE OUT DIR...
+    torchrun --nproc-per-node N tests/parallel/tp_oracle_worker.py OUT MODE:DIR...
 
-MODE is ``tp`` (``tp_plan="auto"``) or ``ep`` (``DistributedConfig(tp_size=N, ep_size=N)``).
-Writes ``OUT/<fixture>.<mode><N>.rank<r>.pt``: ``{param: (local tensor, placement or None)}``
-and, under ``"__logits__"``, the fp32 logits of a forward on a fixed prompt.
+MODE is ``tp`` (``tp_plan="auto"``) or ``ep`` (``DistributedConfig(tp_size=N, ep_size=N)``);
+one launch runs every job (starting processes is what costs).
+Writes ``OUT/<fixture>.<mode><N>.rank<r>.pt``: ``{param: (local tensor, placements or None)}``,
+a placement as ``(class name, dim, split_factor)``.
 transformers sets up the gloo group itself from torchrun's environment.
 """
 
@@ -16,9 +17,6 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
-
-PROMPT = torch.tensor([[1, 5, 7, 9, 11, 2, 40, 99]])
-
 
 def distributed_kwargs(mode: str, world: int) -> dict:
     try:
@@ -44,15 +42,14 @@ def dump(model) -> dict:
 
 
 def main() -> None:
-    mode, out_dir, *dirs = sys.argv[1:]
+    out_dir, *jobs = sys.argv[1:]
     world = int(os.environ["WORLD_SIZE"])
     rank = int(os.environ["RANK"])
-    for directory in dirs:
+    for job in jobs:
+        mode, _, directory = job.partition(":")
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32,
                                                      **distributed_kwargs(mode, world))
         record = dump(model)
-        with torch.no_grad():
-            record["__logits__"] = (model(PROMPT).logits.float(), None)
         name = Path(directory).name
         torch.save(record, Path(out_dir) / f"{name}.{mode}{world}.rank{rank}.pt")
     torch.distributed.barrier()
