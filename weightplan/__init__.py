@@ -7,17 +7,19 @@
 
 from __future__ import annotations
 
+import os
+
+import torch
+
+from weightplan.api.entry import explain, explain_convert, explain_save
+from weightplan.api.plans import Plan, WritePlan
 from weightplan.convert import convert, revert
 from weightplan.errors import WeightplanError
-from weightplan.executor import execute_load as _load  # noqa: F401  (imported now: not inside the first load)
 from weightplan.executor.report import LoadReport, SaveReport
 from weightplan.meta import init_empty
+from weightplan.parallel import TensorParallel
 from weightplan.planner.keys import mappings as _mappings
-from weightplan.planner.explain import explain
-from weightplan.planner.plan import Plan
 from weightplan.planner.keys.registry import REGISTRY, get_mapping, register_alias, register_mapping
-from weightplan.planner.write.explain_write import explain_convert, explain_save
-from weightplan.planner.write.write_plan import WritePlan
 from weightplan.planner.keys.transforms import PrefixChange, WeightConverter, WeightRenaming
 
 _mappings.register_builtins(REGISTRY)
@@ -25,13 +27,15 @@ _mappings.register_builtins(REGISTRY)
 __version__ = "0.1.0"
 
 
-def load(model, checkpoint, *, strict: bool = False, progress: bool | None = None, **kwargs
-         ) -> LoadReport:
+def load(model: torch.nn.Module, checkpoint: object, *, strict: bool = False,
+         progress: bool | None = None, **kwargs: object) -> LoadReport:
     """``explain(model, checkpoint, **kwargs).execute(strict=..., progress=...)``."""
-    return explain(model, checkpoint, **kwargs).execute(strict=strict, progress=progress)
+    return explain(model, checkpoint, **kwargs).execute(strict=strict,  # type: ignore[arg-type]
+                                                        progress=progress)
 
 
-def save(model, directory, *, mapping=None, max_shard_size: int | str = "5GB",
+def save(model: torch.nn.Module, directory: str | os.PathLike[str], *, mapping: object = None,
+         max_shard_size: int | str = "5GB",
          overwrite: bool = False, threads: int = 4, progress: bool | None = None) -> SaveReport:
     """Write ``model`` to ``directory`` in its checkpoint's original layout.
 
@@ -49,4 +53,5 @@ __all__ = [
     "Plan", "WritePlan", "LoadReport", "SaveReport",
     "WeightRenaming", "PrefixChange", "WeightConverter",
     "register_mapping", "get_mapping", "register_alias", "init_empty", "WeightplanError",
+    "TensorParallel",
 ]

@@ -1,4 +1,5 @@
-"""``convert(tensors, mapping)``: run a mapping on an in-memory ``{key: tensor}`` dict."""
+"""``convert(tensors, mapping)`` / ``revert``: run a mapping on an in-memory ``{key: tensor}``
+dict, through the same planner and executor as a load (the sink is a dict)."""
 
 from __future__ import annotations
 
@@ -6,17 +7,25 @@ from collections.abc import Mapping
 
 import torch
 
-from weightplan.errors import ConflictingTransformError, MappingError
-from weightplan.planner.tensors.build import Conversion, build_conversions
-from weightplan.planner.inputs.checkpoint import open_checkpoint
+from weightplan.errors import MappingError
+from weightplan.executor.dict_sink import DictSink
+from weightplan.executor.run import run_plan
 from weightplan.planner.explain import choose_mapping
-from weightplan.planner.keys.routing import route_checkpoint
-from weightplan.planner.write.record import record_of_conversions
+from weightplan.planner.inputs.checkpoint import open_checkpoint
+from weightplan.planner.write.explain_write import forward_groups
+from weightplan.planner.write.in_memory import MemoryPlan, plan_in_memory
+from weightplan.planner.write.record import LoadRecord, record_of_conversions
 from weightplan.planner.write.reverse import derived_groups, record_groups
-from weightplan.planner.keys.transforms import LEGACY
 
 
-def convert(tensors: Mapping[str, torch.Tensor], mapping: object) -> dict[str, torch.Tensor]:
+class Converted(dict[str, torch.Tensor]):
+    """The dict :func:`convert` returns: also remembers what fired, so that
+    :func:`revert` undoes exactly that (``.record``)."""
+
+    record: LoadRecord | None = None
+
+
+def convert(tensors: Mapping[str, torch.Tensor], mapping: object) -> Converted:
     """Apply ``mapping`` (a registered name or a list of transforms) to ``tensors``.
 
     There is no model, so ``Chunk`` splits into equal pieces unless given ``sizes``.
@@ -32,47 +41,11 @@ def convert(tensors: Mapping[str, torch.Tensor], mapping: object) -> dict[str, t
     """
     if mapping is None:
         raise MappingError("convert() needs a mapping: a registered name or a list of transforms")
-    choice = choose_mapping(mapping, None)
-    transforms = choice.transforms + tuple(t for t in LEGACY if t not in choice.transforms)
     ckpt = open_checkpoint(dict(tensors))
-    routing = route_checkpoint(ckpt, transforms, None)
-    if routing.incomplete:
-        inc = routing.incomplete[0]
-        raise MappingError(f"{inc.converter.describe()}: found {', '.join(inc.present)} but "
-                           f"nothing for {', '.join(inc.missing_patterns)}")
-    out = Converted()
-    conversions = build_conversions(routing.groups, None, None)
-    for conv in conversions:
-        for key, value in run_conversion(conv, ckpt.tensors).items():
-            if key in out:
-                raise ConflictingTransformError(f"two conversions produce {key}")
-            out[key] = value
-    out.record = record_of_conversions(conversions, ckpt)
+    plan = plan_in_memory(forward_groups(choose_mapping(mapping, None), ckpt), ckpt)
+    out = Converted(_run(plan))
+    out.record = record_of_conversions(plan.conversions, ckpt)
     return out
-
-
-def run_conversion(conv: Conversion, tensors: Mapping[str, torch.Tensor]
-                   ) -> dict[str, torch.Tensor]:
-    """Run one conversion's ops on real tensors; outputs by target key."""
-    streams = tuple(tuple(tensors[e.key] for e in stream) for stream in conv.group.sources)
-    for op in conv.ops:
-        streams = op.forward(streams)
-    return {t.key: streams[t.position[0]][t.position[1]].contiguous().clone()
-            if _shares(streams[t.position[0]][t.position[1]], tensors) else
-            streams[t.position[0]][t.position[1]].contiguous()
-            for t in conv.targets}
-
-
-def _shares(tensor: torch.Tensor, tensors: Mapping[str, torch.Tensor]) -> bool:
-    ptr = tensor.untyped_storage().data_ptr()
-    return any(t.untyped_storage().data_ptr() == ptr for t in tensors.values())
-
-
-class Converted(dict):
-    """The dict :func:`convert` returns: also remembers what fired, so that
-    :func:`revert` undoes exactly that (``.record``)."""
-
-    record = None
 
 
 def revert(tensors: Mapping[str, torch.Tensor], mapping: object) -> dict[str, torch.Tensor]:
@@ -84,17 +57,18 @@ def revert(tensors: Mapping[str, torch.Tensor], mapping: object) -> dict[str, to
     inverse would be a guess (a ``PrefixChange``) raises :class:`NotInvertibleError`.
     """
     ckpt = open_checkpoint(dict(tensors))
-    record = getattr(tensors, "record", None)
+    record = tensors.record if isinstance(tensors, Converted) else None
     if record is not None:
-        reverse = record_groups(record, ckpt)
+        groups = record_groups(record, ckpt)
     else:
         if mapping is None:
             raise MappingError("revert() needs a mapping: a registered name or transforms")
-        reverse = derived_groups(choose_mapping(mapping, None).transforms, ckpt)
-    out: dict[str, torch.Tensor] = {}
-    for conv in build_conversions(reverse.groups, reverse.outputs, None):
-        for key, value in run_conversion(conv, ckpt.tensors).items():
-            if key in out:
-                raise ConflictingTransformError(f"two conversions produce {key}")
-            out[key] = value
-    return out
+        groups = derived_groups(choose_mapping(mapping, None).transforms, ckpt)
+    return _run(plan_in_memory(groups, ckpt))
+
+
+def _run(plan: MemoryPlan) -> dict[str, torch.Tensor]:
+    sink = DictSink()
+    run_plan(plan.schedule, plan.checkpoint, sink, progress=False, description="converting")
+    order = [t.key for c in plan.conversions for t in c.targets if t.key in sink.results]
+    return {key: sink.results[key] for key in order}

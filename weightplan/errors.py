@@ -23,7 +23,9 @@ escapes (they are wrapped and chained with ``from``). The tree::
     │   ├── ShapeMismatchError       converted shape != model parameter shape
     │   ├── StrictLoadError          missing / unexpected keys with ``strict=True``
     │   ├── BudgetError              no schedule fits the memory budget
-    │   └── ParallelError            a tensor-parallel configuration can't work (names the fix)
+    │   ├── ParallelError            a tensor-parallel configuration can't work (names the fix)
+    │   └── GraphError               the plan graph or its lowering breaks an invariant
+    │                                (``verify``; ``.problems`` lists every message)
     ├── ExecutionError               failure while loading; names the node (key, file, op)
     ├── RenderError                  a plan can't be drawn as asked (detail, only=, format, dot)
     ├── SaveError                    failure while saving; nothing half-written is left
@@ -136,6 +138,17 @@ class BudgetError(PlanError):
 
 class ParallelError(PlanError):
     """A tensor/expert-parallel configuration can't work (mesh, ranks, plan, output)."""
+
+
+class GraphError(PlanError):
+    """``verify`` found broken invariants; each message names the node and the fix."""
+
+    def __init__(self, problems: "tuple[str, ...] | list[str]"):
+        self.problems = tuple(problems)
+        shown = "\n  ".join(self.problems[:10])
+        more = f"\n  ... and {len(self.problems) - 10} more" if len(self.problems) > 10 else ""
+        super().__init__(f"the plan graph is inconsistent ({len(self.problems)} problem(s)); "
+                         f"this is a bug in weightplan or in a user op:\n  {shown}{more}")
 
 
 class ExecutionError(WeightplanError, RuntimeError):

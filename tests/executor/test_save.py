@@ -71,7 +71,7 @@ def test_a_model_never_loaded_saves_through_the_inverse_mapping(tmp_path):
         for p in model.parameters():
             p.normal_()
     plan = weightplan.explain_save(model, tmp_path / "out", mapping="mixtral")
-    assert plan.mode == "mapping"
+    assert plan.inversion.value == "mapping"
     plan.execute()
     back = read_dir(tmp_path / "out")
     assert "model.layers.1.block_sparse_moe.experts.3.w2.weight" in back
@@ -171,7 +171,7 @@ def test_save_plan_explains_itself(tmp_path):
     text = str(plan)
     assert "exact inverse of the recorded load" in text
     assert "→ model.layers.{0,1}.block_sparse_moe.experts.{0..3}.w1.weight" in text
-    assert plan.to_dict()["mode"] == "record" and not (tmp_path / "o").exists()
+    assert plan.to_dict()["inversion"] == "record" and not (tmp_path / "o").exists()
 
 
 def test_uneven_chunk_and_transpose_round_trip(tmp_path):

@@ -4,55 +4,63 @@ import torch
 
 from tests.conftest import module_with, write_checkpoint
 from weightplan import WeightConverter
-from weightplan.executor.execute_shards import execute_rank
+import weightplan
 from weightplan.ops import Chunk, Concatenate, MergeModulelist, PermuteForRope, Transpose
 from weightplan.parallel import TensorParallel
 from weightplan.planner.tensors.sharding.placements import Placement
-from weightplan.planner.tensors.sharding.ranks import plan_ranks, rank_table
+from weightplan.planner.tensors.sharding.ranks import (
+    plan_ranks, rank_table, read_bytes, whole_reads,
+)
 from weightplan.planner.tensors.sharding.resolve import resolve_sharding
 from weightplan.planner.tensors.sharding.shard_math import slice_local
 
 F32 = torch.float32
 
 
-def load_ranks(model, tensors, tmp_path, plan, mapping, world=2):
+def load_ranks(model_specs, tensors, tmp_path, plan, mapping, world=2):
+    """Each rank planned and loaded (output="local") into its own fresh meta model."""
     ckpt = write_checkpoint(tmp_path / "ckpt", tensors)
-    tp = TensorParallel(world_size=world, rank=0, plan=plan, output="local")
-    ranks = plan_ranks(model, ckpt, tp, mapping=mapping)
-    return ranks, [execute_rank(r.programs, r.checkpoint, threads=0) for r in ranks]
+    plans, loaded = [], []
+    for rank in range(world):
+        model = module_with(model_specs)
+        tp = TensorParallel(world_size=world, rank=rank, plan=plan, output="local")
+        plans.append(weightplan.explain(model, ckpt, mapping=mapping, tp=tp))
+        plans[-1].execute()
+        loaded.append({n: p.data for n, p in model.named_parameters()})
+    return plans, loaded
 
 
-def read_regions(rank_plan):
+def read_regions(plan):
     return sorted((r.entry.key, r.region.starts, r.region.stops)
-                  for p in rank_plan.programs for r in p.program.reads)
+                  for s in plan.schedule.steps for r in s.reads)
 
 
 def test_transpose_swaps_the_sharded_dim(tmp_path):
     stored = torch.arange(48, dtype=F32).reshape(8, 6)  # the checkpoint keeps W^T
-    model = module_with({"lin.weight": ((6, 8), F32)})
+    model = {"lin.weight": ((6, 8), F32)}
     mapping = [WeightConverter("lin.weight", "lin.weight", operations=[Transpose(0, 1)])]
     ranks, loads = load_ranks(model, {"lin.weight": stored}, tmp_path, {"lin": "colwise"}, mapping)
     assert read_regions(ranks[1]) == [("lin.weight", (0, 3), (8, 6))]  # columns 3..5
     for rank, load in enumerate(loads):
         want = slice_local(stored.T.contiguous(), Placement.shard(0), 2, rank)
-        assert torch.equal(load.tensors["lin.weight"], want)
+        assert torch.equal(load["lin.weight"], want)
 
 
 def test_chunked_qkv_reads_each_targets_rows(tmp_path):
     fused = torch.arange(48, dtype=F32).reshape(12, 4)
-    model = module_with({f"attn.{n}.weight": ((4, 4), F32) for n in "qkv"})
+    model = {f"attn.{n}.weight": ((4, 4), F32) for n in "qkv"}
     mapping = [WeightConverter("qkv.weight", ["q.weight", "k.weight", "v.weight"],
                                operations=[Chunk(0)])]
     plan = {"attn.q": "colwise", "attn.k": "colwise", "attn.v": "colwise"}
     ranks, loads = load_ranks(model, {"attn.qkv.weight": fused}, tmp_path, plan, mapping)
     starts = sorted(r[1][0] for r in read_regions(ranks[0]))
-    assert starts == [0, 4, 8] and ranks[0].read_bytes == 6 * 4 * 4
-    assert torch.equal(loads[1].tensors["attn.k.weight"], fused[6:8])
+    assert starts == [0, 4, 8] and read_bytes(ranks[0]) == 6 * 4 * 4
+    assert torch.equal(loads[1]["attn.k.weight"], fused[6:8])
 
 
 def test_packed_gate_up_reads_half_of_each_expert_projection(tmp_path):
     tensors = {f"e.{i}.{w}": torch.randn(6, 4) for i in range(2) for w in ("w1", "w3")}
-    model = module_with({"moe.gate_up_proj": ((2, 12, 4), F32)})
+    model = {"moe.gate_up_proj": ((2, 12, 4), F32)}
     mapping = [WeightConverter(["e.*.w1", "e.*.w3"], "moe.gate_up_proj",
                                operations=[MergeModulelist(0), Concatenate(1)])]
     ranks, loads = load_ranks(model, tensors, tmp_path, {"moe.gate_up_proj": "packed_colwise"},
@@ -62,21 +70,22 @@ def test_packed_gate_up_reads_half_of_each_expert_projection(tmp_path):
     full = torch.stack([torch.cat([tensors[f"e.{i}.w1"], tensors[f"e.{i}.w3"]]) for i in range(2)])
     for rank, load in enumerate(loads):
         want = slice_local(full, Placement.strided(1, 2), 2, rank)
-        assert torch.equal(load.tensors["moe.gate_up_proj"], want)
-        assert load.bytes_read == load.local_bytes
+        assert torch.equal(load["moe.gate_up_proj"], want)
+        assert read_bytes(ranks[rank]) == want.numel() * 4
 
 
 def test_an_op_that_cannot_place_reads_whole_and_says_so(tmp_path):
     stored = torch.randn(8, 4)
-    model = module_with({"attn.q.weight": ((8, 4), F32)})
+    model = {"attn.q.weight": ((8, 4), F32)}
     mapping = [WeightConverter("q.weight", "q.weight", operations=[PermuteForRope(head_dim=4)])]
     ranks, loads = load_ranks(model, {"attn.q.weight": stored}, tmp_path, {"attn.q": "colwise"},
                               mapping)
-    assert ranks[0].whole_reads == ("attn.q.weight",)
-    assert ranks[0].read_bytes == stored.numel() * 4
-    assert "read whole" in rank_table(ranks) and "attn.q.weight" in rank_table(ranks)
+    assert whole_reads(ranks[0]) == ("attn.q.weight",)
+    assert read_bytes(ranks[0]) == stored.numel() * 4
+    assert "read whole" in rank_table(tuple(ranks)) and "attn.q.weight" in rank_table(tuple(ranks))
+    assert "read whole, then sliced" in str(ranks[0])
     permuted = PermuteForRope(head_dim=4).forward(((stored,),))[0][0]
-    assert torch.equal(loads[1].tensors["attn.q.weight"], permuted[4:])
+    assert torch.equal(loads[1]["attn.q.weight"], permuted[4:])
 
 
 def test_plan_problems_unknown_style_and_entries_matching_nothing():
@@ -103,8 +112,8 @@ def test_rank_table_from_one_process(tmp_path):
     model = module_with({"emb.weight": ((10, 4), F32), "norm.weight": ((4,), F32)})
     ckpt = write_checkpoint(tmp_path / "ckpt", tensors)
     tp = TensorParallel(world_size=4, rank=0, plan={"emb": "embedding_rowwise"})
-    ranks = plan_ranks(model, ckpt, tp)
-    assert [r.read_bytes for r in ranks] == [3 * 16 + 16] * 3 + [16 + 16]
+    ranks = plan_ranks(model, ckpt, tp, mapping=[])
+    assert [read_bytes(r) for r in ranks] == [3 * 16 + 16] * 3 + [16 + 16]
     assert all(r.replicated_bytes == 16 for r in ranks)
     lines = rank_table(ranks).splitlines()
     assert lines[0].startswith("tensor parallel over 4 ranks") and len(lines) == 6

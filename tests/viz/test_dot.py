@@ -62,7 +62,7 @@ def test_sixty_layers_fold_into_one_cluster():
 def test_full_detail_draws_every_node():
     plan = small_plan()
     full = plan_picture(plan, detail="full")
-    assert full.boxes == plan.graph.number_of_nodes()
+    assert full.boxes == len(plan.graph)
     assert plan_picture(plan).boxes < full.boxes
 
 

@@ -4,19 +4,27 @@ from __future__ import annotations
 
 import warnings
 
+from torch import nn
+
 from weightplan.errors import PlanError, ShapeMismatchError, StrictLoadError
+from weightplan.executor.dtensors import check_output
 from weightplan.executor.report import LoadReport
 from weightplan.executor.run import run_plan
 from weightplan.executor.sinks import ModelSink, check_unchanged
+from weightplan.planner.inputs.model_info import ModelInfo
+from weightplan.planner.plan import LoadPlanData
 from weightplan.planner.write.record import attach_record, get_record, merge_records, record_from_plan
 
 
-def execute_plan(plan, *, strict: bool = False, progress: bool | None = None) -> LoadReport:
-    """Run a load plan (see :meth:`Plan.execute`)."""
-    preflight(plan, strict)
-    sink = ModelSink(plan.model, plan.model_info, sorted(plan.missing), initialize=not strict)
-    stats = run_plan(plan, sink, progress=progress)
-    attach_record(plan.model, merge_records(get_record(plan.model), record_from_plan(plan)))
+def execute_plan(plan: LoadPlanData, *, strict: bool = False, progress: bool | None = None
+                 ) -> LoadReport:
+    """Run a load plan (see :meth:`weightplan.Plan.execute`)."""
+    model, info = preflight(plan, strict)
+    check_output(plan.sharding)
+    sink = ModelSink(model, info, sorted(plan.missing), initialize=not strict,
+                     sharding=plan.sharding)
+    stats = run_plan(plan.schedule, plan.checkpoint, sink, progress=progress)
+    attach_record(model, merge_records(get_record(model), record_from_plan(plan)))
     if plan.missing or plan.unexpected:
         warnings.warn(f"weightplan: {len(plan.missing)} missing tensor(s) "
                       f"{_some(plan.missing)} ({len(sink.initialized)} initialized fresh) and "
@@ -33,9 +41,9 @@ def execute_plan(plan, *, strict: bool = False, progress: bool | None = None) ->
         missing=plan.missing, unexpected=plan.unexpected, initialized=sink.initialized)
 
 
-def preflight(plan, strict: bool) -> None:
+def preflight(plan: LoadPlanData, strict: bool) -> tuple[nn.Module, ModelInfo]:
     """Everything that can fail before a byte is written fails here."""
-    if plan.model is None:
+    if plan.model is None or plan.model_info is None:
         raise PlanError("this plan has no model to load into; pass one to explain()")
     if plan.mismatched:
         details = "; ".join(p.message for p in plan.problems if p.kind.value == "mismatch")
@@ -49,6 +57,7 @@ def preflight(plan, strict: bool) -> None:
     for program in plan.schedule.steps:
         for dest in program.destinations:
             check_unchanged(plan.model, dest)
+    return plan.model, plan.model_info
 
 
 def _some(names: frozenset[str]) -> str:

@@ -2,18 +2,24 @@
 
 The executor decides nothing: the schedule's events say when each step's destinations
 are opened and its reads queued (SUBMIT) and when its reads are awaited and its
-materialized ops run (FINALIZE). Where bytes go is the sink's business: model tensors
-(:class:`~weightplan.executor.sinks.ModelSink`) or output files
-(:class:`~weightplan.executor.writer.FileSink`). Sinks commit only after every step
+materialized op nodes run (FINALIZE). The steps are the verified lowering of the plan's
+graph (:mod:`weightplan.planner.tensors.placement`). Where bytes go is the sink's
+business (:class:`~weightplan.executor.sink.Sink`): model tensors
+(:class:`~weightplan.executor.sinks.ModelSink`), output files
+(:class:`~weightplan.executor.writer.FileSink`) or a dict
+(:class:`~weightplan.executor.dict_sink.DictSink`). Sinks commit only after every step
 succeeded, so a failure leaves a meta model untouched and no half-written checkpoint.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -21,29 +27,29 @@ from weightplan.errors import ExecutionError, WeightplanError
 from weightplan.executor.memory import RssMeter, Tracker
 from weightplan.executor.progress import LoadProgress, wants_progress
 from weightplan.executor.reader import Reader
+from weightplan.executor.sink import Sink
+from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.tensors.geometry import Region, row_major_strides
-from weightplan.planner.tensors.placement import Program, ReadTask
-from weightplan.planner.tensors.schedule import EventKind
+from weightplan.planner.tensors.ops.base import Streams
+from weightplan.planner.tensors.placement import ReadTask, Step
+from weightplan.planner.tensors.schedule import EventKind, Schedule
 
 
-class _InlinePool:
+class _InlinePool(Executor):
     """``threads=0``: every task runs when submitted."""
 
-    def submit(self, fn, *args) -> Future:
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
         future: Future = Future()
         try:
-            future.set_result(fn(*args))
+            future.set_result(fn(*args, **kwargs))
         except BaseException as e:
             future.set_exception(e)
         return future
 
-    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
-        pass
-
 
 @dataclass
 class _Step:
-    handles: list
+    handles: list[Any]
     futures: list[Future] = field(default_factory=list)
     held: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
 
@@ -62,8 +68,10 @@ class RunStats:
 
 
 class _Execution:
-    def __init__(self, plan, sink, reader: Reader, pool, tracker: Tracker, progress):
-        self.plan, self.sink, self.reader, self.pool = plan, sink, reader, pool
+    def __init__(self, schedule: Schedule, checkpoint: Checkpoint, sink: Sink, reader: Reader,
+                 pool: Executor, tracker: Tracker, progress: LoadProgress):
+        self.schedule, self.checkpoint = schedule, checkpoint
+        self.sink, self.reader, self.pool = sink, reader, pool
         self.tracker, self.progress = tracker, progress
         self.steps: dict[int, _Step] = {}
         self.read_seconds = 0.0
@@ -71,14 +79,14 @@ class _Execution:
         self._lock = threading.Lock()
 
     def run(self) -> None:
-        for event in self.plan.schedule.events:
+        for event in self.schedule.events:
             if event.kind is EventKind.SUBMIT:
                 self.submit(event.step)
             else:
                 self.finalize(event.step)
 
     def submit(self, index: int) -> None:
-        program = self.plan.schedule.steps[index]
+        program = self.schedule.steps[index]
         handles = [self.sink.open(d) for d in program.destinations]
         self.tracker.add(program.dest_bytes + program.staged_bytes)
         step = self.steps[index] = _Step(handles)
@@ -87,17 +95,17 @@ class _Execution:
                 step.futures.append(self.pool.submit(self._read, program, step, task, piece))
 
     def finalize(self, index: int) -> None:
-        program, step = self.plan.schedule.steps[index], self.steps.pop(index)
+        program, step = self.schedule.steps[index], self.steps.pop(index)
         for future in step.futures:
             future.result()
         if program.materialize:
             self._convert(program, step)
-        for dest, handle in zip(program.destinations, step.handles):
+        for dest, handle in zip(program.destinations, step.handles, strict=True):
             self.sink.close(dest, handle)
         self.tracker.sub(program.staged_bytes)
         self.progress.advance(program.read_bytes)
 
-    def _read(self, program: Program, step: _Step, task: ReadTask, piece: tuple[int, int]):
+    def _read(self, program: Step, step: _Step, task: ReadTask, piece: tuple[int, int]) -> None:
         start = time.perf_counter()
         try:
             _read_task(self, program, step, task, piece)
@@ -106,12 +114,12 @@ class _Execution:
         except Exception as e:
             raise ExecutionError(f"while reading {task.entry.key} from "
                                  f"{task.entry.file or '<memory>'} for "
-                                 f"{program.conversion.label}: {e}") from e
+                                 f"{program.label}: {e}") from e
         finally:
             with self._lock:
                 self.read_seconds += time.perf_counter() - start
 
-    def _convert(self, program: Program, step: _Step) -> None:
+    def _convert(self, program: Step, step: _Step) -> None:
         start = time.perf_counter()
         self.tracker.add(program.convert_bytes)
         try:
@@ -128,20 +136,21 @@ class _Execution:
             self.convert_seconds += time.perf_counter() - start
 
 
-def _run_ops(program: Program, step: _Step):
-    conv = program.conversion
+def _run_ops(program: Step, step: _Step) -> Streams[torch.Tensor]:
+    """Run the step's materialized op nodes, stage by stage, on the held reads."""
     streams = tuple(tuple(step.held[(i, j)] for j in range(len(s)))
-                    for i, s in enumerate(conv.group.sources))
-    for k, op in enumerate(program.materialize):
+                    for i, s in enumerate(program.sources))
+    for k, op in enumerate(program.ops):
         try:
             streams = op.forward(streams)
         except Exception as e:
-            raise ExecutionError(f"op #{k} {op!r} failed for {conv.label} (sources "
-                                 f"{', '.join(e.key for e in conv.group.entries)}): {e}") from e
+            keys = ", ".join(n.label for s in program.sources for n in s)
+            raise ExecutionError(f"op #{k} {op!r} failed for {program.label} (sources "
+                                 f"{keys}): {e}") from e
     return streams
 
 
-def _read_task(run: _Execution, program: Program, step: _Step, task: ReadTask,
+def _read_task(run: _Execution, program: Step, step: _Step, task: ReadTask,
                piece: tuple[int, int]) -> None:
     with _source(run, task, piece) as src:
         f = task.fragment
@@ -163,13 +172,14 @@ class _source:
 
     def __init__(self, run: _Execution, task: ReadTask, piece: tuple[int, int]):
         self.run, self.task, self.piece = run, task, piece
-        self._window = None
+        self._window: contextlib.AbstractContextManager[torch.Tensor] | None = None
 
     def __enter__(self) -> torch.Tensor:
         task, (start, length) = self.task, self.piece
         entry = task.entry
         if entry.file is None:
-            tensor = self.run.plan.checkpoint.tensors[entry.key]
+            assert self.run.checkpoint.tensors is not None  # entries without a file are in memory
+            tensor = self.run.checkpoint.tensors[entry.key]
             if not task.direct:
                 return tensor[_slices(task.region)]
             first = task.byte_range[0] + start
@@ -182,7 +192,7 @@ class _source:
         return torch.as_strided(raw.view(entry.spec.dtype), task.region.shape,
                                 row_major_strides(entry.spec.shape), 0)
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         if self._window is not None:
             self._window.__exit__(*exc)
             self.run.tracker.sub(self.piece[1])
@@ -194,19 +204,23 @@ def _flat_bytes(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _slices(region: Region) -> tuple[slice, ...]:
-    return tuple(slice(a, b) for a, b in zip(region.starts, region.stops))
+    return tuple(slice(a, b) for a, b in zip(region.starts, region.stops, strict=True))
 
 
-def run_plan(plan, sink, *, progress: bool | None, description: str = "loading") -> RunStats:
-    """Execute ``plan`` into ``sink``; the sink commits only when every step succeeded."""
+def run_plan(schedule: Schedule, checkpoint: Checkpoint, sink: Sink, *, progress: bool | None,
+             description: str = "loading") -> RunStats:
+    """Execute ``schedule``'s steps from ``checkpoint`` into ``sink``; the sink commits only
+    when every step succeeded."""
     meter, tracker = RssMeter(), Tracker()
     started = time.perf_counter()
-    threads = plan.schedule.threads
-    pool = ThreadPoolExecutor(threads, thread_name_prefix="weightplan") if threads else _InlinePool()
-    bar = LoadProgress(plan.read_bytes, wants_progress(progress), description)
+    threads = schedule.threads
+    pool: Executor = (ThreadPoolExecutor(threads, thread_name_prefix="weightplan") if threads
+                      else _InlinePool())
+    total = sum(p.read_bytes for p in schedule.steps)
+    bar = LoadProgress(total, wants_progress(progress), description)
     try:
-        with Reader(plan.checkpoint) as reader, bar:
-            run = _Execution(plan, sink, reader, pool, tracker, bar)
+        with Reader(checkpoint) as reader, bar:
+            run = _Execution(schedule, checkpoint, sink, reader, pool, tracker, bar)
             run.run()
     except BaseException:
         pool.shutdown(wait=True, cancel_futures=True)

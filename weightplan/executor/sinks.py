@@ -1,13 +1,6 @@
 """The load sink: destination tensors of a model, and putting loaded tensors into it.
 
-A sink takes the executor's writes (calls 1-3 from reader threads, 4-5 from the main
-thread):
-
-1. ``open(dest)`` when a step is submitted: a handle to write into;
-2. ``write_bytes(handle, dest, byte_offset, data)``: a direct byte copy;
-3. ``write_view(handle, dest, view, src)``: a strided / casting copy;
-4. ``close(dest, handle)`` when the step is finalized;
-5. ``commit()`` after the last step, or ``abort()`` on any failure.
+It follows the :class:`~weightplan.executor.sink.Sink` protocol.
 """
 
 from __future__ import annotations
@@ -16,9 +9,11 @@ import torch
 from torch import nn
 
 from weightplan.errors import PlanError
-from weightplan.planner.tensors.geometry import View
+from weightplan.executor.dtensors import as_model_tensor
 from weightplan.planner.inputs.model_info import ModelInfo, ModelTensor
-from weightplan.planner.tensors.placement import Destination, DestKind
+from weightplan.planner.tensors.destination import Destination, DestKind
+from weightplan.planner.tensors.geometry import View
+from weightplan.planner.tensors.sharding.shard_nodes import Sharding
 
 
 def module_and_attr(model: nn.Module, name: str) -> tuple[nn.Module, str]:
@@ -39,7 +34,8 @@ def current_tensor(model: nn.Module, name: str) -> torch.Tensor:
 def check_unchanged(model: nn.Module, dest: Destination) -> None:
     """The model must still be as planned: meta where we allocate, real where we write."""
     tensor = current_tensor(model, dest.key)
-    if tensor.is_meta != dest.allocates or tuple(tensor.shape) != dest.spec.shape:
+    shape = dest.shard.global_shape if dest.shard is not None else dest.spec.shape
+    if tensor.is_meta != dest.allocates or tuple(tensor.shape) != shape:
         state = "on meta" if tensor.is_meta else "allocated"
         raise PlanError(f"the model changed since explain(): {dest.key} is now {state} with "
                         f"shape {list(tensor.shape)}; call explain() again")
@@ -52,11 +48,13 @@ def destination_tensor(model: nn.Module, dest: Destination) -> torch.Tensor:
     return current_tensor(model, dest.key).detach()
 
 
-def install(model: nn.Module, dest: Destination, tensor: torch.Tensor, info: ModelTensor | None
-            ) -> None:
-    """Put an allocated tensor into the model under every alias (tied tensors stay tied)."""
+def install(model: nn.Module, dest: Destination, tensor: torch.Tensor, info: ModelTensor | None,
+            sharding: Sharding | None = None) -> None:
+    """Put an allocated tensor into the model under every alias (tied tensors stay tied);
+    under tensor parallel, as a DTensor when the plan asks for one."""
     if not dest.allocates:
         return
+    tensor = as_model_tensor(tensor, dest, sharding)
     is_buffer = info is not None and info.is_buffer
     if is_buffer:
         value: torch.Tensor = tensor
@@ -71,7 +69,7 @@ def install(model: nn.Module, dest: Destination, tensor: torch.Tensor, info: Mod
             module._parameters[attr] = value
 
 
-def initialize_missing(model: nn.Module, infos: list[ModelTensor]) -> dict[str, str]:
+def initialize_missing(model: nn.Module, infos: list[ModelTensor | None]) -> dict[str, str]:
     """Give missing meta tensors real storage; ``reset_parameters()`` where modules have it.
 
     Runs before loaded tensors are installed, so a module's ``reset_parameters`` only
@@ -80,7 +78,7 @@ def initialize_missing(model: nn.Module, infos: list[ModelTensor]) -> dict[str, 
     done: dict[str, str] = {}
     modules: dict[int, nn.Module] = {}
     for info in infos:
-        if not info.on_meta:
+        if info is None or not info.on_meta:
             continue
         tensor = torch.zeros(info.spec.shape, dtype=info.spec.dtype)
         install(model, Destination(info.name, info.aliases, info.spec, DestKind.ALLOCATE, ()),
@@ -97,7 +95,7 @@ def initialize_missing(model: nn.Module, infos: list[ModelTensor]) -> dict[str, 
                 module.reset_parameters()
             except Exception as e:  # a module mixing meta and real tensors may refuse
                 for info in infos:
-                    if module_and_attr(model, info.name)[0] is module:
+                    if info is not None and module_and_attr(model, info.name)[0] is module:
                         done[info.name] = f"zeros (reset_parameters failed: {e})"
     return done
 
@@ -120,8 +118,9 @@ class ModelSink:
     model untouched.
     """
 
-    def __init__(self, model: nn.Module, info: ModelInfo, missing: list[str], initialize: bool):
-        self.model, self.info = model, info
+    def __init__(self, model: nn.Module, info: ModelInfo, missing: list[str], initialize: bool,
+                 sharding: Sharding | None = None):
+        self.model, self.info, self.sharding = model, info, sharding
         self.missing, self.initialize = missing, initialize
         self.results: dict[str, tuple[Destination, torch.Tensor]] = {}
         self.initialized: dict[str, str] = {}
@@ -146,7 +145,7 @@ class ModelSink:
             infos = [self.info.get(name) for name in self.missing]
             self.initialized = initialize_missing(self.model, infos)
         for dest, tensor in self.results.values():
-            install(self.model, dest, tensor, self.info.get(dest.key))
+            install(self.model, dest, tensor, self.info.get(dest.key), self.sharding)
 
     def abort(self) -> None:
         self.results.clear()

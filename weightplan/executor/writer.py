@@ -1,5 +1,7 @@
 """The file sink: a streaming, atomic safetensors writer for a planned shard layout.
 
+It follows the :class:`~weightplan.executor.sink.Sink` protocol.
+
 Every shard is written under a temporary name in the target directory: header first,
 then each tensor's bytes at its planned offset as steps complete (``pwrite``, straight
 from the source tensor's memory when the copy is direct). Only when every step succeeded
@@ -18,9 +20,9 @@ import torch
 
 from weightplan.errors import SaveError
 from weightplan.executor.sinks import flat_bytes, strided
+from weightplan.planner.tensors.destination import Destination
 from weightplan.planner.tensors.geometry import View
 from weightplan.planner.write.shards import INDEX_NAME, SINGLE_NAME, ShardLayout
-from weightplan.planner.tensors.placement import Destination
 
 PARTIAL = ".weightplan-partial"
 
@@ -67,7 +69,7 @@ class FileSink:
     def open(self, dest: Destination) -> torch.Tensor | None:
         return torch.empty(dest.spec.shape, dtype=dest.spec.dtype) if dest.staged else None
 
-    def write_bytes(self, handle, dest: Destination, offset: int, data: torch.Tensor) -> None:
+    def write_bytes(self, handle: torch.Tensor | None, dest: Destination, offset: int, data: torch.Tensor) -> None:
         name, base = self.layout.locations[dest.key]
         _pwrite_all(self._fds[name], data.contiguous(), base + offset, str(self._partial[name]))
 

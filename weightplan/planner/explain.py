@@ -1,7 +1,9 @@
-"""``explain(model, checkpoint)``: the planning pipeline, from headers to a :class:`Plan`.
+"""``explain_load``: the load direction of the pipeline, from headers to a plan.
 
-headers → mapping → routing → conversions (ops resolved, specs inferred) → graph (verified)
-→ programs (where bytes land) → schedule (order, window, peak) → findings.
+headers → mapping → routing → conversions (ops resolved, specs inferred, nodes) →
+graph → steps (where bytes land) → verify → schedule (order, window, peak) → findings.
+The user-facing ``weightplan.explain`` (:mod:`weightplan.api`) wraps this, adding the
+transformers bridge as the mapping lookup's second source.
 """
 
 from __future__ import annotations
@@ -12,30 +14,31 @@ from collections.abc import Sequence
 
 import torch
 
-from weightplan.errors import MappingError, PlanError
-from weightplan.planner.tensors.build import build_conversions
-from weightplan.planner.inputs.checkpoint import open_checkpoint
-from weightplan.planner.findings import collect_findings
-from weightplan.planner.tensors.graph import build_graph
-from weightplan.planner.keys.lookup import lookup_mapping, mapping_findings
-from weightplan.planner.keys.routing import route_checkpoint
+from weightplan.errors import MappingError, ParallelError, PlanError
+from weightplan.parallel import as_tensor_parallel
+from weightplan.planner.findings import Findings, Problem, ProblemKind, collect_findings
+from weightplan.planner.inputs.checkpoint import Checkpoint, open_checkpoint
 from weightplan.planner.inputs.model_info import inspect_model
-from weightplan.planner.tensors.placement import plan_program
-from weightplan.planner.plan import Plan, PlanOptions
+from weightplan.planner.keys.lookup import Finder, lookup_mapping, mapping_findings
 from weightplan.planner.keys.registry import REGISTRY, MappingChoice
-from weightplan.planner.tensors.budget import schedule_within
-from weightplan.planner.tensors.schedule import order_programs
-from weightplan.planner.tensors.spec import parse_dtype
+from weightplan.planner.keys.routing import route_checkpoint
 from weightplan.planner.keys.transforms import LEGACY, WeightTransform
-from weightplan.planner.tensors.verify import verify
+from weightplan.planner.plan import Direction, LoadPlanData, PlanOptions
+from weightplan.planner.tensors.build import SinkKind, build_conversions
+from weightplan.planner.tensors.lower import StepOrder, lower
+from weightplan.planner.tensors.placement import Step
+from weightplan.planner.tensors.schedule import order_steps
+from weightplan.planner.tensors.sharding.shard_nodes import Sharding, plan_sharding
+from weightplan.planner.tensors.spec import parse_dtype
 from weightplan.units import parse_bytes
 
 SYNC_ENV = "WEIGHTPLAN_SYNC_LOAD"
 
 
-def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: object = None,
-            dtype: torch.dtype | str | None = None, budget: int | str | None = None,
-            tp: object = None, quantization: object = None, threads: int = 4) -> Plan:
+def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: object = None,
+                 dtype: torch.dtype | str | None = None, budget: int | str | None = None,
+                 tp: object = None, quantization: object = None, threads: int = 4,
+                 finder: Finder | None = None) -> LoadPlanData:
     """Plan loading ``checkpoint`` into ``model`` from headers only; nothing is read or written.
 
     Args:
@@ -50,46 +53,74 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
         dtype: cast floating tensors of a meta model to this dtype.
         budget: bytes (or ``"8GiB"``) the load may add at most; raises
             :class:`BudgetError` with the smallest budget that works when impossible.
-        tp, quantization: reserved for tensor-parallel and quantized loading.
+        tp: ``None``, ``"auto"`` or a ``TensorParallel``: plan this rank's shards only.
         threads: reader threads (``0``, or ``WEIGHTPLAN_SYNC_LOAD=1``, reads inline).
+        finder: the mapping lookup's second source (the transformers bridge).
 
     Returns:
-        A :class:`Plan`. Missing / unexpected / mismatched keys are reported on it;
+        A :class:`LoadPlanData`. Missing / unexpected / mismatched keys are reported on it;
         configuration errors (conflicting converters, index gaps, unreadable files) raise.
 
     Example:
         >>> plan = explain(model, "ckpt_dir/")          # doctest: +SKIP
         >>> print(plan); plan.execute()                 # doctest: +SKIP
     """
-    if tp is not None or quantization is not None:
-        raise PlanError("tensor-parallel (tp=) and quantized (quantization=) loading are not "
-                        "available in this version of weightplan")
+    if quantization is not None:  # reserved
+        raise PlanError("quantized (quantization=) loading is not available yet")
     options = PlanOptions(parse_dtype(dtype), parse_threads(threads),
                           None if budget is None else parse_bytes(budget, what="budget"))
+    sharding = _sharding(model, tp)
     ckpt = open_checkpoint(checkpoint)
     info = inspect_model(model) if model is not None else None
-    choice = choose_mapping(mapping, model)
+    choice = choose_mapping(mapping, model, finder)
     transforms = choice.transforms + tuple(t for t in LEGACY if t not in choice.transforms)
     routing = route_checkpoint(ckpt, transforms, info)
-    conversions = build_conversions(routing.groups, info, options.dtype)
-    graph = build_graph(n for c in conversions for n in c.nodes)
-    verify(graph)
-    programs = [plan_program(c) for c in conversions if c.loads]
-    files = [f.path for f in ckpt.files]
-    schedule = schedule_within(order_programs(programs, files), options)
+    conversions = build_conversions(routing.groups, info, options.dtype, SinkKind.MODEL,
+                                    sharding)
+    graph, schedule = lower(conversions, ckpt, order=_checkpoint_order(ckpt),
+                            threads=options.threads, budget=options.budget)
     findings = collect_findings(info, routing, conversions)
     looked_up = mapping is None and model is not None
     findings = _with_mapping_findings(findings, choice, looked_up=looked_up)
-    return Plan(model, ckpt, info, choice, transforms, routing, conversions, graph, schedule,
-                findings, options)
+    findings = _with_parallel_findings(findings, sharding)
+    return LoadPlanData(Direction.LOAD, ckpt, choice, transforms, conversions, graph, schedule,
+                        options, model, info, routing, findings, sharding)
 
 
-def choose_mapping(mapping: object, model: torch.nn.Module | None) -> MappingChoice:
-    """The transforms for ``mapping``; ``None`` looks the model's submodules up (SPEC §5)."""
+def _sharding(model: torch.nn.Module | None, tp: object) -> Sharding | None:
+    tensor_parallel = as_tensor_parallel(tp)
+    if tensor_parallel is None:
+        return None
+    if model is None:
+        raise ParallelError("tp= needs a model: its tp_plan (or the plan given) names what "
+                            "is sharded; pass the model built on meta")
+    return plan_sharding(model, tensor_parallel)
+
+
+def _with_parallel_findings(findings: Findings, sharding: Sharding | None) -> Findings:
+    if sharding is None or not sharding.plan.issues:
+        return findings
+    issues = tuple(Problem(ProblemKind.PARALLEL, i.key, i.message) for i in sharding.plan.issues)
+    return dataclasses.replace(findings, problems=findings.problems + issues)
+
+
+def _checkpoint_order(ckpt: Checkpoint) -> StepOrder:
+    files = [f.path for f in ckpt.files]
+
+    def order(steps: Sequence[Step]) -> tuple[Step, ...]:
+        return order_steps(steps, files)
+
+    return order
+
+
+def choose_mapping(mapping: object, model: torch.nn.Module | None,
+                   finder: Finder | None = None) -> MappingChoice:
+    """The transforms for ``mapping``; ``None`` looks the model's submodules up (SPEC §5),
+    asking ``finder`` where the registry has nothing."""
     if mapping is None:
         if model is None:
             return MappingChoice(None, "no model and no mapping: keys are used as they are", ())
-        return lookup_mapping(model, REGISTRY, bridge=_bridge_for(model))
+        return lookup_mapping(model, REGISTRY, bridge=finder)
     if isinstance(mapping, str):
         return MappingChoice(mapping, f"requested mapping {mapping!r}", tuple(REGISTRY.get(mapping)))
     if isinstance(mapping, Sequence) and all(isinstance(t, WeightTransform) for t in mapping):
@@ -98,18 +129,8 @@ def choose_mapping(mapping: object, model: torch.nn.Module | None) -> MappingCho
                        f"got {mapping!r}")
 
 
-def _bridge_for(model: torch.nn.Module):
-    """transformers' own mappings, for transformers models whose family isn't built in."""
-    from weightplan.planner.keys.lookup import is_transformers_class
-
-    if not any(is_transformers_class(m) for m in model.modules()):
-        return None
-    from weightplan.bridge.transformers import TransformersFinder
-
-    return TransformersFinder()
-
-
-def _with_mapping_findings(findings, choice: MappingChoice, *, looked_up: bool):
+def _with_mapping_findings(findings: Findings, choice: MappingChoice, *, looked_up: bool
+                           ) -> Findings:
     problems, notes = mapping_findings(choice, looked_up=looked_up)
     if not problems and not notes:
         return findings

@@ -20,6 +20,7 @@ class ProblemKind(Enum):
     PARTIAL = "partial"  # a converter output has no model tensor, its siblings load
     META_BUFFER = "meta buffer"
     MAPPING = "mapping"  # part of a (bridged) mapping weightplan can't run
+    PARALLEL = "parallel"  # a tensor-parallel plan entry: unknown style, matches nothing
 
 
 class Mismatch(NamedTuple):

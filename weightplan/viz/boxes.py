@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from weightplan.planner.tensors.build import Conversion, TargetStatus
+from weightplan.planner.tensors.destination import DestKind
 from weightplan.planner.tensors.nodes import Node, NodeKind
 from weightplan.planner.tensors.spec import short_dtype
 from weightplan.units import format_bytes
@@ -59,7 +60,7 @@ def node_slots(conv: Conversion, grouped: bool) -> dict[Node, Slot]:
             slots[n] = (0, streams[a.entry])
         elif n.kind is NodeKind.OP:
             slots[n] = (1 + a.stage, a.position[0])
-        elif n.kind is NodeKind.ASSIGN:
+        elif n.kind is NodeKind.SINK:
             stream = target_stream[a.target]
             slots[n] = (last + 2, stream)
             if n.inputs and n.inputs[0].kind is NodeKind.CAST:
@@ -87,17 +88,22 @@ def make_box(kind: NodeKind, rep: Sequence[Node], every: Sequence[Node], ctx: Bo
 
 def _assign_box(rep: Sequence[Node], every: Sequence[Node], size: str, ctx: BoxContext) -> Box:
     keys = _keys([n.attrs.target for n in every])
-    how = "allocates" if rep[0].attrs.allocates else "in place"
-    lines = [*keys, f"assign {size} · {how}{ctx.count_note}"]
     names = {n.attrs.target for n in rep}
     mismatched = [t for t in ctx.conv.targets
                   if t.key in names and t.status is TargetStatus.MISMATCH]
+    kind = rep[0].attrs.dest.kind
+    if mismatched and mismatched[0].model is not None:  # drawn where it would have gone
+        kind = DestKind.ALLOCATE if mismatched[0].model.allocates else DestKind.IN_PLACE
+    how = {DestKind.ALLOCATE: "allocates", DestKind.IN_PLACE: "in place",
+           DestKind.FILE: "to file", DestKind.MEMORY: "allocates",
+           DestKind.DISCARD: "dropped"}[kind]
+    lines = [*keys, f"assign {size} · {how}{ctx.count_note}"]
     for t in mismatched[:1]:
-        lines.append(f"mismatch: the model has {t.model.spec}")
+        lines.append(f"mismatch: the model has {t.expected}")
     if ctx.peak_line:
         lines.append(ctx.peak_line)
-    fill = PROBLEM_FILL if mismatched else KIND_COLOURS[NodeKind.ASSIGN]
-    return Box(NodeKind.ASSIGN, tuple(lines), fill, peak=ctx.peak_line is not None,
+    fill = PROBLEM_FILL if mismatched else KIND_COLOURS[NodeKind.SINK]
+    return Box(NodeKind.SINK, tuple(lines), fill, peak=ctx.peak_line is not None,
                problem=bool(mismatched))
 
 

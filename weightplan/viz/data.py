@@ -45,7 +45,8 @@ def plan_to_dict(plan) -> dict:
 def write_plan_to_dict(plan) -> dict:
     peak = plan.schedule.peak
     return {
-        "mode": plan.mode,
+        "direction": plan.direction.value,
+        "inversion": plan.inversion.value,
         "directory": plan.directory,
         "files": list(plan.layout.names),
         "tensors": len(plan.layout.locations),

@@ -88,7 +88,7 @@ def plan_picture(plan, *, detail: str | None = None, only: str | None = None) ->
 
 
 def _select(plan, only: str | None) -> list[Conversion]:
-    convs = [c for c in plan.conversions if c.nodes]
+    convs = [c for c in plan.conversions if c.in_graph]
     if only is None:
         return convs
     chosen = [c for c in convs if any(
@@ -127,8 +127,8 @@ def _template(node: Node) -> object:
     a = node.attrs
     if node.kind is NodeKind.READ:
         return split_numbers(a.entry.key)[0]
-    if node.kind is NodeKind.ASSIGN:
-        return split_numbers(a.target)[0], a.allocates
+    if node.kind is NodeKind.SINK:
+        return split_numbers(a.target)[0], a.dest.kind
     if node.kind is NodeKind.OP:
         return repr(a.op)
     return a.dtype
@@ -187,7 +187,7 @@ def _part(plan, bucket: list[Conversion], grouped: bool, span: int) -> Part:
 
 def _materialized(plan, conv: Conversion) -> int:
     for program in plan.schedule.steps:
-        if program.conversion is conv:
+        if program.sinks == conv.sinks:
             return len(program.materialize)
     return 0
 
@@ -196,8 +196,8 @@ def _peak_line(plan, bucket: list[Conversion]) -> str | None:
     peak = plan.schedule.peak
     if peak is None:
         return None
-    conv = plan.schedule.steps[peak.event.step].conversion
-    if not any(c is conv for c in bucket):
+    sinks = plan.schedule.steps[peak.event.step].sinks
+    if not any(c.sinks == sinks for c in bucket):
         return None
     return (f"▲ peak {format_bytes(peak.total)} at step {peak.event.step + 1}/"
             f"{len(plan.schedule.steps)} ({peak.event.kind.value} {peak.label})")

@@ -16,7 +16,10 @@ from weightplan.planner.tensors.nodes import NodeKind
 KIND_COLOURS = {
     NodeKind.READ: "#dbeafe",  # light blue: bytes come from the checkpoint
     NodeKind.CAST: "#fef3c7",  # light amber: a dtype change
-    NodeKind.ASSIGN: "#dcfce7",  # light green: lands in the model
+    NodeKind.DEQUANTIZE: "#fde68a",  # amber: quantized bytes widened
+    NodeKind.QUANTIZE: "#fed7aa",  # orange: narrowed to a quantized dtype
+    NodeKind.SHARD: "#e9d5ff",  # violet: one rank's part
+    NodeKind.SINK: "#dcfce7",  # light green: lands in the model (or the output files)
 }
 OP_PALETTE = ("#ede9fe", "#fce7f3", "#e0f2fe", "#fae8ff", "#ffedd5", "#ccfbf1", "#f5f5f4",
               "#e0e7ff")

@@ -6,6 +6,8 @@ import shutil
 import sys
 
 from weightplan.planner.findings import ProblemKind
+from weightplan.planner.plan import Direction, LoadPlanData, PlanData
+from weightplan.planner.write.write_plan import WritePlanData
 from weightplan.units import format_bytes
 from weightplan.viz.folding import fold_keys
 from weightplan.viz.rows import mapping_rows
@@ -13,18 +15,19 @@ from weightplan.viz.rows import mapping_rows
 MAX_LIST = 12
 
 
-def explain_text(plan, width: int | None = None) -> str:
+def explain_text(plan: PlanData, width: int | None = None) -> str:
     """Render ``plan`` as the text ``print(plan)`` shows."""
     if width is None:
         width = shutil.get_terminal_size((120, 24)).columns if sys.stdout.isatty() else 120
     lines = header_lines(plan) + [""] + mapping_lines(plan, max(width, 80)) + [""]
-    lines += total_lines(plan) + problem_lines(plan) + note_lines(plan)
+    lines += total_lines(plan) + parallel_lines(plan) + problem_lines(plan) + note_lines(plan)
     return "\n".join(lines) + "\n"
 
 
-def header_lines(plan) -> list[str]:
-    if hasattr(plan, "layout"):
+def header_lines(plan: PlanData) -> list[str]:
+    if isinstance(plan, WritePlanData):
         return write_header_lines(plan)
+    assert isinstance(plan, LoadPlanData)
     ckpt = plan.checkpoint
     files = f"{len(ckpt.files)} file(s), " if ckpt.files else ""
     model = "no model" if plan.model_info is None else (
@@ -41,17 +44,16 @@ def header_lines(plan) -> list[str]:
     return lines
 
 
-def write_header_lines(plan) -> list[str]:
+def write_header_lines(plan: WritePlanData) -> list[str]:
     layout = plan.layout
-    what = {"record": "save (exact inverse of the recorded load)",
-            "mapping": "save (inverse of the mapping)", "convert": "convert"}[plan.mode]
+    what = f"{plan.direction.value} ({plan.inversion.description})"
     return [f"weightplan {what}: {plan.checkpoint.description} ({len(plan.checkpoint)} tensors) → "
             f"{plan.directory} ({len(layout.files)} file(s), {len(layout.locations)} tensors, "
             f"{format_bytes(layout.total_bytes)})",
             f"mapping: {plan.mapping.key or 'none'} — {plan.mapping.reason}"]
 
 
-def mapping_lines(plan, width: int) -> list[str]:
+def mapping_lines(plan: PlanData, width: int) -> list[str]:
     """One block per folded row: rule, checkpoint keys, then ``→ model key`` and sizes."""
     lines, previous, n = [], None, 0
     for row in mapping_rows(plan.conversions):
@@ -61,7 +63,8 @@ def mapping_lines(plan, width: int) -> list[str]:
             lines.append(f"#{n:<3} {rule}")
         previous = rule
         count = f" ×{row.count}" if row.count > 1 else ""
-        status = row.status.replace("load", "write") if hasattr(plan, "layout") else row.status
+        writes = isinstance(plan, WritePlanData)
+        status = row.status.replace("load", "write") if writes else row.status
         info = f"{row.dtype}{row.shape}{count}  {format_bytes(row.nbytes)}  {status}"
         targets = list(row.targets)
         if len(row.sources) == 1 and len(targets) == 1:
@@ -77,7 +80,7 @@ def mapping_lines(plan, width: int) -> list[str]:
     return lines
 
 
-def total_lines(plan) -> list[str]:
+def total_lines(plan: PlanData) -> list[str]:
     steps = plan.schedule.steps
     read = plan.read_bytes
     direct = sum(r.nbytes for p in steps for r in p.reads if r.direct)
@@ -89,8 +92,8 @@ def total_lines(plan) -> list[str]:
     lines = [
         f"reads: {format_bytes(read)} in {sum(len(p.reads) for p in steps)} reads, "
         f"{100 * direct / read if read else 100:.0f}% straight into "
-        f"{'the output files' if hasattr(plan, 'layout') else 'model memory'}; "
-        f"{'tensors' if hasattr(plan, 'layout') else 'model tensors'} written: "
+        f"{'model memory' if plan.direction is Direction.LOAD else 'the output files'}; "
+        f"{'model tensors' if plan.direction is Direction.LOAD else 'tensors'} written: "
         f"{format_bytes(plan.model_bytes)}",
         f"peak estimate: {format_bytes(plan.peak_bytes)}{at}; read-ahead window "
         f"{format_bytes(plan.schedule.window_bytes)}, threads: {threads}"
@@ -99,8 +102,29 @@ def total_lines(plan) -> list[str]:
     return lines
 
 
-def problem_lines(plan) -> list[str]:
-    if not plan.problems:
+def parallel_lines(plan: PlanData) -> list[str]:
+    """Tensor parallel: this rank's bytes read, held, replicated, and what is read whole."""
+    if not isinstance(plan, LoadPlanData) or plan.sharding is None:
+        return []
+    s, steps = plan.sharding, plan.schedule.steps
+    needed = sum(p.needed_bytes for p in steps)
+    share = plan.checkpoint.nbytes / s.world_size
+    mode = "dry run" if s.mesh is None else f"output {s.output}"
+    lines = [f"tensor parallel: rank {s.rank} of {s.world_size} ({s.plan.source}; {mode}): "
+             f"reads {format_bytes(needed)} ({needed / share if share else 0:.2f} × 1/"
+             f"{s.world_size} of the checkpoint), holds {format_bytes(plan.held_bytes)} "
+             f"({format_bytes(plan.replicated_bytes)} replicated), peak "
+             f"{format_bytes(plan.peak_bytes)}"]
+    whole = [p.label for p in steps if p.materialize and any(
+        d.shard is not None and d.shard.placement.is_sharded for d in p.destinations)]
+    if whole:
+        lines.append(f"  read whole, then sliced (an op can't take a slice): "
+                     f"{', '.join(fold_keys(whole)[:MAX_LIST])}")
+    return lines
+
+
+def problem_lines(plan: PlanData) -> list[str]:
+    if not isinstance(plan, LoadPlanData) or not plan.problems:
         return ["problems: none"]
     lines = [f"problems: {len(plan.problems)}"]
     simple = {ProblemKind.MISSING: plan.missing, ProblemKind.UNEXPECTED: plan.unexpected}
@@ -117,11 +141,12 @@ def problem_lines(plan) -> list[str]:
     return lines
 
 
-def note_lines(plan) -> list[str]:
-    if not plan.notes:
+def note_lines(plan: PlanData) -> list[str]:
+    notes = plan.notes if isinstance(plan, (LoadPlanData, WritePlanData)) else ()
+    if not notes:
         return []
-    lines = [f"notes: {len(plan.notes)}"]
-    lines += [f"  {n.message}" for n in plan.notes[:MAX_LIST]]
-    if len(plan.notes) > MAX_LIST:
-        lines.append(f"  … {len(plan.notes) - MAX_LIST} more")
+    lines = [f"notes: {len(notes)}"]
+    lines += [f"  {n.message}" for n in notes[:MAX_LIST]]
+    if len(notes) > MAX_LIST:
+        lines.append(f"  … {len(notes) - MAX_LIST} more")
     return lines

@@ -50,11 +50,12 @@ class FileStamp:
     path: str
     size: int
     mtime_ns: int
+    data_start: int = 0  # first byte of the data section (after the 8-byte length and header)
 
     @classmethod
-    def of(cls, path: str) -> "FileStamp":
+    def of(cls, path: str, data_start: int = 0) -> "FileStamp":
         st = os.stat(path)
-        return cls(path, st.st_size, st.st_mtime_ns)
+        return cls(path, st.st_size, st.st_mtime_ns, data_start)
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,7 @@ def _from_files(files: list[tuple[str, Mapping[str, str] | None]], *, descriptio
     stamps = []
     metadata: dict[str, str] = {}
     for path, expected_keys in files:
-        file_entries, file_meta = read_header(path)
+        file_entries, file_meta, data_start = read_header(path)
         for key in expected_keys or ():
             if key not in file_entries:
                 raise HeaderError("the index places this key here but the file's header "
@@ -166,12 +167,13 @@ def _from_files(files: list[tuple[str, Mapping[str, str] | None]], *, descriptio
                 raise HeaderError(f"key also present in {entries[key].file}", file=path, key=key)
             entries[key] = entry
         metadata.update(file_meta)
-        stamps.append(FileStamp.of(path))
+        stamps.append(FileStamp.of(path, data_start))
     return Checkpoint(entries, tuple(stamps), metadata=metadata, description=description)
 
 
-def read_header(path: str) -> tuple[dict[str, TensorEntry], dict[str, str]]:
-    """Parse and validate one safetensors header; returns entries and ``__metadata__``."""
+def read_header(path: str) -> tuple[dict[str, TensorEntry], dict[str, str], int]:
+    """Parse and validate one safetensors header; returns entries, ``__metadata__`` and
+    the first byte of the data section."""
     if Path(path).suffix in PICKLE_SUFFIXES:
         raise UnsafeFormatError("pickle-based checkpoint; weightplan never unpickles "
                                 "untrusted data. Convert it to safetensors first.", file=path)
@@ -196,7 +198,7 @@ def read_header(path: str) -> tuple[dict[str, TensorEntry], dict[str, str]]:
     if not isinstance(file_meta, dict):
         raise HeaderError("__metadata__ is not an object", file=path)
     entries = {key: _entry(path, key, info, data_start, size) for key, info in header.items()}
-    return entries, {str(k): str(v) for k, v in file_meta.items()}
+    return entries, {str(k): str(v) for k, v in file_meta.items()}, data_start
 
 
 def _check_magic(path: str, head: bytes, size: int) -> None:

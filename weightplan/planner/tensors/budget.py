@@ -11,38 +11,38 @@ budget that works and what it is made of.
 from __future__ import annotations
 
 from weightplan.errors import BudgetError
-from weightplan.planner.tensors.placement import Program
+from weightplan.planner.tensors.placement import Step
 from weightplan.planner.tensors.schedule import Schedule, make_schedule
 from weightplan.units import format_bytes
 
 MIN_STEP = 1 << 20  # window search resolution
 
 
-def schedule_within(programs: tuple[Program, ...], options) -> Schedule:
-    """The default schedule, or under ``options.budget`` the best one that fits."""
-    schedule = make_schedule(programs, threads=options.threads)
-    budget = options.budget
+def schedule_within(programs: tuple[Step, ...], *, threads: int, budget: int | None
+                    ) -> Schedule:
+    """The default schedule, or under ``budget`` the best one that fits."""
+    schedule = make_schedule(programs, threads=threads)
     if budget is None or schedule.peak_bytes <= budget:
         return schedule
     orders = [programs, transient_first(programs)]
-    tightest = [make_schedule(order, threads=options.threads, window_bytes=0) for order in orders]
-    fitting = [(o, t) for o, t in zip(orders, tightest) if t.peak_bytes <= budget]
+    tightest = [make_schedule(order, threads=threads, window_bytes=0) for order in orders]
+    fitting = [(o, t) for o, t in zip(orders, tightest, strict=True) if t.peak_bytes <= budget]
     if not fitting:
         raise budget_error(budget, min(tightest, key=lambda t: t.peak_bytes))
     order, lower = fitting[0]
-    return widest_window(order, lower, schedule.window_bytes, budget, options.threads)
+    return widest_window(order, lower, schedule.window_bytes, budget, threads)
 
 
-def transient_first(programs: tuple[Program, ...]) -> tuple[Program, ...]:
+def transient_first(programs: tuple[Step, ...]) -> tuple[Step, ...]:
     """Steps with the largest temporaries first (stable: checkpoint order otherwise)."""
     return tuple(sorted(programs, key=lambda p: -transient_bytes(p)))
 
 
-def transient_bytes(program: Program) -> int:
+def transient_bytes(program: Step) -> int:
     return program.held_bytes + program.staged_bytes + program.convert_bytes
 
 
-def widest_window(order: tuple[Program, ...], fits: Schedule, upper: int, budget: int,
+def widest_window(order: tuple[Step, ...], fits: Schedule, upper: int, budget: int,
                   threads: int) -> Schedule:
     """Binary search of the read-ahead window: more read-ahead, more overlap."""
     lo, hi, best = fits.window_bytes, upper, fits
@@ -63,8 +63,8 @@ def budget_error(budget: int, best: Schedule) -> BudgetError:
     return BudgetError(
         f"no schedule fits a budget of {format_bytes(budget)} ({budget} bytes): the smallest "
         f"possible peak is {format_bytes(best.peak_bytes)} ({best.peak_bytes} bytes) at step "
-        f"{peak.event.step + 1}/{len(best.steps)} ({step.conversion.label}): model tensors "
+        f"{peak.event.step + 1}/{len(best.steps)} ({step.label}): model tensors "
         f"{format_bytes(peak.resident)} + reads in flight {format_bytes(peak.in_flight)} + "
         f"op intermediates {format_bytes(peak.intermediate)}. The largest group is "
-        f"{biggest.conversion.label}: {format_bytes(biggest.dest_bytes + transient_bytes(biggest))}",
+        f"{biggest.label}: {format_bytes(biggest.dest_bytes + transient_bytes(biggest))}",
         minimum_bytes=best.peak_bytes)

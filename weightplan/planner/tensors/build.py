@@ -1,25 +1,34 @@
 """Build conversions: resolve ops, infer every shape and dtype, create the graph nodes.
 
-Each routed :class:`~weightplan.planner.keys.routing.Group` becomes a :class:`Conversion`: its
-op chain resolved against the model (Chunk sizes, RoPE head sizes), the spec of every
-intermediate, and one :class:`Target` per output with its status (load, unexpected,
-shape mismatch, tied duplicate). Op failures at plan time raise :class:`OpError` naming
+Each routed :class:`~weightplan.planner.keys.routing.Group` becomes a :class:`Conversion`:
+its nodes (reads, the op chain resolved against the model — Chunk sizes, RoPE head
+sizes — with every intermediate's spec, casts, and one sink per output) and one
+:class:`Target` per output with its status (load, unexpected, shape mismatch, tied
+duplicate). The nodes *are* the conversion: its op chain and the specs of every stage
+are read back from them (:func:`stages`). What the outputs must match is the model
+(loading) or the recorded checkpoint specs (saving, :class:`OutputSpecs`); where they go
+is the plan's :class:`SinkKind`. Op failures at plan time raise :class:`OpError` naming
 the converter, the keys and the op chain.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
 import torch
 
 from weightplan.errors import ConflictingTransformError, OpError, WeightplanError
-from weightplan.planner.keys.routing import Group
 from weightplan.planner.inputs.model_info import ModelInfo, ModelTensor
-from weightplan.planner.tensors.nodes import AssignAttrs, CastAttrs, Node, NodeKind, OpAttrs, ReadAttrs
-from weightplan.planner.tensors.ops.base import ConversionOp, OpContext, Streams
+from weightplan.planner.keys.routing import Group
+from weightplan.planner.tensors.destination import Destination, DestKind
+from weightplan.planner.tensors.geometry import row_major_strides
+from weightplan.planner.tensors.nodes import (
+    CastAttrs, Node, NodeKind, OpAttrs, ReadAttrs, SinkAttrs, op_attrs, read_attrs, sink_attrs,
+)
+from weightplan.planner.tensors.ops.base import ConversionOp, OpContext, Streams, Wiring
+from weightplan.planner.tensors.sharding.shard_nodes import Sharding, shard_target
 from weightplan.planner.tensors.spec import TensorSpec
 
 
@@ -30,6 +39,24 @@ class TargetStatus(Enum):
     TIED_DUPLICATE = "tied"  # another name of the same tied tensor is loaded instead
 
 
+class SinkKind(Enum):
+    """Where a plan's outputs go: the direction's sink."""
+
+    MODEL = "model"  # model tensors (allocated when on meta, else written in place)
+    FILE = "file"  # tensors of output files
+    MEMORY = "memory"  # fresh tensors handed back to the caller
+
+
+@dataclass(frozen=True)
+class OutputSpecs:
+    """The specs outputs must have when there is no model: a recorded checkpoint's keys."""
+
+    specs: Mapping[str, TensorSpec]
+
+
+Expected = ModelInfo | OutputSpecs | None
+
+
 @dataclass(frozen=True)
 class Target:
     """One output of a conversion and what happens to it."""
@@ -37,8 +64,9 @@ class Target:
     key: str
     produced: TensorSpec  # what the op chain yields
     position: tuple[int, int]  # (stream, index) in the final stage
-    model: ModelTensor | None
-    dtype: torch.dtype  # dtype written into the model
+    model: ModelTensor | None  # the model tensor it loads into (loading only)
+    expected: TensorSpec | None  # the spec it must have (model's or recorded); None: any
+    dtype: torch.dtype  # dtype written
     status: TargetStatus
 
     @property
@@ -48,70 +76,137 @@ class Target:
 
 @dataclass(frozen=True)
 class Conversion:
-    """A group with resolved ops, inferred specs, targets and graph nodes."""
+    """A routed group with its targets and its graph nodes (reads … sinks)."""
 
     group: Group
-    ops: tuple[ConversionOp, ...]
-    stages: tuple[Streams[TensorSpec], ...]  # stage 0: sources; stage len(ops): outputs
     targets: tuple[Target, ...]
-    nodes: tuple[Node, ...]
+    nodes: tuple[Node, ...]  # topological order
 
     @property
     def loads(self) -> bool:
         return any(t.status is TargetStatus.LOAD for t in self.targets)
 
     @property
+    def in_graph(self) -> bool:
+        """Drawn and verified: something loads, or a mismatch shows where it would."""
+        return any(t.status in (TargetStatus.LOAD, TargetStatus.MISMATCH) for t in self.targets)
+
+    @property
+    def ops(self) -> tuple[ConversionOp, ...]:
+        """The resolved op chain, read back from the op nodes."""
+        by_stage: dict[int, ConversionOp] = {}
+        for n in self.nodes:
+            if n.kind is NodeKind.OP:
+                by_stage.setdefault(op_attrs(n).stage, op_attrs(n).op)
+        return tuple(by_stage[k] for k in sorted(by_stage))
+
+    @property
+    def sinks(self) -> tuple[Node, ...]:
+        return tuple(n for n in self.nodes if n.kind is NodeKind.SINK)
+
+    @property
     def label(self) -> str:
         return self.targets[0].key if self.targets else self.group.targets[0]
 
 
-def build_conversions(groups: Sequence[Group], model: ModelInfo | None,
-                      dtype: torch.dtype | None) -> tuple[Conversion, ...]:
-    """Build every group, then settle tied duplicates and double claims."""
-    built = [build_conversion(g, model, dtype) for g in groups]
+def stages(conv: Conversion) -> tuple[Streams[Node], ...]:
+    """Stage 0: the reads by source position; stage k: the outputs of op k-1."""
+    rows: list[dict[tuple[int, int], Node]] = [{} for _ in range(len(conv.ops) + 1)]
+    for n in conv.nodes:
+        if n.kind is NodeKind.READ:
+            rows[0][read_attrs(n).source] = n
+        elif n.kind is NodeKind.OP:
+            a = op_attrs(n)
+            rows[a.stage + 1][a.position] = n
+    return tuple(_streams(row) for row in rows)
+
+
+def _streams(row: dict[tuple[int, int], Node]) -> Streams[Node]:
+    count = 1 + max((i for i, _ in row), default=-1)
+    return tuple(tuple(row[(i, j)] for j in range(1 + max(j for a, j in row if a == i)))
+                 for i in range(count))
+
+
+def stage_specs(stage: Streams[Node]) -> Streams[TensorSpec]:
+    return tuple(tuple(n.spec for n in stream) for stream in stage)
+
+
+def build_conversions(groups: Sequence[Group], expected: Expected, dtype: torch.dtype | None,
+                      sink: SinkKind, sharding: Sharding | None = None
+                      ) -> tuple[Conversion, ...]:
+    """Build every group, then settle tied duplicates and double claims. With
+    ``sharding``, each loaded target keeps only this rank's part (a shard node)."""
+    built = [build_conversion(g, expected, dtype, sink, sharding) for g in groups]
     return settle_claims(built)
 
 
-def build_conversion(group: Group, model: ModelInfo | None, dtype: torch.dtype | None
-                     ) -> Conversion:
-    stages: list[Streams[TensorSpec]] = [tuple(tuple(e.spec for e in s) for s in group.sources)]
-    nodes: list[list[Node]] = [[Node(NodeKind.READ, e.spec, (), ReadAttrs(e)) for e in s]
-                               for s in group.sources]
-    all_nodes = [n for s in nodes for n in s]
-    ops: list[ConversionOp] = []
-    ctx = _context(group, model)
-    for k, op in enumerate(group.converter.operations if group.converter else ()):
-        resolved, out_specs, wiring = _apply_op(op, ctx, stages[-1], group, k)
-        nodes = [[Node(NodeKind.OP, spec, tuple(nodes[a][b] for a, b in wiring[i][j]),
-                       OpAttrs(resolved, k, (i, j))) for j, spec in enumerate(stream)]
-                 for i, stream in enumerate(out_specs)]
-        all_nodes += [n for s in nodes for n in s]
-        ops.append(resolved)
-        stages.append(out_specs)
-    targets = _targets(group, stages[-1], model, dtype)
+def build_conversion(group: Group, expected: Expected, dtype: torch.dtype | None,
+                     sink: SinkKind, sharding: Sharding | None = None) -> Conversion:
+    values: Streams[Node] = tuple(
+        tuple(Node(NodeKind.READ, e.spec, (), ReadAttrs(e, (i, j))) for j, e in enumerate(s))
+        for i, s in enumerate(group.sources))
+    nodes = [n for s in values for n in s]
+    ctx = _context(group, expected)
+    ops = group.converter.operations if group.converter else ()
+    for k, op in enumerate(ops):
+        resolved, out_specs, wiring = _apply_op(op, ctx, stage_specs(values), group, k)
+        values = _op_nodes(resolved, k, out_specs, wiring, values)
+        nodes += [n for s in values for n in s]
+    targets = _targets(group, stage_specs(values), expected, dtype)
     for t in targets:
-        if t.status is TargetStatus.UNEXPECTED:
-            continue
-        value = nodes[t.position[0]][t.position[1]]
-        if t.dtype != t.produced.dtype:
+        value = values[t.position[0]][t.position[1]]
+        if t.status is TargetStatus.LOAD and t.dtype != t.produced.dtype:
             value = Node(NodeKind.CAST, t.dest, (value,), CastAttrs(t.dtype))
-            all_nodes.append(value)
-        aliases = t.model.aliases if t.model else (t.key,)
-        all_nodes.append(Node(NodeKind.ASSIGN, t.dest, (value,),
-                              AssignAttrs(t.key, aliases, bool(t.model and t.model.allocates))))
-    return Conversion(group, tuple(ops), tuple(stages), targets, _prune(tuple(all_nodes)))
+            nodes.append(value)
+        dest = destination(t, sink)
+        if sharding is not None and t.status is TargetStatus.LOAD:
+            shard, dest = shard_target(value, dest, t.key, sharding)
+            if shard is not value:
+                value = shard
+                nodes.append(value)
+        nodes.append(Node(NodeKind.SINK, value.spec, (value,), SinkAttrs(dest)))
+    return Conversion(group, targets, tuple(nodes))
 
 
-def _context(group: Group, model: ModelInfo | None) -> OpContext:
+def _op_nodes(op: ConversionOp, k: int, out_specs: Streams[TensorSpec], wiring: Wiring,
+              inputs: Streams[Node]) -> Streams[Node]:
+    return tuple(tuple(Node(NodeKind.OP, spec, tuple(inputs[a][b] for a, b in wiring[i][j]),
+                            OpAttrs(op, k, (i, j))) for j, spec in enumerate(stream))
+                 for i, stream in enumerate(out_specs))
+
+
+def destination(t: Target, sink: SinkKind) -> Destination:
+    """Where target ``t`` lands: nowhere unless it loads; else the direction's sink."""
+    contiguous = row_major_strides(t.dest.shape)
+    if t.status is not TargetStatus.LOAD:
+        return Destination(t.key, (t.key,), t.produced, DestKind.DISCARD, contiguous)
+    if sink is SinkKind.FILE:
+        return Destination(t.key, (t.key,), t.dest, DestKind.FILE, contiguous)
+    if sink is SinkKind.MEMORY or t.model is None:
+        return Destination(t.key, (t.key,), t.dest, DestKind.MEMORY, contiguous)
+    kind = DestKind.ALLOCATE if t.model.allocates else DestKind.IN_PLACE
+    return Destination(t.key, t.model.aliases, t.dest, kind, t.model.stride)
+
+
+def _expected_spec(expected: Expected, key: str) -> TensorSpec | None:
+    if isinstance(expected, ModelInfo):
+        mt = expected.get(key)
+        return mt.spec if mt is not None else None
+    if isinstance(expected, OutputSpecs):
+        return expected.specs.get(key)
+    return None
+
+
+def _context(group: Group, expected: Expected) -> OpContext:
     names = group.targets if group.explicit is None else tuple(s[0] for s in group.explicit)
-    specs = tuple(model.get(t).spec if model is not None and model.get(t) is not None else None
-                  for t in names)
+    specs = tuple(_expected_spec(expected, t) for t in names)
     keys = tuple(tuple(e.key for e in s) for s in group.sources)
-    return OpContext(group.targets, specs, keys, model.config if model is not None else None)
+    config = expected.config if isinstance(expected, ModelInfo) else None
+    return OpContext(group.targets, specs, keys, config)
 
 
 def _apply_op(op: ConversionOp, ctx: OpContext, inputs: Streams[TensorSpec], group: Group,
-              k: int):
+              k: int) -> tuple[ConversionOp, Streams[TensorSpec], Wiring]:
     try:
         resolved = op.resolve(ctx, inputs)
         out = resolved.infer(inputs)
@@ -119,44 +214,55 @@ def _apply_op(op: ConversionOp, ctx: OpContext, inputs: Streams[TensorSpec], gro
     except Exception as e:  # torch raises RuntimeError on meta shape errors
         if isinstance(e, WeightplanError) and not isinstance(e, OpError):
             raise
-        chain = " → ".join(repr(o) for o in group.converter.operations)
+        converter = group.converter
+        assert converter is not None  # only converters have ops
+        chain = " → ".join(repr(o) for o in converter.operations)
         shapes = [[list(s.shape) for s in stream] for stream in inputs]
         first = group.sources[0][0]
-        raise OpError(f"{group.converter.describe()}: op #{k} {op!r} failed for target "
+        raise OpError(f"{converter.describe()}: op #{k} {op!r} failed for target "
                       f"{group.targets[0]} on input shapes {shapes} (from {first.key} and "
                       f"{len(group.entries) - 1} more keys in {first.file or '<memory>'}); "
                       f"op chain: {chain}: {e}") from e
 
 
-def _targets(group: Group, outputs: Streams[TensorSpec], model: ModelInfo | None,
+def _describe(group: Group) -> str:
+    return group.converter.describe() if group.converter is not None else group.targets[0]
+
+
+def _targets(group: Group, outputs: Streams[TensorSpec], expected: Expected,
              dtype: torch.dtype | None) -> tuple[Target, ...]:
     if len(outputs) != len(group.targets):
-        raise OpError(f"{group.converter.describe()}: the ops yield {len(outputs)} output "
+        raise OpError(f"{_describe(group)}: the ops yield {len(outputs)} output "
                       f"stream(s) but the converter has {len(group.targets)} target(s) "
                       f"({', '.join(group.targets)})")
     out = []
-    for i, (pattern, stream) in enumerate(zip(group.targets, outputs)):
-        expected = len(group.explicit[i]) if group.explicit is not None else None
-        if expected is None and len(stream) > 1 and "*" not in pattern:
-            raise OpError(f"{group.converter.describe()}: output {i} is a list of "
+    for i, (pattern, stream) in enumerate(zip(group.targets, outputs, strict=True)):
+        count = len(group.explicit[i]) if group.explicit is not None else None
+        if count is None and len(stream) > 1 and "*" not in pattern:
+            raise OpError(f"{_describe(group)}: output {i} is a list of "
                           f"{len(stream)} tensors but target {pattern!r} has no `*` for them")
-        if expected is not None and expected != len(stream):
-            raise OpError(f"output {i} of {group.converter.describe()} has {len(stream)} "
-                          f"tensors where {expected} were recorded")
+        if count is not None and count != len(stream):
+            raise OpError(f"output {i} of {_describe(group)} has {len(stream)} "
+                          f"tensors where {count} were recorded")
         for j, spec in enumerate(stream):
-            out.append(_target(group.output_key(i, j), spec, (i, j), model, dtype))
+            out.append(_target(group.output_key(i, j), spec, (i, j), expected, dtype))
     return tuple(out)
 
 
-def _target(key: str, spec: TensorSpec, position: tuple[int, int], model: ModelInfo | None,
+def _target(key: str, spec: TensorSpec, position: tuple[int, int], expected: Expected,
             dtype: torch.dtype | None) -> Target:
-    mt = model.get(key) if model is not None else None
-    if model is not None and mt is None:
-        return Target(key, spec, position, None, spec.dtype, TargetStatus.UNEXPECTED)
+    mt = expected.get(key) if isinstance(expected, ModelInfo) else None
+    want = _expected_spec(expected, key)
+    if expected is not None and want is None:
+        return Target(key, spec, position, None, None, spec.dtype, TargetStatus.UNEXPECTED)
     status = TargetStatus.LOAD
-    if mt is not None and tuple(mt.spec.shape) != tuple(spec.shape):
+    if want is not None and tuple(want.shape) != tuple(spec.shape):
         status = TargetStatus.MISMATCH
-    return Target(key, spec, position, mt, destination_dtype(spec, mt, dtype), status)
+    if isinstance(expected, OutputSpecs) and want is not None:
+        written = want.dtype  # a recorded checkpoint's dtype is written back as it was
+    else:
+        written = destination_dtype(spec, mt, dtype)
+    return Target(key, spec, position, mt, want, written, status)
 
 
 def destination_dtype(produced: TensorSpec, mt: ModelTensor | None,
@@ -187,27 +293,32 @@ def settle_claims(conversions: list[Conversion]) -> tuple[Conversion, ...]:
             elif t.key == t.model.name:  # the canonical name wins over an alias
                 claims[t.model.name] = (ci, t)
     winners = {(ci, t.key) for ci, t in claims.values()}
-    settled = []
-    for ci, conv in enumerate(conversions):
-        targets = tuple(
-            replace(t, status=TargetStatus.TIED_DUPLICATE)
-            if t.model is not None and t.status is not TargetStatus.UNEXPECTED
-            and (ci, t.key) not in winners else t
-            for t in conv.targets)
-        if targets != conv.targets:
-            nodes = tuple(n for n in conv.nodes if not (
-                n.kind is NodeKind.ASSIGN and any(
-                    t.key == n.attrs.target and t.status is TargetStatus.TIED_DUPLICATE
-                    for t in targets)))
-            conv = replace(conv, targets=targets, nodes=_prune(nodes))
-        settled.append(conv)
-    return tuple(settled)
+    return tuple(_settled(ci, conv, winners) for ci, conv in enumerate(conversions))
 
 
-def _prune(nodes: tuple[Node, ...]) -> tuple[Node, ...]:
-    """Drop nodes no assign depends on any more."""
+def _settled(ci: int, conv: Conversion, winners: set[tuple[int, str]]) -> Conversion:
+    tied = {t.key for t in conv.targets if t.model is not None
+            and t.status is not TargetStatus.UNEXPECTED and (ci, t.key) not in winners}
+    if not tied:
+        return conv
+    targets = tuple(replace(t, status=TargetStatus.TIED_DUPLICATE) if t.key in tied else t
+                    for t in conv.targets)
+    nodes = []
+    for n in conv.nodes:
+        if n.kind is NodeKind.SINK and sink_attrs(n).target in tied:
+            value = n.inputs[0]
+            while value.kind in (NodeKind.CAST, NodeKind.SHARD):
+                value = value.inputs[0]
+            t = next(t for t in targets if t.key == sink_attrs(n).target)
+            n = Node(NodeKind.SINK, value.spec, (value,), SinkAttrs(destination(t, SinkKind.MODEL)))
+        nodes.append(n)
+    return replace(conv, targets=targets, nodes=_live(tuple(nodes)))
+
+
+def _live(nodes: tuple[Node, ...]) -> tuple[Node, ...]:
+    """Drop nodes no sink depends on any more (a cast for a tied duplicate)."""
     keep: set[Node] = set()
-    stack = [n for n in nodes if n.kind is NodeKind.ASSIGN]
+    stack = [n for n in nodes if n.kind is NodeKind.SINK]
     while stack:
         n = stack.pop()
         if n not in keep:

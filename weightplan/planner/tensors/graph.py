@@ -1,22 +1,84 @@
-"""The plan's DAG: checkpoint reads → ops → casts → model assignments, in networkx."""
+"""The plan's DAG: every conversion's nodes, reads → ops → casts → sinks, in one container.
+
+The container is ours, not networkx's: a tuple of frozen nodes in topological order
+(every node after its inputs), the edges being each node's ordered ``inputs``. Building
+it costs nothing per key beyond the nodes themselves, which matters for checkpoints with
+~100k keys; :meth:`PlanGraph.to_networkx` builds a ``networkx.DiGraph`` view lazily for
+drawing and for anyone who wants graph algorithms.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING
 
-import networkx as nx
+from weightplan.planner.tensors.nodes import Node, NodeKind
+from weightplan.planner.tensors.spec import TensorSpec
 
-from weightplan.planner.tensors.nodes import Node
+if TYPE_CHECKING:
+    import networkx as nx
 
 
-def build_graph(nodes: Iterable[Node]) -> nx.DiGraph:
-    """A ``DiGraph`` whose nodes are :class:`Node` s and whose edges run input → consumer.
+@dataclass(frozen=True, slots=True)
+class Edge:
+    """``source`` flows into input ``slot`` of ``target``: a tensor of ``spec``."""
 
-    Edge attribute ``slot`` is the input's position (inputs are ordered).
-    """
-    graph = nx.DiGraph()
-    for node in nodes:
-        graph.add_node(node)
-        for slot, source in enumerate(node.inputs):
-            graph.add_edge(source, node, slot=slot)
-    return graph
+    source: Node
+    target: Node
+    slot: int
+
+    @property
+    def spec(self) -> TensorSpec:
+        return self.source.spec
+
+
+@dataclass(frozen=True)
+class PlanGraph:
+    """Nodes in topological order; see the module docstring."""
+
+    nodes: tuple[Node, ...]
+
+    @classmethod
+    def of(cls, nodes: Iterable[Node]) -> "PlanGraph":
+        """Nodes in the order given, each once (equal subgraphs are one node)."""
+        return cls(tuple(dict.fromkeys(nodes)))
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self.nodes)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __contains__(self, node: object) -> bool:
+        return node in self._members
+
+    @cached_property
+    def _members(self) -> frozenset[Node]:
+        return frozenset(self.nodes)
+
+    def edges(self) -> Iterator[Edge]:
+        for node in self.nodes:
+            for slot, source in enumerate(node.inputs):
+                yield Edge(source, node, slot)
+
+    def consumers(self) -> dict[Node, list[Node]]:
+        """Node → the nodes that take it as an input (each once, in graph order)."""
+        out: dict[Node, list[Node]] = {n: [] for n in self.nodes}
+        for node in self.nodes:
+            for source in dict.fromkeys(node.inputs):
+                out.setdefault(source, []).append(node)
+        return out
+
+    def of_kind(self, kind: NodeKind) -> tuple[Node, ...]:
+        return tuple(n for n in self.nodes if n.kind is kind)
+
+    def to_networkx(self) -> "nx.DiGraph":
+        """A ``DiGraph`` view (edge attribute ``slot``: the input's position)."""
+        import networkx as nx
+
+        graph = nx.DiGraph()
+        graph.add_nodes_from(self.nodes)
+        graph.add_edges_from((e.source, e.target, {"slot": e.slot}) for e in self.edges())
+        return graph

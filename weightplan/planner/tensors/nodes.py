@@ -1,8 +1,12 @@
 """Graph nodes: frozen, hashable, one tensor value each, with ordered inputs.
 
-The graph is ``read → op … → (cast) → assign`` per conversion group. Node kinds form a
-closed enum; what a node does is in its typed ``attrs``. Equal subgraphs are equal
-nodes (identity is structure); the hash is computed once.
+A conversion is ``read → op … → (cast) → sink``; the kinds the quantization and
+tensor-parallel work add (dequantize, quantize, shard) sit between reads and sinks the
+same way. Node kinds form a closed enum, and what a node does is in its kind's typed
+``attrs`` dataclass (:data:`ATTRS_OF` pins which). Equal subgraphs are equal nodes
+(identity is structure); the hash is computed once. An edge is an input of a node: it
+carries the input's :class:`TensorSpec` (shape, dtype), and the region of the input the
+node reads (the whole tensor unless a shard narrows it).
 """
 
 from __future__ import annotations
@@ -13,20 +17,27 @@ from enum import Enum
 import torch
 
 from weightplan.planner.inputs.checkpoint import TensorEntry
+from weightplan.planner.tensors.destination import Destination
+from weightplan.planner.tensors.geometry import Region
 from weightplan.planner.tensors.ops.base import ConversionOp
+from weightplan.planner.tensors.sharding.placements import Placement
 from weightplan.planner.tensors.spec import TensorSpec, short_dtype
 
 
 class NodeKind(Enum):
-    READ = "read"
-    OP = "op"
-    CAST = "cast"
-    ASSIGN = "assign"
+    READ = "read"  # a checkpoint tensor (its byte range in a file, or an in-memory tensor)
+    OP = "op"  # one output of a conversion op
+    CAST = "cast"  # a dtype change on the way to the sink
+    DEQUANTIZE = "dequantize"  # quantized weight + scale → floating tensor
+    QUANTIZE = "quantize"  # floating tensor → quantized weight (its scale is a sibling node)
+    SHARD = "shard"  # the region of a tensor one rank keeps
+    SINK = "sink"  # lands in a destination: a model tensor, an output-file tensor, memory
 
 
 @dataclass(frozen=True, slots=True)
 class ReadAttrs:
     entry: TensorEntry
+    source: tuple[int, int]  # (stream, index) among the conversion's sources
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,13 +53,59 @@ class CastAttrs:
 
 
 @dataclass(frozen=True, slots=True)
-class AssignAttrs:
-    target: str  # model key written
-    aliases: tuple[str, ...]  # every name of the tensor (tied weights)
-    allocates: bool  # True: a new tensor is allocated; False: written in place
+class DequantizeAttrs:
+    """Inputs: (weight, scale). ``block``: elements per scale along each dim."""
+
+    dtype: torch.dtype
+    block: tuple[int, ...]
 
 
-Attrs = ReadAttrs | OpAttrs | CastAttrs | AssignAttrs
+@dataclass(frozen=True, slots=True)
+class QuantizeAttrs:
+    """Input: a floating tensor. ``scale``: True for the scale output, False for the weight."""
+
+    dtype: torch.dtype
+    block: tuple[int, ...]
+    scale: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ShardAttrs:
+    """The part of the input that ``rank`` of ``world_size`` keeps under ``placement``:
+    the boxes ``pieces`` of the input, concatenated in order along the placement's dim
+    (one box for ``Shard``, one per block for ``_StridedShard``)."""
+
+    placement: Placement
+    pieces: tuple[Region, ...]
+    rank: int
+    world_size: int
+
+    @property
+    def local_shape(self) -> tuple[int, ...]:
+        first = self.pieces[0].shape
+        d = self.placement.dim
+        if d is None or len(self.pieces) == 1:
+            return first
+        return first[:d] + (sum(p.shape[d] for p in self.pieces),) + first[d + 1:]
+
+
+@dataclass(frozen=True, slots=True)
+class SinkAttrs:
+    dest: Destination
+
+    @property
+    def target(self) -> str:
+        return self.dest.key
+
+
+Attrs = (ReadAttrs | OpAttrs | CastAttrs | DequantizeAttrs | QuantizeAttrs | ShardAttrs
+         | SinkAttrs)
+
+ATTRS_OF: dict[NodeKind, type] = {
+    NodeKind.READ: ReadAttrs, NodeKind.OP: OpAttrs, NodeKind.CAST: CastAttrs,
+    NodeKind.DEQUANTIZE: DequantizeAttrs, NodeKind.QUANTIZE: QuantizeAttrs,
+    NodeKind.SHARD: ShardAttrs, NodeKind.SINK: SinkAttrs,
+}
 
 
 @dataclass(frozen=True, eq=True)
@@ -74,9 +131,27 @@ class Node:
             return a.entry.key
         if isinstance(a, OpAttrs):
             return repr(a.op)
-        if isinstance(a, CastAttrs):
-            return f"cast → {short_dtype(a.dtype)}"
-        return a.target
+        if isinstance(a, (CastAttrs, DequantizeAttrs, QuantizeAttrs)):
+            return f"{self.kind.value} → {short_dtype(a.dtype)}"
+        if isinstance(a, ShardAttrs):
+            return f"shard {a.placement} rank {a.rank}/{a.world_size}"
+        return a.dest.key
 
     def __repr__(self) -> str:
         return f"<{self.kind.value} {self.label} {self.spec}>"
+
+
+def read_attrs(node: Node) -> ReadAttrs:
+    """The attrs of a READ node (narrowed for the type checker)."""
+    assert isinstance(node.attrs, ReadAttrs), node
+    return node.attrs
+
+
+def op_attrs(node: Node) -> OpAttrs:
+    assert isinstance(node.attrs, OpAttrs), node
+    return node.attrs
+
+
+def sink_attrs(node: Node) -> SinkAttrs:
+    assert isinstance(node.attrs, SinkAttrs), node
+    return node.attrs

@@ -1,89 +1,56 @@
-"""Where every byte lands: turn a conversion into read tasks and (rarely) op runs.
+"""Where every byte lands: lower one conversion of the graph into a :class:`Step`.
 
-Starting from the destinations (each target is a full view of a model tensor, or of a
-tensor in an output file), fragments are pushed backwards through the op chain with
-``ConversionOp.place``. When every op places, each source tensor's bytes go straight into
-the slice of the destination a merge/concat/chunk would put them in: no intermediate at
-all. A read is *direct* (a plain byte copy) when its destination view is contiguous, the
-dtype needs no cast and the source region is one contiguous byte range; otherwise it is a
-strided (and casting) copy. When an op can't place, the ops up to it run on materialized
-tensors and their outputs are copied into the placed views. An output-file destination
-written by anything but direct copies is *staged*: assembled in memory, written once.
+Starting from the sink nodes (each a full view of a model tensor, an output-file tensor
+or a returned tensor), fragments are pushed backwards through the op nodes, stage by
+stage, with ``ConversionOp.place``. When every op places, each read node's bytes go
+straight into the slice of the destination a merge/concat/chunk would put them in: no
+intermediate at all. A read is *direct* (a plain byte copy) when its destination view is
+contiguous, the dtype needs no cast and the source region is one contiguous byte range;
+otherwise it is a strided (and casting) copy. When an op can't place, the op nodes up to
+it run on materialized tensors and their outputs are copied into the placed views. An
+output-file destination written by anything but direct copies is *staged*: assembled in
+memory, written once. Everything here is derived from the graph's nodes; the step keeps
+the nodes it runs, and :mod:`~weightplan.planner.tensors.verify` checks it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from enum import Enum
+from dataclasses import dataclass, replace
 from functools import cached_property
 
-from weightplan.planner.tensors.build import Conversion, Target, TargetStatus
 from weightplan.planner.inputs.checkpoint import TensorEntry
+from weightplan.planner.tensors.build import Conversion, stage_specs, stages
+from weightplan.planner.tensors.destination import Destination, DestKind
 from weightplan.planner.tensors.geometry import Fragment, Region, View
+from weightplan.planner.tensors.nodes import Node, NodeKind, op_attrs, read_attrs, sink_attrs
 from weightplan.planner.tensors.ops.base import ConversionOp, Streams
-from weightplan.planner.tensors.spec import TensorSpec
+from weightplan.planner.tensors.sharding.shard_nodes import shard_fragments
 
-WINDOW_BYTES = 32 * 1024 * 1024  # direct reads larger than this are split into pieces
-
-
-class DestKind(Enum):
-    ALLOCATE = "allocate"  # a new model tensor, resident after the load
-    IN_PLACE = "in place"  # an existing model tensor's storage
-    FILE = "file"  # a tensor in an output file: written, then released
-
-
-@dataclass(frozen=True, slots=True)
-class Destination:
-    """A tensor a program writes."""
-
-    key: str
-    aliases: tuple[str, ...]
-    spec: TensorSpec
-    kind: DestKind
-    stride: tuple[int, ...]
-    staged: bool = False  # FILE: assembled in memory, then written in one piece
-
-    @property
-    def allocates(self) -> bool:
-        return self.kind is DestKind.ALLOCATE
-
-
-def model_destination(t: Target) -> Destination:
-    """Load: a model tensor (allocated when on meta) or a plain output when there's no model."""
-    if t.model is None:
-        return Destination(t.key, (t.key,), t.dest, DestKind.ALLOCATE,
-                           View.contiguous(t.dest.shape).stride)
-    kind = DestKind.ALLOCATE if t.model.allocates else DestKind.IN_PLACE
-    return Destination(t.key, t.model.aliases, t.dest, kind, t.model.stride)
-
-
-def file_destination(t: Target) -> Destination:
-    """Save / convert: a tensor of an output file."""
-    return Destination(t.key, (t.key,), t.dest, DestKind.FILE, View.contiguous(t.dest.shape).stride)
+PIECE_BYTES = 32 * 1024 * 1024  # direct reads larger than this are split into pieces
 
 
 @dataclass(frozen=True, slots=True)
 class ReadTask:
-    """Read ``region`` of a checkpoint tensor; land it in ``fragment`` (or keep it whole)."""
+    """Read ``region`` of a checkpoint tensor; land it in ``fragment`` (or keep it whole).
 
-    entry: TensorEntry
-    source: tuple[int, int]  # (stream, index) within the conversion's sources
+    ``byte_range`` is (absolute file offset, length); ``pieces`` are (offset within the
+    range, length) windows read in parallel. Built by :func:`read_task`.
+    """
+
+    node: Node  # the READ node this task lowers
     region: Region
     fragment: Fragment | None  # None: kept as an input of the materialized ops
     direct: bool  # a plain byte copy: contiguous destination, same dtype, one byte range
-    byte_range: tuple[int, int] = field(init=False)  # (absolute file offset, length)
-    pieces: tuple[tuple[int, int], ...] = field(init=False)
+    byte_range: tuple[int, int]
+    pieces: tuple[tuple[int, int], ...]
 
-    def __post_init__(self) -> None:
-        first, count = self.region.element_span(self.entry.spec.shape)
-        size = self.entry.spec.dtype.itemsize
-        total = count * size
-        object.__setattr__(self, "byte_range", (self.entry.offset + first * size, total))
-        # big direct reads are split so they run in parallel; each piece is one mapped window
-        split = self.direct and total > WINDOW_BYTES
-        pieces = tuple((s, min(WINDOW_BYTES, total - s)) for s in range(0, total, WINDOW_BYTES))
-        object.__setattr__(self, "pieces", pieces if split else ((0, total),))
+    @property
+    def entry(self) -> TensorEntry:
+        return read_attrs(self.node).entry
+
+    @property
+    def source(self) -> tuple[int, int]:
+        return read_attrs(self.node).source
 
     @property
     def nbytes(self) -> int:
@@ -100,15 +67,37 @@ class ReadTask:
         return 0 if self.entry.file is None else max(length for _, length in self.pieces)
 
 
-@dataclass(frozen=True)
-class Program:
-    """What the executor does for one conversion, decided at plan time."""
+def read_task(node: Node, region: Region, fragment: Fragment | None, direct: bool,
+              piece_bytes: int = PIECE_BYTES) -> ReadTask:
+    """The byte range of ``region`` of ``node``'s entry; direct reads over ``piece_bytes``
+    are split into pieces so that they run in parallel (each piece is one mapped window)."""
+    entry = read_attrs(node).entry
+    first, count = region.element_span(entry.spec.shape)
+    size = entry.spec.dtype.itemsize
+    total = count * size
+    if direct and total > piece_bytes:
+        pieces = tuple((s, min(piece_bytes, total - s)) for s in range(0, total, piece_bytes))
+    else:
+        pieces = ((0, total),)
+    return ReadTask(node, region, fragment, direct, (entry.offset + first * size, total), pieces)
 
-    conversion: Conversion
-    destinations: tuple[Destination, ...]
+
+@dataclass(frozen=True)
+class Step:
+    """One conversion of the graph, lowered: what the executor does for it."""
+
+    label: str
+    sinks: tuple[Node, ...]  # every sink of the conversion (DISCARD ones included)
+    destinations: tuple[Destination, ...]  # the written sinks' destinations, by fragment target
     reads: tuple[ReadTask, ...]
-    materialize: tuple[ConversionOp, ...]  # ops run on tensors (empty: everything placed)
-    outputs: Streams[tuple[Fragment, ...]]  # where the materialized ops' outputs land
+    sources: Streams[Node]  # the READ nodes by source position (inputs of materialized ops)
+    materialize: tuple[Streams[Node], ...]  # op-node stages run on tensors (empty: all placed)
+    outputs: Streams[tuple[Fragment, ...]]  # where the last materialized stage's outputs land
+
+    @property
+    def ops(self) -> tuple[ConversionOp, ...]:
+        """The materialized ops, in order."""
+        return tuple(op_attrs(stage[0][0]).op for stage in self.materialize)
 
     @cached_property
     def read_bytes(self) -> int:
@@ -120,7 +109,7 @@ class Program:
 
     @cached_property
     def dest_bytes(self) -> int:
-        """Bytes this program allocates for the model (0 when writing in place)."""
+        """Bytes this step allocates that stay resident (0 when writing in place)."""
         return sum(d.spec.nbytes for d in self.destinations if d.allocates)
 
     @cached_property
@@ -141,9 +130,8 @@ class Program:
     @cached_property
     def convert_bytes(self) -> int:
         """Upper bound of the tensors the materialized ops allocate."""
-        stages = self.conversion.stages
-        return sum(sum(s.nbytes for stream in stages[k + 1] for s in stream)
-                   for k, op in enumerate(self.materialize) if op.allocates)
+        return sum(sum(n.spec.nbytes for stream in stage for n in stream)
+                   for stage in self.materialize if op_attrs(stage[0][0]).op.allocates)
 
     @cached_property
     def direct_fraction(self) -> float:
@@ -151,28 +139,42 @@ class Program:
         return sum(r.nbytes for r in self.reads if r.direct) / total if total else 1.0
 
 
-def plan_program(conv: Conversion,
-                 destination: Callable[[Target], Destination] = model_destination) -> Program:
-    """Destinations, then fragments pushed back through the ops as far as they go."""
-    loads = [t for t in conv.targets if t.status is TargetStatus.LOAD]
-    dests = tuple(destination(t) for t in loads)
-    final: list[list[tuple[Fragment, ...]]] = [[() for _ in s] for s in conv.stages[-1]]
-    for index, (t, d) in enumerate(zip(loads, dests)):
-        i, j = t.position
-        final[i][j] = (Fragment(Region.full(t.dest.shape), index, View(d.spec.shape, d.stride)),)
-    frags: Streams[tuple[Fragment, ...]] = tuple(tuple(row) for row in final)
-    m = len(conv.ops)
+def plan_step(conv: Conversion, piece_bytes: int = PIECE_BYTES) -> Step:
+    """Destinations from the sinks, then fragments pushed back through the ops as far as
+    they go; reads land where the fragments say."""
+    values = stages(conv)
+    written = [s for s in conv.sinks if sink_attrs(s).dest.written]
+    dests = tuple(sink_attrs(s).dest for s in written)
+    frags = _final_fragments(values[-1], written, dests)
+    m = len(values) - 1
     while m > 0:
-        placed = conv.ops[m - 1].place(frags, conv.stages[m - 1])
+        op = op_attrs(values[m][0][0]).op
+        placed = op.place(frags, stage_specs(values[m - 1]))
         if placed is None:
             break
         frags, m = placed, m - 1
     if m == 0:
-        reads = _placed_reads(conv, frags, dests)
-        return Program(conv, _staging(dests, reads, False), reads, (), ())
-    reads = tuple(ReadTask(e, (i, j), Region.full(e.spec.shape), None, False)
-                  for i, stream in enumerate(conv.group.sources) for j, e in enumerate(stream))
-    return Program(conv, _staging(dests, reads, True), reads, conv.ops[:m], frags)
+        reads = _placed_reads(values[0], frags, dests, piece_bytes)
+        return Step(conv.label, conv.sinks, _staging(dests, reads, False), reads, values[0], (), ())
+    reads = tuple(read_task(n, Region.full(n.spec.shape), None, False, piece_bytes)
+                  for stream in values[0] for n in stream)
+    return Step(conv.label, conv.sinks, _staging(dests, reads, True), reads, values[0],
+                values[1:m + 1], frags)
+
+
+def _final_fragments(outputs: Streams[Node], written: list[Node],
+                     dests: tuple[Destination, ...]) -> Streams[tuple[Fragment, ...]]:
+    position = {n: (i, j) for i, stream in enumerate(outputs) for j, n in enumerate(stream)}
+    final: list[list[tuple[Fragment, ...]]] = [[() for _ in s] for s in outputs]
+    for target, (sink, d) in enumerate(zip(written, dests, strict=True)):
+        value, view = sink.inputs[0], View(d.spec.shape, d.stride)
+        placed = (Fragment(Region.full(d.spec.shape), target, view),)
+        if value.kind is NodeKind.SHARD:  # this rank's pieces of the value
+            placed, value = shard_fragments(value, target, view), value.inputs[0]
+        value = value.inputs[0] if value not in position else value  # through a cast
+        i, j = position[value]
+        final[i][j] = placed
+    return tuple(tuple(row) for row in final)
 
 
 def _staging(dests: tuple[Destination, ...], reads: tuple[ReadTask, ...], materialized: bool
@@ -184,15 +186,16 @@ def _staging(dests: tuple[Destination, ...], reads: tuple[ReadTask, ...], materi
                  for i, d in enumerate(dests))
 
 
-def _placed_reads(conv: Conversion, frags: Streams[tuple[Fragment, ...]],
-                  dests: tuple[Destination, ...]) -> tuple[ReadTask, ...]:
+def _placed_reads(sources: Streams[Node], frags: Streams[tuple[Fragment, ...]],
+                  dests: tuple[Destination, ...], piece_bytes: int) -> tuple[ReadTask, ...]:
     tasks = []
-    for i, stream in enumerate(conv.group.sources):
-        for j, entry in enumerate(stream):
+    for i, stream in enumerate(sources):
+        for j, node in enumerate(stream):
+            entry = read_attrs(node).entry
             for f in frags[i][j]:
                 if f.region.numel == 0:
                     continue
-                tasks.append(ReadTask(entry, (i, j), f.region, f, _direct(entry, f, dests)))
+                tasks.append(read_task(node, f.region, f, _direct(entry, f, dests), piece_bytes))
     return tuple(tasks)
 
 

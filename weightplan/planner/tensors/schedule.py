@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from weightplan.planner.tensors.placement import Program
+from weightplan.planner.tensors.placement import Step
 
 DEFAULT_WINDOW_BYTES = 256 * 1024 * 1024
 
@@ -58,7 +58,7 @@ class MemoryPoint:
 class Schedule:
     """Ordered programs, the event list the executor obeys, and the memory timeline."""
 
-    steps: tuple[Program, ...]
+    steps: tuple[Step, ...]
     events: tuple[Event, ...]
     timeline: tuple[MemoryPoint, ...]
     window_bytes: int
@@ -74,11 +74,11 @@ class Schedule:
         return peak.total if peak else 0
 
 
-def order_programs(programs: Sequence[Program], file_order: Sequence[str]) -> tuple[Program, ...]:
+def order_steps(programs: Sequence[Step], file_order: Sequence[str]) -> tuple[Step, ...]:
     """Checkpoint order: by file, then by the offset of the first byte read."""
     rank = {f: i for i, f in enumerate(file_order)}
 
-    def key(p: Program) -> tuple:
+    def key(p: Step) -> tuple:
         firsts = [(rank.get(r.entry.file or "", -1), r.byte_range[0]) for r in p.reads]
         return min(firsts, default=(-1, 0))
 
@@ -90,7 +90,7 @@ def effective_threads(threads: int) -> int:
     return min(threads, os.cpu_count() or 1)
 
 
-def make_schedule(steps: tuple[Program, ...], *, threads: int,
+def make_schedule(steps: tuple[Step, ...], *, threads: int,
                   window_bytes: int | None = None) -> Schedule:
     largest = max((p.read_bytes for p in steps), default=0)
     window = max(window_bytes if window_bytes is not None else DEFAULT_WINDOW_BYTES, largest)
@@ -99,7 +99,7 @@ def make_schedule(steps: tuple[Program, ...], *, threads: int,
     return Schedule(steps, events, simulate(steps, events, workers), window, workers)
 
 
-def plan_events(steps: Sequence[Program], window: int) -> tuple[Event, ...]:
+def plan_events(steps: Sequence[Step], window: int) -> tuple[Event, ...]:
     events: list[Event] = []
     pending: deque[int] = deque()
     in_flight = 0
@@ -115,7 +115,7 @@ def plan_events(steps: Sequence[Program], window: int) -> tuple[Event, ...]:
     return tuple(events)
 
 
-def simulate(steps: Sequence[Program], events: Sequence[Event], threads: int
+def simulate(steps: Sequence[Step], events: Sequence[Event], threads: int
              ) -> tuple[MemoryPoint, ...]:
     """Planned memory after each event (see the module docstring)."""
     resident, pending, points = 0, [], []
@@ -130,12 +130,12 @@ def simulate(steps: Sequence[Program], events: Sequence[Event], threads: int
         in_flight = _in_flight([steps[s] for s in pending], threads)
         if event.kind is EventKind.FINALIZE:
             pending.remove(event.step)
-        label = program.conversion.label
+        label = program.label
         points.append(MemoryPoint(event, label, resident, in_flight, intermediate))
     return tuple(points)
 
 
-def _in_flight(pending: Sequence[Program], threads: int) -> int:
+def _in_flight(pending: Sequence[Step], threads: int) -> int:
     """Held op inputs and staged outputs, plus the largest windows that ``threads``
     readers can map at once."""
     held = sum(p.held_bytes + p.staged_bytes for p in pending)

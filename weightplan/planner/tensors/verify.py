@@ -1,52 +1,185 @@
-"""``verify(graph)``: structural invariants of a plan graph, checked wherever it changes.
+"""``verify``: the invariants of a plan graph and of the steps lowered from it.
 
-Checks: the graph is acyclic; every node's inputs are in the graph and wired in order;
-reads have no inputs and assigns have exactly one; specs agree across casts and
-assigns; each model tensor has exactly one producer.
+Run on what executes, before any byte is read (``torch.fx`` ``Graph.lint`` style: each
+message names the node and the fix). Checks:
+
+1. topological order: every input is a node of the graph listed before its consumer
+   (so there is no cycle and nothing dangles);
+2. each node kind has its arity and its attrs type; shapes and dtypes agree along every
+   edge (a cast changes only the dtype, a sink takes its input's spec, a shard's output
+   is its region, ...); each model tensor has at most one producer;
+3. every intermediate has a consumer, and every node a step runs is released when that
+   step is finalized (it belongs to exactly one step);
+4. every destination is covered exactly once by the fragments written into it;
+5. every read lies inside its entry's bytes, inside its file's data section.
 """
 
 from __future__ import annotations
 
-import networkx as nx
+from collections.abc import Iterable, Sequence
 
-from weightplan.errors import PlanError
-from weightplan.planner.tensors.nodes import Node, NodeKind
+from weightplan.errors import GraphError
+from weightplan.planner.inputs.checkpoint import Checkpoint
+from weightplan.planner.tensors.coverage import coverage_problem
+from weightplan.planner.tensors.destination import Destination
+from weightplan.planner.tensors.geometry import Fragment, View
+from weightplan.planner.tensors.graph import PlanGraph
+from weightplan.planner.tensors.nodes import (
+    ATTRS_OF, CastAttrs, DequantizeAttrs, Node, NodeKind, QuantizeAttrs, ShardAttrs, SinkAttrs,
+)
+from weightplan.planner.tensors.placement import ReadTask, Step
+
+_ARITY = {NodeKind.READ: 0, NodeKind.CAST: 1, NodeKind.SINK: 1, NodeKind.SHARD: 1,
+          NodeKind.QUANTIZE: 1, NodeKind.DEQUANTIZE: 2}
 
 
-def verify(graph: nx.DiGraph) -> None:
-    """Raise :class:`PlanError` naming the node when an invariant is broken."""
-    if not nx.is_directed_acyclic_graph(graph):
-        cycle = nx.find_cycle(graph)
-        raise PlanError(f"plan graph has a cycle through {cycle[0][0]!r}")
+def verify(graph: PlanGraph, steps: Sequence[Step] = (), checkpoint: Checkpoint | None = None
+           ) -> None:
+    """Raise :class:`GraphError` listing every broken invariant (see the module docstring)."""
+    problems = check(graph, steps, checkpoint)
+    if problems:
+        raise GraphError(problems)
+
+
+def check(graph: PlanGraph, steps: Sequence[Step] = (), checkpoint: Checkpoint | None = None
+          ) -> list[str]:
+    """Every broken invariant, as messages (empty: the plan is consistent)."""
+    problems = check_graph(graph)
+    if problems:  # the steps' checks assume a sound graph
+        return problems
+    problems += check_release(graph, steps)
+    for step in steps:
+        problems += check_coverage(step)
+        problems += check_reads(step.reads, checkpoint)
+    return problems
+
+
+def check_graph(graph: PlanGraph) -> list[str]:
+    problems: list[str] = []
+    seen: set[Node] = set()
     producers: dict[str, Node] = {}
     for node in graph.nodes:
-        _check_inputs(graph, node)
-        _check_kind(node)
-        if node.kind is NodeKind.ASSIGN:
-            for alias in node.attrs.aliases:
+        for source in node.inputs:
+            if source not in seen:
+                where = "later in the graph (a cycle, or out of order)" if source in graph \
+                    else "not in the graph"
+                problems.append(f"{node!r}: its input {source!r} is {where}; build nodes "
+                                "after their inputs and add every input to the graph")
+        seen.add(node)
+        problems += check_node(node)
+        if isinstance(node.attrs, SinkAttrs) and node.attrs.dest.written:
+            for alias in node.attrs.dest.aliases:
                 other = producers.setdefault(alias, node)
                 if other is not node:
-                    raise PlanError(f"model tensor {alias} has two producers: {other!r} and "
-                                    f"{node!r}")
+                    problems.append(f"{node!r}: model tensor {alias} also comes from {other!r}; "
+                                    "keep one producer (tied names load once)")
+    problems += _unconsumed(graph)
+    return problems
 
 
-def _check_inputs(graph: nx.DiGraph, node: Node) -> None:
-    for source in node.inputs:
-        if source not in graph:
-            raise PlanError(f"{node!r} uses {source!r}, which is not in the graph")
-        if graph.edges[source, node].get("slot") is None:
-            raise PlanError(f"edge {source!r} → {node!r} has no input slot")
+def check_node(node: Node) -> list[str]:
+    """Arity, attrs type and the spec rules of one node's kind."""
+    if not isinstance(node.attrs, ATTRS_OF[node.kind]):
+        return [f"{node!r}: a {node.kind.value} node needs {ATTRS_OF[node.kind].__name__}, has "
+                f"{type(node.attrs).__name__}; build it with its kind's attrs"]
+    arity = _ARITY.get(node.kind)
+    if arity is not None and len(node.inputs) != arity:
+        return [f"{node!r}: a {node.kind.value} node takes {arity} input(s), has "
+                f"{len(node.inputs)}; rewire it"]
+    if node.kind is NodeKind.OP and not node.inputs:
+        return [f"{node!r}: an op output with no inputs; wire it to the values it is made of"]
+    return _spec_problems(node)
 
 
-def _check_kind(node: Node) -> None:
-    if node.kind is NodeKind.READ and node.inputs:
-        raise PlanError(f"{node!r}: a read has no inputs")
-    if node.kind in (NodeKind.CAST, NodeKind.ASSIGN):
-        if len(node.inputs) != 1:
-            raise PlanError(f"{node!r} needs exactly one input, has {len(node.inputs)}")
-        if node.inputs[0].spec.shape != node.spec.shape:
-            raise PlanError(f"{node!r}: shape {list(node.spec.shape)} differs from its input "
-                            f"{node.inputs[0]!r}")
-    if node.kind is NodeKind.ASSIGN and node.inputs[0].spec.dtype != node.spec.dtype:
-        raise PlanError(f"{node!r}: dtype differs from its input {node.inputs[0]!r}; a cast "
-                        "node is missing")
+def _spec_problems(node: Node) -> list[str]:
+    a, spec = node.attrs, node.spec
+    first = node.inputs[0].spec if node.inputs else None
+    wrong: str | None = None
+    if isinstance(a, CastAttrs) and first is not None:
+        if first.shape != spec.shape or spec.dtype != a.dtype:
+            wrong = f"a cast keeps the shape {list(first.shape)} and yields {a.dtype}"
+    elif isinstance(a, SinkAttrs) and first is not None:
+        if first != spec or (a.dest.written and a.dest.spec != spec):
+            wrong = (f"a sink takes its input's spec {first} and its destination's "
+                     f"{a.dest.spec}; insert a cast node or fix the destination")
+    elif isinstance(a, ShardAttrs) and first is not None:
+        inside = all(0 <= s and e <= n for p in a.pieces
+                     for s, e, n in zip(p.starts, p.stops, first.shape, strict=True))
+        if a.local_shape != spec.shape or first.dtype != spec.dtype or not inside:
+            wrong = (f"a shard yields its pieces {list(a.local_shape)} (inside the input "
+                     f"{list(first.shape)}) in {first.dtype}")
+    elif isinstance(a, (DequantizeAttrs, QuantizeAttrs)) and first is not None:
+        scale = isinstance(a, QuantizeAttrs) and a.scale
+        if not scale and (first.shape != spec.shape or spec.dtype != a.dtype):
+            wrong = f"a {node.kind.value} keeps the shape {list(first.shape)} and yields {a.dtype}"
+    return [] if wrong is None else [f"{node!r}: {wrong}, has {spec}"]
+
+
+def _unconsumed(graph: PlanGraph) -> list[str]:
+    return [f"{node!r} has no consumer and would never be released; feed it to a sink "
+            "(a DISCARD sink drops it) or leave it out of the graph"
+            for node, users in graph.consumers().items()
+            if node.kind is not NodeKind.SINK and not users]
+
+
+def check_release(graph: PlanGraph, steps: Iterable[Step]) -> list[str]:
+    """Every node a step runs is in the graph and is released by exactly one step."""
+    owner: dict[Node, int] = {}
+    problems = []
+    for s, step in enumerate(steps):
+        ran = [n for stream in step.sources for n in stream]
+        ran += [n for stage in step.materialize for stream in stage for n in stream]
+        ran += list(step.sinks)
+        for node in ran:
+            if node not in graph:
+                problems.append(f"step {s + 1} ({step.label}) runs {node!r}, which is not in "
+                                "the graph; lower steps from the verified graph only")
+            elif owner.setdefault(node, s) != s:
+                problems.append(f"{node!r} is run by steps {owner[node] + 1} and {s + 1}; it "
+                                "would be released twice: give each conversion its own nodes")
+    return problems
+
+
+def check_coverage(step: Step) -> list[str]:
+    """Each destination is covered exactly once by the fragments written into it."""
+    frags: list[list[Fragment]] = [[] for _ in step.destinations]
+    for task in step.reads:
+        if task.fragment is not None:
+            frags[task.fragment.target].append(task.fragment)
+    for stream in step.outputs:
+        for placed in stream:
+            for f in placed:
+                frags[f.target].append(f)
+    problems = []
+    for dest, fs in zip(step.destinations, frags, strict=True):
+        problem = coverage_problem(dest_view(dest), fs)
+        if problem is not None:
+            problems.append(f"destination {dest.key} of step {step.label}: {problem}; the "
+                            "op's place() must map each output element to exactly one input")
+    return problems
+
+
+def dest_view(dest: Destination) -> View:
+    return View(dest.spec.shape, dest.stride)
+
+
+def check_reads(reads: Iterable[ReadTask], checkpoint: Checkpoint | None) -> list[str]:
+    """Every read stays inside its entry's bytes and its file's data section."""
+    sections = {f.path: (f.data_start, f.size) for f in (checkpoint.files if checkpoint else ())}
+    problems = []
+    for task in reads:
+        entry, (start, length) = task.entry, task.byte_range
+        if start < entry.offset or start + length > entry.offset + entry.nbytes:
+            problems.append(f"read of {entry.key} [{start}, {start + length}) leaves the "
+                            f"tensor's bytes [{entry.offset}, {entry.offset + entry.nbytes}); "
+                            "the fragment's region must lie inside the tensor")
+        section = sections.get(entry.file or "")
+        if entry.file is not None and section is not None and not (
+                section[0] <= start and start + length <= section[1]):
+            problems.append(f"read of {entry.key} [{start}, {start + length}) leaves the data "
+                            f"section [{section[0]}, {section[1]}) of {entry.file}; the "
+                            "header's offsets are wrong: re-open the checkpoint")
+        if sum(n for _, n in task.pieces) != length:
+            problems.append(f"read of {entry.key}: its pieces cover {sum(n for _, n in task.pieces)}"
+                            f" of {length} bytes; split the range without gaps")
+    return problems

@@ -3,42 +3,44 @@
 Saving a model uses its load record when it has one (exact: the recorded keys, dtypes
 and op inverses) and otherwise the inverse of its mapping. Converting on disk routes a
 checkpoint's keys forward through a mapping, or backward through its inverse. Both end
-in the same :class:`WritePlan`: conversions, a shard layout, a schedule.
+in the same :class:`WritePlanData`: conversions, a shard layout, a schedule.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 import shutil
 from pathlib import Path
 
 import torch
 
 from weightplan.errors import ConflictingTransformError, MappingError, SaveError
-from weightplan.planner.tensors.build import Conversion, TargetStatus, build_conversions
-from weightplan.planner.inputs.checkpoint import Checkpoint, open_checkpoint
 from weightplan.planner.explain import choose_mapping, parse_threads
 from weightplan.planner.findings import Note
-from weightplan.planner.tensors.graph import build_graph
-from weightplan.planner.write.shards import INDEX_NAME, ShardLayout, plan_layout
-from weightplan.planner.keys.routing import route_checkpoint
+from weightplan.planner.inputs.checkpoint import Checkpoint, open_checkpoint
 from weightplan.planner.inputs.model_info import inspect_model
+from weightplan.planner.keys.lookup import Finder
 from weightplan.planner.keys.patterns import natural_key
-from weightplan.planner.tensors.placement import Program, file_destination, plan_program
-from weightplan.planner.plan import PlanOptions
-from weightplan.planner.write.record import get_record
 from weightplan.planner.keys.registry import MappingChoice
-from weightplan.planner.write.reverse import ReverseGroups, derived_groups, record_groups
-from weightplan.planner.tensors.schedule import make_schedule
+from weightplan.planner.keys.routing import route_checkpoint
 from weightplan.planner.keys.transforms import LEGACY
-from weightplan.planner.tensors.verify import verify
-from weightplan.planner.write.write_plan import WritePlan
+from weightplan.planner.plan import Direction, PlanOptions
+from weightplan.planner.tensors.build import Conversion, SinkKind, TargetStatus, build_conversions
+from weightplan.planner.tensors.lower import lower
+from weightplan.planner.tensors.placement import Step
+from weightplan.planner.tensors.spec import TensorSpec
+from weightplan.planner.write.record import get_record
+from weightplan.planner.write.reverse import ReverseGroups, derived_groups, record_groups
+from weightplan.planner.write.shards import INDEX_NAME, ShardLayout, plan_layout
+from weightplan.planner.write.write_plan import Inversion, WritePlanData
 from weightplan.units import parse_bytes
 
 
-def explain_save(model: torch.nn.Module, directory: str | os.PathLike, *, mapping: object = None,
-                 max_shard_size: int | str = "5GB", overwrite: bool = False,
-                 threads: int = 4) -> WritePlan:
+def explain_save_plan(model: torch.nn.Module, directory: str | os.PathLike[str], *,
+                      mapping: object = None, max_shard_size: int | str = "5GB",
+                      overwrite: bool = False, threads: int = 4, finder: Finder | None = None
+                      ) -> WritePlanData:
     """Plan writing ``model`` to ``directory`` in its checkpoint's original layout.
 
     Args:
@@ -50,6 +52,7 @@ def explain_save(model: torch.nn.Module, directory: str | os.PathLike, *, mappin
         max_shard_size: bytes per shard (``"5GB"``); a bigger tensor gets its own shard.
         overwrite: replace checkpoint files already in ``directory``.
         threads: writer threads (0: inline).
+        finder: the mapping lookup's second source (the transformers bridge).
 
     Raises:
         NotInvertibleError: a transform of the mapping has no unambiguous inverse.
@@ -61,20 +64,20 @@ def explain_save(model: torch.nn.Module, directory: str | os.PathLike, *, mappin
         names = {a: t.aliases for t in inspect_model(model).unique() for a in t.aliases}
         reverse = record_groups(record, source, names)
         choice = MappingChoice(None, "the record of the model's last weightplan load", ())
-        order, metadata, mode = record.order, dict(record.metadata), "record"
+        order, metadata, how = record.order, dict(record.metadata), Inversion.RECORD
     else:
         source = open_checkpoint(model_state(model, aliases=False))
-        choice = choose_mapping(mapping, model)
+        choice = choose_mapping(mapping, model, finder)
         reverse = derived_groups(choice.transforms, source)
-        order, metadata, mode = (), {"format": "pt"}, "mapping"
-    return make_write_plan(directory, source, reverse, choice, mode, order=order,
+        order, metadata, how = (), {"format": "pt"}, Inversion.MAPPING
+    return make_write_plan(directory, source, reverse, choice, how, order=order,
                            metadata=metadata, max_shard_size=max_shard_size,
                            overwrite=overwrite, threads=threads)
 
 
-def explain_convert(source: object, directory: str | os.PathLike, *, mapping: object,
-                    reverse: bool = False, max_shard_size: int | str = "5GB",
-                    overwrite: bool = False, threads: int = 4) -> WritePlan:
+def explain_convert_plan(source: object, directory: str | os.PathLike[str], *, mapping: object,
+                         reverse: bool = False, max_shard_size: int | str = "5GB",
+                         overwrite: bool = False, threads: int = 4) -> WritePlanData:
     """Plan converting a checkpoint on disk to another layout, without a model.
 
     Forward applies ``mapping`` (with the legacy renames) as a load would; ``reverse``
@@ -84,20 +87,24 @@ def explain_convert(source: object, directory: str | os.PathLike, *, mapping: ob
         raise MappingError("converting needs a mapping: a registered name or transforms")
     ckpt = open_checkpoint(source)
     choice = choose_mapping(mapping, None)
-    if reverse:
-        groups = derived_groups(choice.transforms, ckpt)
-    else:
-        transforms = choice.transforms + tuple(t for t in LEGACY if t not in choice.transforms)
-        routing = route_checkpoint(ckpt, transforms, None)
-        if routing.incomplete:
-            inc = routing.incomplete[0]
-            raise MappingError(f"{inc.converter.describe()}: found {', '.join(inc.present)} "
-                               f"but nothing for {', '.join(inc.missing_patterns)}")
-        groups = ReverseGroups(routing.groups, None, ())
-    order = tuple(e.key for e in sorted(ckpt.entries.values(), key=lambda e: (e.file, e.offset)))
-    return make_write_plan(directory, ckpt, groups, choice, "convert", order=order,
+    groups = derived_groups(choice.transforms, ckpt) if reverse else forward_groups(choice, ckpt)
+    order = tuple(e.key for e in sorted(ckpt.entries.values(),
+                                        key=lambda e: (e.file or "", e.offset)))
+    how = Inversion.REVERSE if reverse else Inversion.FORWARD
+    return make_write_plan(directory, ckpt, groups, choice, how, order=order,
                            metadata=dict(ckpt.metadata) or {"format": "pt"},
                            max_shard_size=max_shard_size, overwrite=overwrite, threads=threads)
+
+
+def forward_groups(choice: MappingChoice, ckpt: Checkpoint) -> ReverseGroups:
+    """The mapping (with the legacy renames) routed forward, as a load would, without a model."""
+    transforms = choice.transforms + tuple(t for t in LEGACY if t not in choice.transforms)
+    routing = route_checkpoint(ckpt, transforms, None)
+    if routing.incomplete:
+        inc = routing.incomplete[0]
+        raise MappingError(f"{inc.converter.describe()}: found {', '.join(inc.present)} "
+                           f"but nothing for {', '.join(inc.missing_patterns)}")
+    return ReverseGroups(routing.groups, None, ())
 
 
 def model_state(model: torch.nn.Module, *, aliases: bool) -> dict[str, torch.Tensor]:
@@ -113,46 +120,50 @@ def model_state(model: torch.nn.Module, *, aliases: bool) -> dict[str, torch.Ten
     return {k: v for k, v in state.items() if k in keep}
 
 
-def make_write_plan(directory, source: Checkpoint, reverse: ReverseGroups, choice: MappingChoice,
-                    mode: str, *, order, metadata, max_shard_size, overwrite: bool,
-                    threads: int) -> WritePlan:
-    conversions = build_conversions(reverse.groups, reverse.outputs, None)
+def make_write_plan(directory: str | os.PathLike, source: Checkpoint, reverse: ReverseGroups,
+                    choice: MappingChoice, how: Inversion, *, order: tuple[str, ...],
+                    metadata: dict[str, str], max_shard_size: int | str, overwrite: bool,
+                    threads: int) -> WritePlanData:
+    conversions = build_conversions(reverse.groups, reverse.outputs, None, SinkKind.FILE)
     _check_outputs(conversions)
-    graph = build_graph(n for c in conversions for n in c.nodes)
-    verify(graph)
     layout = plan_layout(_ordered_specs(conversions, order),
                          parse_bytes(max_shard_size, what="max_shard_size"), metadata)
     check_directory(Path(directory), layout, overwrite)
-    programs = sorted((plan_program(c, file_destination) for c in conversions if c.loads),
-                      key=lambda p: _first_location(p, layout))
     options = PlanOptions(None, parse_threads(threads), None)
-    schedule = make_schedule(tuple(programs), threads=options.threads)
+
+    def by_location(steps: Sequence[Step]) -> tuple[Step, ...]:
+        return tuple(sorted(steps, key=lambda p: _first_location(p, layout)))
+
+    graph, schedule = lower(conversions, source, order=by_location, threads=options.threads)
     notes = tuple(Note(str(directory), n) for n in reverse.notes)
-    return WritePlan(str(directory), source, mode, choice, choice.transforms, conversions, graph,
-                     schedule, layout, options, overwrite, notes)
+    direction = Direction.CONVERT if how in (Inversion.FORWARD, Inversion.REVERSE) \
+        else Direction.SAVE
+    return WritePlanData(direction, source, choice, choice.transforms, conversions, graph,
+                         schedule, options, how, str(directory), layout, overwrite, notes)
 
 
 def _check_outputs(conversions: tuple[Conversion, ...]) -> None:
     seen: dict[str, Conversion] = {}
     for conv in conversions:
         for t in conv.targets:
-            if t.status is TargetStatus.MISMATCH:
+            if t.status is TargetStatus.MISMATCH and t.expected is not None:
                 raise SaveError(f"{t.key}: the model's tensors give {list(t.produced.shape)} "
-                                f"but the recorded checkpoint had {list(t.model.spec.shape)}")
+                                f"but the recorded checkpoint had {list(t.expected.shape)}")
             other = seen.setdefault(t.key, conv)
             if other is not conv:
                 raise ConflictingTransformError(f"two model tensors would be written as {t.key}: "
                                                 f"from {other.label} and {conv.label}")
 
 
-def _ordered_specs(conversions: tuple[Conversion, ...], order: tuple[str, ...]):
+def _ordered_specs(conversions: tuple[Conversion, ...], order: tuple[str, ...]
+                   ) -> list[tuple[str, TensorSpec]]:
     specs = {t.key: t.dest for c in conversions for t in c.targets}
     rank = {k: i for i, k in enumerate(order)}
     keys = sorted(specs, key=lambda k: (rank.get(k, len(rank)), natural_key(k)))
     return [(k, specs[k]) for k in keys]
 
 
-def _first_location(program: Program, layout: ShardLayout) -> tuple[int, int]:
+def _first_location(program: Step, layout: ShardLayout) -> tuple[int, int]:
     names = {f.name: i for i, f in enumerate(layout.files)}
     firsts = [layout.locations[d.key] for d in program.destinations]
     return min((names[f], off) for f, off in firsts)

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 from weightplan.errors import IndexGapError, MappingError, NotInvertibleError, SaveError
 from weightplan.planner.inputs.checkpoint import Checkpoint
-from weightplan.planner.tensors.geometry import row_major_strides
 from weightplan.planner.keys.routing import Group, Route, route_checkpoint
-from weightplan.planner.inputs.model_info import ModelInfo, ModelTensor
 from weightplan.planner.keys.patterns import natural_key
+from weightplan.planner.tensors.build import OutputSpecs
+from weightplan.planner.tensors.spec import TensorSpec
 from weightplan.planner.write.record import LoadRecord, RecordedConversion
 from weightplan.planner.keys.transforms import (
     LEGACY, PrefixChange, Renaming, WeightConverter, WeightTransform,
@@ -30,7 +30,7 @@ class ReverseGroups:
     """Groups to build, the output layout they must match (record mode) and notes."""
 
     groups: tuple[Group, ...]
-    outputs: ModelInfo | None  # recorded keys and specs; None when derived
+    outputs: OutputSpecs | None  # recorded keys and specs; None when derived
     notes: tuple[str, ...]
 
 
@@ -77,20 +77,18 @@ def _record_group(recorded: RecordedConversion, source: Checkpoint) -> Group:
     return Group(converter, sources, routes, tuple(s[0] for s in explicit), explicit)
 
 
-def _recorded_outputs(record: LoadRecord, groups: list[Group]) -> ModelInfo:
-    """The recorded checkpoint keys and specs, as the 'model' the builder checks against."""
-    tensors = {}
+def _recorded_outputs(record: LoadRecord, groups: list[Group]) -> OutputSpecs:
+    """The recorded checkpoint keys and specs: what the outputs must be."""
+    specs: dict[str, TensorSpec] = {}
     for recorded in record.conversions:
         for stream in recorded.sources:
             for key, spec in stream:
-                tensors[key] = ModelTensor(key, spec, (key,), False, True,
-                                           row_major_strides(spec.shape), False)
+                specs[key] = spec
     for group in groups:
-        if group.converter is None and group.targets[0] not in tensors:
+        if group.converter is None and group.targets[0] not in specs:
             entry = group.sources[0][0]
-            tensors[entry.key] = ModelTensor(entry.key, entry.spec, (entry.key,), False, True,
-                                             row_major_strides(entry.spec.shape), False)
-    return ModelInfo(tensors)
+            specs[entry.key] = entry.spec
+    return OutputSpecs(specs)
 
 
 def derived_groups(transforms: Sequence[WeightTransform], source: Checkpoint) -> ReverseGroups:

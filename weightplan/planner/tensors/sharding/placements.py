@@ -104,3 +104,13 @@ class Placement:
         if self.kind is PlacementKind.SHARD:
             return f"Shard(dim={self.dim})"
         return f"_StridedShard(dim={self.dim}, sf={self.split_factor})"
+
+
+@dataclass(frozen=True, slots=True)
+class DestShard:
+    """A destination that is one rank's part of a parameter: how it sits in the whole."""
+
+    placement: Placement
+    global_shape: tuple[int, ...]
+    rank: int
+    world_size: int

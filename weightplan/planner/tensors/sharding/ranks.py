@@ -1,99 +1,65 @@
-"""Per-rank plans and the all-ranks table, from one process and headers only.
+"""Every rank's plan and the all-ranks table, from one process and headers only.
 
-``rank_table(model, "ckpt/", world_size=8)`` answers, for a cluster load planned on a
-laptop: how many bytes each of the 8 ranks reads, holds, and holds replicated; which
-conversions force whole reads. Nothing is read but the safetensors headers.
+``plan_ranks(model, "ckpt/", TensorParallel(world_size=8, rank=0))`` plans each of the 8
+ranks as that rank would (a dry run per rank: the same graph, shard nodes, push-down and
+schedule), so a cluster load can be checked on a laptop: how many bytes each rank reads,
+holds and holds replicated, its peak, and which conversions force whole reads. Nothing is
+read but the safetensors headers.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
 
 import torch
 
 from weightplan.parallel import TensorParallel
-from weightplan.planner.inputs.checkpoint import Checkpoint, open_checkpoint
-from weightplan.planner.inputs.model_info import inspect_model
-from weightplan.planner.keys.routing import route_checkpoint
-from weightplan.planner.keys.transforms import LEGACY
-from weightplan.planner.tensors.build import build_conversions
-from weightplan.planner.tensors.sharding.pushdown import ShardedProgram, shard_program
-from weightplan.planner.tensors.sharding.resolve import ShardingPlan, resolve_sharding
+from weightplan.planner.plan import LoadPlanData
 from weightplan.units import format_bytes
 
 
-@dataclass(frozen=True)
-class RankPlan:
-    """What one rank does: its programs, and the sharding they follow."""
-
-    world_size: int
-    rank: int
-    sharding: ShardingPlan
-    programs: tuple[ShardedProgram, ...]
-    checkpoint_bytes: int
-    checkpoint: Checkpoint
-
-    @property
-    def read_bytes(self) -> int:
-        return sum(p.read_bytes for p in self.programs)
-
-    @property
-    def held_bytes(self) -> int:
-        return sum(p.held_bytes for p in self.programs)
-
-    @property
-    def replicated_bytes(self) -> int:
-        return sum(p.replicated_bytes for p in self.programs)
-
-    @property
-    def peak_bytes(self) -> int:
-        """Held parameters plus the largest group read whole and converted in memory."""
-        transient = [p.program.held_bytes + p.program.convert_bytes for p in self.programs]
-        return self.held_bytes + max(transient, default=0)
-
-    @property
-    def whole_reads(self) -> tuple[str, ...]:
-        return tuple(p.program.conversion.label for p in self.programs if p.whole)
-
-
 def plan_ranks(model: torch.nn.Module, checkpoint: object, tp: TensorParallel, *,
-               ranks: range | None = None, mapping: object = None,
-               dtype: torch.dtype | None = None) -> tuple[RankPlan, ...]:
-    """One :class:`RankPlan` per rank (all ranks of ``tp``'s world unless ``ranks``)."""
-    from weightplan.planner.explain import choose_mapping
+               ranks: range | None = None, **explain: object) -> tuple[LoadPlanData, ...]:
+    """One load plan per rank of ``tp``'s world (or of ``ranks``), each a dry run."""
+    from weightplan.planner.explain import explain_load
 
-    world = tp.ranks().world_size
-    ckpt = open_checkpoint(checkpoint)
-    info = inspect_model(model)
-    choice = choose_mapping(mapping, model)
-    transforms = choice.transforms + tuple(t for t in LEGACY if t not in choice.transforms)
-    routing = route_checkpoint(ckpt, transforms, info)
-    conversions = [c for c in build_conversions(routing.groups, info, dtype) if c.loads]
-    sharding = resolve_sharding(model, tp, world)
-    total = sum(e.spec.nbytes for c in conversions for e in c.group.entries)
+    world = tp.world_size if tp.world_size is not None else tp.ranks().world_size
     out = []
     for rank in ranks if ranks is not None else range(world):
-        programs = tuple(shard_program(c, sharding.placement, world, rank) for c in conversions)
-        out.append(RankPlan(world, rank, sharding, programs, total, ckpt))
+        one = dataclasses.replace(tp, mesh=None, world_size=world, rank=rank)
+        out.append(explain_load(model, checkpoint, tp=one, **explain))  # type: ignore[arg-type]
     return tuple(out)
 
 
-def rank_table(plans: tuple[RankPlan, ...]) -> str:
+def read_bytes(plan: LoadPlanData) -> int:
+    """The bytes of the regions a rank reads (not the spans enclosing column slices)."""
+    return sum(step.needed_bytes for step in plan.schedule.steps)
+
+
+def whole_reads(plan: LoadPlanData) -> tuple[str, ...]:
+    """Conversions a rank reads whole because an op can't push its slice down."""
+    return tuple(s.label for s in plan.schedule.steps if s.materialize and any(
+        d.shard is not None and d.shard.placement.is_sharded for d in s.destinations))
+
+
+def rank_table(plans: tuple[LoadPlanData, ...]) -> str:
     """A text table: one row per rank (read, held, replicated, peak, read / (total/N))."""
-    if not plans:
-        return "no ranks"
-    world, total = plans[0].world_size, plans[0].checkpoint_bytes
-    head = (f"tensor parallel over {world} ranks ({plans[0].sharding.source}); checkpoint "
-            f"{format_bytes(total)}, 1/{world} = {format_bytes(total // world)}")
+    if not plans or plans[0].sharding is None:
+        return "no tensor-parallel ranks"
+    first = plans[0].sharding
+    world, total = first.world_size, plans[0].checkpoint.nbytes
+    head = (f"tensor parallel over {world} ranks ({first.plan.source}); checkpoint "
+            f"{format_bytes(total)}, 1/{world} = {format_bytes(total / world)}")
     rows = [f"{'rank':>4}  {'read':>10}  {'held':>10}  {'replicated':>10}  {'peak':>10}  "
             f"{'read/(total/N)':>14}"]
     for p in plans:
-        ratio = p.read_bytes / (total / world) if total else 0.0
-        rows.append(f"{p.rank:>4}  {format_bytes(p.read_bytes):>10}  "
+        assert p.sharding is not None
+        ratio = read_bytes(p) / (total / world) if total else 0.0
+        rows.append(f"{p.sharding.rank:>4}  {format_bytes(read_bytes(p)):>10}  "
                     f"{format_bytes(p.held_bytes):>10}  {format_bytes(p.replicated_bytes):>10}  "
                     f"{format_bytes(p.peak_bytes):>10}  {ratio:>14.3f}")
-    notes = [f"problem: {i.key}: {i.message}" for i in plans[0].sharding.issues]
-    whole = plans[0].whole_reads
+    notes = [f"problem: {i.key}: {i.message}" for i in first.plan.issues]
+    whole = whole_reads(plans[0])
     if whole:
         notes.append(f"read whole (an op can't take a slice): {', '.join(whole[:5])}"
                      f"{' ...' if len(whole) > 5 else ''}")

@@ -88,6 +88,13 @@ def _dtensor_plan(model: nn.Module) -> ShardingPlan | None:
     return ShardingPlan("DTensor parameters", MappingProxyType(params), (), mesh)
 
 
+def dtensor_mesh(model: nn.Module) -> object | None:
+    """The device mesh of the model's first ``DTensor`` parameter, if any."""
+    from torch.distributed.tensor import DTensor
+
+    return next((p.device_mesh for p in model.parameters() if isinstance(p, DTensor)), None)
+
+
 def _auto_rules(model: nn.Module, experts: str) -> tuple[dict[str, str], str, list[PlanIssue]]:
     tp_plan = dict(getattr(model, "tp_plan", None) or getattr(model, "_tp_plan", None) or {})
     issues: list[PlanIssue] = []

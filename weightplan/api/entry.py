@@ -1,0 +1,97 @@
+"""``explain`` / ``explain_save`` / ``explain_convert``: the planner's entry points, with
+the transformers bridge plugged into the mapping lookup, returning user-facing plans."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from weightplan.api.plans import Plan, WritePlan, promote
+from weightplan.bridge.transformers import TransformersFinder
+from weightplan.planner.explain import explain_load
+from weightplan.planner.keys.lookup import Finder, is_transformers_class
+from weightplan.planner.write.explain_write import explain_convert_plan, explain_save_plan
+
+
+def bridge_for(model: torch.nn.Module | None) -> Finder | None:
+    """transformers' own mappings, for transformers models whose family isn't built in."""
+    if model is None or not any(is_transformers_class(m) for m in model.modules()):
+        return None
+    return TransformersFinder()
+
+
+def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: object = None,
+            dtype: torch.dtype | str | None = None, budget: int | str | None = None,
+            tp: object = None, quantization: object = None, threads: int = 4) -> Plan:
+    """Plan loading ``checkpoint`` into ``model`` from headers only; nothing is read or written.
+
+    Args:
+        model: a ``torch.nn.Module`` (usually on ``meta``), or ``None`` to see what the
+            keys become under ``mapping`` without a model.
+        checkpoint: a ``.safetensors`` file, a directory, a list of files, or a dict.
+        mapping: ``None`` (look the model's submodules up in the registry, depth first,
+            each mapping scoped to its submodule; transformers models whose family isn't
+            built in get transformers' own mapping through :mod:`weightplan.bridge`), a
+            registered name, or a list of transforms. Legacy ``LayerNorm.gamma/beta``
+            renames always apply.
+        dtype: cast floating tensors of a meta model to this dtype.
+        budget: bytes (or ``"8GiB"``) the load may add at most; raises
+            :class:`BudgetError` with the smallest budget that works when impossible.
+        tp: ``None``, ``"auto"`` or a :class:`~weightplan.TensorParallel`: plan this rank's
+            part only (its shards, read as narrowly as the ops allow); parameters become
+            DTensors with transformers' placements, or local tensors.
+        quantization: reserved for quantized loading.
+        threads: reader threads (``0``, or ``WEIGHTPLAN_SYNC_LOAD=1``, reads inline).
+
+    Returns:
+        A :class:`Plan`. Missing / unexpected / mismatched keys are reported on it;
+        configuration errors (conflicting converters, index gaps, unreadable files) raise.
+
+    Example:
+        >>> plan = explain(model, "ckpt_dir/")          # doctest: +SKIP
+        >>> print(plan); plan.execute()                 # doctest: +SKIP
+    """
+    finder = bridge_for(model) if mapping is None else None
+    data = explain_load(model, checkpoint, mapping=mapping, dtype=dtype, budget=budget, tp=tp,
+                        quantization=quantization, threads=threads, finder=finder)
+    return promote(Plan, data)
+
+
+def explain_save(model: torch.nn.Module, directory: str | os.PathLike[str], *,
+                 mapping: object = None, max_shard_size: int | str = "5GB",
+                 overwrite: bool = False, threads: int = 4) -> WritePlan:
+    """Plan writing ``model`` to ``directory`` in its checkpoint's original layout.
+
+    Args:
+        model: a model with real (not meta) tensors.
+        directory: where the shards and ``model.safetensors.index.json`` go.
+        mapping: ``None`` uses the record of the model's last weightplan load (exact),
+            else the registry's mapping for the model; a name or a list of transforms
+            derives the inverse from that mapping instead.
+        max_shard_size: bytes per shard (``"5GB"``); a bigger tensor gets its own shard.
+        overwrite: replace checkpoint files already in ``directory``.
+        threads: writer threads (0: inline).
+
+    Raises:
+        NotInvertibleError: a transform of the mapping has no unambiguous inverse.
+        SaveError: meta tensors, an unwritable or occupied directory, too little space.
+    """
+    data = explain_save_plan(model, directory, mapping=mapping, max_shard_size=max_shard_size,
+                             overwrite=overwrite, threads=threads,
+                             finder=bridge_for(model) if mapping is None else None)
+    return promote(WritePlan, data)
+
+
+def explain_convert(source: object, directory: str | os.PathLike[str], *, mapping: object,
+                    reverse: bool = False, max_shard_size: int | str = "5GB",
+                    overwrite: bool = False, threads: int = 4) -> WritePlan:
+    """Plan converting a checkpoint on disk to another layout, without a model.
+
+    Forward applies ``mapping`` (with the legacy renames) as a load would; ``reverse``
+    applies its inverse (a saved model's layout back to the original one).
+    """
+    data = explain_convert_plan(source, directory, mapping=mapping, reverse=reverse,
+                                max_shard_size=max_shard_size, overwrite=overwrite,
+                                threads=threads)
+    return promote(WritePlan, data)

@@ -1,0 +1,113 @@
+"""``Plan`` and ``WritePlan``: the planner's data plus running, printing and drawing.
+
+The planner's plan types (:class:`~weightplan.planner.plan.LoadPlanData`,
+:class:`~weightplan.planner.write.write_plan.WritePlanData`) are data only; these
+subclasses add what needs the executor and viz, which the planner may not import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, TypeVar
+
+from weightplan.executor.execute_load import execute_plan
+from weightplan.executor.execute_write import execute_write
+from weightplan.executor.report import LoadReport, SaveReport
+from weightplan.planner.plan import LoadPlanData, PlanData
+from weightplan.planner.write.write_plan import WritePlanData
+from weightplan.viz.data import plan_to_dict, write_plan_to_dict
+from weightplan.viz.dot import render_plan
+from weightplan.viz.html import plan_html
+from weightplan.viz.text import explain_text
+from weightplan.viz.timeline import render_timeline
+
+P = TypeVar("P", bound=PlanData)
+
+
+def promote(cls: type[P], data: PlanData) -> P:
+    """``data`` as an instance of its user-facing subclass ``cls`` (same fields)."""
+    return cls(**{f.name: getattr(data, f.name) for f in dataclasses.fields(data)})
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Plan(LoadPlanData):
+    """A load plan: the mapping, the graph, the schedule, the memory estimate, the problems.
+
+    Build it with :func:`weightplan.explain`; ``print(plan)`` shows it, ``plan.execute()``
+    runs it. A plan is immutable: executing it changes the model, never the plan.
+    """
+
+    def execute(self, *, strict: bool = False, progress: bool | None = None) -> LoadReport:
+        """Load the checkpoint into the model as planned.
+
+        Args:
+            strict: raise :class:`StrictLoadError` on missing or unexpected keys instead of
+                reporting them (shape mismatches always raise, before anything is written).
+            progress: show a progress bar; ``None`` shows it only on a terminal.
+
+        Returns:
+            A :class:`LoadReport` with bytes read, seconds, GB/s and the peak held.
+        """
+        return execute_plan(self, strict=strict, progress=progress)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The explanation as plain data (JSON-serializable)."""
+        return plan_to_dict(self)
+
+    def render(self, path: str, *, detail: str | None = None, only: str | None = None) -> str:
+        """Draw the plan graph with graphviz; returns the file written.
+
+        Args:
+            path: ``.svg`` / ``.png`` / ``.pdf`` (rendered by graphviz's ``dot`` binary; when
+                it is missing the ``.dot`` file is written instead, with a warning saying
+                how to render it) or ``.dot``.
+            detail: ``"grouped"`` (default) draws repeated layers once as a cluster marked
+                ``×N (layers 0..N-1)`` and each expert list as one node; ``"full"`` draws
+                every node (the default when ``only`` is given).
+            only: a glob over checkpoint and model keys (``"model.layers.3.*"``).
+
+        Example:
+            >>> plan.render("plan.svg")                                # doctest: +SKIP
+            >>> plan.render("layer3.svg", only="model.layers.3.*")     # doctest: +SKIP
+        """
+        return render_plan(self, path, detail=detail, only=only)
+
+    def render_timeline(self, path: str) -> str:
+        """Draw the planned memory per event (resident, in flight, intermediate, the budget,
+        the peak and its cause) as an SVG file; returns the file written."""
+        return render_timeline(self, path)
+
+    def _repr_html_(self) -> str:
+        """Jupyter: the grouped table, the graph (when ``dot`` exists) and the timeline."""
+        return plan_html(self)
+
+    def __str__(self) -> str:
+        return explain_text(self)
+
+    def __repr__(self) -> str:
+        return (f"<Plan {self.checkpoint.description}: {len(self.loaded_keys)} tensors, "
+                f"peak {self.peak_bytes} B, {len(self.problems)} problems>")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class WritePlan(WritePlanData):
+    """What will be written where, decided before a byte is written.
+
+    Build it with :func:`weightplan.explain_save` or :func:`weightplan.explain_convert`;
+    ``print(plan)`` shows it, ``plan.execute()`` writes.
+    """
+
+    def execute(self, *, progress: bool | None = None) -> SaveReport:
+        """Write the checkpoint; a failure leaves no half-written file behind."""
+        return execute_write(self, progress=progress)
+
+    def to_dict(self) -> dict[str, Any]:
+        return write_plan_to_dict(self)
+
+    def __str__(self) -> str:
+        return explain_text(self)
+
+    def __repr__(self) -> str:
+        return (f"<WritePlan {self.direction.value} ({self.inversion.value}) → "
+                f"{self.directory}: {len(self.layout.locations)} tensors in "
+                f"{len(self.layout.files)} file(s)>")

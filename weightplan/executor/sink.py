@@ -1,0 +1,39 @@
+"""The sink protocol: where the executor's writes go.
+
+The executor calls, in this order (1-3 from reader threads, 4-5 from the main thread):
+
+1. ``open(dest)`` when a step is submitted: a handle to write into;
+2. ``write_bytes(handle, dest, byte_offset, data)``: a direct byte copy;
+3. ``write_view(handle, dest, view, src)``: a strided / casting copy;
+4. ``close(dest, handle)`` when the step is finalized;
+5. ``commit()`` after the last step, or ``abort()`` on any failure.
+
+Implementations: :class:`~weightplan.executor.sinks.ModelSink` (model tensors),
+:class:`~weightplan.executor.writer.FileSink` (safetensors files) and
+:class:`~weightplan.executor.dict_sink.DictSink` (a ``{key: tensor}`` dict).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from weightplan.planner.tensors.destination import Destination
+from weightplan.planner.tensors.geometry import View
+
+
+class Sink(Protocol):
+    def open(self, dest: Destination) -> Any: ...
+
+    def write_bytes(self, handle: Any, dest: Destination, offset: int,
+                    data: torch.Tensor) -> None: ...
+
+    def write_view(self, handle: Any, dest: Destination, view: View,
+                   src: torch.Tensor) -> None: ...
+
+    def close(self, dest: Destination, handle: Any) -> None: ...
+
+    def commit(self) -> None: ...
+
+    def abort(self) -> None: ...

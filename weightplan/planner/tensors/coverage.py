@@ -1,0 +1,81 @@
+"""Does a set of fragments cover a destination exactly once? (element-offset arithmetic)
+
+A view's elements are a set of storage offsets. Its innermost dims that are laid out
+back to back form runs of consecutive offsets; the fragments cover the destination
+exactly once when their runs, sorted, never overlap and merge into the destination's own
+runs. Views with more than ``MAX_RUNS`` runs (a transposed write into a big tensor) are
+checked by element count and bounds only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from weightplan.planner.tensors.geometry import Fragment, View
+
+MAX_RUNS = 1 << 20
+
+
+def runs(view: View) -> tuple[torch.Tensor, int] | None:
+    """``(starts, length)``: the view's runs of consecutive offsets, or ``None`` if too many."""
+    dims = [(n, s) for n, s in zip(view.shape, view.stride, strict=True) if n != 1]
+    length = 1
+    while dims and dims[-1][1] == length:
+        length *= dims.pop()[0]
+    count = math.prod(n for n, _ in dims)
+    if count > MAX_RUNS:
+        return None
+    starts = torch.full((1,), view.offset, dtype=torch.int64)
+    for n, s in dims:
+        starts = (starts[:, None] + torch.arange(n, dtype=torch.int64) * s).reshape(-1)
+    return starts, length
+
+
+def _merged(starts: torch.Tensor, ends: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    breaks = torch.ones_like(starts, dtype=torch.bool)
+    breaks[1:] = starts[1:] != ends[:-1]
+    first = breaks.nonzero().reshape(-1)
+    last = torch.cat([first[1:] - 1, torch.tensor([len(starts) - 1])])
+    return starts[first], ends[last]
+
+
+def coverage_problem(universe: View, fragments: Sequence[Fragment]) -> str | None:
+    """``None`` when ``fragments`` cover ``universe`` exactly once, else what is wrong."""
+    total = sum(f.view.numel for f in fragments)
+    if total != universe.numel:
+        return f"fragments cover {total} of its {universe.numel} elements"
+    if any(f.view.numel != f.region.numel for f in fragments):
+        return "a fragment's region and view differ in size"
+    if len(fragments) == 1 and fragments[0].view == universe:
+        return None  # the common case: one read or op output fills the whole tensor
+    if universe.is_contiguous() and all(f.view.is_contiguous() for f in fragments):
+        return _contiguous_problem(universe, fragments)
+    parts = [runs(f.view) for f in fragments]
+    whole = runs(universe)
+    if whole is None or any(p is None for p in parts) or not parts:
+        return None  # counted above; too many runs to compare exactly
+    starts = torch.cat([p[0] for p in parts if p is not None])
+    ends = torch.cat([p[0] + p[1] for p in parts if p is not None])
+    order = torch.argsort(starts)
+    starts, ends = starts[order], ends[order]
+    if len(starts) > 1 and bool((starts[1:] < ends[:-1]).any()):
+        at = int(starts[1:][starts[1:] < ends[:-1]][0])
+        return f"two fragments both write element offset {at}"
+    got, want = _merged(starts, ends), _merged(whole[0], whole[0] + whole[1])
+    if not (torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])):
+        return "fragments write outside the destination or leave holes in it"
+    return None
+
+
+def _contiguous_problem(universe: View, fragments: Sequence[Fragment]) -> str | None:
+    end = universe.offset
+    for f in sorted(fragments, key=lambda f: f.view.offset):
+        if f.view.offset < end:
+            return f"two fragments both write element offset {f.view.offset}"
+        if f.view.offset > end:
+            return f"no fragment writes element offset {end}"
+        end += f.view.numel
+    return None

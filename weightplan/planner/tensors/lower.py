@@ -1,0 +1,40 @@
+"""From conversions to what runs: the graph, its steps (lowered and verified), the schedule.
+
+Every direction ends here, so the graph that is drawn is the graph whose steps are
+verified, and the verified steps are the ones the schedule orders and the executor runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from weightplan.planner.inputs.checkpoint import Checkpoint
+from weightplan.planner.tensors.budget import schedule_within
+from weightplan.planner.tensors.build import Conversion
+from weightplan.planner.tensors.graph import PlanGraph
+from weightplan.planner.tensors.placement import PIECE_BYTES, Step, plan_step
+from weightplan.planner.tensors.schedule import Schedule
+from weightplan.planner.tensors.verify import verify
+
+StepOrder = Callable[[Sequence[Step]], tuple[Step, ...]]
+
+
+def plan_graph(conversions: Sequence[Conversion]) -> PlanGraph:
+    """The conversions that load (or show where a mismatch would), as one DAG."""
+    return PlanGraph.of(n for c in conversions if c.in_graph for n in c.nodes)
+
+
+def lower(conversions: Sequence[Conversion], checkpoint: Checkpoint, *, order: StepOrder,
+          threads: int, budget: int | None = None, piece_bytes: int = PIECE_BYTES
+          ) -> tuple[PlanGraph, Schedule]:
+    """Graph → steps (where bytes land) → :func:`verify` → schedule (order, window, peak).
+
+    Raises:
+        GraphError: the graph or a step breaks an invariant (a bug, or a user op's
+            ``place`` that doesn't cover its output exactly once).
+        BudgetError: no schedule fits ``budget``.
+    """
+    graph = plan_graph(conversions)
+    steps = order([plan_step(c, piece_bytes) for c in conversions if c.loads])
+    verify(graph, steps, checkpoint)
+    return graph, schedule_within(steps, threads=threads, budget=budget)

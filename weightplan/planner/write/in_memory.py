@@ -1,0 +1,41 @@
+"""The convert direction into memory: ``convert()`` / ``revert()`` on a ``{key: tensor}`` dict.
+
+The same builder, lowering, verification and schedule as every other plan, with memory
+sinks: each output is a fresh tensor the executor fills (inline: the sources are in
+memory already) and hands back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from weightplan.errors import ConflictingTransformError
+from weightplan.planner.inputs.checkpoint import Checkpoint
+from weightplan.planner.tensors.build import Conversion, SinkKind, build_conversions
+from weightplan.planner.tensors.graph import PlanGraph
+from weightplan.planner.tensors.lower import lower
+from weightplan.planner.tensors.schedule import Schedule
+from weightplan.planner.write.reverse import ReverseGroups
+
+
+@dataclass(frozen=True, eq=False)
+class MemoryPlan:
+    """Conversions of an in-memory dict, their graph and schedule."""
+
+    checkpoint: Checkpoint
+    conversions: tuple[Conversion, ...]
+    graph: PlanGraph
+    schedule: Schedule
+
+
+def plan_in_memory(groups: ReverseGroups, checkpoint: Checkpoint) -> MemoryPlan:
+    """Raises :class:`ConflictingTransformError` when two conversions produce one key."""
+    conversions = build_conversions(groups.groups, groups.outputs, None, SinkKind.MEMORY)
+    seen: set[str] = set()
+    for conv in conversions:
+        for t in conv.targets:
+            if t.key in seen:
+                raise ConflictingTransformError(f"two conversions produce {t.key}")
+            seen.add(t.key)
+    graph, schedule = lower(conversions, checkpoint, order=tuple, threads=0)
+    return MemoryPlan(checkpoint, conversions, graph, schedule)
