@@ -64,3 +64,20 @@ def tp_oracle(tmp_path_factory, tp_checkpoints) -> Oracle:
                 if names is None or n in names]
         torchrun(world, WORKER, str(out), *args)
     return Oracle(out, tp_checkpoints)
+
+
+LOADER = Path(__file__).with_name("tp_load_worker.py")
+# (how, fixtures) per world size: "hf" loads into transformers' prepared model and runs
+# its TP forward; "wp" loads a plain meta model onto weightplan's own mesh.
+LOAD_JOBS = {2: (("hf", ("llama", "mixtral", "dsv3")), ("wp", ("qwen3moe",))),
+             4: (("wp", ("mixtral",)),)}
+
+
+@pytest.fixture(scope="session")
+def tp_loaded(tmp_path_factory, tp_checkpoints) -> Path:
+    """weightplan's own TP loads on real gloo groups of 2 and 4 ranks (dumps per rank)."""
+    out = tmp_path_factory.mktemp("tp_loaded")
+    for world, jobs in LOAD_JOBS.items():
+        args = [f"{how}:{tp_checkpoints[n]}" for how, names in jobs for n in names]
+        torchrun(world, LOADER, str(out), *args)
+    return out
