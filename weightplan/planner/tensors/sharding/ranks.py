@@ -42,6 +42,13 @@ def whole_reads(plan: LoadPlanData) -> tuple[str, ...]:
         d.shard is not None and d.shard.placement.is_sharded for d in s.destinations))
 
 
+def rank_rows(plans: tuple[LoadPlanData, ...]) -> list[dict[str, int]]:
+    """The table's rows as data (``--json``)."""
+    return [{"rank": p.sharding.rank if p.sharding else 0, "read_bytes": read_bytes(p),
+             "held_bytes": p.held_bytes, "replicated_bytes": p.replicated_bytes,
+             "peak_bytes": p.peak_bytes} for p in plans]
+
+
 def rank_table(plans: tuple[LoadPlanData, ...]) -> str:
     """A text table: one row per rank (read, held, replicated, peak, read / (total/N))."""
     if not plans or plans[0].sharding is None:
