@@ -62,7 +62,7 @@ def test_sharded_output_has_a_loadable_index(tmp_path):
     reloaded = moe_model()
     weightplan.load(reloaded, tmp_path / "out", mapping="mixtral")
     assert all(torch.equal(a, b) for a, b in zip(reloaded.state_dict().values(),
-                                                  model.state_dict().values()))
+                                                  model.state_dict().values(), strict=True))
 
 
 def test_a_model_never_loaded_saves_through_the_inverse_mapping(tmp_path):
@@ -79,7 +79,7 @@ def test_a_model_never_loaded_saves_through_the_inverse_mapping(tmp_path):
     fresh = moe_model()
     weightplan.load(fresh, tmp_path / "out", mapping="mixtral")
     assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(),
-                                                  model.state_dict().values()))
+                                                  model.state_dict().values(), strict=True))
 
 
 def test_prefix_change_is_refused_without_a_record(tmp_path):

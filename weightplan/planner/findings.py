@@ -67,10 +67,10 @@ def collect_findings(model: ModelInfo | None, routing: Routing,
         for t in conv.targets:
             if t.model is not None and t.status is not TargetStatus.UNEXPECTED:
                 produced.add(t.model.name)
-            if t.status is TargetStatus.MISMATCH:
-                mismatched[t.key] = Mismatch(t.produced.shape, t.model.spec.shape)
+            if t.status is TargetStatus.MISMATCH and t.expected is not None:
+                mismatched[t.key] = Mismatch(t.produced.shape, t.expected.shape)
                 problems.append(Problem(ProblemKind.MISMATCH, t.key, _mismatch_text(conv, t)))
-            if t.status is TargetStatus.TIED_DUPLICATE:
+            if t.status is TargetStatus.TIED_DUPLICATE and t.model is not None:
                 notes.append(Note(t.key, f"tied to {t.model.name}, which is loaded from another "
                                          f"checkpoint key; {', '.join(keys)} not read"))
         if statuses == {TargetStatus.UNEXPECTED}:

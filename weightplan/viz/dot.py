@@ -89,7 +89,7 @@ def _cluster_lines(cluster: Cluster, counter: int, edges: list[str]) -> tuple[li
     for part in cluster.parts:
         ids = [f"n{counter + i}" for i in range(len(part.boxes))]
         counter += len(part.boxes)
-        for node_id, box in zip(ids, part.boxes):
+        for node_id, box in zip(ids, part.boxes, strict=True):
             attrs = [f"label={_label(box.lines)}",
                      f'fillcolor="{box.fill}"']
             if box.peak or box.problem:

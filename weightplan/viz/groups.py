@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from weightplan.errors import RenderError
 from weightplan.planner.tensors.build import Conversion, TargetStatus
-from weightplan.planner.tensors.nodes import Node, NodeKind
+from weightplan.planner.tensors.nodes import Node, OpAttrs, ReadAttrs, SinkAttrs
 from weightplan.planner.keys.patterns import natural_key
 from weightplan.units import format_bytes
 from weightplan.viz.boxes import Box, BoxContext, Slot, make_box, node_slots
@@ -125,13 +125,13 @@ def _signature(conv: Conversion) -> tuple:
 
 def _template(node: Node) -> object:
     a = node.attrs
-    if node.kind is NodeKind.READ:
+    if isinstance(a, ReadAttrs):
         return split_numbers(a.entry.key)[0]
-    if node.kind is NodeKind.SINK:
+    if isinstance(a, SinkAttrs):
         return split_numbers(a.target)[0], a.dest.kind
-    if node.kind is NodeKind.OP:
+    if isinstance(a, OpAttrs):
         return repr(a.op)
-    return a.dtype
+    return a
 
 
 def _cluster_key(bucket: list[Conversion]) -> tuple[str, str, tuple[int, ...]]:

@@ -165,12 +165,12 @@ def _areas(frame: Frame, folded: list[Run]) -> list[str]:
     out = []
     for k, (name, colour) in enumerate(SERIES_COLOURS.items()):
         lower = [sum(r.values[:k]) for r in folded]
-        upper = [lo + r.values[k] for lo, r in zip(lower, folded)]
+        upper = [lo + r.values[k] for lo, r in zip(lower, folded, strict=True)]
         if upper == lower:
             continue
-        top = [(frame.x(x), frame.y(v)) for r, v in zip(folded, upper)
+        top = [(frame.x(x), frame.y(v)) for r, v in zip(folded, upper, strict=True)
                for x in (r.start, r.stop)]
-        bottom = [(frame.x(x), frame.y(v)) for r, v in zip(reversed(folded), reversed(lower))
+        bottom = [(frame.x(x), frame.y(v)) for r, v in zip(reversed(folded), reversed(lower), strict=True)
                   for x in (r.stop, r.start)]
         points = " ".join(f"{x:.1f},{y:.1f}" for x, y in top + bottom)
         out.append(f'<polygon points="{points}" fill="{colour}" fill-opacity="0.85" '

@@ -39,7 +39,7 @@ class View:
 
     def is_contiguous(self) -> bool:
         expected = 1
-        for size, stride in reversed(tuple(zip(self.shape, self.stride))):
+        for size, stride in reversed(tuple(zip(self.shape, self.stride, strict=True))):
             if size != 1 and stride != expected:
                 return False
             expected *= size
@@ -92,7 +92,7 @@ class Region:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(b - a for a, b in zip(self.starts, self.stops))
+        return tuple(b - a for a, b in zip(self.starts, self.stops, strict=True))
 
     @property
     def numel(self) -> int:
@@ -123,8 +123,8 @@ class Region:
         if self.numel == 0:
             return 0, 0
         strides = row_major_strides(shape)
-        first = sum(a * s for a, s in zip(self.starts, strides))
-        last = sum((b - 1) * s for b, s in zip(self.stops, strides))
+        first = sum(a * s for a, s in zip(self.starts, strides, strict=True))
+        last = sum((b - 1) * s for b, s in zip(self.stops, strides, strict=True))
         return first, last - first + 1
 
 
