@@ -17,7 +17,7 @@ from weightplan.convert import convert, revert
 from weightplan.errors import WeightplanError
 from weightplan.executor.report import LoadReport, SaveReport
 from weightplan.meta import init_empty
-from weightplan.parallel import TensorParallel
+from weightplan.planner.tensors.sharding.config import TensorParallel
 from weightplan.planner.keys import mappings as _mappings
 from weightplan.planner.keys.registry import REGISTRY, get_mapping, register_alias, register_mapping
 from weightplan.planner.keys.transforms import PrefixChange, WeightConverter, WeightRenaming

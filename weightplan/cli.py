@@ -122,7 +122,7 @@ def _explain(args: argparse.Namespace) -> int:
 def _explain_ranks(model, dtype, args: argparse.Namespace) -> int:
     """``--tp N [--ep]``: every rank planned in this process; a table, or JSON rows."""
     from weightplan.errors import ParallelError
-    from weightplan.parallel import TensorParallel
+    from weightplan.planner.tensors.sharding.config import TensorParallel
     from weightplan.planner.tensors.sharding.ranks import plan_ranks, rank_rows, rank_table
 
     if model is None:

@@ -1,8 +1,8 @@
 """transformers' own TP/EP loads as the oracle, run once per test session under torchrun.
 
-Two torchrun launches: TP over 2 ranks (every fixture), EP over 2 ranks (the MoE fixtures)
-and TP over 4 ranks (uneven shards: a vocabulary of 102 is 26/26/26/24). Each has a timeout, so a stuck collective fails the
-session fixture instead of hanging the suite.
+Two torchrun launches: 2 ranks (TP for every fixture, EP for the MoE ones) and 4 ranks (TP,
+uneven shards: a vocabulary of 102 is 26/26/26/24). Each has a timeout, so a stuck
+collective fails the session fixture instead of hanging the suite.
 """
 
 from __future__ import annotations

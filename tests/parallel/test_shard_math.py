@@ -68,7 +68,7 @@ def test_style_catalogue(style, name, ndim, expected):
 
 
 def test_placements_round_trip_through_torch():
-    for ours, theirs in PLACEMENTS[:2] + [(Placement.replicate(), None)]:
+    for ours, _ in PLACEMENTS[:2] + [(Placement.replicate(), None)]:
         back = Placement.from_torch(ours.to_torch())
         assert back == ours
     assert Placement.plain().to_torch() is None

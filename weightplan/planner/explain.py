@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from weightplan.errors import MappingError, ParallelError, PlanError
-from weightplan.parallel import as_tensor_parallel
+from weightplan.planner.tensors.sharding.config import as_tensor_parallel
 from weightplan.planner.findings import Findings, Problem, ProblemKind, collect_findings
 from weightplan.planner.inputs.checkpoint import Checkpoint, open_checkpoint
 from weightplan.planner.inputs.model_info import inspect_model

@@ -35,10 +35,10 @@ class Edge:
         return self.source.spec
 
     @property
-    def region(self) -> Region:
-        """The part of the source the target consumes (a shard's region, else all of it)."""
+    def regions(self) -> tuple[Region, ...]:
+        """The parts of the source the target consumes (a shard's pieces, else all of it)."""
         a = self.target.attrs
-        return a.region if isinstance(a, ShardAttrs) else Region.full(self.source.spec.shape)
+        return a.pieces if isinstance(a, ShardAttrs) else (Region.full(self.source.spec.shape),)
 
 
 @dataclass(frozen=True)

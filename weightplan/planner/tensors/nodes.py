@@ -83,9 +83,9 @@ class ShardAttrs:
     @property
     def local_shape(self) -> tuple[int, ...]:
         first = self.pieces[0].shape
-        d = self.placement.dim
-        if d is None or len(self.pieces) == 1:
+        if len(self.pieces) == 1:
             return first
+        d = self.placement.axis
         return first[:d] + (sum(p.shape[d] for p in self.pieces),) + first[d + 1:]
 
 

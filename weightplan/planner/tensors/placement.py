@@ -168,7 +168,7 @@ def _final_fragments(outputs: Streams[Node], written: list[Node],
     final: list[list[tuple[Fragment, ...]]] = [[() for _ in s] for s in outputs]
     for target, (sink, d) in enumerate(zip(written, dests, strict=True)):
         value, view = sink.inputs[0], View(d.spec.shape, d.stride)
-        placed = (Fragment(Region.full(d.spec.shape), target, view),)
+        placed: tuple[Fragment, ...] = (Fragment(Region.full(d.spec.shape), target, view),)
         if value.kind is NodeKind.SHARD:  # this rank's pieces of the value
             placed, value = shard_fragments(value, target, view), value.inputs[0]
         value = value.inputs[0] if value not in position else value  # through a cast

@@ -54,6 +54,13 @@ class Placement:
         return cls(PlacementKind.STRIDED, dim, split_factor)
 
     @property
+    def axis(self) -> int:
+        """The sharded dim (only for ``SHARD`` / ``STRIDED``)."""
+        if self.dim is None:
+            raise PlanError(f"placement {self} shards no dim")
+        return self.dim
+
+    @property
     def is_sharded(self) -> bool:
         return self.kind in (PlacementKind.SHARD, PlacementKind.STRIDED)
 
@@ -78,10 +85,10 @@ class Placement:
         if self.kind is PlacementKind.REPLICATE:
             return Replicate()
         if self.kind is PlacementKind.SHARD:
-            return Shard(self.dim)
+            return Shard(self.axis)
         from torch.distributed.tensor.placement_types import _StridedShard
 
-        return _StridedShard(self.dim, split_factor=self.split_factor)
+        return _StridedShard(self.axis, split_factor=self.split_factor)
 
     @classmethod
     def from_torch(cls, placement) -> "Placement":

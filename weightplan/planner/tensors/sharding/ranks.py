@@ -13,7 +13,7 @@ import dataclasses
 
 import torch
 
-from weightplan.parallel import TensorParallel
+from weightplan.planner.tensors.sharding.config import TensorParallel
 from weightplan.planner.plan import LoadPlanData
 from weightplan.units import format_bytes
 

@@ -20,10 +20,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from torch import nn
 
-from weightplan.parallel import TensorParallel
+from weightplan.planner.tensors.sharding.config import TensorParallel
 from weightplan.planner.tensors.sharding import styles
 from weightplan.planner.tensors.sharding.placements import Placement
 
@@ -51,7 +52,7 @@ class ShardingPlan:
     source: str
     params: Mapping[str, ParamSharding]
     issues: tuple[PlanIssue, ...] = ()
-    mesh: object | None = field(default=None, compare=False)  # from DTensor parameters
+    mesh: Any = field(default=None, compare=False)  # from DTensor parameters
 
     def placement(self, name: str) -> Placement:
         entry = self.params.get(name)
@@ -66,7 +67,7 @@ def resolve_sharding(model: nn.Module, tp: TensorParallel, world_size: int) -> S
     if tp.plan == "auto":
         rules, source, issues = _auto_rules(model, tp.experts)
     else:
-        rules, source, issues = dict(tp.plan), "the plan given", []
+        rules, source, issues = dict(tp.plan_entries()), "the plan given", []
     return _apply_rules(model, rules, source, issues, world_size)
 
 
@@ -88,7 +89,7 @@ def _dtensor_plan(model: nn.Module) -> ShardingPlan | None:
     return ShardingPlan("DTensor parameters", MappingProxyType(params), (), mesh)
 
 
-def dtensor_mesh(model: nn.Module) -> object | None:
+def dtensor_mesh(model: nn.Module) -> Any:
     """The device mesh of the model's first ``DTensor`` parameter, if any."""
     from torch.distributed.tensor import DTensor
 
@@ -179,7 +180,7 @@ def _check_fit(name: str, style: str, shape, placement: Placement, world_size: i
         return PlanIssue(name, f"{style}: {shape[0]} experts can't be split evenly over "
                          f"{world_size} ranks; use experts='tp' or a world size dividing "
                          f"{shape[0]}")
-    if placement.is_sharded and placement.dim >= len(shape):
+    if placement.is_sharded and placement.axis >= len(shape):
         return PlanIssue(name, f"{style} shards dim {placement.dim} of a {len(shape)}-d "
                          "tensor; give this parameter another style")
     return None

@@ -41,7 +41,7 @@ def pieces(placement: Placement, shape: tuple[int, ...], world: int, rank: int
     full = Region.full(shape)
     if not p.is_sharded:
         return (Piece(full, 0),)
-    d = p.dim
+    d = p.axis
     blocks = [(0, shape[d])] if p.kind is PlacementKind.SHARD else [
         chunk_bounds(shape[d], p.split_factor, j) for j in range(p.split_factor)]
     out, local = [], 0
@@ -57,8 +57,9 @@ def local_shape(placement: Placement, shape: tuple[int, ...], world: int, rank: 
     p = placement.normalized(len(shape))
     if not p.is_sharded:
         return tuple(shape)
-    size = sum(piece.region.shape[p.dim] for piece in pieces(p, shape, world, rank))
-    return shape[:p.dim] + (size,) + shape[p.dim + 1:]
+    d = p.axis
+    size = sum(piece.region.shape[d] for piece in pieces(p, shape, world, rank))
+    return shape[:d] + (size,) + shape[d + 1:]
 
 
 def local_fragments(placement: Placement, shape: tuple[int, ...], world: int, rank: int,
@@ -76,7 +77,7 @@ def local_fragments(placement: Placement, shape: tuple[int, ...], world: int, ra
         if piece.region.numel == 0:
             continue
         v = view if not p.is_sharded else view.narrow(
-            p.dim, piece.local_start, piece.region.shape[p.dim])
+            p.axis, piece.local_start, piece.region.shape[p.axis])
         frags.append(Fragment(piece.region, target, v))
     return tuple(frags)
 
@@ -85,12 +86,12 @@ def slice_local(tensor, placement: Placement, world: int, rank: int):
     """``rank``'s local tensor cut out of a full ``tensor`` (tests and offline sharding)."""
     import torch
 
-    parts = [tensor[tuple(slice(a, b) for a, b in zip(pc.region.starts, pc.region.stops))]
+    parts = [tensor[tuple(slice(a, b) for a, b in zip(pc.region.starts, pc.region.stops, strict=True))]
              for pc in pieces(placement, tuple(tensor.shape), world, rank)]
     p = placement.normalized(tensor.dim())
     if len(parts) == 1:
         return parts[0].contiguous()
-    return torch.cat(parts, p.dim).contiguous()
+    return torch.cat(parts, p.axis).contiguous()
 
 
 def region_nbytes(region: Region, itemsize: int) -> int:

@@ -13,6 +13,7 @@ its bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from weightplan.planner.tensors.destination import Destination, DestKind
 from weightplan.planner.tensors.geometry import Fragment, View, row_major_strides
@@ -31,7 +32,7 @@ class Sharding:
     world_size: int
     rank: int
     output: str = "dtensor"
-    mesh: object | None = field(default=None, compare=False)
+    mesh: Any = field(default=None, compare=False)
 
     def placement(self, key: str, ndim: int) -> Placement:
         return self.plan.placement(key).normalized(ndim)
@@ -64,14 +65,14 @@ def shard_fragments(node: Node, target: int, view: View) -> tuple[Fragment, ...]
     for box in a.pieces:
         if box.numel == 0:
             continue
-        size = box.shape[a.placement.dim]
-        out.append(Fragment(box, target, view.narrow(a.placement.dim, local, size)))
+        size = box.shape[a.placement.axis]
+        out.append(Fragment(box, target, view.narrow(a.placement.axis, local, size)))
         local += size
     return tuple(out)
 
 
-def plan_sharding(model, tp) -> Sharding:
-    """Resolve ``tp`` (a :class:`~weightplan.parallel.TensorParallel`) for ``model`` on this
+def plan_sharding(model: Any, tp: Any) -> Sharding:
+    """Resolve ``tp`` (a :class:`~weightplan.TensorParallel`) for ``model`` on this
     rank: the mesh (given, the DTensor parameters', or the default group) and the plan.
 
     Raises:
@@ -79,7 +80,7 @@ def plan_sharding(model, tp) -> Sharding:
             already allocated (tensor parallel loads into a model on ``meta``).
     """
     from weightplan.errors import ParallelError
-    from weightplan.parallel import Ranks
+    from weightplan.planner.tensors.sharding.config import Ranks
     from weightplan.planner.tensors.sharding.resolve import dtensor_mesh, resolve_sharding
 
     mesh = dtensor_mesh(model)
