@@ -117,3 +117,23 @@ def test_rank_table_from_one_process(tmp_path):
     assert all(r.replicated_bytes == 16 for r in ranks)
     lines = rank_table(ranks).splitlines()
     assert lines[0].startswith("tensor parallel over 4 ranks") and len(lines) == 6
+
+
+def test_dtensor_output_needs_a_mesh_and_sharding_needs_meta(tmp_path):
+    import pytest
+
+    from weightplan.errors import ParallelError
+
+    ckpt = write_checkpoint(tmp_path / "ckpt", {"emb.weight": torch.randn(4, 2)})
+    tp = TensorParallel(world_size=2, rank=0, plan={"emb": "embedding_rowwise"})
+    model = module_with({"emb.weight": ((4, 2), F32)})
+    plan = weightplan.explain(model, ckpt, tp=tp)
+    assert "tensor parallel: rank 0 of 2" in str(plan) and "dry run" in str(plan)
+    with pytest.raises(ParallelError, match="output='local'"):
+        plan.execute()
+    assert model.emb.weight.is_meta  # nothing was loaded
+    allocated = module_with({"emb.weight": ((4, 2), F32)}, device="cpu")
+    with pytest.raises(ParallelError, match="emb.weight is already allocated"):
+        weightplan.explain(allocated, ckpt, tp=tp)
+    with pytest.raises(ParallelError, match="needs a model"):
+        weightplan.explain(None, ckpt, tp=tp)

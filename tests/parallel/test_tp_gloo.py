@@ -36,3 +36,16 @@ def test_dtensors_equal_transformers_tp(tp_oracle, tp_loaded, fixture, how, worl
         for rank in range(world):
             got = torch.load(tp_loaded / f"{fixture}.{how}{world}.rank{rank}.pt")["__logits__"]
             assert (got - want).abs().max().item() <= 1e-6
+
+
+@pytest.mark.parametrize("fixture, how, world", CASES)
+def test_saving_the_sharded_model_writes_the_checkpoint_back(tp_checkpoints, tp_loaded, fixture,
+                                                            how, world):
+    from safetensors.torch import load_file
+
+    original = load_file(str(tp_checkpoints[fixture] / "model.safetensors"))
+    saved = load_file(str(tp_loaded / f"{fixture}.{how}{world}.saved" / "model.safetensors"))
+    assert saved.keys() == original.keys()
+    for key, tensor in original.items():
+        assert saved[key].dtype == tensor.dtype and saved[key].shape == tensor.shape, key
+        assert torch.equal(saved[key].view(torch.uint8), tensor.view(torch.uint8)), key

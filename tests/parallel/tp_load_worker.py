@@ -10,6 +10,7 @@ Per job and rank, a load is dumped to ``OUT/<fixture>.<how><N>.rank<r>.pt``, HOW
   on a fixed prompt go under ``"__logits__"`` (the TP forward runs through transformers).
 
 Each dump also has ``"__bytes__"``: the bytes the executor read and the rank's local bytes.
+Then the sharded model is saved (``weightplan.save``) to ``OUT/<fixture>.<how><N>.saved``.
 """
 
 from __future__ import annotations
@@ -68,7 +69,9 @@ def main() -> None:
         if how == "hf":
             with torch.no_grad():
                 record["__logits__"] = model(PROMPT).logits.detach()
-        torch.save(record, Path(out_dir) / f"{Path(directory).name}.{how}{world}.rank{rank}.pt")
+        name = f"{Path(directory).name}.{how}{world}"
+        torch.save(record, Path(out_dir) / f"{name}.rank{rank}.pt")
+        weightplan.save(model, Path(out_dir) / f"{name}.saved")  # gathered, rank 0 writes
     dist.barrier()
     dist.destroy_process_group()
 
