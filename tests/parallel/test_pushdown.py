@@ -1,5 +1,7 @@
 """Shards pushed down through conversion ops; plan resolution and its problems; rank table."""
 
+from pathlib import Path
+
 import torch
 
 from tests.conftest import module_with, write_checkpoint
@@ -137,3 +139,27 @@ def test_dtensor_output_needs_a_mesh_and_sharding_needs_meta(tmp_path):
         weightplan.explain(allocated, ckpt, tp=tp)
     with pytest.raises(ParallelError, match="needs a model"):
         weightplan.explain(None, ckpt, tp=tp)
+    missing = module_with({"emb.weight": ((4, 2), F32), "head.weight": ((4, 2), F32)})
+    tp = TensorParallel(world_size=2, rank=0, plan={"emb": "embedding_rowwise",
+                                                    "head": "colwise"}, output="local")
+    (problem,) = [p for p in weightplan.explain(missing, ckpt, tp=tp).problems
+                  if p.kind.value == "parallel"]
+    assert problem.key == "head.weight" and "initialized whole" in problem.message
+
+
+def test_a_tp_plan_is_drawn_and_serialized(tmp_path):
+    import json
+
+    tensors = {f"e.{i}.{w}": torch.randn(6, 4) for i in range(2) for w in ("w1", "w3")}
+    mapping = [WeightConverter(["e.*.w1", "e.*.w3"], "moe.gate_up_proj",
+                               operations=[MergeModulelist(0), Concatenate(1)])]
+    ckpt = write_checkpoint(tmp_path / "ckpt", tensors)
+    tp = TensorParallel(world_size=2, rank=1, plan={"moe.gate_up_proj": "packed_colwise"},
+                        output="local")
+    plan = weightplan.explain(module_with({"moe.gate_up_proj": ((2, 12, 4), F32)}), ckpt,
+                              mapping=mapping, tp=tp)
+    data = json.loads(json.dumps(plan.to_dict()))["tensor_parallel"]
+    assert data["rank"] == 1 and data["read_bytes"] == data["held_bytes"] == 2 * 6 * 4 * 4
+    assert data["placements"] == {"moe.gate_up_proj": "_StridedShard(dim=1, sf=2)"}
+    dot = Path(plan.render(str(tmp_path / "p.dot"))).read_text()
+    assert "shard _StridedShard(dim=1, sf=2) · rank 1/2" in dot

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from weightplan.planner.tensors.build import Conversion, TargetStatus
 from weightplan.planner.tensors.destination import DestKind
 from weightplan.planner.tensors.nodes import (
-    Node, NodeKind, OpAttrs, ReadAttrs, SinkAttrs, cast_attrs, op_attrs, read_attrs, sink_attrs,
+    Node, NodeKind, OpAttrs, ReadAttrs, ShardAttrs, SinkAttrs, cast_attrs, op_attrs, read_attrs,
+    sink_attrs,
 )
 from weightplan.planner.tensors.spec import short_dtype
 from weightplan.units import format_bytes
@@ -65,8 +66,12 @@ def node_slots(conv: Conversion, grouped: bool) -> dict[Node, Slot]:
         elif isinstance(a, SinkAttrs):
             stream = target_stream[a.target]
             slots[n] = (last + 2, stream)
-            if n.inputs and n.inputs[0].kind is NodeKind.CAST:
-                slots[n.inputs[0]] = (last + 1, stream)
+            value = n.inputs[0] if n.inputs else None
+            if value is not None and value.kind is NodeKind.SHARD:  # this rank's part
+                slots[value] = (last + 2, stream, 0)
+                value = value.inputs[0]
+            if value is not None and value.kind is NodeKind.CAST:
+                slots[value] = (last + 1, stream)
     return slots
 
 
@@ -85,6 +90,11 @@ def make_box(kind: NodeKind, rep: Sequence[Node], every: Sequence[Node], ctx: Bo
         return Box(kind, (f"{op!r}{times}", f"{size} · {how}"), op_colour(type(op).__name__))
     if kind is NodeKind.CAST:
         return Box(kind, (f"cast → {short_dtype(cast_attrs(rep[0]).dtype)}", size), KIND_COLOURS[kind])
+    if kind is NodeKind.SHARD:
+        a = rep[0].attrs
+        assert isinstance(a, ShardAttrs)
+        return Box(kind, (f"shard {a.placement} · rank {a.rank}/{a.world_size}", size),
+                   KIND_COLOURS[kind])
     return _assign_box(rep, every, size, ctx)
 
 
