@@ -20,7 +20,7 @@ def test_dtensors_equal_transformers_tp(tp_oracle, tp_loaded, fixture, how, worl
     shapes = {n: tuple(p.shape) for n, p in meta_model(fixture).named_parameters()}
     for rank in range(world):
         ours = torch.load(tp_loaded / f"{fixture}.{how}{world}.rank{rank}.pt")
-        theirs = tp_oracle.rank(fixture, "tp", world, rank)
+        theirs = tp_oracle.rank(fixture, "ep" if how == "ep" else "tp", world, rank)
         for name, (local, placements) in theirs.items():
             mine, my_placements, global_shape = ours[name]
             assert torch.equal(mine, local), name

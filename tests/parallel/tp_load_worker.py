@@ -5,6 +5,7 @@
 Per job and rank, a load is dumped to ``OUT/<fixture>.<how><N>.rank<r>.pt``, HOW being:
 
 - ``wp``: a plain meta model, ``TensorParallel()`` on the default group (weightplan's mesh);
+- ``ep``: the same with ``experts="ep"`` on a mesh passed as ``mesh=``;
 - ``hf``: a model prepared by transformers' own TP utilities (meta ``DTensor`` parameters
   and forward hooks), loaded by ``weightplan.explain(model, dir, tp="auto")``; its logits
   on a fixed prompt go under ``"__logits__"`` (the TP forward runs through transformers).
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import weightplan
@@ -63,8 +65,9 @@ def main() -> None:
     dist.init_process_group("gloo")
     for job in jobs:
         how, _, directory = job.partition(":")
-        model = meta_model(directory) if how == "wp" else transformers_prepared(directory, world)
-        tp = weightplan.TensorParallel() if how == "wp" else "auto"
+        model = transformers_prepared(directory, world) if how == "hf" else meta_model(directory)
+        tp = "auto" if how == "hf" else weightplan.TensorParallel() if how == "wp" else \
+            weightplan.TensorParallel(experts="ep", mesh=init_device_mesh("cpu", (world,)))
         record = dump(model, weightplan.explain(model, directory, tp=tp).execute())
         if how == "hf":
             with torch.no_grad():
