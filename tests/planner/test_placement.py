@@ -76,3 +76,27 @@ def test_a_cast_is_never_a_byte_copy():
     step = plan_step(build_conversion(group, None, torch.float32, SinkKind.MEMORY))
     assert step.destinations[0].spec.dtype == torch.float32
     assert not step.reads[0].direct and step.reads[0].byte_range == (DATA_START, 8)
+
+
+def test_a_shard_reads_only_its_region_through_the_ops():
+    """What the tensor-parallel work builds on: a shard node between the ops and the sink
+    narrows the fragment, and the ops push it down to the reads."""
+    import dataclasses
+
+    from weightplan.planner.tensors.nodes import Node, NodeKind, ShardAttrs, SinkAttrs
+    from weightplan.planner.tensors.sharding.placements import Placement
+    from weightplan.planner.tensors.spec import TensorSpec
+
+    a, b = entry("a", (2, 3), 0), entry("b", (2, 3), 24)
+    conv = conversion([[a], [b]], ["ab"], [Concatenate(0)])
+    (sink,) = conv.sinks
+    rows = Region((2, 0), (4, 3))  # rank 1 of 2, along dim 0: all of b, none of a
+    shard = Node(NodeKind.SHARD, TensorSpec((2, 3), torch.float32), sink.inputs,
+                 ShardAttrs(Placement.shard(0), (rows,), 1, 2))
+    dest = dataclasses.replace(sink.attrs.dest, spec=shard.spec, stride=(3, 1))
+    local = Node(NodeKind.SINK, shard.spec, (shard,), SinkAttrs(dest))
+    nodes = tuple(n for n in conv.nodes if n is not sink) + (shard, local)
+    step = plan_step(dataclasses.replace(conv, nodes=nodes))
+    (read,) = step.reads
+    assert read.entry.key == "b" and read.byte_range == (DATA_START + 24, 24) and read.direct
+    assert read.fragment.view == View((2, 3), (3, 1), 0)

@@ -146,3 +146,15 @@ def test_verify_raises_one_error_listing_every_problem():
     with pytest.raises(GraphError) as info:
         verify(PlanGraph((a, b, sink(a, "w"), sink(b, "w"), read_node("x", 48))))
     assert len(info.value.problems) == 2 and "2 problem(s)" in str(info.value)
+
+
+def test_every_step_is_submitted_then_finalized_once():
+    from weightplan.planner.tensors.schedule import Event, EventKind
+    from weightplan.planner.tensors.verify import check_events
+
+    s, f = EventKind.SUBMIT, EventKind.FINALIZE
+    assert check_events(2, [Event(s, 0), Event(s, 1), Event(f, 0), Event(f, 1)]) == []
+    (early,) = check_events(1, [Event(f, 0), Event(s, 0)])[:1]
+    assert "step 1 is finalized before it is submitted" in early
+    assert "never finalized" in check_events(2, [Event(s, 0), Event(f, 0), Event(s, 1)])[0]
+    assert "submitted twice" in check_events(1, [Event(s, 0), Event(s, 0), Event(f, 0)])[0]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
 
-from weightplan.planner.tensors.build import Conversion, TargetStatus
+from weightplan.planner.tensors.build import Conversion, Target, TargetStatus
 from weightplan.planner.keys.routing import Routing
 from weightplan.planner.inputs.model_info import ModelInfo
 
@@ -117,9 +117,9 @@ def _unexpected_text(conv: Conversion, key: str) -> str:
     return f"{key} becomes {names}, which the model doesn't have"
 
 
-def _mismatch_text(conv: Conversion, t) -> str:
+def _mismatch_text(conv: Conversion, t: Target) -> str:
     chain = " → ".join(repr(op) for op in conv.ops) or "no ops"
     keys = ", ".join(e.key for e in conv.group.entries[:4])
     more = f" and {len(conv.group.entries) - 4} more" if len(conv.group.entries) > 4 else ""
     return (f"{t.key}: checkpoint gives {list(t.produced.shape)} but the model has "
-            f"{list(t.model.spec.shape)} (from {keys}{more}; ops: {chain})")
+            f"{list(t.expected.shape) if t.expected else '?'} (from {keys}{more}; ops: {chain})")

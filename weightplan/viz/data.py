@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from typing import Any
+
+from weightplan.planner.keys.registry import SubmoduleMapping
+from weightplan.planner.plan import LoadPlanData
+from weightplan.planner.write.write_plan import WritePlanData
 
 from weightplan.viz.rows import mapping_rows
 
 
-def plan_to_dict(plan) -> dict:
+def plan_to_dict(plan: LoadPlanData) -> dict[str, Any]:
     peak = plan.schedule.peak
     info = plan.model_info
     return {
@@ -43,7 +48,7 @@ def plan_to_dict(plan) -> dict:
     }
 
 
-def parallel_to_dict(plan) -> dict | None:
+def parallel_to_dict(plan: LoadPlanData) -> dict[str, Any] | None:
     """This rank's part of a tensor-parallel plan (``None`` without ``tp=``)."""
     s = plan.sharding
     if s is None:
@@ -55,7 +60,7 @@ def parallel_to_dict(plan) -> dict | None:
             "placements": {k: str(v.placement) for k, v in sorted(s.plan.params.items())}}
 
 
-def write_plan_to_dict(plan) -> dict:
+def write_plan_to_dict(plan: WritePlanData) -> dict[str, Any]:
     peak = plan.schedule.peak
     return {
         "direction": plan.direction.value,
@@ -73,7 +78,7 @@ def write_plan_to_dict(plan) -> dict:
     }
 
 
-def submodule_to_dict(s) -> dict:
+def submodule_to_dict(s: SubmoduleMapping) -> dict[str, Any]:
     """One entry of the depth-first mapping lookup (``planner.registry.SubmoduleMapping``)."""
     return {"path": s.path, "class": s.class_name, "model_type": s.model_type,
             "identifier": s.identifier, "via": s.via.value, "key": s.key,

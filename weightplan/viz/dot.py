@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 
 from weightplan.errors import RenderError
+from weightplan.planner.plan import LoadPlanData
 from weightplan.viz.groups import Cluster, Picture, plan_picture
 from weightplan.viz.style import (
     CLUSTER_COLOUR, EDGE_COLOUR, PEAK_COLOUR, PROBLEM_COLOUR, PROBLEM_FILL, dot_string,
@@ -37,7 +38,7 @@ _HEADER = (
 )
 
 
-def to_dot(plan, *, detail: str | None = None, only: str | None = None) -> str:
+def to_dot(plan: LoadPlanData, *, detail: str | None = None, only: str | None = None) -> str:
     """The plan's graph as DOT text (see :func:`~weightplan.viz.groups.plan_picture`).
 
     Args:
@@ -129,7 +130,7 @@ def run_dot(text: str, fmt: str) -> bytes:
     return done.stdout
 
 
-def render_plan(plan, path: str | Path, *, detail: str | None = None,
+def render_plan(plan: LoadPlanData, path: str | Path, *, detail: str | None = None,
                 only: str | None = None) -> str:
     """Draw ``plan`` to ``path`` and return the file written (see :meth:`Plan.render`).
 

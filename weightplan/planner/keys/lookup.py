@@ -23,7 +23,7 @@ submodule differently are ambiguous: :class:`ConflictingTransformError` names bo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from torch import nn
@@ -151,7 +151,7 @@ def _skip(walk: _Walk, path: str, module: nn.Module, identifier: str, via: Via) 
         found.source, (), owner))
 
 
-def _claimed_above(paths, path: str) -> bool:
+def _claimed_above(paths: Iterable[str], path: str) -> bool:
     return any(p == "" or path.startswith(p + ".") for p in paths)
 
 

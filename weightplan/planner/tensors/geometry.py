@@ -105,6 +105,11 @@ class Region:
         return Region(self.starts[:dim] + (start,) + self.starts[dim + 1:],
                       self.stops[:dim] + (stop,) + self.stops[dim + 1:])
 
+    def shifted(self, by: tuple[int, ...]) -> "Region":
+        """The same box moved by ``by`` (a region of a part, in the whole's coordinates)."""
+        return Region(tuple(a + b for a, b in zip(self.starts, by, strict=True)),
+                      tuple(a + b for a, b in zip(self.stops, by, strict=True)))
+
     def drop(self, dim: int) -> "Region":
         return Region(self.starts[:dim] + self.starts[dim + 1:], self.stops[:dim] + self.stops[dim + 1:])
 

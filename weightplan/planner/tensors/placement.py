@@ -22,6 +22,7 @@ from weightplan.planner.inputs.checkpoint import TensorEntry
 from weightplan.planner.tensors.build import Conversion, stage_specs, stages
 from weightplan.planner.tensors.destination import Destination, DestKind
 from weightplan.planner.tensors.geometry import Fragment, Region, View
+from weightplan.errors import PlanError
 from weightplan.planner.tensors.nodes import Node, NodeKind, op_attrs, read_attrs, sink_attrs
 from weightplan.planner.tensors.ops.base import ConversionOp, Streams
 from weightplan.planner.tensors.sharding.shard_nodes import shard_fragments
@@ -164,16 +165,23 @@ def plan_step(conv: Conversion, piece_bytes: int = PIECE_BYTES) -> Step:
 
 def _final_fragments(outputs: Streams[Node], written: list[Node],
                      dests: tuple[Destination, ...]) -> Streams[tuple[Fragment, ...]]:
+    """Each destination as fragments of the last stage's value it comes from: through a
+    cast unchanged, through a shard as the shard's pieces of its input (one per piece,
+    each landing in its slice of the local destination)."""
     position = {n: (i, j) for i, stream in enumerate(outputs) for j, n in enumerate(stream)}
     final: list[list[tuple[Fragment, ...]]] = [[() for _ in s] for s in outputs]
     for target, (sink, d) in enumerate(zip(written, dests, strict=True)):
         value, view = sink.inputs[0], View(d.spec.shape, d.stride)
         placed: tuple[Fragment, ...] = (Fragment(Region.full(d.spec.shape), target, view),)
-        if value.kind is NodeKind.SHARD:  # this rank's pieces of the value
-            placed, value = shard_fragments(value, target, view), value.inputs[0]
-        value = value.inputs[0] if value not in position else value  # through a cast
+        while value not in position:
+            if value.kind is NodeKind.SHARD:  # this rank's pieces of its input
+                placed = shard_fragments(value, target, view)
+            elif value.kind is not NodeKind.CAST:
+                raise PlanError(f"{value!r} between the ops and {sink!r} can't be placed; only "
+                                "casts and shards may sit there")
+            value = value.inputs[0]
         i, j = position[value]
-        final[i][j] = placed
+        final[i][j] += placed
     return tuple(tuple(row) for row in final)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from weightplan.errors import PlanError
 
@@ -76,7 +77,7 @@ class Placement:
             raise PlanError(f"placement {self} does not fit a {ndim}-d tensor")
         return Placement(self.kind, self.dim + ndim, self.split_factor)
 
-    def to_torch(self):
+    def to_torch(self) -> Any:
         """The ``torch.distributed.tensor`` placement (``None`` for a plain tensor)."""
         from torch.distributed.tensor import Replicate, Shard
 
@@ -91,7 +92,7 @@ class Placement:
         return _StridedShard(self.axis, split_factor=self.split_factor)
 
     @classmethod
-    def from_torch(cls, placement) -> "Placement":
+    def from_torch(cls, placement: Any) -> "Placement":
         """From a torch placement; ``Partial`` (a pending reduction) has no meaning here."""
         name = type(placement).__name__
         if name == "Replicate":

@@ -17,7 +17,7 @@ that names nothing in the model, is a :class:`PlanIssue` (reported by ``explain`
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -27,6 +27,8 @@ from torch import nn
 from weightplan.planner.tensors.sharding.config import TensorParallel
 from weightplan.planner.tensors.sharding import styles
 from weightplan.planner.tensors.sharding.placements import Placement
+
+Compiled = tuple[str, str, "re.Pattern[str]"]  # (plan entry, style, its pattern)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,13 +132,13 @@ def _pattern(rule: str) -> str:
     return r"[^.]+".join(re.escape(part) for part in rule.split("*"))
 
 
-def _alternation(rules) -> str:
+def _alternation(rules: Iterable[str]) -> str:
     return "(?:" + "|".join(_pattern(r) for r in rules) + ")"
 
 
 def _apply_rules(model: nn.Module, rules: dict[str, str], source: str,
                  issues: list[PlanIssue], world_size: int) -> ShardingPlan:
-    compiled = [(rule, style, re.compile(_pattern(rule))) for rule, style in rules.items()]
+    compiled: list[Compiled] = [(rule, style, re.compile(_pattern(rule))) for rule, style in rules.items()]
     for rule, style, _ in compiled:
         if not styles.known(style):
             issues.append(PlanIssue(rule, f"unknown parallel style {style!r}; known: "
@@ -154,7 +156,7 @@ def _apply_rules(model: nn.Module, rules: dict[str, str], source: str,
         if not styles.known(style):
             continue
         placement = styles.placement_for(style, name, param.dim())
-        issue = _check_fit(name, style, param.shape, placement, world_size)
+        issue = _check_fit(name, style, tuple(param.shape), placement, world_size)
         if issue is not None:
             issues.append(issue)
             continue
@@ -165,7 +167,7 @@ def _apply_rules(model: nn.Module, rules: dict[str, str], source: str,
     return ShardingPlan(source, MappingProxyType(params), tuple(issues))
 
 
-def _match(name: str, compiled) -> tuple[str, str] | None:
+def _match(name: str, compiled: list[Compiled]) -> tuple[str, str] | None:
     module = name.rpartition(".")[0]
     for target in (name, module):
         for rule, style, pattern in compiled:
@@ -174,7 +176,8 @@ def _match(name: str, compiled) -> tuple[str, str] | None:
     return None
 
 
-def _check_fit(name: str, style: str, shape, placement: Placement, world_size: int
+def _check_fit(name: str, style: str, shape: tuple[int, ...], placement: Placement,
+               world_size: int
                ) -> PlanIssue | None:
     if style in styles.EXPERT_PARALLEL and shape and shape[0] % world_size:
         return PlanIssue(name, f"{style}: {shape[0]} experts can't be split evenly over "

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from weightplan.planner.tensors.geometry import Fragment, Region, View
 from weightplan.planner.tensors.sharding.placements import Placement, PlacementKind
 
@@ -82,10 +84,9 @@ def local_fragments(placement: Placement, shape: tuple[int, ...], world: int, ra
     return tuple(frags)
 
 
-def slice_local(tensor, placement: Placement, world: int, rank: int):
+def slice_local(tensor: torch.Tensor, placement: Placement, world: int, rank: int
+                ) -> torch.Tensor:
     """``rank``'s local tensor cut out of a full ``tensor`` (tests and offline sharding)."""
-    import torch
-
     parts = [tensor[tuple(slice(a, b) for a, b in zip(pc.region.starts, pc.region.stops, strict=True))]
              for pc in pieces(placement, tuple(tensor.shape), world, rank)]
     p = placement.normalized(tensor.dim())
