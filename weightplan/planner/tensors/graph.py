@@ -40,6 +40,13 @@ class Edge:
         a = self.target.attrs
         return a.pieces if isinstance(a, ShardAttrs) else (Region.full(self.source.spec.shape),)
 
+    @property
+    def region(self) -> Region:
+        """The box enclosing :attr:`regions` (a ``_StridedShard`` consumes parts of it)."""
+        boxes = self.regions
+        return Region(tuple(min(s) for s in zip(*(b.starts for b in boxes), strict=True)),
+                      tuple(max(s) for s in zip(*(b.stops for b in boxes), strict=True)))
+
 
 @dataclass(frozen=True)
 class PlanGraph:
