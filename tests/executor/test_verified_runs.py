@@ -52,3 +52,29 @@ def test_convert_and_revert_run_through_the_executor(monkeypatch):
     assert all(torch.equal(back[k], v) for k, v in tensors.items())
     assert calls == ["DictSink", "DictSink"]
     assert out["w"].untyped_storage().data_ptr() != back["e.0.w"].untyped_storage().data_ptr()
+
+
+def test_a_read_split_into_pieces_lands_whole(tmp_path):
+    """Reads over the piece size (32 MiB by default) are split across threads; with a
+    small piece size the suite runs that path."""
+    from weightplan.executor.dict_sink import DictSink
+    from weightplan.planner.explain import choose_mapping
+    from weightplan.planner.inputs.checkpoint import open_checkpoint
+    from weightplan.planner.tensors.build import SinkKind, build_conversions
+    from weightplan.planner.tensors.lower import lower
+    from weightplan.planner.write.explain_write import forward_groups
+
+    ckpt = {f"e.{i}.w": torch.randn(10, 100) for i in range(3)}
+    ckpt["big"] = torch.randn(1000)
+    directory = write_checkpoint(tmp_path / "c", ckpt)
+    source = open_checkpoint(directory)
+    mapping = [WeightConverter("e.*.w", "w", [MergeModulelist(0)])]
+    groups = forward_groups(choose_mapping(mapping, None), source)
+    conversions = build_conversions(groups.groups, None, None, SinkKind.MEMORY)
+    _, schedule = lower(conversions, source, order=tuple, threads=2, piece_bytes=1024)
+    pieces = {r.entry.key: len(r.pieces) for s in schedule.steps for r in s.reads}
+    assert pieces == {"e.0.w": 4, "e.1.w": 4, "e.2.w": 4, "big": 4}
+    sink = DictSink()
+    run_module.run_plan(schedule, source, sink, progress=False)
+    assert torch.equal(sink.results["big"], ckpt["big"])
+    assert torch.equal(sink.results["w"], torch.stack([ckpt[f"e.{i}.w"] for i in range(3)]))

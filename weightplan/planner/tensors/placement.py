@@ -18,12 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import cached_property
 
+from weightplan.errors import PlanError
 from weightplan.planner.inputs.checkpoint import TensorEntry
-from weightplan.planner.tensors.build import Conversion, stage_specs, stages
+from weightplan.planner.tensors.build import Conversion, stage_op, stage_specs, stages
 from weightplan.planner.tensors.destination import Destination, DestKind
 from weightplan.planner.tensors.geometry import Fragment, Region, View
-from weightplan.errors import PlanError
-from weightplan.planner.tensors.nodes import Node, NodeKind, op_attrs, read_attrs, sink_attrs
+from weightplan.planner.tensors.nodes import Node, NodeKind, read_attrs, sink_attrs
 from weightplan.planner.tensors.ops.base import ConversionOp, Streams
 from weightplan.planner.tensors.sharding.shard_nodes import shard_fragments
 
@@ -98,7 +98,7 @@ class Step:
     @property
     def ops(self) -> tuple[ConversionOp, ...]:
         """The materialized ops, in order."""
-        return tuple(op_attrs(stage[0][0]).op for stage in self.materialize)
+        return tuple(stage_op(stage) for stage in self.materialize)
 
     @cached_property
     def read_bytes(self) -> int:
@@ -132,7 +132,7 @@ class Step:
     def convert_bytes(self) -> int:
         """Upper bound of the tensors the materialized ops allocate."""
         return sum(sum(n.spec.nbytes for stream in stage for n in stream)
-                   for stage in self.materialize if op_attrs(stage[0][0]).op.allocates)
+                   for stage in self.materialize if stage_op(stage).allocates)
 
     @cached_property
     def direct_fraction(self) -> float:
@@ -149,8 +149,7 @@ def plan_step(conv: Conversion, piece_bytes: int = PIECE_BYTES) -> Step:
     frags = _final_fragments(values[-1], written, dests)
     m = len(values) - 1
     while m > 0:
-        op = op_attrs(values[m][0][0]).op
-        placed = op.place(frags, stage_specs(values[m - 1]))
+        placed = stage_op(values[m]).place(frags, stage_specs(values[m - 1]))
         if placed is None:
             break
         frags, m = placed, m - 1
