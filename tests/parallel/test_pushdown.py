@@ -119,6 +119,9 @@ def test_rank_table_from_one_process(tmp_path):
     assert all(r.replicated_bytes == 16 for r in ranks)
     lines = rank_table(ranks).splitlines()
     assert lines[0].startswith("tensor parallel over 4 ranks") and len(lines) == 6
+    from weightplan import parallel
+
+    assert parallel.rank_table(parallel.plan_ranks(model, ckpt, tp, mapping=[])) == rank_table(ranks)
 
 
 def test_dtensor_output_needs_a_mesh_and_sharding_needs_meta(tmp_path):
