@@ -9,7 +9,7 @@ import weightplan.ops
 def test_exported_names():
     for name in ("explain", "load", "convert", "Plan", "LoadReport", "WeightRenaming",
                  "PrefixChange", "WeightConverter", "register_mapping", "get_mapping",
-                 "from_pretrained", "init_empty"):
+                 "from_pretrained", "init_empty", "TensorParallel"):
         assert name in weightplan.__all__ and hasattr(weightplan, name), name
     for name in ("Chunk", "Concatenate", "MergeModulelist", "SplitModulelist", "Transpose",
                  "PermuteForRope", "Conv3dToLinear", "LinearToConv3d", "ConversionOp"):

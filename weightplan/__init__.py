@@ -21,6 +21,7 @@ from weightplan.executor.report import LoadReport, SaveReport
 from weightplan.meta import init_empty
 from weightplan.model_config import write_model_config
 from weightplan.pretrained import from_pretrained
+from weightplan.planner.tensors.sharding.config import TensorParallel
 from weightplan.planner.keys import mappings as _mappings
 from weightplan.planner.keys.registry import REGISTRY, get_mapping, register_alias, register_mapping
 from weightplan.planner.keys.transforms import PrefixChange, WeightConverter, WeightRenaming
@@ -78,4 +79,5 @@ __all__ = [
     "WeightRenaming", "PrefixChange", "WeightConverter",
     "register_mapping", "get_mapping", "register_alias", "init_empty", "WeightplanError",
     "from_pretrained",
+    "TensorParallel",
 ]

@@ -6,6 +6,7 @@
     weightplan explain CKPT --model-type mixtral     what the keys become, with shapes (no model)
     weightplan explain CKPT --model-type mixtral --json
     weightplan explain CKPT --model-type mixtral --svg plan.svg --timeline mem.svg
+    weightplan explain CKPT_DIR --tp 8 [--ep]        every rank's bytes read / held / peak
     weightplan convert SRC DST --model-type mixtral [--reverse]   on disk, no model
     weightplan mappings                              registered mappings and aliases
     weightplan recover DIR                           complete a save interrupted in its commit
@@ -75,6 +76,11 @@ def _explain_parser(exp: argparse.ArgumentParser) -> None:
                      help="graph detail (default: grouped; full with --only)")
     exp.add_argument("--only", metavar="GLOB",
                      help="draw only the keys matching GLOB, e.g. 'model.layers.0.*'")
+    exp.add_argument("--tp", type=int, metavar="N",
+                     help="plan a tensor-parallel load over N ranks: one row per rank (read, "
+                          "held, replicated, peak), from this process, with no GPU")
+    exp.add_argument("--ep", action="store_true",
+                     help="with --tp: whole experts per rank (the model's ep_plan)")
 
 
 def _convert_parser(conv: argparse.ArgumentParser) -> None:
@@ -162,6 +168,8 @@ def _explain(args: argparse.Namespace) -> int:
     model, dtype = None, args.dtype
     if args.mapping is None:
         model, dtype = _model_for(args.checkpoint, args.dtype)
+    if args.tp is not None:
+        return _explain_ranks(model, dtype, args)
     plan = weightplan.explain(model, args.checkpoint, mapping=args.mapping, dtype=dtype,
                               budget=args.budget)
     if args.json:
@@ -169,6 +177,23 @@ def _explain(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(explain_text(plan, width=args.width))
     _pictures(plan, args)
+    return 0
+
+
+def _explain_ranks(model: Any, dtype: Any, args: argparse.Namespace) -> int:
+    """``--tp N [--ep]``: every rank planned in this process; a table, or JSON rows."""
+    from weightplan.errors import ParallelError
+    from weightplan.planner.tensors.sharding.config import TensorParallel
+    from weightplan.planner.tensors.sharding.ranks import plan_ranks, rank_rows, rank_table
+
+    if model is None:
+        raise ParallelError("--tp needs the model: a checkpoint directory with config.json "
+                            "and transformers installed")
+    tp = TensorParallel(world_size=args.tp, rank=0, experts="ep" if args.ep else "tp",
+                        output="local")
+    plans = plan_ranks(model, args.checkpoint, tp, mapping=args.mapping, dtype=dtype,
+                       budget=args.budget)
+    print(json.dumps(rank_rows(plans), indent=2) if args.json else rank_table(plans))
     return 0
 
 

@@ -28,6 +28,7 @@ escapes (they are wrapped and chained with ``from``). The tree::
     │   ├── StrictLoadError          missing / unexpected keys with ``strict=True``
     │   ├── MetaBufferError          buffers left on meta that nothing can rebuild
     │   ├── BudgetError              no schedule fits the memory budget
+    │   ├── ParallelError            a tensor-parallel configuration can't work (names the fix)
     │   ├── GraphError               the plan graph or its lowering breaks an invariant
     │   │                            (``verify``; ``.problems`` lists every message)
     │   └── QuantizationError        a quantized checkpoint or model can't be loaded as asked
@@ -164,6 +165,10 @@ class BudgetError(PlanError):
     def __init__(self, message: str, *, minimum_bytes: int | None = None):
         super().__init__(message)
         self.minimum_bytes = minimum_bytes
+
+
+class ParallelError(PlanError):
+    """A tensor/expert-parallel configuration can't work (mesh, ranks, plan, output)."""
 
 
 class GraphError(PlanError):

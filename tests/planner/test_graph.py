@@ -8,6 +8,7 @@ from weightplan.planner.tensors.geometry import Region
 from weightplan.planner.tensors.graph import Edge, PlanGraph
 from weightplan.planner.tensors.lower import plan_graph
 from weightplan.planner.tensors.nodes import Node, NodeKind, ShardAttrs
+from weightplan.planner.tensors.sharding.placements import Placement
 from weightplan.planner.tensors.spec import TensorSpec
 
 from tests.planner.core import conversion, entry
@@ -33,8 +34,14 @@ def test_nodes_come_after_their_inputs_and_edges_carry_specs():
 def test_a_shard_edge_carries_its_region():
     read = merged_graph().nodes[0]
     half = Region((0, 0), (1, 3))
-    shard = Node(NodeKind.SHARD, TensorSpec((1, 3), torch.float32), (read,), ShardAttrs(half, 0, 2))
-    assert Edge(read, shard, 0).region == half
+    attrs = ShardAttrs(Placement.shard(0), (half,), 0, 2)
+    shard = Node(NodeKind.SHARD, TensorSpec((1, 3), torch.float32), (read,), attrs)
+    assert Edge(read, shard, 0).region == half and Edge(read, shard, 0).regions == (half,)
+    halves = (Region((0, 0), (1, 1)), Region((0, 2), (1, 3)))  # a strided shard's two blocks
+    strided = Node(NodeKind.SHARD, TensorSpec((1, 2), torch.float32), (read,),
+                   ShardAttrs(Placement.strided(1, 2), halves, 0, 2))
+    assert Edge(read, strided, 0).regions == halves
+    assert Edge(read, strided, 0).region == Region((0, 0), (1, 3))
 
 
 def test_equal_subgraphs_are_one_node_and_networkx_is_a_view():

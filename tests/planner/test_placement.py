@@ -84,6 +84,7 @@ def test_a_shard_reads_only_its_region_through_the_ops():
     import dataclasses
 
     from weightplan.planner.tensors.nodes import Node, NodeKind, ShardAttrs, SinkAttrs
+    from weightplan.planner.tensors.sharding.placements import Placement
     from weightplan.planner.tensors.spec import TensorSpec
 
     a, b = entry("a", (2, 3), 0), entry("b", (2, 3), 24)
@@ -91,7 +92,7 @@ def test_a_shard_reads_only_its_region_through_the_ops():
     (sink,) = conv.sinks
     rows = Region((2, 0), (4, 3))  # rank 1 of 2, along dim 0: all of b, none of a
     shard = Node(NodeKind.SHARD, TensorSpec((2, 3), torch.float32), sink.inputs,
-                 ShardAttrs(rows, 1, 2))
+                 ShardAttrs(Placement.shard(0), (rows,), 1, 2))
     dest = dataclasses.replace(sink.attrs.dest, spec=shard.spec, stride=(3, 1))
     local = Node(NodeKind.SINK, shard.spec, (shard,), SinkAttrs(dest))
     nodes = tuple(n for n in conv.nodes if n is not sink) + (shard, local)

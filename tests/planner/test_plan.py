@@ -186,7 +186,7 @@ def test_options_are_validated():
         weightplan.explain(moe_model(), moe_checkpoint(), threads=-1)
     with pytest.raises(PlanError, match="dtype"):
         weightplan.explain(moe_model(), moe_checkpoint(), dtype="float7")
-    with pytest.raises(PlanError, match="tensor-parallel"):
+    with pytest.raises(PlanError, match="TensorParallel"):
         weightplan.explain(moe_model(), moe_checkpoint(), tp={"world_size": 2})
 
 

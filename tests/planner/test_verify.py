@@ -5,6 +5,8 @@ import dataclasses
 import pytest
 import torch
 
+from weightplan.planner.tensors.sharding.placements import Placement
+
 from weightplan.errors import GraphError
 from weightplan.ops import Chunk, MergeModulelist
 from weightplan.planner.inputs.checkpoint import FileStamp
@@ -78,10 +80,14 @@ def test_a_sink_whose_input_has_another_dtype():
     assert "insert a cast node" in check(PlanGraph((r, wrong)))[0]
 
 
-def test_a_shard_yields_its_region():
+def test_a_shard_yields_its_pieces():
     r = read_node()
-    shard = Node(NodeKind.SHARD, F32, (r,), ShardAttrs(Region((0, 0), (1, 3)), 0, 2))
-    assert "a shard yields its region [1, 3]" in check(PlanGraph((r, shard, sink(shard))))[0]
+    attrs = ShardAttrs(Placement.shard(0), (Region((0, 0), (1, 3)),), 0, 2)
+    shard = Node(NodeKind.SHARD, F32, (r,), attrs)
+    assert "a shard yields its pieces [1, 3]" in check(PlanGraph((r, shard, sink(shard))))[0]
+    outside = ShardAttrs(Placement.shard(0), (Region((1, 0), (3, 3)),), 1, 2)
+    wrong = Node(NodeKind.SHARD, TensorSpec((2, 3), torch.float32), (r,), outside)
+    assert "inside the input [2, 3]" in check(PlanGraph((r, wrong, sink(wrong))))[0]
 
 
 def test_two_producers_of_one_tensor():

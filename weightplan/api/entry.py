@@ -46,7 +46,10 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
             config's dtype, else the checkpoint's (as transformers does).
         budget: bytes (or ``"8GiB"``) the load may add at most; raises
             :class:`BudgetError` with the smallest budget that works when impossible.
-        tp, quantization: reserved for tensor-parallel and quantized loading.
+        tp: ``None``, ``"auto"`` or a :class:`~weightplan.TensorParallel`: plan this rank's
+            part only (its shards, read as narrowly as the ops allow); parameters become
+            DTensors with transformers' placements, or local tensors.
+        quantization: reserved for quantized loading.
         threads: reader threads (``0``, or ``WEIGHTPLAN_SYNC_LOAD=1``, reads inline).
         device: where meta tensors are allocated: ``"cpu"``, ``"cuda:1"``, a
             ``torch.device``, or ``{module prefix: device}``.

@@ -10,6 +10,7 @@ from weightplan.errors import (
     MetaBufferError, PlanError, QuantizationError, ShapeMismatchError, StrictLoadError,
 )
 from weightplan.executor.atomic import GuardedSink, partial_load_errors
+from weightplan.executor.dtensors import check_output
 from weightplan.executor.report import LoadReport
 from weightplan.executor.run import run_plan
 from weightplan.executor.model_sink import ModelSink, check_unchanged
@@ -24,9 +25,10 @@ def execute_plan(plan: LoadPlanData, *, strict: bool = False, progress: bool | N
                  atomic: bool = False) -> LoadReport:
     """Run a load plan (see :meth:`weightplan.Plan.execute`)."""
     model, info = preflight(plan, strict)
+    check_output(plan.sharding)
     fresh = sorted(plan.missing | plan.findings.ignored_missing)
     inner = ModelSink(model, info, fresh, initialize=True, dtype=plan.options.dtype,
-                      devices=plan.options.devices)
+                      devices=plan.options.devices, sharding=plan.sharding)
     sink = GuardedSink(inner, atomic=atomic)  # see executor/atomic.py
     with partial_load_errors(sink):
         stats = run_plan(plan.schedule, plan.checkpoint, sink, progress=progress)

@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+from weightplan.executor.gather import DiscardSink, barrier, gathering, has_dtensors, writer_rank
 from weightplan.executor.report import SaveReport
+from weightplan.executor.sink import Sink
 from weightplan.executor.run import run_plan
 from weightplan.executor.writer import FileSink
 from weightplan.planner.write.write_plan import WritePlanData
 
 
 def execute_write(plan: WritePlanData, *, progress: bool | None = None) -> SaveReport:
-    """Write ``plan``'s checkpoint; nothing is left behind if it fails."""
-    sink = FileSink(plan.directory, plan.layout, plan.overwrite)
-    stats = run_plan(plan.schedule, plan.checkpoint, sink, progress=progress,
-                     description="writing")
+    """Write ``plan``'s checkpoint; nothing is left behind if it fails. A tensor-parallel
+    model is gathered tensor by tensor on every rank and written by rank 0
+    (:mod:`~weightplan.executor.gather`)."""
+    schedule, checkpoint, writes = plan.schedule, plan.checkpoint, True
+    sharded = has_dtensors(checkpoint)
+    if sharded:  # same collectives in the same order on every rank
+        _, writes = writer_rank()
+        schedule, checkpoint = dataclasses.replace(schedule, threads=0), gathering(checkpoint)
+    sink: Sink = FileSink(plan.directory, plan.layout, plan.overwrite) if writes else DiscardSink()
+    stats = run_plan(schedule, checkpoint, sink, progress=progress, description="writing")
+    if sharded and writer_rank()[0]:
+        barrier()
     return SaveReport(plan.directory, plan.layout.names, plan.layout.total_bytes,
                       len(plan.layout.locations), stats.seconds, stats.peak_bytes,
                       plan.peak_bytes, stats.rss_peak_bytes, stats.threads)

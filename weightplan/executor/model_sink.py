@@ -12,9 +12,11 @@ from weightplan.errors import PlanError
 from weightplan.planner.inputs.device import DeviceMap
 from weightplan.executor.init import initialize_fresh
 from weightplan.executor.staging import Stager
+from weightplan.executor.dtensors import as_model_tensor
 from weightplan.planner.inputs.model_info import ModelInfo, ModelTensor
 from weightplan.planner.tensors.destination import Destination
 from weightplan.planner.tensors.geometry import View
+from weightplan.planner.tensors.sharding.shard_nodes import Sharding
 
 
 def module_and_attr(model: nn.Module, name: str) -> tuple[nn.Module, str]:
@@ -35,7 +37,8 @@ def current_tensor(model: nn.Module, name: str) -> torch.Tensor:
 def check_unchanged(model: nn.Module, dest: Destination) -> None:
     """The model must still be as planned: meta where we allocate, real where we write."""
     tensor = current_tensor(model, dest.key)
-    if tensor.is_meta != dest.allocates or tuple(tensor.shape) != dest.spec.shape:
+    shape = dest.shard.global_shape if dest.shard is not None else dest.spec.shape
+    if tensor.is_meta != dest.allocates or tuple(tensor.shape) != shape:
         state = "on meta" if tensor.is_meta else "allocated"
         raise PlanError(f"the model changed since explain(): {dest.key} is now {state} with "
                         f"shape {list(tensor.shape)}; call explain() again")
@@ -51,11 +54,13 @@ def destination_tensor(model: nn.Module, dest: Destination,
     return current_tensor(model, dest.key).detach()
 
 
-def install(model: nn.Module, dest: Destination, tensor: torch.Tensor, info: ModelTensor | None
-            ) -> None:
-    """Put an allocated tensor into the model under every alias (tied tensors stay tied)."""
+def install(model: nn.Module, dest: Destination, tensor: torch.Tensor, info: ModelTensor | None,
+            sharding: Sharding | None = None) -> None:
+    """Put an allocated tensor into the model under every alias (tied tensors stay tied);
+    under tensor parallel, as a DTensor when the plan asks for one."""
     if not dest.allocates:
         return
+    tensor = as_model_tensor(tensor, dest, sharding)
     is_buffer = info is not None and info.is_buffer
     if is_buffer:
         value: torch.Tensor = tensor
@@ -90,8 +95,10 @@ class ModelSink:
     """
 
     def __init__(self, model: nn.Module, info: ModelInfo, missing: list[str], initialize: bool,
-                 dtype: torch.dtype | None = None, devices: DeviceMap | None = None):
+                 dtype: torch.dtype | None = None, devices: DeviceMap | None = None,
+                 sharding: Sharding | None = None):
         self.model, self.info, self.dtype, self.devices = model, info, dtype, devices
+        self.sharding = sharding
         self.stager = Stager() if devices is not None and devices.uses_cuda else None
         self.missing, self.initialize = missing, initialize
         self.results: dict[str, tuple[Destination, torch.Tensor]] = {}
@@ -135,7 +142,7 @@ class ModelSink:
         self.initialized = initialize_fresh(self.model, self.info, names, dtype=self.dtype,
                                             devices=self.devices)
         for dest, tensor in self.results.values():
-            install(self.model, dest, tensor, self.info.get(dest.key))
+            install(self.model, dest, tensor, self.info.get(dest.key), self.sharding)
 
     def abort(self) -> None:
         if self.stager is not None:

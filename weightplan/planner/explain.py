@@ -14,10 +14,11 @@ from collections.abc import Sequence
 
 import torch
 
-from weightplan.errors import MappingError, PlanError
+from weightplan.errors import MappingError, ParallelError, PlanError
 from weightplan.planner.bulk import paused_gc
-from weightplan.planner.findings import Findings, collect_findings
+from weightplan.planner.findings import Findings, Problem, ProblemKind, collect_findings
 from weightplan.planner.fp8_findings import with_fp8_findings
+from weightplan.planner.tensors.sharding.config import as_tensor_parallel
 from weightplan.planner.inputs.checkpoint import Checkpoint, open_checkpoint
 from weightplan.planner.inputs.device import parse_device
 from weightplan.planner.inputs.model_info import inspect_model
@@ -33,6 +34,7 @@ from weightplan.planner.tensors.placement import Step
 from weightplan.planner.tensors.quant_build import quant_context, routed_checkpoint
 from weightplan.planner.tensors.quant_scales import add_scale_conversions
 from weightplan.planner.tensors.schedule import order_steps
+from weightplan.planner.tensors.sharding.shard_nodes import Sharding, plan_sharding
 from weightplan.units import parse_bytes
 
 SYNC_ENV = "WEIGHTPLAN_SYNC_LOAD"
@@ -58,7 +60,7 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
             the checkpoint's (fp32-kept modules stay fp32, as transformers); ``None``: the model's.
         budget: bytes (or ``"8GiB"``) the load may add at most; raises
             :class:`BudgetError` with the smallest budget that works when impossible.
-        tp, quantization: reserved for tensor-parallel and quantized loading.
+        tp: ``None``, ``"auto"`` or a ``TensorParallel``: plan this rank's shards only.
         threads: reader threads (``0``, or ``WEIGHTPLAN_SYNC_LOAD=1``, reads inline).
         device: where meta tensors go: ``"cuda:1"``, ``{module prefix: device}``, ...
         finder: the mapping lookup's second source (the transformers bridge).
@@ -66,11 +68,9 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     Returns:
         A :class:`LoadPlanData`. Missing / unexpected / mismatched keys are reported on it;
         configuration errors (conflicting converters, index gaps, unreadable files) raise.
-
-    Example:
-        >>> print(explain(model, "ckpt_dir/", device="cuda:0"))  # doctest: +SKIP
     """
-    _refuse_reserved(tp, quantization)
+    _refuse_quantization_option(quantization)
+    sharding = _sharding(model, tp)
     ckpt = open_checkpoint(checkpoint)
     options = PlanOptions(resolve_dtype(dtype, model, ckpt), parse_threads(threads),
                           None if budget is None else parse_bytes(budget, what="budget"),
@@ -79,27 +79,55 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     choice = choose_mapping(mapping, model, finder)
     transforms = choice.transforms + tuple(t for t in LEGACY if t not in choice.transforms)
     quant = quant_context(checkpoint, ckpt, info, model)
-    routing, conversions, kept_problems = _convert(ckpt, transforms, info, options, quant)
+    routing, conversions, kept_problems = _convert(ckpt, transforms, info, options, quant,
+                                                   sharding)
     graph, schedule = lower(conversions, ckpt, order=_checkpoint_order(ckpt),
                             threads=options.threads, budget=options.budget)
-    findings = collect_findings(info, routing, conversions)
-    findings = with_fp8_findings(findings, quant, conversions, kept_problems)
-    looked_up = mapping is None and model is not None
-    findings = _with_mapping_findings(findings, choice, looked_up=looked_up)
+    findings = with_fp8_findings(collect_findings(info, routing, conversions), quant,
+                                 conversions, kept_problems)
+    findings = _with_mapping_findings(findings, choice,
+                                      looked_up=mapping is None and model is not None)
+    findings = _with_parallel_findings(findings, sharding)
     return LoadPlanData(Direction.LOAD, ckpt, choice, transforms, conversions, graph, schedule,
-                        options, model, info, routing, findings)
+                        options, model, info, routing, findings, sharding)
 
 
-def _refuse_reserved(tp: object, quantization: object) -> None:
-    if tp is not None or quantization is not None:
-        raise PlanError("tensor-parallel (tp=) and quantized (quantization=) loading are not "
-                        "available in this version of weightplan")
+def _refuse_quantization_option(quantization: object) -> None:
+    if quantization is not None:  # reserved: the model and the checkpoint decide
+        raise PlanError("quantization= is not an option: weightplan follows the model and the "
+                        "checkpoint (FP8 weights dequantize into floating parameters, stay FP8 "
+                        "in FP8 parameters, and are quantized for FP8 models)")
 
 
-def _convert(ckpt: Checkpoint, transforms, info, options: PlanOptions, quant):
+def _sharding(model: torch.nn.Module | None, tp: object) -> Sharding | None:
+    tensor_parallel = as_tensor_parallel(tp)
+    if tensor_parallel is None:
+        return None
+    if model is None:
+        raise ParallelError("tp= needs a model: its tp_plan (or the plan given) names what "
+                            "is sharded; pass the model built on meta")
+    return plan_sharding(model, tensor_parallel)
+
+
+def _with_parallel_findings(findings: Findings, sharding: Sharding | None) -> Findings:
+    if sharding is None:
+        return findings
+    issues = tuple(Problem(ProblemKind.PARALLEL, i.key, i.message) for i in sharding.plan.issues)
+    issues += tuple(Problem(ProblemKind.PARALLEL, k, f"{k} is sharded but not in the "
+                            "checkpoint: it would be initialized whole, as a plain tensor, on "
+                            "every rank") for k in sorted(findings.missing)
+                    if sharding.plan.placement(k).is_dtensor)
+    if not issues:
+        return findings
+    return dataclasses.replace(findings, problems=findings.problems + issues)
+
+
+def _convert(ckpt: Checkpoint, transforms, info, options: PlanOptions, quant,
+             sharding: Sharding | None = None):
     """Routing and conversions; FP8 scales travel with their weights (see quant_build)."""
     routing = route_checkpoint(routed_checkpoint(ckpt, quant), transforms, info)
-    conversions = build_conversions(routing.groups, info, options.dtype, SinkKind.MODEL, quant)
+    conversions = build_conversions(routing.groups, info, options.dtype, SinkKind.MODEL, quant,
+                                    sharding)
     conversions, kept_problems = add_scale_conversions(conversions, quant, info)
     return routing, conversions, kept_problems
 

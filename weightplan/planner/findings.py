@@ -22,6 +22,7 @@ class ProblemKind(Enum):
     META_BUFFER = "meta buffer"
     MAPPING = "mapping"  # part of a (bridged) mapping weightplan can't run
     QUANTIZATION = "quantization"  # FP8 that can't load right (execute refuses the plan)
+    PARALLEL = "parallel"  # a tensor-parallel plan entry: unknown style, matches nothing
 
 
 class Mismatch(NamedTuple):

@@ -25,6 +25,7 @@ from weightplan.planner.keys.transforms import WeightTransform
 from weightplan.planner.tensors.build import Conversion, TargetStatus
 from weightplan.planner.tensors.graph import PlanGraph
 from weightplan.planner.tensors.schedule import MemoryPoint, Schedule
+from weightplan.planner.tensors.sharding.shard_nodes import Sharding
 
 
 class Direction(Enum):
@@ -85,6 +86,19 @@ class LoadPlanData(PlanData):
     model_info: ModelInfo | None
     routing: Routing
     findings: Findings
+    sharding: Sharding | None = None  # tensor parallel: this rank's plan
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of the tensors this rank keeps (its shards and the replicated tensors)."""
+        return sum(d.spec.nbytes for p in self.schedule.steps for d in p.destinations
+                   if d.written)
+
+    @property
+    def replicated_bytes(self) -> int:
+        """The part of :attr:`held_bytes` every rank holds whole."""
+        return sum(d.spec.nbytes for p in self.schedule.steps for d in p.destinations
+                   if d.written and (d.shard is None or not d.shard.placement.is_sharded))
 
     @property
     def missing(self) -> frozenset[str]:

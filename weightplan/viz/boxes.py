@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from weightplan.planner.tensors.build import Conversion, TargetStatus
 from weightplan.planner.tensors.destination import DestKind
 from weightplan.planner.tensors.nodes import (
-    Node, NodeKind, SinkAttrs, cast_attrs, op_attrs, read_attrs, sink_attrs,
+    Node, NodeKind, ShardAttrs, SinkAttrs, cast_attrs, op_attrs, read_attrs, sink_attrs,
 )
 from weightplan.planner.tensors.spec import short_dtype
 from weightplan.units import format_bytes
@@ -67,11 +67,14 @@ def node_slots(conv: Conversion, grouped: bool) -> dict[Node, Slot]:
             slots[n] = (1 + a.stage, a.position[0])
         elif isinstance(a, SinkAttrs):
             stream = target_stream[a.target]
-            before = n.inputs[0] if n.inputs else None
-            scale = before is not None and before.kind is NodeKind.QUANTIZE and before.attrs.scale
+            value = n.inputs[0] if n.inputs else None
+            scale = value is not None and value.kind is NodeKind.QUANTIZE and value.attrs.scale
             slots[n] = (last + 2, stream, 1) if scale else (last + 2, stream)
-            if before is not None and before.kind in (NodeKind.CAST, NodeKind.QUANTIZE):
-                slots[before] = (last + 1, stream, 1) if scale else (last + 1, stream)
+            if value is not None and value.kind is NodeKind.SHARD:  # this rank's part
+                slots[value] = (last + 2, stream, 0)
+                value = value.inputs[0]
+            if value is not None and value.kind in (NodeKind.CAST, NodeKind.QUANTIZE):
+                slots[value] = (last + 1, stream, 1) if scale else (last + 1, stream)
     return slots
 
 
@@ -92,6 +95,11 @@ def make_box(kind: NodeKind, rep: Sequence[Node], every: Sequence[Node], ctx: Bo
         return Box(kind, (f"cast → {short_dtype(cast_attrs(rep[0]).dtype)}", size), KIND_COLOURS[kind])
     if kind in (NodeKind.DEQUANTIZE, NodeKind.QUANTIZE):
         return Box(kind, (quant_label(rep[0]), size), KIND_COLOURS[kind])
+    if kind is NodeKind.SHARD:
+        a = rep[0].attrs
+        assert isinstance(a, ShardAttrs)
+        return Box(kind, (f"shard {a.placement} · rank {a.rank}/{a.world_size}", size),
+                   KIND_COLOURS[kind])
     return _assign_box(rep, every, size, ctx)
 
 

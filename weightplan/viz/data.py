@@ -49,7 +49,20 @@ def plan_to_dict(plan: LoadPlanData) -> dict[str, Any]:
         "timeline": [{"event": p.event.kind.value, "step": p.event.step, "label": p.label,
                       "resident": p.resident, "in_flight": p.in_flight,
                       "intermediate": p.intermediate} for p in plan.schedule.timeline],
+        "tensor_parallel": parallel_to_dict(plan),
     }
+
+
+def parallel_to_dict(plan: LoadPlanData) -> dict[str, Any] | None:
+    """This rank's part of a tensor-parallel plan (``None`` without ``tp=``)."""
+    s = plan.sharding
+    if s is None:
+        return None
+    return {"rank": s.rank, "world_size": s.world_size, "source": s.plan.source,
+            "output": s.output, "dry_run": s.mesh is None,
+            "read_bytes": sum(p.needed_bytes for p in plan.schedule.steps),
+            "held_bytes": plan.held_bytes, "replicated_bytes": plan.replicated_bytes,
+            "placements": {k: str(v.placement) for k, v in sorted(s.plan.params.items())}}
 
 
 def write_plan_to_dict(plan: WritePlanData) -> dict[str, Any]:

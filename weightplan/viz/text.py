@@ -33,7 +33,7 @@ def explain_text(plan: PlanData, width: int | None = None) -> str:
     if width is None:
         width = shutil.get_terminal_size((120, 24)).columns if sys.stdout.isatty() else 120
     lines = header_lines(plan) + [""] + mapping_lines(plan, max(width, 80)) + [""]
-    lines += total_lines(plan) + problem_lines(plan) + note_lines(plan)
+    lines += total_lines(plan) + parallel_lines(plan) + problem_lines(plan) + note_lines(plan)
     return "\n".join(lines) + "\n"
 
 
@@ -158,6 +158,27 @@ def device_lines(plan: PlanData) -> list[str]:
     staging = f"; host staging (pinned) ≤ {format_bytes(STAGING_BUFFERS * STAGING_CHUNK)}" \
         if devices.uses_cuda else ""
     return [f"devices: {text or 'nothing allocated'}{staging}"]
+
+
+def parallel_lines(plan: PlanData) -> list[str]:
+    """Tensor parallel: this rank's bytes read, held, replicated, and what is read whole."""
+    if not isinstance(plan, LoadPlanData) or plan.sharding is None:
+        return []
+    s, steps = plan.sharding, plan.schedule.steps
+    needed = sum(p.needed_bytes for p in steps)
+    share = plan.checkpoint.nbytes / s.world_size
+    mode = "dry run" if s.mesh is None else f"output {s.output}"
+    lines = [f"tensor parallel: rank {s.rank} of {s.world_size} ({s.plan.source}; {mode}): "
+             f"reads {format_bytes(needed)} ({needed / share if share else 0:.2f} × 1/"
+             f"{s.world_size} of the checkpoint), holds {format_bytes(plan.held_bytes)} "
+             f"({format_bytes(plan.replicated_bytes)} replicated), peak "
+             f"{format_bytes(plan.peak_bytes)}"]
+    whole = [p.label for p in steps if p.materialize and any(
+        d.shard is not None and d.shard.placement.is_sharded for d in p.destinations)]
+    if whole:
+        lines.append(f"  read whole, then sliced (an op can't take a slice): "
+                     f"{', '.join(fold_keys(whole)[:MAX_LIST])}")
+    return lines
 
 
 def problem_lines(plan: PlanData) -> list[str]:

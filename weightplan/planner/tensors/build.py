@@ -19,7 +19,7 @@ from enum import Enum
 
 import torch
 
-from weightplan.errors import ConflictingTransformError, OpError, WeightplanError
+from weightplan.errors import ConflictingTransformError, OpError, ParallelError, WeightplanError
 from weightplan.planner.inputs.model_info import ModelInfo, ModelTensor
 from weightplan.planner.keys.routing import Group
 from weightplan.planner.tensors.destination import Destination, DestKind
@@ -29,6 +29,7 @@ from weightplan.planner.tensors.nodes import (
 )
 from weightplan.planner.tensors.ops.base import ConversionOp, OpContext, Streams, Wiring
 from weightplan.planner.tensors.quant_build import QuantContext, quantize_nodes, source_values
+from weightplan.planner.tensors.sharding.shard_nodes import Sharding, shard_target
 from weightplan.planner.tensors.spec import TensorSpec
 from weightplan.planner.quant.blocks import FP8_DTYPES
 
@@ -140,15 +141,17 @@ def stage_specs(stage: Streams[Node]) -> Streams[TensorSpec]:
 
 
 def build_conversions(groups: Sequence[Group], expected: Expected, dtype: torch.dtype | None,
-                      sink: SinkKind, quant: QuantContext | None = None
-                      ) -> tuple[Conversion, ...]:
-    """Build every group, then settle tied duplicates and double claims."""
-    built = [build_conversion(g, expected, dtype, sink, quant) for g in groups]
+                      sink: SinkKind, quant: QuantContext | None = None,
+                      sharding: Sharding | None = None) -> tuple[Conversion, ...]:
+    """Build every group, then settle tied duplicates and double claims. With
+    ``sharding``, each loaded target keeps only this rank's part (a shard node)."""
+    built = [build_conversion(g, expected, dtype, sink, quant, sharding) for g in groups]
     return settle_claims(built)
 
 
 def build_conversion(group: Group, expected: Expected, dtype: torch.dtype | None,
-                     sink: SinkKind, quant: QuantContext | None = None) -> Conversion:
+                     sink: SinkKind, quant: QuantContext | None = None,
+                     sharding: Sharding | None = None) -> Conversion:
     values: Streams[Node] = tuple(
         tuple(Node(NodeKind.READ, e.spec, (), ReadAttrs(e, (i, j))) for j, e in enumerate(s))
         for i, s in enumerate(group.sources))
@@ -166,6 +169,10 @@ def build_conversion(group: Group, expected: Expected, dtype: torch.dtype | None
         value = values[t.position[0]][t.position[1]]
         quantized = quantize_nodes(t.key, value, quant) if t.status is TargetStatus.LOAD else None
         if quantized is not None:
+            if sharding is not None:
+                raise ParallelError(f"{t.key}: quantizing a floating checkpoint to FP8 while "
+                                    "sharding it is not supported; load it unsharded, or shard "
+                                    "an FP8 checkpoint (kept or dequantized)")
             scale_target = _quantized_target(t, quantized, expected)
             t = replace(t, dtype=quantized[0].spec.dtype)
             targets[targets.index(next(x for x in targets if x.key == t.key))] = t
@@ -178,7 +185,13 @@ def build_conversion(group: Group, expected: Expected, dtype: torch.dtype | None
         if t.status is TargetStatus.LOAD and t.dtype != t.produced.dtype:
             value = Node(NodeKind.CAST, t.dest, (value,), CastAttrs(t.dtype))
             nodes.append(value)
-        nodes.append(Node(NodeKind.SINK, value.spec, (value,), SinkAttrs(destination(t, sink))))
+        dest = destination(t, sink)
+        if sharding is not None and t.status is TargetStatus.LOAD:
+            shard, dest = shard_target(value, dest, t.key, sharding)
+            if shard is not value:
+                value = shard
+                nodes.append(value)
+        nodes.append(Node(NodeKind.SINK, value.spec, (value,), SinkAttrs(dest)))
     return Conversion(group, tuple(targets), tuple(nodes))
 
 
@@ -331,7 +344,9 @@ def _settled(ci: int, conv: Conversion, winners: set[tuple[int, str]]) -> Conver
     nodes = []
     for n in conv.nodes:
         if n.kind is NodeKind.SINK and sink_attrs(n).target in tied:
-            value = n.inputs[0].inputs[0] if n.inputs[0].kind is NodeKind.CAST else n.inputs[0]
+            value = n.inputs[0]
+            while value.kind in (NodeKind.CAST, NodeKind.SHARD):
+                value = value.inputs[0]
             t = next(t for t in targets if t.key == sink_attrs(n).target)
             n = Node(NodeKind.SINK, value.spec, (value,), SinkAttrs(destination(t, SinkKind.MODEL)))
         nodes.append(n)

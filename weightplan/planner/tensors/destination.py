@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from weightplan.planner.tensors.sharding.placements import DestShard
 from weightplan.planner.tensors.spec import TensorSpec
 
 
@@ -26,6 +27,7 @@ class Destination:
     kind: DestKind
     stride: tuple[int, ...]
     staged: bool = False  # FILE: assembled in memory, then written in one piece
+    shard: DestShard | None = None  # tensor parallel: this rank's part of a parameter
 
     @property
     def allocates(self) -> bool:

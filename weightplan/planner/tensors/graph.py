@@ -35,10 +35,17 @@ class Edge:
         return self.source.spec
 
     @property
-    def region(self) -> Region:
-        """The part of the source the target consumes (a shard's region, else all of it)."""
+    def regions(self) -> tuple[Region, ...]:
+        """The parts of the source the target consumes (a shard's pieces, else all of it)."""
         a = self.target.attrs
-        return a.region if isinstance(a, ShardAttrs) else Region.full(self.source.spec.shape)
+        return a.pieces if isinstance(a, ShardAttrs) else (Region.full(self.source.spec.shape),)
+
+    @property
+    def region(self) -> Region:
+        """The box enclosing :attr:`regions` (a ``_StridedShard`` consumes parts of it)."""
+        boxes = self.regions
+        return Region(tuple(min(s) for s in zip(*(b.starts for b in boxes), strict=True)),
+                      tuple(max(s) for s in zip(*(b.stops for b in boxes), strict=True)))
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from weightplan.planner.inputs.checkpoint import TensorEntry
 from weightplan.planner.tensors.destination import Destination
 from weightplan.planner.tensors.geometry import Region
 from weightplan.planner.tensors.ops.base import ConversionOp
+from weightplan.planner.tensors.sharding.placements import Placement
 from weightplan.planner.tensors.spec import TensorSpec, short_dtype
 
 
@@ -70,11 +71,22 @@ class QuantizeAttrs:
 
 @dataclass(frozen=True, slots=True)
 class ShardAttrs:
-    """The part ``region`` of the input that ``rank`` of ``world_size`` keeps."""
+    """The part of the input that ``rank`` of ``world_size`` keeps under ``placement``:
+    the boxes ``pieces`` of the input, concatenated in order along the placement's dim
+    (one box for ``Shard``, one per block for ``_StridedShard``)."""
 
-    region: Region
+    placement: Placement
+    pieces: tuple[Region, ...]
     rank: int
     world_size: int
+
+    @property
+    def local_shape(self) -> tuple[int, ...]:
+        first = self.pieces[0].shape
+        if len(self.pieces) == 1:
+            return first
+        d = self.placement.axis
+        return first[:d] + (sum(p.shape[d] for p in self.pieces),) + first[d + 1:]
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +134,7 @@ class Node:
         if isinstance(a, (CastAttrs, DequantizeAttrs, QuantizeAttrs)):
             return f"{self.kind.value} → {short_dtype(a.dtype)}"
         if isinstance(a, ShardAttrs):
-            return f"shard {a.rank}/{a.world_size}"
+            return f"shard {a.placement} rank {a.rank}/{a.world_size}"
         return a.dest.key
 
     def __repr__(self) -> str:

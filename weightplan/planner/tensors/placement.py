@@ -26,9 +26,10 @@ from weightplan.planner.tensors.geometry import Fragment, Region, View
 from weightplan.planner.quant.blocks import workspace_bytes
 from weightplan.planner.tensors.quant_steps import QuantizeTask, quantize_plan
 from weightplan.planner.tensors.nodes import (
-    CastAttrs, DequantizeAttrs, Node, NodeKind, ShardAttrs, read_attrs, sink_attrs,
+    DequantizeAttrs, Node, NodeKind, read_attrs, sink_attrs,
 )
 from weightplan.planner.tensors.ops.base import ConversionOp, Streams
+from weightplan.planner.tensors.sharding.shard_nodes import shard_fragments
 
 PIECE_BYTES = 32 * 1024 * 1024  # direct reads larger than this are split into pieces
 
@@ -210,22 +211,23 @@ def _quantize_step(conv: Conversion, values, written: list[Node],
 
 def _final_fragments(outputs: Streams[Node], written: list[Node],
                      dests: tuple[Destination, ...]) -> Streams[tuple[Fragment, ...]]:
-    """Each destination as a fragment of the last stage's value it comes from: through a
-    cast unchanged, through a shard as the shard's region of its input."""
+    """Each destination as fragments of the last stage's value it comes from: through a
+    cast unchanged, through a shard as the shard's pieces of its input (one per piece,
+    each landing in its slice of the local destination)."""
     position = {n: (i, j) for i, stream in enumerate(outputs) for j, n in enumerate(stream)}
     final: list[list[tuple[Fragment, ...]]] = [[() for _ in s] for s in outputs]
     for target, (sink, d) in enumerate(zip(written, dests, strict=True)):
-        value, region = sink.inputs[0], Region.full(d.spec.shape)
+        value, view = sink.inputs[0], View(d.spec.shape, d.stride)
+        placed: tuple[Fragment, ...] = (Fragment(Region.full(d.spec.shape), target, view),)
         while value not in position:
-            a = value.attrs
-            if isinstance(a, ShardAttrs):
-                region = region.shifted(a.region.starts)
-            elif not isinstance(a, CastAttrs):
+            if value.kind is NodeKind.SHARD:  # this rank's pieces of its input
+                placed = shard_fragments(value, target, view)
+            elif value.kind is not NodeKind.CAST:
                 raise PlanError(f"{value!r} between the ops and {sink!r} can't be placed; only "
                                 "casts and shards may sit there")
             value = value.inputs[0]
         i, j = position[value]
-        final[i][j] += (Fragment(region, target, View(d.spec.shape, d.stride)),)
+        final[i][j] += placed
     return tuple(tuple(row) for row in final)
 
 

@@ -107,8 +107,11 @@ def _spec_problems(node: Node) -> list[str]:
             wrong = (f"a sink takes its input's spec {first} and its destination's "
                      f"{a.dest.spec}; insert a cast node or fix the destination")
     elif isinstance(a, ShardAttrs) and first is not None:
-        if a.region.shape != spec.shape or first.dtype != spec.dtype:
-            wrong = f"a shard yields its region {list(a.region.shape)} in {first.dtype}"
+        inside = all(0 <= s and e <= n for p in a.pieces
+                     for s, e, n in zip(p.starts, p.stops, first.shape, strict=True))
+        if a.local_shape != spec.shape or first.dtype != spec.dtype or not inside:
+            wrong = (f"a shard yields its pieces {list(a.local_shape)} (inside the input "
+                     f"{list(first.shape)}) in {first.dtype}")
     elif isinstance(a, (DequantizeAttrs, QuantizeAttrs)) and first is not None:
         scale = isinstance(a, QuantizeAttrs) and a.scale
         if not scale and (first.shape != spec.shape or spec.dtype != a.dtype):

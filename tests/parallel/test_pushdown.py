@@ -1,0 +1,168 @@
+"""Shards pushed down through conversion ops; plan resolution and its problems; rank table."""
+
+from pathlib import Path
+
+import torch
+
+from tests.conftest import module_with, write_checkpoint
+from weightplan import WeightConverter
+import weightplan
+from weightplan.ops import Chunk, Concatenate, MergeModulelist, PermuteForRope, Transpose
+from weightplan.parallel import TensorParallel
+from weightplan.planner.tensors.sharding.placements import Placement
+from weightplan.planner.tensors.sharding.ranks import (
+    plan_ranks, rank_table, read_bytes, whole_reads,
+)
+from weightplan.planner.tensors.sharding.resolve import resolve_sharding
+from weightplan.planner.tensors.sharding.shard_math import slice_local
+
+F32 = torch.float32
+
+
+def load_ranks(model_specs, tensors, tmp_path, plan, mapping, world=2):
+    """Each rank planned and loaded (output="local") into its own fresh meta model."""
+    ckpt = write_checkpoint(tmp_path / "ckpt", tensors)
+    plans, loaded = [], []
+    for rank in range(world):
+        model = module_with(model_specs)
+        tp = TensorParallel(world_size=world, rank=rank, plan=plan, output="local")
+        plans.append(weightplan.explain(model, ckpt, mapping=mapping, tp=tp))
+        plans[-1].execute()
+        loaded.append({n: p.data for n, p in model.named_parameters()})
+    return plans, loaded
+
+
+def read_regions(plan):
+    return sorted((r.entry.key, r.region.starts, r.region.stops)
+                  for s in plan.schedule.steps for r in s.reads)
+
+
+def test_transpose_swaps_the_sharded_dim(tmp_path):
+    stored = torch.arange(48, dtype=F32).reshape(8, 6)  # the checkpoint keeps W^T
+    model = {"lin.weight": ((6, 8), F32)}
+    mapping = [WeightConverter("lin.weight", "lin.weight", operations=[Transpose(0, 1)])]
+    ranks, loads = load_ranks(model, {"lin.weight": stored}, tmp_path, {"lin": "colwise"}, mapping)
+    assert read_regions(ranks[1]) == [("lin.weight", (0, 3), (8, 6))]  # columns 3..5
+    for rank, load in enumerate(loads):
+        want = slice_local(stored.T.contiguous(), Placement.shard(0), 2, rank)
+        assert torch.equal(load["lin.weight"], want)
+
+
+def test_chunked_qkv_reads_each_targets_rows(tmp_path):
+    fused = torch.arange(48, dtype=F32).reshape(12, 4)
+    model = {f"attn.{n}.weight": ((4, 4), F32) for n in "qkv"}
+    mapping = [WeightConverter("qkv.weight", ["q.weight", "k.weight", "v.weight"],
+                               operations=[Chunk(0)])]
+    plan = {"attn.q": "colwise", "attn.k": "colwise", "attn.v": "colwise"}
+    ranks, loads = load_ranks(model, {"attn.qkv.weight": fused}, tmp_path, plan, mapping)
+    starts = sorted(r[1][0] for r in read_regions(ranks[0]))
+    assert starts == [0, 4, 8] and read_bytes(ranks[0]) == 6 * 4 * 4
+    assert torch.equal(loads[1]["attn.k.weight"], fused[6:8])
+
+
+def test_packed_gate_up_reads_half_of_each_expert_projection(tmp_path):
+    tensors = {f"e.{i}.{w}": torch.randn(6, 4) for i in range(2) for w in ("w1", "w3")}
+    model = {"moe.gate_up_proj": ((2, 12, 4), F32)}
+    mapping = [WeightConverter(["e.*.w1", "e.*.w3"], "moe.gate_up_proj",
+                               operations=[MergeModulelist(0), Concatenate(1)])]
+    ranks, loads = load_ranks(model, tensors, tmp_path, {"moe.gate_up_proj": "packed_colwise"},
+                              mapping)
+    assert {(k, s[0], e[0]) for k, s, e in read_regions(ranks[1])} == {
+        (f"e.{i}.{w}", 3, 6) for i in range(2) for w in ("w1", "w3")}
+    full = torch.stack([torch.cat([tensors[f"e.{i}.w1"], tensors[f"e.{i}.w3"]]) for i in range(2)])
+    for rank, load in enumerate(loads):
+        want = slice_local(full, Placement.strided(1, 2), 2, rank)
+        assert torch.equal(load["moe.gate_up_proj"], want)
+        assert read_bytes(ranks[rank]) == want.numel() * 4
+
+
+def test_an_op_that_cannot_place_reads_whole_and_says_so(tmp_path):
+    stored = torch.randn(8, 4)
+    model = {"attn.q.weight": ((8, 4), F32)}
+    mapping = [WeightConverter("q.weight", "q.weight", operations=[PermuteForRope(head_dim=4)])]
+    ranks, loads = load_ranks(model, {"attn.q.weight": stored}, tmp_path, {"attn.q": "colwise"},
+                              mapping)
+    assert whole_reads(ranks[0]) == ("attn.q.weight",)
+    assert read_bytes(ranks[0]) == stored.numel() * 4
+    assert "read whole" in rank_table(tuple(ranks)) and "attn.q.weight" in rank_table(tuple(ranks))
+    assert "read whole, then sliced" in str(ranks[0])
+    permuted = PermuteForRope(head_dim=4).forward(((stored,),))[0][0]
+    assert torch.equal(loads[1]["attn.q.weight"], permuted[4:])
+
+
+def test_plan_problems_unknown_style_and_entries_matching_nothing():
+    model = module_with({"a.weight": ((4, 4), F32), "b.weight": ((4, 4), F32)})
+    tp = TensorParallel(world_size=2, rank=0, plan={"a": "colwize", "c.*": "rowwise",
+                                                    "b": "rowwise"})
+    sharding = resolve_sharding(model, tp, 2)
+    keys = {i.key: i.message for i in sharding.issues}
+    assert "unknown parallel style 'colwize'" in keys["a"]
+    assert "matches no module or parameter" in keys["c.*"]
+    assert sharding.placement("b.weight") == Placement.shard(1)
+    assert sharding.placement("a.weight") == Placement.plain()
+
+
+def test_expert_parallel_needs_experts_divisible_by_world():
+    model = module_with({"moe.experts.gate_up_proj": ((3, 4, 4), F32)})
+    tp = TensorParallel(world_size=2, rank=0, plan={"moe.experts.gate_up_proj": "grouped_gemm"})
+    (issue,) = resolve_sharding(model, tp, 2).issues
+    assert issue.key == "moe.experts.gate_up_proj" and "3 experts" in issue.message
+
+
+def test_rank_table_from_one_process(tmp_path):
+    tensors = {"emb.weight": torch.randn(10, 4), "norm.weight": torch.randn(4)}
+    model = module_with({"emb.weight": ((10, 4), F32), "norm.weight": ((4,), F32)})
+    ckpt = write_checkpoint(tmp_path / "ckpt", tensors)
+    tp = TensorParallel(world_size=4, rank=0, plan={"emb": "embedding_rowwise"})
+    ranks = plan_ranks(model, ckpt, tp, mapping=[])
+    assert [read_bytes(r) for r in ranks] == [3 * 16 + 16] * 3 + [16 + 16]
+    assert all(r.replicated_bytes == 16 for r in ranks)
+    lines = rank_table(ranks).splitlines()
+    assert lines[0].startswith("tensor parallel over 4 ranks") and len(lines) == 6
+    from weightplan import parallel
+
+    assert parallel.rank_table(parallel.plan_ranks(model, ckpt, tp, mapping=[])) == rank_table(ranks)
+
+
+def test_dtensor_output_needs_a_mesh_and_sharding_needs_meta(tmp_path):
+    import pytest
+
+    from weightplan.errors import ParallelError
+
+    ckpt = write_checkpoint(tmp_path / "ckpt", {"emb.weight": torch.randn(4, 2)})
+    tp = TensorParallel(world_size=2, rank=0, plan={"emb": "embedding_rowwise"})
+    model = module_with({"emb.weight": ((4, 2), F32)})
+    plan = weightplan.explain(model, ckpt, tp=tp)
+    assert "tensor parallel: rank 0 of 2" in str(plan) and "dry run" in str(plan)
+    with pytest.raises(ParallelError, match="output='local'"):
+        plan.execute()
+    assert model.emb.weight.is_meta  # nothing was loaded
+    allocated = module_with({"emb.weight": ((4, 2), F32)}, device="cpu")
+    with pytest.raises(ParallelError, match="emb.weight is already allocated"):
+        weightplan.explain(allocated, ckpt, tp=tp)
+    with pytest.raises(ParallelError, match="needs a model"):
+        weightplan.explain(None, ckpt, tp=tp)
+    missing = module_with({"emb.weight": ((4, 2), F32), "head.weight": ((4, 2), F32)})
+    tp = TensorParallel(world_size=2, rank=0, plan={"emb": "embedding_rowwise",
+                                                    "head": "colwise"}, output="local")
+    (problem,) = [p for p in weightplan.explain(missing, ckpt, tp=tp).problems
+                  if p.kind.value == "parallel"]
+    assert problem.key == "head.weight" and "initialized whole" in problem.message
+
+
+def test_a_tp_plan_is_drawn_and_serialized(tmp_path):
+    import json
+
+    tensors = {f"e.{i}.{w}": torch.randn(6, 4) for i in range(2) for w in ("w1", "w3")}
+    mapping = [WeightConverter(["e.*.w1", "e.*.w3"], "moe.gate_up_proj",
+                               operations=[MergeModulelist(0), Concatenate(1)])]
+    ckpt = write_checkpoint(tmp_path / "ckpt", tensors)
+    tp = TensorParallel(world_size=2, rank=1, plan={"moe.gate_up_proj": "packed_colwise"},
+                        output="local")
+    plan = weightplan.explain(module_with({"moe.gate_up_proj": ((2, 12, 4), F32)}), ckpt,
+                              mapping=mapping, tp=tp)
+    data = json.loads(json.dumps(plan.to_dict()))["tensor_parallel"]
+    assert data["rank"] == 1 and data["read_bytes"] == data["held_bytes"] == 2 * 6 * 4 * 4
+    assert data["placements"] == {"moe.gate_up_proj": "_StridedShard(dim=1, sf=2)"}
+    dot = Path(plan.render(str(tmp_path / "p.dot"))).read_text()
+    assert "shard _StridedShard(dim=1, sf=2) · rank 1/2" in dot

@@ -1,0 +1,83 @@
+"""torchrun worker: weightplan loads each fixture under TP on a real gloo group.
+
+    torchrun --nproc-per-node N tests/parallel/tp_load_worker.py OUT HOW:DIR...
+
+Per job and rank, a load is dumped to ``OUT/<fixture>.<how><N>.rank<r>.pt``, HOW being:
+
+- ``wp``: a plain meta model, ``TensorParallel()`` on the default group (weightplan's mesh);
+- ``ep``: the same with ``experts="ep"`` on a mesh passed as ``mesh=``;
+- ``hf``: a model prepared by transformers' own TP utilities (meta ``DTensor`` parameters
+  and forward hooks), loaded by ``weightplan.explain(model, dir, tp="auto")``; its logits
+  on a fixed prompt go under ``"__logits__"`` (the TP forward runs through transformers).
+
+Each dump also has ``"__bytes__"``: the bytes the executor read and the rank's local bytes.
+Then the sharded model is saved (``weightplan.save``) to ``OUT/<fixture>.<how><N>.saved``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import weightplan
+
+PROMPT = torch.tensor([[1, 5, 7, 9, 11, 2, 40, 99]])
+
+
+def meta_model(directory: str):
+    config = AutoConfig.from_pretrained(directory)
+    with weightplan.init_empty():  # parameters on meta, buffers (rotary) real
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def transformers_prepared(directory: str, world: int):
+    from transformers.distributed import DistributedConfig
+
+    model = meta_model(directory)
+    config, _, meshes = type(model).prepare_distribute_model(DistributedConfig(tp_size=world))
+    return type(model).maybe_distribute_model(model, config, meshes)
+
+
+def dump(model, report) -> dict:
+    out = {}
+    for name, param in model.named_parameters():
+        data = param.data
+        if hasattr(data, "to_local"):
+            placements = tuple((type(p).__name__, getattr(p, "dim", None),
+                                getattr(p, "split_factor", None)) for p in data.placements)
+            out[name] = (data.to_local().detach().clone(), placements, tuple(data.shape))
+        else:
+            out[name] = (data.detach().clone(), None, tuple(data.shape))
+    local = sum(t.numel() * t.element_size() for t, _, _ in out.values())
+    out["__bytes__"] = (report.bytes_needed, local)
+    return out
+
+
+def main() -> None:
+    out_dir, *jobs = sys.argv[1:]
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    dist.init_process_group("gloo")
+    for job in jobs:
+        how, _, directory = job.partition(":")
+        model = transformers_prepared(directory, world) if how == "hf" else meta_model(directory)
+        tp = "auto" if how == "hf" else weightplan.TensorParallel() if how == "wp" else \
+            weightplan.TensorParallel(experts="ep", mesh=init_device_mesh("cpu", (world,)))
+        record = dump(model, weightplan.explain(model, directory, tp=tp).execute())
+        if how == "hf":
+            with torch.no_grad():
+                record["__logits__"] = model(PROMPT).logits.detach()
+        name = f"{Path(directory).name}.{how}{world}"
+        torch.save(record, Path(out_dir) / f"{name}.rank{rank}.pt")
+        weightplan.save(model, Path(out_dir) / f"{name}.saved")  # gathered, rank 0 writes
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

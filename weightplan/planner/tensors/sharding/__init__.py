@@ -1,0 +1,1 @@
+"""Tensor and expert parallel planning: placements, shard math, plans, push-down."""

@@ -1,0 +1,151 @@
+"""Tensor and expert parallel loading: the public configuration.
+
+Example:
+    >>> tp = TensorParallel()                                  # doctest: +SKIP
+    >>> plan = weightplan.explain(model, "ckpt/", tp=tp)       # this rank's reads only
+    >>> TensorParallel(world_size=8, rank=3, output="local")   # a dry run for rank 3 of 8
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from weightplan.errors import ParallelError
+
+EXPERTS = ("tp", "ep")
+OUTPUTS = ("dtensor", "local")
+
+
+@dataclass(frozen=True, slots=True)
+class Ranks:
+    """Who this process is: ``world_size`` ranks on ``mesh`` (``None``: a dry run)."""
+
+    world_size: int
+    rank: int
+    mesh: Any = field(default=None, compare=False)
+
+    @property
+    def dry_run(self) -> bool:
+        return self.mesh is None
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    """How to spread a model's parameters over the ranks of a 1-D mesh.
+
+    Args:
+        plan: ``"auto"`` (the styles transformers uses for the model: ``model.tp_plan``,
+            plus ``model.ep_plan`` with ``experts="ep"``, plus ``embed_tokens:
+            embedding_rowwise``; a model whose parameters are meta ``DTensor``\\ s uses
+            their placements), or ``{module or parameter name: style}`` where ``*``
+            stands for one name component (``"model.layers.*.mlp.up_proj": "colwise"``).
+        mesh: a 1-D ``DeviceMesh``; default: the whole default process group.
+        world_size, rank: without a process group, plan (and with ``output="local"``,
+            execute) for one rank of a world of that size: offline pre-sharding.
+        experts: ``"tp"`` shards every expert over the ranks; ``"ep"`` gives each rank
+            whole experts (``grouped_gemm``).
+        output: ``"dtensor"`` (parameters become ``DTensor``\\ s with transformers'
+            placements) or ``"local"`` (plain local tensors).
+
+    Raises:
+        ParallelError: an argument that can't work, naming it and the fix.
+    """
+
+    plan: str | Mapping[str, str] = "auto"
+    mesh: Any = field(default=None, compare=False)
+    world_size: int | None = None
+    rank: int | None = None
+    experts: str = "tp"
+    output: str = "dtensor"
+
+    def __post_init__(self) -> None:
+        _check_choice("experts", self.experts, EXPERTS)
+        _check_choice("output", self.output, OUTPUTS)
+        _check_plan(self.plan)
+        if isinstance(self.plan, Mapping):
+            object.__setattr__(self, "plan", MappingProxyType(dict(self.plan)))
+        if (self.world_size is None) != (self.rank is None):
+            raise ParallelError("pass world_size and rank together (a dry run for one rank), "
+                                "or neither (use the process group)")
+        if self.world_size is not None:
+            _check_rank(self.world_size, self.rank)
+        if self.mesh is not None:
+            _check_mesh(self.mesh, self.world_size)
+
+    def __hash__(self) -> int:
+        plan = self.plan if isinstance(self.plan, str) else tuple(self.plan.items())
+        return hash((plan, self.world_size, self.rank, self.experts, self.output))
+
+    def plan_entries(self) -> dict[str, str]:
+        """The plan's ``{name: style}`` entries (empty for ``"auto"``)."""
+        return {} if isinstance(self.plan, str) else dict(self.plan)
+
+    def ranks(self) -> Ranks:
+        """This process's place: from ``mesh``, the default group, or world_size/rank."""
+        if self.mesh is not None:
+            return Ranks(self.mesh.size(), self.mesh.get_local_rank(), self.mesh)
+        if self.world_size is not None and self.rank is not None:
+            return Ranks(self.world_size, self.rank, None)
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ParallelError("tp= needs a process group (torch.distributed."
+                                "init_process_group, or torchrun), a mesh=, or world_size= and "
+                                "rank= for a dry run")
+        from torch.distributed.device_mesh import init_device_mesh
+
+        world = dist.get_world_size()
+        mesh = init_device_mesh(_device_type(), (world,))
+        return Ranks(world, dist.get_rank(), mesh)
+
+
+def as_tensor_parallel(tp: object) -> TensorParallel | None:
+    """``None``, ``"auto"`` or a :class:`TensorParallel` → a :class:`TensorParallel`."""
+    if tp is None or isinstance(tp, TensorParallel):
+        return tp
+    if tp == "auto":
+        return TensorParallel()
+    raise ParallelError(f"tp must be None, 'auto' or weightplan.TensorParallel(...), got {tp!r}")
+
+
+def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ParallelError(f"TensorParallel({name}={value!r}): use one of "
+                            f"{', '.join(map(repr, choices))}")
+
+
+def _check_plan(plan: object) -> None:
+    if plan == "auto":
+        return
+    if not isinstance(plan, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in plan.items()):
+        raise ParallelError(f"TensorParallel(plan={plan!r}): use 'auto' or a dict "
+                            "{module-name glob: style name}")
+
+
+def _check_rank(world_size: object, rank: object) -> None:
+    ints = isinstance(world_size, int) and isinstance(rank, int) and not any(
+        isinstance(x, bool) for x in (world_size, rank))
+    if not ints or not (isinstance(world_size, int) and isinstance(rank, int)
+                        and world_size >= 1 and 0 <= rank < world_size):
+        raise ParallelError(f"TensorParallel(world_size={world_size!r}, rank={rank!r}): need "
+                            "integers with world_size >= 1 and 0 <= rank < world_size")
+
+
+def _check_mesh(mesh: Any, world_size: int | None) -> None:
+    ndim = getattr(mesh, "ndim", None)
+    if ndim != 1 or not hasattr(mesh, "size"):
+        raise ParallelError(f"TensorParallel(mesh=...) must be a 1-D DeviceMesh, got {mesh!r}; "
+                            "pass mesh['tp'] for one dimension of a larger mesh")
+    if world_size is not None and mesh.size() != world_size:
+        raise ParallelError(f"TensorParallel: mesh has {mesh.size()} ranks but world_size="
+                            f"{world_size}; pass one or the other")
+
+
+def _device_type() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
