@@ -49,9 +49,17 @@ class QuantContext:
     pairing: Fp8Pairing
     model: Fp8Model | None
     config: QuantConfig | None  # the checkpoint's quantization_config
+    keep_all: bool = False  # no model (convert / revert): FP8 stays FP8, scales follow
 
     def keeps(self, name: str) -> bool:
-        return self.model is not None and name in self.model.params
+        return self.keep_all or (self.model is not None and name in self.model.params)
+
+
+def memory_context(ckpt: Checkpoint) -> QuantContext | None:
+    """For ``convert`` / ``revert`` of a dict: scaled FP8 weights stay FP8 and their scales
+    go through the same ops (merged experts get merged scales)."""
+    pairing = pair_scales(ckpt.entries, None)
+    return QuantContext(pairing, None, None, keep_all=True) if pairing.pairs else None
 
 
 def quant_context(source: object, ckpt: Checkpoint, info: ModelInfo | None,
@@ -135,7 +143,9 @@ def quantize_nodes(key: str, value: Node, quant: QuantContext | None
                    ) -> tuple[Node, Node, str] | None:
     """``(weight node, scale node, scale key)`` when ``value`` goes to an FP8 parameter
     with a scale parameter and is floating; else ``None``."""
-    if quant is None or not quant.keeps(key) or value.spec.dtype in FP8_DTYPES:
+    if quant is None or quant.model is None or key not in quant.model.params:
+        return None
+    if value.spec.dtype in FP8_DTYPES:
         return None
     if not value.spec.dtype.is_floating_point:
         return None
