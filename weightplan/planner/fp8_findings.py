@@ -73,6 +73,10 @@ def summary(quant: QuantContext, conversions: Sequence[Conversion]) -> str:
     kept -= counts[NodeKind.QUANTIZE]
     block = quant.config.block if quant.config is not None else (128, 128)
     source = quant.config.source if quant.config is not None else "no quantization_config"
+    activations = sum(1 for p in quant.pairing.pairs.values() if p.activation is not None)
+    unused = (f"; {activations} activation scale(s) not loaded (dequantized weights don't use "
+              "them; static activation scales of kept FP8 aren't supported yet)"
+              if activations else "")
     return (f"FP8 ({len(quant.pairing.pairs)} scaled weights, blocks {block}, from {source}): "
             f"{counts[NodeKind.DEQUANTIZE]} dequantized, {kept} kept in FP8, "
-            f"{counts[NodeKind.QUANTIZE]} quantized")
+            f"{counts[NodeKind.QUANTIZE]} quantized{unused}")
