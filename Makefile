@@ -20,6 +20,8 @@ demo: $(STAMP)
 	$(BIN)/weightplan demo
 
 test: $(STAMP)
+	$(BIN)/ruff check weightplan tests benchmarks scripts
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 
@@ -27,10 +28,9 @@ __version__ = "0.1.0"
 
 
 def load(model: torch.nn.Module, checkpoint: object, *, strict: bool = False,
-         progress: bool | None = None, **kwargs: object) -> LoadReport:
+         progress: bool | None = None, **kwargs: Any) -> LoadReport:
     """``explain(model, checkpoint, **kwargs).execute(strict=..., progress=...)``."""
-    return explain(model, checkpoint, **kwargs).execute(strict=strict,  # type: ignore[arg-type]
-                                                        progress=progress)
+    return explain(model, checkpoint, **kwargs).execute(strict=strict, progress=progress)
 
 
 def save(model: torch.nn.Module, directory: str | os.PathLike[str], *, mapping: object = None,

@@ -14,8 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING, Any
 
 from weightplan.errors import WeightplanError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from weightplan.api.plans import Plan
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,7 +117,7 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pictures(plan, args: argparse.Namespace) -> None:
+def _pictures(plan: Plan, args: argparse.Namespace) -> None:
     """``--svg`` / ``--timeline``: write the pictures; say where on stderr (stdout may be JSON)."""
     import warnings
 
@@ -126,7 +132,7 @@ def _pictures(plan, args: argparse.Namespace) -> None:
         print(f"weightplan: wrote {plan.render_timeline(args.timeline)}", file=sys.stderr)
 
 
-def _model_for(checkpoint: str, dtype: str | None):
+def _model_for(checkpoint: str, dtype: str | None) -> tuple[nn.Module | None, Any]:
     """The model config.json names, built on meta; ``None`` when there is no config.json
     or no transformers (then the keys are explained as they are)."""
     from weightplan.bridge.hub import build_empty_model, config_path

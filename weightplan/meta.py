@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,14 +30,15 @@ def init_empty(include_buffers: bool = False) -> Iterator[None]:
 
     def register_on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
         original(module, name, param)
-        if param is not None and not param.is_meta:
-            kind = type(module._parameters[name])
-            kwargs = dict(module._parameters[name].__dict__)
+        registered = module._parameters[name]
+        if param is not None and registered is not None and not param.is_meta:
+            kind: Any = type(registered)
+            kwargs = dict(registered.__dict__)
             kwargs["requires_grad"] = param.requires_grad
-            module._parameters[name] = kind(module._parameters[name].to("meta"), **kwargs)
+            module._parameters[name] = kind(registered.to("meta"), **kwargs)
 
-    nn.Module.register_parameter = register_on_meta
+    setattr(nn.Module, "register_parameter", register_on_meta)  # noqa: B010 (patching a method)
     try:
         yield
     finally:
-        nn.Module.register_parameter = original
+        setattr(nn.Module, "register_parameter", original)  # noqa: B010

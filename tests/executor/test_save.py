@@ -62,7 +62,7 @@ def test_sharded_output_has_a_loadable_index(tmp_path):
     reloaded = moe_model()
     weightplan.load(reloaded, tmp_path / "out", mapping="mixtral")
     assert all(torch.equal(a, b) for a, b in zip(reloaded.state_dict().values(),
-                                                  model.state_dict().values()))
+                                                  model.state_dict().values(), strict=True))
 
 
 def test_a_model_never_loaded_saves_through_the_inverse_mapping(tmp_path):
@@ -79,7 +79,7 @@ def test_a_model_never_loaded_saves_through_the_inverse_mapping(tmp_path):
     fresh = moe_model()
     weightplan.load(fresh, tmp_path / "out", mapping="mixtral")
     assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(),
-                                                  model.state_dict().values()))
+                                                  model.state_dict().values(), strict=True))
 
 
 def test_prefix_change_is_refused_without_a_record(tmp_path):
@@ -194,3 +194,22 @@ def test_renaming_with_groups_derived_inverse(tmp_path):
     weightplan.save(model, tmp_path / "o",
                     mapping=[WeightRenaming(r"layers\.(\d+)\.attn", r"blocks.\1.attention")])
     assert set(read_dir(tmp_path / "o")) == {"layers.0.attn.w", "layers.1.attn.w"}
+
+
+def test_each_direction_is_its_own_plan_type(tmp_path):
+    from weightplan.planner.plan import Direction, LoadPlanData
+    from weightplan.planner.tensors.destination import DestKind
+    from weightplan.planner.write.write_plan import WritePlanData
+
+    model = moe_model()
+    load = weightplan.explain(model, moe_checkpoint(), mapping="mixtral")
+    assert load.direction is Direction.LOAD and isinstance(load, LoadPlanData)
+    load.execute()
+    save = weightplan.explain_save(model, tmp_path / "o")
+    assert save.direction is Direction.SAVE and isinstance(save, WritePlanData)
+    assert not isinstance(save, LoadPlanData)  # no model side, no stand-ins for one
+    report = save.execute()
+    convert = weightplan.explain_convert(tmp_path / "o", tmp_path / "c", mapping="mixtral")
+    assert convert.direction is Direction.CONVERT and convert.inversion.value == "forward"
+    kinds = {d.kind for p in (load, save, convert) for s in p.schedule.steps for d in s.destinations}
+    assert kinds == {DestKind.ALLOCATE, DestKind.FILE} and report.files

@@ -18,16 +18,16 @@ def test_many_threads_many_small_reads(tmp_path, monkeypatch):
     sys.setswitchinterval(1e-6)
     try:
         g = torch.Generator().manual_seed(0)
-        ckpt = {f"l.{l}.e.{e}.{w}": torch.randn(3, 5, generator=g)
-                for l in range(6) for e in range(16) for w in ("a", "b")}
+        ckpt = {f"layer.{layer}.e.{e}.{w}": torch.randn(3, 5, generator=g)
+                for layer in range(6) for e in range(16) for w in ("a", "b")}
         directory = write_checkpoint(tmp_path / "c", ckpt, shards=3)
         conv = WeightConverter(["e.*.a", "e.*.b"], "fused", [MergeModulelist(0), Concatenate(1)])
         for attempt in range(3):
-            model = module_with({f"l.{l}.fused": ((16, 6, 5), torch.float32) for l in range(6)})
+            model = module_with({f"layer.{layer}.fused": ((16, 6, 5), torch.float32) for layer in range(6)})
             weightplan.load(model, directory, mapping=[conv], threads=8)
-            for l in range(6):
-                want = torch.cat([torch.stack([ckpt[f"l.{l}.e.{e}.{w}"] for e in range(16)])
+            for layer in range(6):
+                want = torch.cat([torch.stack([ckpt[f"layer.{layer}.e.{e}.{w}"] for e in range(16)])
                                   for w in ("a", "b")], dim=1)
-                assert torch.equal(getattr(model.l, str(l)).fused, want), (attempt, l)
+                assert torch.equal(getattr(model.layer, str(layer)).fused, want), (attempt, layer)
     finally:
         sys.setswitchinterval(old)

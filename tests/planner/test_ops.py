@@ -40,10 +40,10 @@ def assemble_via_place(op, streams, outputs):
     placed = op.place(tuple(final), specs_of(streams))
     if placed is None:
         return None
-    for in_stream, frag_stream in zip(streams, placed):
-        for tensor, frags in zip(in_stream, frag_stream):
+    for in_stream, frag_stream in zip(streams, placed, strict=True):
+        for tensor, frags in zip(in_stream, frag_stream, strict=True):
             for f in frags:
-                piece = tensor[tuple(slice(a, b) for a, b in zip(f.region.starts, f.region.stops))]
+                piece = tensor[tuple(slice(a, b) for a, b in zip(f.region.starts, f.region.stops, strict=True))]
                 v = f.view
                 torch.as_strided(dests[f.target], v.shape, v.stride, v.offset).copy_(piece.reshape(v.shape))
     return dests
@@ -56,7 +56,7 @@ def check(op, streams, context=None, expect_place=True):
     if expect_place:
         assert placed is not None
         flat = [t for s in out for t in s]
-        assert all(torch.equal(a, b) for a, b in zip(placed, flat))
+        assert all(torch.equal(a, b) for a, b in zip(placed, flat, strict=True))
     back = resolved.inverse().resolve(ctx(len(streams), [t.shape for s in streams for t in s]
                                           if len(streams) > 1 else None), specs_of(out))
     return out, back.forward(out)
@@ -80,7 +80,7 @@ def test_merge_modulelist_places_and_inverts():
     streams = (tuple(r(3, 5, seed=i) for i in range(4)),)
     out, back = check(MergeModulelist(0), streams)
     assert out[0][0].shape == (4, 3, 5)
-    assert all(torch.equal(a, b) for a, b in zip(back[0], streams[0]))
+    assert all(torch.equal(a, b) for a, b in zip(back[0], streams[0], strict=True))
 
 
 @pytest.mark.parametrize("dim", [0, 1, -1])
@@ -88,7 +88,7 @@ def test_concatenate_places_and_inverts(dim):
     streams = ((r(4, 6, seed=1),), (r(4, 6, seed=2),), (r(4, 6, seed=3),))
     out, back = check(Concatenate(dim), streams)
     assert torch.equal(out[0][0], torch.cat([s[0] for s in streams], dim))
-    assert all(torch.equal(a[0], b[0]) for a, b in zip(back, streams))
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(back, streams, strict=True))
 
 
 def test_chunk_sizes_come_from_target_parameters():

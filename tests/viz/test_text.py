@@ -11,7 +11,7 @@ from tests.conftest import moe_checkpoint, moe_model
 def test_ranges_and_folding():
     assert ranges([0, 1, 2, 3, 7]) == "{0..3,7}"
     assert ranges([4]) == "4"
-    keys = [f"m.layers.{l}.experts.{e}.w1" for l in range(32) for e in range(8)]
+    keys = [f"m.layers.{layer}.experts.{e}.w1" for layer in range(32) for e in range(8)]
     assert fold_keys(keys + ["lm_head.weight"]) == ["lm_head.weight", "m.layers.{0..31}.experts.{0..7}.w1"]
 
 

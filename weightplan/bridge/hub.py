@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -65,7 +66,7 @@ def build_empty_model(checkpoint: str | Path) -> BuiltModel:
     return BuiltModel(model, path, type(model).__name__, _dtype(config))
 
 
-def _read_config(transformers, path: Path):
+def _read_config(transformers: Any, path: Path) -> Any:
     try:
         return transformers.AutoConfig.from_pretrained(str(path.parent))
     except Exception as e:  # ValueError / KeyError / OSError / JSON errors, by version
@@ -73,7 +74,7 @@ def _read_config(transformers, path: Path):
                               f"{type(e).__name__}: {e}") from e
 
 
-def _model_class(transformers, config, path: Path):
+def _model_class(transformers: Any, config: Any, path: Path) -> tuple[Any, str]:
     for name in getattr(config, "architectures", None) or ():
         cls = getattr(transformers, name, None)
         if isinstance(cls, type) and issubclass(cls, nn.Module):
@@ -87,7 +88,7 @@ def _model_class(transformers, config, path: Path):
                           f"{getattr(config, 'architectures', None)})")
 
 
-def _dtype(config) -> torch.dtype | None:
+def _dtype(config: Any) -> torch.dtype | None:
     """The config's dtype when it names one (``"auto"`` and the like don't)."""
     from weightplan.errors import PlanError
     from weightplan.planner.tensors.spec import parse_dtype

@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+import torch
+
 from weightplan.errors import NotInvertibleError, OpError
+from weightplan.planner.tensors.geometry import Fragment
 from weightplan.planner.tensors.ops.base import OpContext, Streams, normalize_dim, single_input
 from weightplan.planner.tensors.ops.reshape import Transpose
 from weightplan.planner.tensors.spec import TensorSpec
@@ -30,15 +33,15 @@ class TransposeToFit(Transpose):
         fits = len(targets) == 1 and tuple(targets[0].shape) == tuple(spec.shape)
         return dataclasses.replace(self, swap=not fits)
 
-    def forward_one(self, tensor, stream):
+    def forward_one(self, tensor: torch.Tensor, stream: int) -> torch.Tensor:
         if self.swap is None:
             raise OpError(f"{self!r} is not resolved: plan it against a model first")
         return super().forward_one(tensor, stream) if self.swap else tensor
 
-    def infer_one(self, spec, stream):
+    def infer_one(self, spec: TensorSpec, stream: int) -> TensorSpec:
         return super().infer_one(spec, stream) if self.swap else spec
 
-    def place_one(self, fragment, spec, stream):
+    def place_one(self, fragment: Fragment, spec: TensorSpec, stream: int) -> Fragment | None:
         return super().place_one(fragment, spec, stream) if self.swap else fragment
 
     def inverse(self) -> "TransposeToFit":

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 from enum import Enum
 
 from torch import nn
@@ -110,7 +111,7 @@ def translate_mapping(identifier: str) -> Translation | None:
                        tuple(problems), tuple(gaps), len(original))
 
 
-def translate_transform(t: object) -> WeightTransform:
+def translate_transform(t: Any) -> WeightTransform:
     """One transformers transform as a weightplan transform.
 
     Raises:
@@ -137,7 +138,7 @@ def translate_transform(t: object) -> WeightTransform:
         raise Untranslatable(f"{kind.__name__} {_patterns(t)}: {e}", kind.__name__) from e
 
 
-def _translated_patterns(t: object) -> tuple[list[str], list[str]]:
+def _translated_patterns(t: Any) -> tuple[list[str], list[str]]:
     try:
         pairs = [target_pattern(p) for p in t._original_target_patterns]
         captured = next((c for _, c in pairs if c is not None), None)
@@ -147,7 +148,7 @@ def _translated_patterns(t: object) -> tuple[list[str], list[str]]:
     return sources, [p for p, _ in pairs]
 
 
-def translate_op(op: object) -> list[wops.ConversionOp]:
+def translate_op(op: Any) -> list[wops.ConversionOp]:
     """One transformers op as weightplan ops (by type and attributes).
 
     Raises:
@@ -176,14 +177,14 @@ def translate_op(op: object) -> list[wops.ConversionOp]:
     return [simple[name]()]
 
 
-def _permute_for_rope(op: object) -> wops.PermuteForRope:
+def _permute_for_rope(op: Any) -> wops.PermuteForRope:
     names = op.permute_layer_names
     return wops.PermuteForRope(config_key=op.subconfig_key,
                                names=None if names is None else tuple(names),
                                reverse=bool(op.inverse))
 
 
-def _patterns(t: object) -> str:
+def _patterns(t: Any) -> str:
     src = list(t._original_source_patterns)
     tgt = list(t._original_target_patterns)
     return f"{src} → {tgt}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from weightplan.executor.sinks import flat_bytes, strided
+from weightplan.executor.model_sink import flat_bytes, strided
 from weightplan.planner.tensors.destination import Destination
 from weightplan.planner.tensors.geometry import View
 

@@ -9,7 +9,7 @@ from torch import nn
 from weightplan.errors import PlanError, QuantizationError, ShapeMismatchError, StrictLoadError
 from weightplan.executor.report import LoadReport
 from weightplan.executor.run import run_plan
-from weightplan.executor.sinks import ModelSink, check_unchanged
+from weightplan.executor.model_sink import ModelSink, check_unchanged
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.plan import LoadPlanData
 from weightplan.planner.write.record import attach_record, get_record, merge_records, record_from_plan

@@ -60,4 +60,6 @@ class RssMeter:
         if not self.enabled:
             return None
         hwm = _status_kib("VmHWM")
-        return None if hwm is None else max(0, hwm - self.start_rss)
+        if hwm is None or self.start_rss is None:
+            return None
+        return max(0, hwm - self.start_rss)

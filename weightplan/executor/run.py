@@ -5,7 +5,7 @@ are opened and its reads queued (SUBMIT) and when its reads are awaited and its
 materialized op nodes run (FINALIZE). The steps are the verified lowering of the plan's
 graph (:mod:`weightplan.planner.tensors.placement`). Where bytes go is the sink's
 business (:class:`~weightplan.executor.sink.Sink`): model tensors
-(:class:`~weightplan.executor.sinks.ModelSink`), output files
+(:class:`~weightplan.executor.model_sink.ModelSink`), output files
 (:class:`~weightplan.executor.writer.FileSink`) or a dict
 (:class:`~weightplan.executor.dict_sink.DictSink`). Sinks commit only after every step
 succeeded, so a failure leaves a meta model untouched and no half-written checkpoint.

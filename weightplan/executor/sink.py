@@ -8,7 +8,7 @@ The executor calls, in this order (1-3 from reader threads, 4-5 from the main th
 4. ``close(dest, handle)`` when the step is finalized;
 5. ``commit()`` after the last step, or ``abort()`` on any failure.
 
-Implementations: :class:`~weightplan.executor.sinks.ModelSink` (model tensors),
+Implementations: :class:`~weightplan.executor.model_sink.ModelSink` (model tensors),
 :class:`~weightplan.executor.writer.FileSink` (safetensors files) and
 :class:`~weightplan.executor.dict_sink.DictSink` (a ``{key: tensor}`` dict).
 """

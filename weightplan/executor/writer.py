@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from weightplan.errors import SaveError
-from weightplan.executor.sinks import flat_bytes, strided
+from weightplan.executor.model_sink import flat_bytes, strided
 from weightplan.planner.tensors.destination import Destination
 from weightplan.planner.tensors.geometry import View
 from weightplan.planner.write.shards import INDEX_NAME, SINGLE_NAME, ShardLayout

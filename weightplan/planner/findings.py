@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
 
-from weightplan.planner.tensors.build import Conversion, TargetStatus
+from weightplan.planner.tensors.build import Conversion, Target, TargetStatus
 from weightplan.planner.keys.routing import Routing
 from weightplan.planner.inputs.model_info import ModelInfo
 
@@ -67,10 +67,10 @@ def collect_findings(model: ModelInfo | None, routing: Routing,
         for t in conv.targets:
             if t.model is not None and t.status is not TargetStatus.UNEXPECTED:
                 produced.add(t.model.name)
-            if t.status is TargetStatus.MISMATCH:
-                mismatched[t.key] = Mismatch(t.produced.shape, t.model.spec.shape)
+            if t.status is TargetStatus.MISMATCH and t.expected is not None:
+                mismatched[t.key] = Mismatch(t.produced.shape, t.expected.shape)
                 problems.append(Problem(ProblemKind.MISMATCH, t.key, _mismatch_text(conv, t)))
-            if t.status is TargetStatus.TIED_DUPLICATE:
+            if t.status is TargetStatus.TIED_DUPLICATE and t.model is not None:
                 notes.append(Note(t.key, f"tied to {t.model.name}, which is loaded from another "
                                          f"checkpoint key; {', '.join(keys)} not read"))
         if statuses == {TargetStatus.UNEXPECTED}:
@@ -117,9 +117,9 @@ def _unexpected_text(conv: Conversion, key: str) -> str:
     return f"{key} becomes {names}, which the model doesn't have"
 
 
-def _mismatch_text(conv: Conversion, t) -> str:
+def _mismatch_text(conv: Conversion, t: Target) -> str:
     chain = " → ".join(repr(op) for op in conv.ops) or "no ops"
     keys = ", ".join(e.key for e in conv.group.entries[:4])
     more = f" and {len(conv.group.entries) - 4} more" if len(conv.group.entries) > 4 else ""
     return (f"{t.key}: checkpoint gives {list(t.produced.shape)} but the model has "
-            f"{list(t.model.spec.shape)} (from {keys}{more}; ops: {chain})")
+            f"{list(t.expected.shape) if t.expected else '?'} (from {keys}{more}; ops: {chain})")

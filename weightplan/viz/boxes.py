@@ -14,7 +14,10 @@ from dataclasses import dataclass
 
 from weightplan.planner.tensors.build import Conversion, TargetStatus
 from weightplan.planner.tensors.destination import DestKind
-from weightplan.planner.tensors.nodes import Node, NodeKind
+from weightplan.planner.tensors.nodes import (
+    DequantizeAttrs, Node, NodeKind, OpAttrs, QuantizeAttrs, ReadAttrs, SinkAttrs, cast_attrs,
+    op_attrs, read_attrs, sink_attrs,
+)
 from weightplan.planner.tensors.spec import short_dtype
 from weightplan.units import format_bytes
 from weightplan.viz.folding import fold_keys, ranges, split_numbers
@@ -56,17 +59,17 @@ def node_slots(conv: Conversion, grouped: bool) -> dict[Node, Slot]:
     slots: dict[Node, Slot] = {}
     for n in conv.nodes:
         a = n.attrs
-        if n.kind is NodeKind.READ and a.entry in streams:
+        if isinstance(a, ReadAttrs) and a.entry in streams:
             slots[n] = (0, streams[a.entry])
-        elif n.kind is NodeKind.DEQUANTIZE:  # an FP8 read, its scale's read, the dequantize
-            stream = streams[n.inputs[0].attrs.entry]
+        elif isinstance(a, DequantizeAttrs):  # an FP8 read, its scale's read, the dequantize
+            stream = streams[read_attrs(n.inputs[0]).entry]
             slots[n.inputs[1]], slots[n] = (0, stream, 1), (0, stream, 2)
-        elif n.kind is NodeKind.OP:
+        elif isinstance(a, OpAttrs):
             slots[n] = (1 + a.stage, a.position[0])
-        elif n.kind is NodeKind.SINK:
+        elif isinstance(a, SinkAttrs):
             stream = target_stream[a.target]
             before = n.inputs[0] if n.inputs else None
-            scale = before is not None and before.kind is NodeKind.QUANTIZE and before.attrs.scale
+            scale = before is not None and isinstance(before.attrs, QuantizeAttrs) and before.attrs.scale
             slots[n] = (last + 2, stream, 1) if scale else (last + 2, stream)
             if before is not None and before.kind in (NodeKind.CAST, NodeKind.QUANTIZE):
                 slots[before] = (last + 1, stream, 1) if scale else (last + 1, stream)
@@ -78,16 +81,16 @@ def make_box(kind: NodeKind, rep: Sequence[Node], every: Sequence[Node], ctx: Bo
     nodes across all the conversions the part stands for."""
     size = f"{_specs(rep)} · {format_bytes(sum(n.spec.nbytes for n in rep))}"
     if kind is NodeKind.READ:
-        keys = _keys([n.attrs.entry.key for n in every])
+        keys = _keys([read_attrs(n).entry.key for n in every])
         what = f"read {_index_range(rep)}: " if len(rep) > 1 else "read "
         return Box(kind, (*keys, what + size), KIND_COLOURS[kind])
     if kind is NodeKind.OP:
-        op = rep[0].attrs.op
-        how = "materialized" if rep[0].attrs.stage < ctx.materialized else "in place"
+        op = op_attrs(rep[0]).op
+        how = "materialized" if op_attrs(rep[0]).stage < ctx.materialized else "in place"
         times = f" ×{len(rep)}" if len(rep) > 1 else ""
         return Box(kind, (f"{op!r}{times}", f"{size} · {how}"), op_colour(type(op).__name__))
     if kind is NodeKind.CAST:
-        return Box(kind, (f"cast → {short_dtype(rep[0].attrs.dtype)}", size), KIND_COLOURS[kind])
+        return Box(kind, (f"cast → {short_dtype(cast_attrs(rep[0]).dtype)}", size), KIND_COLOURS[kind])
     if kind in (NodeKind.DEQUANTIZE, NodeKind.QUANTIZE):
         return Box(kind, (quant_label(rep[0]), size), KIND_COLOURS[kind])
     return _assign_box(rep, every, size, ctx)
@@ -96,19 +99,20 @@ def make_box(kind: NodeKind, rep: Sequence[Node], every: Sequence[Node], ctx: Bo
 def quant_label(node: Node) -> str:
     """``dequantize 128×128 → bf16`` / ``quantize 128×128 → f8_e4m3`` / ``… → scale f32``."""
     a = node.attrs
+    assert isinstance(a, (DequantizeAttrs, QuantizeAttrs)), node
     block = "×".join(map(str, a.block))
-    if node.kind is NodeKind.DEQUANTIZE:
+    if isinstance(a, DequantizeAttrs):
         return f"dequantize {block} → {short_dtype(a.dtype)}"
     what = "scale " if a.scale else ""
     return f"quantize {block} → {what}{short_dtype(a.dtype)}"
 
 
 def _assign_box(rep: Sequence[Node], every: Sequence[Node], size: str, ctx: BoxContext) -> Box:
-    keys = _keys([n.attrs.target for n in every])
-    names = {n.attrs.target for n in rep}
+    keys = _keys([sink_attrs(n).target for n in every])
+    names = {sink_attrs(n).target for n in rep}
     mismatched = [t for t in ctx.conv.targets
                   if t.key in names and t.status is TargetStatus.MISMATCH]
-    kind = rep[0].attrs.dest.kind
+    kind = sink_attrs(rep[0]).dest.kind
     if mismatched and mismatched[0].model is not None:  # drawn where it would have gone
         kind = DestKind.ALLOCATE if mismatched[0].model.allocates else DestKind.IN_PLACE
     how = {DestKind.ALLOCATE: "allocates", DestKind.IN_PLACE: "in place",
@@ -144,7 +148,7 @@ def _specs(nodes: Sequence[Node]) -> str:
 
 def _index_range(reads: Sequence[Node]) -> str:
     """``experts 0..7``: the key component that varies along a read stream, and its range."""
-    split = [split_numbers(n.attrs.entry.key) for n in reads]
+    split = [split_numbers(read_attrs(n).entry.key) for n in reads]
     template, numbers = split[0][0], [nums for _, nums in split]
     varying = [p for p in range(len(numbers[0])) if len({nums[p] for nums in numbers}) > 1]
     if not varying or any(s[0] != template for s in split):

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from typing import Any
+
+from weightplan.planner.keys.registry import SubmoduleMapping
+from weightplan.planner.plan import LoadPlanData
+from weightplan.planner.write.write_plan import WritePlanData
 
 from weightplan.viz.rows import mapping_rows
 
 
-def plan_to_dict(plan) -> dict:
+def plan_to_dict(plan: LoadPlanData) -> dict[str, Any]:
     peak = plan.schedule.peak
     info = plan.model_info
     return {
@@ -42,7 +47,7 @@ def plan_to_dict(plan) -> dict:
     }
 
 
-def write_plan_to_dict(plan) -> dict:
+def write_plan_to_dict(plan: WritePlanData) -> dict[str, Any]:
     peak = plan.schedule.peak
     return {
         "direction": plan.direction.value,
@@ -60,7 +65,7 @@ def write_plan_to_dict(plan) -> dict:
     }
 
 
-def submodule_to_dict(s) -> dict:
+def submodule_to_dict(s: SubmoduleMapping) -> dict[str, Any]:
     """One entry of the depth-first mapping lookup (``planner.registry.SubmoduleMapping``)."""
     return {"path": s.path, "class": s.class_name, "model_type": s.model_type,
             "identifier": s.identifier, "via": s.via.value, "key": s.key,

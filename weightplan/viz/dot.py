@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 
 from weightplan.errors import RenderError
+from weightplan.planner.plan import LoadPlanData
 from weightplan.viz.groups import Cluster, Picture, plan_picture
 from weightplan.viz.style import (
     CLUSTER_COLOUR, EDGE_COLOUR, PEAK_COLOUR, PROBLEM_COLOUR, PROBLEM_FILL, dot_string,
@@ -37,7 +38,7 @@ _HEADER = (
 )
 
 
-def to_dot(plan, *, detail: str | None = None, only: str | None = None) -> str:
+def to_dot(plan: LoadPlanData, *, detail: str | None = None, only: str | None = None) -> str:
     """The plan's graph as DOT text (see :func:`~weightplan.viz.groups.plan_picture`).
 
     Args:
@@ -89,7 +90,7 @@ def _cluster_lines(cluster: Cluster, counter: int, edges: list[str]) -> tuple[li
     for part in cluster.parts:
         ids = [f"n{counter + i}" for i in range(len(part.boxes))]
         counter += len(part.boxes)
-        for node_id, box in zip(ids, part.boxes):
+        for node_id, box in zip(ids, part.boxes, strict=True):
             attrs = [f"label={_label(box.lines)}",
                      f'fillcolor="{box.fill}"']
             if box.peak or box.problem:
@@ -129,7 +130,7 @@ def run_dot(text: str, fmt: str) -> bytes:
     return done.stdout
 
 
-def render_plan(plan, path: str | Path, *, detail: str | None = None,
+def render_plan(plan: LoadPlanData, path: str | Path, *, detail: str | None = None,
                 only: str | None = None) -> str:
     """Draw ``plan`` to ``path`` and return the file written (see :meth:`Plan.render`).
 

@@ -38,13 +38,13 @@ def fold_tuples(rows: list[tuple[int, ...]]) -> list[tuple[str, ...]]:
     by_first: dict[int, list[tuple[int, ...]]] = {}
     for row in rows:
         by_first.setdefault(row[0], []).append(row[1:])
-    by_rest: dict[tuple, list[int]] = {}
+    by_rest: dict[tuple[tuple[str, ...], ...], list[int]] = {}
     for first, rest in by_first.items():
         by_rest.setdefault(tuple(sorted(fold_tuples(rest))), []).append(first)
-    out = []
-    for rest, firsts in by_rest.items():
+    out: list[tuple[str, ...]] = []
+    for folded, firsts in by_rest.items():
         label = ranges(firsts)
-        out.extend((label, *r) for r in rest)
+        out.extend((label, *r) for r in folded)
     return out
 
 

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 from weightplan.errors import RenderError
 from weightplan.planner.tensors.build import Conversion, TargetStatus
-from weightplan.planner.tensors.nodes import Node, NodeKind
+from weightplan.planner.tensors.nodes import Node, OpAttrs, ReadAttrs, SinkAttrs
 from weightplan.planner.keys.patterns import natural_key
+from weightplan.planner.plan import LoadPlanData
 from weightplan.units import format_bytes
 from weightplan.viz.boxes import Box, BoxContext, Slot, make_box, node_slots
 from weightplan.viz.folding import fold_keys, ranges, split_numbers
@@ -63,7 +64,7 @@ class Picture:
         return sum(len(p.boxes) for c in self.clusters for p in c.parts)
 
 
-def plan_picture(plan, *, detail: str | None = None, only: str | None = None) -> Picture:
+def plan_picture(plan: LoadPlanData, *, detail: str | None = None, only: str | None = None) -> Picture:
     """Fold ``plan`` into a :class:`Picture` (see the module docstring).
 
     Args:
@@ -87,7 +88,7 @@ def plan_picture(plan, *, detail: str | None = None, only: str | None = None) ->
     return Picture(title, clusters, _notes(plan, only))
 
 
-def _select(plan, only: str | None) -> list[Conversion]:
+def _select(plan: LoadPlanData, only: str | None) -> list[Conversion]:
     convs = [c for c in plan.conversions if c.in_graph]
     if only is None:
         return convs
@@ -125,13 +126,13 @@ def _signature(conv: Conversion) -> tuple:
 
 def _template(node: Node) -> object:
     a = node.attrs
-    if node.kind is NodeKind.READ:
+    if isinstance(a, ReadAttrs):
         return split_numbers(a.entry.key)[0]
-    if node.kind is NodeKind.SINK:
+    if isinstance(a, SinkAttrs):
         return split_numbers(a.target)[0], a.dest.kind
-    if node.kind is NodeKind.OP:
+    if isinstance(a, OpAttrs):
         return repr(a.op)
-    return a.dtype
+    return a
 
 
 def _cluster_key(bucket: list[Conversion]) -> tuple[str, str, tuple[int, ...]]:
@@ -146,7 +147,7 @@ def _cluster_key(bucket: list[Conversion]) -> tuple[str, str, tuple[int, ...]]:
     return ".".join(parts[:first]), name, tuple(indices)
 
 
-def _clusters(plan, buckets: list[list[Conversion]], grouped: bool) -> tuple[Cluster, ...]:
+def _clusters(plan: LoadPlanData, buckets: list[list[Conversion]], grouped: bool) -> tuple[Cluster, ...]:
     keyed: dict[tuple[str, str, tuple[int, ...]], list[list[Conversion]]] = {}
     for bucket in sorted(buckets, key=lambda b: natural_key(b[0].label)):
         keyed.setdefault(_cluster_key(bucket), []).append(bucket)
@@ -165,7 +166,7 @@ def _clusters(plan, buckets: list[list[Conversion]], grouped: bool) -> tuple[Clu
     return tuple(out)
 
 
-def _part(plan, bucket: list[Conversion], grouped: bool, span: int) -> Part:
+def _part(plan: LoadPlanData, bucket: list[Conversion], grouped: bool, span: int) -> Part:
     rep = bucket[0]
     rep_slots = node_slots(rep, grouped)
     order: dict[Slot, list[Node]] = {}
@@ -185,14 +186,14 @@ def _part(plan, bucket: list[Conversion], grouped: bool, span: int) -> Part:
     return Part(boxes, tuple(edges), len(bucket))
 
 
-def _materialized(plan, conv: Conversion) -> int:
+def _materialized(plan: LoadPlanData, conv: Conversion) -> int:
     for program in plan.schedule.steps:
         if program.sinks == conv.sinks:
             return len(program.materialize)
     return 0
 
 
-def _peak_line(plan, bucket: list[Conversion]) -> str | None:
+def _peak_line(plan: LoadPlanData, bucket: list[Conversion]) -> str | None:
     peak = plan.schedule.peak
     if peak is None:
         return None
@@ -203,7 +204,7 @@ def _peak_line(plan, bucket: list[Conversion]) -> str | None:
             f"{len(plan.schedule.steps)} ({peak.event.kind.value} {peak.label})")
 
 
-def _title(plan) -> tuple[str, str]:
+def _title(plan: LoadPlanData) -> tuple[str, str]:
     name = checkpoint_name(plan.checkpoint)
     model = plan.model_info.class_name if plan.model_info is not None else "no model"
     peak = plan.schedule.peak
@@ -215,11 +216,10 @@ def _title(plan) -> tuple[str, str]:
             f"the model · peak {format_bytes(plan.peak_bytes)}{at}{budget}")
 
 
-def _notes(plan, only: str | None) -> tuple[str, ...]:
+def _notes(plan: LoadPlanData, only: str | None) -> tuple[str, ...]:
     notes = []
-    for what, names in (("missing", plan.missing), ("unexpected", plan.unexpected)):
-        if only is not None:
-            names = [k for k in names if fnmatch.fnmatchcase(k, only)]
+    for what, every in (("missing", plan.missing), ("unexpected", plan.unexpected)):
+        names = [k for k in every if only is None or fnmatch.fnmatchcase(k, only)]
         if names:
             folded = fold_keys(names)
             extra = len(folded) - MAX_NOTE_KEYS

@@ -10,6 +10,7 @@ from __future__ import annotations
 from html import escape
 
 from weightplan.errors import RenderError
+from weightplan.planner.plan import LoadPlanData
 from weightplan.units import format_bytes
 from weightplan.viz.rows import Row, mapping_rows
 from weightplan.viz.text import header_lines, note_lines, problem_lines, total_lines
@@ -22,7 +23,7 @@ _STYLE = ("<style>.weightplan table{border-collapse:collapse;font-size:12px}"
           ".weightplan th{background:#f3f4f6}.weightplan summary{cursor:pointer}</style>")
 
 
-def plan_html(plan, *, graph: bool = True) -> str:
+def plan_html(plan: LoadPlanData, *, graph: bool = True) -> str:
     """The plan as an HTML fragment for Jupyter (see the module docstring).
 
     Args:
@@ -58,7 +59,7 @@ def rows_table(rows: list[Row]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def graph_svg(plan) -> str | None:
+def graph_svg(plan: LoadPlanData) -> str | None:
     """The grouped graph as SVG text, or ``None`` when ``dot`` is missing or fails."""
     from weightplan.viz.dot import find_dot, run_dot, to_dot
 

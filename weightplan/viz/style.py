@@ -11,6 +11,7 @@ import zlib
 from pathlib import Path
 from xml.sax.saxutils import escape as _xml_escape
 
+from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.tensors.nodes import NodeKind
 
 KIND_COLOURS = {
@@ -56,6 +57,6 @@ def xml_text(text: str) -> str:
     return _xml_escape(text, {'"': "&quot;"})
 
 
-def checkpoint_name(checkpoint) -> str:
+def checkpoint_name(checkpoint: Checkpoint) -> str:
     """The checkpoint's last path component: pictures don't depend on where it lies."""
     return Path(checkpoint.description).name or checkpoint.description

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from weightplan.errors import RenderError
+from weightplan.planner.plan import LoadPlanData
 from weightplan.planner.tensors.schedule import MemoryPoint
 from weightplan.units import format_bytes
 from weightplan.viz.style import PEAK_COLOUR, SERIES_COLOURS, checkpoint_name, xml_text
@@ -78,7 +79,7 @@ def byte_ticks(top: float) -> tuple[float, list[tuple[float, str]]]:
     return count * step * unit, ticks
 
 
-def timeline_svg(plan, *, width: int = WIDTH, height: int = HEIGHT) -> str:
+def timeline_svg(plan: LoadPlanData, *, width: int = WIDTH, height: int = HEIGHT) -> str:
     """The plan's memory timeline as an SVG document (see the module docstring).
 
     Args:
@@ -102,7 +103,7 @@ def timeline_svg(plan, *, width: int = WIDTH, height: int = HEIGHT) -> str:
     return "\n".join(_document(width, height, plan) + body + ["</svg>"]) + "\n"
 
 
-def render_timeline(plan, path: str | Path) -> str:
+def render_timeline(plan: LoadPlanData, path: str | Path) -> str:
     """Write :func:`timeline_svg` to ``path`` (a ``.svg`` file); returns the path written."""
     path = Path(path)
     if path.suffix.lower() != ".svg":
@@ -112,7 +113,7 @@ def render_timeline(plan, path: str | Path) -> str:
     return str(path)
 
 
-def _document(width: int, height: int, plan) -> list[str]:
+def _document(width: int, height: int, plan: LoadPlanData) -> list[str]:
     return [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
             f'viewBox="0 0 {width} {height}" {FONT} font-size="12">',
             f"<title>weightplan memory timeline: {xml_text(checkpoint_name(plan.checkpoint))}"
@@ -120,7 +121,7 @@ def _document(width: int, height: int, plan) -> list[str]:
             f'<rect width="{width}" height="{height}" fill="#ffffff"/>']
 
 
-def _titles(plan, width: int) -> list[str]:
+def _titles(plan: LoadPlanData, width: int) -> list[str]:
     sched = plan.schedule
     head = (f"planned memory per event: {len(sched.events)} events over "
             f"{len(sched.steps)} steps, peak {format_bytes(plan.peak_bytes)}")
@@ -165,12 +166,12 @@ def _areas(frame: Frame, folded: list[Run]) -> list[str]:
     out = []
     for k, (name, colour) in enumerate(SERIES_COLOURS.items()):
         lower = [sum(r.values[:k]) for r in folded]
-        upper = [lo + r.values[k] for lo, r in zip(lower, folded)]
+        upper = [lo + r.values[k] for lo, r in zip(lower, folded, strict=True)]
         if upper == lower:
             continue
-        top = [(frame.x(x), frame.y(v)) for r, v in zip(folded, upper)
+        top = [(frame.x(x), frame.y(v)) for r, v in zip(folded, upper, strict=True)
                for x in (r.start, r.stop)]
-        bottom = [(frame.x(x), frame.y(v)) for r, v in zip(reversed(folded), reversed(lower))
+        bottom = [(frame.x(x), frame.y(v)) for r, v in zip(reversed(folded), reversed(lower), strict=True)
                   for x in (r.stop, r.start)]
         points = " ".join(f"{x:.1f},{y:.1f}" for x, y in top + bottom)
         out.append(f'<polygon points="{points}" fill="{colour}" fill-opacity="0.85" '
@@ -188,9 +189,11 @@ def _budget(frame: Frame, budget: int | None) -> list[str]:
                   fill=PEAK_COLOUR, halo=True)]
 
 
-def _peak(frame: Frame, plan) -> list[str]:
+def _peak(frame: Frame, plan: LoadPlanData) -> list[str]:
     """Mark the peak event and say what it is: the step, the event, how the bytes split."""
     timeline, peak = plan.schedule.timeline, plan.schedule.peak
+    if peak is None:
+        return []
     index = timeline.index(peak)
     x, y = frame.x(index + 0.5), frame.y(peak.total)
     lines = [f"peak {format_bytes(peak.total)}: {peak.event.kind.value} of step "

@@ -92,7 +92,7 @@ def open_checkpoint(source: object) -> Checkpoint:
             return _from_files(_directory_files(path), description=str(path))
         return _from_files([(str(path), None)], description=str(path))
     if isinstance(source, Sequence):
-        files = [(str(Path(p)), None) for p in source]
+        files: list[tuple[str, Mapping[str, str] | None]] = [(str(Path(p)), None) for p in source]
         if not files:
             raise CheckpointError("an empty list of checkpoint files was given")
         return _from_files(files, description=f"{len(files)} files")
@@ -140,7 +140,7 @@ def _index_files(index: Path) -> list[tuple[str, Mapping[str, str] | None]]:
     by_file: dict[str, dict[str, str]] = {}
     for key, name in weight_map.items():
         by_file.setdefault(str(name), {})[key] = name
-    files = []
+    files: list[tuple[str, Mapping[str, str] | None]] = []
     for name, keys in sorted(by_file.items()):
         shard = index.parent / name
         if not shard.is_file():

@@ -23,7 +23,7 @@ submodule differently are ambiguous: :class:`ConflictingTransformError` names bo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from torch import nn
@@ -102,15 +102,17 @@ def _visit(walk: _Walk, path: str, module: nn.Module) -> None:
         return
     model_type = model_type_of(module)
     typed = model_type is not None and (path == "" or is_submodel(module))
-    blocked = typed and _claimed_above(walk.claimed.get(model_type, ()), path)
-    for via, identifier in ((Via.CLASS, class_name), (Via.MODEL_TYPE, model_type)):
-        if via is Via.MODEL_TYPE and (not typed or blocked):
-            break
+    blocked = model_type is not None and typed and _claimed_above(
+        walk.claimed.get(model_type, ()), path)
+    choices = [(Via.CLASS, class_name)]
+    if model_type is not None and typed and not blocked:
+        choices.append((Via.MODEL_TYPE, model_type))
+    for via, identifier in choices:
         found = walk.find(module, identifier, bridge=not _known(walk, class_name, model_type))
         if found is not None:
             _apply(walk, path, module, identifier, via, found)
             return
-    if blocked:
+    if blocked and model_type is not None:
         _skip(walk, path, module, model_type, Via.MODEL_TYPE)
 
 
@@ -149,7 +151,7 @@ def _skip(walk: _Walk, path: str, module: nn.Module, identifier: str, via: Via) 
         found.source, (), owner))
 
 
-def _claimed_above(paths, path: str) -> bool:
+def _claimed_above(paths: Iterable[str], path: str) -> bool:
     return any(p == "" or path.startswith(p + ".") for p in paths)
 
 

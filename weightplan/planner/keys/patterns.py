@@ -95,10 +95,11 @@ class TargetPattern:
                     raise PatternError(f"target {self.text!r} has `*` but no index to fill")
                 out.append(str(index))
             else:
-                if part > len(groups) or groups[part - 1] is None:
+                captured = groups[part - 1] if part <= len(groups) else None
+                if captured is None:
                     raise PatternError(f"target {self.text!r} uses \\{part} but the source "
                                        f"captured only {len(groups)} group(s)")
-                out.append(groups[part - 1])
+                out.append(captured)
         return "".join(out)
 
 

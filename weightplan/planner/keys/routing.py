@@ -25,15 +25,32 @@ from weightplan.planner.keys.transforms import (
 
 
 @dataclass(frozen=True, slots=True)
+class Claim:
+    """The converter that claimed a key, and how its source pattern matched."""
+
+    converter: WeightConverter
+    match: ConverterMatch
+
+
+@dataclass(frozen=True, slots=True)
 class Route:
     """What phase 1 decided for one checkpoint key."""
 
     key: str
     renamed: str  # the key after every renaming (and prefix fix-up)
     fired: tuple[Renaming, ...]  # renamings that changed it, in order
-    converter: WeightConverter | None = None
-    match: ConverterMatch | None = None
+    claim: Claim | None = None  # None: a plain (renamed) key
     note: str = ""
+
+    @property
+    def converter(self) -> WeightConverter | None:
+        return self.claim.converter if self.claim is not None else None
+
+    @property
+    def match(self) -> ConverterMatch:
+        """How the claiming converter matched (only for claimed keys)."""
+        assert self.claim is not None, self.key
+        return self.claim.match
 
 
 @dataclass(frozen=True)
@@ -111,7 +128,7 @@ def _apply(key: str, renamings: Sequence[Renaming], converters: Sequence[WeightC
     for c in converters:
         m = c.match(name)
         if m is not None:
-            return Route(key, name, tuple(fired), c, m)
+            return Route(key, name, tuple(fired), Claim(c, m))
     return Route(key, name, tuple(fired))
 
 
@@ -141,38 +158,41 @@ def _prefix_fixup(key: str, renamings: list[Renaming], converters: list[WeightCo
         for order, when in (([*renamings, fix], "after"), ([fix, *renamings], "before")):
             fixed = _apply(key, order, converters)
             if fix in fixed.fired and _lands(fixed, model):
-                return Route(fixed.key, fixed.renamed, fixed.fired, fixed.converter,
-                             fixed.match, note=f"base_model_prefix {prefix!r} {verb} "
-                                               f"{when} the renamings")
+                note = f"base_model_prefix {prefix!r} {verb} {when} the renamings"
+                return Route(fixed.key, fixed.renamed, fixed.fired, fixed.claim, note=note)
     return None
 
 
 def _lands(route: Route, model: ModelInfo) -> bool:
-    if route.converter is None:
+    if route.claim is None:
         return route.renamed in model
-    targets = route.converter.target_keys(route.match)
+    targets = route.claim.converter.target_keys(route.claim.match)
     return any(t in model for t in targets if "*" not in t) or any("*" in t for t in targets)
 
 
 def _group(routes: tuple[Route, ...], checkpoint: Checkpoint
            ) -> tuple[tuple[Group, ...], tuple[Incomplete, ...]]:
-    buckets: dict[tuple, list[Route]] = {}
+    buckets: dict[tuple[object, ...], list[Route]] = {}
     for r in routes:
-        if r.converter is None:
-            ident: tuple = ("rename", r.key)
+        if r.claim is None:
+            ident: tuple[object, ...] = ("rename", r.key)
         else:
-            m = r.match
-            ident = ("convert", r.converter, m.head, m.tail, m.match.groups)
+            m = r.claim.match
+            ident = ("convert", r.claim.converter, m.head, m.tail, m.match.groups)
         buckets.setdefault(ident, []).append(r)
-    groups, incomplete = [], []
+    groups: list[Group] = []
+    incomplete: list[Incomplete] = []
     for members in buckets.values():
         first = members[0]
-        if first.converter is None:
+        if first.claim is None:
             entry = checkpoint.entries[first.key]
             groups.append(Group(None, ((entry,),), ((first,),), (first.renamed,)))
             continue
-        group = _converter_group(first.converter, members, checkpoint)
-        (groups if isinstance(group, Group) else incomplete).append(group)
+        group = _converter_group(first.claim.converter, members, checkpoint)
+        if isinstance(group, Group):
+            groups.append(group)
+        else:
+            incomplete.append(group)
     return tuple(groups), tuple(incomplete)
 
 
@@ -182,16 +202,22 @@ def _converter_group(converter: WeightConverter, members: list[Route], checkpoin
     streams: list[list[Route]] = [[] for _ in converter.source_patterns]
     for r in members:
         streams[r.match.source_index].append(r)
-    missing = tuple(p for p, s in zip(converter.source_patterns, streams) if not s)
+    missing = tuple(p for p, s in zip(converter.source_patterns, streams, strict=True) if not s)
     if missing:
         return Incomplete(converter, targets, tuple(r.key for r in members), missing)
     ordered = []
-    for pattern, source, stream in zip(converter.source_patterns, converter.sources, streams):
+    for pattern, source, stream in zip(converter.source_patterns, converter.sources, streams, strict=True):
         ordered.append(_ordered_stream(converter, pattern, source.has_index, stream, targets,
                                        checkpoint))
     _check_counts(converter, ordered, targets)
     sources = tuple(tuple(checkpoint.entries[r.key] for r in s) for s in ordered)
     return Group(converter, sources, tuple(tuple(s) for s in ordered), targets)
+
+
+def _index(route: Route) -> int:
+    index = route.match.match.index
+    assert index is not None, route.key  # only sources with an index wildcard are ordered
+    return index
 
 
 def _ordered_stream(converter: WeightConverter, pattern: str, has_index: bool,
@@ -203,8 +229,8 @@ def _ordered_stream(converter: WeightConverter, pattern: str, has_index: bool,
                 f"{converter.describe()}: source {pattern!r} matched several keys for one "
                 f"group ({', '.join(r.key for r in stream)}); anchor the pattern or use `*`")
         return stream
-    stream = sorted(stream, key=lambda r: r.match.match.index)
-    indices = [r.match.match.index for r in stream]
+    stream = sorted(stream, key=_index)
+    indices = [_index(r) for r in stream]
     if indices != list(range(len(indices))):
         present = set(indices)
         gaps = [i for i in range(max(indices) + 1) if i not in present]
@@ -219,9 +245,9 @@ def _ordered_stream(converter: WeightConverter, pattern: str, has_index: bool,
 
 def _check_counts(converter: WeightConverter, ordered: list[list[Route]],
                   targets: tuple[str, ...]) -> None:
-    counts = {len(s) for s, src in zip(ordered, converter.sources) if src.has_index}
+    counts = {len(s) for s, src in zip(ordered, converter.sources, strict=True) if src.has_index}
     if len(counts) > 1:
-        sizes = {p: len(s) for p, s in zip(converter.source_patterns, ordered)}
+        sizes = {p: len(s) for p, s in zip(converter.source_patterns, ordered, strict=True)}
         raise IndexGapError(f"{converter.describe()}: for {targets[0]} the source patterns "
                             f"collected different counts {sizes}; an index is missing")
 

@@ -16,7 +16,9 @@ Every transform has an :meth:`inverse`.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from weightplan.errors import MappingError, NotInvertibleError, PatternError
 from weightplan.planner.tensors.ops.base import ConversionOp
@@ -29,8 +31,10 @@ from weightplan.planner.keys.patterns import (
 def _as_tuple(patterns: object, what: str) -> tuple[str, ...]:
     if isinstance(patterns, str):
         return (patterns,)
+    if not isinstance(patterns, Iterable):
+        raise MappingError(f"{what} must be a string or a list of strings, got {patterns!r}")
     try:
-        out = tuple(patterns)  # type: ignore[arg-type]
+        out = tuple(patterns)
     except TypeError as e:
         raise MappingError(f"{what} must be a string or a list of strings, got {patterns!r}") from e
     if not out or not all(isinstance(p, str) for p in out):
@@ -59,7 +63,8 @@ class WeightTransform:
 
     def with_scope(self, prefix: str | None) -> "WeightTransform":
         """A copy scoped under ``prefix`` (nested inside any scope it already has)."""
-        return dataclasses.replace(self, scope_prefix=join_scope(prefix, self.scope_prefix))
+        copy: Any = self  # every concrete transform is a dataclass with a scope_prefix field
+        return dataclasses.replace(copy, scope_prefix=join_scope(prefix, self.scope_prefix))
 
     def inverse(self) -> "WeightTransform":
         raise NotInvertibleError(f"{self!r} has no inverse")
@@ -107,7 +112,7 @@ class PatternTransform(WeightTransform):
         return None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class WeightRenaming(PatternTransform, Renaming):
     """Rewrite the matched substring of a key.
 
@@ -121,9 +126,11 @@ class WeightRenaming(PatternTransform, Renaming):
         ``model.layers.0.block_sparse_moe.gate.weight`` into ``model.layers.0.mlp.gate.weight``.
     """
 
-    def __post_init__(self) -> None:
-        sources = _as_tuple(self.source_patterns, "source_patterns")
-        targets = _as_tuple(self.target_patterns, "target_patterns")
+    def __init__(self, source_patterns: str | Sequence[str], target_patterns: str | Sequence[str],
+                 *, scope_prefix: str | None = None) -> None:
+        sources = _as_tuple(source_patterns, "source_patterns")
+        targets = _as_tuple(target_patterns, "target_patterns")
+        _set(self, scope_prefix=scope_prefix)
         if len(targets) not in (1, len(sources)):
             raise MappingError(f"WeightRenaming needs one target or one per source; got "
                                f"{len(sources)} sources and {len(targets)} targets")
@@ -190,9 +197,10 @@ class PrefixChange(Renaming):
             if tail.startswith(self.prefix_to_add + ".") or not tail:
                 return None
             return f"{head}{base}{self.prefix_to_add}.{tail}"
-        if not tail.startswith(self.prefix_to_remove + "."):
+        remove = self.prefix_to_remove or ""  # set whenever prefix_to_add is not
+        if not tail.startswith(remove + "."):
             return None
-        return f"{head}{base}{tail[len(self.prefix_to_remove) + 1:]}"
+        return f"{head}{base}{tail[len(remove) + 1:]}"
 
     def inverse(self) -> "PrefixChange":
         return PrefixChange(prefix_to_add=self.prefix_to_remove,
@@ -216,7 +224,7 @@ class ConverterMatch:
     match: PatternMatch
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class WeightConverter(PatternTransform):
     """Collect keys by source pattern and turn them into target keys through ops.
 
@@ -236,14 +244,16 @@ class WeightConverter(PatternTransform):
 
     operations: tuple[ConversionOp, ...] = ()
 
-    def __post_init__(self) -> None:
-        sources = _as_tuple(self.source_patterns, "source_patterns")
-        targets = _as_tuple(self.target_patterns, "target_patterns")
-        ops = tuple(self.operations) if not isinstance(self.operations, ConversionOp) else (
-            self.operations,)
+    def __init__(self, source_patterns: str | Sequence[str], target_patterns: str | Sequence[str],
+                 operations: ConversionOp | Sequence[ConversionOp] = (), *,
+                 scope_prefix: str | None = None) -> None:
+        sources = _as_tuple(source_patterns, "source_patterns")
+        targets = _as_tuple(target_patterns, "target_patterns")
+        _set(self, scope_prefix=scope_prefix)
+        ops = _as_ops(operations)
         if not ops or not all(isinstance(op, ConversionOp) for op in ops):
             raise MappingError(f"WeightConverter {sources} → {targets} needs a non-empty list "
-                               f"of ConversionOp operations, got {self.operations!r}")
+                               f"of ConversionOp operations, got {operations!r}")
         if len(sources) > 1 and len(targets) > 1 and not any(op.many_to_many for op in ops):
             raise MappingError(f"WeightConverter {sources} → {targets} is many-to-many; only "
                                "ops that declare many_to_many allow that")
@@ -270,6 +280,16 @@ class WeightConverter(PatternTransform):
         ops = ", ".join(repr(op) for op in self.operations)
         return (f"convert {_join(self.source_patterns)} → {_join(self.target_patterns)} [{ops}]"
                 + self._where())
+
+
+def _as_ops(operations: object) -> tuple[ConversionOp, ...]:
+    """The ops, or ``()`` when ``operations`` isn't one op or a list of ops."""
+    if isinstance(operations, ConversionOp):
+        return (operations,)
+    if not isinstance(operations, Iterable):
+        return ()
+    ops = tuple(operations)
+    return ops if all(isinstance(op, ConversionOp) for op in ops) else ()
 
 
 def _set(obj: object, **values: object) -> None:

@@ -58,6 +58,7 @@ def widest_window(order: tuple[Step, ...], fits: Schedule, upper: int, budget: i
 
 def budget_error(budget: int, best: Schedule) -> BudgetError:
     peak = best.peak
+    assert peak is not None  # a budget is only exceeded by a schedule with events
     step = best.steps[peak.event.step]
     biggest = max(best.steps, key=lambda p: p.dest_bytes + transient_bytes(p))
     return BudgetError(

@@ -130,6 +130,11 @@ def _streams(row: dict[tuple[int, int], Node]) -> Streams[Node]:
                  for i in range(count))
 
 
+def stage_op(stage: Streams[Node]) -> ConversionOp:
+    """The op whose outputs stage ``stage`` holds."""
+    return op_attrs(next(n for stream in stage for n in stream)).op
+
+
 def stage_specs(stage: Streams[Node]) -> Streams[TensorSpec]:
     return tuple(tuple(n.spec for n in stream) for stream in stage)
 

@@ -39,7 +39,7 @@ class View:
 
     def is_contiguous(self) -> bool:
         expected = 1
-        for size, stride in reversed(tuple(zip(self.shape, self.stride))):
+        for size, stride in reversed(tuple(zip(self.shape, self.stride, strict=True))):
             if size != 1 and stride != expected:
                 return False
             expected *= size
@@ -92,7 +92,7 @@ class Region:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(b - a for a, b in zip(self.starts, self.stops))
+        return tuple(b - a for a, b in zip(self.starts, self.stops, strict=True))
 
     @property
     def numel(self) -> int:
@@ -104,6 +104,11 @@ class Region:
     def with_dim(self, dim: int, start: int, stop: int) -> "Region":
         return Region(self.starts[:dim] + (start,) + self.starts[dim + 1:],
                       self.stops[:dim] + (stop,) + self.stops[dim + 1:])
+
+    def shifted(self, by: tuple[int, ...]) -> "Region":
+        """The same box moved by ``by`` (a region of a part, in the whole's coordinates)."""
+        return Region(tuple(a + b for a, b in zip(self.starts, by, strict=True)),
+                      tuple(a + b for a, b in zip(self.stops, by, strict=True)))
 
     def drop(self, dim: int) -> "Region":
         return Region(self.starts[:dim] + self.starts[dim + 1:], self.stops[:dim] + self.stops[dim + 1:])
@@ -123,8 +128,8 @@ class Region:
         if self.numel == 0:
             return 0, 0
         strides = row_major_strides(shape)
-        first = sum(a * s for a, s in zip(self.starts, strides))
-        last = sum((b - 1) * s for b, s in zip(self.stops, strides))
+        first = sum(a * s for a, s in zip(self.starts, strides, strict=True))
+        last = sum((b - 1) * s for b, s in zip(self.stops, strides, strict=True))
         return first, last - first + 1
 
 

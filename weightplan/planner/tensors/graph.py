@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from weightplan.planner.tensors.nodes import Node, NodeKind
+from weightplan.planner.tensors.geometry import Region
+from weightplan.planner.tensors.nodes import Node, NodeKind, ShardAttrs
 from weightplan.planner.tensors.spec import TensorSpec
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class Edge:
-    """``source`` flows into input ``slot`` of ``target``: a tensor of ``spec``."""
+    """``source`` flows into input ``slot`` of ``target``: ``region`` of a tensor of ``spec``."""
 
     source: Node
     target: Node
@@ -32,6 +33,12 @@ class Edge:
     @property
     def spec(self) -> TensorSpec:
         return self.source.spec
+
+    @property
+    def region(self) -> Region:
+        """The part of the source the target consumes (a shard's region, else all of it)."""
+        a = self.target.attrs
+        return a.region if isinstance(a, ShardAttrs) else Region.full(self.source.spec.shape)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from weightplan.planner.tensors.build import Conversion
 from weightplan.planner.tensors.graph import PlanGraph
 from weightplan.planner.tensors.placement import PIECE_BYTES, Step, plan_step
 from weightplan.planner.tensors.schedule import Schedule
-from weightplan.planner.tensors.verify import verify
+from weightplan.errors import GraphError
+from weightplan.planner.tensors.verify import check_events, verify
 
 StepOrder = Callable[[Sequence[Step]], tuple[Step, ...]]
 
@@ -37,4 +38,8 @@ def lower(conversions: Sequence[Conversion], checkpoint: Checkpoint, *, order: S
     graph = plan_graph(conversions)
     steps = order([plan_step(c, piece_bytes) for c in conversions if c.loads])
     verify(graph, steps, checkpoint)
-    return graph, schedule_within(steps, threads=threads, budget=budget)
+    schedule = schedule_within(steps, threads=threads, budget=budget)
+    problems = check_events(len(schedule.steps), schedule.events)
+    if problems:
+        raise GraphError(problems)
+    return graph, schedule

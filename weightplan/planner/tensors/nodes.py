@@ -140,6 +140,11 @@ def op_attrs(node: Node) -> OpAttrs:
     return node.attrs
 
 
+def cast_attrs(node: Node) -> CastAttrs:
+    assert isinstance(node.attrs, CastAttrs), node
+    return node.attrs
+
+
 def sink_attrs(node: Node) -> SinkAttrs:
     assert isinstance(node.attrs, SinkAttrs), node
     return node.attrs

@@ -18,15 +18,16 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import cached_property
 
+from weightplan.errors import PlanError
 from weightplan.planner.inputs.checkpoint import TensorEntry
-from weightplan.planner.tensors.build import Conversion, stage_specs, stages
+from weightplan.planner.tensors.build import Conversion, stage_op, stage_specs, stages
 from weightplan.planner.tensors.destination import Destination, DestKind
 from weightplan.planner.tensors.geometry import Fragment, Region, View
 from weightplan.planner.quant.blocks import workspace_bytes
-from weightplan.planner.tensors.quant_steps import QuantizeTask, quantize_plan
 from weightplan.planner.tensors.nodes import (
-    DequantizeAttrs, Node, NodeKind, op_attrs, read_attrs, sink_attrs,
+    CastAttrs, DequantizeAttrs, Node, NodeKind, ShardAttrs, read_attrs, sink_attrs,
 )
+from weightplan.planner.tensors.quant_steps import QuantizeTask, quantize_plan
 from weightplan.planner.tensors.ops.base import ConversionOp, Streams
 
 PIECE_BYTES = 32 * 1024 * 1024  # direct reads larger than this are split into pieces
@@ -130,7 +131,7 @@ class Step:
     @property
     def ops(self) -> tuple[ConversionOp, ...]:
         """The materialized ops, in order."""
-        return tuple(op_attrs(stage[0][0]).op for stage in self.materialize)
+        return tuple(stage_op(stage) for stage in self.materialize)
 
     @cached_property
     def read_bytes(self) -> int:
@@ -164,7 +165,7 @@ class Step:
     def convert_bytes(self) -> int:
         """Upper bound of the tensors the materialized ops allocate."""
         ops = sum(sum(n.spec.nbytes for stream in stage for n in stream)
-                  for stage in self.materialize if op_attrs(stage[0][0]).op.allocates)
+                  for stage in self.materialize if stage_op(stage).allocates)
         return ops + sum(t.work_bytes for t in self.quantized)
 
     @cached_property
@@ -184,8 +185,7 @@ def plan_step(conv: Conversion, piece_bytes: int = PIECE_BYTES) -> Step:
     frags = _final_fragments(values[-1], written, dests)
     m = len(values) - 1
     while m > 0:
-        op = op_attrs(values[m][0][0]).op
-        placed = op.place(frags, stage_specs(values[m - 1]))
+        placed = stage_op(values[m]).place(frags, stage_specs(values[m - 1]))
         if placed is None:
             break
         frags, m = placed, m - 1
@@ -210,13 +210,22 @@ def _quantize_step(conv: Conversion, values, written: list[Node],
 
 def _final_fragments(outputs: Streams[Node], written: list[Node],
                      dests: tuple[Destination, ...]) -> Streams[tuple[Fragment, ...]]:
+    """Each destination as a fragment of the last stage's value it comes from: through a
+    cast unchanged, through a shard as the shard's region of its input."""
     position = {n: (i, j) for i, stream in enumerate(outputs) for j, n in enumerate(stream)}
     final: list[list[tuple[Fragment, ...]]] = [[() for _ in s] for s in outputs]
     for target, (sink, d) in enumerate(zip(written, dests, strict=True)):
-        value = sink.inputs[0]
-        value = value.inputs[0] if value not in position else value  # through a cast
+        value, region = sink.inputs[0], Region.full(d.spec.shape)
+        while value not in position:
+            a = value.attrs
+            if isinstance(a, ShardAttrs):
+                region = region.shifted(a.region.starts)
+            elif not isinstance(a, CastAttrs):
+                raise PlanError(f"{value!r} between the ops and {sink!r} can't be placed; only "
+                                "casts and shards may sit there")
+            value = value.inputs[0]
         i, j = position[value]
-        final[i][j] = (Fragment(Region.full(d.spec.shape), target, View(d.spec.shape, d.stride)),)
+        final[i][j] += (Fragment(region, target, View(d.spec.shape, d.stride)),)
     return tuple(tuple(row) for row in final)
 
 

@@ -16,7 +16,7 @@ in flight plus the new step's fit in ``window_bytes``. The resulting event list 
 
 from __future__ import annotations
 
-import heapq
+import bisect
 import os
 from collections import deque
 from collections.abc import Sequence
@@ -117,27 +117,60 @@ def plan_events(steps: Sequence[Step], window: int) -> tuple[Event, ...]:
 
 def simulate(steps: Sequence[Step], events: Sequence[Event], threads: int
              ) -> tuple[MemoryPoint, ...]:
-    """Planned memory after each event (see the module docstring)."""
-    resident, pending, points = 0, [], []
+    """Planned memory after each event (see the module docstring).
+
+    Kept incrementally (the pending steps' held bytes as a sum, their windows as a sorted
+    list), so a checkpoint of many small tensors, all pending at once, stays linear-ish.
+    """
+    resident, points = 0, []
+    pending = _Pending(max(threads, 1))
     for event in events:
         program = steps[event.step]
         intermediate = 0
         if event.kind is EventKind.SUBMIT:
             resident += program.dest_bytes
-            pending.append(event.step)
+            pending.add(program)
         else:
             intermediate = program.convert_bytes
-        in_flight = _in_flight([steps[s] for s in pending], threads)
+        in_flight = pending.in_flight()
         if event.kind is EventKind.FINALIZE:
-            pending.remove(event.step)
-        label = program.label
-        points.append(MemoryPoint(event, label, resident, in_flight, intermediate))
+            pending.remove(program)
+        points.append(MemoryPoint(event, program.label, resident, in_flight, intermediate))
     return tuple(points)
 
 
-def _in_flight(pending: Sequence[Step], threads: int) -> int:
-    """Held op inputs and staged outputs, plus the largest windows that ``threads``
-    readers can map at once."""
-    held = sum(p.held_bytes + p.staged_bytes for p in pending)
-    windows = [w for p in pending for w in p.window_sizes]
-    return held + sum(heapq.nlargest(max(threads, 1), windows))
+class _Pending:
+    """Held op inputs and staged outputs of the pending steps, plus the largest windows
+    that ``threads`` readers can map at once."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads, self.held, self.windows = threads, 0, SortedWindows()
+
+    def add(self, step: Step) -> None:
+        self.held += step.held_bytes + step.staged_bytes
+        for w in step.window_sizes:
+            self.windows.add(w)
+
+    def remove(self, step: Step) -> None:
+        self.held -= step.held_bytes + step.staged_bytes
+        for w in step.window_sizes:
+            self.windows.remove(w)
+
+    def in_flight(self) -> int:
+        return self.held + self.windows.largest(self.threads)
+
+
+class SortedWindows:
+    """A multiset of window sizes with the sum of the ``k`` largest."""
+
+    def __init__(self) -> None:
+        self._sizes: list[int] = []
+
+    def add(self, size: int) -> None:
+        bisect.insort(self._sizes, size)
+
+    def remove(self, size: int) -> None:
+        del self._sizes[bisect.bisect_left(self._sizes, size)]
+
+    def largest(self, k: int) -> int:
+        return sum(self._sizes[-k:])

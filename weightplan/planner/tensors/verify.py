@@ -11,7 +11,9 @@ message names the node and the fix). Checks:
 3. every intermediate has a consumer, and every node a step runs is released when that
    step is finalized (it belongs to exactly one step);
 4. every destination is covered exactly once by the fragments written into it;
-5. every read lies inside its entry's bytes, inside its file's data section.
+5. every read lies inside its entry's bytes, inside its file's data section;
+6. the schedule submits every step once and finalizes it once, after submitting it: the
+   finalize is where the step's intermediates are released (:func:`check_events`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from weightplan.planner.tensors.nodes import (
 )
 from weightplan.planner.tensors.placement import ReadTask, Step
 from weightplan.planner.tensors.quant_steps import quantize_fragments
+from weightplan.planner.tensors.schedule import Event, EventKind
 
 _ARITY = {NodeKind.READ: 0, NodeKind.CAST: 1, NodeKind.SINK: 1, NodeKind.SHARD: 1,
           NodeKind.QUANTIZE: 1, NodeKind.DEQUANTIZE: 2}
@@ -162,6 +165,26 @@ def check_coverage(step: Step) -> list[str]:
 
 def dest_view(dest: Destination) -> View:
     return View(dest.spec.shape, dest.stride)
+
+
+def check_events(steps: int, events: Sequence[Event]) -> list[str]:
+    """Each of ``steps`` steps is submitted once, then finalized once (its release point)."""
+    submitted: set[int] = set()
+    finalized: set[int] = set()
+    problems = []
+    for n, event in enumerate(events):
+        s = event.step
+        if event.kind is EventKind.SUBMIT and s in submitted:
+            problems.append(f"event {n}: step {s + 1} is submitted twice; submit each step once")
+        if event.kind is EventKind.FINALIZE and (s not in submitted or s in finalized):
+            problems.append(f"event {n}: step {s + 1} is finalized before it is submitted or "
+                            "twice; finalize each submitted step once")
+        (submitted if event.kind is EventKind.SUBMIT else finalized).add(s)
+    never = sorted(set(range(steps)) - finalized)
+    if never:
+        problems.append(f"steps {[s + 1 for s in never][:5]} are never finalized, so their "
+                        "intermediates are never released; finalize every step")
+    return problems
 
 
 def check_reads(reads: Iterable[ReadTask], checkpoint: Checkpoint | None) -> list[str]:

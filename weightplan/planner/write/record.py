@@ -9,15 +9,22 @@ guessed (a ``PrefixChange`` that did or did not fire is simply what the record s
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 from dataclasses import dataclass, field
 
+from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.tensors.build import Conversion, TargetStatus
 from weightplan.planner.tensors.nodes import NodeKind
 from weightplan.planner.tensors.ops.base import ConversionOp
 from weightplan.planner.keys.patterns import natural_key
 from weightplan.planner.tensors.spec import TensorSpec
 from weightplan.planner.keys.transforms import Renaming
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from weightplan.planner.plan import LoadPlanData
 
 RECORD_ATTRIBUTE = "_weightplan_record"
 
@@ -49,12 +56,13 @@ class LoadRecord:
     order: tuple[str, ...] = ()  # original checkpoint keys, file by file, in data order
 
 
-def record_from_plan(plan) -> LoadRecord:
+def record_from_plan(plan: LoadPlanData) -> LoadRecord:
     """The record of a load plan that executed successfully."""
     return record_of_conversions(plan.conversions, plan.checkpoint, plan.unexpected)
 
 
-def record_of_conversions(conversions, checkpoint, unexpected=frozenset()) -> LoadRecord:
+def record_of_conversions(conversions: Sequence[Conversion], checkpoint: Checkpoint,
+                          unexpected: frozenset[str] = frozenset()) -> LoadRecord:
     """The record of conversions run on ``checkpoint`` (a load, or an in-memory convert)."""
     kept, not_loaded = [], set(unexpected)
     for conv in conversions:
@@ -86,12 +94,12 @@ def _record(conv: Conversion) -> RecordedConversion | None:
     return RecordedConversion(sources, conv.ops, targets, tuple(fired), dequantized)
 
 
-def attach_record(model, record: LoadRecord) -> None:
+def attach_record(model: nn.Module, record: LoadRecord) -> None:
     """Keep ``record`` on the model (a plain attribute; not part of its state)."""
     object.__setattr__(model, RECORD_ATTRIBUTE, record)
 
 
-def get_record(model) -> LoadRecord | None:
+def get_record(model: nn.Module) -> LoadRecord | None:
     return getattr(model, RECORD_ATTRIBUTE, None)
 
 

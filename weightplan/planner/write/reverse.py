@@ -38,7 +38,9 @@ def record_groups(record: LoadRecord, source: Checkpoint,
                   aliases: Mapping[str, tuple[str, ...]] | None = None) -> ReverseGroups:
     """One group per recorded conversion; model tensors not in the record are kept as is
     (``aliases``: every name of each tied tensor, so a tied twin counts as covered)."""
-    groups, notes, covered = [], [], set()
+    groups: list[Group] = []
+    notes: list[str] = []
+    covered: set[str] = set()
     for recorded in record.conversions:
         group = _record_group(recorded, source)
         groups.append(group)
@@ -126,5 +128,8 @@ def invert_mapping(transforms: Sequence[WeightTransform]
                 "is unknown. Load the checkpoint with weightplan first (the model then "
                 "remembers what fired) or leave the PrefixChange out of the mapping")
         inverse = t.inverse()
-        (converters if isinstance(inverse, WeightConverter) else renamings).append(inverse)
+        if isinstance(inverse, WeightConverter):
+            converters.append(inverse)
+        elif isinstance(inverse, Renaming):
+            renamings.append(inverse)
     return converters, tuple(reversed(renamings))

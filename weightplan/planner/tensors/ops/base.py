@@ -112,9 +112,9 @@ class TensorwiseOp(ConversionOp):
 
     def place(self, outputs, inputs):
         placed = []
-        for i, (out_stream, in_stream) in enumerate(zip(outputs, inputs)):
+        for i, (out_stream, in_stream) in enumerate(zip(outputs, inputs, strict=True)):
             row = []
-            for frags, spec in zip(out_stream, in_stream):
+            for frags, spec in zip(out_stream, in_stream, strict=True):
                 mapped = tuple(self.place_one(f, spec, i) for f in frags)
                 if any(m is None for m in mapped):
                     return None

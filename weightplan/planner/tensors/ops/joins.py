@@ -66,7 +66,7 @@ class Chunk(ConversionOp):
 
     def place(self, outputs, inputs):
         d, offset, frags = self.dim, 0, []
-        for (piece,), size in zip(outputs, self.sizes or ()):
+        for (piece,), size in zip(outputs, self.sizes or (), strict=True):
             for f in piece:
                 if not f.aligned:
                     return None
@@ -81,9 +81,10 @@ class Chunk(ConversionOp):
 
 def _sizes_from_targets(ctx: OpContext, d: int, total: int) -> tuple[int, ...] | None:
     specs = ctx.target_specs
-    if not specs or any(s is None or len(s.shape) <= d for s in specs):
+    known = [s for s in specs if s is not None and len(s.shape) > d]
+    if not specs or len(known) != len(specs):
         return None
-    sizes = tuple(s.shape[d] for s in specs)
+    sizes = tuple(s.shape[d] for s in known)
     return sizes if sum(sizes) == total else None
 
 
@@ -189,7 +190,7 @@ class MergeModulelist(ConversionOp):
 
     def place(self, outputs, inputs):
         placed = []
-        for (frags,), stream in zip(outputs, inputs):
+        for (frags,), stream in zip(outputs, inputs, strict=True):
             d = self._dim(len(stream[0].shape))
             per_item: list[list[Fragment]] = [[] for _ in stream]
             for f in frags:
@@ -240,7 +241,7 @@ class SplitModulelist(ConversionOp):
 
     def place(self, outputs, inputs):
         placed = []
-        for out_stream, (spec,) in zip(outputs, inputs):
+        for out_stream, (spec,) in zip(outputs, inputs, strict=True):
             d = normalize_dim(self, self.dim, len(spec.shape))
             mine = []
             for idx, frags in enumerate(out_stream):

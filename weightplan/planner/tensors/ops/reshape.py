@@ -75,7 +75,7 @@ class PermuteForRope(TensorwiseOp):
         mask = self.mask if self.mask is not None else tuple(  # kept when inverting a plan
             self.names is None or any(n in k for n in self.names for k in keys)
             for keys in _stream_keys(self, ctx, inputs))
-        for permuted, stream in zip(mask, inputs):
+        for permuted, stream in zip(mask, inputs, strict=True):
             for spec in stream if permuted else ():
                 if not spec.shape or spec.shape[0] % head_dim:
                     raise OpError(f"{self!r}: {list(spec.shape)} rows are not a multiple of "
@@ -83,6 +83,8 @@ class PermuteForRope(TensorwiseOp):
         return dataclasses.replace(self, head_dim=head_dim, mask=mask)
 
     def _split(self, rows: int) -> tuple[int, int, int]:
+        if self.head_dim is None:
+            raise OpError(f"{self!r} is not resolved: plan it (or pass head_dim=...) first")
         heads, half = rows // self.head_dim, self.head_dim // 2
         return (heads, 2, half) if self.reverse else (heads, half, 2)
 
@@ -135,7 +137,7 @@ def _kernel(kernel_size: int | tuple[int, ...]) -> tuple[int, int, int]:
     k = (kernel_size,) * 3 if isinstance(kernel_size, int) else tuple(kernel_size)
     if len(k) != 3:
         raise OpError(f"kernel_size must be an int or 3 ints, got {kernel_size!r}")
-    return k  # type: ignore[return-value]
+    return k
 
 
 @dataclass(frozen=True, repr=False)

@@ -21,7 +21,7 @@ def module_and_attr(model: nn.Module, name: str) -> tuple[nn.Module, str]:
 
 def current_tensor(model: nn.Module, name: str) -> torch.Tensor:
     module, attr = module_and_attr(model, name)
-    tensor = module._parameters.get(attr)
+    tensor: torch.Tensor | None = module._parameters.get(attr)
     if tensor is None:
         tensor = module._buffers.get(attr)
     if tensor is None:
@@ -61,6 +61,7 @@ def install(model: nn.Module, dest: Destination, tensor: torch.Tensor, info: Mod
         if is_buffer:
             module._buffers[attr] = value
         else:
+            assert isinstance(value, nn.Parameter)
             module._parameters[attr] = value
 
 
@@ -87,7 +88,7 @@ def initialize_missing(model: nn.Module, infos: list[ModelTensor | None]) -> dic
     with torch.no_grad():
         for module in modules.values():
             try:
-                module.reset_parameters()
+                module.reset_parameters()  # type: ignore[operator]  # checked callable above
             except Exception as e:  # a module mixing meta and real tensors may refuse
                 for info in infos:
                     if info is not None and module_and_attr(model, info.name)[0] is module:

@@ -1,0 +1,42 @@
+"""The schedule by hand: exact events and memory timeline (no explain())."""
+
+from weightplan.planner.tensors.placement import plan_step
+from weightplan.planner.tensors.schedule import Event, EventKind, make_schedule
+
+from tests.conftest import Doubler
+from tests.planner.core import conversion, entry
+
+S, F = EventKind.SUBMIT, EventKind.FINALIZE
+
+
+def three_steps():
+    return tuple(plan_step(conversion([[entry(f"w{i}", (6,), 24 * i)]], [f"w{i}"]))
+                 for i in range(3))
+
+
+def test_a_window_of_two_reads_finalizes_the_oldest_before_the_third():
+    schedule = make_schedule(three_steps(), threads=1, window_bytes=48)
+    assert schedule.events == (Event(S, 0), Event(S, 1), Event(F, 0), Event(S, 2),
+                               Event(F, 1), Event(F, 2))
+    # resident: 24 B per submitted step; in flight: one mapped 24 B window (one thread)
+    assert [(p.resident, p.in_flight, p.intermediate) for p in schedule.timeline] == [
+        (24, 24, 0), (48, 24, 0), (48, 24, 0), (72, 24, 0), (72, 24, 0), (72, 24, 0)]
+    assert schedule.peak_bytes == 96 and schedule.peak.event == Event(S, 2)
+
+
+def test_no_window_runs_each_step_alone():
+    schedule = make_schedule(three_steps(), threads=1, window_bytes=0)
+    assert schedule.events == (Event(S, 0), Event(F, 0), Event(S, 1), Event(F, 1),
+                               Event(S, 2), Event(F, 2))
+    assert schedule.window_bytes == 24  # never below the largest step
+
+
+def test_materialized_ops_hold_their_inputs_and_outputs():
+    experts = [entry(f"e.{i}.w", (2, 3), 24 * i) for i in range(2)]
+    step = plan_step(conversion([experts], ["d.*.w"], [Doubler()]))
+    schedule = make_schedule((step,), threads=1)
+    submit, finalize = schedule.timeline
+    # two 24 B reads kept as op inputs + one mapped window; the op allocates 48 B
+    assert (submit.resident, submit.in_flight, submit.intermediate) == (48, 72, 0)
+    assert (finalize.resident, finalize.in_flight, finalize.intermediate) == (48, 72, 48)
+    assert schedule.peak_bytes == 168
