@@ -47,7 +47,7 @@ def test_dequantized_model_saves_its_own_dtype_without_scales(fp8_checkpoints, t
     again = meta_model("mixtral")
     weightplan.explain(again, tmp_path / "out", dtype=torch.bfloat16).execute()
     assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(),
-                                                 model.state_dict().values()))
+                                                 model.state_dict().values(), strict=True))
 
 
 def test_dequantized_model_saved_requantized(fp8_checkpoints, tmp_path):

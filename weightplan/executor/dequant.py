@@ -8,16 +8,21 @@ temporary and no FP8 copy. An input of materialized ops gets a fresh dequantized
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+
+from weightplan.executor.sink import Sink
 
 from weightplan.planner.quant.blocks import dequantize_chunks, dequantize_into
 from weightplan.planner.quant.quantize import quantize
 from weightplan.planner.tensors.quant_steps import QuantizeTask
 from weightplan.planner.tensors.geometry import View
-from weightplan.planner.tensors.placement import ReadTask
+from weightplan.planner.tensors.ops.base import Streams
+from weightplan.planner.tensors.placement import ReadTask, Step
 
 
-def dequantize_read(run, program, step, task: ReadTask, src: torch.Tensor) -> None:
+def dequantize_read(run: Any, program: Step, step: Any, task: ReadTask, src: torch.Tensor) -> None:
     """Dequantize ``src`` (the task's FP8 region) into the task's fragment (or hold it)."""
     attrs = task.dequantize
     assert attrs is not None
@@ -44,11 +49,11 @@ def dequantize_read(run, program, step, task: ReadTask, src: torch.Tensor) -> No
 
 def rows_of(view: View, index: tuple[int, ...], r0: int, r1: int) -> View:
     """Rows ``[r0, r1)`` of matrix ``index`` of a ``[..., R, C]`` view."""
-    offset = view.offset + sum(i * s for i, s in zip(index, view.stride)) + r0 * view.stride[-2]
+    offset = view.offset + sum(i * s for i, s in zip(index, view.stride, strict=False)) + r0 * view.stride[-2]
     return View((r1 - r0, view.shape[-1]), tuple(view.stride[-2:]), offset)
 
 
-def _scale(run, task: ReadTask) -> torch.Tensor:
+def _scale(run: Any, task: ReadTask) -> torch.Tensor:
     entry = task.scale
     assert entry is not None
     if entry.file is None:
@@ -58,7 +63,8 @@ def _scale(run, task: ReadTask) -> torch.Tensor:
         return raw.view(entry.spec.dtype).reshape(entry.spec.shape).clone()
 
 
-def quantize_write(sink, program, handles, task: QuantizeTask, streams) -> None:
+def quantize_write(sink: Sink, program: Step, handles: list[Any], task: QuantizeTask,
+                   streams: Streams[torch.Tensor]) -> None:
     """Quantize a materialized value (transformers' formula, edge tiles zero-padded) and
     write the FP8 weight and its scale into their destinations."""
     i, j = task.position

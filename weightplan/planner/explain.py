@@ -18,16 +18,16 @@ from weightplan.errors import MappingError, PlanError
 from weightplan.planner.findings import Findings, collect_findings
 from weightplan.planner.fp8_findings import with_fp8_findings
 from weightplan.planner.inputs.checkpoint import Checkpoint, open_checkpoint
-from weightplan.planner.inputs.model_info import inspect_model
+from weightplan.planner.inputs.model_info import ModelInfo, inspect_model
 from weightplan.planner.keys.lookup import Finder, lookup_mapping, mapping_findings
 from weightplan.planner.keys.registry import REGISTRY, MappingChoice
-from weightplan.planner.keys.routing import route_checkpoint
+from weightplan.planner.keys.routing import Routing, route_checkpoint
 from weightplan.planner.keys.transforms import LEGACY, WeightTransform
 from weightplan.planner.plan import Direction, LoadPlanData, PlanOptions
-from weightplan.planner.tensors.build import SinkKind, build_conversions
+from weightplan.planner.tensors.build import Conversion, SinkKind, build_conversions
 from weightplan.planner.tensors.lower import StepOrder, lower
 from weightplan.planner.tensors.placement import Step
-from weightplan.planner.tensors.quant_build import quant_context, routed_checkpoint
+from weightplan.planner.tensors.quant_build import QuantContext, quant_context, routed_checkpoint
 from weightplan.planner.tensors.quant_scales import add_scale_conversions
 from weightplan.planner.tensors.schedule import order_steps
 from weightplan.planner.tensors.spec import parse_dtype
@@ -87,7 +87,9 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
                         options, model, info, routing, findings)
 
 
-def _convert(ckpt: Checkpoint, transforms, info, options: PlanOptions, quant):
+def _convert(ckpt: Checkpoint, transforms: tuple[WeightTransform, ...], info: ModelInfo | None,
+             options: PlanOptions, quant: QuantContext | None
+             ) -> tuple[Routing, tuple[Conversion, ...], tuple[tuple[str, str], ...]]:
     """Routing and conversions; FP8 scales travel with their weights (see quant_build)."""
     routing = route_checkpoint(routed_checkpoint(ckpt, quant), transforms, info)
     conversions = build_conversions(routing.groups, info, options.dtype, SinkKind.MODEL, quant)

@@ -9,13 +9,14 @@ from weightplan.planner.findings import ProblemKind
 from weightplan.planner.plan import Direction, LoadPlanData, PlanData
 from weightplan.planner.write.write_plan import WritePlanData
 from weightplan.units import format_bytes
+from weightplan.viz.rows import Row
 from weightplan.viz.folding import fold_keys
 from weightplan.viz.rows import mapping_rows
 
 MAX_LIST = 12
 
 
-def _rule_text(row) -> str:
+def _rule_text(row: Row) -> str:
     """The row's rule with its op chain (an FP8 dequantize shows on renamed keys too)."""
     if not row.ops:
         return row.rule

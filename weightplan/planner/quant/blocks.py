@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterator
 
 import torch
 
@@ -27,7 +28,7 @@ FP8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") i
 E8M0 = getattr(torch, "float8_e8m0fnu", None)
 SCALE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.uint8) + ((E8M0,) if E8M0 else ())
 
-Block = tuple[int, int] | None
+Block = tuple[int, ...] | None  # (rows, cols) per scale; None: one scale per tensor
 
 
 def block_of(shape: tuple[int, ...], block: Block) -> tuple[int, int]:
@@ -79,7 +80,7 @@ def workspace_bytes(shape: tuple[int, ...], block: Block, chunk_bytes: int = CHU
     return 4 * rows_per_chunk(shape, block, chunk_bytes) * shape[-1]
 
 
-def matrices(shape: tuple[int, ...]):
+def matrices(shape: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
     """Every leading index of a ``[..., R, C]`` tensor (``()`` for a matrix)."""
     return itertools.product(*(range(n) for n in shape[:-2]))
 
@@ -110,8 +111,9 @@ def scale_columns_(x: torch.Tensor, srows: torch.Tensor, b1: int, col0: int = 0)
 
 
 def dequantize_chunks(q: torch.Tensor, scales: torch.Tensor, block: Block,
-                      origin: tuple[int, ...] | None = None, *, full_shape=None,
-                      chunk_bytes: int = CHUNK_BYTES):
+                      origin: tuple[int, ...] | None = None, *,
+                      full_shape: tuple[int, ...] | None = None, chunk_bytes: int = CHUNK_BYTES
+                      ) -> Iterator[tuple[tuple[int, ...], int, int, torch.Tensor]]:
     """Yield ``(index, r0, r1, x)``: ``x`` (fp32, a reused workspace) is ``q[index][r0:r1]``
     dequantized. ``q`` may be a region of a larger weight (``full_shape``) starting at
     ``origin``; ``scales`` is the whole weight's grid. Copy ``x`` before the next step."""
@@ -128,7 +130,7 @@ def dequantize_chunks(q: torch.Tensor, scales: torch.Tensor, block: Block,
                        device=q.device)
     step = work.numel() // cols
     for idx in matrices(shape):
-        s_mat = s[tuple(a + i for a, i in zip(lead0, idx))][:, col0 // b1: -(-(col0 + cols) // b1)]
+        s_mat = s[tuple(a + i for a, i in zip(lead0, idx, strict=True))][:, col0 // b1: -(-(col0 + cols) // b1)]
         for r0 in range(0, shape[-2], step):
             r1 = min(shape[-2], r0 + step)
             x = work[: (r1 - r0) * cols].view(r1 - r0, cols)
@@ -138,7 +140,8 @@ def dequantize_chunks(q: torch.Tensor, scales: torch.Tensor, block: Block,
 
 
 def dequantize_into(q: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, block: Block,
-                    *, origin: tuple[int, ...] | None = None, full_shape=None,
+                    *, origin: tuple[int, ...] | None = None,
+                    full_shape: tuple[int, ...] | None = None,
                     chunk_bytes: int = CHUNK_BYTES) -> torch.Tensor:
     """``out ← (q.float() · s)`` per block, cast to ``out.dtype``; returns ``out``.
 

@@ -198,7 +198,7 @@ def plan_step(conv: Conversion, piece_bytes: int = PIECE_BYTES) -> Step:
                 values[1:m + 1], frags)
 
 
-def _quantize_step(conv: Conversion, values, written: list[Node],
+def _quantize_step(conv: Conversion, values: tuple[Streams[Node], ...], written: list[Node],
                    dests: tuple[Destination, ...], piece_bytes: int) -> Step:
     """Reads held, every op stage run on tensors, then quantized (see quant_steps)."""
     outputs, tasks = quantize_plan(values[-1], written, dests)

@@ -38,7 +38,7 @@ from weightplan.planner.quant.blocks import FP8_DTYPES, E8M0, block_of, scale_gr
 from weightplan.planner.tensors.nodes import (
     DequantizeAttrs, Node, NodeKind, QuantizeAttrs, ReadAttrs, read_attrs,
 )
-from weightplan.planner.tensors.ops.base import Streams
+from weightplan.planner.tensors.ops.base import ConversionOp, Streams
 from weightplan.planner.tensors.spec import TensorSpec
 
 
@@ -164,7 +164,8 @@ def scale_format(attrs: QuantizeAttrs) -> str:
     return "ue8m0" if E8M0 is not None and attrs.dtype == E8M0 else "float"
 
 
-def scale_group(group: Group, ops: tuple, specs: tuple, quant: QuantContext) -> Group:
+def scale_group(group: Group, ops: tuple[ConversionOp, ...],
+                specs: tuple[Streams[TensorSpec], ...], quant: QuantContext) -> Group:
     """The sibling group that carries the scales of a kept conversion through its ops.
 
     Raises:
@@ -175,15 +176,15 @@ def scale_group(group: Group, ops: tuple, specs: tuple, quant: QuantContext) -> 
     sources = []
     for stream in group.sources:
         pairs = [quant.pairing.pairs.get(e.key) for e in stream]
-        missing = [e.key for e, p in zip(stream, pairs) if p is None]
+        missing = [e.key for e, p in zip(stream, pairs, strict=True) if p is None]
         if missing:
             raise QuantizationError(f"{', '.join(missing)} is not a scaled FP8 weight, but "
                                     f"{group.targets[0]} keeps FP8: load it into a floating "
                                     "model instead", key=group.targets[0])
-        sources.append(tuple(p.scale for p in pairs))
+        sources.append(tuple(p.scale for p in pairs if p is not None))
     block = quant.pairing.pairs[group.sources[0][0].key].block
     scale_ops = tuple(scale_op(op, tuple(s for stream in spec for s in stream), block,
-                               key=group.targets[0]) for op, spec in zip(ops, specs))
+                               key=group.targets[0]) for op, spec in zip(ops, specs, strict=True))
     converter = None
     if group.converter is not None:
         converter = replace(group.converter, operations=scale_ops)

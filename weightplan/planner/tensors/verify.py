@@ -151,8 +151,8 @@ def check_coverage(step: Step) -> list[str]:
         for placed in stream:
             for f in placed:
                 frags[f.target].append(f)
-    for task in step.quantized:
-        for f in quantize_fragments(task, step.destinations):
+    for quantized in step.quantized:
+        for f in quantize_fragments(quantized, step.destinations):
             frags[f.target].append(f)
     problems = []
     for dest, fs in zip(step.destinations, frags, strict=True):
