@@ -73,11 +73,33 @@ def rows_per_chunk(shape: tuple[int, ...], block: Block, chunk_bytes: int = CHUN
     return max(1, min(rows, blocks * b0))
 
 
-def workspace_bytes(shape: tuple[int, ...], block: Block, chunk_bytes: int = CHUNK_BYTES) -> int:
-    """Bytes of the fp32 workspace :func:`dequantize_into` / ``quantize_into`` hold."""
+def workspace_bytes(shape: tuple[int, ...], block: Block, chunk_bytes: int = CHUNK_BYTES,
+                    per_element: int = 4) -> int:
+    """Bytes of the workspace ``quantize_into`` (fp32: 4 per element) or
+    :func:`dequantize_into` (fp32 + int32 table indices: :data:`DEQUANTIZE_BYTES`) hold."""
     if len(shape) < 2 or 0 in shape:
         return 0
-    return 4 * rows_per_chunk(shape, block, chunk_bytes) * shape[-1]
+    return per_element * rows_per_chunk(shape, block, chunk_bytes) * shape[-1]
+
+
+DEQUANTIZE_BYTES = 8  # per workspace element: the fp32 chunk and its int32 table indices
+
+
+def fp8_table(dtype: torch.dtype) -> torch.Tensor:
+    """The 256 values of an 8-bit float dtype as float32, by byte: a table lookup converts
+    exactly as ``.float()`` does, several times faster on CPU."""
+    return torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dtype).float()
+
+
+def _widen(dest: torch.Tensor, q: torch.Tensor, table: torch.Tensor | None,
+           index: torch.Tensor) -> None:
+    """``dest ← q.float()`` (``dest`` a contiguous fp32 chunk)."""
+    if table is None:
+        dest.copy_(q)
+        return
+    idx = index[: dest.numel()]
+    idx.view(dest.shape).copy_(q.view(torch.uint8))
+    torch.index_select(table, 0, idx, out=dest.view(-1))
 
 
 def matrices(shape: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
@@ -128,13 +150,16 @@ def dequantize_chunks(q: torch.Tensor, scales: torch.Tensor, block: Block,
     cols = shape[-1]
     work = torch.empty(rows_per_chunk(shape, block, chunk_bytes) * cols, dtype=torch.float32,
                        device=q.device)
+    table = fp8_table(q.dtype) if q.dtype.itemsize == 1 and q.dtype.is_floating_point else None
+    index = torch.empty(work.numel() if table is not None else 0, dtype=torch.int32,
+                        device=q.device)
     step = work.numel() // cols
     for idx in matrices(shape):
         s_mat = s[tuple(a + i for a, i in zip(lead0, idx, strict=True))][:, col0 // b1: -(-(col0 + cols) // b1)]
         for r0 in range(0, shape[-2], step):
             r1 = min(shape[-2], r0 + step)
             x = work[: (r1 - r0) * cols].view(r1 - r0, cols)
-            x.copy_(q[idx][r0:r1])
+            _widen(x, q[idx][r0:r1], table, index)
             scale_columns_(x, expand_rows(s_mat, b0, r1 - r0, row0 + r0), b1, col0)
             yield idx, r0, r1, x
 

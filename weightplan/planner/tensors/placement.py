@@ -23,7 +23,7 @@ from weightplan.planner.inputs.checkpoint import TensorEntry
 from weightplan.planner.tensors.build import Conversion, stage_op, stage_specs, stages
 from weightplan.planner.tensors.destination import Destination, DestKind
 from weightplan.planner.tensors.geometry import Fragment, Region, View
-from weightplan.planner.quant.blocks import workspace_bytes
+from weightplan.planner.quant.blocks import DEQUANTIZE_BYTES, workspace_bytes
 from weightplan.planner.tensors.nodes import (
     CastAttrs, DequantizeAttrs, Node, NodeKind, ShardAttrs, read_attrs, sink_attrs,
 )
@@ -76,7 +76,8 @@ class ReadTask:
         """Besides the window: a dequantize's scales and its fp32 chunk workspace."""
         if self.dequantize is None or self.scale is None:
             return 0
-        return self.scale.nbytes + workspace_bytes(self.region.shape, self.dequantize.block)
+        return self.scale.nbytes + workspace_bytes(self.region.shape, self.dequantize.block,
+                                                   per_element=DEQUANTIZE_BYTES)
 
     @property
     def nbytes(self) -> int:
