@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 import torch
 
-CHUNK_BYTES = 16 << 20  # fp32 workspace per dequantize/quantize call (one per worker)
+CHUNK_BYTES = 4 << 20  # fp32 workspace per dequantize/quantize call (one per worker)
 FP8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
 E8M0 = getattr(torch, "float8_e8m0fnu", None)
 SCALE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.uint8) + ((E8M0,) if E8M0 else ())

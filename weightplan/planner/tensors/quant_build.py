@@ -19,7 +19,6 @@ Whatever can't be done right is a problem on the plan (:func:`quant_problems`), 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -28,13 +27,14 @@ import torch
 from weightplan.errors import QuantizationError
 from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.inputs.fp8_model import Fp8Model, fp8_params
-from weightplan.planner.inputs.fp8_pairs import Fp8Pairing, Fp8ProblemKind, pair_scales, scale_key
+from weightplan.planner.inputs.fp8_pairs import Fp8Pairing, pair_scales, scale_key
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.inputs.quant_config import (
     QuantConfig, quant_config_of_model, read_quant_config,
 )
 from weightplan.planner.keys.routing import Group
-from weightplan.planner.quant.blocks import FP8_DTYPES, E8M0, block_of, scale_grid
+from weightplan.planner.quant.blocks import FP8_DTYPES, E8M0, block_of
+from weightplan.planner.quant.kinds import Dequantize, Quantize
 from weightplan.planner.tensors.nodes import (
     DequantizeAttrs, Node, NodeKind, QuantizeAttrs, ReadAttrs, read_attrs,
 )
@@ -109,7 +109,8 @@ def source_values(group: Group, reads: Streams[Node], quant: QuantContext | None
                 continue
             scale = Node(NodeKind.READ, pair.scale.spec, (), ReadAttrs(pair.scale, read_attrs(read).source))
             shape = read.spec.shape
-            node = Node(NodeKind.DEQUANTIZE, TensorSpec(shape, out_dtype), (read, scale),
+            spec = Dequantize(pair.block, out_dtype).infer(read.spec, pair.scale.spec, key=pair.weight.key)
+            node = Node(NodeKind.DEQUANTIZE, spec, (read, scale),
                         DequantizeAttrs(out_dtype, block_of(shape, pair.block)))
             added += [scale, node]
             row.append(node)
@@ -152,11 +153,10 @@ def quantize_nodes(key: str, value: Node, quant: QuantContext | None
     assert quant.model is not None
     param = quant.model.params[key]
     block = block_of(value.spec.shape, param.block)
-    scale_dtype = param.scale_dtype
-    weight = Node(NodeKind.QUANTIZE, TensorSpec(value.spec.shape, torch.float8_e4m3fn), (value,),
-                  QuantizeAttrs(torch.float8_e4m3fn, block, False))
-    scale = Node(NodeKind.QUANTIZE, TensorSpec(scale_grid(value.spec.shape, param.block), scale_dtype),
-                 (value,), QuantizeAttrs(scale_dtype, block, True))
+    fmt = "ue8m0" if E8M0 is not None and param.scale_dtype == E8M0 else "float"
+    q_spec, s_spec = Quantize(param.block, fmt).infer(value.spec, key=key)
+    weight = Node(NodeKind.QUANTIZE, q_spec, (value,), QuantizeAttrs(q_spec.dtype, block, False))
+    scale = Node(NodeKind.QUANTIZE, s_spec, (value,), QuantizeAttrs(s_spec.dtype, block, True))
     return weight, scale, param.scale
 
 
@@ -192,8 +192,3 @@ def scale_group(group: Group, ops: tuple[ConversionOp, ...],
         tuple(scale_key(k) for k in stream) for stream in group.explicit)
     return replace(group, converter=converter, sources=tuple(sources), explicit=explicit,
                    targets=tuple(scale_key(t) for t in group.targets))
-
-
-def pairing_problem_kinds() -> Mapping[Fp8ProblemKind, bool]:
-    """Which pairing problems stop ``execute`` (stray scales are only unexpected keys)."""
-    return {k: k is not Fp8ProblemKind.STRAY_SCALE for k in Fp8ProblemKind}
