@@ -14,7 +14,9 @@ import torch
 
 from weightplan.executor.sink import Sink
 
-from weightplan.planner.quant.blocks import dequantize_chunks, dequantize_into
+from weightplan.planner.quant.blocks import (
+    dequantize_chunks, dequantize_into, rows_per_chunk, workspace,
+)
 from weightplan.planner.quant.quantize import quantize
 from weightplan.planner.tensors.quant_steps import QuantizeTask
 from weightplan.planner.tensors.geometry import View
@@ -41,10 +43,23 @@ def dequantize_read(run: Any, program: Step, step: Any, task: ReadTask, src: tor
             run.sink.write_view(step.handles[f.target], program.destinations[f.target], f.view, out)
             return
         dest, handle = program.destinations[f.target], step.handles[f.target]
-        for idx, r0, r1, x in dequantize_chunks(src, scale, attrs.block, origin, full_shape=full):
+        chunks = dequantize_chunks(src, scale, attrs.block, origin, full_shape=full,
+                                   buffers=_thread_workspace(run, task))
+        for idx, r0, r1, x in chunks:
             run.sink.write_view(handle, dest, rows_of(f.view, idx, r0, r1), x)
     finally:
         run.tracker.sub(task.work_bytes)
+
+
+def _thread_workspace(run: Any, task: ReadTask) -> tuple[torch.Tensor, torch.Tensor]:
+    """This reader thread's workspace, grown as needed and reused: allocating a fresh one
+    per read leaves the allocator's per-thread arenas holding tens of MiB."""
+    assert task.dequantize is not None
+    size = rows_per_chunk(task.region.shape, task.dequantize.block) * task.region.shape[-1]
+    held = getattr(run.local, "workspace", None)
+    if held is None or held[0].numel() < size:
+        held = run.local.workspace = workspace(size)
+    return held
 
 
 def rows_of(view: View, index: tuple[int, ...], r0: int, r1: int) -> View:

@@ -91,6 +91,13 @@ def fp8_table(dtype: torch.dtype) -> torch.Tensor:
     return torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dtype).float()
 
 
+def workspace(size: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """A dequantize workspace of ``size`` elements: fp32 values and int32 table indices
+    (callers that run many dequantizes keep one per thread and pass it as ``buffers``)."""
+    return (torch.empty(size, dtype=torch.float32, device=device),
+            torch.empty(size, dtype=torch.int32, device=device))
+
+
 def _widen(dest: torch.Tensor, q: torch.Tensor, table: torch.Tensor | None,
            index: torch.Tensor) -> None:
     """``dest ← q.float()`` (``dest`` a contiguous fp32 chunk)."""
@@ -134,7 +141,8 @@ def scale_columns_(x: torch.Tensor, srows: torch.Tensor, b1: int, col0: int = 0)
 
 def dequantize_chunks(q: torch.Tensor, scales: torch.Tensor, block: Block,
                       origin: tuple[int, ...] | None = None, *,
-                      full_shape: tuple[int, ...] | None = None, chunk_bytes: int = CHUNK_BYTES
+                      full_shape: tuple[int, ...] | None = None, chunk_bytes: int = CHUNK_BYTES,
+                      buffers: tuple[torch.Tensor, torch.Tensor] | None = None
                       ) -> Iterator[tuple[tuple[int, ...], int, int, torch.Tensor]]:
     """Yield ``(index, r0, r1, x)``: ``x`` (fp32, a reused workspace) is ``q[index][r0:r1]``
     dequantized. ``q`` may be a region of a larger weight (``full_shape``) starting at
@@ -148,11 +156,10 @@ def dequantize_chunks(q: torch.Tensor, scales: torch.Tensor, block: Block,
     b0, b1 = block_of(full_shape, block)
     lead0, (row0, col0) = origin[:-2], origin[-2:]
     cols = shape[-1]
-    work = torch.empty(rows_per_chunk(shape, block, chunk_bytes) * cols, dtype=torch.float32,
-                       device=q.device)
+    size = rows_per_chunk(shape, block, chunk_bytes) * cols
+    work, index = buffers if buffers is not None else workspace(size, q.device)
+    work, index = work[:size], index[:size]
     table = fp8_table(q.dtype) if q.dtype.itemsize == 1 and q.dtype.is_floating_point else None
-    index = torch.empty(work.numel() if table is not None else 0, dtype=torch.int32,
-                        device=q.device)
     step = work.numel() // cols
     for idx in matrices(shape):
         s_mat = s[tuple(a + i for a, i in zip(lead0, idx, strict=True))][:, col0 // b1: -(-(col0 + cols) // b1)]
