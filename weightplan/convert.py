@@ -12,6 +12,7 @@ from weightplan.executor.dict_sink import DictSink
 from weightplan.executor.run import run_plan
 from weightplan.planner.explain import choose_mapping
 from weightplan.planner.inputs.checkpoint import open_checkpoint
+from weightplan.planner.tensors.quant_build import memory_context, routed_checkpoint
 from weightplan.planner.write.explain_write import forward_groups
 from weightplan.planner.write.in_memory import MemoryPlan, plan_in_memory
 from weightplan.planner.write.record import LoadRecord, record_of_conversions
@@ -42,7 +43,9 @@ def convert(tensors: Mapping[str, torch.Tensor], mapping: object) -> Converted:
     if mapping is None:
         raise MappingError("convert() needs a mapping: a registered name or a list of transforms")
     ckpt = open_checkpoint(dict(tensors))
-    plan = plan_in_memory(forward_groups(choose_mapping(mapping, None), ckpt), ckpt)
+    quant = memory_context(ckpt)  # scaled FP8 stays FP8; its scales follow the ops
+    groups = forward_groups(choose_mapping(mapping, None), routed_checkpoint(ckpt, quant))
+    plan = plan_in_memory(groups, ckpt, quant)
     out = Converted(_run(plan))
     out.record = record_of_conversions(plan.conversions, ckpt)
     return out

@@ -50,7 +50,7 @@ def test_quantize_infers_weight_and_scale():
 def test_workspace_is_one_bounded_chunk():
     big = TensorSpec((18432, 7168), F8)
     ws = Dequantize((128, 128), torch.bfloat16).workspace_bytes(big)
-    assert ws <= CHUNK_BYTES and ws == 4 * 7168 * (CHUNK_BYTES // (4 * 7168 * 128)) * 128
+    assert ws <= 2 * CHUNK_BYTES and ws == 8 * 7168 * (CHUNK_BYTES // (4 * 7168 * 128)) * 128
     small = TensorSpec((4, 64, 32), torch.bfloat16)
     assert Quantize().workspace_bytes(small) == 64 * 32 * 4
     assert Quantize().workspace_bytes(TensorSpec((0, 32), torch.bfloat16)) == 0

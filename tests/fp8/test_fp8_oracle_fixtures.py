@@ -39,7 +39,7 @@ def model_slice(state: dict, key: str) -> torch.Tensor:
 def transformers_is_right(rows: int, cols: int, scale_shape) -> bool:
     """transformers derives blocks as dim // scale_dim: right iff that is 128, or the
     whole dim is a single block."""
-    return all(n % 128 == 0 or g == 1 for n, g in zip((rows, cols), scale_shape[-2:]))
+    return all(n % 128 == 0 or g == 1 for n, g in zip((rows, cols), scale_shape[-2:], strict=True))
 
 
 @pytest.mark.parametrize("name", ["dsv3", "qwen3moe", "mixtral"])

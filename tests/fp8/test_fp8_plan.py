@@ -124,11 +124,23 @@ def test_memory_estimate_matches_what_the_executor_holds(tmp_path, threads):
     model_bytes = sum(p.numel() * 2 for p in model.parameters())
     report = plan.execute()
     assert report.peak_bytes <= plan.peak_bytes <= 1.05 * report.peak_bytes
-    # above the model: per reader, one expert's FP8 window, its scales, an fp32 chunk
-    per_task = 1024 * 768 * (1 + 4) + 8 * 6 * 4
+    # above the model: per reader, one expert's FP8 window, its scales, an fp32 chunk and
+    # its int32 table indices
+    per_task = 1024 * 768 * (1 + 8) + 8 * 6 * 4
     assert plan.peak_bytes - model_bytes <= max(threads, 1) * per_task
     budget = model_bytes + max(threads, 1) * per_task
     budgeted = weightplan.explain(moe_target(), ckpt, mapping="mixtral", threads=threads,
                                   budget=budget)
     assert budgeted.peak_bytes <= budget
     assert budgeted.execute().peak_bytes <= budget
+
+
+def test_command_line_explains_a_deepseek_fp8_checkpoint(fp8_checkpoints, capsys):
+    """What a new user runs first: every F8_E4M3 weight is dequantized with its scale,
+    no scale key is left over as unexpected."""
+    from weightplan.cli import main
+    _, fp8_dir = fp8_checkpoints("dsv3")
+    assert main(["explain", str(fp8_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "28 dequantized, 0 kept in FP8, 0 quantized" in out
+    assert "problems: none" in out and "weight_scale_inv" not in out.split("notes:")[0]

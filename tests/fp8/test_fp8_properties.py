@@ -104,3 +104,36 @@ def test_pairing_finds_what_was_written(tmp_path_factory, layers, unscaled):
                                                  if not k.endswith("_inv") and k not in scaled}
     for key in scaled:
         assert pairing.pairs[key].scale.spec.shape == tensors[scale_key(key)].shape
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(1, 3), st.sampled_from([64, 128, 192, 256]), st.sampled_from([64, 128, 200]),
+       st.integers(0, 2 ** 16))
+def test_revert_of_convert_is_the_fp8_checkpoint(experts, inter, hidden, seed):
+    """Per-expert FP8 weights + scales → fused FP8 experts + fused scales → back, bit for
+    bit; where a block would straddle gate and up (inter not a whole number of blocks)
+    the conversion is refused, never approximated."""
+    import pytest
+
+    import weightplan
+    from tests.conftest import moe_checkpoint
+    from weightplan.errors import QuantizationError
+
+    x = {}
+    for key, value in moe_checkpoint(1, experts, inter, hidden, seed=seed).items():
+        if "experts" in key:
+            x[key], x[key + "_scale_inv"] = quantize(value)
+        else:
+            x[key] = value
+    if inter % 128:
+        with pytest.raises(QuantizationError, match="cutting through blocks"):
+            weightplan.convert(x, "mixtral")
+        return
+    y = weightplan.convert(x, "mixtral")
+    fused = y["model.layers.0.mlp.experts.gate_up_proj"]
+    assert fused.dtype == torch.float8_e4m3fn and fused.shape == (experts, 2 * inter, hidden)
+    assert y["model.layers.0.mlp.experts.gate_up_proj_scale_inv"].shape == (
+        experts, 2 * inter // 128, -(-hidden // 128))
+    z = weightplan.revert(y, "mixtral")
+    assert set(z) == set(x)
+    assert all(z[k].dtype == x[k].dtype and torch.equal(bits(z[k]), bits(x[k])) for k in x)

@@ -47,7 +47,7 @@ def test_dequantized_model_saves_its_own_dtype_without_scales(fp8_checkpoints, t
     again = meta_model("mixtral")
     weightplan.explain(again, tmp_path / "out", dtype=torch.bfloat16).execute()
     assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(),
-                                                 model.state_dict().values()))
+                                                 model.state_dict().values(), strict=True))
 
 
 def test_dequantized_model_saved_requantized(fp8_checkpoints, tmp_path):
@@ -55,7 +55,9 @@ def test_dequantized_model_saved_requantized(fp8_checkpoints, tmp_path):
     model = meta_model("dsv3")
     weightplan.explain(model, fp8_dir, dtype=torch.bfloat16).execute()
     plan = weightplan.explain_save(model, tmp_path / "out", quantize="fp8")
-    assert "quantize" in str(plan) or plan.conversions
+    assert "quantize 128×128 → f8_e4m3 + scale" in str(plan)
+    [note] = [n.message for n in plan.notes if "quantization_config" in n.message]
+    assert '"quant_method": "fp8"' in note and '"weight_block_size": [128, 128]' in note
     plan.execute()
     original, written = load_file(str(fp8_dir / "model.safetensors")), saved(tmp_path / "out")
     assert set(written) == set(original)

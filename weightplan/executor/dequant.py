@@ -8,16 +8,23 @@ temporary and no FP8 copy. An input of materialized ops gets a fresh dequantized
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from weightplan.planner.quant.blocks import dequantize_chunks, dequantize_into
+from weightplan.executor.sink import Sink
+
+from weightplan.planner.quant.blocks import (
+    dequantize_chunks, dequantize_into, rows_per_chunk, workspace,
+)
 from weightplan.planner.quant.quantize import quantize
 from weightplan.planner.tensors.quant_steps import QuantizeTask
 from weightplan.planner.tensors.geometry import View
-from weightplan.planner.tensors.placement import ReadTask
+from weightplan.planner.tensors.ops.base import Streams
+from weightplan.planner.tensors.placement import ReadTask, Step
 
 
-def dequantize_read(run, program, step, task: ReadTask, src: torch.Tensor) -> None:
+def dequantize_read(run: Any, program: Step, step: Any, task: ReadTask, src: torch.Tensor) -> None:
     """Dequantize ``src`` (the task's FP8 region) into the task's fragment (or hold it)."""
     attrs = task.dequantize
     assert attrs is not None
@@ -36,19 +43,32 @@ def dequantize_read(run, program, step, task: ReadTask, src: torch.Tensor) -> No
             run.sink.write_view(step.handles[f.target], program.destinations[f.target], f.view, out)
             return
         dest, handle = program.destinations[f.target], step.handles[f.target]
-        for idx, r0, r1, x in dequantize_chunks(src, scale, attrs.block, origin, full_shape=full):
+        chunks = dequantize_chunks(src, scale, attrs.block, origin, full_shape=full,
+                                   buffers=_thread_workspace(run, task))
+        for idx, r0, r1, x in chunks:
             run.sink.write_view(handle, dest, rows_of(f.view, idx, r0, r1), x)
     finally:
         run.tracker.sub(task.work_bytes)
 
 
+def _thread_workspace(run: Any, task: ReadTask) -> tuple[torch.Tensor, torch.Tensor]:
+    """This reader thread's workspace, grown as needed and reused: allocating a fresh one
+    per read leaves the allocator's per-thread arenas holding tens of MiB."""
+    assert task.dequantize is not None
+    size = rows_per_chunk(task.region.shape, task.dequantize.block) * task.region.shape[-1]
+    held = getattr(run.local, "workspace", None)
+    if held is None or held[0].numel() < size:
+        held = run.local.workspace = workspace(size)
+    return held
+
+
 def rows_of(view: View, index: tuple[int, ...], r0: int, r1: int) -> View:
     """Rows ``[r0, r1)`` of matrix ``index`` of a ``[..., R, C]`` view."""
-    offset = view.offset + sum(i * s for i, s in zip(index, view.stride)) + r0 * view.stride[-2]
+    offset = view.offset + sum(i * s for i, s in zip(index, view.stride, strict=False)) + r0 * view.stride[-2]
     return View((r1 - r0, view.shape[-1]), tuple(view.stride[-2:]), offset)
 
 
-def _scale(run, task: ReadTask) -> torch.Tensor:
+def _scale(run: Any, task: ReadTask) -> torch.Tensor:
     entry = task.scale
     assert entry is not None
     if entry.file is None:
@@ -58,7 +78,8 @@ def _scale(run, task: ReadTask) -> torch.Tensor:
         return raw.view(entry.spec.dtype).reshape(entry.spec.shape).clone()
 
 
-def quantize_write(sink, program, handles, task: QuantizeTask, streams) -> None:
+def quantize_write(sink: Sink, program: Step, handles: list[Any], task: QuantizeTask,
+                   streams: Streams[torch.Tensor]) -> None:
     """Quantize a materialized value (transformers' formula, edge tiles zero-padded) and
     write the FP8 weight and its scale into their destinations."""
     i, j = task.position

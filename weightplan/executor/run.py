@@ -75,6 +75,7 @@ class _Execution:
         self.sink, self.reader, self.pool = sink, reader, pool
         self.tracker, self.progress = tracker, progress
         self.steps: dict[int, _Step] = {}
+        self.local = threading.local()  # per reader thread: the dequantize workspace
         self.read_seconds = 0.0
         self.convert_seconds = 0.0
         self._lock = threading.Lock()

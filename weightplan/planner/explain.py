@@ -21,17 +21,17 @@ from weightplan.planner.fp8_findings import with_fp8_findings
 from weightplan.planner.tensors.sharding.config import as_tensor_parallel
 from weightplan.planner.inputs.checkpoint import Checkpoint, open_checkpoint
 from weightplan.planner.inputs.device import parse_device
-from weightplan.planner.inputs.model_info import inspect_model
+from weightplan.planner.inputs.model_info import ModelInfo, inspect_model
 from weightplan.planner.keys.lookup import Finder, lookup_mapping, mapping_findings
 from weightplan.planner.keys.registry import REGISTRY, MappingChoice
-from weightplan.planner.keys.routing import route_checkpoint
+from weightplan.planner.keys.routing import Routing, route_checkpoint
 from weightplan.planner.inputs.dtype import keep_fp32, resolve_dtype
 from weightplan.planner.keys.transforms import LEGACY, WeightTransform
 from weightplan.planner.plan import Direction, LoadPlanData, PlanOptions
-from weightplan.planner.tensors.build import SinkKind, build_conversions
+from weightplan.planner.tensors.build import Conversion, SinkKind, build_conversions
 from weightplan.planner.tensors.lower import StepOrder, lower
 from weightplan.planner.tensors.placement import Step
-from weightplan.planner.tensors.quant_build import quant_context, routed_checkpoint
+from weightplan.planner.tensors.quant_build import QuantContext, quant_context, routed_checkpoint
 from weightplan.planner.tensors.quant_scales import add_scale_conversions
 from weightplan.planner.tensors.schedule import order_steps
 from weightplan.planner.tensors.sharding.shard_nodes import Sharding, plan_sharding
@@ -122,8 +122,9 @@ def _with_parallel_findings(findings: Findings, sharding: Sharding | None) -> Fi
     return dataclasses.replace(findings, problems=findings.problems + issues)
 
 
-def _convert(ckpt: Checkpoint, transforms, info, options: PlanOptions, quant,
-             sharding: Sharding | None = None):
+def _convert(ckpt: Checkpoint, transforms: tuple[WeightTransform, ...], info: ModelInfo | None,
+             options: PlanOptions, quant: QuantContext | None, sharding: Sharding | None = None
+             ) -> tuple[Routing, tuple[Conversion, ...], tuple[tuple[str, str], ...]]:
     """Routing and conversions; FP8 scales travel with their weights (see quant_build)."""
     routing = route_checkpoint(routed_checkpoint(ckpt, quant), transforms, info)
     conversions = build_conversions(routing.groups, info, options.dtype, SinkKind.MODEL, quant,

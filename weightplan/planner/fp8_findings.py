@@ -15,7 +15,7 @@ from weightplan.planner.findings import Findings, Note, Problem, ProblemKind
 from weightplan.planner.inputs.fp8_pairs import Fp8ProblemKind
 from weightplan.planner.quant.blocks import FP8_DTYPES
 from weightplan.planner.tensors.build import Conversion, TargetStatus
-from weightplan.planner.tensors.nodes import NodeKind
+from weightplan.planner.tensors.nodes import NodeKind, QuantizeAttrs
 from weightplan.planner.tensors.quant_build import QuantContext
 
 
@@ -50,7 +50,9 @@ def with_fp8_findings(findings: Findings, quant: QuantContext | None,
 def _plain_copies(conversions: Sequence[Conversion]) -> tuple[set[str], set[str], set[str]]:
     """Checkpoint keys and model keys of conversions that copy float8 into float8 tensors
     without scales (plain data, not block-quantized weights); and every loaded key."""
-    keys, targets, loaded = set(), set(), set()
+    keys: set[str] = set()
+    targets: set[str] = set()
+    loaded: set[str] = set()
     for conv in conversions:
         loads = [t for t in conv.targets if t.status is TargetStatus.LOAD]
         loaded.update(t.key for t in loads)
@@ -67,12 +69,16 @@ def summary(quant: QuantContext, conversions: Sequence[Conversion]) -> str:
     counts = {k: 0 for k in (NodeKind.DEQUANTIZE, NodeKind.QUANTIZE)}
     for conv in conversions:
         for n in conv.nodes:
-            if n.kind in counts and not (n.kind is NodeKind.QUANTIZE and n.attrs.scale):
+            if n.kind in counts and not (isinstance(n.attrs, QuantizeAttrs) and n.attrs.scale):
                 counts[n.kind] += 1
     kept = sum(1 for c in conversions for t in c.targets if quant.keeps(t.key))
     kept -= counts[NodeKind.QUANTIZE]
     block = quant.config.block if quant.config is not None else (128, 128)
     source = quant.config.source if quant.config is not None else "no quantization_config"
+    activations = sum(1 for p in quant.pairing.pairs.values() if p.activation is not None)
+    unused = (f"; {activations} activation scale(s) not loaded (dequantized weights don't use "
+              "them; static activation scales of kept FP8 aren't supported yet)"
+              if activations else "")
     return (f"FP8 ({len(quant.pairing.pairs)} scaled weights, blocks {block}, from {source}): "
             f"{counts[NodeKind.DEQUANTIZE]} dequantized, {kept} kept in FP8, "
-            f"{counts[NodeKind.QUANTIZE]} quantized")
+            f"{counts[NodeKind.QUANTIZE]} quantized{unused}")

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from weightplan.planner.tensors.build import Conversion, TargetStatus
 from weightplan.planner.tensors.destination import DestKind
 from weightplan.planner.tensors.nodes import (
-    Node, NodeKind, ShardAttrs, SinkAttrs, cast_attrs, op_attrs, read_attrs, sink_attrs,
+    DequantizeAttrs, Node, NodeKind, OpAttrs, QuantizeAttrs, ReadAttrs, ShardAttrs, SinkAttrs,
+    cast_attrs, op_attrs, read_attrs, sink_attrs,
 )
 from weightplan.planner.tensors.spec import short_dtype
 from weightplan.units import format_bytes
@@ -58,17 +59,17 @@ def node_slots(conv: Conversion, grouped: bool) -> dict[Node, Slot]:
     slots: dict[Node, Slot] = {}
     for n in conv.nodes:
         a = n.attrs
-        if n.kind is NodeKind.READ and a.entry in streams:
+        if isinstance(a, ReadAttrs) and a.entry in streams:
             slots[n] = (0, streams[a.entry])
-        elif n.kind is NodeKind.DEQUANTIZE:  # an FP8 read, its scale's read, the dequantize
-            stream = streams[n.inputs[0].attrs.entry]
+        elif isinstance(a, DequantizeAttrs):  # an FP8 read, its scale's read, the dequantize
+            stream = streams[read_attrs(n.inputs[0]).entry]
             slots[n.inputs[1]], slots[n] = (0, stream, 1), (0, stream, 2)
-        elif n.kind is NodeKind.OP:
+        elif isinstance(a, OpAttrs):
             slots[n] = (1 + a.stage, a.position[0])
         elif isinstance(a, SinkAttrs):
             stream = target_stream[a.target]
             value = n.inputs[0] if n.inputs else None
-            scale = value is not None and value.kind is NodeKind.QUANTIZE and value.attrs.scale
+            scale = value is not None and isinstance(value.attrs, QuantizeAttrs) and value.attrs.scale
             slots[n] = (last + 2, stream, 1) if scale else (last + 2, stream)
             if value is not None and value.kind is NodeKind.SHARD:  # this rank's part
                 slots[value] = (last + 2, stream, 0)
@@ -106,8 +107,9 @@ def make_box(kind: NodeKind, rep: Sequence[Node], every: Sequence[Node], ctx: Bo
 def quant_label(node: Node) -> str:
     """``dequantize 128×128 → bf16`` / ``quantize 128×128 → f8_e4m3`` / ``… → scale f32``."""
     a = node.attrs
+    assert isinstance(a, (DequantizeAttrs, QuantizeAttrs)), node
     block = "×".join(map(str, a.block))
-    if node.kind is NodeKind.DEQUANTIZE:
+    if isinstance(a, DequantizeAttrs):
         return f"dequantize {block} → {short_dtype(a.dtype)}"
     what = "scale " if a.scale else ""
     return f"quantize {block} → {what}{short_dtype(a.dtype)}"

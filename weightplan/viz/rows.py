@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from weightplan.planner.tensors.build import Conversion, TargetStatus
-from weightplan.planner.tensors.nodes import NodeKind
+from weightplan.planner.tensors.nodes import NodeKind, QuantizeAttrs
 from weightplan.viz.boxes import quant_label
 from weightplan.planner.tensors.spec import short_dtype
 from weightplan.planner.keys.transforms import LEGACY
@@ -75,7 +75,7 @@ def _ops(conv: Conversion) -> str:
     written = conv.group.converter.operations if conv.group.converter else ()
     chain = [repr(o) for o in written]
     fp8 = {n.kind: n for n in conv.nodes if n.kind is NodeKind.DEQUANTIZE
-           or (n.kind is NodeKind.QUANTIZE and not n.attrs.scale)}
+           or (isinstance(n.attrs, QuantizeAttrs) and not n.attrs.scale)}
     if NodeKind.DEQUANTIZE in fp8:
         chain.insert(0, quant_label(fp8[NodeKind.DEQUANTIZE]) + " (per source, with its scale)")
     if NodeKind.QUANTIZE in fp8:

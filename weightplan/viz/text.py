@@ -12,13 +12,14 @@ from weightplan.planner.write.write_plan import WritePlanData
 from weightplan.planner.bulk import paused_gc
 from weightplan.planner.tensors.machine import machine_fit
 from weightplan.units import format_bytes
+from weightplan.viz.rows import Row
 from weightplan.viz.folding import fold_keys
 from weightplan.viz.rows import mapping_rows
 
 MAX_LIST = 12
 
 
-def _rule_text(row) -> str:
+def _rule_text(row: Row) -> str:
     """The row's rule with its op chain (an FP8 dequantize shows on renamed keys too)."""
     if not row.ops:
         return row.rule

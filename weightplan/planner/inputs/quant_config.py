@@ -32,7 +32,7 @@ class QuantConfig:
     """A parsed fine-grained FP8 ``quantization_config``."""
 
     fmt: str = "e4m3"
-    block: tuple[int, int] | None = DEFAULT_BLOCK  # None: one scale per tensor
+    block: tuple[int, ...] | None = DEFAULT_BLOCK  # None: one scale per tensor
     activation_scheme: str = "dynamic"
     scale_fmt: str = "float"
     modules_to_not_convert: tuple[str, ...] = ()
@@ -125,7 +125,9 @@ def _as_dict(raw: object, source: str) -> Mapping:
         return raw
     to_dict = getattr(raw, "to_dict", None)
     if callable(to_dict):
-        return to_dict()
+        data = to_dict()
+        if isinstance(data, Mapping):
+            return data
     raise QuantizationError(f"quantization_config is a {type(raw).__name__}, not an object",
                             file=source)
 
@@ -146,12 +148,11 @@ def _block(value: object, source: str) -> tuple[int, int] | None:
         return DEFAULT_BLOCK
     if value is None:
         return None
-    ok = (isinstance(value, (list, tuple)) and len(value) == 2
-          and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value))
-    if not ok:
+    if not (isinstance(value, (list, tuple)) and len(value) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)):
         raise QuantizationError(f"quantization_config.weight_block_size is {value!r}; it must "
                                 "be two positive integers, e.g. [128, 128]", file=source)
-    return (value[0], value[1])
+    return (int(value[0]), int(value[1]))
 
 
 def _names(data: Mapping, source: str) -> tuple[str, ...]:

@@ -16,7 +16,7 @@ import torch
 
 from weightplan.errors import QuantizationError
 from weightplan.planner.quant.blocks import (
-    CHUNK_BYTES, FP8_DTYPES, SCALE_DTYPES, Block, dequantize_into, grid_fits, scale_grid,
+    CHUNK_BYTES, DEQUANTIZE_BYTES, FP8_DTYPES, SCALE_DTYPES, Block, dequantize_into, grid_fits, scale_grid,
     workspace_bytes,
 )
 from weightplan.planner.quant.quantize import FP8, quantize_into, scale_dtype
@@ -48,8 +48,8 @@ class Dequantize:
         return TensorSpec(weight.shape, self.dtype)
 
     def workspace_bytes(self, weight: TensorSpec) -> int:
-        """fp32 chunk buffer the kernel holds while it runs."""
-        return workspace_bytes(weight.shape, self.block, self.chunk_bytes)
+        """The fp32 chunk and its table indices the kernel holds while it runs."""
+        return workspace_bytes(weight.shape, self.block, self.chunk_bytes, DEQUANTIZE_BYTES)
 
     def run(self, q: torch.Tensor, s: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         return dequantize_into(q, s, out, self.block, chunk_bytes=self.chunk_bytes)

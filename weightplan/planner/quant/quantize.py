@@ -69,8 +69,8 @@ def quantize_into(w: torch.Tensor, q_out: torch.Tensor, s_out: torch.Tensor, blo
     return q_out, s_out
 
 
-def _quantize_matrix(w, q_out, s_out, block: tuple[int, int], work: torch.Tensor,
-                     scale_fmt: str) -> None:
+def _quantize_matrix(w: torch.Tensor, q_out: torch.Tensor, s_out: torch.Tensor,
+                     block: tuple[int, int], work: torch.Tensor, scale_fmt: str) -> None:
     rows, cols = w.shape
     b0, b1 = block
     step = work.numel() // cols

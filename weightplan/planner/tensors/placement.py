@@ -23,11 +23,11 @@ from weightplan.planner.inputs.checkpoint import TensorEntry
 from weightplan.planner.tensors.build import Conversion, stage_op, stage_specs, stages
 from weightplan.planner.tensors.destination import Destination, DestKind
 from weightplan.planner.tensors.geometry import Fragment, Region, View
-from weightplan.planner.quant.blocks import workspace_bytes
-from weightplan.planner.tensors.quant_steps import QuantizeTask, quantize_plan
+from weightplan.planner.quant.blocks import DEQUANTIZE_BYTES, workspace_bytes
 from weightplan.planner.tensors.nodes import (
     DequantizeAttrs, Node, NodeKind, read_attrs, sink_attrs,
 )
+from weightplan.planner.tensors.quant_steps import QuantizeTask, quantize_plan
 from weightplan.planner.tensors.ops.base import ConversionOp, Streams
 from weightplan.planner.tensors.sharding.shard_nodes import shard_fragments
 
@@ -77,7 +77,8 @@ class ReadTask:
         """Besides the window: a dequantize's scales and its fp32 chunk workspace."""
         if self.dequantize is None or self.scale is None:
             return 0
-        return self.scale.nbytes + workspace_bytes(self.region.shape, self.dequantize.block)
+        return self.scale.nbytes + workspace_bytes(self.region.shape, self.dequantize.block,
+                                                   per_element=DEQUANTIZE_BYTES)
 
     @property
     def nbytes(self) -> int:
@@ -199,7 +200,7 @@ def plan_step(conv: Conversion, piece_bytes: int = PIECE_BYTES) -> Step:
                 values[1:m + 1], frags)
 
 
-def _quantize_step(conv: Conversion, values, written: list[Node],
+def _quantize_step(conv: Conversion, values: tuple[Streams[Node], ...], written: list[Node],
                    dests: tuple[Destination, ...], piece_bytes: int) -> Step:
     """Reads held, every op stage run on tensors, then quantized (see quant_steps)."""
     outputs, tasks = quantize_plan(values[-1], written, dests)

@@ -19,7 +19,6 @@ Whatever can't be done right is a problem on the plan (:func:`quant_problems`), 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -28,17 +27,18 @@ import torch
 from weightplan.errors import QuantizationError
 from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.inputs.fp8_model import Fp8Model, fp8_params
-from weightplan.planner.inputs.fp8_pairs import Fp8Pairing, Fp8ProblemKind, pair_scales, scale_key
+from weightplan.planner.inputs.fp8_pairs import Fp8Pairing, pair_scales, scale_key
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.inputs.quant_config import (
     QuantConfig, quant_config_of_model, read_quant_config,
 )
 from weightplan.planner.keys.routing import Group
-from weightplan.planner.quant.blocks import FP8_DTYPES, E8M0, block_of, scale_grid
+from weightplan.planner.quant.blocks import FP8_DTYPES, E8M0, block_of
+from weightplan.planner.quant.kinds import Dequantize, Quantize
 from weightplan.planner.tensors.nodes import (
     DequantizeAttrs, Node, NodeKind, QuantizeAttrs, ReadAttrs, read_attrs,
 )
-from weightplan.planner.tensors.ops.base import Streams
+from weightplan.planner.tensors.ops.base import ConversionOp, Streams
 from weightplan.planner.tensors.spec import TensorSpec
 
 
@@ -49,9 +49,17 @@ class QuantContext:
     pairing: Fp8Pairing
     model: Fp8Model | None
     config: QuantConfig | None  # the checkpoint's quantization_config
+    keep_all: bool = False  # no model (convert / revert): FP8 stays FP8, scales follow
 
     def keeps(self, name: str) -> bool:
-        return self.model is not None and name in self.model.params
+        return self.keep_all or (self.model is not None and name in self.model.params)
+
+
+def memory_context(ckpt: Checkpoint) -> QuantContext | None:
+    """For ``convert`` / ``revert`` of a dict: scaled FP8 weights stay FP8 and their scales
+    go through the same ops (merged experts get merged scales)."""
+    pairing = pair_scales(ckpt.entries, None)
+    return QuantContext(pairing, None, None, keep_all=True) if pairing.pairs else None
 
 
 def quant_context(source: object, ckpt: Checkpoint, info: ModelInfo | None,
@@ -101,7 +109,8 @@ def source_values(group: Group, reads: Streams[Node], quant: QuantContext | None
                 continue
             scale = Node(NodeKind.READ, pair.scale.spec, (), ReadAttrs(pair.scale, read_attrs(read).source))
             shape = read.spec.shape
-            node = Node(NodeKind.DEQUANTIZE, TensorSpec(shape, out_dtype), (read, scale),
+            spec = Dequantize(pair.block, out_dtype).infer(read.spec, pair.scale.spec, key=pair.weight.key)
+            node = Node(NodeKind.DEQUANTIZE, spec, (read, scale),
                         DequantizeAttrs(out_dtype, block_of(shape, pair.block)))
             added += [scale, node]
             row.append(node)
@@ -135,18 +144,19 @@ def quantize_nodes(key: str, value: Node, quant: QuantContext | None
                    ) -> tuple[Node, Node, str] | None:
     """``(weight node, scale node, scale key)`` when ``value`` goes to an FP8 parameter
     with a scale parameter and is floating; else ``None``."""
-    if quant is None or not quant.keeps(key) or value.spec.dtype in FP8_DTYPES:
+    if quant is None or quant.model is None or key not in quant.model.params:
+        return None
+    if value.spec.dtype in FP8_DTYPES:
         return None
     if not value.spec.dtype.is_floating_point:
         return None
     assert quant.model is not None
     param = quant.model.params[key]
     block = block_of(value.spec.shape, param.block)
-    scale_dtype = param.scale_dtype
-    weight = Node(NodeKind.QUANTIZE, TensorSpec(value.spec.shape, torch.float8_e4m3fn), (value,),
-                  QuantizeAttrs(torch.float8_e4m3fn, block, False))
-    scale = Node(NodeKind.QUANTIZE, TensorSpec(scale_grid(value.spec.shape, param.block), scale_dtype),
-                 (value,), QuantizeAttrs(scale_dtype, block, True))
+    fmt = "ue8m0" if E8M0 is not None and param.scale_dtype == E8M0 else "float"
+    q_spec, s_spec = Quantize(param.block, fmt).infer(value.spec, key=key)
+    weight = Node(NodeKind.QUANTIZE, q_spec, (value,), QuantizeAttrs(q_spec.dtype, block, False))
+    scale = Node(NodeKind.QUANTIZE, s_spec, (value,), QuantizeAttrs(s_spec.dtype, block, True))
     return weight, scale, param.scale
 
 
@@ -154,7 +164,8 @@ def scale_format(attrs: QuantizeAttrs) -> str:
     return "ue8m0" if E8M0 is not None and attrs.dtype == E8M0 else "float"
 
 
-def scale_group(group: Group, ops: tuple, specs: tuple, quant: QuantContext) -> Group:
+def scale_group(group: Group, ops: tuple[ConversionOp, ...],
+                specs: tuple[Streams[TensorSpec], ...], quant: QuantContext) -> Group:
     """The sibling group that carries the scales of a kept conversion through its ops.
 
     Raises:
@@ -165,15 +176,15 @@ def scale_group(group: Group, ops: tuple, specs: tuple, quant: QuantContext) -> 
     sources = []
     for stream in group.sources:
         pairs = [quant.pairing.pairs.get(e.key) for e in stream]
-        missing = [e.key for e, p in zip(stream, pairs) if p is None]
+        missing = [e.key for e, p in zip(stream, pairs, strict=True) if p is None]
         if missing:
             raise QuantizationError(f"{', '.join(missing)} is not a scaled FP8 weight, but "
                                     f"{group.targets[0]} keeps FP8: load it into a floating "
                                     "model instead", key=group.targets[0])
-        sources.append(tuple(p.scale for p in pairs))
+        sources.append(tuple(p.scale for p in pairs if p is not None))
     block = quant.pairing.pairs[group.sources[0][0].key].block
     scale_ops = tuple(scale_op(op, tuple(s for stream in spec for s in stream), block,
-                               key=group.targets[0]) for op, spec in zip(ops, specs))
+                               key=group.targets[0]) for op, spec in zip(ops, specs, strict=True))
     converter = None
     if group.converter is not None:
         converter = replace(group.converter, operations=scale_ops)
@@ -181,8 +192,3 @@ def scale_group(group: Group, ops: tuple, specs: tuple, quant: QuantContext) -> 
         tuple(scale_key(k) for k in stream) for stream in group.explicit)
     return replace(group, converter=converter, sources=tuple(sources), explicit=explicit,
                    targets=tuple(scale_key(t) for t in group.targets))
-
-
-def pairing_problem_kinds() -> Mapping[Fp8ProblemKind, bool]:
-    """Which pairing problems stop ``execute`` (stray scales are only unexpected keys)."""
-    return {k: k is not Fp8ProblemKind.STRAY_SCALE for k in Fp8ProblemKind}

@@ -30,8 +30,8 @@ from weightplan.planner.tensors.nodes import (
     ATTRS_OF, CastAttrs, DequantizeAttrs, Node, NodeKind, QuantizeAttrs, ShardAttrs, SinkAttrs,
 )
 from weightplan.planner.tensors.placement import ReadTask, Step
-from weightplan.planner.tensors.schedule import Event, EventKind
 from weightplan.planner.tensors.quant_steps import quantize_fragments
+from weightplan.planner.tensors.schedule import Event, EventKind
 
 _ARITY = {NodeKind.READ: 0, NodeKind.CAST: 1, NodeKind.SINK: 1, NodeKind.SHARD: 1,
           NodeKind.QUANTIZE: 1, NodeKind.DEQUANTIZE: 2}
@@ -154,8 +154,8 @@ def check_coverage(step: Step) -> list[str]:
         for placed in stream:
             for f in placed:
                 frags[f.target].append(f)
-    for task in step.quantized:
-        for f in quantize_fragments(task, step.destinations):
+    for quantized in step.quantized:
+        for f in quantize_fragments(quantized, step.destinations):
             frags[f.target].append(f)
     problems = []
     for dest, fs in zip(step.destinations, frags, strict=True):

@@ -8,6 +8,8 @@ in the same :class:`WritePlanData`: conversions, a shard layout, a schedule.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from collections.abc import Sequence
 import shutil
@@ -32,8 +34,10 @@ from weightplan.planner.tensors.lower import lower
 from weightplan.planner.tensors.placement import Step
 from weightplan.planner.tensors.spec import TensorSpec
 from weightplan.planner.tensors.quant_build import QuantContext
-from weightplan.planner.write.fp8_save import blocks_to_quantize, check_quantize, save_quant_context
-from weightplan.planner.write.record import get_record
+from weightplan.planner.write.fp8_save import (
+    blocks_to_quantize, check_quantize, quantization_config, save_quant_context,
+)
+from weightplan.planner.write.record import LoadRecord, get_record
 from weightplan.planner.write.reverse import ReverseGroups, derived_groups, record_groups
 from weightplan.planner.write.shards import INDEX_NAME, ShardLayout, plan_layout
 from weightplan.planner.write.write_plan import Inversion, WritePlanData
@@ -78,15 +82,26 @@ def explain_save_plan(model: torch.nn.Module, directory: str | os.PathLike[str],
             choice = without_prefix_changes(choice)
         reverse = derived_groups(choice.transforms, source)
         order, metadata, how = (), {"format": "pt"}, Inversion.MAPPING
-    quant = None
-    if quantize == "fp8":
-        built = build_conversions(reverse.groups, reverse.outputs, None, SinkKind.FILE)
-        outputs = [(t.key, t.dest) for c in built for t in c.targets]
-        quant = save_quant_context(blocks_to_quantize(record if how is Inversion.RECORD else None,
-                                                      outputs))
+    reverse, quant = _fp8_save(quantize, reverse, record if how is Inversion.RECORD else None)
     return make_write_plan(directory, source, reverse, choice, how, order=order,
                            metadata=metadata, max_shard_size=max_shard_size,
                            overwrite=overwrite, threads=threads, quant=quant)
+
+
+def _fp8_save(quantize: str | None, reverse: ReverseGroups, record: LoadRecord | None
+              ) -> tuple[ReverseGroups, QuantContext | None]:
+    """``quantize="fp8"``: which outputs are written as block FP8, noted on the plan."""
+    if quantize != "fp8":
+        return reverse, None
+    built = build_conversions(reverse.groups, reverse.outputs, None, SinkKind.FILE)
+    outputs = [(t.key, t.dest) for c in built for t in c.targets]
+    quant = save_quant_context(blocks_to_quantize(record, outputs))
+    config = quantization_config(quant)
+    if config is not None:
+        reverse = dataclasses.replace(reverse, notes=reverse.notes + (
+            f"written as block FP8; the config.json to go with it has quantization_config "
+            f"= {json.dumps(config, sort_keys=True)}",))
+    return reverse, quant
 
 
 def explain_convert_plan(source: object, directory: str | os.PathLike[str], *, mapping: object,

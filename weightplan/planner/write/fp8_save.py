@@ -20,6 +20,7 @@ from weightplan.planner.inputs.quant_config import DEFAULT_BLOCK, QuantConfig
 from weightplan.planner.quant.blocks import FP8_DTYPES
 from weightplan.planner.tensors.quant_build import QuantContext
 from weightplan.planner.tensors.spec import TensorSpec
+from weightplan.planner.write.record import LoadRecord
 
 QUANTIZE_CHOICES = (None, "fp8")
 SKIPPED = ("embed", "lm_head", "norm", ".gate.", "router")
@@ -47,7 +48,8 @@ def save_quant_context(blocks: dict[str, tuple[int, ...]]) -> QuantContext | Non
     return QuantContext(pairing, Fp8Model(params, (), DEFAULT_BLOCK), QuantConfig())
 
 
-def blocks_to_quantize(record, outputs: Iterable[tuple[str, TensorSpec]]) -> dict[str, tuple[int, ...]]:
+def blocks_to_quantize(record: LoadRecord | None, outputs: Iterable[tuple[str, TensorSpec]]
+                       ) -> dict[str, tuple[int, ...]]:
     """Output key → block: the record's dequantized keys, else the default rule."""
     if record is not None:
         recorded = {k: b for c in record.conversions for k, b in c.dequantized}
@@ -62,4 +64,4 @@ def quantization_config(context: QuantContext | None) -> dict | None:
         return None
     blocks = {p.block for p in context.model.params.values()}
     block = next(iter(blocks)) if len(blocks) == 1 else DEFAULT_BLOCK
-    return QuantConfig(block=tuple(block)).to_dict()
+    return QuantConfig(block=block).to_dict()

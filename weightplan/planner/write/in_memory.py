@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from weightplan.errors import ConflictingTransformError
+from weightplan.errors import ConflictingTransformError, QuantizationError
 from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.tensors.build import Conversion, SinkKind, build_conversions
 from weightplan.planner.tensors.graph import PlanGraph
+from weightplan.planner.tensors.quant_build import QuantContext
+from weightplan.planner.tensors.quant_scales import add_scale_conversions
 from weightplan.planner.tensors.lower import lower
 from weightplan.planner.tensors.schedule import Schedule
 from weightplan.planner.write.reverse import ReverseGroups
@@ -28,9 +30,14 @@ class MemoryPlan:
     schedule: Schedule
 
 
-def plan_in_memory(groups: ReverseGroups, checkpoint: Checkpoint) -> MemoryPlan:
-    """Raises :class:`ConflictingTransformError` when two conversions produce one key."""
-    conversions = build_conversions(groups.groups, groups.outputs, None, SinkKind.MEMORY)
+def plan_in_memory(groups: ReverseGroups, checkpoint: Checkpoint,
+                   quant: QuantContext | None = None) -> MemoryPlan:
+    """Raises :class:`ConflictingTransformError` when two conversions produce one key, and
+    :class:`QuantizationError` when scaled FP8 can't follow an op."""
+    conversions = build_conversions(groups.groups, groups.outputs, None, SinkKind.MEMORY, quant)
+    conversions, problems = add_scale_conversions(conversions, quant, None, SinkKind.MEMORY)
+    if problems:
+        raise QuantizationError("; ".join(message for _, message in problems))
     seen: set[str] = set()
     for conv in conversions:
         for t in conv.targets:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.tensors.build import Conversion, TargetStatus
-from weightplan.planner.tensors.nodes import NodeKind
+from weightplan.planner.tensors.nodes import DequantizeAttrs, NodeKind, read_attrs
 from weightplan.planner.tensors.ops.base import ConversionOp
 from weightplan.planner.keys.patterns import natural_key
 from weightplan.planner.tensors.spec import TensorSpec
@@ -82,7 +82,8 @@ def _record(conv: Conversion) -> RecordedConversion | None:
     """``None`` when some output went nowhere: the sources can't be rebuilt from the model."""
     if any(t.status not in (TargetStatus.LOAD, TargetStatus.TIED_DUPLICATE) for t in conv.targets):
         return None
-    widened = {n.inputs[0].attrs.entry.key: n for n in conv.nodes if n.kind is NodeKind.DEQUANTIZE}
+    widened = {read_attrs(n.inputs[0]).entry.key: n for n in conv.nodes
+               if n.kind is NodeKind.DEQUANTIZE}
     sources = tuple(tuple((e.key, widened[e.key].spec if e.key in widened else e.spec)
                           for e in stream) for stream in conv.group.sources)
     fired: list[Renaming] = []
@@ -90,7 +91,8 @@ def _record(conv: Conversion) -> RecordedConversion | None:
         for route in stream:
             fired.extend(r for r in route.fired if r not in fired)
     targets = tuple((t.key, t.position) for t in conv.targets)
-    dequantized = tuple((k, n.attrs.block) for k, n in widened.items())
+    dequantized = tuple((k, n.attrs.block) for k, n in widened.items()
+                        if isinstance(n.attrs, DequantizeAttrs))
     return RecordedConversion(sources, conv.ops, targets, tuple(fired), dequantized)
 
 
