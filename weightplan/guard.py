@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from typing import Any
 from collections.abc import Callable, Mapping
 
 import torch
@@ -28,7 +29,7 @@ def public(fn: Callable, check: Callable[[inspect.BoundArguments], None] | None 
     name = fn.__name__
 
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError as e:
@@ -37,11 +38,11 @@ def public(fn: Callable, check: Callable[[inspect.BoundArguments], None] | None 
             check(bound)
         return call_typed(name, fn, *args, **kwargs)
 
-    wrapper.__signature__ = signature
+    wrapper.__signature__ = signature  # type: ignore[attr-defined]
     return wrapper
 
 
-def call_typed(what: str, fn: Callable, *args, **kwargs):
+def call_typed(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)``; a non-weightplan exception becomes :class:`UnexpectedError`."""
     from weightplan.errors import UnexpectedError
 
@@ -54,16 +55,6 @@ def call_typed(what: str, fn: Callable, *args, **kwargs):
     except Exception as e:
         raise UnexpectedError(f"{what} failed: {type(e).__name__}: {e} (unexpected: please "
                               "report it with the traceback of the chained exception)") from e
-
-
-def typed(what: str) -> Callable[[Callable], Callable]:
-    """Decorator form of :func:`call_typed` (for ``execute`` functions)."""
-    def decorate(fn: Callable) -> Callable:
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            return call_typed(what, fn, *args, **kwargs)
-        return wrapper
-    return decorate
 
 
 def check_model(model: object, *, what: str = "model", optional: bool = True) -> None:

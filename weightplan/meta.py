@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -63,18 +63,20 @@ VALUE_ONLY = frozenset({
 class _SizedOnMeta(TorchFunctionMode):
     """Sized constructors without a device go to meta; the call is kept for buffers."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
-        self.recipes: dict[int, tuple[Callable, tuple, dict, torch.Tensor]] = {}
+        self.recipes: dict[int, tuple[Any, tuple[Any, ...], dict[str, Any], torch.Tensor]] = {}
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
         target = args[0] if args else kwargs.get("tensor")
         if name in VALUE_ONLY and isinstance(target, torch.Tensor) and target.is_meta:
             return target  # in-place init of a meta tensor does nothing: skip its cost
+        public: Any = getattr(torch, name, None)  # the torch.* constructor, not a method
         if name in SIZED and kwargs.get("device") is None \
-                and getattr(torch, name, None) is func and _numel(name, args, kwargs) > SMALL:
+                and public is func and _numel(name, args, kwargs) > SMALL:
             tensor = func(*args, **{**kwargs, "device": "meta"})
             self.recipes[id(tensor)] = (func, args, kwargs, tensor)  # tensor: keeps id unique
             return tensor

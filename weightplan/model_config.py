@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from pathlib import Path
+import os
 from typing import Any
 
 import torch
@@ -27,7 +27,7 @@ def _dtype_name(model: torch.nn.Module) -> str | None:
     return None
 
 
-def write_model_config(model: torch.nn.Module, directory: str | Path) -> list[str]:
+def write_model_config(model: torch.nn.Module, directory: str | os.PathLike[str]) -> list[str]:
     """Write the model's ``config.json`` (and generation config); returns the files written."""
     config: Any = getattr(model, "config", None)
     if not callable(getattr(config, "save_pretrained", None)):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -46,7 +47,8 @@ def resolve_checkpoint(name_or_path: str | os.PathLike, *, revision: str | None 
     return _snapshot(hub, str(name_or_path), revision, cache_dir)
 
 
-def _snapshot(hub, repo_id: str, revision: str | None, cache_dir) -> Path:
+def _snapshot(hub: Any, repo_id: str, revision: str | None,
+              cache_dir: str | os.PathLike[str] | None) -> Path:
     kwargs = dict(repo_id=repo_id, revision=revision, allow_patterns=HUB_FILES,
                   cache_dir=None if cache_dir is None else str(cache_dir))
     try:
@@ -66,7 +68,8 @@ def _snapshot(hub, repo_id: str, revision: str | None, cache_dir) -> Path:
 def from_pretrained(name_or_path: str | os.PathLike, *, dtype: torch.dtype | str | None = "auto",
                     device: object = None, strict: bool = False, progress: bool | None = None,
                     return_report: bool = False, revision: str | None = None,
-                    cache_dir: str | os.PathLike | None = None, **explain_options):
+                    cache_dir: str | os.PathLike[str] | None = None, **explain_options: Any
+                    ) -> Any:
     """Build the model a checkpoint's ``config.json`` names and load the checkpoint into it.
 
     Args:

@@ -21,21 +21,28 @@ from collections.abc import Iterator
 import torch
 
 from weightplan.errors import PartialLoadError, WeightplanError
-from weightplan.executor.model_sink import current_tensor
+from weightplan.executor.model_sink import ModelSink, current_tensor
+from weightplan.planner.tensors.destination import Destination
+from weightplan.planner.tensors.geometry import View
 
 
 class GuardedSink:
     """Wraps a :class:`~weightplan.executor.model_sink.ModelSink`: tracks or stages in-place writes."""
 
-    def __init__(self, inner, *, atomic: bool):
+    def __init__(self, inner: ModelSink, *, atomic: bool):
         self.inner, self.atomic = inner, atomic
         self.touched: set[str] = set()
         self._staged: dict[str, torch.Tensor] = {}
 
-    def __getattr__(self, name: str):  # results, initialized, ...: the model sink's
-        return getattr(self.inner, name)
+    @property
+    def results(self) -> dict[str, tuple[Destination, torch.Tensor]]:
+        return self.inner.results
 
-    def open(self, dest) -> torch.Tensor:
+    @property
+    def initialized(self) -> dict[str, str]:
+        return self.inner.initialized
+
+    def open(self, dest: Destination) -> torch.Tensor:
         if not self.atomic or dest.allocates:
             return self.inner.open(dest)
         if dest.key not in self._staged:
@@ -44,23 +51,26 @@ class GuardedSink:
             self._staged[dest.key] = staged.copy_(current)
         return self._staged[dest.key]
 
-    def write_bytes(self, handle, dest, offset: int, data: torch.Tensor) -> None:
+    def write_bytes(self, handle: torch.Tensor, dest: Destination, offset: int,
+                    data: torch.Tensor) -> None:
         self._note(dest)
         self.inner.write_bytes(handle, dest, offset, data)
 
-    def byte_view(self, handle, dest, offset: int, nbytes: int) -> torch.Tensor | None:
+    def byte_view(self, handle: torch.Tensor, dest: Destination, offset: int,
+                  nbytes: int) -> torch.Tensor | None:
         self._note(dest)
         return self.inner.byte_view(handle, dest, offset, nbytes)
 
-    def write_view(self, handle, dest, view, src: torch.Tensor) -> None:
+    def write_view(self, handle: torch.Tensor, dest: Destination, view: View,
+                   src: torch.Tensor) -> None:
         self._note(dest)
         self.inner.write_view(handle, dest, view, src)
 
-    def _note(self, dest) -> None:
+    def _note(self, dest: Destination) -> None:
         if not dest.allocates and not self.atomic:
             self.touched.add(dest.key)  # set.add is atomic under the GIL
 
-    def close(self, dest, handle) -> None:
+    def close(self, dest: Destination, handle: torch.Tensor) -> None:
         self.inner.close(dest, handle)
 
     def commit(self) -> None:

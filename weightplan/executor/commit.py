@@ -61,6 +61,8 @@ class Journal:
         path = directory / JOURNAL_NAME
         data = strict_json(path.read_bytes(), file=str(path), what="save journal")
         try:
+            if not isinstance(data, dict):
+                raise TypeError("not an object")
             renames = tuple((str(a), str(b)) for a, b in data["renames"])
             deletes = tuple(str(d) for d in data["deletes"])
         except (TypeError, KeyError, ValueError) as e:

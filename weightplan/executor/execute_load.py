@@ -73,7 +73,7 @@ def preflight(plan: LoadPlanData, strict: bool) -> tuple[nn.Module, ModelInfo]:
     return plan.model, plan.model_info
 
 
-def refuse_meta_buffers(plan) -> None:
+def refuse_meta_buffers(plan: LoadPlanData) -> None:
     """Buffers left on meta that nothing rebuilds would fail (or give NaN) later: refuse."""
     stuck = [p.key for p in plan.problems if p.kind.value == "meta buffer"]
     if stuck:

@@ -68,6 +68,10 @@ class DiscardSink:
     def write_bytes(self, handle: Any, dest: Destination, offset: int, data: torch.Tensor) -> None:
         return None
 
+    def byte_view(self, handle: Any, dest: Destination, offset: int,
+                  nbytes: int) -> torch.Tensor | None:
+        return None
+
     def write_view(self, handle: Any, dest: Destination, view: View, src: torch.Tensor) -> None:
         return None
 

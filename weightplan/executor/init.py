@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -119,7 +119,7 @@ def _by_module(fresh: dict[str, torch.Tensor]) -> dict[str, list[str]]:
     return out
 
 
-def _run_chain(chain) -> str:
+def _run_chain(chain: list[tuple[nn.Module, Callable[[nn.Module], None]]]) -> str:
     for module, init in chain:
         init(module)
     return owner_name(chain[0][1])

@@ -22,6 +22,7 @@ import contextlib
 import signal
 import threading
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from weightplan.errors import StaleCheckpointError
 
@@ -39,7 +40,7 @@ class LeaseGuard:
         self._inflight = 0
         self._broken = False
         self._leased: list[int] = []
-        self._previous = None
+        self._previous: Any = None  # the SIGIO handler before ours
         self._installed = False
 
     @property
@@ -63,7 +64,7 @@ class LeaseGuard:
             except OSError:
                 pass  # open for writing elsewhere, or not ours: unguarded
 
-    def _on_break(self, signum, frame) -> None:
+    def _on_break(self, signum: int, frame: object) -> None:
         with self._lock:
             self._broken = True
             if self._inflight == 0:

@@ -84,7 +84,7 @@ class Reader:
         fd, nbytes = self._fds[path], dest.numel()
         if hasattr(os, "posix_fadvise"):  # the whole range is queued at once
             os.posix_fadvise(fd, offset, nbytes, os.POSIX_FADV_WILLNEED)
-        buffer = memoryview(dest.numpy()).cast("B")
+        buffer = memoryview(dest.numpy()).cast("B")  # type: ignore[arg-type]  # numpy buffer
         starts = range(0, nbytes, REQUEST_BYTES)
         if len(starts) == 1:
             self._request(path, fd, buffer, offset, 0, nbytes)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import gc
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable)
 
@@ -18,7 +18,7 @@ def paused_gc(fn: F) -> F:
     call turns it back on, and only if it was on)."""
 
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         was_enabled = gc.isenabled()
         gc.disable()
         try:

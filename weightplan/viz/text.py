@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 import sys
 
 from weightplan.planner.inputs.device import STAGING_BUFFERS, STAGING_CHUNK
-from weightplan.planner.findings import ProblemKind
+from weightplan.planner.findings import Note, Problem, ProblemKind
 from weightplan.planner.plan import Direction, LoadPlanData, PlanData
 from weightplan.planner.write.write_plan import WritePlanData
 from weightplan.planner.bulk import paused_gc
@@ -195,8 +196,8 @@ def problem_lines(plan: PlanData) -> list[str]:
     lines += _mismatch_lines(plan)
     detailed = _folded([p for p in plan.problems if p.kind not in simple
                         and p.kind is not ProblemKind.MISMATCH])
-    for kind, message in detailed[:MAX_LIST]:
-        lines.append(f"  {kind}: {message}")
+    for label, message in detailed[:MAX_LIST]:
+        lines.append(f"  {label}: {message}")
     if len(detailed) > MAX_LIST:
         lines.append(f"  … {len(detailed) - MAX_LIST} more")
     return lines
@@ -216,7 +217,7 @@ def _mismatch_lines(plan: LoadPlanData) -> list[str]:
     return lines
 
 
-def _folded(items) -> list[tuple[str, str]]:
+def _folded(items: Sequence[Problem | Note]) -> list[tuple[str, str]]:
     """Problems or notes whose messages differ only in their key, folded by layer."""
     groups: dict[tuple[str, str], list[str]] = {}
     for item in items:

@@ -89,7 +89,8 @@ def open_checkpoint(source: object) -> Checkpoint:
         refuse_interrupted_save(path.parent)
         return _from_files([(str(path), None)], description=str(path))
     if isinstance(source, Sequence) and not isinstance(source, (bytes, bytearray)):
-        files = [(check_path_argument(p, what="checkpoint file"), None) for p in source]
+        files: list[tuple[str, Mapping[str, str] | None]] = [
+            (check_path_argument(p, what="checkpoint file"), None) for p in source]
         if not files:
             raise CheckpointError("an empty list of checkpoint files was given")
         for p, _ in files:

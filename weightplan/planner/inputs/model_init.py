@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -62,7 +63,8 @@ class _WriteProbe(TorchFunctionMode):
         self.watched = watched
         self.written: set[str] = set()
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         name = getattr(func, "__name__", "")
         kwargs = kwargs or {}
         target = args[0] if args else kwargs.get("tensor")  # torch.nn.init passes tensor=

@@ -34,7 +34,7 @@ def check_path_argument(value: object, *, what: str = "checkpoint") -> str:
         raise ArgumentError(f"{what} was given as {type(value).__name__}; pass a str or "
                             "pathlib.Path (decode the bytes first)")
     try:
-        path = os.fspath(value)
+        path = os.fspath(value)  # type: ignore[call-overload]  # TypeError handled below
     except TypeError as e:
         raise ArgumentError(f"{what} must be a path (str or os.PathLike), got "
                             f"{type(value).__name__}") from e

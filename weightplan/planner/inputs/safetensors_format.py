@@ -57,7 +57,8 @@ def json_depth_ok(raw: bytes, limit: int = MAX_DEPTH) -> bool:
     return not brackets
 
 
-def _no_duplicates(where: Callable[[str], HeaderError]):
+def _no_duplicates(where: Callable[[str], HeaderError]
+                   ) -> Callable[[list[tuple[str, object]]], dict[str, object]]:
     def hook(pairs: list[tuple[str, object]]) -> dict:
         out = dict(pairs)
         if len(out) != len(pairs):

@@ -19,7 +19,7 @@ from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.keys.routing import Claim, Route, _apply, _lands
 from weightplan.planner.keys.templates import MatchShape, all_blind, template_of
 from weightplan.planner.keys.transforms import (
-    ConverterMatch, PrefixChange, Renaming, WeightConverter,
+    ConverterMatch, PatternTransform, PrefixChange, Renaming, WeightConverter,
 )
 
 
@@ -73,12 +73,13 @@ class Applier:
                 name = new
         if decided.converter is None:
             return routed(key, name, tuple(fired))
+        assert decided.shape is not None  # a converter decision always has its match shape
         return routed(key, name, tuple(fired), decided.converter, decided.shape.rebuild(name))
 
     def _decide(self, template: str) -> _Decision:
         matched, name = [], template
         for r in self.renamings:
-            if isinstance(r, PrefixChange) or r.first_match(name) is not None:
+            if not isinstance(r, PatternTransform) or r.first_match(name) is not None:
                 new = r.rename(name)
                 matched.append((r, new is not None))
                 name = new if new is not None else name
@@ -130,6 +131,7 @@ class Router:
 
     def lands(self, route: Route) -> bool:
         """:func:`routing._lands`, once per converter group (256 experts ask once)."""
+        assert self.model is not None  # only asked when routing against a model
         if route.converter is None:
             return route.renamed in self.model
         m = route.match

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from weightplan.planner.keys.patterns import _INDEX_GROUP, PatternMatch
@@ -59,7 +60,7 @@ def _pattern_blind(transform: PatternTransform) -> bool:
                if isinstance(part, str))
 
 
-def all_blind(transforms) -> bool:
+def all_blind(transforms: Iterable[WeightTransform]) -> bool:
     return all(digit_blind(t) for t in transforms)
 
 
@@ -83,6 +84,7 @@ class MatchShape:
         i, head, rest, _ = found
         source = converter.sources[i]
         m = source.regex.search(rest)
+        assert m is not None, name  # first_match found it in ``rest``
         base = len(head)
         index = m.span(_INDEX_GROUP) if source.has_index else None
         groups = tuple(None if m.span(g)[0] < 0 else (base + m.start(g), base + m.end(g))

@@ -10,10 +10,15 @@ any schedule).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import os
 from dataclasses import dataclass
 
 from weightplan.units import format_bytes
+
+if TYPE_CHECKING:  # the schedule imports this module
+    from weightplan.planner.tensors.schedule import Schedule
 
 DEFAULT_WINDOW_BYTES = 256 * 1024 * 1024
 MEMINFO = "/proc/meminfo"
@@ -94,17 +99,18 @@ class Fit:
                 "available_bytes": None if self.memory is None else self.memory.available}
 
 
-def machine_fit(schedule, model_bytes: int, memory: MachineMemory | None = None) -> Fit:
+def machine_fit(schedule: Schedule, model_bytes: int, memory: MachineMemory | None = None
+                ) -> Fit:
     """Compare ``schedule``'s peak with this machine's memory (or ``memory``); when it
     doesn't fit but the model would, find the smallest peak any schedule has."""
     memory = memory if memory is not None else machine_memory()
     fit = Fit(schedule.peak_bytes, model_bytes, memory)
-    if fit.fits is False and model_bytes <= memory.available:
+    if fit.fits is False and memory is not None and model_bytes <= memory.available:
         fit = Fit(fit.peak, model_bytes, memory, smallest_peak(schedule))
     return fit
 
 
-def smallest_peak(schedule) -> int:
+def smallest_peak(schedule: Schedule) -> int:
     """The tightest schedule's peak: no read-ahead, checkpoint or temporaries-first order
     (what :func:`~weightplan.planner.tensors.budget.schedule_within` tries)."""
     from weightplan.planner.tensors.budget import transient_first
