@@ -54,7 +54,7 @@ def save(model: torch.nn.Module, directory: str | os.PathLike[str], *, mapping: 
     plan = explain_save(model, directory, mapping=mapping, max_shard_size=max_shard_size,
                         overwrite=overwrite, threads=threads, quantize=quantize)
     report = plan.execute(progress=progress)
-    write_model_config(model, directory)
+    write_model_config(model, directory, fp8_written=plan.writes_fp8)
     return report
 
 

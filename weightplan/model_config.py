@@ -3,7 +3,9 @@
 Written next to the shards when the model has a transformers config (anything with
 ``save_pretrained`` and ``to_dict``): ``config.json`` with ``architectures`` and ``dtype``
 set the way transformers' ``save_pretrained`` sets them, and ``generation_config.json``
-when the model has a generation config.
+when the model has a generation config. Its ``quantization_config`` says what the shards
+hold: kept when block FP8 was written (the model's own, else the default 128×128 one),
+dropped when the model was dequantized and saved at its own dtype.
 """
 
 from __future__ import annotations
@@ -16,19 +18,31 @@ from typing import Any
 import torch
 
 from weightplan.errors import SaveError
+from weightplan.planner.inputs.quant_config import QuantConfig, parse_quant_config
+from weightplan.planner.quant.blocks import FP8_DTYPES
 
 log = logging.getLogger("weightplan")
 
 
 def _dtype_name(model: torch.nn.Module) -> str | None:
     for tensor in model.parameters():
-        if tensor.is_floating_point():
+        if tensor.is_floating_point() and tensor.dtype not in FP8_DTYPES:
             return str(tensor.dtype).removeprefix("torch.")
     return None
 
 
-def write_model_config(model: torch.nn.Module, directory: str | os.PathLike[str]) -> list[str]:
-    """Write the model's ``config.json`` (and generation config); returns the files written."""
+def _quantization(config: Any, fp8_written: bool) -> dict[str, Any] | None:
+    """The ``quantization_config`` that matches the shards (``None``: not quantized)."""
+    if not fp8_written:
+        return None
+    own = parse_quant_config(getattr(config, "quantization_config", None))
+    return (own or QuantConfig()).to_dict()
+
+
+def write_model_config(model: torch.nn.Module, directory: str | os.PathLike[str], *,
+                       fp8_written: bool = False) -> list[str]:
+    """Write the model's ``config.json`` (and generation config); returns the files written.
+    ``fp8_written``: the shards hold block FP8 (kept, or ``save(quantize="fp8")``)."""
     config: Any = getattr(model, "config", None)
     if not callable(getattr(config, "save_pretrained", None)):
         return []
@@ -37,6 +51,11 @@ def write_model_config(model: torch.nn.Module, directory: str | os.PathLike[str]
     dtype = _dtype_name(model)
     if dtype is not None and hasattr(config, "dtype"):
         config.dtype = dtype
+    quantization = _quantization(config, fp8_written)
+    if quantization is not None:
+        config.quantization_config = quantization
+    elif hasattr(config, "quantization_config"):
+        del config.quantization_config  # the model was dequantized: plain shards
     written = []
     try:
         config.save_pretrained(str(directory))

@@ -72,3 +72,29 @@ def test_quantize_option_is_checked(tmp_path):
     model = meta_model("mixtral")
     with pytest.raises(SaveError, match="quantize='int4'"):
         weightplan.explain_save(model, tmp_path / "out", quantize="int4")
+
+
+def _quantization_config(directory):
+    import json
+
+    return json.loads((directory / "config.json").read_text()).get("quantization_config")
+
+
+def test_saved_config_says_what_the_shards_hold(fp8_checkpoints, tmp_path):
+    """config.json's quantization_config matches what was written: kept FP8 keeps it, a
+    dequantized model drops it, ``quantize="fp8"`` writes it back."""
+    _, fp8_dir = fp8_checkpoints("mixtral")
+    kept = meta_model("mixtral", fp8=True)
+    weightplan.explain(kept, fp8_dir, dtype=torch.bfloat16).execute()
+    weightplan.save(kept, tmp_path / "kept")
+    config = _quantization_config(tmp_path / "kept")
+    assert config["quant_method"] == "fp8" and config["weight_block_size"] == [128, 128]
+    plain = meta_model("mixtral")
+    weightplan.explain(plain, fp8_dir, dtype=torch.bfloat16).execute()
+    # as when built from the FP8 checkpoint's config.json: the config still says FP8
+    plain.config.quantization_config = {"quant_method": "fp8", "fmt": "e4m3",
+                                        "weight_block_size": [128, 128]}
+    weightplan.save(plain, tmp_path / "plain")
+    assert _quantization_config(tmp_path / "plain") is None
+    weightplan.save(plain, tmp_path / "requantized", quantize="fp8")
+    assert _quantization_config(tmp_path / "requantized")["quant_method"] == "fp8"

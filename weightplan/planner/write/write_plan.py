@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 from weightplan.planner.findings import Note
+from weightplan.planner.quant.blocks import FP8_DTYPES
+from weightplan.planner.tensors.build import TargetStatus
 from weightplan.planner.plan import PlanData
 from weightplan.planner.write.shards import ShardLayout
 
@@ -50,3 +52,9 @@ class WritePlanData(PlanData):
     @property
     def files(self) -> tuple[str, ...]:
         return self.layout.names
+
+    @property
+    def writes_fp8(self) -> bool:
+        """Whether block FP8 tensors are written (kept FP8, or ``quantize="fp8"``)."""
+        return any(t.dest.dtype in FP8_DTYPES for c in self.conversions for t in c.targets
+                   if t.status is TargetStatus.LOAD)
