@@ -29,7 +29,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from load import _reset_peak, _rss, alternating, warm_cache  # noqa: E402
+from load import _reset_peak, _rss, alternating, medians_table, warm_cache  # noqa: E402
 
 DEFAULT_CACHE = HERE / ".cache" / "dsv3-fp8-1.1g"
 DIMS = dict(vocab_size=32000, hidden_size=2048, intermediate_size=4096, moe_intermediate_size=1024,
@@ -133,14 +133,9 @@ def run_child(mode: str, directory: Path, threads: int) -> dict:
 
 def report(results: dict[str, list[dict]], checkpoint_bytes: int) -> None:
     gib = 1024**3
-    med = {m: statistics.median(x["seconds"] for x in rs) for m, rs in results.items()}
-    rss = {m: statistics.median(x["rss_peak"] for x in rs) for m, rs in results.items()}
     model_bytes = next(iter(results.values()))[0]["model_bytes"]
-    print(f"checkpoint {checkpoint_bytes / gib:.2f} GiB (FP8) → bf16 model {model_bytes / gib:.2f} "
-          f"GiB; medians of {len(next(iter(results.values())))} fresh-process runs")
-    print(f"{'contender':<14}{'load s':>9}{'peak RSS GiB':>14}{'RSS / model':>13}")
-    for m in results:
-        print(f"{m:<14}{med[m]:>9.3f}{rss[m] / gib:>14.3f}{rss[m] / model_bytes:>13.3f}")
+    med, rss, _ = medians_table(results, f"checkpoint {checkpoint_bytes / gib:.2f} GiB (FP8) → "
+                                         f"bf16 model {model_bytes / gib:.2f} GiB")
     if "weightplan" in med:
         wp = results["weightplan"]
         planned = statistics.median(x["planned_peak"] for x in wp)

@@ -289,16 +289,25 @@ def main() -> None:
                        lambda mode: run_child(mode, args.cache, args.threads, args.cold)))
 
 
-def report(results: dict[str, list[dict]]) -> None:
+def medians_table(results: dict[str, list[dict]], title: str
+                  ) -> tuple[dict[str, float], dict[str, float], int]:
+    """Print each contender's median load time and peak RSS; returns (time, RSS, model
+    bytes) medians for the ratios a benchmark prints after it."""
     gib = 1024**3
     med = {m: statistics.median(x["seconds"] for x in rs) for m, rs in results.items()}
     rss = {m: statistics.median(x["rss_peak"] for x in rs) for m, rs in results.items()}
     model_bytes = next(iter(results.values()))[0]["model_bytes"]
-    print(f"checkpoint: {model_bytes / gib:.2f} GiB of tensors; medians of "
-          f"{len(next(iter(results.values())))} fresh-process runs")
+    print(f"{title}; medians of {len(next(iter(results.values())))} fresh-process runs")
     print(f"{'contender':<14}{'load s':>9}{'peak RSS GiB':>14}{'RSS / model':>13}")
     for m in results:
         print(f"{m:<14}{med[m]:>9.3f}{rss[m] / gib:>14.3f}{rss[m] / model_bytes:>13.3f}")
+    return med, rss, model_bytes
+
+
+def report(results: dict[str, list[dict]]) -> None:
+    gib = 1024**3
+    model_bytes = next(iter(results.values()))[0]["model_bytes"]
+    med, rss, _ = medians_table(results, f"checkpoint: {model_bytes / gib:.2f} GiB of tensors")
     if "weightplan" in med:
         wp = results["weightplan"]
         explain_s = statistics.median(x["explain_seconds"] for x in wp)
