@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 
 from weightplan.planner.tensors.geometry import Region
+from weightplan.planner.tensors.sharding.placements import Placement
+from weightplan.planner.tensors.sharding.shard_math import pieces
 
 BLOCK = (128, 128)
 
@@ -54,3 +56,31 @@ def box_bytes(region: Region, weight_itemsize: int = 1, scale_itemsize: int = 4,
               block: tuple[int, int] = BLOCK) -> int:
     """Bytes a rank reads for a weight box: the fp8 box plus its covering scale tiles."""
     return region.numel * weight_itemsize + covering_blocks(region, block).numel * scale_itemsize
+
+
+def scale_split_problem(placement: Placement, weight_shape: tuple[int, ...],
+                        scale_shape: tuple[int, ...], world: int,
+                        block: tuple[int, int] = BLOCK) -> str | None:
+    """Why ``placement`` can't split a kept FP8 weight and its scale alike, or ``None``.
+
+    Each rank's scale pieces (the scale grid split as DTensor splits it) must be exactly
+    the tiles covering its weight pieces; otherwise some rank would hold a weight slice
+    whose scales sit on another rank (e.g. 128 rows over 2 ranks: 64 rows each, one scale
+    row, which DTensor gives to rank 0 alone). Every rank is checked, so all ranks agree.
+    """
+    if not placement.is_sharded:
+        return None
+    for rank in range(world):
+        weights = pieces(placement, weight_shape, world, rank)
+        scales = pieces(placement, scale_shape, world, rank)
+        for w, s in zip(weights, scales, strict=True):
+            want = covering_blocks(w.region, block)
+            if (w.region.numel == 0) != (s.region.numel == 0) or (
+                    w.region.numel and want != s.region):
+                return (f"rank {rank} of {world} holds rows/cols {list(w.region.starts)}–"
+                        f"{list(w.region.stops)} of the FP8 weight {list(weight_shape)}, "
+                        f"which need scale tiles {list(want.starts)}–{list(want.stops)}, "
+                        f"but the scale grid {list(scale_shape)} split the same way gives "
+                        f"it {list(s.region.starts)}–{list(s.region.stops)}: a shard "
+                        f"boundary falls inside a {block[0]}×{block[1]} block")
+    return None
