@@ -124,3 +124,33 @@ def test_keep_fp8_split_inside_a_block_is_a_problem_on_every_rank(fp8_checkpoint
         assert "model.layers.0.self_attn.q_proj.weight" not in keys
         with pytest.raises(QuantizationError, match="inside a 128×128 block"):
             p.execute()
+
+
+def test_empty_and_mid_block_shards_of_a_hand_built_checkpoint(tmp_path):
+    """3 rows over 4 ranks (rank 3 holds none) and 200 columns over 3 ranks (67, 67, 66:
+    every boundary inside a 128-block), against the ceil-block reference."""
+    import json
+
+    from tests.conftest import module_with, write_checkpoint
+    from tests.fp8.checkpoints import QUANT_CONFIG, ref_dequant, ref_quant
+
+    torch.manual_seed(0)
+    weights = {"a.weight": torch.randn(3, 300), "b.weight": torch.randn(260, 200)}
+    tensors = {}
+    for key, w in weights.items():
+        tensors[key], tensors[key + "_scale_inv"] = ref_quant(w)
+    ckpt = write_checkpoint(tmp_path / "ckpt", tensors)
+    (ckpt / "config.json").write_text(json.dumps({"quantization_config": QUANT_CONFIG}))
+    specs = {k: (tuple(w.shape), torch.bfloat16) for k, w in weights.items()}
+    for key, style, world in (("a.weight", "colwise", 4), ("b.weight", "rowwise", 3)):
+        full = ref_dequant(tensors[key], tensors[key + "_scale_inv"])
+        for rank in range(world):
+            model = module_with(specs)
+            tp = TensorParallel(world_size=world, rank=rank, output="local",
+                                plan={key.removesuffix(".weight"): style})
+            p = weightplan.explain(model, ckpt, tp=tp)
+            assert not p.problems, str(p)
+            p.execute()
+            placement = p.sharding.plan.placement(key).normalized(2)
+            assert torch.equal(dict(model.named_parameters())[key].data,
+                               slice_local(full, placement, world, rank)), (key, rank)
