@@ -154,3 +154,28 @@ def test_empty_and_mid_block_shards_of_a_hand_built_checkpoint(tmp_path):
             placement = p.sharding.plan.placement(key).normalized(2)
             assert torch.equal(dict(model.named_parameters())[key].data,
                                slice_local(full, placement, world, rank)), (key, rank)
+
+
+def test_real_gloo_ranks_dequantize_their_slices(fp8_checkpoints, tmp_path):
+    """Two torchrun ranks on gloo (weightplan's own mesh, DTensor output) load the llama FP8
+    checkpoint (64-row k/v shards) dequantized to fp32: each local tensor is its split of
+    the non-TP load, and each rank needs no more than its local bytes and scale tiles."""
+    from tests.parallel.conftest import LOADER, torchrun
+    from tests.parallel.tp_load_worker import meta_model as auto_meta_model
+    from weightplan.planner.tensors.sharding.placements import Placement
+
+    fp8_dir = fp8_checkpoints("llama")[1]
+    torchrun(2, LOADER, str(tmp_path), f"wp:{fp8_dir}")
+    reference = auto_meta_model(str(fp8_dir))
+    weightplan.explain(reference, fp8_dir).execute()
+    full = {n: p.data for n, p in reference.named_parameters()}
+    for rank in range(2):
+        dump = torch.load(tmp_path / f"{fp8_dir.name}.wp2.rank{rank}.pt")
+        needed, local = dump.pop("__bytes__")
+        tiles = 2 * 2 * 4 * 2 * 7  # ≤ 2 tile rows × 2 tile cols × fp32, 7 weights × 2 layers
+        assert needed <= 1.02 * local + tiles
+        for name, (tensor, placements, _) in dump.items():
+            placement = Placement.plain() if placements is None else (
+                Placement.shard(placements[0][1]))
+            assert tensor.dtype == torch.float32
+            assert torch.equal(tensor, slice_local(full[name], placement, 2, rank)), name
