@@ -87,16 +87,16 @@ def scale_split_problem(placement: Placement, weight_shape: tuple[int, ...],
 
 
 def scale_region(weight_shape: tuple[int, ...], scale_shape: tuple[int, ...], region: Region,
-                 block: tuple[int, int]) -> Region:
+                 block: tuple[int, ...]) -> Region:
     """The part of a scale tensor a dequantize of ``region`` reads: its covering tiles
     when the scale is the weight's ceil grid, else (per-tensor scales) all of it."""
     grid = (*weight_shape[:-2], -(-weight_shape[-2] // block[0]), -(-weight_shape[-1] // block[1]))
     if len(weight_shape) < 2 or tuple(scale_shape) != grid or region.numel == 0:
         return Region.full(tuple(scale_shape))
-    return covering_blocks(region, block)
+    return covering_blocks(region, (block[0], block[1]))
 
 
-def tile_frame(region: Region, tiles: Region, block: tuple[int, int]
+def tile_frame(region: Region, tiles: Region, block: tuple[int, ...]
                ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """``(origin, full_shape)`` that make the covering ``tiles`` of ``region`` look like a
     whole scale grid: the box starts ``region.starts[-2:] % block`` into a weight of
