@@ -53,6 +53,8 @@ def family(name: str):
         return T.MixtralForCausalLM, T.MixtralConfig(
             **COMMON, intermediate_size=128, num_local_experts=4, num_experts_per_tok=2,
             head_dim=64)
+    if name == "llama":  # k/v_proj: 128 rows, 64 per rank under TP=2 (transformers divides by 0)
+        return T.LlamaForCausalLM, T.LlamaConfig(**COMMON, intermediate_size=512, head_dim=64)
     raise KeyError(name)
 
 

@@ -19,7 +19,8 @@ from weightplan.planner.quant.blocks import (
 )
 from weightplan.planner.quant.quantize import quantize
 from weightplan.planner.tensors.quant_steps import QuantizeTask
-from weightplan.planner.tensors.geometry import View
+from weightplan.planner.tensors.geometry import View, row_major_strides
+from weightplan.planner.tensors.sharding.fp8_slices import tile_frame
 from weightplan.planner.tensors.ops.base import Streams
 from weightplan.planner.tensors.placement import ReadTask, Step
 
@@ -28,8 +29,7 @@ def dequantize_read(run: Any, program: Step, step: Any, task: ReadTask, src: tor
     """Dequantize ``src`` (the task's FP8 region) into the task's fragment (or hold it)."""
     attrs = task.dequantize
     assert attrs is not None
-    scale = _scale(run, task)
-    origin, full = task.region.starts, task.entry.spec.shape
+    scale, origin, full = _scale(run, task)
     f = task.fragment
     run.tracker.add(task.work_bytes)
     try:
@@ -68,14 +68,29 @@ def rows_of(view: View, index: tuple[int, ...], r0: int, r1: int) -> View:
     return View((r1 - r0, view.shape[-1]), tuple(view.stride[-2:]), offset)
 
 
-def _scale(run: Any, task: ReadTask) -> torch.Tensor:
-    entry = task.scale
-    assert entry is not None
+def _scale(run: Any, task: ReadTask
+           ) -> tuple[torch.Tensor, tuple[int, ...], tuple[int, ...]]:
+    """The scale tiles covering the task's region (only those: a rank's slice of a weight
+    reads its own tiles), with the ``(origin, full_shape)`` frame to dequantize against
+    them; a per-tensor scale is read whole with the weight's own frame."""
+    entry, tiles = task.scale, task.scale_region
+    assert entry is not None and tiles is not None
+    shape = tuple(entry.spec.shape)
     if entry.file is None:
         assert run.checkpoint.tensors is not None
-        return run.checkpoint.tensors[entry.key]
-    with run.reader.window(entry.file, entry.offset, entry.nbytes) as raw:
-        return raw.view(entry.spec.dtype).reshape(entry.spec.shape).clone()
+        whole = run.checkpoint.tensors[entry.key]
+        scale = whole[tuple(slice(a, b) for a, b in zip(tiles.starts, tiles.stops, strict=True))]
+    else:
+        first, count = tiles.element_span(shape)
+        size = entry.spec.dtype.itemsize
+        with run.reader.window(entry.file, entry.offset + first * size, count * size) as raw:
+            flat = raw.view(entry.spec.dtype)
+            scale = flat.as_strided(tiles.shape, row_major_strides(shape)).clone()
+    if tiles.is_full(shape):
+        return scale, task.region.starts, tuple(task.entry.spec.shape)
+    assert task.dequantize is not None
+    origin, full = tile_frame(task.region, tiles, task.dequantize.block)
+    return scale, origin, full
 
 
 def quantize_write(sink: Sink, program: Step, handles: list[Any], task: QuantizeTask,

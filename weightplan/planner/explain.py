@@ -129,7 +129,8 @@ def _convert(ckpt: Checkpoint, transforms: tuple[WeightTransform, ...], info: Mo
     routing = route_checkpoint(routed_checkpoint(ckpt, quant), transforms, info)
     conversions = build_conversions(routing.groups, info, options.dtype, SinkKind.MODEL, quant,
                                     sharding)
-    conversions, kept_problems = add_scale_conversions(conversions, quant, info)
+    conversions, kept_problems = add_scale_conversions(conversions, quant, info,
+                                                        sharding=sharding)
     return routing, conversions, kept_problems
 
 

@@ -29,6 +29,7 @@ from weightplan.planner.tensors.nodes import (
 )
 from weightplan.planner.tensors.quant_steps import QuantizeTask, quantize_plan
 from weightplan.planner.tensors.ops.base import ConversionOp, Streams
+from weightplan.planner.tensors.sharding.fp8_slices import scale_region
 from weightplan.planner.tensors.sharding.shard_nodes import shard_fragments
 
 PIECE_BYTES = 32 * 1024 * 1024  # direct reads larger than this are split into pieces
@@ -73,11 +74,25 @@ class ReadTask:
         return read_attrs(self.node.inputs[1]).entry if self.dequantize is not None else None
 
     @property
+    def scale_region(self) -> Region | None:
+        """The scale tiles a dequantize reads: those covering ``region`` (a rank's slice
+        reads only its own), or the whole scale when it is per-tensor."""
+        if self.dequantize is None or self.scale is None:
+            return None
+        return scale_region(self.entry.spec.shape, self.scale.spec.shape, self.region,
+                            self.dequantize.block)
+
+    @property
+    def scale_bytes(self) -> int:
+        tiles = self.scale_region
+        return 0 if tiles is None or self.scale is None else tiles.numel * self.scale.spec.dtype.itemsize
+
+    @property
     def work_bytes(self) -> int:
         """Besides the window: a dequantize's scales and its fp32 chunk workspace."""
         if self.dequantize is None or self.scale is None:
             return 0
-        return self.scale.nbytes + workspace_bytes(self.region.shape, self.dequantize.block,
+        return self.scale_bytes + workspace_bytes(self.region.shape, self.dequantize.block,
                                                    per_element=DEQUANTIZE_BYTES)
 
     @property
@@ -137,11 +152,13 @@ class Step:
 
     @cached_property
     def read_bytes(self) -> int:
-        return sum(r.nbytes for r in self.reads)
+        return sum(r.nbytes + r.scale_bytes for r in self.reads)
 
     @cached_property
     def needed_bytes(self) -> int:
-        return sum(r.region.numel * r.entry.spec.dtype.itemsize for r in self.reads)
+        """The bytes of the regions read (a dequantize's scale tiles included)."""
+        return sum(r.region.numel * r.entry.spec.dtype.itemsize + r.scale_bytes
+                   for r in self.reads)
 
     @cached_property
     def dest_bytes(self) -> int:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 
 from weightplan.planner.tensors.geometry import Region
+from weightplan.planner.tensors.sharding.placements import Placement
+from weightplan.planner.tensors.sharding.shard_math import pieces
 
 BLOCK = (128, 128)
 
@@ -54,3 +56,52 @@ def box_bytes(region: Region, weight_itemsize: int = 1, scale_itemsize: int = 4,
               block: tuple[int, int] = BLOCK) -> int:
     """Bytes a rank reads for a weight box: the fp8 box plus its covering scale tiles."""
     return region.numel * weight_itemsize + covering_blocks(region, block).numel * scale_itemsize
+
+
+def scale_split_problem(placement: Placement, weight_shape: tuple[int, ...],
+                        scale_shape: tuple[int, ...], world: int,
+                        block: tuple[int, int] = BLOCK) -> str | None:
+    """Why ``placement`` can't split a kept FP8 weight and its scale alike, or ``None``.
+
+    Each rank's scale pieces (the scale grid split as DTensor splits it) must be exactly
+    the tiles covering its weight pieces; otherwise some rank would hold a weight slice
+    whose scales sit on another rank (e.g. 128 rows over 2 ranks: 64 rows each, one scale
+    row, which DTensor gives to rank 0 alone). Every rank is checked, so all ranks agree.
+    """
+    if not placement.is_sharded:
+        return None
+    for rank in range(world):
+        weights = pieces(placement, weight_shape, world, rank)
+        scales = pieces(placement, scale_shape, world, rank)
+        for w, s in zip(weights, scales, strict=True):
+            want = covering_blocks(w.region, block)
+            if (w.region.numel == 0) != (s.region.numel == 0) or (
+                    w.region.numel and want != s.region):
+                return (f"rank {rank} of {world} holds rows/cols {list(w.region.starts)}–"
+                        f"{list(w.region.stops)} of the FP8 weight {list(weight_shape)}, "
+                        f"which need scale tiles {list(want.starts)}–{list(want.stops)}, "
+                        f"but the scale grid {list(scale_shape)} split the same way gives "
+                        f"it {list(s.region.starts)}–{list(s.region.stops)}: a shard "
+                        f"boundary falls inside a {block[0]}×{block[1]} block")
+    return None
+
+
+def scale_region(weight_shape: tuple[int, ...], scale_shape: tuple[int, ...], region: Region,
+                 block: tuple[int, ...]) -> Region:
+    """The part of a scale tensor a dequantize of ``region`` reads: its covering tiles
+    when the scale is the weight's ceil grid, else (per-tensor scales) all of it."""
+    grid = (*weight_shape[:-2], -(-weight_shape[-2] // block[0]), -(-weight_shape[-1] // block[1]))
+    if len(weight_shape) < 2 or tuple(scale_shape) != grid or region.numel == 0:
+        return Region.full(tuple(scale_shape))
+    return covering_blocks(region, (block[0], block[1]))
+
+
+def tile_frame(region: Region, tiles: Region, block: tuple[int, ...]
+               ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(origin, full_shape)`` that make the covering ``tiles`` of ``region`` look like a
+    whole scale grid: the box starts ``region.starts[-2:] % block`` into a weight of
+    ``full_shape``, whose ceil grid is exactly ``tiles.shape`` (leading dims start at 0)."""
+    *lead, rows, cols = region.shape
+    dr = region.starts[-2] - tiles.starts[-2] * block[0]
+    dc = region.starts[-1] - tiles.starts[-1] * block[1]
+    return (*(0,) * len(lead), dr, dc), (*lead, dr + rows, dc + cols)

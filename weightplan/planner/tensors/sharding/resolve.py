@@ -164,7 +164,26 @@ def _apply_rules(model: nn.Module, rules: dict[str, str], source: str,
     issues.extend(PlanIssue(rule, f"plan entry {rule!r} ({style}) matches no module or "
                             "parameter of the model; fix or drop it")
                   for rule, style, _ in compiled if rule not in used)
-    return ShardingPlan(source, MappingProxyType(params), tuple(issues))
+    return ShardingPlan(source, MappingProxyType(_mirror_scales(model, params)), tuple(issues))
+
+
+def _mirror_scales(model: nn.Module, params: dict[str, ParamSharding]
+                   ) -> dict[str, ParamSharding]:
+    """FP8 scale parameters (``X.weight_scale_inv`` of ``X.weight``, ``X_scale_inv`` of
+    ``X``) take their weight's placement, as transformers' ``update_parallel_plan`` does
+    (the scale grid is split like the weight; :mod:`fp8_slices` checks the two agree)."""
+    names = {n for n, _ in model.named_parameters()}
+    out = dict(params)
+    for name in names:
+        if not name.endswith("_scale_inv"):
+            continue
+        weight = name.removesuffix("_scale_inv")
+        if weight in params and weight in names:
+            out[name] = ParamSharding(name, params[weight].placement, params[weight].style,
+                                      params[weight].rule)
+        elif weight in names:
+            out.pop(name, None)  # a plain weight keeps a plain scale
+    return out
 
 
 def _match(name: str, compiled: list[Compiled]) -> tuple[str, str] | None:
