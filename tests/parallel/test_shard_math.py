@@ -125,3 +125,25 @@ def test_fp8_scale_tiles_of_a_column_box():
     box = Region((64, 100), (128, 300))  # rows inside tile 0, cols across tiles 0..2
     assert covering_blocks(box) == Region((0, 0), (1, 3))
     assert covering_blocks(Region((128, 0), (128, 5))).numel == 0
+
+
+def test_only_a_plan_the_user_wrote_is_checked_for_entries_matching_nothing():
+    """A model's own tp_plan may name layers it lacks (dense MLPs of an all-MoE model), as
+    transformers' plans do; the same entry in a plan the user wrote is a problem."""
+    from torch import nn
+
+    from weightplan.planner.tensors.sharding.config import TensorParallel
+    from weightplan.planner.tensors.sharding.resolve import resolve_sharding
+
+    class Tiny(nn.Module):
+        tp_plan = {"proj": "colwise", "layers.*.mlp.gate_proj": "colwise"}
+
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(4, 8)
+
+    auto = resolve_sharding(Tiny(), TensorParallel(world_size=2, rank=0, output="local"), 2)
+    assert not auto.issues and auto.placement("proj.weight").is_dtensor
+    given = resolve_sharding(Tiny(), TensorParallel(plan=dict(Tiny.tp_plan), world_size=2,
+                                                    rank=0, output="local"), 2)
+    assert [i.key for i in given.issues] == ["layers.*.mlp.gate_proj"]

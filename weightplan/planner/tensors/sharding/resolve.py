@@ -47,6 +47,9 @@ class PlanIssue:
     message: str
 
 
+GIVEN = "the plan given"  # ShardingPlan.source of a {glob: style} plan from the user
+
+
 @dataclass(frozen=True)
 class ShardingPlan:
     """The resolved plan: placements of the parameters the plan shards or replicates."""
@@ -69,7 +72,7 @@ def resolve_sharding(model: nn.Module, tp: TensorParallel, world_size: int) -> S
     if tp.plan == "auto":
         rules, source, issues = _auto_rules(model, tp.experts)
     else:
-        rules, source, issues = dict(tp.plan_entries()), "the plan given", []
+        rules, source, issues = dict(tp.plan_entries()), GIVEN, []
     return _apply_rules(model, rules, source, issues, world_size)
 
 
@@ -161,9 +164,11 @@ def _apply_rules(model: nn.Module, rules: dict[str, str], source: str,
             issues.append(issue)
             continue
         params[name] = ParamSharding(name, placement, style, rule)
-    issues.extend(PlanIssue(rule, f"plan entry {rule!r} ({style}) matches no module or "
-                            "parameter of the model; fix or drop it")
-                  for rule, style, _ in compiled if rule not in used)
+    if source == GIVEN:  # the model's own tp_plan may name layers it lacks (dense MLPs of
+        # an all-MoE model), as transformers' does: only a plan the user wrote is checked
+        issues.extend(PlanIssue(rule, f"plan entry {rule!r} ({style}) matches no module or "
+                                "parameter of the model; fix or drop it")
+                      for rule, style, _ in compiled if rule not in used)
     return ShardingPlan(source, MappingProxyType(_mirror_scales(model, params)), tuple(issues))
 
 
