@@ -160,8 +160,11 @@ def _read_index(index: Path) -> dict[str, str]:
 def _index_files(index: Path) -> list[tuple[str, Mapping[str, str] | None]]:
     by_file: dict[str, dict[str, str]] = {}
     for key, name in _read_index(index).items():
-        shard_path(index, name)  # refuses names outside the directory before anything else
-        by_file.setdefault(name, {})[key] = name
+        keys = by_file.get(name) if isinstance(name, str) else None
+        if keys is None:  # each name checked once: refused outside the directory first
+            shard_path(index, name)
+            keys = by_file[name] = {}
+        keys[key] = name
     files: list[tuple[str, Mapping[str, str] | None]] = []
     for name, keys in sorted(by_file.items()):
         shard = shard_path(index, name)

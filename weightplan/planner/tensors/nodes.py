@@ -33,6 +33,8 @@ class NodeKind(Enum):
     SHARD = "shard"  # the region of a tensor one rank keeps
     SINK = "sink"  # lands in a destination: a model tensor, an output-file tensor, memory
 
+    __hash__ = object.__hash__  # members are singletons; Enum's hashes the name in Python
+
 
 @dataclass(frozen=True, slots=True)
 class ReadAttrs:
