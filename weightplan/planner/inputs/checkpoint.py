@@ -232,7 +232,8 @@ def read_stamped_header(path: str) -> tuple[dict[str, TensorEntry], dict[str, st
     file_meta = parse_metadata(path, header.pop("__metadata__", None))
     data_start = 8 + n
     entries = parse_entries(path, header, data_start, size)
-    check_coverage(path, {k: (e.offset - data_start, e.offset - data_start + e.nbytes)
+    # every entry spans its data_offsets exactly (parse_entries checked end - begin)
+    check_coverage(path, {k: (e.offset - data_start, header[k]["data_offsets"][1])
                           for k, e in entries.items()}, size - data_start)
     return entries, file_meta, stamp
 
