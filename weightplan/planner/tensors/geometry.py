@@ -43,7 +43,7 @@ class View:
 
     @property
     def numel(self) -> int:
-        return math.prod(self.shape)
+        return _numel(tuple(self.shape))
 
     def is_contiguous(self) -> bool:
         return _is_contiguous(self.shape, self.stride)
@@ -147,8 +147,13 @@ def _box_shape(starts: tuple[int, ...], stops: tuple[int, ...]) -> tuple[int, ..
 
 
 @lru_cache(maxsize=CACHE_SIZE)
+def _numel(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+@lru_cache(maxsize=CACHE_SIZE)
 def _box_numel(starts: tuple[int, ...], stops: tuple[int, ...]) -> int:
-    return math.prod(_box_shape(starts, stops))
+    return _numel(_box_shape(starts, stops))
 
 
 @lru_cache(maxsize=CACHE_SIZE)
