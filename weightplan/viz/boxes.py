@@ -53,16 +53,16 @@ def node_slots(conv: Conversion, grouped: bool) -> dict[Node, Slot]:
     """The slot of every node of ``conv`` (see the module docstring)."""
     if not grouped:
         return {n: (i,) for i, n in enumerate(conv.nodes)}
-    streams = {e: i for i, s in enumerate(conv.group.sources) for e in s}
+    streams = {e.key: i for i, s in enumerate(conv.group.sources) for e in s}  # a key: one entry
     target_stream = {t.key: t.position[0] for t in conv.targets}
     last = len(conv.ops)
     slots: dict[Node, Slot] = {}
     for n in conv.nodes:
         a = n.attrs
-        if isinstance(a, ReadAttrs) and a.entry in streams:
-            slots[n] = (0, streams[a.entry])
+        if isinstance(a, ReadAttrs) and a.entry.key in streams:
+            slots[n] = (0, streams[a.entry.key])
         elif isinstance(a, DequantizeAttrs):  # an FP8 read, its scale's read, the dequantize
-            stream = streams[read_attrs(n.inputs[0]).entry]
+            stream = streams[read_attrs(n.inputs[0]).entry.key]
             slots[n.inputs[1]], slots[n] = (0, stream, 1), (0, stream, 2)
         elif isinstance(a, OpAttrs):
             slots[n] = (1 + a.stage, a.position[0])

@@ -9,13 +9,17 @@ from collections.abc import Iterable
 from weightplan.planner.keys.patterns import natural_key
 
 
-_NUMBER = re.compile(r"(?:^|(?<=\.))[0-9]+(?=\.|$)")  # a whole numeric component
+# a whole numeric component, matched in "." + key (no look-behind: several times faster)
+_NUMBER = re.compile(r"\.([0-9]+)(?=\.|$)")
 
 
 def split_numbers(key: str) -> tuple[tuple[str | None, ...], tuple[int, ...]]:
     """``("layers", None, "w")``, ``(3,)`` for ``layers.3.w``: the template and its numbers."""
-    numbers = _NUMBER.findall(key)
-    return _template(_NUMBER.sub("\0", key) if numbers else key), tuple(map(int, numbers))
+    dotted = "." + key
+    numbers = _NUMBER.findall(dotted)
+    if not numbers:
+        return _template(key), ()
+    return _template(_NUMBER.sub(".\0", dotted)[1:]), tuple(map(int, numbers))
 
 
 @functools.lru_cache(maxsize=1 << 12)

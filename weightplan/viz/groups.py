@@ -80,8 +80,9 @@ def plan_picture(plan: LoadPlanData, *, detail: str | None = None, only: str | N
         raise RenderError(f"detail must be one of {', '.join(map(repr, DETAILS))}, "
                           f"got {detail!r}")
     convs = _select(plan, only)
-    buckets = _buckets(convs, grouped=detail == "grouped")
-    clusters = _clusters(plan, buckets, grouped=detail == "grouped")
+    slots = _SlotCache(grouped=detail == "grouped")
+    buckets = _buckets(convs, slots)
+    clusters = _clusters(plan, buckets, slots)
     drawn = sum(len(c.parts) for c in clusters)
     scope = f" · only {only}" if only else ""
     title = (*_title(plan), f"{detail}: {len(convs)} conversions drawn as {drawn}{scope}")
@@ -106,18 +107,31 @@ def _keys_of(conv: Conversion) -> list[str]:
     return [e.key for e in conv.group.entries] + [t.key for t in conv.targets]
 
 
-def _buckets(convs: list[Conversion], grouped: bool) -> list[list[Conversion]]:
-    if not grouped:
+class _SlotCache:
+    """:func:`node_slots` of each conversion, computed once per picture."""
+
+    def __init__(self, grouped: bool) -> None:
+        self.grouped = grouped
+        self.by_conv: dict[int, dict[Node, Slot]] = {}  # by id: the conversions outlive it
+
+    def __call__(self, conv: Conversion) -> dict[Node, Slot]:
+        found = self.by_conv.get(id(conv))
+        if found is None:
+            found = self.by_conv[id(conv)] = node_slots(conv, self.grouped)
+        return found
+
+
+def _buckets(convs: list[Conversion], slots: _SlotCache) -> list[list[Conversion]]:
+    if not slots.grouped:
         return [[c] for c in convs]
     buckets: dict[tuple, list[Conversion]] = {}
     for conv in convs:
-        buckets.setdefault(_signature(conv), []).append(conv)
+        buckets.setdefault(_signature(conv, slots(conv)), []).append(conv)
     return list(buckets.values())
 
 
-def _signature(conv: Conversion) -> tuple:
+def _signature(conv: Conversion, slots: dict[Node, Slot]) -> tuple:
     """Equal for conversions whose graphs differ only in the numbers inside keys."""
-    slots = node_slots(conv, grouped=True)
     index = {n: i for i, n in enumerate(conv.nodes)}
     shape = tuple((n.kind, slots[n], _template(n), n.spec, tuple(index[m] for m in n.inputs))
                   for n in conv.nodes)
@@ -147,13 +161,14 @@ def _cluster_key(bucket: list[Conversion]) -> tuple[str, str, tuple[int, ...]]:
     return ".".join(parts[:first]), name, tuple(indices)
 
 
-def _clusters(plan: LoadPlanData, buckets: list[list[Conversion]], grouped: bool) -> tuple[Cluster, ...]:
+def _clusters(plan: LoadPlanData, buckets: list[list[Conversion]], slots: _SlotCache
+              ) -> tuple[Cluster, ...]:
     keyed: dict[tuple[str, str, tuple[int, ...]], list[list[Conversion]]] = {}
     for bucket in sorted(buckets, key=lambda b: natural_key(b[0].label)):
         keyed.setdefault(_cluster_key(bucket), []).append(bucket)
     out = []
     for (prefix, name, indices), group in keyed.items():
-        parts = tuple(_part(plan, b, grouped, max(len(indices), 1)) for b in group)
+        parts = tuple(_part(plan, b, slots, max(len(indices), 1)) for b in group)
         if not indices:
             out.append(Cluster(None, parts))
             continue
@@ -166,15 +181,15 @@ def _clusters(plan: LoadPlanData, buckets: list[list[Conversion]], grouped: bool
     return tuple(out)
 
 
-def _part(plan: LoadPlanData, bucket: list[Conversion], grouped: bool, span: int) -> Part:
+def _part(plan: LoadPlanData, bucket: list[Conversion], slots_of: _SlotCache, span: int) -> Part:
     rep = bucket[0]
-    rep_slots = node_slots(rep, grouped)
+    rep_slots = slots_of(rep)
     order: dict[Slot, list[Node]] = {}
     for n in rep.nodes:
         order.setdefault(rep_slots[n], []).append(n)
     every: dict[Slot, list[Node]] = {s: [] for s in order}
     for conv in bucket:
-        for n, slot in node_slots(conv, grouped).items():
+        for n, slot in slots_of(conv).items():
             every[slot].append(n)
     ctx = BoxContext(rep, _materialized(plan, rep), _peak_line(plan, bucket),
                      f" · ×{len(bucket)}" if len(bucket) != span else "")

@@ -161,8 +161,11 @@ def _read_index(index: Path) -> dict[str, str]:
 def _index_files(index: Path) -> list[tuple[str, Mapping[str, str] | None]]:
     by_file: dict[str, dict[str, str]] = {}
     for key, name in _read_index(index).items():
-        shard_path(index, name)  # refuses names outside the directory before anything else
-        by_file.setdefault(name, {})[key] = name
+        keys = by_file.get(name) if isinstance(name, str) else None
+        if keys is None:  # each name checked once: refused outside the directory first
+            shard_path(index, name)
+            keys = by_file[name] = {}
+        keys[key] = name
     files: list[tuple[str, Mapping[str, str] | None]] = []
     for name, keys in sorted(by_file.items()):
         shard = shard_path(index, name)
@@ -230,7 +233,8 @@ def read_stamped_header(path: str) -> tuple[dict[str, TensorEntry], dict[str, st
     file_meta = parse_metadata(path, header.pop("__metadata__", None))
     data_start = 8 + n
     entries = parse_entries(path, header, data_start, size)
-    check_coverage(path, {k: (e.offset - data_start, e.offset - data_start + e.nbytes)
+    # every entry spans its data_offsets exactly (parse_entries checked end - begin)
+    check_coverage(path, {k: (e.offset - data_start, header[k]["data_offsets"][1])
                           for k, e in entries.items()}, size - data_start)
     return entries, file_meta, stamp
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator
+from functools import lru_cache
 
 import torch
 
@@ -40,6 +41,15 @@ def block_of(shape: tuple[int, ...], block: Block) -> tuple[int, int]:
 
 def scale_grid(shape: tuple[int, ...], block: Block) -> tuple[int, ...]:
     """The ceil grid of scales for a weight of ``shape``: ``[..., ⌈R/b0⌉, ⌈C/b1⌉]``."""
+    return _scale_grid(tuple(shape), _block_key(block))
+
+
+def _block_key(block: Block) -> Block:
+    return None if block is None else tuple(block)
+
+
+@lru_cache(maxsize=4096)
+def _scale_grid(shape: tuple[int, ...], block: Block) -> tuple[int, ...]:
     b0, b1 = block_of(shape, block)
     return tuple(shape[:-2]) + (math.ceil(shape[-2] / b0), math.ceil(shape[-1] / b1))
 
@@ -47,6 +57,11 @@ def scale_grid(shape: tuple[int, ...], block: Block) -> tuple[int, ...]:
 def grid_fits(weight_shape: tuple[int, ...], scale_shape: tuple[int, ...], block: Block) -> bool:
     """Whether a scale of ``scale_shape`` is the grid of ``weight_shape`` (per-tensor
     scales may also be stored as ``[]`` or ``[1]``)."""
+    return _grid_fits(tuple(weight_shape), tuple(scale_shape), _block_key(block))
+
+
+@lru_cache(maxsize=4096)
+def _grid_fits(weight_shape: tuple[int, ...], scale_shape: tuple[int, ...], block: Block) -> bool:
     if len(weight_shape) < 2:
         return False
     expected = scale_grid(weight_shape, block)
@@ -77,6 +92,12 @@ def workspace_bytes(shape: tuple[int, ...], block: Block, chunk_bytes: int = CHU
                     per_element: int = 4) -> int:
     """Bytes of the workspace ``quantize_into`` (fp32: 4 per element) or
     :func:`dequantize_into` (fp32 + int32 table indices: :data:`DEQUANTIZE_BYTES`) hold."""
+    return _workspace_bytes(tuple(shape), _block_key(block), chunk_bytes, per_element)
+
+
+@lru_cache(maxsize=4096)
+def _workspace_bytes(shape: tuple[int, ...], block: Block, chunk_bytes: int, per_element: int
+                     ) -> int:
     if len(shape) < 2 or 0 in shape:
         return 0
     return per_element * rows_per_chunk(shape, block, chunk_bytes) * shape[-1]

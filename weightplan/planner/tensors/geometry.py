@@ -11,9 +11,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
+
+CACHE_SIZE = 1 << 14  # distinct boxes per plan are few: one per (template, slice)
 
 
 def row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return _strides(tuple(shape))
+
+
+@lru_cache(maxsize=CACHE_SIZE)
+def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     strides, acc = [], 1
     for size in reversed(shape):
         strides.append(acc)
@@ -35,15 +43,10 @@ class View:
 
     @property
     def numel(self) -> int:
-        return math.prod(self.shape)
+        return _numel(tuple(self.shape))
 
     def is_contiguous(self) -> bool:
-        expected = 1
-        for size, stride in reversed(tuple(zip(self.shape, self.stride, strict=True))):
-            if size != 1 and stride != expected:
-                return False
-            expected *= size
-        return True
+        return _is_contiguous(self.shape, self.stride)
 
     def narrow(self, dim: int, start: int, length: int) -> "View":
         shape = list(self.shape)
@@ -92,11 +95,11 @@ class Region:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(b - a for a, b in zip(self.starts, self.stops, strict=True))
+        return _box_shape(self.starts, self.stops)
 
     @property
     def numel(self) -> int:
-        return math.prod(self.shape)
+        return _box_numel(self.starts, self.stops)
 
     def is_full(self, shape: tuple[int, ...]) -> bool:
         return self.starts == (0,) * len(shape) and self.stops == tuple(shape)
@@ -125,12 +128,43 @@ class Region:
 
     def element_span(self, shape: tuple[int, ...]) -> tuple[int, int]:
         """``(first, count)``: the contiguous run of elements (row-major) enclosing the box."""
-        if self.numel == 0:
-            return 0, 0
-        strides = row_major_strides(shape)
-        first = sum(a * s for a, s in zip(self.starts, strides, strict=True))
-        last = sum((b - 1) * s for b, s in zip(self.stops, strides, strict=True))
-        return first, last - first + 1
+        return _element_span(self.starts, self.stops, tuple(shape))
+
+
+@lru_cache(maxsize=CACHE_SIZE)
+def _is_contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    expected = 1
+    for size, step in reversed(tuple(zip(shape, stride, strict=True))):
+        if size != 1 and step != expected:
+            return False
+        expected *= size
+    return True
+
+
+@lru_cache(maxsize=CACHE_SIZE)
+def _box_shape(starts: tuple[int, ...], stops: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(b - a for a, b in zip(starts, stops, strict=True))
+
+
+@lru_cache(maxsize=CACHE_SIZE)
+def _numel(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+@lru_cache(maxsize=CACHE_SIZE)
+def _box_numel(starts: tuple[int, ...], stops: tuple[int, ...]) -> int:
+    return _numel(_box_shape(starts, stops))
+
+
+@lru_cache(maxsize=CACHE_SIZE)
+def _element_span(starts: tuple[int, ...], stops: tuple[int, ...], shape: tuple[int, ...]
+                  ) -> tuple[int, int]:
+    if _box_numel(starts, stops) == 0:
+        return 0, 0
+    strides = _strides(shape)
+    first = sum(a * s for a, s in zip(starts, strides, strict=True))
+    last = sum((b - 1) * s for b, s in zip(stops, strides, strict=True))
+    return first, last - first + 1
 
 
 @dataclass(frozen=True, slots=True)

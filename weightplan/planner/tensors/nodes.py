@@ -33,6 +33,8 @@ class NodeKind(Enum):
     SHARD = "shard"  # the region of a tensor one rank keeps
     SINK = "sink"  # lands in a destination: a model tensor, an output-file tensor, memory
 
+    __hash__ = object.__hash__  # members are singletons; Enum's hashes the name in Python
+
 
 @dataclass(frozen=True, slots=True)
 class ReadAttrs:
@@ -108,7 +110,7 @@ ATTRS_OF: dict[NodeKind, type] = {
 }
 
 
-@dataclass(frozen=True, eq=True)
+@dataclass(frozen=True, eq=True, slots=True)
 class Node:
     """One tensor value in the plan."""
 
@@ -119,7 +121,7 @@ class Node:
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_hash", hash((self.kind, self.spec, self.inputs, self.attrs)))
+        object.__setattr__(self, "_hash", hash((self.kind, self.inputs, *_identity(self.attrs))))
 
     def __hash__(self) -> int:
         return self._hash
@@ -139,6 +141,19 @@ class Node:
 
     def __repr__(self) -> str:
         return f"<{self.kind.value} {self.label} {self.spec}>"
+
+
+def _identity(a: Attrs) -> tuple:
+    """Fields that tell nodes apart (equal nodes have equal ones), cheap to hash: the
+    checkpoint key rather than the whole entry, a sink's target rather than its
+    destination; the hash of 140k nodes is then a small part of planning."""
+    if isinstance(a, ReadAttrs):
+        return a.entry.key, a.source
+    if isinstance(a, OpAttrs):
+        return a.stage, a.position
+    if isinstance(a, SinkAttrs):
+        return (a.dest.key,)
+    return (a,)
 
 
 def read_attrs(node: Node) -> ReadAttrs:

@@ -49,6 +49,7 @@ class ReadTask:
     direct: bool  # a plain byte copy: contiguous destination, same dtype, one byte range
     byte_range: tuple[int, int]
     pieces: tuple[tuple[int, int], ...]
+    window_bytes: int  # the largest file window mapped at once (0 in memory), plus work_bytes
 
     @property
     def read(self) -> Node:
@@ -108,13 +109,6 @@ class ReadTask:
             return self.region.numel * self.dequantize.dtype.itemsize
         return self.nbytes if self.entry.file is not None else 0
 
-    @property
-    def window_bytes(self) -> int:
-        """The largest file window this task maps at once (0 for in-memory sources), with
-        what a dequantize holds while it runs."""
-        window = 0 if self.entry.file is None else max(length for _, length in self.pieces)
-        return window + self.work_bytes
-
 
 def read_task(node: Node, region: Region, fragment: Fragment | None, direct: bool,
               piece_bytes: int = PIECE_BYTES) -> ReadTask:
@@ -129,7 +123,17 @@ def read_task(node: Node, region: Region, fragment: Fragment | None, direct: boo
         pieces = tuple((s, min(piece_bytes, total - s)) for s in range(0, total, piece_bytes))
     else:
         pieces = ((0, total),)
-    return ReadTask(node, region, fragment, direct, (entry.offset + first * size, total), pieces)
+    window = 0 if entry.file is None else pieces[0][1]  # the first piece is the largest
+    return ReadTask(node, region, fragment, direct, (entry.offset + first * size, total), pieces,
+                    window + _work_bytes(node, region))
+
+
+def _work_bytes(node: Node, region: Region) -> int:
+    a = node.attrs
+    if not isinstance(a, DequantizeAttrs):
+        return 0
+    return read_attrs(node.inputs[1]).entry.nbytes + workspace_bytes(
+        region.shape, a.block, per_element=DEQUANTIZE_BYTES)
 
 
 @dataclass(frozen=True)
@@ -178,7 +182,7 @@ class Step:
     @cached_property
     def window_sizes(self) -> tuple[int, ...]:
         """Mapped file windows of the reads, each live only while its read runs."""
-        return tuple(r.window_bytes for r in self.reads if r.window_bytes)
+        return tuple(w for w in (r.window_bytes for r in self.reads) if w)
 
     @cached_property
     def convert_bytes(self) -> int:

@@ -52,9 +52,10 @@ def check(graph: PlanGraph, steps: Sequence[Step] = (), checkpoint: Checkpoint |
     if problems:  # the steps' checks assume a sound graph
         return problems
     problems += check_release(graph, steps)
+    sections = _sections(checkpoint)
     for step in steps:
         problems += check_coverage(step)
-        problems += check_reads(step.reads, checkpoint)
+        problems += _read_problems(step.reads, sections)
     return problems
 
 
@@ -70,7 +71,9 @@ def check_graph(graph: PlanGraph) -> list[str]:
                 problems.append(f"{node!r}: its input {source!r} is {where}; build nodes "
                                 "after their inputs and add every input to the graph")
         seen.add(node)
-        problems += check_node(node)
+        if node.inputs or not isinstance(node.attrs, ATTRS_OF[node.kind]) \
+                or _ARITY.get(node.kind, 0) != 0 or node.kind is NodeKind.OP:
+            problems += check_node(node)  # (a well-formed input-less node has nothing to check)
         if isinstance(node.attrs, SinkAttrs) and node.attrs.dest.written:
             for alias in node.attrs.dest.aliases:
                 other = producers.setdefault(alias, node)
@@ -120,10 +123,10 @@ def _spec_problems(node: Node) -> list[str]:
 
 
 def _unconsumed(graph: PlanGraph) -> list[str]:
+    consumed = {source for node in graph.nodes for source in node.inputs}
     return [f"{node!r} has no consumer and would never be released; feed it to a sink "
             "(a DISCARD sink drops it) or leave it out of the graph"
-            for node, users in graph.consumers().items()
-            if node.kind is not NodeKind.SINK and not users]
+            for node in graph.nodes if node.kind is not NodeKind.SINK and node not in consumed]
 
 
 def check_release(graph: PlanGraph, steps: Iterable[Step]) -> list[str]:
@@ -192,7 +195,15 @@ def check_events(steps: int, events: Sequence[Event]) -> list[str]:
 
 def check_reads(reads: Iterable[ReadTask], checkpoint: Checkpoint | None) -> list[str]:
     """Every read stays inside its entry's bytes and its file's data section."""
-    sections = {f.path: (f.data_start, f.size) for f in (checkpoint.files if checkpoint else ())}
+    return _read_problems(reads, _sections(checkpoint))
+
+
+def _sections(checkpoint: Checkpoint | None) -> dict[str, tuple[int, int]]:
+    return {f.path: (f.data_start, f.size) for f in (checkpoint.files if checkpoint else ())}
+
+
+def _read_problems(reads: Iterable[ReadTask], sections: dict[str, tuple[int, int]]
+                   ) -> list[str]:
     problems = []
     for task in reads:
         entry, (start, length) = task.entry, task.byte_range
