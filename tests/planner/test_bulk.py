@@ -30,3 +30,18 @@ def test_paused_inside_restored_after_even_on_error():
         assert not gc.isenabled()  # left off: it was off before
     finally:
         gc.enable()
+
+
+def test_planning_leaves_objects_the_process_froze_frozen():
+    import gc
+
+    from weightplan.planner.bulk import paused_gc
+
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        paused_gc(lambda: [object() for _ in range(10)])()
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()

@@ -37,6 +37,10 @@ def _age_young_objects() -> None:
     plan allocated would otherwise all sit in the youngest generation, and the first
     collection after planning would walk them (0.15-0.2 s on 92k keys) only to promote
     them. ``freeze`` moves every generation to the permanent one and ``unfreeze`` moves it
-    back to the oldest, where full collections still find any garbage among them."""
+    back to the oldest, where full collections still find any garbage among them. Skipped
+    when the process froze objects itself (``unfreeze`` would thaw those too: a pre-fork
+    server freezes to keep pages shared)."""
+    if gc.get_freeze_count():
+        return
     gc.freeze()
     gc.unfreeze()
