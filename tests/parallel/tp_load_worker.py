@@ -26,6 +26,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import weightplan
+from tp_oracle_worker import local_part  # the same record of a rank's parameters (same dir)
 
 PROMPT = torch.tensor([[1, 5, 7, 9, 11, 2, 40, 99]])
 
@@ -45,15 +46,8 @@ def transformers_prepared(directory: str, world: int):
 
 
 def dump(model, report) -> dict:
-    out = {}
-    for name, param in model.named_parameters():
-        data = param.data
-        if hasattr(data, "to_local"):
-            placements = tuple((type(p).__name__, getattr(p, "dim", None),
-                                getattr(p, "split_factor", None)) for p in data.placements)
-            out[name] = (data.to_local().detach().clone(), placements, tuple(data.shape))
-        else:
-            out[name] = (data.detach().clone(), None, tuple(data.shape))
+    out = {name: (*local_part(param.data), tuple(param.data.shape))
+           for name, param in model.named_parameters()}
     local = sum(t.numel() * t.element_size() for t, _, _ in out.values())
     out["__bytes__"] = (report.bytes_needed, local)
     return out

@@ -28,17 +28,17 @@ def distributed_kwargs(mode: str, world: int) -> dict:
     return {"distributed_config": DistributedConfig(tp_plan="auto")}
 
 
+def local_part(data: torch.Tensor) -> tuple[torch.Tensor, tuple | None]:
+    """A parameter's local tensor (a copy) and its DTensor placements (``None``: plain)."""
+    if not hasattr(data, "to_local"):
+        return data.detach().clone(), None
+    placements = tuple((type(p).__name__, getattr(p, "dim", None),
+                        getattr(p, "split_factor", None)) for p in data.placements)
+    return data.to_local().detach().clone(), placements
+
+
 def dump(model) -> dict:
-    out = {}
-    for name, param in model.named_parameters():
-        data = param.data
-        if hasattr(data, "to_local"):
-            placements = tuple((type(p).__name__, getattr(p, "dim", None),
-                                getattr(p, "split_factor", None)) for p in data.placements)
-            out[name] = (data.to_local().detach().clone(), placements)
-        else:
-            out[name] = (data.detach().clone(), None)
-    return out
+    return {name: local_part(param.data) for name, param in model.named_parameters()}
 
 
 def main() -> None:
