@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from operator import itemgetter
 
 import torch
 
@@ -44,15 +45,15 @@ def _merged(starts: torch.Tensor, ends: torch.Tensor) -> tuple[torch.Tensor, tor
 
 def coverage_problem(universe: View, fragments: Sequence[Fragment]) -> str | None:
     """``None`` when ``fragments`` cover ``universe`` exactly once, else what is wrong."""
-    total = sum(f.view.numel for f in fragments)
+    sizes, total, same, contiguous = _sizes(fragments)
     if total != universe.numel:
         return f"fragments cover {total} of its {universe.numel} elements"
-    if any(f.view.numel != f.region.numel for f in fragments):
+    if not same:
         return "a fragment's region and view differ in size"
     if len(fragments) == 1 and fragments[0].view == universe:
         return None  # the common case: one read or op output fills the whole tensor
-    if universe.is_contiguous() and all(f.view.is_contiguous() for f in fragments):
-        return _contiguous_problem(universe, fragments)
+    if contiguous and universe.is_contiguous():
+        return _contiguous_problem(universe, fragments, sizes)
     parts = [runs(f.view) for f in fragments]
     whole = runs(universe)
     if whole is None or any(p is None for p in parts) or not parts:
@@ -70,12 +71,42 @@ def coverage_problem(universe: View, fragments: Sequence[Fragment]) -> str | Non
     return None
 
 
-def _contiguous_problem(universe: View, fragments: Sequence[Fragment]) -> str | None:
+def _sizes(fragments: Sequence[Fragment]) -> tuple[list[int], int, bool, bool]:
+    """Each fragment's element count, their total, whether every region has its view's
+    size and whether every view is contiguous. The fragments of a stack share their
+    shape, stride and region objects, so each is measured once (keyed by identity, valid
+    while ``fragments`` holds them)."""
+    numel: dict[int, int] = {}
+    dense: dict[tuple[int, int], bool] = {}
+    boxes: dict[int, int] = {}
+    sizes, same, contiguous = [], True, True
+    for f in fragments:
+        v, r = f.view, f.region
+        n = numel.get(id(v.shape))
+        if n is None:
+            n = numel[id(v.shape)] = math.prod(v.shape)
+        sizes.append(n)
+        m = boxes.get(id(r))
+        if m is None:
+            m = boxes[id(r)] = r.numel
+        same = same and m == n
+        key = (id(v.shape), id(v.stride))
+        c = dense.get(key)
+        if c is None:
+            c = dense[key] = v.is_contiguous()
+        contiguous = contiguous and c
+    return sizes, sum(sizes), same, contiguous
+
+
+def _contiguous_problem(universe: View, fragments: Sequence[Fragment], sizes: list[int]
+                        ) -> str | None:
     end = universe.offset
-    for f in sorted(fragments, key=lambda f: f.view.offset):
-        if f.view.offset < end:
-            return f"two fragments both write element offset {f.view.offset}"
-        if f.view.offset > end:
+    runs = sorted(zip((f.view.offset for f in fragments), sizes, strict=True),
+                  key=itemgetter(0))
+    for offset, n in runs:
+        if offset < end:
+            return f"two fragments both write element offset {offset}"
+        if offset > end:
             return f"no fragment writes element offset {end}"
-        end += f.view.numel
+        end += n
     return None

@@ -10,6 +10,7 @@ so a read can land directly in the slice of the parameter a merge would put it i
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -183,3 +184,36 @@ class Fragment:
     def aligned(self) -> bool:
         """Region and view have the same shape, so ops can keep slicing both together."""
         return self.region.shape == self.view.shape
+
+
+# Plain constructors of the per-read objects. A frozen dataclass's ``__init__`` sets each
+# field through ``object.__setattr__``; these set the slots directly and build the same
+# object ~2x faster (a DeepSeek-V3 plan makes ~45k views and fragments). Positional, no
+# defaults: for hot loops that already hold every field.
+_new = object.__new__
+
+
+def _setter(cls: type, name: str) -> Callable[[object, object], None]:
+    return cls.__dict__[name].__set__  # the slot's member descriptor
+
+
+_SET_SHAPE, _SET_STRIDE, _SET_OFFSET = (_setter(View, n) for n in ("shape", "stride", "offset"))
+_SET_REGION, _SET_TARGET, _SET_VIEW = (_setter(Fragment, n) for n in ("region", "target", "view"))
+
+
+def make_view(shape: tuple[int, ...], stride: tuple[int, ...], offset: int) -> View:
+    """``View(shape, stride, offset)``, fast (see above)."""
+    view = _new(View)
+    _SET_SHAPE(view, shape)
+    _SET_STRIDE(view, stride)
+    _SET_OFFSET(view, offset)
+    return view
+
+
+def make_fragment(region: Region, target: int, view: View) -> Fragment:
+    """``Fragment(region, target, view)``, fast (see above)."""
+    fragment = _new(Fragment)
+    _SET_REGION(fragment, region)
+    _SET_TARGET(fragment, target)
+    _SET_VIEW(fragment, view)
+    return fragment

@@ -15,24 +15,32 @@ the nodes it runs, and :mod:`~weightplan.planner.tensors.verify` checks it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
-from functools import cached_property
+from functools import cached_property, lru_cache
+from itertools import compress, repeat
+from operator import attrgetter, is_, itemgetter
 
 from weightplan.errors import PlanError
 from weightplan.planner.inputs.checkpoint import TensorEntry
-from weightplan.planner.tensors.build import Conversion, stage_op, stage_specs, stages
+from weightplan.planner.tensors.build import (
+    Conversion, _streams, stage_op, stage_specs, stages,
+)
 from weightplan.planner.tensors.destination import Destination, DestKind
-from weightplan.planner.tensors.geometry import Fragment, Region, View
+from weightplan.planner.tensors.geometry import CACHE_SIZE, Fragment, Region, View, _is_contiguous
 from weightplan.planner.quant.blocks import DEQUANTIZE_BYTES, workspace_bytes
 from weightplan.planner.tensors.nodes import (
-    DequantizeAttrs, Node, NodeKind, read_attrs, sink_attrs,
+    DequantizeAttrs, Node, NodeKind, op_attrs, read_attrs, sink_attrs,
 )
 from weightplan.planner.tensors.quant_steps import QuantizeTask, quantize_plan
 from weightplan.planner.tensors.ops.base import ConversionOp, Streams
 from weightplan.planner.tensors.sharding.fp8_slices import scale_region
 from weightplan.planner.tensors.sharding.shard_nodes import shard_fragments
+from weightplan.planner.tensors.spec import TensorSpec
 
 PIECE_BYTES = 32 * 1024 * 1024  # direct reads larger than this are split into pieces
+_SCALE_BYTES, _WINDOW_BYTES = attrgetter("scale_bytes"), attrgetter("window_bytes")
+_KIND, _INPUTS, _SOURCE = attrgetter("kind"), attrgetter("inputs"), attrgetter("attrs.source")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +48,9 @@ class ReadTask:
     """Read ``region`` of a checkpoint tensor; land it in ``fragment`` (or keep it whole).
 
     ``byte_range`` is (absolute file offset, length); ``pieces`` are (offset within the
-    range, length) windows read in parallel. Built by :func:`read_task`.
+    range, length) windows read in parallel. Built by :func:`read_task`, which computes
+    the geometry once per (shape, region, block) and shares it between the experts of a
+    group (``pieces`` and the byte counts are then one object for all of them).
     """
 
     node: Node  # the READ node this task lowers (or the DEQUANTIZE node behind a read)
@@ -50,11 +60,13 @@ class ReadTask:
     byte_range: tuple[int, int]
     pieces: tuple[tuple[int, int], ...]
     window_bytes: int  # the largest file window mapped at once (0 in memory), plus work_bytes
+    scale_bytes: int = 0  # the scale tiles a dequantize reads (see scale_region)
 
     @property
     def read(self) -> Node:
         """The READ node of the bytes (a dequantize's weight input)."""
-        return self.node.inputs[0] if self.node.kind is NodeKind.DEQUANTIZE else self.node
+        node = self.node
+        return node.inputs[0] if node.kind is NodeKind.DEQUANTIZE else node
 
     @property
     def entry(self) -> TensorEntry:
@@ -84,11 +96,6 @@ class ReadTask:
                             self.dequantize.block)
 
     @property
-    def scale_bytes(self) -> int:
-        tiles = self.scale_region
-        return 0 if tiles is None or self.scale is None else tiles.numel * self.scale.spec.dtype.itemsize
-
-    @property
     def work_bytes(self) -> int:
         """Besides the window: a dequantize's scales and its fp32 chunk workspace."""
         if self.dequantize is None or self.scale is None:
@@ -114,26 +121,47 @@ def read_task(node: Node, region: Region, fragment: Fragment | None, direct: boo
               piece_bytes: int = PIECE_BYTES) -> ReadTask:
     """The byte range of ``region`` of ``node``'s entry; direct reads over ``piece_bytes``
     are split into pieces so that they run in parallel (each piece is one mapped window)."""
+    entry, *how = _read_of(node)
+    first, total, pieces, window, tiles = _layout(*how, region.starts, region.stops, direct,
+                                                  piece_bytes)
+    return ReadTask(node, region, fragment, direct, (entry.offset + first, total), pieces,
+                    window, tiles)
+
+
+def _read_of(node: Node) -> tuple:
+    """``(entry, shape, itemsize, in a file, scale shape, scale itemsize, block)`` of the
+    bytes ``node`` reads: what :func:`_layout` needs besides the region."""
     read = node.inputs[0] if node.kind is NodeKind.DEQUANTIZE else node
-    entry = read_attrs(read).entry
-    first, count = region.element_span(entry.spec.shape)
-    size = entry.spec.dtype.itemsize
+    entry: TensorEntry = read.attrs.entry  # type: ignore[union-attr]
+    spec, a = entry.spec, node.attrs
+    if isinstance(a, DequantizeAttrs):
+        scale: TensorSpec = node.inputs[1].attrs.entry.spec  # type: ignore[union-attr]
+        return (entry, spec.shape, spec.dtype.itemsize, entry.file is not None, scale.shape,
+                scale.dtype.itemsize, a.block)
+    return entry, spec.shape, spec.dtype.itemsize, entry.file is not None, None, 0, None
+
+
+@lru_cache(maxsize=CACHE_SIZE)
+def _layout(shape: tuple[int, ...], size: int, in_file: bool,
+            scale_shape: tuple[int, ...] | None, scale_size: int, block: tuple[int, ...] | None,
+            starts: tuple[int, ...], stops: tuple[int, ...], direct: bool, piece_bytes: int
+            ) -> tuple[int, int, tuple[tuple[int, int], ...], int, int]:
+    """``(first byte within the tensor, length, pieces, window bytes, scale bytes)`` of a
+    read: the same for every tensor of one shape read the same way (every expert)."""
+    region = Region(starts, stops)
+    first, count = region.element_span(shape)
     total = count * size
     if direct and total > piece_bytes:
         pieces = tuple((s, min(piece_bytes, total - s)) for s in range(0, total, piece_bytes))
     else:
         pieces = ((0, total),)
-    window = 0 if entry.file is None else pieces[0][1]  # the first piece is the largest
-    return ReadTask(node, region, fragment, direct, (entry.offset + first * size, total), pieces,
-                    window + _work_bytes(node, region))
-
-
-def _work_bytes(node: Node, region: Region) -> int:
-    a = node.attrs
-    if not isinstance(a, DequantizeAttrs):
-        return 0
-    return read_attrs(node.inputs[1]).entry.nbytes + workspace_bytes(
-        region.shape, a.block, per_element=DEQUANTIZE_BYTES)
+    window = 0 if not in_file else pieces[0][1]  # the first piece is the largest
+    if scale_shape is None or block is None:
+        return first * size, total, pieces, window, 0
+    # the window holds the whole scale; scale_bytes counts only its covering tiles
+    work = workspace_bytes(region.shape, block, per_element=DEQUANTIZE_BYTES)
+    tiles = scale_region(shape, scale_shape, region, block).numel * scale_size
+    return first * size, total, pieces, window + math.prod(scale_shape) * scale_size + work, tiles
 
 
 @dataclass(frozen=True)
@@ -156,7 +184,8 @@ class Step:
 
     @cached_property
     def read_bytes(self) -> int:
-        return sum(r.nbytes + r.scale_bytes for r in self.reads)
+        reads = self.reads
+        return sum(r.byte_range[1] for r in reads) + sum(map(_SCALE_BYTES, reads))
 
     @cached_property
     def needed_bytes(self) -> int:
@@ -177,12 +206,12 @@ class Step:
     @cached_property
     def held_bytes(self) -> int:
         """Temporaries kept until the materialized ops run."""
-        return sum(r.tmp_bytes for r in self.reads)
+        return sum(r.tmp_bytes for r in self.reads if r.fragment is None)
 
     @cached_property
     def window_sizes(self) -> tuple[int, ...]:
         """Mapped file windows of the reads, each live only while its read runs."""
-        return tuple(w for w in (r.window_bytes for r in self.reads) if w)
+        return tuple(filter(None, map(_WINDOW_BYTES, self.reads)))
 
     @cached_property
     def convert_bytes(self) -> int:
@@ -200,10 +229,10 @@ class Step:
 def plan_step(conv: Conversion, piece_bytes: int = PIECE_BYTES) -> Step:
     """Destinations from the sinks, then fragments pushed back through the ops as far as
     they go; reads land where the fragments say."""
-    values = stages(conv)
-    written = [s for s in conv.sinks if sink_attrs(s).dest.written]
+    values, sinks, quantizes = _scan(conv)
+    written = [s for s in sinks if sink_attrs(s).dest.written]
     dests = tuple(sink_attrs(s).dest for s in written)
-    if any(n.kind is NodeKind.QUANTIZE for n in conv.nodes):
+    if quantizes:
         return _quantize_step(conv, values, written, dests, piece_bytes)
     frags = _final_fragments(values[-1], written, dests)
     m = len(values) - 1
@@ -214,11 +243,38 @@ def plan_step(conv: Conversion, piece_bytes: int = PIECE_BYTES) -> Step:
         frags, m = placed, m - 1
     if m == 0:
         reads = _placed_reads(values[0], frags, dests, piece_bytes)
-        return Step(conv.label, conv.sinks, _staging(dests, reads, False), reads, values[0], (), ())
+        return Step(conv.label, sinks, _staging(dests, reads, False), reads, values[0], (), ())
     reads = tuple(read_task(n, Region.full(n.spec.shape), None, False, piece_bytes)
                   for stream in values[0] for n in stream)
-    return Step(conv.label, conv.sinks, _staging(dests, reads, True), reads, values[0],
+    return Step(conv.label, sinks, _staging(dests, reads, True), reads, values[0],
                 values[1:m + 1], frags)
+
+
+def _scan(conv: Conversion) -> tuple[tuple[Streams[Node], ...], tuple[Node, ...], bool]:
+    """:func:`~weightplan.planner.tensors.build.stages`, the sinks and whether anything
+    is quantized, in C-level passes over the conversion's nodes (a stack of 256 FP8
+    experts has ~800 of them)."""
+    nodes = conv.nodes
+    kinds = list(map(_KIND, nodes))
+    present = set(kinds)
+    reads = list(compress(nodes, map(is_, kinds, repeat(NodeKind.READ))))
+    reads.reverse()  # the first read of a source wins (a scale's read sits behind its weight)
+    first: dict[tuple[int, int], Node] = dict(zip(map(_SOURCE, reads), reads, strict=True))
+    if NodeKind.DEQUANTIZE in present:  # the op chain's input in place of the read
+        dequantized = list(compress(nodes, map(is_, kinds, repeat(NodeKind.DEQUANTIZE))))
+        first.update(zip(map(_SOURCE, map(itemgetter(0), map(_INPUTS, dequantized))),
+                         dequantized, strict=True))
+    rows = [first]
+    for n in compress(nodes, map(is_, kinds, repeat(NodeKind.OP))):
+        a = op_attrs(n)
+        while len(rows) <= a.stage + 1:
+            rows.append({})
+        rows[a.stage + 1][a.position] = n
+    sinks = tuple(compress(nodes, map(is_, kinds, repeat(NodeKind.SINK))))
+    quantizes = NodeKind.QUANTIZE in present
+    if len(rows) > 1 and any(not row for row in rows):
+        return stages(conv), sinks, quantizes  # a stage without outputs: as stages() says
+    return tuple(_streams(row) for row in rows), sinks, quantizes
 
 
 def _quantize_step(conv: Conversion, values: tuple[Streams[Node], ...], written: list[Node],
@@ -264,19 +320,44 @@ def _staging(dests: tuple[Destination, ...], reads: tuple[ReadTask, ...], materi
 
 def _placed_reads(sources: Streams[Node], frags: Streams[tuple[Fragment, ...]],
                   dests: tuple[Destination, ...], piece_bytes: int) -> tuple[ReadTask, ...]:
-    tasks = []
+    tasks: list[ReadTask] = []
+    append, dtypes, dequantize = tasks.append, [d.spec.dtype for d in dests], NodeKind.DEQUANTIZE
     for i, stream in enumerate(sources):
         for j, node in enumerate(stream):
-            read = node.inputs[0] if node.kind is NodeKind.DEQUANTIZE else node
-            entry = read_attrs(read).entry
+            if node.kind is dequantize:  # inline _read_of: this loop runs once per expert
+                entry: TensorEntry = node.inputs[0].attrs.entry  # type: ignore[union-attr]
+                scale: TensorSpec = node.inputs[1].attrs.entry.spec  # type: ignore[union-attr]
+                a = node.attrs
+                block = a.block if isinstance(a, DequantizeAttrs) else None
+                scale_shape = scale.shape if block is not None else None
+                scale_size = scale.dtype.itemsize
+            else:
+                entry, scale_shape, scale_size, block = node.attrs.entry, None, 0, None  # type: ignore[union-attr]
+            spec, offset, in_file = entry.spec, entry.offset, entry.file is not None
             for f in frags[i][j]:
-                if f.region.numel == 0:
-                    continue
-                tasks.append(read_task(node, f.region, f, _direct(entry, f, dests), piece_bytes))
+                r, v = f.region, f.view
+                got = _geometry(spec.shape, spec.dtype.itemsize, in_file, scale_shape,
+                                scale_size, block, r.starts, r.stops, v.shape, v.stride,
+                                entry.contiguous and dtypes[f.target] == spec.dtype, piece_bytes)
+                if got is not None:
+                    direct, first, total, pieces, window, tiles = got
+                    append(ReadTask(node, r, f, direct, (offset + first, total), pieces,
+                                    window, tiles))
     return tuple(tasks)
 
 
-def _direct(entry: TensorEntry, f: Fragment, dests: tuple[Destination, ...]) -> bool:
-    _, count = f.region.element_span(entry.spec.shape)
-    return (entry.contiguous and f.view.is_contiguous() and count == f.region.numel
-            and dests[f.target].spec.dtype == entry.spec.dtype)
+@lru_cache(maxsize=CACHE_SIZE)
+def _geometry(shape: tuple[int, ...], size: int, in_file: bool,
+              scale_shape: tuple[int, ...] | None, scale_size: int, block: tuple[int, ...] | None,
+              starts: tuple[int, ...], stops: tuple[int, ...], view_shape: tuple[int, ...],
+              view_stride: tuple[int, ...], plain: bool, piece_bytes: int) -> tuple | None:
+    """``(direct, *layout)`` of a placed read (``None``: an empty region, nothing read).
+    Direct: the entry is contiguous and of the destination's dtype (``plain``), the view
+    contiguous and the region one run of bytes."""
+    region = Region(starts, stops)
+    if region.numel == 0:
+        return None
+    _, count = region.element_span(shape)
+    direct = plain and _is_contiguous(view_shape, view_stride) and count == region.numel
+    return (direct, *_layout(shape, size, in_file, scale_shape, scale_size, block, starts,
+                             stops, direct, piece_bytes))

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from weightplan.errors import GraphError
-from weightplan.planner.inputs.checkpoint import Checkpoint
+from weightplan.planner.inputs.checkpoint import Checkpoint, TensorEntry
 from weightplan.planner.tensors.coverage import coverage_problem
 from weightplan.planner.tensors.destination import Destination
 from weightplan.planner.tensors.geometry import Fragment, View
@@ -32,6 +32,9 @@ from weightplan.planner.tensors.nodes import (
 from weightplan.planner.tensors.placement import ReadTask, Step
 from weightplan.planner.tensors.quant_steps import quantize_fragments
 from weightplan.planner.tensors.schedule import Event, EventKind
+from weightplan.planner.tensors.verify_bulk import (
+    graph_is_sound, node_positions, release_is_sound,
+)
 
 _ARITY = {NodeKind.READ: 0, NodeKind.CAST: 1, NodeKind.SINK: 1, NodeKind.SHARD: 1,
           NodeKind.QUANTIZE: 1, NodeKind.DEQUANTIZE: 2}
@@ -48,10 +51,11 @@ def verify(graph: PlanGraph, steps: Sequence[Step] = (), checkpoint: Checkpoint 
 def check(graph: PlanGraph, steps: Sequence[Step] = (), checkpoint: Checkpoint | None = None
           ) -> list[str]:
     """Every broken invariant, as messages (empty: the plan is consistent)."""
-    problems = check_graph(graph)
+    position = node_positions(graph.nodes)
+    problems = check_graph(graph, position)
     if problems:  # the steps' checks assume a sound graph
         return problems
-    problems += check_release(graph, steps)
+    problems += check_release(graph, steps, position)
     sections = _sections(checkpoint)
     for step in steps:
         problems += check_coverage(step)
@@ -59,7 +63,13 @@ def check(graph: PlanGraph, steps: Sequence[Step] = (), checkpoint: Checkpoint |
     return problems
 
 
-def check_graph(graph: PlanGraph) -> list[str]:
+def check_graph(graph: PlanGraph, position: dict[int, int] | None = None) -> list[str]:
+    """Invariants 1-3 of the graph alone (``position``: :func:`node_positions` of its
+    nodes, when the caller has it). Proven in bulk first; the per-node pass below words
+    each problem when the proof fails."""
+    position = node_positions(graph.nodes) if position is None else position
+    if graph_is_sound(graph.nodes, position, _ARITY, check_node):
+        return []
     problems: list[str] = []
     seen: set[Node] = set()
     producers: dict[str, Node] = {}
@@ -129,8 +139,12 @@ def _unconsumed(graph: PlanGraph) -> list[str]:
             for node in graph.nodes if node.kind is not NodeKind.SINK and node not in consumed]
 
 
-def check_release(graph: PlanGraph, steps: Iterable[Step]) -> list[str]:
+def check_release(graph: PlanGraph, steps: Iterable[Step],
+                  position: dict[int, int] | None = None) -> list[str]:
     """Every node a step runs is in the graph and is released by exactly one step."""
+    steps = tuple(steps)
+    if release_is_sound(node_positions(graph.nodes) if position is None else position, steps):
+        return []
     owner: dict[Node, int] = {}
     problems = []
     for s, step in enumerate(steps):
@@ -204,20 +218,38 @@ def _sections(checkpoint: Checkpoint | None) -> dict[str, tuple[int, int]]:
 
 def _read_problems(reads: Iterable[ReadTask], sections: dict[str, tuple[int, int]]
                    ) -> list[str]:
-    problems = []
+    problems: list[str] = []
+    nbytes: dict[int, int] = {}  # by id of the entry's spec (entries of a shard share them)
+    dequantize = NodeKind.DEQUANTIZE
     for task in reads:
-        entry, (start, length) = task.entry, task.byte_range
-        if start < entry.offset or start + length > entry.offset + entry.nbytes:
-            problems.append(f"read of {entry.key} [{start}, {start + length}) leaves the "
-                            f"tensor's bytes [{entry.offset}, {entry.offset + entry.nbytes}); "
-                            "the fragment's region must lie inside the tensor")
-        section = sections.get(entry.file or "")
-        if entry.file is not None and section is not None and not (
-                section[0] <= start and start + length <= section[1]):
-            problems.append(f"read of {entry.key} [{start}, {start + length}) leaves the data "
-                            f"section [{section[0]}, {section[1]}) of {entry.file}; the "
-                            "header's offsets are wrong: re-open the checkpoint")
-        if sum(n for _, n in task.pieces) != length:
-            problems.append(f"read of {entry.key}: its pieces cover {sum(n for _, n in task.pieces)}"
-                            f" of {length} bytes; split the range without gaps")
+        node = task.node
+        entry: TensorEntry = (node.inputs[0] if node.kind is dequantize  # task.entry, inline
+                              else node).attrs.entry  # type: ignore[union-attr]
+        (start, length), pieces, low = task.byte_range, task.pieces, entry.offset
+        size = nbytes.get(id(entry.spec))
+        if size is None:
+            size = nbytes[id(entry.spec)] = entry.nbytes
+        section = sections.get(entry.file) if entry.file is not None else None
+        if (start < low or start + length > low + size
+                or (section is not None and not section[0] <= start <= section[1] - length)
+                or (pieces[0][1] if len(pieces) == 1 else sum(n for _, n in pieces)) != length):
+            problems += _read_problem(task, entry, section)
+    return problems
+
+
+def _read_problem(task: ReadTask, entry: TensorEntry, section: tuple[int, int] | None
+                  ) -> list[str]:
+    problems = []
+    start, length = task.byte_range
+    if start < entry.offset or start + length > entry.offset + entry.nbytes:
+        problems.append(f"read of {entry.key} [{start}, {start + length}) leaves the "
+                        f"tensor's bytes [{entry.offset}, {entry.offset + entry.nbytes}); "
+                        "the fragment's region must lie inside the tensor")
+    if section is not None and not (section[0] <= start and start + length <= section[1]):
+        problems.append(f"read of {entry.key} [{start}, {start + length}) leaves the data "
+                        f"section [{section[0]}, {section[1]}) of {entry.file}; the "
+                        "header's offsets are wrong: re-open the checkpoint")
+    if sum(n for _, n in task.pieces) != length:
+        problems.append(f"read of {entry.key}: its pieces cover {sum(n for _, n in task.pieces)}"
+                        f" of {length} bytes; split the range without gaps")
     return problems

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from weightplan.errors import OpError
-from weightplan.planner.tensors.geometry import Fragment
+from weightplan.planner.tensors.geometry import Fragment, make_fragment, make_view
 from weightplan.planner.tensors.ops.base import (
     ConversionOp, OpContext, Streams, Wiring, flat, normalize_dim, single_input,
 )
@@ -196,9 +196,14 @@ class MergeModulelist(ConversionOp):
             for f in frags:
                 if not f.aligned:
                     return None
-                for idx in range(f.region.starts[d], f.region.stops[d]):
-                    view = f.view.select(d, idx - f.region.starts[d])
-                    per_item[idx].append(Fragment(f.region.drop(d), f.target, view))
+                # one region, shape and stride for every item (shared: a stack of 256
+                # experts holds one of each, not 256)
+                start, region, v = f.region.starts[d], f.region.drop(d), f.view
+                shape, stride = v.shape[:d] + v.shape[d + 1:], v.stride[:d] + v.stride[d + 1:]
+                offset, step, target = v.offset - start * v.stride[d], v.stride[d], f.target
+                for idx in range(start, f.region.stops[d]):
+                    view = make_view(shape, stride, offset + idx * step)
+                    per_item[idx].append(make_fragment(region, target, view))
             placed.append(tuple(tuple(p) for p in per_item))
         return tuple(placed)
 
