@@ -74,27 +74,19 @@ def coverage_problem(universe: View, fragments: Sequence[Fragment]) -> str | Non
 def _sizes(fragments: Sequence[Fragment]) -> tuple[list[int], int, bool, bool]:
     """Each fragment's element count, their total, whether every region has its view's
     size and whether every view is contiguous. The fragments of a stack share their
-    shape, stride and region objects, so each is measured once (keyed by identity, valid
-    while ``fragments`` holds them)."""
-    numel: dict[int, int] = {}
-    dense: dict[tuple[int, int], bool] = {}
-    boxes: dict[int, int] = {}
-    sizes, same, contiguous = [], True, True
+    shape, stride and region objects: each run of fragments sharing them is measured once."""
+    sizes: list[int] = []
+    same = contiguous = True
+    shape = stride = region = None
+    n = 0
     for f in fragments:
         v, r = f.view, f.region
-        n = numel.get(id(v.shape))
-        if n is None:
-            n = numel[id(v.shape)] = math.prod(v.shape)
+        if v.shape is not shape or v.stride is not stride or r is not region:
+            shape, stride, region = v.shape, v.stride, r
+            n = math.prod(shape)
+            same = same and r.numel == n
+            contiguous = contiguous and v.is_contiguous()
         sizes.append(n)
-        m = boxes.get(id(r))
-        if m is None:
-            m = boxes[id(r)] = r.numel
-        same = same and m == n
-        key = (id(v.shape), id(v.stride))
-        c = dense.get(key)
-        if c is None:
-            c = dense[key] = v.is_contiguous()
-        contiguous = contiguous and c
     return sizes, sum(sizes), same, contiguous
 
 

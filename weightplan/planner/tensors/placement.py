@@ -16,16 +16,17 @@ the nodes it runs, and :mod:`~weightplan.planner.tensors.verify` checks it.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
 from itertools import compress, repeat
 from operator import attrgetter, is_, itemgetter
 
+import torch
+
 from weightplan.errors import PlanError
 from weightplan.planner.inputs.checkpoint import TensorEntry
-from weightplan.planner.tensors.build import (
-    Conversion, _streams, stage_op, stage_specs, stages,
-)
+from weightplan.planner.tensors.build import Conversion, stage_op, stage_specs, stages
 from weightplan.planner.tensors.destination import Destination, DestKind
 from weightplan.planner.tensors.geometry import CACHE_SIZE, Fragment, Region, View, _is_contiguous
 from weightplan.planner.quant.blocks import DEQUANTIZE_BYTES, workspace_bytes
@@ -39,8 +40,22 @@ from weightplan.planner.tensors.sharding.shard_nodes import shard_fragments
 from weightplan.planner.tensors.spec import TensorSpec
 
 PIECE_BYTES = 32 * 1024 * 1024  # direct reads larger than this are split into pieces
-_SCALE_BYTES, _WINDOW_BYTES = attrgetter("scale_bytes"), attrgetter("window_bytes")
+_LENGTH, _SCALE_BYTES, _WINDOW_BYTES = (attrgetter("layout.length"), attrgetter("layout.scale_bytes"),
+                                       attrgetter("layout.window_bytes"))
 _KIND, _INPUTS, _SOURCE = attrgetter("kind"), attrgetter("inputs"), attrgetter("attrs.source")
+
+
+@dataclass(frozen=True, slots=True)
+class ReadLayout:
+    """How a read of one geometry goes, shared by every read of it (the experts of a
+    stack): computed once per (shape, region, block, direct) by :func:`read_task`."""
+
+    direct: bool  # a plain byte copy: contiguous destination, same dtype, one byte range
+    first: int  # the region's first byte, from the tensor's first byte
+    length: int  # bytes from the first to the last byte of the region
+    pieces: tuple[tuple[int, int], ...]  # (offset within the range, length) windows
+    window_bytes: int  # the largest file window mapped at once (0 in memory), plus work_bytes
+    scale_bytes: int  # the scale tiles a dequantize reads (see scale_region)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,19 +63,34 @@ class ReadTask:
     """Read ``region`` of a checkpoint tensor; land it in ``fragment`` (or keep it whole).
 
     ``byte_range`` is (absolute file offset, length); ``pieces`` are (offset within the
-    range, length) windows read in parallel. Built by :func:`read_task`, which computes
-    the geometry once per (shape, region, block) and shares it between the experts of a
-    group (``pieces`` and the byte counts are then one object for all of them).
+    range, length) windows read in parallel. Built by :func:`read_task`; everything but
+    the node, region and fragment is in ``layout``, one object per geometry.
     """
 
     node: Node  # the READ node this task lowers (or the DEQUANTIZE node behind a read)
     region: Region
     fragment: Fragment | None  # None: kept as an input of the materialized ops
-    direct: bool  # a plain byte copy: contiguous destination, same dtype, one byte range
-    byte_range: tuple[int, int]
-    pieces: tuple[tuple[int, int], ...]
-    window_bytes: int  # the largest file window mapped at once (0 in memory), plus work_bytes
-    scale_bytes: int = 0  # the scale tiles a dequantize reads (see scale_region)
+    layout: ReadLayout
+
+    @property
+    def direct(self) -> bool:
+        return self.layout.direct
+
+    @property
+    def byte_range(self) -> tuple[int, int]:
+        return self.entry.offset + self.layout.first, self.layout.length
+
+    @property
+    def pieces(self) -> tuple[tuple[int, int], ...]:
+        return self.layout.pieces
+
+    @property
+    def window_bytes(self) -> int:
+        return self.layout.window_bytes
+
+    @property
+    def scale_bytes(self) -> int:
+        return self.layout.scale_bytes
 
     @property
     def read(self) -> Node:
@@ -105,7 +135,7 @@ class ReadTask:
 
     @property
     def nbytes(self) -> int:
-        return self.byte_range[1]
+        return self.layout.length
 
     @property
     def tmp_bytes(self) -> int:
@@ -121,33 +151,38 @@ def read_task(node: Node, region: Region, fragment: Fragment | None, direct: boo
               piece_bytes: int = PIECE_BYTES) -> ReadTask:
     """The byte range of ``region`` of ``node``'s entry; direct reads over ``piece_bytes``
     are split into pieces so that they run in parallel (each piece is one mapped window)."""
-    entry, *how = _read_of(node)
-    first, total, pieces, window, tiles = _layout(*how, region.starts, region.stops, direct,
-                                                  piece_bytes)
-    return ReadTask(node, region, fragment, direct, (entry.offset + first, total), pieces,
-                    window, tiles)
+    entry, scale, block = _read_parts(node)
+    return ReadTask(node, region, fragment, _task_layout(entry.spec, entry.file is not None,
+                                                         scale, block, region, direct,
+                                                         piece_bytes))
 
 
-def _read_of(node: Node) -> tuple:
-    """``(entry, shape, itemsize, in a file, scale shape, scale itemsize, block)`` of the
-    bytes ``node`` reads: what :func:`_layout` needs besides the region."""
-    read = node.inputs[0] if node.kind is NodeKind.DEQUANTIZE else node
-    entry: TensorEntry = read.attrs.entry  # type: ignore[union-attr]
-    spec, a = entry.spec, node.attrs
-    if isinstance(a, DequantizeAttrs):
-        scale: TensorSpec = node.inputs[1].attrs.entry.spec  # type: ignore[union-attr]
-        return (entry, spec.shape, spec.dtype.itemsize, entry.file is not None, scale.shape,
-                scale.dtype.itemsize, a.block)
-    return entry, spec.shape, spec.dtype.itemsize, entry.file is not None, None, 0, None
+def _read_parts(node: Node) -> tuple[TensorEntry, TensorSpec | None, tuple[int, ...] | None]:
+    """The entry ``node`` reads, and for a dequantize its scale's spec and block."""
+    if node.kind is not NodeKind.DEQUANTIZE:
+        return node.attrs.entry, None, None  # type: ignore[union-attr]
+    entry: TensorEntry = node.inputs[0].attrs.entry  # type: ignore[union-attr]
+    a = node.attrs
+    if not isinstance(a, DequantizeAttrs):
+        return entry, None, None
+    return entry, node.inputs[1].attrs.entry.spec, a.block  # type: ignore[union-attr]
+
+
+def _task_layout(spec: TensorSpec, in_file: bool, scale: TensorSpec | None,
+                 block: tuple[int, ...] | None, region: Region, direct: bool, piece_bytes: int
+                 ) -> ReadLayout:
+    scale_shape, scale_size = (None, 0) if scale is None or block is None else (
+        scale.shape, scale.dtype.itemsize)
+    return _layout(spec.shape, spec.dtype.itemsize, in_file, scale_shape, scale_size, block,
+                   region.starts, region.stops, direct, piece_bytes)
 
 
 @lru_cache(maxsize=CACHE_SIZE)
 def _layout(shape: tuple[int, ...], size: int, in_file: bool,
             scale_shape: tuple[int, ...] | None, scale_size: int, block: tuple[int, ...] | None,
             starts: tuple[int, ...], stops: tuple[int, ...], direct: bool, piece_bytes: int
-            ) -> tuple[int, int, tuple[tuple[int, int], ...], int, int]:
-    """``(first byte within the tensor, length, pieces, window bytes, scale bytes)`` of a
-    read: the same for every tensor of one shape read the same way (every expert)."""
+            ) -> ReadLayout:
+    """The layout of a read: the same for every tensor of one shape read the same way."""
     region = Region(starts, stops)
     first, count = region.element_span(shape)
     total = count * size
@@ -157,11 +192,12 @@ def _layout(shape: tuple[int, ...], size: int, in_file: bool,
         pieces = ((0, total),)
     window = 0 if not in_file else pieces[0][1]  # the first piece is the largest
     if scale_shape is None or block is None:
-        return first * size, total, pieces, window, 0
+        return ReadLayout(direct, first * size, total, pieces, window, 0)
     # the window holds the whole scale; scale_bytes counts only its covering tiles
     work = workspace_bytes(region.shape, block, per_element=DEQUANTIZE_BYTES)
     tiles = scale_region(shape, scale_shape, region, block).numel * scale_size
-    return first * size, total, pieces, window + math.prod(scale_shape) * scale_size + work, tiles
+    return ReadLayout(direct, first * size, total, pieces,
+                      window + math.prod(scale_shape) * scale_size + work, tiles)
 
 
 @dataclass(frozen=True)
@@ -184,8 +220,7 @@ class Step:
 
     @cached_property
     def read_bytes(self) -> int:
-        reads = self.reads
-        return sum(r.byte_range[1] for r in reads) + sum(map(_SCALE_BYTES, reads))
+        return sum(map(_LENGTH, self.reads)) + sum(map(_SCALE_BYTES, self.reads))
 
     @cached_property
     def needed_bytes(self) -> int:
@@ -272,9 +307,22 @@ def _scan(conv: Conversion) -> tuple[tuple[Streams[Node], ...], tuple[Node, ...]
         rows[a.stage + 1][a.position] = n
     sinks = tuple(compress(nodes, map(is_, kinds, repeat(NodeKind.SINK))))
     quantizes = NodeKind.QUANTIZE in present
-    if len(rows) > 1 and any(not row for row in rows):
-        return stages(conv), sinks, quantizes  # a stage without outputs: as stages() says
-    return tuple(_streams(row) for row in rows), sinks, quantizes
+    values = tuple(map(_dense_streams, rows))
+    if (len(rows) > 1 and any(not row for row in rows)) or None in values:
+        return stages(conv), sinks, quantizes  # gaps: as stages() says (it raises)
+    return values, sinks, quantizes  # type: ignore[return-value]
+
+
+def _dense_streams(row: dict[tuple[int, int], Node]) -> Streams[Node] | None:
+    """``row`` by (stream, index), when both run densely from 0 (else ``None``)."""
+    counts = Counter(map(itemgetter(0), row))
+    if sorted(counts) != list(range(len(counts))):
+        return None
+    try:
+        return tuple(tuple(map(row.__getitem__, zip(repeat(i, n), range(n), strict=True)))
+                     for i, n in sorted(counts.items()))
+    except KeyError:
+        return None
 
 
 def _quantize_step(conv: Conversion, values: tuple[Streams[Node], ...], written: list[Node],
@@ -312,6 +360,8 @@ def _final_fragments(outputs: Streams[Node], written: list[Node],
 def _staging(dests: tuple[Destination, ...], reads: tuple[ReadTask, ...], materialized: bool
              ) -> tuple[Destination, ...]:
     """File destinations written by anything but direct byte copies are staged in memory."""
+    if all(d.kind is not DestKind.FILE for d in dests):
+        return dests
     indirect = {r.fragment.target for r in reads if r.fragment is not None and not r.direct}
     return tuple(replace(d, staged=True)
                  if d.kind is DestKind.FILE and (materialized or i in indirect) else d
@@ -321,43 +371,35 @@ def _staging(dests: tuple[Destination, ...], reads: tuple[ReadTask, ...], materi
 def _placed_reads(sources: Streams[Node], frags: Streams[tuple[Fragment, ...]],
                   dests: tuple[Destination, ...], piece_bytes: int) -> tuple[ReadTask, ...]:
     tasks: list[ReadTask] = []
-    append, dtypes, dequantize = tasks.append, [d.spec.dtype for d in dests], NodeKind.DEQUANTIZE
+    dtypes = [d.spec.dtype for d in dests]
+    last: tuple = ()
+    layout: ReadLayout | None = None
     for i, stream in enumerate(sources):
         for j, node in enumerate(stream):
-            if node.kind is dequantize:  # inline _read_of: this loop runs once per expert
-                entry: TensorEntry = node.inputs[0].attrs.entry  # type: ignore[union-attr]
-                scale: TensorSpec = node.inputs[1].attrs.entry.spec  # type: ignore[union-attr]
-                a = node.attrs
-                block = a.block if isinstance(a, DequantizeAttrs) else None
-                scale_shape = scale.shape if block is not None else None
-                scale_size = scale.dtype.itemsize
-            else:
-                entry, scale_shape, scale_size, block = node.attrs.entry, None, 0, None  # type: ignore[union-attr]
-            spec, offset, in_file = entry.spec, entry.offset, entry.file is not None
+            entry, scale, block = _read_parts(node)
             for f in frags[i][j]:
-                r, v = f.region, f.view
-                got = _geometry(spec.shape, spec.dtype.itemsize, in_file, scale_shape,
-                                scale_size, block, r.starts, r.stops, v.shape, v.stride,
-                                entry.contiguous and dtypes[f.target] == spec.dtype, piece_bytes)
-                if got is not None:
-                    direct, first, total, pieces, window, tiles = got
-                    append(ReadTask(node, r, f, direct, (offset + first, total), pieces,
-                                    window, tiles))
+                v = f.view
+                # the experts of a stack share every part of this key: one layout for all
+                key = (entry.spec, entry.file is None, entry.contiguous, scale, block, f.region,
+                       v.shape, v.stride, dtypes[f.target], piece_bytes)
+                if key != last:
+                    last, layout = key, _geometry(*key)
+                if layout is not None:
+                    tasks.append(ReadTask(node, f.region, f, layout))
     return tuple(tasks)
 
 
 @lru_cache(maxsize=CACHE_SIZE)
-def _geometry(shape: tuple[int, ...], size: int, in_file: bool,
-              scale_shape: tuple[int, ...] | None, scale_size: int, block: tuple[int, ...] | None,
-              starts: tuple[int, ...], stops: tuple[int, ...], view_shape: tuple[int, ...],
-              view_stride: tuple[int, ...], plain: bool, piece_bytes: int) -> tuple | None:
-    """``(direct, *layout)`` of a placed read (``None``: an empty region, nothing read).
-    Direct: the entry is contiguous and of the destination's dtype (``plain``), the view
-    contiguous and the region one run of bytes."""
-    region = Region(starts, stops)
+def _geometry(spec: TensorSpec, in_memory: bool, contiguous: bool, scale: TensorSpec | None,
+              block: tuple[int, ...] | None, region: Region, view_shape: tuple[int, ...],
+              view_stride: tuple[int, ...], dtype: torch.dtype, piece_bytes: int
+              ) -> ReadLayout | None:
+    """The layout of a placed read (``None``: an empty region, nothing read). Direct: the
+    entry is contiguous and of the destination's ``dtype``, the view contiguous and the
+    region one run of bytes."""
     if region.numel == 0:
         return None
-    _, count = region.element_span(shape)
-    direct = plain and _is_contiguous(view_shape, view_stride) and count == region.numel
-    return (direct, *_layout(shape, size, in_file, scale_shape, scale_size, block, starts,
-                             stops, direct, piece_bytes))
+    _, count = region.element_span(spec.shape)
+    direct = (contiguous and _is_contiguous(view_shape, view_stride) and count == region.numel
+              and dtype == spec.dtype)
+    return _task_layout(spec, not in_memory, scale, block, region, direct, piece_bytes)

@@ -79,7 +79,8 @@ def order_steps(programs: Sequence[Step], file_order: Sequence[str]) -> tuple[St
     rank = {f: i for i, f in enumerate(file_order)}
 
     def key(p: Step) -> tuple:
-        firsts = [(rank.get(r.entry.file or "", -1), r.byte_range[0]) for r in p.reads]
+        entries = [(r.entry, r.layout.first) for r in p.reads]  # (byte_range[0], inline)
+        firsts = [(rank.get(e.file or "", -1), e.offset + first) for e, first in entries]
         return min(firsts, default=(-1, 0))
 
     return tuple(sorted(programs, key=key))

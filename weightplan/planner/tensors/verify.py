@@ -225,7 +225,8 @@ def _read_problems(reads: Iterable[ReadTask], sections: dict[str, tuple[int, int
         node = task.node
         entry: TensorEntry = (node.inputs[0] if node.kind is dequantize  # task.entry, inline
                               else node).attrs.entry  # type: ignore[union-attr]
-        (start, length), pieces, low = task.byte_range, task.pieces, entry.offset
+        layout, low = task.layout, entry.offset  # task.byte_range, inline
+        start, length, pieces = low + layout.first, layout.length, layout.pieces
         size = nbytes.get(id(entry.spec))
         if size is None:
             size = nbytes[id(entry.spec)] = entry.nbytes

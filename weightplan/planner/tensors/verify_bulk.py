@@ -11,15 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from itertools import chain, compress, repeat
-from operator import attrgetter, is_, lt
+from operator import attrgetter, eq, is_, itemgetter, lt
 from typing import TYPE_CHECKING
 
-from weightplan.planner.tensors.nodes import ATTRS_OF, DequantizeAttrs, Node, NodeKind
+from weightplan.planner.tensors.nodes import ATTRS_OF, Node, NodeKind
 
 if TYPE_CHECKING:
     from weightplan.planner.tensors.placement import Step
 
-_INPUTS, _KIND, _ATTRS = attrgetter("inputs"), attrgetter("kind"), attrgetter("attrs")
+_INPUTS, _KIND, _ATTRS_TYPE = attrgetter("inputs"), attrgetter("kind"), attrgetter("attrs.__class__")
+_SHAPE, _DTYPE, _ATTRS_DTYPE = (attrgetter("spec.shape"), attrgetter("spec.dtype"),
+                                attrgetter("attrs.dtype"))
+_HASH = attrgetter("_hash")  # equal nodes have equal hashes (Node.__hash__ returns it)
 _ONE_INPUT = frozenset((NodeKind.CAST, NodeKind.SINK, NodeKind.SHARD, NodeKind.QUANTIZE))
 
 
@@ -36,36 +39,44 @@ def graph_is_sound(nodes: Sequence[Node], position: dict[int, int], arity: dict[
     count = len(nodes)
     inputs = list(map(_INPUTS, nodes))
     arities = list(map(len, inputs))
-    used = list(map(id, chain.from_iterable(inputs)))
+    try:
+        sources = list(map(position.__getitem__, map(id, chain.from_iterable(inputs))))
+    except KeyError:  # an input that is not (as this object) in the graph
+        return False
     consumers = chain.from_iterable(map(repeat, range(count), arities))
-    if not all(map(lt, map(position.get, used, repeat(count)), consumers)):
+    if not all(map(lt, sources, consumers)):
         return False
     kinds = list(map(_KIND, nodes))
-    for kind, attrs, n in set(zip(kinds, map(type, map(_ATTRS, nodes)), arities, strict=True)):
+    triples = set(zip(kinds, map(_ATTRS_TYPE, nodes), arities, strict=True))
+    for kind, attrs, n in triples:
         want = arity.get(kind)
         if not issubclass(attrs, ATTRS_OF[kind]) or (want is not None and n != want) or (
                 kind is NodeKind.OP and n == 0):
             return False
-    if not _specs_hold(nodes, kinds, node_problems):
+    sinks = list(compress(nodes, map(is_, kinds, repeat(NodeKind.SINK))))
+    consumed = set(sources)  # the places of consumed nodes: all but the sinks'
+    if len(consumed) - len(consumed.intersection(map(position.__getitem__, map(id, sinks)))) \
+            != count - len(sinks):
         return False
-    unconsumed = position.keys() - set(used)
-    if any(nodes[position[i]].kind is not NodeKind.SINK for i in unconsumed):
-        return False
-    return _one_producer(compress(nodes, map(is_, kinds, repeat(NodeKind.SINK))))
+    present = {kind for kind, _, _ in triples}
+    return (_specs_hold(nodes, kinds, present, sinks, node_problems)
+            and _one_producer(sinks))
 
 
-def _specs_hold(nodes: Sequence[Node], kinds: list[NodeKind],
-                node_problems: Callable[[Node], list[str]]) -> bool:
-    """The spec rules: inline for the many dequantize nodes (one per FP8 expert weight),
-    the exact per-node check for the few other nodes with inputs."""
-    dequantize = NodeKind.DEQUANTIZE
-    for node in compress(nodes, map(is_, kinds, repeat(dequantize))):
-        a, spec = node.attrs, node.spec
-        assert isinstance(a, DequantizeAttrs)  # the (kind, attrs) pairs were checked
-        if node.inputs[0].spec.shape != spec.shape or spec.dtype != a.dtype:
+def _specs_hold(nodes: Sequence[Node], kinds: list[NodeKind], present: set[NodeKind],
+                sinks: list[Node], node_problems: Callable[[Node], list[str]]) -> bool:
+    """The spec rules: in bulk for the many dequantize nodes (one per FP8 expert weight:
+    shape kept, dtype the attrs'), the exact per-node check for the few others with inputs
+    (the (kind, attrs, arity) triples are checked: each has its one input)."""
+    if NodeKind.DEQUANTIZE in present:
+        dq = list(compress(nodes, map(is_, kinds, repeat(NodeKind.DEQUANTIZE))))
+        if list(map(_SHAPE, dq)) != list(map(_SHAPE, map(itemgetter(0), map(_INPUTS, dq)))) \
+                or not all(map(eq, map(_DTYPE, dq), map(_ATTRS_DTYPE, dq))):
             return False
-    others = map(_ONE_INPUT.__contains__, kinds)  # (each has its one input: arities checked)
-    return not any(node_problems(node) for node in compress(nodes, others))
+    others: Iterable[Node] = sinks
+    if present & _ONE_INPUT - {NodeKind.SINK}:  # casts, shards, quantizes: find them
+        others = compress(nodes, map(_ONE_INPUT.__contains__, kinds))
+    return not any(map(node_problems, others))
 
 
 def _one_producer(sinks: Iterable[Node]) -> bool:
@@ -91,4 +102,4 @@ def release_is_sound(position: dict[int, int], steps: Sequence["Step"]) -> bool:
         ran.extend(step.sinks)
     if not position.keys() >= set(map(id, ran)):
         return False
-    return len(set(map(hash, ran))) == len(ran)
+    return len(set(map(_HASH, ran))) == len(ran)
