@@ -219,21 +219,23 @@ def _sections(checkpoint: Checkpoint | None) -> dict[str, tuple[int, int]]:
 def _read_problems(reads: Iterable[ReadTask], sections: dict[str, tuple[int, int]]
                    ) -> list[str]:
     problems: list[str] = []
-    nbytes: dict[int, int] = {}  # by id of the entry's spec (entries of a shard share them)
     dequantize = NodeKind.DEQUANTIZE
+    layout = spec = file = section = None
+    inside = True
     for task in reads:
         node = task.node
         entry: TensorEntry = (node.inputs[0] if node.kind is dequantize  # task.entry, inline
                               else node).attrs.entry  # type: ignore[union-attr]
-        layout, low = task.layout, entry.offset  # task.byte_range, inline
-        start, length, pieces = low + layout.first, layout.length, layout.pieces
-        size = nbytes.get(id(entry.spec))
-        if size is None:
-            size = nbytes[id(entry.spec)] = entry.nbytes
-        section = sections.get(entry.file) if entry.file is not None else None
-        if (start < low or start + length > low + size
-                or (section is not None and not section[0] <= start <= section[1] - length)
-                or (pieces[0][1] if len(pieces) == 1 else sum(n for _, n in pieces)) != length):
+        if task.layout is not layout or entry.spec is not spec:  # (the experts share both)
+            layout, spec = task.layout, entry.spec
+            pieces, first, length = layout.pieces, layout.first, layout.length
+            inside = (first >= 0 and first + length <= entry.nbytes and length == (
+                pieces[0][1] if len(pieces) == 1 else sum(n for _, n in pieces)))
+        if entry.file is not file:
+            file = entry.file
+            section = sections.get(file) if file is not None else None
+        start = entry.offset + first  # task.byte_range[0]
+        if not inside or (section is not None and not section[0] <= start <= section[1] - length):
             problems += _read_problem(task, entry, section)
     return problems
 

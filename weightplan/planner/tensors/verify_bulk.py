@@ -43,7 +43,9 @@ def graph_is_sound(nodes: Sequence[Node], position: dict[int, int], arity: dict[
         sources = list(map(position.__getitem__, map(id, chain.from_iterable(inputs))))
     except KeyError:  # an input that is not (as this object) in the graph
         return False
-    consumers = chain.from_iterable(map(repeat, range(count), arities))
+    # each edge's consumer place (nodes without inputs: ~2/3 of an FP8 plan's, skipped)
+    consumers = chain.from_iterable(map(repeat, compress(range(count), arities),
+                                        compress(arities, arities)))
     if not all(map(lt, sources, consumers)):
         return False
     kinds = list(map(_KIND, nodes))
@@ -100,6 +102,5 @@ def release_is_sound(position: dict[int, int], steps: Sequence["Step"]) -> bool:
         for stage in step.materialize:
             ran.extend(chain.from_iterable(stage))
         ran.extend(step.sinks)
-    if not position.keys() >= set(map(id, ran)):
-        return False
-    return len(set(map(_HASH, ran))) == len(ran)
+    return (all(map(position.__contains__, map(id, ran)))
+            and len(set(map(_HASH, ran))) == len(ran))
