@@ -377,11 +377,16 @@ def _placed_reads(sources: Streams[Node], frags: Streams[tuple[Fragment, ...]],
     for i, stream in enumerate(sources):
         for j, node in enumerate(stream):
             entry, scale, block = _read_parts(node)
+            spec = entry.spec
+            scale_shape, scale_dtype = (None, None) if scale is None else (scale.shape,
+                                                                          scale.dtype)
             for f in frags[i][j]:
                 v = f.view
-                # the experts of a stack share every part of this key: one layout for all
-                key = (entry.spec, entry.file is None, entry.contiguous, scale, block, f.region,
-                       v.shape, v.stride, dtypes[f.target], piece_bytes)
+                # the experts of a stack share every part of this key (equal tuples and
+                # dtypes, the same region object): one layout for all of them
+                key = (spec.shape, spec.dtype, entry.file is None, entry.contiguous,
+                       scale_shape, scale_dtype, block, f.region, v.shape, v.stride,
+                       dtypes[f.target], piece_bytes)
                 if key != last:
                     last, layout = key, _geometry(*key)
                 if layout is not None:
@@ -390,16 +395,20 @@ def _placed_reads(sources: Streams[Node], frags: Streams[tuple[Fragment, ...]],
 
 
 @lru_cache(maxsize=CACHE_SIZE)
-def _geometry(spec: TensorSpec, in_memory: bool, contiguous: bool, scale: TensorSpec | None,
+def _geometry(shape: tuple[int, ...], dtype: torch.dtype, in_memory: bool, contiguous: bool,
+              scale_shape: tuple[int, ...] | None, scale_dtype: torch.dtype | None,
               block: tuple[int, ...] | None, region: Region, view_shape: tuple[int, ...],
-              view_stride: tuple[int, ...], dtype: torch.dtype, piece_bytes: int
+              view_stride: tuple[int, ...], dest_dtype: torch.dtype, piece_bytes: int
               ) -> ReadLayout | None:
     """The layout of a placed read (``None``: an empty region, nothing read). Direct: the
-    entry is contiguous and of the destination's ``dtype``, the view contiguous and the
-    region one run of bytes."""
+    entry is contiguous and of the destination's dtype, the view contiguous and the region
+    one run of bytes."""
     if region.numel == 0:
         return None
-    _, count = region.element_span(spec.shape)
+    _, count = region.element_span(shape)
     direct = (contiguous and _is_contiguous(view_shape, view_stride) and count == region.numel
-              and dtype == spec.dtype)
-    return _task_layout(spec, not in_memory, scale, block, region, direct, piece_bytes)
+              and dest_dtype == dtype)
+    scale = None if scale_shape is None or scale_dtype is None else TensorSpec(scale_shape,
+                                                                               scale_dtype)
+    return _task_layout(TensorSpec(shape, dtype), not in_memory, scale, block, region, direct,
+                        piece_bytes)
