@@ -19,7 +19,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
-from itertools import compress, repeat
+from itertools import compress, filterfalse, repeat
 from operator import attrgetter, is_, itemgetter
 
 import torch
@@ -42,6 +42,7 @@ from weightplan.planner.tensors.spec import TensorSpec
 PIECE_BYTES = 32 * 1024 * 1024  # direct reads larger than this are split into pieces
 _LENGTH, _SCALE_BYTES, _WINDOW_BYTES = (attrgetter("layout.length"), attrgetter("layout.scale_bytes"),
                                        attrgetter("layout.window_bytes"))
+_TMP_BYTES, _FRAGMENT = attrgetter("tmp_bytes"), attrgetter("fragment")
 _KIND, _INPUTS, _SOURCE = attrgetter("kind"), attrgetter("inputs"), attrgetter("attrs.source")
 
 
@@ -241,7 +242,7 @@ class Step:
     @cached_property
     def held_bytes(self) -> int:
         """Temporaries kept until the materialized ops run."""
-        return sum(r.tmp_bytes for r in self.reads if r.fragment is None)
+        return sum(map(_TMP_BYTES, filterfalse(_FRAGMENT, self.reads)))  # (placed ones: 0)
 
     @cached_property
     def window_sizes(self) -> tuple[int, ...]:

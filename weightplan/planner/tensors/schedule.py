@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import bisect
 import os
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -150,13 +150,11 @@ class _Pending:
 
     def add(self, step: Step) -> None:
         self.held += step.held_bytes + step.staged_bytes
-        for w in step.window_sizes:
-            self.windows.add(w)
+        self.windows.add_all(step.window_sizes)
 
     def remove(self, step: Step) -> None:
         self.held -= step.held_bytes + step.staged_bytes
-        for w in step.window_sizes:
-            self.windows.remove(w)
+        self.windows.remove_all(step.window_sizes)
 
     def in_flight(self) -> int:
         return self.held + self.windows.largest(self.threads)
@@ -173,6 +171,17 @@ class SortedWindows:
 
     def remove(self, size: int) -> None:
         del self._sizes[bisect.bisect_left(self._sizes, size)]
+
+    def add_all(self, sizes: Sequence[int]) -> None:
+        """Add every size (the reads of one step: a stack's are all one size, added at once)."""
+        for size, count in Counter(sizes).items():
+            at = bisect.bisect_right(self._sizes, size)
+            self._sizes[at:at] = [size] * count
+
+    def remove_all(self, sizes: Sequence[int]) -> None:
+        for size, count in Counter(sizes).items():
+            at = bisect.bisect_left(self._sizes, size)
+            del self._sizes[at:at + count]
 
     def largest(self, k: int) -> int:
         return sum(self._sizes[-k:])
