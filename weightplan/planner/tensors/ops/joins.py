@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from weightplan.errors import OpError
-from weightplan.planner.tensors.geometry import Fragment, make_fragment, make_view
+from weightplan.planner.tensors.geometry import Fragment, stacked_fragments
 from weightplan.planner.tensors.ops.base import (
     ConversionOp, OpContext, Streams, Wiring, flat, normalize_dim, single_input,
 )
@@ -200,10 +200,10 @@ class MergeModulelist(ConversionOp):
                 # experts holds one of each, not 256)
                 start, region, v = f.region.starts[d], f.region.drop(d), f.view
                 shape, stride = v.shape[:d] + v.shape[d + 1:], v.stride[:d] + v.stride[d + 1:]
-                offset, step, target = v.offset - start * v.stride[d], v.stride[d], f.target
-                for idx in range(start, f.region.stops[d]):
-                    view = make_view(shape, stride, offset + idx * step)
-                    per_item[idx].append(make_fragment(region, target, view))
+                items = stacked_fragments(region, f.target, shape, stride, v.offset,
+                                          v.stride[d], f.region.stops[d] - start)
+                for idx, item in enumerate(items, start):
+                    per_item[idx].append(item)
             placed.append(tuple(tuple(p) for p in per_item))
         return tuple(placed)
 
