@@ -100,3 +100,23 @@ def test_a_shard_reads_only_its_region_through_the_ops():
     (read,) = step.reads
     assert read.entry.key == "b" and read.byte_range == (DATA_START + 24, 24) and read.direct
     assert read.fragment.view == View((2, 3), (3, 1), 0)
+
+
+def test_the_experts_of_a_stack_share_one_layout_region_and_view_shape():
+    experts = [entry(f"e.{i}.w", (2, 3), 24 * i) for i in range(4)]
+    step = plan_step(conversion([experts], ["w"], [MergeModulelist(0)]))
+    assert len({id(r.layout) for r in step.reads}) == 1  # one ReadLayout for every expert
+    assert len({id(r.region) for r in step.reads}) == 1
+    assert len({id(r.fragment.view.shape) for r in step.reads}) == 1
+    # the same fragments View.select and Region.drop would have built
+    whole = View((4, 2, 3), (6, 3, 1))
+    assert [r.fragment.view for r in step.reads] == [whole.select(0, i) for i in range(4)]
+    assert [r.region for r in step.reads] == [Region((0, 0, 0), (4, 2, 3)).drop(0)] * 4
+
+
+def test_a_layout_is_what_the_read_covers():
+    qk = entry("qk", (4, 3), 8)
+    step = plan_step(conversion([[qk]], ["q", "k"], [Chunk(0)]))
+    first, second = (r.layout for r in step.reads)
+    assert (first.first, first.length, second.first, second.length) == (0, 24, 24, 24)
+    assert step.read_bytes == 48 and step.window_sizes == (24, 24)

@@ -40,3 +40,17 @@ def test_materialized_ops_hold_their_inputs_and_outputs():
     assert (submit.resident, submit.in_flight, submit.intermediate) == (48, 72, 0)
     assert (finalize.resident, finalize.in_flight, finalize.intermediate) == (48, 72, 48)
     assert schedule.peak_bytes == 168
+
+
+def test_sorted_windows_add_and_remove_a_steps_windows_at_once():
+    from weightplan.planner.tensors.schedule import SortedWindows
+
+    one_by_one, at_once = SortedWindows(), SortedWindows()
+    for size in (5, 1, 5, 3):
+        one_by_one.add(size)
+    at_once.add_all((5, 1, 5, 3))
+    assert at_once._sizes == one_by_one._sizes == [1, 3, 5, 5]
+    at_once.add_all((4, 5))
+    assert at_once.largest(3) == 15
+    at_once.remove_all((5, 5, 1))
+    assert at_once._sizes == [3, 4, 5] and at_once.largest(2) == 9

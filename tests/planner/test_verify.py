@@ -158,3 +158,42 @@ def test_every_step_is_submitted_then_finalized_once():
     assert "step 1 is finalized before it is submitted" in early
     assert "never finalized" in check_events(2, [Event(s, 0), Event(f, 0), Event(s, 1)])[0]
     assert "submitted twice" in check_events(1, [Event(s, 0), Event(s, 0), Event(f, 0)])[0]
+
+
+def test_a_sound_plan_is_proven_in_bulk():
+    """The identity passes of verify_bulk prove a sound plan (the per-node pass only runs
+    to word problems)."""
+    from weightplan.planner.tensors.verify import _ARITY, check_node
+    from weightplan.planner.tensors.verify_bulk import (
+        graph_is_sound, node_positions, release_is_sound,
+    )
+
+    conv, step, _ = merged()
+    graph = plan_graph([conv])
+    position = node_positions(graph.nodes)
+    assert graph_is_sound(graph.nodes, position, _ARITY, check_node)
+    assert release_is_sound(position, [step])
+    assert not release_is_sound(position, [step, step])
+
+
+def test_the_bulk_proof_fails_on_every_broken_graph():
+    from weightplan.planner.tensors.verify import _ARITY, check_node
+    from weightplan.planner.tensors.verify_bulk import graph_is_sound, node_positions
+
+    r, a, b = read_node(), read_node("a"), read_node("b", 24)
+    cast = Node(NodeKind.CAST, TensorSpec((3, 2), torch.float16), (r,), CastAttrs(torch.float16))
+    broken = [(sink(r), r), (sink(read_node()),),
+              (r, Node(NodeKind.CAST, F32, (r,), ReadAttrs(r.attrs.entry, (0, 0)))),
+              (a, b, dataclasses.replace(sink(a), inputs=(a, b))), (r, cast, sink(cast)),
+              (a, b, sink(a, "w"), sink(b, "w")), (r, read_node("x", 24), sink(r))]
+    for nodes in broken:
+        assert not graph_is_sound(nodes, node_positions(nodes), _ARITY, check_node), nodes
+
+
+def test_an_equal_node_that_is_another_object_is_judged_exactly():
+    """Identity is stronger than equality: a consumer whose input is an equal copy of an
+    earlier node fails the bulk proof, and the exact pass accepts it."""
+    r = read_node()
+    copy = Node(r.kind, r.spec, r.inputs, r.attrs)
+    assert copy == r and copy is not r
+    assert check(PlanGraph((r, sink(copy)))) == []
