@@ -81,7 +81,8 @@ class ReadTask:
 
     @property
     def entry(self) -> TensorEntry:
-        return read_attrs(self.read).entry
+        node = self.node  # (self.read, inline: the schedule asks once per read)
+        return read_attrs(node.inputs[0] if node.kind is NodeKind.DEQUANTIZE else node).entry
 
     @property
     def source(self) -> tuple[int, int]:

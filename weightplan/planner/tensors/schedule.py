@@ -22,9 +22,13 @@ from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from itertools import repeat
+from operator import add, attrgetter
 
 from weightplan.planner.tensors.machine import default_window_bytes
 from weightplan.planner.tensors.placement import Step
+
+_ENTRY, _OFFSET, _FIRST = attrgetter("entry"), attrgetter("offset"), attrgetter("layout.first")
 
 
 
@@ -79,8 +83,9 @@ def order_steps(programs: Sequence[Step], file_order: Sequence[str]) -> tuple[St
     rank = {f: i for i, f in enumerate(file_order)}
 
     def key(p: Step) -> tuple:
-        entries = [(r.entry, r.layout.first) for r in p.reads]  # (byte_range[0], inline)
-        firsts = [(rank.get(e.file or "", -1), e.offset + first) for e, first in entries]
+        entries = list(map(_ENTRY, p.reads))  # (entry.file, byte_range[0]) of each read
+        firsts = zip(map(rank.get, (e.file or "" for e in entries), repeat(-1)),
+                     map(add, map(_OFFSET, entries), map(_FIRST, p.reads)), strict=True)
         return min(firsts, default=(-1, 0))
 
     return tuple(sorted(programs, key=key))
