@@ -38,6 +38,7 @@ def _both(checkpoint, transforms, model, monkeypatch):
     fast = routing.route_checkpoint(checkpoint, transforms, model)
     with monkeypatch.context() as m:
         m.setattr(router, "template_of", lambda key: None)  # every key the slow way
+        m.setattr(router, "templates_of", lambda keys: [None] * len(keys))
         slow = routing.route_checkpoint(checkpoint, transforms, model)
     return fast, slow
 
