@@ -22,6 +22,7 @@ import torch
 from weightplan.errors import ConflictingTransformError, OpError, ParallelError, WeightplanError
 from weightplan.planner.inputs.model_info import ModelInfo, ModelTensor
 from weightplan.planner.keys.routing import Group
+from weightplan.planner.makers import maker
 from weightplan.planner.tensors.destination import Destination, DestKind
 from weightplan.planner.tensors.geometry import row_major_strides
 from weightplan.planner.tensors.nodes import (
@@ -32,6 +33,9 @@ from weightplan.planner.tensors.quant_build import QuantContext, quantize_nodes,
 from weightplan.planner.tensors.sharding.shard_nodes import Sharding, shard_target
 from weightplan.planner.tensors.spec import TensorSpec
 from weightplan.planner.quant.blocks import FP8_DTYPES
+
+
+_READ, _read_attrs = NodeKind.READ, maker(ReadAttrs)  # ~92k reads per frontier plan
 
 
 class TargetStatus(Enum):
@@ -137,7 +141,7 @@ def stage_op(stage: Streams[Node]) -> ConversionOp:
 
 
 def stage_specs(stage: Streams[Node]) -> Streams[TensorSpec]:
-    return tuple(tuple(n.spec for n in stream) for stream in stage)
+    return tuple(tuple([n.spec for n in stream]) for stream in stage)
 
 
 def build_conversions(groups: Sequence[Group], expected: Expected, dtype: torch.dtype | None,
@@ -153,7 +157,7 @@ def build_conversion(group: Group, expected: Expected, dtype: torch.dtype | None
                      sink: SinkKind, quant: QuantContext | None = None,
                      sharding: Sharding | None = None) -> Conversion:
     values: Streams[Node] = tuple(
-        tuple(Node(NodeKind.READ, e.spec, (), ReadAttrs(e, (i, j))) for j, e in enumerate(s))
+        tuple([Node(_READ, e.spec, (), _read_attrs(e, (i, j))) for j, e in enumerate(s)])
         for i, s in enumerate(group.sources))
     nodes = [n for s in values for n in s]
     values, added = source_values(group, values, quant, expected, dtype)
@@ -236,7 +240,7 @@ def _expected_spec(expected: Expected, key: str) -> TensorSpec | None:
 def _context(group: Group, expected: Expected) -> OpContext:
     names = group.targets if group.explicit is None else tuple(s[0] for s in group.explicit)
     specs = tuple(_expected_spec(expected, t) for t in names)
-    keys = tuple(tuple(e.key for e in s) for s in group.sources)
+    keys = tuple(tuple([e.key for e in s]) for s in group.sources)
     config = expected.config if isinstance(expected, ModelInfo) else None
     return OpContext(group.targets, specs, keys, config)
 

@@ -33,13 +33,17 @@ from weightplan.planner.inputs.quant_config import (
     QuantConfig, quant_config_of_model, read_quant_config,
 )
 from weightplan.planner.keys.routing import Group
-from weightplan.planner.quant.blocks import FP8_DTYPES, E8M0, block_of
+from weightplan.planner.makers import maker
+from weightplan.planner.quant.blocks import FP8_DTYPES, E8M0, Block, block_of
 from weightplan.planner.quant.kinds import Dequantize, Quantize
 from weightplan.planner.tensors.nodes import (
     DequantizeAttrs, Node, NodeKind, QuantizeAttrs, ReadAttrs, read_attrs,
 )
 from weightplan.planner.tensors.ops.base import ConversionOp, Streams
 from weightplan.planner.tensors.spec import TensorSpec
+
+
+_READ, _DEQUANTIZE, _read_attrs = NodeKind.READ, NodeKind.DEQUANTIZE, maker(ReadAttrs)
 
 
 @dataclass(frozen=True)
@@ -98,24 +102,38 @@ def source_values(group: Group, reads: Streams[Node], quant: QuantContext | None
     if quant is None or _keeps(group, quant):
         return reads, []
     out_dtype = dequantized_dtype(group, expected, dtype)
+    pairs = quant.pairing.pairs
+    # the experts of a group share their specs and block: infer once per combination
+    made: dict[tuple[int, int, int], tuple[TensorSpec, DequantizeAttrs]] = {}
     added: list[Node] = []
     streams = []
     for stream in reads:
         row = []
         for read in stream:
-            pair = quant.pairing.pairs.get(read_attrs(read).entry.key)
+            attrs = read_attrs(read)
+            pair = pairs.get(attrs.entry.key)
             if pair is None:
                 row.append(read)
                 continue
-            scale = Node(NodeKind.READ, pair.scale.spec, (), ReadAttrs(pair.scale, read_attrs(read).source))
-            shape = read.spec.shape
-            spec = Dequantize(pair.block, out_dtype).infer(read.spec, pair.scale.spec, key=pair.weight.key)
-            node = Node(NodeKind.DEQUANTIZE, spec, (read, scale),
-                        DequantizeAttrs(out_dtype, block_of(shape, pair.block)))
-            added += [scale, node]
+            scale_spec = pair.scale.spec
+            scale = Node(_READ, scale_spec, (), _read_attrs(pair.scale, attrs.source))
+            seen = (id(read.spec), id(scale_spec), id(pair.block))  # all alive: ids are safe
+            how = made.get(seen)
+            if how is None:
+                how = made[seen] = _dequantized(read.spec, scale_spec, pair.block, out_dtype,
+                                                pair.weight.key)
+            node = Node(_DEQUANTIZE, how[0], (read, scale), how[1])
+            added.append(scale)
+            added.append(node)
             row.append(node)
         streams.append(tuple(row))
     return tuple(streams), added
+
+
+def _dequantized(weight: TensorSpec, scale: TensorSpec, block: Block, dtype: torch.dtype,
+                 key: str) -> tuple[TensorSpec, DequantizeAttrs]:
+    spec = Dequantize(block, dtype).infer(weight, scale, key=key)
+    return spec, DequantizeAttrs(dtype, block_of(weight.shape, block))
 
 
 def _keeps(group: Group, quant: QuantContext) -> bool:
