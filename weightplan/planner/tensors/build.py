@@ -22,20 +22,16 @@ import torch
 from weightplan.errors import ConflictingTransformError, OpError, ParallelError, WeightplanError
 from weightplan.planner.inputs.model_info import ModelInfo, ModelTensor
 from weightplan.planner.keys.routing import Group
-from weightplan.planner.makers import maker
 from weightplan.planner.tensors.destination import Destination, DestKind
 from weightplan.planner.tensors.geometry import row_major_strides
 from weightplan.planner.tensors.nodes import (
-    CastAttrs, Node, NodeKind, OpAttrs, ReadAttrs, SinkAttrs, op_attrs, read_attrs, sink_attrs,
+    CastAttrs, Node, NodeKind, OpAttrs, SinkAttrs, op_attrs, read_attrs, sink_attrs,
 )
 from weightplan.planner.tensors.ops.base import ConversionOp, OpContext, Streams, Wiring
 from weightplan.planner.tensors.quant_build import QuantContext, quantize_nodes, source_values
 from weightplan.planner.tensors.sharding.shard_nodes import Sharding, shard_target
 from weightplan.planner.tensors.spec import TensorSpec
 from weightplan.planner.quant.blocks import FP8_DTYPES
-
-
-_READ, _read_attrs = NodeKind.READ, maker(ReadAttrs)  # ~92k reads per frontier plan
 
 
 class TargetStatus(Enum):
@@ -156,12 +152,7 @@ def build_conversions(groups: Sequence[Group], expected: Expected, dtype: torch.
 def build_conversion(group: Group, expected: Expected, dtype: torch.dtype | None,
                      sink: SinkKind, quant: QuantContext | None = None,
                      sharding: Sharding | None = None) -> Conversion:
-    values: Streams[Node] = tuple(
-        tuple([Node(_READ, e.spec, (), _read_attrs(e, (i, j))) for j, e in enumerate(s)])
-        for i, s in enumerate(group.sources))
-    nodes = [n for s in values for n in s]
-    values, added = source_values(group, values, quant, expected, dtype)
-    nodes += added
+    values, nodes = source_values(group, quant, expected, dtype)
     ctx = _context(group, expected)
     ops = group.converter.operations if group.converter else ()
     for k, op in enumerate(ops):
