@@ -8,6 +8,11 @@ renamings and slices its match out of the converter's spans. A fix-up none of wh
 template's keys could land in the model (its target's template is not a model key's
 template) is skipped without replaying. Transforms that can tell digits apart, and keys
 with leading zeros, take the plain per-key path (:func:`routing._apply`).
+
+:meth:`Router.route_all` does the per-key part in bulk: the templates of all keys in one
+pass, and for a template whose base decision fires no renaming, a route made from string
+slices of the key (no regex, no renaming replayed); it also returns the routes in natural
+key order, sorting by a string per key the template builds (:func:`templates.sort_text`).
 """
 
 from __future__ import annotations
@@ -135,7 +140,7 @@ class Router:
             found = per.get(template)
             if found is None:
                 found = per[template] = (self._maker(template),
-                                         sort_text(template) if fast_sort and template else None)
+                                         sort_text(template) if fast_sort and template is not None else None)
             route, text = found
             routes.append(route(key))
             if text is not None:
