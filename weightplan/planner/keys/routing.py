@@ -166,15 +166,20 @@ def _converter_group(converter: WeightConverter, members: list[Route], checkpoin
                      ) -> Group | Incomplete:
     targets = converter.target_keys(members[0].match)
     streams: list[list[Route]] = [[] for _ in converter.source_patterns]
+    indices: list[list[int | None]] = [[] for _ in converter.source_patterns]
     for r in members:
-        streams[r.match.source_index].append(r)
+        m = r.claim
+        assert m is not None, r.key  # a converter's bucket holds the keys it claimed
+        streams[m.source_index].append(r)
+        indices[m.source_index].append(m.match.index)
     missing = tuple(p for p, s in zip(converter.source_patterns, streams, strict=True) if not s)
     if missing:
         return Incomplete(converter, targets, tuple(r.key for r in members), missing)
     ordered = []
-    for pattern, source, stream in zip(converter.source_patterns, converter.sources, streams, strict=True):
-        ordered.append(_ordered_stream(converter, pattern, source.has_index, stream, targets,
-                                       checkpoint))
+    for pattern, source, stream, found in zip(converter.source_patterns, converter.sources,
+                                              streams, indices, strict=True):
+        ordered.append(_ordered_stream(converter, pattern, source.has_index, stream, found,
+                                       targets, checkpoint))
     _check_counts(converter, ordered, targets)
     entries = checkpoint.entries
     sources = tuple(tuple([entries[r.key] for r in s]) for s in ordered)
@@ -188,15 +193,15 @@ def _index(route: Route) -> int:
 
 
 def _ordered_stream(converter: WeightConverter, pattern: str, has_index: bool,
-                    stream: list[Route], targets: tuple[str, ...], checkpoint: Checkpoint
-                    ) -> list[Route]:
+                    stream: list[Route], found: list[int | None], targets: tuple[str, ...],
+                    checkpoint: Checkpoint) -> list[Route]:
     if not has_index:
         if len(stream) > 1:
             raise ConflictingTransformError(
                 f"{converter.describe()}: source {pattern!r} matched several keys for one "
                 f"group ({', '.join(r.key for r in stream)}); anchor the pattern or use `*`")
         return stream
-    if [r.match.match.index for r in stream] == list(range(len(stream))):
+    if found == list(range(len(stream))):
         return stream  # routes come in natural key order: usually sorted by index already
     stream = sorted(stream, key=_index)
     indices = [_index(r) for r in stream]
