@@ -2,6 +2,8 @@
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from weightplan import PrefixChange, WeightConverter, WeightRenaming
 from weightplan.ops import Concatenate, MergeModulelist
@@ -9,7 +11,10 @@ from weightplan.planner.inputs.checkpoint import open_checkpoint
 from weightplan.planner.inputs.model_info import inspect_model
 from weightplan.planner.keys import router, routing
 from weightplan.planner.keys.registry import REGISTRY
-from weightplan.planner.keys.templates import digit_blind, template_of
+from weightplan.planner.keys.patterns import natural_key
+from weightplan.planner.keys.templates import (
+    digit_blind, sort_text, sortable, template_of, templates_of,
+)
 from weightplan.planner.keys.transforms import LEGACY
 
 from tests.conftest import module_with
@@ -38,6 +43,7 @@ def _both(checkpoint, transforms, model, monkeypatch):
     fast = routing.route_checkpoint(checkpoint, transforms, model)
     with monkeypatch.context() as m:
         m.setattr(router, "template_of", lambda key: None)  # every key the slow way
+        m.setattr(router, "templates_of", lambda keys: [None] * len(keys))
         slow = routing.route_checkpoint(checkpoint, transforms, model)
     return fast, slow
 
@@ -89,3 +95,25 @@ def test_converter_with_groups_rebuilds_the_real_match(monkeypatch):
     assert fast == slow
     assert {g.targets for g in fast.groups} == {("m.blocks.1.ab",), ("m.blocks.10.ab",),
                                                ("m.blocks.234.ab",)}
+
+
+_PARTS = st.sampled_from(["a", "w1", "1x", "0", "7", "10", "99", "100", "", "%s", "-", "Z",
+                          "007", "\u0663", "a\nb", "\x01"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(_PARTS, min_size=1, max_size=5).map(".".join), max_size=30,
+                unique=True))
+def test_bulk_templates_and_sort_texts_agree_with_the_per_key_ones(keys):
+    templates = templates_of(keys)
+    assert templates == [template_of(k) for k in keys]
+    if sortable(keys, templates):
+        text = {k: sort_text(t)(k) for k, t in zip(keys, templates, strict=True) if t is not None}
+        assert sorted(keys, key=text.__getitem__) == sorted(keys, key=natural_key)
+
+
+def test_routes_come_in_natural_key_order():
+    names = ["layers.10.w", "", "layers.9.w", "layers.9.experts.11.w1", "layers.9.experts.2.w1",
+             "a", "layers.9"]
+    routed = routing.route_checkpoint(_keys(*names), [], None)
+    assert [r.key for r in routed.routes] == sorted(names, key=natural_key)

@@ -19,18 +19,9 @@ from weightplan.errors import ConflictingTransformError, IndexGapError
 from weightplan.planner.bulk import paused_gc
 from weightplan.planner.inputs.checkpoint import Checkpoint, TensorEntry
 from weightplan.planner.inputs.model_info import ModelInfo
-from weightplan.planner.keys.patterns import natural_key
 from weightplan.planner.keys.transforms import (
     ConverterMatch, Renaming, WeightConverter, WeightRenaming, WeightTransform,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Claim:
-    """The converter that claimed a key, and how its source pattern matched."""
-
-    converter: WeightConverter
-    match: ConverterMatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,18 +31,15 @@ class Route:
     key: str
     renamed: str  # the key after every renaming (and prefix fix-up)
     fired: tuple[Renaming, ...]  # renamings that changed it, in order
-    claim: Claim | None = None  # None: a plain (renamed) key
+    converter: WeightConverter | None = None  # the converter that claimed it; None: plain
+    claim: ConverterMatch | None = None  # how its source pattern matched (claimed keys)
     note: str = ""
-
-    @property
-    def converter(self) -> WeightConverter | None:
-        return self.claim.converter if self.claim is not None else None
 
     @property
     def match(self) -> ConverterMatch:
         """How the claiming converter matched (only for claimed keys)."""
         assert self.claim is not None, self.key
-        return self.claim.match
+        return self.claim
 
 
 @dataclass(frozen=True)
@@ -113,11 +101,9 @@ def route_checkpoint(checkpoint: Checkpoint, transforms: Sequence[WeightTransfor
     renamings = [t for t in transforms if isinstance(t, Renaming)]
     converters = [t for t in transforms if isinstance(t, WeightConverter)]
     check_conflicts(renamings, converters)
-    keys = sorted(checkpoint.entries, key=natural_key)
     from weightplan.planner.keys.router import Router  # it builds on this module
 
-    router = Router(renamings, converters, model)
-    routes = tuple(router.route(k) for k in keys)
+    routes = tuple(Router(renamings, converters, model).route_all(checkpoint.entries))
     groups, incomplete = _group(routes, checkpoint)
     return Routing(routes, groups, incomplete)
 
@@ -133,36 +119,42 @@ def _apply(key: str, renamings: Sequence[Renaming], converters: Sequence[WeightC
     for c in converters:
         m = c.match(name)
         if m is not None:
-            return Route(key, name, tuple(fired), Claim(c, m))
+            return Route(key, name, tuple(fired), c, m)
     return Route(key, name, tuple(fired))
 
 
 def _lands(route: Route, model: ModelInfo | frozenset[str]) -> bool:
-    if route.claim is None:
+    if route.converter is None:
         return route.renamed in model
-    targets = route.claim.converter.target_keys(route.claim.match)
+    targets = route.converter.target_keys(route.match)
     return any(t in model for t in targets if "*" not in t) or any("*" in t for t in targets)
 
 
 def _group(routes: tuple[Route, ...], checkpoint: Checkpoint
            ) -> tuple[tuple[Group, ...], tuple[Incomplete, ...]]:
-    buckets: dict[tuple[object, ...], list[Route]] = {}
+    # a plain key is its own bucket; a claimed one's is its converter's (by identity:
+    # hashing a converter hashes its patterns and ops) with the match's surroundings
+    buckets: dict[object, list[Route]] = {}
     for r in routes:
-        if r.claim is None:
-            ident: tuple[object, ...] = ("rename", r.key)
+        m = r.claim
+        if m is None:
+            ident: object = r.key
         else:
-            m = r.claim.match
-            ident = ("convert", r.claim.converter, m.head, m.tail, m.match.groups)
-        buckets.setdefault(ident, []).append(r)
+            ident = (id(r.converter), m.head, m.tail, m.match.groups)
+        bucket = buckets.get(ident)
+        if bucket is None:
+            buckets[ident] = [r]
+        else:
+            bucket.append(r)
     groups: list[Group] = []
     incomplete: list[Incomplete] = []
+    entries = checkpoint.entries
     for members in buckets.values():
         first = members[0]
-        if first.claim is None:
-            entry = checkpoint.entries[first.key]
-            groups.append(Group(None, ((entry,),), ((first,),), (first.renamed,)))
+        if first.converter is None:
+            groups.append(Group(None, ((entries[first.key],),), ((first,),), (first.renamed,)))
             continue
-        group = _converter_group(first.claim.converter, members, checkpoint)
+        group = _converter_group(first.converter, members, checkpoint)
         if isinstance(group, Group):
             groups.append(group)
         else:
@@ -174,17 +166,23 @@ def _converter_group(converter: WeightConverter, members: list[Route], checkpoin
                      ) -> Group | Incomplete:
     targets = converter.target_keys(members[0].match)
     streams: list[list[Route]] = [[] for _ in converter.source_patterns]
+    indices: list[list[int | None]] = [[] for _ in converter.source_patterns]
     for r in members:
-        streams[r.match.source_index].append(r)
+        m = r.claim
+        assert m is not None, r.key  # a converter's bucket holds the keys it claimed
+        streams[m.source_index].append(r)
+        indices[m.source_index].append(m.match.index)
     missing = tuple(p for p, s in zip(converter.source_patterns, streams, strict=True) if not s)
     if missing:
         return Incomplete(converter, targets, tuple(r.key for r in members), missing)
     ordered = []
-    for pattern, source, stream in zip(converter.source_patterns, converter.sources, streams, strict=True):
-        ordered.append(_ordered_stream(converter, pattern, source.has_index, stream, targets,
-                                       checkpoint))
+    for pattern, source, stream, found in zip(converter.source_patterns, converter.sources,
+                                              streams, indices, strict=True):
+        ordered.append(_ordered_stream(converter, pattern, source.has_index, stream, found,
+                                       targets, checkpoint))
     _check_counts(converter, ordered, targets)
-    sources = tuple(tuple(checkpoint.entries[r.key] for r in s) for s in ordered)
+    entries = checkpoint.entries
+    sources = tuple(tuple([entries[r.key] for r in s]) for s in ordered)
     return Group(converter, sources, tuple(tuple(s) for s in ordered), targets)
 
 
@@ -195,14 +193,16 @@ def _index(route: Route) -> int:
 
 
 def _ordered_stream(converter: WeightConverter, pattern: str, has_index: bool,
-                    stream: list[Route], targets: tuple[str, ...], checkpoint: Checkpoint
-                    ) -> list[Route]:
+                    stream: list[Route], found: list[int | None], targets: tuple[str, ...],
+                    checkpoint: Checkpoint) -> list[Route]:
     if not has_index:
         if len(stream) > 1:
             raise ConflictingTransformError(
                 f"{converter.describe()}: source {pattern!r} matched several keys for one "
                 f"group ({', '.join(r.key for r in stream)}); anchor the pattern or use `*`")
         return stream
+    if found == list(range(len(stream))):
+        return stream  # routes come in natural key order: usually sorted by index already
     stream = sorted(stream, key=_index)
     indices = [_index(r) for r in stream]
     if indices != list(range(len(indices))):

@@ -9,13 +9,17 @@ no ASCII digit (``\\d`` is fine; ``{2}``, ``[0-5]``, ``\\1`` back-references and
 digits are not). Digit-blind regexes match a key and its template at the same spans, so
 which transforms *match* is decided once per template; whether a matching renaming
 really changes the key, and what it captures, is still computed on the real key.
+
+:func:`templates_of` computes every key's template in one pass over the keys' joined
+text, and :func:`sort_text` sorts keys as :func:`~.patterns.natural_key` does from a
+string per key that a template turns out cheaply (see :func:`sort_text`).
 """
 
 from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from weightplan.planner.keys.patterns import _INDEX_GROUP, PatternMatch
@@ -27,6 +31,10 @@ from weightplan.planner.keys.transforms import (
 _TO_ONE = str.maketrans("0123456789", "1111111111")
 _LEADING_ZERO = re.compile(r"(?<![0-9])0[0-9]")
 _DIGIT = re.compile(r"[0-9]")
+_BYTES_TO_ONE = bytes.maketrans(b"0123456789", b"1111111111")
+# digits 1-9 → "1", "0" stays, anything else → " ": a leading zero is then b" 0" + digit
+_ZERO_MARKS = bytes(0x30 if b == 0x30 else 0x31 if 0x31 <= b <= 0x39 else 0x20 for b in range(256))
+_MARKED_LEADING_ZERO = re.compile(rb" 0[01]")
 
 
 def template_of(key: str) -> str | None:
@@ -35,6 +43,54 @@ def template_of(key: str) -> str | None:
     if _LEADING_ZERO.search(key) is not None:
         return None
     return key.translate(_TO_ONE)
+
+
+def templates_of(keys: Sequence[str]) -> list[str | None]:
+    """:func:`template_of` of every key, in bulk: one translation of the joined keys (ASCII
+    digits never occur inside a UTF-8 multi-byte sequence); per key when a number has a
+    leading zero or a key holds a newline."""
+    text = "\n".join(keys).encode("utf-8", "surrogatepass")
+    marked = b" " + text.translate(_ZERO_MARKS)
+    if _MARKED_LEADING_ZERO.search(marked) or text.count(b"\n") != len(keys) - 1:
+        return [template_of(k) for k in keys]
+    templates: list[str | None] = []
+    templates += text.translate(_BYTES_TO_ONE).decode("utf-8", "surrogatepass").split("\n")
+    return templates
+
+
+def sortable(keys: Sequence[str], templates: Sequence[str | None]) -> bool:
+    """Whether :func:`sort_text` orders ``keys`` (ASCII, every one with a template, no
+    character below ``\\x03``)."""
+    text = "".join(keys)
+    return (text.isascii() and not any(c in text for c in "\x00\x01\x02")
+            and None not in templates)
+
+
+def sort_text(template: str) -> Callable[[str], str]:
+    """For the keys of ``template`` (ASCII, no leading zeros, no character below
+    ``\\x03``): a string whose order is :func:`natural_key`'s. Components are joined by
+    ``\\x00`` (a shorter key sorts first); a number is ``\\x01``, its length, its digits;
+    any other component ``\\x02`` and its text. Which components hold digits, and how
+    many, is the template's: a key gives only their text."""
+    pieces, spans, at = [], [], 0
+    for part in template.split("."):
+        if "1" not in part:
+            pieces.append("\x02" + part.replace("%", "%%"))
+        else:
+            pieces.append(f"\x01{chr(48 + len(part))}%s" if part.isdigit() else "\x02%s")
+            spans.append(slice(at, at + len(part)))  # a key's digits sit where its template's do
+        at += len(part) + 1
+    fmt = "\x00".join(pieces)
+    if not spans:
+        fixed = fmt % ()
+        return lambda key: fixed
+    if len(spans) == 1:
+        (one,) = spans
+        return lambda key: fmt % key[one]
+    if len(spans) == 2:
+        first, second = spans
+        return lambda key: fmt % (key[first], key[second])
+    return lambda key: fmt % tuple([key[s] for s in spans])
 
 
 def _no_digit(text: str | None) -> bool:

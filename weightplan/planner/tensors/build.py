@@ -25,7 +25,7 @@ from weightplan.planner.keys.routing import Group
 from weightplan.planner.tensors.destination import Destination, DestKind
 from weightplan.planner.tensors.geometry import row_major_strides
 from weightplan.planner.tensors.nodes import (
-    CastAttrs, Node, NodeKind, OpAttrs, ReadAttrs, SinkAttrs, op_attrs, read_attrs, sink_attrs,
+    CastAttrs, Node, NodeKind, OpAttrs, SinkAttrs, op_attrs, read_attrs, sink_attrs,
 )
 from weightplan.planner.tensors.ops.base import ConversionOp, OpContext, Streams, Wiring
 from weightplan.planner.tensors.quant_build import QuantContext, quantize_nodes, source_values
@@ -137,7 +137,7 @@ def stage_op(stage: Streams[Node]) -> ConversionOp:
 
 
 def stage_specs(stage: Streams[Node]) -> Streams[TensorSpec]:
-    return tuple(tuple(n.spec for n in stream) for stream in stage)
+    return tuple(tuple([n.spec for n in stream]) for stream in stage)
 
 
 def build_conversions(groups: Sequence[Group], expected: Expected, dtype: torch.dtype | None,
@@ -152,12 +152,7 @@ def build_conversions(groups: Sequence[Group], expected: Expected, dtype: torch.
 def build_conversion(group: Group, expected: Expected, dtype: torch.dtype | None,
                      sink: SinkKind, quant: QuantContext | None = None,
                      sharding: Sharding | None = None) -> Conversion:
-    values: Streams[Node] = tuple(
-        tuple(Node(NodeKind.READ, e.spec, (), ReadAttrs(e, (i, j))) for j, e in enumerate(s))
-        for i, s in enumerate(group.sources))
-    nodes = [n for s in values for n in s]
-    values, added = source_values(group, values, quant, expected, dtype)
-    nodes += added
+    values, nodes = source_values(group, quant, expected, dtype)
     ctx = _context(group, expected)
     ops = group.converter.operations if group.converter else ()
     for k, op in enumerate(ops):
@@ -236,7 +231,7 @@ def _expected_spec(expected: Expected, key: str) -> TensorSpec | None:
 def _context(group: Group, expected: Expected) -> OpContext:
     names = group.targets if group.explicit is None else tuple(s[0] for s in group.explicit)
     specs = tuple(_expected_spec(expected, t) for t in names)
-    keys = tuple(tuple(e.key for e in s) for s in group.sources)
+    keys = tuple(tuple([e.key for e in s]) for s in group.sources)
     config = expected.config if isinstance(expected, ModelInfo) else None
     return OpContext(group.targets, specs, keys, config)
 

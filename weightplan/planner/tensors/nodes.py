@@ -110,7 +110,7 @@ ATTRS_OF: dict[NodeKind, type] = {
 }
 
 
-@dataclass(frozen=True, eq=True, slots=True)
+@dataclass(frozen=True, eq=True, slots=True, init=False)
 class Node:
     """One tensor value in the plan."""
 
@@ -120,8 +120,15 @@ class Node:
     attrs: Attrs
     _hash: int = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_hash", hash((self.kind, self.inputs, *_identity(self.attrs))))
+    def __init__(self, kind: NodeKind, spec: TensorSpec, inputs: tuple["Node", ...],
+                 attrs: Attrs) -> None:
+        # a frontier plan makes ~140k nodes: the slots are written straight through their
+        # descriptors (the frozen class's generated __init__ goes through object.__setattr__)
+        _set_kind(self, kind)
+        _set_spec(self, spec)
+        _set_inputs(self, inputs)
+        _set_attrs(self, attrs)
+        _set_hash(self, hash((kind, inputs, *_identity(attrs))))
 
     def __hash__(self) -> int:
         return self._hash
@@ -141,6 +148,10 @@ class Node:
 
     def __repr__(self) -> str:
         return f"<{self.kind.value} {self.label} {self.spec}>"
+
+
+_set_kind, _set_spec, _set_inputs, _set_attrs, _set_hash = (
+    getattr(Node, name).__set__ for name in ("kind", "spec", "inputs", "attrs", "_hash"))
 
 
 def _identity(a: Attrs) -> tuple:

@@ -19,6 +19,7 @@ Whatever can't be done right is a problem on the plan (:func:`quant_problems`), 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -27,19 +28,23 @@ import torch
 from weightplan.errors import QuantizationError
 from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.inputs.fp8_model import Fp8Model, fp8_params
-from weightplan.planner.inputs.fp8_pairs import Fp8Pairing, pair_scales, scale_key
+from weightplan.planner.inputs.fp8_pairs import Fp8Pairing, ScaledWeight, pair_scales, scale_key
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.inputs.quant_config import (
     QuantConfig, quant_config_of_model, read_quant_config,
 )
 from weightplan.planner.keys.routing import Group
-from weightplan.planner.quant.blocks import FP8_DTYPES, E8M0, block_of
+from weightplan.planner.makers import maker
+from weightplan.planner.quant.blocks import FP8_DTYPES, E8M0, Block, block_of
 from weightplan.planner.quant.kinds import Dequantize, Quantize
 from weightplan.planner.tensors.nodes import (
-    DequantizeAttrs, Node, NodeKind, QuantizeAttrs, ReadAttrs, read_attrs,
+    DequantizeAttrs, Node, NodeKind, QuantizeAttrs, ReadAttrs,
 )
 from weightplan.planner.tensors.ops.base import ConversionOp, Streams
 from weightplan.planner.tensors.spec import TensorSpec
+
+
+_READ, _DEQUANTIZE, _read_attrs = NodeKind.READ, NodeKind.DEQUANTIZE, maker(ReadAttrs)
 
 
 @dataclass(frozen=True)
@@ -90,32 +95,49 @@ def routed_checkpoint(ckpt: Checkpoint, quant: QuantContext | None) -> Checkpoin
     return replace(ckpt, entries=entries)
 
 
-def source_values(group: Group, reads: Streams[Node], quant: QuantContext | None,
-                  expected: object, dtype: torch.dtype | None
-                  ) -> tuple[Streams[Node], list[Node]]:
-    """The op chain's inputs: each paired FP8 read behind a ``DEQUANTIZE`` node, unless the
-    conversion keeps FP8. Returns the values and the nodes added."""
-    if quant is None or _keeps(group, quant):
-        return reads, []
-    out_dtype = dequantized_dtype(group, expected, dtype)
+def source_values(group: Group, quant: QuantContext | None, expected: object,
+                  dtype: torch.dtype | None) -> tuple[Streams[Node], list[Node]]:
+    """The op chain's inputs: a read per source, each paired FP8 one behind a
+    ``DEQUANTIZE`` node unless the conversion keeps FP8. Returns the values and the nodes
+    made, in topological order (every read, then each dequantize after its scale's read)."""
+    pairs: Mapping[str, ScaledWeight] = {}
+    out_dtype = torch.bfloat16  # unused unless something dequantizes
+    if quant is not None and not _keeps(group, quant):
+        pairs, out_dtype = quant.pairing.pairs, dequantized_dtype(group, expected, dtype)
+    # the experts of a group share their specs and block: infer once per combination
+    made: dict[tuple[int, int, int], tuple[TensorSpec, DequantizeAttrs]] = {}
+    reads: list[Node] = []
     added: list[Node] = []
     streams = []
-    for stream in reads:
+    for i, entries in enumerate(group.sources):
         row = []
-        for read in stream:
-            pair = quant.pairing.pairs.get(read_attrs(read).entry.key)
+        for j, entry in enumerate(entries):
+            source = (i, j)
+            read = Node(_READ, entry.spec, (), _read_attrs(entry, source))
+            reads.append(read)
+            pair = pairs.get(entry.key)
             if pair is None:
                 row.append(read)
                 continue
-            scale = Node(NodeKind.READ, pair.scale.spec, (), ReadAttrs(pair.scale, read_attrs(read).source))
-            shape = read.spec.shape
-            spec = Dequantize(pair.block, out_dtype).infer(read.spec, pair.scale.spec, key=pair.weight.key)
-            node = Node(NodeKind.DEQUANTIZE, spec, (read, scale),
-                        DequantizeAttrs(out_dtype, block_of(shape, pair.block)))
-            added += [scale, node]
+            scale_spec = pair.scale.spec
+            scale = Node(_READ, scale_spec, (), _read_attrs(pair.scale, source))
+            seen = (id(entry.spec), id(scale_spec), id(pair.block))  # all alive: ids are safe
+            how = made.get(seen)
+            if how is None:
+                how = made[seen] = _dequantized(entry.spec, scale_spec, pair.block, out_dtype,
+                                                pair.weight.key)
+            node = Node(_DEQUANTIZE, how[0], (read, scale), how[1])
+            added.append(scale)
+            added.append(node)
             row.append(node)
         streams.append(tuple(row))
-    return tuple(streams), added
+    return tuple(streams), reads + added
+
+
+def _dequantized(weight: TensorSpec, scale: TensorSpec, block: Block, dtype: torch.dtype,
+                 key: str) -> tuple[TensorSpec, DequantizeAttrs]:
+    spec = Dequantize(block, dtype).infer(weight, scale, key=key)
+    return spec, DequantizeAttrs(dtype, block_of(weight.shape, block))
 
 
 def _keeps(group: Group, quant: QuantContext) -> bool:
