@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+from operator import attrgetter
 from typing import NamedTuple
 
 from weightplan.planner.tensors.build import Conversion, Target, TargetStatus
@@ -65,11 +66,14 @@ def collect_findings(model: ModelInfo | None, routing: Routing,
     mismatched: dict[str, Mismatch] = {}
     produced: set[str] = set()
     for conv in conversions:
-        keys = [e.key for e in conv.group.entries]
         statuses = {t.status for t in conv.targets}
         for t in conv.targets:
             if t.model is not None and t.status is not TargetStatus.UNEXPECTED:
                 produced.add(t.model.name)
+        if statuses == _LOADS:  # the usual case: nothing to report, the keys aren't listed
+            continue
+        keys = [e.key for e in conv.group.entries]
+        for t in conv.targets:
             if t.status is TargetStatus.MISMATCH and t.expected is not None:
                 mismatched[t.key] = Mismatch(t.produced.shape, t.expected.shape)
                 problems.append(Problem(ProblemKind.MISMATCH, t.key, _mismatch_text(conv, t)))
@@ -92,14 +96,17 @@ def collect_findings(model: ModelInfo | None, routing: Routing,
                                 f"{inc.converter.describe()}: found {', '.join(inc.present)} "
                                 f"but nothing for {', '.join(inc.missing_patterns)}; "
                                 f"{', '.join(inc.targets)} can't be built"))
-    for r in routing.routes:
-        if r.note:
-            notes.append(Note(r.key, f"{r.key} → {r.renamed}: {r.note}"))
+    notes.extend(Note(r.key, f"{r.key} → {r.renamed}: {r.note}")
+                 for r in filter(_NOTE, routing.routes))  # (a C-level pass over the keys)
     missing = _missing(model, produced)
     problems.extend(Problem(ProblemKind.MISSING, k, f"{k} is not produced by the checkpoint")
                     for k in sorted(missing))
     return _model_declarations(model, Findings(frozenset(missing), frozenset(unexpected),
                                                mismatched, tuple(problems), tuple(notes)))
+
+
+_LOADS = {TargetStatus.LOAD}
+_NOTE = attrgetter("note")
 
 
 def _model_declarations(model: ModelInfo | None, found: Findings) -> Findings:

@@ -9,7 +9,10 @@ to weights that aren't FP8 are notes (the keys are reported unexpected anyway).
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Sequence
+from itertools import chain
+from operator import attrgetter, countOf
 
 from weightplan.planner.findings import Findings, Note, Problem, ProblemKind
 from weightplan.planner.inputs.fp8_pairs import Fp8ProblemKind
@@ -55,30 +58,39 @@ def _plain_copies(conversions: Sequence[Conversion]) -> tuple[set[str], set[str]
     loaded: set[str] = set()
     for conv in conversions:
         loads = [t for t in conv.targets if t.status is TargetStatus.LOAD]
+        if not loads:
+            continue
         loaded.update(t.key for t in loads)
-        quantized = any(n.kind in (NodeKind.DEQUANTIZE, NodeKind.QUANTIZE) for n in conv.nodes)
-        fp8_sources = all(e.spec.dtype in FP8_DTYPES for e in conv.group.entries)
-        if loads and not quantized and fp8_sources and all(t.dtype in FP8_DTYPES for t in loads):
+        # cheapest test first: the targets (few), then the entries, then the nodes
+        if (all(t.dtype in FP8_DTYPES for t in loads)
+                and all(e.spec.dtype in FP8_DTYPES for e in conv.group.entries)
+                and not any(n.kind in _QUANTIZING for n in conv.nodes)):
             keys.update(e.key for e in conv.group.entries)
             targets.update(t.key for t in loads)
     return keys, targets, loaded
 
 
+_QUANTIZING = (NodeKind.DEQUANTIZE, NodeKind.QUANTIZE)
+_KIND, _NODES, _ACTIVATION = attrgetter("kind"), attrgetter("nodes"), attrgetter("activation")
+
+
 def summary(quant: QuantContext, conversions: Sequence[Conversion]) -> str:
     """One line: how many weights are dequantized, kept, quantized, with which blocks."""
-    counts = {k: 0 for k in (NodeKind.DEQUANTIZE, NodeKind.QUANTIZE)}
-    for conv in conversions:
-        for n in conv.nodes:
-            if n.kind in counts and not (isinstance(n.attrs, QuantizeAttrs) and n.attrs.scale):
-                counts[n.kind] += 1
+    # node kinds counted in one C-level pass; a quantize's scale output isn't a weight
+    kinds = Counter(map(_KIND, chain.from_iterable(map(_NODES, conversions))))
+    counts = {k: kinds[k] for k in _QUANTIZING}
+    if counts[NodeKind.QUANTIZE]:
+        counts[NodeKind.QUANTIZE] -= sum(1 for c in conversions for n in c.nodes
+                                         if isinstance(n.attrs, QuantizeAttrs) and n.attrs.scale)
     kept = sum(1 for c in conversions for t in c.targets if quant.keeps(t.key))
     kept -= counts[NodeKind.QUANTIZE]
     block = quant.config.block if quant.config is not None else (128, 128)
     source = quant.config.source if quant.config is not None else "no quantization_config"
-    activations = sum(1 for p in quant.pairing.pairs.values() if p.activation is not None)
+    pairs = quant.pairing.pairs
+    activations = len(pairs) - countOf(map(_ACTIVATION, pairs.values()), None)
     unused = (f"; {activations} activation scale(s) not loaded (dequantized weights don't use "
               "them; static activation scales of kept FP8 aren't supported yet)"
               if activations else "")
-    return (f"FP8 ({len(quant.pairing.pairs)} scaled weights, blocks {block}, from {source}): "
+    return (f"FP8 ({len(pairs)} scaled weights, blocks {block}, from {source}): "
             f"{counts[NodeKind.DEQUANTIZE]} dequantized, {kept} kept in FP8, "
             f"{counts[NodeKind.QUANTIZE]} quantized{unused}")

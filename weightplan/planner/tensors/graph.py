@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from weightplan.planner.tensors.geometry import Region
@@ -20,6 +21,8 @@ from weightplan.planner.tensors.spec import TensorSpec
 
 if TYPE_CHECKING:
     import networkx as nx
+
+_HASH = attrgetter("_hash")  # Node's hash, computed once when it is made
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +60,12 @@ class PlanGraph:
     @classmethod
     def of(cls, nodes: Iterable[Node]) -> "PlanGraph":
         """Nodes in the order given, each once (equal subgraphs are one node)."""
-        return cls(tuple(dict.fromkeys(nodes)))
+        given = tuple(nodes)
+        # equal nodes have equal hashes: when no two hashes (cached on the nodes, read
+        # without a Python __hash__ call each) are equal, every node is already distinct
+        if len(set(map(_HASH, given))) == len(given):
+            return cls(given)
+        return cls(tuple(dict.fromkeys(given)))
 
     def __iter__(self) -> Iterator[Node]:
         return iter(self.nodes)

@@ -7,6 +7,7 @@ verified, and the verified steps are the ones the schedule orders and the execut
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import chain
 
 from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.tensors.budget import schedule_within
@@ -22,7 +23,7 @@ StepOrder = Callable[[Sequence[Step]], tuple[Step, ...]]
 
 def plan_graph(conversions: Sequence[Conversion]) -> PlanGraph:
     """The conversions that load (or show where a mismatch would), as one DAG."""
-    return PlanGraph.of(n for c in conversions if c.in_graph for n in c.nodes)
+    return PlanGraph.of(chain.from_iterable(c.nodes for c in conversions if c.in_graph))
 
 
 def lower(conversions: Sequence[Conversion], checkpoint: Checkpoint, *, order: StepOrder,

@@ -22,14 +22,10 @@ from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from itertools import repeat
-from operator import add, attrgetter
 
 from weightplan.planner.tensors.machine import default_window_bytes
+from weightplan.planner.tensors.nodes import NodeKind
 from weightplan.planner.tensors.placement import Step
-
-_ENTRY, _OFFSET, _FIRST = attrgetter("entry"), attrgetter("offset"), attrgetter("layout.first")
-
 
 
 class EventKind(Enum):
@@ -81,12 +77,22 @@ class Schedule:
 def order_steps(programs: Sequence[Step], file_order: Sequence[str]) -> tuple[Step, ...]:
     """Checkpoint order: by file, then by the offset of the first byte read."""
     rank = {f: i for i, f in enumerate(file_order)}
+    rank_of = rank.get
+    dequantize = NodeKind.DEQUANTIZE
 
-    def key(p: Step) -> tuple:
-        entries = list(map(_ENTRY, p.reads))  # (entry.file, byte_range[0]) of each read
-        firsts = zip(map(rank.get, (e.file or "" for e in entries), repeat(-1)),
-                     map(add, map(_OFFSET, entries), map(_FIRST, p.reads)), strict=True)
-        return min(firsts, default=(-1, 0))
+    def key(p: Step) -> tuple[int, int]:
+        # (file rank, entry.offset + layout.first) of each read, its smallest: one pass,
+        # each read's node and entry touched once (ReadTask.entry / byte_range, inline)
+        best: tuple[int, int] | None = None
+        for r in p.reads:
+            node = r.node
+            if node.kind is dequantize:
+                node = node.inputs[0]
+            entry = node.attrs.entry  # type: ignore[union-attr]
+            first = (rank_of(entry.file or "", -1), entry.offset + r.layout.first)
+            if best is None or first < best:
+                best = first
+        return (-1, 0) if best is None else best
 
     return tuple(sorted(programs, key=key))
 
