@@ -17,6 +17,7 @@ import torch
 from weightplan.errors import PlanError
 from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.inputs.model_info import ModelInfo
+from weightplan.planner.inputs.model_init import declared_attr
 from weightplan.planner.tensors.spec import parse_dtype
 
 
@@ -73,6 +74,6 @@ def keep_fp32(model: torch.nn.Module | None, info: ModelInfo | None,
 def _declared(model: torch.nn.Module, attr: str) -> list[str]:
     out: list[str] = []
     for module in model.modules():
-        value = getattr(module, attr, None) or ()
+        value = declared_attr(module, attr) or ()
         out.extend(str(v) for v in value)
     return out

@@ -24,6 +24,15 @@ from torch.overrides import TorchFunctionMode
 InitFn = Callable[[torch.nn.Module], None]
 
 
+def declared_attr(module: torch.nn.Module, name: str) -> Any:
+    """``getattr(module, name, None)`` for a plain attribute (set on the instance or its
+    class), without ``nn.Module.__getattr__``: its failing lookup raises and formats an
+    ``AttributeError`` for each of a big model's thousand modules that lacks ``name``."""
+    if name in vars(module) or hasattr(type(module), name):
+        return getattr(module, name, None)
+    return None
+
+
 def init_function(owner: torch.nn.Module) -> InitFn | None:
     """``owner._init_weights`` when ``owner`` is a model that initializes its modules."""
     fn = getattr(owner, "_init_weights", None)
@@ -115,7 +124,7 @@ def ignore_patterns(model: torch.nn.Module) -> tuple[tuple[str, ...], tuple[str,
 
 
 def _patterns(module: torch.nn.Module, attr: str) -> list[str]:
-    value = getattr(type(module), attr, None) or getattr(module, attr, None) or ()
+    value = getattr(type(module), attr, None) or declared_attr(module, attr) or ()
     if isinstance(value, str):
         value = (value,)
     out = []

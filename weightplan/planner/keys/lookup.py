@@ -30,6 +30,7 @@ from torch import nn
 
 from weightplan.errors import ConflictingTransformError
 from weightplan.planner.findings import Note, Problem, ProblemKind
+from weightplan.planner.inputs.model_init import declared_attr
 from weightplan.planner.keys.registry import (
     MappingChoice, MappingRegistry, Source, SubmoduleMapping, Via,
 )
@@ -162,7 +163,7 @@ def _nearest(paths: list[str], path: str) -> str:
 
 def model_type_of(module: nn.Module) -> str | None:
     """``module.config.model_type`` when it is a non-empty string, else ``None``."""
-    model_type = getattr(getattr(module, "config", None), "model_type", None)
+    model_type = getattr(declared_attr(module, "config"), "model_type", None)
     return model_type if isinstance(model_type, str) and model_type else None
 
 

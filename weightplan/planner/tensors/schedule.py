@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from weightplan.planner.makers import maker
 from weightplan.planner.tensors.machine import default_window_bytes
 from weightplan.planner.tensors.nodes import NodeKind
 from weightplan.planner.tensors.placement import Step
@@ -31,6 +32,9 @@ from weightplan.planner.tensors.placement import Step
 class EventKind(Enum):
     SUBMIT = "submit"
     FINALIZE = "finalize"
+
+
+_SUBMIT, _FINALIZE = EventKind.SUBMIT, EventKind.FINALIZE
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +56,9 @@ class MemoryPoint:
     @property
     def total(self) -> int:
         return self.resident + self.in_flight + self.intermediate
+
+
+_event, _point = maker(Event), maker(MemoryPoint)  # two per step: without the frozen __init__
 
 
 @dataclass(frozen=True)
@@ -119,12 +126,12 @@ def plan_events(steps: Sequence[Step], window: int) -> tuple[Event, ...]:
     for s, program in enumerate(steps):
         while pending and in_flight + program.read_bytes > window:
             done = pending.popleft()
-            events.append(Event(EventKind.FINALIZE, done))
+            events.append(_event(_FINALIZE, done))
             in_flight -= steps[done].read_bytes
-        events.append(Event(EventKind.SUBMIT, s))
+        events.append(_event(_SUBMIT, s))
         pending.append(s)
         in_flight += program.read_bytes
-    events.extend(Event(EventKind.FINALIZE, s) for s in pending)
+    events.extend(_event(_FINALIZE, s) for s in pending)
     return tuple(events)
 
 
@@ -148,7 +155,7 @@ def simulate(steps: Sequence[Step], events: Sequence[Event], threads: int
         in_flight = pending.in_flight()
         if event.kind is EventKind.FINALIZE:
             pending.remove(program)
-        points.append(MemoryPoint(event, program.label, resident, in_flight, intermediate))
+        points.append(_point(event, program.label, resident, in_flight, intermediate))
     return tuple(points)
 
 
@@ -158,14 +165,16 @@ class _Pending:
 
     def __init__(self, threads: int) -> None:
         self.threads, self.held, self.windows = threads, 0, SortedWindows()
+        self.counts: dict[int, Counter[int]] = {}  # a pending step's window sizes, counted
 
     def add(self, step: Step) -> None:
         self.held += step.held_bytes + step.staged_bytes
-        self.windows.add_all(step.window_sizes)
+        self.counts[id(step)] = counts = Counter(step.window_sizes)
+        self.windows.add_counts(counts)
 
     def remove(self, step: Step) -> None:
         self.held -= step.held_bytes + step.staged_bytes
-        self.windows.remove_all(step.window_sizes)
+        self.windows.remove_counts(self.counts.pop(id(step)))
 
     def in_flight(self) -> int:
         return self.held + self.windows.largest(self.threads)
@@ -185,12 +194,18 @@ class SortedWindows:
 
     def add_all(self, sizes: Sequence[int]) -> None:
         """Add every size (the reads of one step: a stack's are all one size, added at once)."""
-        for size, count in Counter(sizes).items():
+        self.add_counts(Counter(sizes))
+
+    def remove_all(self, sizes: Sequence[int]) -> None:
+        self.remove_counts(Counter(sizes))
+
+    def add_counts(self, counts: Counter[int]) -> None:
+        for size, count in counts.items():
             at = bisect.bisect_right(self._sizes, size)
             self._sizes[at:at] = [size] * count
 
-    def remove_all(self, sizes: Sequence[int]) -> None:
-        for size, count in Counter(sizes).items():
+    def remove_counts(self, counts: Counter[int]) -> None:
+        for size, count in counts.items():
             at = bisect.bisect_left(self._sizes, size)
             del self._sizes[at:at + count]
 
