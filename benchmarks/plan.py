@@ -101,6 +101,7 @@ def measure(directory: Path, repeat: int) -> dict:
     model = meta_model(directory)
     runs, cpu, phases = [], [], []
     for _ in range(repeat):
+        plan = None  # the previous run's plan is freed here, not inside the next timing
         timer = PhaseTimer()
         gc.collect()
         start, start_cpu = time.perf_counter(), time.process_time()
