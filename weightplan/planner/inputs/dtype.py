@@ -73,7 +73,12 @@ def keep_fp32(model: torch.nn.Module | None, info: ModelInfo | None,
 
 def _declared(model: torch.nn.Module, attr: str) -> list[str]:
     out: list[str] = []
+    done: set[type] = set()  # classes declaring nothing (on their modules' instances aside)
     for module in model.modules():
+        if type(module) in done and attr not in vars(module):
+            continue
         value = declared_attr(module, attr) or ()
+        if not value and attr not in vars(module):
+            done.add(type(module))
         out.extend(str(v) for v in value)
     return out

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from weightplan.planner.makers import maker
 from weightplan.planner.inputs.model_init import ignore_patterns, rebuildable
 from weightplan.planner.inputs.ties import tie_groups
 from weightplan.planner.tensors.geometry import row_major_strides
@@ -29,6 +30,9 @@ class ModelTensor:
     @property
     def allocates(self) -> bool:
         return self.on_meta
+
+
+_model_tensor = maker(ModelTensor)  # a thousand per big model: without the frozen __init__
 
 
 @dataclass(frozen=True)
@@ -75,11 +79,11 @@ def inspect_model(model: torch.nn.Module) -> ModelInfo:
     entries: dict[str, ModelTensor] = {}
     for names in groups:
         tensor = state[names[0]]
-        entry = ModelTensor(
-            name=names[0], spec=TensorSpec.of(tensor), aliases=tuple(names),
-            is_buffer=names[0] in buffers, on_meta=tensor.is_meta,
-            stride=row_major_strides(tuple(tensor.shape)) if tensor.is_meta else tuple(tensor.stride()),
-            requires_grad=bool(getattr(tensor, "requires_grad", False)))
+        shape, on_meta = tuple(tensor.shape), tensor.is_meta
+        entry = _model_tensor(  # (name, spec, aliases, is_buffer, on_meta, stride, ...)
+            names[0], TensorSpec(shape, tensor.dtype), tuple(names), names[0] in buffers,
+            on_meta, row_major_strides(shape) if on_meta else tuple(tensor.stride()),
+            bool(getattr(tensor, "requires_grad", False)), False)
         for name in names:
             entries[name] = entry
     meta_buffers = tuple(name for name, b in model.named_buffers()

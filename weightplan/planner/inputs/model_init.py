@@ -111,9 +111,15 @@ def ignore_patterns(model: torch.nn.Module) -> tuple[tuple[str, ...], tuple[str,
     """
     missing: set[str] = set()
     unexpected: set[str] = set()
+    done: set[type] = set()  # classes whose patterns are in (a module's own ones aside)
     for module in model.modules():
-        missing.update(_patterns(module, "_keys_to_ignore_on_load_missing"))
-        unexpected.update(_patterns(module, "_keys_to_ignore_on_load_unexpected"))
+        own = _MISSING in vars(module) or _UNEXPECTED in vars(module)
+        if not own and type(module) in done:
+            continue
+        missing.update(_patterns(module, _MISSING))
+        unexpected.update(_patterns(module, _UNEXPECTED))
+        if not own:
+            done.add(type(module))
     if init_function(model) is not None:
         buffers = [name for name, _ in model.named_buffers()]
         if any(b.endswith("rotary_emb.inv_freq") for b in buffers):
@@ -121,6 +127,9 @@ def ignore_patterns(model: torch.nn.Module) -> tuple[tuple[str, ...], tuple[str,
         if any(b.endswith("position_ids") for b in buffers):
             unexpected.add(r"(^|\.)position_ids$")
     return tuple(sorted(missing)), tuple(sorted(unexpected))
+
+
+_MISSING, _UNEXPECTED = "_keys_to_ignore_on_load_missing", "_keys_to_ignore_on_load_unexpected"
 
 
 def _patterns(module: torch.nn.Module, attr: str) -> list[str]:
