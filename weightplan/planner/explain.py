@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -137,7 +137,7 @@ def _convert(ckpt: Checkpoint, transforms: tuple[WeightTransform, ...], info: Mo
 def _checkpoint_order(ckpt: Checkpoint) -> StepOrder:
     files = [f.path for f in ckpt.files]
 
-    def order(steps: Sequence[Step]) -> tuple[Step, ...]:
+    def order(steps: Iterable[Step]) -> tuple[Step, ...]:
         return order_steps(steps, files)
 
     return order

@@ -19,9 +19,10 @@ from __future__ import annotations
 import bisect
 import os
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from operator import itemgetter
 
 from weightplan.planner.makers import maker
 from weightplan.planner.tensors.machine import default_window_bytes
@@ -81,8 +82,11 @@ class Schedule:
         return peak.total if peak else 0
 
 
-def order_steps(programs: Sequence[Step], file_order: Sequence[str]) -> tuple[Step, ...]:
-    """Checkpoint order: by file, then by the offset of the first byte read."""
+def order_steps(programs: Iterable[Step], file_order: Sequence[str]) -> tuple[Step, ...]:
+    """Checkpoint order: by file, then by the offset of the first byte read.
+
+    Each step's key is taken as it comes (``programs`` may be the steps as they are
+    made: their reads are still in the CPU cache then)."""
     rank = {f: i for i, f in enumerate(file_order)}
     rank_of = rank.get
     dequantize = NodeKind.DEQUANTIZE
@@ -101,7 +105,12 @@ def order_steps(programs: Sequence[Step], file_order: Sequence[str]) -> tuple[St
                 best = first
         return (-1, 0) if best is None else best
 
-    return tuple(sorted(programs, key=key))
+    keyed = [(key(p), p) for p in programs]
+    keyed.sort(key=_KEY)  # stable, as sorted(programs, key=key)
+    return tuple(map(_STEP, keyed))
+
+
+_KEY, _STEP = itemgetter(0), itemgetter(1)
 
 
 def effective_threads(threads: int) -> int:

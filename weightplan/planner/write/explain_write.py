@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable
 import shutil
 from pathlib import Path
 
@@ -160,7 +160,7 @@ def make_write_plan(directory: str | os.PathLike, source: Checkpoint, reverse: R
     check_directory(Path(directory), layout, overwrite)
     options = PlanOptions(None, parse_threads(threads), None)
 
-    def by_location(steps: Sequence[Step]) -> tuple[Step, ...]:
+    def by_location(steps: Iterable[Step]) -> tuple[Step, ...]:
         return tuple(sorted(steps, key=lambda p: _first_location(p, layout)))
 
     graph, schedule = lower(conversions, source, order=by_location, threads=options.threads)
