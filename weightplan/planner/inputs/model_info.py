@@ -86,10 +86,10 @@ def inspect_model(model: torch.nn.Module) -> ModelInfo:
             bool(getattr(tensor, "requires_grad", False)), False)
         for name in names:
             entries[name] = entry
-    meta_buffers = tuple(name for name, b in model.named_buffers()
-                         if b.is_meta and name not in state)
+    named_buffers = list(model.named_buffers())
+    meta_buffers = tuple(name for name, b in named_buffers if b.is_meta and name not in state)
     config = getattr(model, "config", None)
-    missing, unexpected = ignore_patterns(model)
+    missing, unexpected = ignore_patterns(model, [name for name, _ in named_buffers])
     return ModelInfo(entries, config, type(model).__name__,
                      getattr(config, "model_type", None),
                      getattr(model, "base_model_prefix", None) or None, meta_buffers,

@@ -102,12 +102,14 @@ def rebuildable(model: torch.nn.Module, buffers: Iterable[str]) -> frozenset[str
     return frozenset(probe.written)
 
 
-def ignore_patterns(model: torch.nn.Module) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def ignore_patterns(model: torch.nn.Module, buffers: Iterable[str] | None = None
+                    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Regexes of keys the model declares ignorable: ``(missing, unexpected)``.
 
     transformers' ``_keys_to_ignore_on_load_missing`` / ``_unexpected`` of the model and
     its sub-models (searched anywhere in a key, as transformers does), plus the two it adds
     itself: old per-layer ``rotary_emb.inv_freq`` and persistent ``position_ids``.
+    ``buffers``: the names ``model.named_buffers()`` gives, when the caller has them.
     """
     missing: set[str] = set()
     unexpected: set[str] = set()
@@ -121,7 +123,9 @@ def ignore_patterns(model: torch.nn.Module) -> tuple[tuple[str, ...], tuple[str,
         if not own:
             done.add(type(module))
     if init_function(model) is not None:
-        buffers = [name for name, _ in model.named_buffers()]
+        if buffers is None:
+            buffers = [name for name, _ in model.named_buffers()]
+        buffers = list(buffers)
         if any(b.endswith("rotary_emb.inv_freq") for b in buffers):
             unexpected.add(r"rotary_emb\.inv_freq")
         if any(b.endswith("position_ids") for b in buffers):
