@@ -50,3 +50,10 @@ def test_equal_subgraphs_are_one_node_and_networkx_is_a_view():
     assert len(twice) == len(graph)
     view = graph.to_networkx()
     assert nx.is_directed_acyclic_graph(view) and view.number_of_edges() == 3
+
+
+def test_nodes_whose_hashes_collide_stay_apart():
+    first, second = merged_graph().nodes[:2]
+    object.__setattr__(second, "_hash", first._hash)  # unequal nodes, one hash
+    assert PlanGraph.of([first, second, first]).nodes == (first, second)
+    assert PlanGraph.of([first, second]).nodes == (first, second)
