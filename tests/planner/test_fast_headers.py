@@ -129,6 +129,9 @@ def test_safetensors_own_files_take_the_compact_path(tmp_path):
     '{"a":{"dtype":"F32","shape":[2],"data_offsets":[00,8]}}',
     '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":[[[[1]]]]}}',
     '{"a":{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}}',
+    '{"a":{"dtype":"F64","shape":"","data_offsets":[0,8]}}',  # () only as a list
+    '{"a":{"dtype":"F64","shape":{},"data_offsets":[0,8]}}',
+    '{"a":{"dtype":"F64","shape":[],"data_offsets":"ab"}}',
     '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8.0]}}',
     '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},}',
     '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}}',
@@ -141,6 +144,19 @@ def test_safetensors_own_files_take_the_compact_path(tmp_path):
 ])
 def test_hand_picked_headers_agree(text):
     _agree(text.encode(), 8)
+
+
+@pytest.mark.parametrize("dim", ["false", "0.0", "true", "1.0"])
+def test_cached_specs_never_stand_in_for_bools_or_floats(dim):
+    """``False == 0`` and ``1.0 == 1`` as dict keys: a spec cached for ``[0]`` or ``[1]``
+    must not be found for ``[false]`` or ``[1.0]`` (the strict reader refuses them)."""
+    good = 0 if dim in ("false", "0.0") else 1
+    for compact in (True, False):
+        sep = "" if compact else " "
+        text = (f'{{"a":{sep}{{"dtype":"U8","shape":[{good}],"data_offsets":[0,{good}]}},'
+                f'"b":{sep}{{"dtype":"U8","shape":[{dim}],"data_offsets":[{good},{2 * good}]}}}}')
+        fast, strict = _both(text.encode(), 2 * good)
+        assert fast is None and strict is None
 
 
 def test_duplicates_are_still_refused_by_name(tmp_path):

@@ -288,7 +288,8 @@ def parse_entries(path: str, header: dict, data_start: int, size: int
         try:
             dtype_name, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
             ident = (dtype_name, *shape)
-            known = specs.get(ident)
+            # 0 == False == 0.0 as dict keys: a cached spec is only for dims that are ints
+            known = specs.get(ident) if all(type(d) is int for d in shape) else None
             if known is None:
                 spec = _spec(dtype_name, shape)
                 known = specs[ident] = (spec, spec.nbytes)

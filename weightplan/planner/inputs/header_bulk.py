@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from itertools import chain
 from operator import itemgetter, sub
 from typing import Any, cast
 
@@ -186,10 +187,11 @@ def _json_columns(header: dict, specs: SpecCache
         if not infos or set(map(len, infos)) != {3}:
             return None
         dtypes, shapes, offsets = zip(*map(_FIELDS, infos), strict=True)  # a list: TypeError
-        if set(map(len, offsets)) != {2}:  # zip(*) would cut longer ones short
+        # a shape "" or {} would pass as () below, and False or 2.0 as the cached 0 or 2
+        if (set(map(type, shapes)) != {list} or set(map(len, offsets)) != {2}
+                or not set(map(type, chain.from_iterable(shapes))) <= {int}):
             return None
         begins, ends = map(list, zip(*offsets, strict=True))
-        # tuple() of a JSON value gives ints only for a list of ints (text: characters)
         idents = list(zip(dtypes, map(tuple, shapes), strict=True))
     except (TypeError, KeyError):
         return None
