@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from itertools import chain
+from itertools import chain, repeat
 from operator import itemgetter, sub
 from typing import Any, cast
 
@@ -130,9 +130,15 @@ def _compact_metadata(head: str) -> dict[str, str] | None:
     if meta is None and head.count(":") == 1:
         return {}
     if (type(meta) is dict and set(map(type, meta.values())) <= {str}
-            and head.count(":") == 1 + len(meta)):  # no key twice (see no_duplicates)
+            and head.count(":") == 1 + len(meta) + _colons(meta)):  # no key twice
         return meta
     return None
+
+
+def _colons(meta: dict[str, str]) -> int:
+    """The ``:`` inside the metadata's strings; without escapes, as many as in its text,
+    so :func:`no_duplicates`' count stays exact (the dtype strings, checked, hold none)."""
+    return sum(map(str.count, chain(meta, meta.values()), repeat(":")))
 
 
 def _compact_spec(text: str) -> tuple[TensorSpec, int]:
@@ -169,6 +175,8 @@ def _json_entries(path: str, text: str, raw: bytes, data_start: int, data_bytes:
         if type(meta) is not dict or not set(map(type, meta.values())) <= {str}:
             return None
         pairs += len(meta)
+    if b"\\" not in raw:  # no escapes: the colons inside strings are those of the values
+        pairs += sum(map(str.count, header, repeat(":"))) + _colons(meta or {})
     columns = _json_columns(header, specs)
     if columns is None or not no_duplicates(raw, pairs + 3 * len(header)):
         return None
