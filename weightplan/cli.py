@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from weightplan import __version__
 from weightplan.errors import WeightplanError
@@ -96,8 +97,35 @@ def _convert_parser(conv: argparse.ArgumentParser) -> None:
     conv.add_argument("--threads", type=int, default=4)
 
 
+# commands that only read and print: the program may leave without the interpreter's teardown
+READ_ONLY = ("explain", "mappings")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    code = _run(args)
+    if argv is None and args.command in READ_ONLY:  # the program itself, not a caller
+        _exit_now(code)
+    return code
+
+
+def _exit_now(code: int) -> NoReturn:
+    """Flush and leave at once. The interpreter's teardown would free every object of
+    torch, transformers, the model and the plan one by one, with full garbage collections
+    on the way: about a second for a frontier plan, after the answer is printed. Nothing
+    is left to do by then (a read-only command holds no open file, thread or temp dir)."""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):  # a closed pipe: as Python's own exit reports it
+        code = code or 120
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    os._exit(code)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return _dispatch(args)
     except KeyboardInterrupt:
