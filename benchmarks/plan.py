@@ -9,6 +9,18 @@ how long ``str(plan)``, ``plan.to_dict()`` and the DOT text behind ``plan.render
 prints µs per key, which stays flat when planning is linear in keys.
 
     python benchmarks/plan.py [--only deepseek-v3-fp8] [--repeat 3] [--scaling]
+    python benchmarks/plan.py --cli [--only deepseek-v3-fp8] [--repeat 3]
+
+``--cli`` times the command line instead, each run a fresh process (medians): ``python -c
+"import torch, transformers"``; the same plus what any tool pays to have the model (the
+config, transformers' modules for its class, the model built on meta; no weightplan);
+``weightplan explain DIR``; and that command once more with ``explain_load`` timed inside
+it. The model-only run goes without the cyclic collector and the interpreter's teardown,
+as the command does, so that the last difference is weightplan's own cost. It prints the
+differences: the command over the imports (target: ≤ 1 s), over the imports and the model,
+and what is left once ``explain_load`` is taken out too (target: ≤ 0.15 s). Wall time is
+what the targets name; CPU time (user + system of the child) is printed too, as the
+steadier figure on a shared machine.
 
 Targets (issue 14): DeepSeek-V3 FP8 (91,991 keys) in ≤ 1.0 s, ≤ 1 KB per key,
 ``print``/``to_dict``/``render`` ≤ 0.5 s each. Figures from a shared, loaded machine
@@ -21,7 +33,10 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
+import resource
 import statistics
+import subprocess
 import sys
 import time
 import tracemalloc
@@ -155,6 +170,95 @@ def report(name: str, r: dict) -> None:
     print("  " + ", ".join(f"{k} {r[k]:.3f} s" for k in ("print", "to_dict", "render (DOT)")))
 
 
+# what any tool pays to have the model: imports, config, the class's modules, meta build
+# (as `weightplan explain` runs: no cyclic collector, no interpreter teardown)
+MODEL_ONLY = """
+import gc; gc.disable()
+import os, sys, torch, transformers
+config = transformers.AutoConfig.from_pretrained(sys.argv[1])
+with torch.device("meta"):
+    getattr(transformers, config.architectures[0])(config)
+os._exit(0)
+"""
+# ``weightplan explain DIR`` as the console script runs it, with explain_load timed inside
+TIMED_CLI = """
+import sys, time
+import weightplan.api.entry as entry
+inner = entry.explain_load
+def timed(*args, **kwargs):
+    start, cpu = time.perf_counter(), time.process_time()
+    try:
+        return inner(*args, **kwargs)
+    finally:
+        print(f"explain_load {time.perf_counter() - start:.6f} {time.process_time() - cpu:.6f}",
+              file=sys.stderr, flush=True)
+entry.explain_load = timed
+from weightplan.cli import main
+sys.argv = ["weightplan", "explain", sys.argv[1]]
+sys.exit(main())
+"""
+
+
+def run_fresh(command: list[str]) -> tuple[float, float, str]:
+    """Wall and CPU seconds (user + system) of ``command`` in a fresh process, its stderr."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(HERE.parent), os.environ.get("PYTHONPATH")) if p))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True, env=env, check=False)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, done.stderr
+
+
+def cli(directory: Path, repeat: int) -> None:
+    """``weightplan explain DIR`` against the bare imports, fresh processes, interleaved."""
+    py = sys.executable
+    commands = {
+        "imports": [py, "-c", "import torch, transformers"],
+        "model": [py, "-c", MODEL_ONLY, str(directory)],
+        "cli": [py, "-m", "weightplan.cli", "explain", str(directory)],
+        "timed": [py, "-c", TIMED_CLI, str(directory)],
+    }
+    walls: dict[str, list[float]] = {k: [] for k in commands}
+    cpus: dict[str, list[float]] = {k: [] for k in commands}
+    inner: list[tuple[float, float]] = []
+    for _ in range(repeat):
+        for what, command in commands.items():
+            wall, cpu, err = run_fresh(command)
+            walls[what].append(wall)
+            cpus[what].append(cpu)
+            if what == "timed":
+                inner += [(float(line.split()[1]), float(line.split()[2]))
+                          for line in err.splitlines() if line.startswith("explain_load ")]
+    w = {k: statistics.median(v) for k, v in walls.items()}
+    c = {k: statistics.median(v) for k, v in cpus.items()}
+    load = statistics.median(t for t, _ in inner)
+    load_cpu = statistics.median(t for _, t in inner)
+    print(f"\nweightplan explain {directory.name} (fresh processes, medians of {repeat}; "
+          "wall / CPU):")
+    rows = (('python -c "import torch, transformers"', "imports"),
+            ("  + config, model modules, model on meta (no weightplan)", "model"),
+            (f"weightplan explain {directory.name}", "cli"),
+            ("  the same, explain_load timed inside", "timed"))
+    for label, key in rows:
+        print(f"  {label:<58}{w[key]:>7.3f} s / {c[key]:.3f} s")
+    print(f"  {'    of which explain_load':<58}{load:>7.3f} s / {load_cpu:.3f} s")
+    for label, value, cpu, target in (
+            ("command - imports", w["cli"] - w["imports"], c["cli"] - c["imports"],
+             "   (target: ≤ 1 s wall)"),
+            ("command - imports and model", w["cli"] - w["model"], c["cli"] - c["model"], ""),
+            ("command - imports - explain_load", w["timed"] - w["imports"] - load,
+             c["timed"] - c["imports"] - load_cpu, "   (target: ≤ 0.15 s)"),
+            ("command - imports and model - explain_load", w["timed"] - w["model"] - load,
+             c["timed"] - c["model"] - load_cpu, "   (weightplan's own: imports, print)")):
+        print(f"  {label:<58}{value:>7.3f} s / {cpu:.3f} s{target}")
+
+
 def scaling(cache: Path, repeat: int) -> None:
     print("\nscaling (DeepSeek-V3 FP8 cut to N layers):")
     print(f"{'layers':>7}{'keys':>9}{'explain s':>11}{'µs / key':>10}")
@@ -170,7 +274,13 @@ def main() -> None:
     parser.add_argument("--only", choices=sorted(FIXTURES))
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--scaling", action="store_true")
+    parser.add_argument("--cli", action="store_true",
+                        help="time `weightplan explain DIR` in fresh processes instead "
+                             "(--only, default deepseek-v3-fp8)")
     args = parser.parse_args()
+    if args.cli:
+        cli(fixture(args.cache, args.only or "deepseek-v3-fp8"), args.repeat)
+        return
     print("explain() on header-only frontier fixtures, model on meta (shared machine: "
           "figures are noisy)")
     for name in [args.only] if args.only else FIXTURES:

@@ -74,3 +74,21 @@ def test_explain_with_budget(tmp_path, capsys):
     assert "BudgetError" in err and "smallest possible peak" in err
     assert main(["explain", str(directory), "--model-type", "mixtral", "--budget", "lots"]) == 2
     assert "can't parse budget" in capsys.readouterr().err
+
+
+def test_the_program_prints_everything_before_it_leaves(tmp_path, capsys):
+    """``weightplan explain`` leaves without the interpreter's teardown: what it printed
+    is flushed first, the exit status is kept, and output is what ``main`` prints."""
+    from tests.hostile.helpers import run_cli
+
+    directory = write_checkpoint(tmp_path / "c", moe_checkpoint(), shards=2)
+    assert main(["explain", str(directory), "--model-type", "mixtral", "--json"]) == 0
+    expected = json.loads(capsys.readouterr().out)
+    done = run_cli("explain", str(directory), "--model-type", "mixtral", "--json")
+    assert done.returncode == 0 and done.stdout.endswith("}\n")
+    got = json.loads(done.stdout)
+    for data in (got, expected):  # the memory available now is the one figure that moves
+        data["machine"].pop("available_bytes")
+    assert got == expected
+    failed = run_cli("explain", str(tmp_path / "missing.safetensors"))
+    assert failed.returncode == 2 and "CheckpointError" in failed.stderr

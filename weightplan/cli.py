@@ -17,9 +17,11 @@ Errors are one line on stderr and a non-zero exit; --debug adds the traceback.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from weightplan import __version__
 from weightplan.errors import WeightplanError
@@ -96,8 +98,43 @@ def _convert_parser(conv: argparse.ArgumentParser) -> None:
     conv.add_argument("--threads", type=int, default=4)
 
 
+# commands that only read and print: run as the program (not called by a caller), they run
+# without the cyclic garbage collector and leave without the interpreter's teardown
+READ_ONLY = ("explain", "mappings")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    program = argv is None and args.command in READ_ONLY
+    if program:
+        # one short pass that frees what it drops by reference counting: the collector would
+        # only re-walk torch's, transformers' and the plan's objects (about 0.5 s while
+        # transformers imports a frontier model's modules) to find next to nothing (peak RSS
+        # +8 MB without it on DeepSeek-V3)
+        gc.disable()
+    code = _run(args)
+    if program:
+        _exit_now(code)
+    return code
+
+
+def _exit_now(code: int) -> NoReturn:
+    """Flush and leave at once. The interpreter's teardown would free every object of
+    torch, transformers, the model and the plan one by one, with full garbage collections
+    on the way: about a second for a frontier plan, after the answer is printed. Nothing
+    is left to do by then (a read-only command holds no open file, thread or temp dir)."""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):  # a closed pipe: as Python's own exit reports it
+        code = code or 120
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    os._exit(code)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return _dispatch(args)
     except KeyboardInterrupt:

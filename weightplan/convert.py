@@ -1,22 +1,23 @@
 """``convert(tensors, mapping)`` / ``revert``: run a mapping on an in-memory ``{key: tensor}``
-dict, through the same planner and executor as a load (the sink is a dict)."""
+dict, through the same planner and executor as a load (the sink is a dict).
+
+The executor and the write planners are imported when first used: ``import weightplan``
+(and ``weightplan explain``) doesn't pay for them."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 
 from weightplan.errors import MappingError
-from weightplan.executor.dict_sink import DictSink
-from weightplan.executor.run import run_plan
 from weightplan.planner.explain import choose_mapping
 from weightplan.planner.inputs.checkpoint import open_checkpoint
-from weightplan.planner.tensors.quant_build import memory_context, routed_checkpoint
-from weightplan.planner.write.explain_write import forward_groups
-from weightplan.planner.write.in_memory import MemoryPlan, plan_in_memory
-from weightplan.planner.write.record import LoadRecord, record_of_conversions
-from weightplan.planner.write.reverse import derived_groups, record_groups
+
+if TYPE_CHECKING:
+    from weightplan.planner.write.in_memory import MemoryPlan
+    from weightplan.planner.write.record import LoadRecord
 
 
 class Converted(dict[str, torch.Tensor]):
@@ -40,6 +41,11 @@ def convert(tensors: Mapping[str, torch.Tensor], mapping: object) -> Converted:
         MappingError: a converter group lacks one of its source patterns, or two keys
             produce the same output key.
     """
+    from weightplan.planner.tensors.quant_build import memory_context, routed_checkpoint
+    from weightplan.planner.write.explain_write import forward_groups
+    from weightplan.planner.write.in_memory import plan_in_memory
+    from weightplan.planner.write.record import record_of_conversions
+
     if mapping is None:
         raise MappingError("convert() needs a mapping: a registered name or a list of transforms")
     ckpt = open_checkpoint(dict(tensors))
@@ -59,6 +65,9 @@ def revert(tensors: Mapping[str, torch.Tensor], mapping: object) -> dict[str, to
     ``mapping``: inverse converters first, then inverse renamings; a transform whose
     inverse would be a guess (a ``PrefixChange``) raises :class:`NotInvertibleError`.
     """
+    from weightplan.planner.write.in_memory import plan_in_memory
+    from weightplan.planner.write.reverse import derived_groups, record_groups
+
     ckpt = open_checkpoint(dict(tensors))
     record = tensors.record if isinstance(tensors, Converted) else None
     if record is not None:
@@ -71,6 +80,9 @@ def revert(tensors: Mapping[str, torch.Tensor], mapping: object) -> dict[str, to
 
 
 def _run(plan: MemoryPlan) -> dict[str, torch.Tensor]:
+    from weightplan.executor.dict_sink import DictSink
+    from weightplan.executor.run import run_plan
+
     sink = DictSink()
     run_plan(plan.schedule, plan.checkpoint, sink, progress=False, description="converting")
     order = [t.key for c in plan.conversions for t in c.targets if t.key in sink.results]

@@ -12,7 +12,6 @@ from weightplan.bridge.names import named_choice
 from weightplan.bridge.transformers import TransformersFinder
 from weightplan.planner.explain import explain_load
 from weightplan.planner.keys.lookup import Finder, is_transformers_class
-from weightplan.planner.write.explain_write import explain_convert_plan, explain_save_plan
 
 
 def bridge_for(model: torch.nn.Module | None) -> Finder | None:
@@ -91,6 +90,8 @@ def explain_save(model: torch.nn.Module, directory: str | os.PathLike[str], *,
         NotInvertibleError: a transform of the mapping has no unambiguous inverse.
         SaveError: meta tensors, an unwritable or occupied directory, too little space.
     """
+    from weightplan.planner.write.explain_write import explain_save_plan
+
     data = explain_save_plan(model, directory, mapping=by_name(mapping), max_shard_size=max_shard_size,
                              overwrite=overwrite, threads=threads, quantize=quantize,
                              finder=bridge_for(model) if mapping is None else None)
@@ -105,6 +106,8 @@ def explain_convert(source: object, directory: str | os.PathLike[str], *, mappin
     Forward applies ``mapping`` (with the legacy renames) as a load would; ``reverse``
     applies its inverse (a saved model's layout back to the original one).
     """
+    from weightplan.planner.write.explain_write import explain_convert_plan
+
     data = explain_convert_plan(source, directory, mapping=by_name(mapping), reverse=reverse,
                                 max_shard_size=max_shard_size, overwrite=overwrite,
                                 threads=threads)

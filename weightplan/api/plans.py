@@ -2,25 +2,23 @@
 
 The planner's plan types (:class:`~weightplan.planner.plan.LoadPlanData`,
 :class:`~weightplan.planner.write.write_plan.WritePlanData`) are data only; these
-subclasses add what needs the executor and viz, which the planner may not import.
+subclasses add what needs the executor and viz, which the planner may not import. Those
+are imported by the methods that use them: explaining and printing a plan doesn't load
+the executor (nor rich, its progress bar), the DOT, HTML and timeline renderers.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from weightplan.executor.execute_load import execute_plan
-from weightplan.executor.execute_write import execute_write
-from weightplan.executor.report import LoadReport, SaveReport
 from weightplan.guard import call_typed
 from weightplan.planner.plan import LoadPlanData, PlanData
 from weightplan.planner.write.write_plan import WritePlanData
-from weightplan.viz.data import plan_to_dict, write_plan_to_dict
-from weightplan.viz.dot import render_plan
-from weightplan.viz.html import plan_html
 from weightplan.viz.text import explain_text
-from weightplan.viz.timeline import render_timeline
+
+if TYPE_CHECKING:
+    from weightplan.executor.report import LoadReport, SaveReport
 
 P = TypeVar("P", bound=PlanData)
 
@@ -54,11 +52,15 @@ class Plan(LoadPlanData):
         Returns:
             A :class:`LoadReport` with bytes read, seconds, GB/s and the peak held.
         """
+        from weightplan.executor.execute_load import execute_plan
+
         return call_typed("execute", execute_plan, self, strict=strict, progress=progress,
                           atomic=atomic)
 
     def to_dict(self) -> dict[str, Any]:
         """The explanation as plain data (JSON-serializable)."""
+        from weightplan.viz.data import plan_to_dict
+
         return plan_to_dict(self)
 
     def render(self, path: str, *, detail: str | None = None, only: str | None = None) -> str:
@@ -77,15 +79,21 @@ class Plan(LoadPlanData):
             >>> plan.render("plan.svg")                                # doctest: +SKIP
             >>> plan.render("layer3.svg", only="model.layers.3.*")     # doctest: +SKIP
         """
+        from weightplan.viz.dot import render_plan
+
         return render_plan(self, path, detail=detail, only=only)
 
     def render_timeline(self, path: str) -> str:
         """Draw the planned memory per event (resident, in flight, intermediate, the budget,
         the peak and its cause) as an SVG file; returns the file written."""
+        from weightplan.viz.timeline import render_timeline
+
         return render_timeline(self, path)
 
     def _repr_html_(self) -> str:
         """Jupyter: the grouped table, the graph (when ``dot`` exists) and the timeline."""
+        from weightplan.viz.html import plan_html
+
         return plan_html(self)
 
     def __str__(self) -> str:
@@ -106,9 +114,13 @@ class WritePlan(WritePlanData):
 
     def execute(self, *, progress: bool | None = None) -> SaveReport:
         """Write the checkpoint; a failure leaves no half-written file behind."""
+        from weightplan.executor.execute_write import execute_write
+
         return call_typed("execute", execute_write, self, progress=progress)
 
     def to_dict(self) -> dict[str, Any]:
+        from weightplan.viz.data import write_plan_to_dict
+
         return write_plan_to_dict(self)
 
     def __str__(self) -> str:

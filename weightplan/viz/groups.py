@@ -26,7 +26,7 @@ from weightplan.planner.keys.patterns import natural_key
 from weightplan.planner.plan import LoadPlanData
 from weightplan.units import format_bytes
 from weightplan.viz.boxes import Box, BoxContext, Slot, make_box, node_slots
-from weightplan.viz.folding import fold_keys, ranges, split_numbers
+from weightplan.viz.folding import fold_keys, ranges, shapes_of
 from weightplan.viz.style import checkpoint_name
 
 DETAILS = ("grouped", "full")
@@ -80,7 +80,7 @@ def plan_picture(plan: LoadPlanData, *, detail: str | None = None, only: str | N
         raise RenderError(f"detail must be one of {', '.join(map(repr, DETAILS))}, "
                           f"got {detail!r}")
     convs = _select(plan, only)
-    slots = _SlotCache(grouped=detail == "grouped")
+    slots = _SlotCache(plan, convs, grouped=detail == "grouped")
     buckets = _buckets(convs, slots)
     clusters = _clusters(plan, buckets, slots)
     drawn = sum(len(c.parts) for c in clusters)
@@ -108,17 +108,48 @@ def _keys_of(conv: Conversion) -> list[str]:
 
 
 class _SlotCache:
-    """:func:`node_slots` of each conversion, computed once per picture."""
+    """What one picture looks up more than once: :func:`node_slots` of each conversion,
+    the schedule step that writes a conversion's sinks, the conversion holding the peak.
+    It lives while the picture is drawn (nothing stays on the plan)."""
 
-    def __init__(self, grouped: bool) -> None:
+    def __init__(self, plan: LoadPlanData, convs: list[Conversion], grouped: bool) -> None:
         self.grouped = grouped
         self.by_conv: dict[int, dict[Node, Slot]] = {}  # by id: the conversions outlive it
+        self.schedule = plan.schedule
+        self.convs = convs
+        self.steps: dict[tuple[Node, ...], int] | None = None
+        self.peak_owners: set[int] | None = None
 
     def __call__(self, conv: Conversion) -> dict[Node, Slot]:
         found = self.by_conv.get(id(conv))
         if found is None:
             found = self.by_conv[id(conv)] = node_slots(conv, self.grouped)
         return found
+
+    def step_of(self, conv: Conversion) -> int | None:
+        """The first schedule step whose sinks are ``conv``'s (``None``: none)."""
+        if self.steps is None:
+            self.steps = {}
+            for i, program in enumerate(self.schedule.steps):
+                self.steps.setdefault(tuple(program.sinks), i)
+        return self.steps.get(conv.sinks)
+
+    def holds_peak(self, bucket: list[Conversion]) -> bool:
+        """Whether a conversion of ``bucket`` has the sinks of the peak step."""
+        if self.peak_owners is None:
+            self.peak_owners = self._peak_owners()
+        return any(id(c) in self.peak_owners for c in bucket)
+
+    def _peak_owners(self) -> set[int]:
+        peak = self.schedule.peak
+        if peak is None:
+            return set()
+        sinks = self.schedule.steps[peak.event.step].sinks
+        # a conversion's sinks land in its targets: look at those first, not at every node
+        keys = {n.attrs.dest.key for n in sinks if isinstance(n.attrs, SinkAttrs)}
+        owners = {id(c) for c in self.convs
+                  if any(t.key in keys for t in c.targets) and c.sinks == sinks}
+        return owners or {id(c) for c in self.convs if c.sinks == sinks}
 
 
 def _buckets(convs: list[Conversion], slots: _SlotCache) -> list[list[Conversion]]:
@@ -131,22 +162,31 @@ def _buckets(convs: list[Conversion], slots: _SlotCache) -> list[list[Conversion
 
 
 def _signature(conv: Conversion, slots: dict[Node, Slot]) -> tuple:
-    """Equal for conversions whose graphs differ only in the numbers inside keys."""
-    index = {n: i for i, n in enumerate(conv.nodes)}
-    shape = tuple((n.kind, slots[n], _template(n), n.spec, tuple(index[m] for m in n.inputs))
-                  for n in conv.nodes)
-    return shape, tuple((split_numbers(t.key)[0], t.status) for t in conv.targets)
+    """Equal for conversions whose graphs differ only in the numbers inside keys.
 
-
-def _template(node: Node) -> object:
-    a = node.attrs
-    if isinstance(a, ReadAttrs):
-        return split_numbers(a.entry.key)[0]
-    if isinstance(a, SinkAttrs):
-        return split_numbers(a.target)[0], a.dest.kind
-    if isinstance(a, OpAttrs):
-        return repr(a.op)
-    return a
+    Per node: kind, slot, op (or a sink's destination kind, or the attrs of the other
+    kinds), spec as ``(shape, dtype)`` (compared in C, unlike the dataclass) and where its
+    inputs are; then the key templates of every read and sink in node order
+    (:func:`shapes_of`: one regex pass for the whole conversion, not one per key)."""
+    index = {id(n): i for i, n in enumerate(conv.nodes)}
+    keys, shape = [], []
+    for n in conv.nodes:
+        a = n.attrs
+        if type(a) is ReadAttrs:
+            keys.append(a.entry.key)
+            what: object = None
+        elif type(a) is SinkAttrs:
+            keys.append(a.dest.key)
+            what = a.dest.kind
+        elif type(a) is OpAttrs:
+            what = repr(a.op)
+        else:
+            what = a
+        inputs = tuple([index[id(m)] for m in n.inputs]) if n.inputs else ()
+        shape.append((n.kind, slots[n], what, n.spec.shape, n.spec.dtype, inputs))
+    targets = [t.key for t in conv.targets]
+    return (tuple(shape), tuple(shapes_of(keys)), tuple(shapes_of(targets)),
+            tuple(t.status for t in conv.targets))
 
 
 def _cluster_key(bucket: list[Conversion]) -> tuple[str, str, tuple[int, ...]]:
@@ -191,7 +231,7 @@ def _part(plan: LoadPlanData, bucket: list[Conversion], slots_of: _SlotCache, sp
     for conv in bucket:
         for n, slot in slots_of(conv).items():
             every[slot].append(n)
-    ctx = BoxContext(rep, _materialized(plan, rep), _peak_line(plan, bucket),
+    ctx = BoxContext(rep, _materialized(plan, rep, slots_of), _peak_line(plan, bucket, slots_of),
                      f" · ×{len(bucket)}" if len(bucket) != span else "")
     slots = list(order)
     boxes = tuple(make_box(order[s][0].kind, order[s], every[s], ctx) for s in slots)
@@ -201,19 +241,14 @@ def _part(plan: LoadPlanData, bucket: list[Conversion], slots_of: _SlotCache, sp
     return Part(boxes, tuple(edges), len(bucket))
 
 
-def _materialized(plan: LoadPlanData, conv: Conversion) -> int:
-    for program in plan.schedule.steps:
-        if program.sinks == conv.sinks:
-            return len(program.materialize)
-    return 0
+def _materialized(plan: LoadPlanData, conv: Conversion, slots: _SlotCache) -> int:
+    step = slots.step_of(conv)
+    return 0 if step is None else len(plan.schedule.steps[step].materialize)
 
 
-def _peak_line(plan: LoadPlanData, bucket: list[Conversion]) -> str | None:
+def _peak_line(plan: LoadPlanData, bucket: list[Conversion], slots: _SlotCache) -> str | None:
     peak = plan.schedule.peak
-    if peak is None:
-        return None
-    sinks = plan.schedule.steps[peak.event.step].sinks
-    if not any(c.sinks == sinks for c in bucket):
+    if peak is None or not slots.holds_peak(bucket):
         return None
     return (f"▲ peak {format_bytes(peak.total)} at step {peak.event.step + 1}/"
             f"{len(plan.schedule.steps)} ({peak.event.kind.value} {peak.label})")

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import os
 import struct
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -22,7 +24,9 @@ from weightplan.errors import (
     TruncatedCheckpointError, UnsafeFormatError,
 )
 from weightplan.planner.bulk import paused_gc
+from weightplan.planner.inputs.entry import TensorEntry
 from weightplan.planner.inputs.fingerprint import FileStamp, stamp_fd
+from weightplan.planner.inputs.header_bulk import SpecCache, fast_entries
 from weightplan.planner.inputs.paths import (
     check_path_argument, open_regular, refuse_interrupted_save, shard_path,
 )
@@ -35,21 +39,6 @@ from weightplan.planner.tensors.spec import SAFETENSORS_DTYPES, TensorSpec
 __all__ = ["Checkpoint", "FileStamp", "TensorEntry", "open_checkpoint", "read_header"]
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
-
-
-@dataclass(frozen=True, slots=True)
-class TensorEntry:
-    """One checkpoint tensor: where its bytes are and what they hold."""
-
-    key: str
-    spec: TensorSpec
-    file: str | None  # None: the tensor lives in an in-memory dict
-    offset: int = 0  # absolute byte offset of the first data byte in ``file``
-    contiguous: bool = True  # in-memory tensors may be strided; file data never is
-
-    @property
-    def nbytes(self) -> int:
-        return self.spec.nbytes
 
 
 @dataclass(frozen=True)
@@ -89,7 +78,7 @@ def open_checkpoint(source: object) -> Checkpoint:
         refuse_interrupted_save(path.parent)
         return _from_files([(str(path), None)], description=str(path))
     if isinstance(source, Sequence) and not isinstance(source, (bytes, bytearray)):
-        files: list[tuple[str, Mapping[str, str] | None]] = [
+        files: list[tuple[str, IndexShard | None]] = [
             (check_path_argument(p, what="checkpoint file"), None) for p in source]
         if not files:
             raise CheckpointError("an empty list of checkpoint files was given")
@@ -121,7 +110,7 @@ def _from_memory(tensors: Mapping) -> Checkpoint:
     return Checkpoint(entries, tensors=dict(tensors), description="<memory>")
 
 
-def _directory_files(path: Path) -> list[tuple[str, Mapping[str, str] | None]]:
+def _directory_files(path: Path) -> list[tuple[str, IndexShard | None]]:
     indexes = sorted(path.glob("*.safetensors.index.json"))
     if len(indexes) > 1:
         raise HeaderError(f"several index files: {[i.name for i in indexes]}", file=str(path))
@@ -158,22 +147,42 @@ def _read_index(index: Path) -> dict[str, str]:
     return weight_map
 
 
-def _index_files(index: Path) -> list[tuple[str, Mapping[str, str] | None]]:
-    by_file: dict[str, dict[str, str]] = {}
-    for key, name in _read_index(index).items():
-        keys = by_file.get(name) if isinstance(name, str) else None
-        if keys is None:  # each name checked once: refused outside the directory first
-            shard_path(index, name)
-            keys = by_file[name] = {}
-        keys[key] = name
-    files: list[tuple[str, Mapping[str, str] | None]] = []
-    for name, keys in sorted(by_file.items()):
+class IndexShard(NamedTuple):
+    """What an index says one shard holds: the keys ``weight_map`` maps to ``name``."""
+
+    name: str
+    weight_map: Mapping[str, str]
+    size: int  # how many keys the index places in this shard
+
+    def check(self, path: str, found: Mapping[str, TensorEntry]) -> None:
+        """Every key placed here is in the shard's header ``found`` (counted at C speed:
+        the header's keys are distinct, so ``size`` of them mapped here means all)."""
+        if list(map(self.weight_map.get, found)).count(self.name) == self.size:
+            return
+        for key, name in self.weight_map.items():
+            if name == self.name and key not in found:
+                raise HeaderError("the index places this key here but the file's header "
+                                  "lacks it", file=path, key=key)
+
+
+def _index_files(index: Path) -> list[tuple[str, IndexShard | None]]:
+    weight_map = _read_index(index)
+    try:
+        names = list(dict.fromkeys(weight_map.values()))
+    except TypeError:  # an unhashable name: checked in index order, it is refused below
+        names = list(weight_map.values())
+    for name in names:  # each name checked once, in index order: refused outside the directory first
+        shard_path(index, name)
+    counts = Counter(weight_map.values())
+    files: list[tuple[str, IndexShard | None]] = []
+    for name in sorted(names):
         shard = shard_path(index, name)
         if not _exists(shard, index):
+            first = next(k for k, n in weight_map.items() if n == name)
             raise MissingShardError(
-                f"the index names shard {name!r} (holding {next(iter(keys))!r} and "
-                f"{len(keys) - 1} more keys) but it does not exist", file=str(index))
-        files.append((str(shard), keys))
+                f"the index names shard {name!r} (holding {first!r} and "
+                f"{counts[name] - 1} more keys) but it does not exist", file=str(index))
+        files.append((str(shard), IndexShard(name, weight_map, counts[name])))
     return files
 
 
@@ -184,21 +193,23 @@ def _exists(shard: Path, index: Path) -> bool:
         raise CheckpointError(f"can't use shard path {shard.name!r}: {e}", file=str(index)) from e
 
 
-def _from_files(files: list[tuple[str, Mapping[str, str] | None]], *, description: str
+def _from_files(files: list[tuple[str, IndexShard | None]], *, description: str
                 ) -> Checkpoint:
     entries: dict[str, TensorEntry] = {}
     stamps = []
     metadata: dict[str, str] = {}
-    for path, expected_keys in files:
-        file_entries, file_meta, stamp = read_stamped_header(path)
-        for key in expected_keys or ():
-            if key not in file_entries:
-                raise HeaderError("the index places this key here but the file's header "
-                                  "lacks it", file=path, key=key)
-        if not entries.keys().isdisjoint(file_entries):
-            key = next(k for k in file_entries if k in entries)
-            raise HeaderError(f"key also present in {entries[key].file}", file=path, key=key)
+    specs: SpecCache = {}  # the files share one spec per (dtype, shape)
+    read: list[dict[str, TensorEntry]] = []
+    for path, shard in files:
+        file_entries, file_meta, stamp = read_stamped_header(path, specs)
+        if shard is not None:
+            shard.check(path, file_entries)
+        before = len(entries)
         entries.update(file_entries)
+        if len(entries) != before + len(file_entries):  # a key of an earlier file
+            key, where = next((k, e) for k in file_entries for e in read if k in e)
+            raise HeaderError(f"key also present in {where[key].file}", file=path, key=key)
+        read.append(file_entries)
         metadata.update(file_meta)
         stamps.append(stamp)
     return Checkpoint(entries, tuple(stamps), metadata=metadata, description=description)
@@ -210,8 +221,10 @@ def read_header(path: str) -> tuple[dict[str, TensorEntry], dict[str, str]]:
     return entries, meta
 
 
-def read_stamped_header(path: str) -> tuple[dict[str, TensorEntry], dict[str, str], FileStamp]:
-    """:func:`read_header` plus the file's :class:`FileStamp` (taken on the same open file)."""
+def read_stamped_header(path: str, specs: SpecCache | None = None
+                        ) -> tuple[dict[str, TensorEntry], dict[str, str], FileStamp]:
+    """:func:`read_header` plus the file's :class:`FileStamp` (taken on the same open file
+    and the same header bytes). ``specs``: a cache of specs shared across files."""
     if Path(path).suffix in PICKLE_SUFFIXES:
         raise UnsafeFormatError("pickle-based checkpoint; weightplan never unpickles "
                                 "untrusted data. Convert it to safetensors first.", file=path)
@@ -222,21 +235,31 @@ def read_stamped_header(path: str) -> tuple[dict[str, TensorEntry], dict[str, st
         _check_magic(path, head, size)
         (n,) = struct.unpack("<Q", head)
         raw = _pread_exactly(fd, n, 8, path)
-        stamp = stamp_fd(path, fd)
+        stamp = stamp_fd(path, fd, (head, raw))
     except CheckpointError:
         raise
     except OSError as e:
         raise CheckpointError(f"can't read: {e}", file=path) from e
     finally:
         os.close(fd)
+    data_start = 8 + n
+    parsed = fast_entries(path, raw, data_start, size, {} if specs is None else specs)
+    if parsed is None:  # anything unusual: entry by entry, which raises the precise error
+        parsed = strict_entries(path, raw, data_start, size)
+    return parsed[0], parsed[1], stamp
+
+
+def strict_entries(path: str, raw: bytes, data_start: int, size: int
+                   ) -> tuple[dict[str, TensorEntry], dict[str, str]]:
+    """The header ``raw`` read entry by entry, every rule checked in turn: the reference
+    that :func:`~weightplan.planner.inputs.header_bulk.fast_entries` must agree with."""
     header = parse_header(path, raw)
     file_meta = parse_metadata(path, header.pop("__metadata__", None))
-    data_start = 8 + n
     entries = parse_entries(path, header, data_start, size)
     # every entry spans its data_offsets exactly (parse_entries checked end - begin)
     check_coverage(path, {k: (e.offset - data_start, header[k]["data_offsets"][1])
                           for k, e in entries.items()}, size - data_start)
-    return entries, file_meta, stamp
+    return entries, file_meta
 
 
 def _pread_exactly(fd: int, n: int, offset: int, path: str) -> bytes:
@@ -265,7 +288,8 @@ def parse_entries(path: str, header: dict, data_start: int, size: int
         try:
             dtype_name, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
             ident = (dtype_name, *shape)
-            known = specs.get(ident)
+            # 0 == False == 0.0 as dict keys: a cached spec is only for dims that are ints
+            known = specs.get(ident) if all(type(d) is int for d in shape) else None
             if known is None:
                 spec = _spec(dtype_name, shape)
                 known = specs[ident] = (spec, spec.nbytes)

@@ -59,10 +59,18 @@ def header_digest(fd: int, size: int) -> tuple[str, int]:
     return hashlib.sha256(head + body).hexdigest(), 8 + n
 
 
-def stamp_fd(path: str, fd: int) -> FileStamp:
-    """Stamp an open file (``fstat`` and its header's digest)."""
+def stamp_fd(path: str, fd: int, header: tuple[bytes, bytes] | None = None) -> FileStamp:
+    """Stamp an open file (``fstat`` and its header's digest). ``header``: the 8-byte
+    length and the JSON just read from ``fd`` by a caller that checked the length against
+    the file, hashed as they are instead of read again."""
     st = os.fstat(fd)
-    digest, data_start = header_digest(fd, st.st_size)
+    if header is None:
+        digest, data_start = header_digest(fd, st.st_size)
+    else:
+        length, body = header
+        sha = hashlib.sha256(length)
+        sha.update(body)
+        digest, data_start = sha.hexdigest(), len(length) + len(body)
     return FileStamp(path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
                      digest, data_start)
 

@@ -22,8 +22,9 @@ the file and, where there is one, the key.
 from __future__ import annotations
 
 import json
+import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from operator import itemgetter
 
 from weightplan.errors import HeaderError, NotSafetensorsError, TruncatedCheckpointError
@@ -76,8 +77,67 @@ def _refuse_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
+def loads_plain(raw: bytes) -> object:
+    """``raw`` as UTF-8 JSON parsed by plain ``json.loads`` (C speed), or ``None`` when that
+    fails. Not strict on its own: a caller accepts the value only after :func:`no_duplicates`
+    and its own checks of the structure (depth, no non-finite floats), and otherwise takes
+    the strict path, which says exactly what is wrong."""
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+
+
+def no_duplicates(raw: bytes, pairs: int) -> bool:
+    """Whether the JSON text ``raw``, parsed into objects holding ``pairs`` key/value pairs in
+    all, had no duplicate key (a proof, not a guess; ``False`` may still mean none).
+
+    Every pair of the text, a dropped duplicate and the pairs inside its value included, has
+    one ``:`` outside strings, and strings may hold more (escaped, ``\\u003a``, they count
+    nowhere). So ``raw.count(b":") >= pairs in the text >= pairs``, and equality leaves no
+    room for a dropped pair."""
+    return raw.count(b":") == pairs
+
+
+def _plain_pairs(value: object, depth: int = 1) -> int | None:
+    """The pairs of all objects in ``value``; ``None`` when it nests deeper than
+    :data:`MAX_DEPTH` (``value`` itself at ``depth``) or holds a non-finite float."""
+    items: Collection[object]
+    if type(value) is dict:
+        items, count = value.values(), len(value)
+    elif type(value) is list:
+        items, count = value, 0
+    else:
+        return None if type(value) is float and not math.isfinite(value) else 0
+    if depth > MAX_DEPTH:
+        return None
+    kinds = set(map(type, items))
+    if float in kinds and not all(math.isfinite(v) for v in items if type(v) is float):
+        return None
+    if dict in kinds or list in kinds:
+        for item in items:
+            if type(item) is dict or type(item) is list:
+                inner = _plain_pairs(item, depth + 1)
+                if inner is None:
+                    return None
+                count += inner
+    return count
+
+
 def strict_json(raw: bytes, *, file: str, what: str = "header") -> object:
-    """Parse ``raw`` as strict JSON: UTF-8, bounded depth, no duplicate keys, no NaN."""
+    """Parse ``raw`` as strict JSON: UTF-8, bounded depth, no duplicate keys, no NaN.
+
+    The common case is plain ``json.loads`` plus one walk of the value; whatever that can't
+    vouch for is parsed again strictly, which raises the precise error."""
+    value = loads_plain(raw)
+    if value is not None:
+        pairs = _plain_pairs(value)
+        if pairs is not None and no_duplicates(raw, pairs):
+            return value
+    return _strict_json(raw, file=file, what=what)
+
+
+def _strict_json(raw: bytes, *, file: str, what: str) -> object:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

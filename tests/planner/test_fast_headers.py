@@ -1,0 +1,268 @@
+"""The header fast paths agree with the strict, entry-by-entry reader on every input.
+
+:func:`fast_entries` may decline anything (the strict path then decides), but what it
+accepts must be exactly what :func:`strict_entries` returns; likewise ``strict_json``'s
+plain-``json`` path against the duplicate-refusing parse, and the checkpoint's
+:class:`TensorEntry` keeps the value semantics of the dataclass it replaced.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import struct
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from safetensors.torch import save, save_file
+
+from weightplan.errors import CheckpointError, HeaderError, MissingShardError, UnsafePathError
+from weightplan.planner.inputs.checkpoint import open_checkpoint, strict_entries
+from weightplan.planner.inputs.entry import FrozenEntryError, StridedEntry, TensorEntry
+from weightplan.planner.inputs.header_bulk import fast_entries
+from weightplan.planner.inputs.safetensors_format import _strict_json, strict_json
+from weightplan.planner.tensors.spec import SAFETENSORS_DTYPES, TensorSpec
+
+from tests.conftest import write_checkpoint
+
+FAST = settings(max_examples=400, deadline=None, database=None,
+                suppress_health_check=list(HealthCheck))
+COMPACT = (",", ":")
+
+
+def _both(raw: bytes, data_len: int):
+    """(fast, strict) readings of a header ``raw`` followed by ``data_len`` bytes."""
+    data_start, size = 8 + len(raw), 8 + len(raw) + data_len
+    fast = fast_entries("f", raw, data_start, size, {})
+    try:
+        strict = strict_entries("f", raw, data_start, size)
+    except CheckpointError:
+        strict = None
+    return fast, strict
+
+
+def _agree(raw: bytes, data_len: int) -> bool:
+    """The fast reading, when there is one, is the strict one; returns whether it had one."""
+    fast, strict = _both(raw, data_len)
+    if fast is not None:
+        assert strict is not None, raw
+        assert fast == strict, raw
+        assert list(fast[0]) == list(strict[0])  # same order
+    return fast is not None
+
+
+def _header(spec_list, meta) -> tuple[dict, int]:
+    header, start = ({"__metadata__": meta} if meta is not None else {}), 0
+    for i, (name, shape) in enumerate(spec_list):
+        n = SAFETENSORS_DTYPES[name].itemsize
+        for d in shape:
+            n *= d
+        header[f"t.{i}"] = {"dtype": name, "shape": shape, "data_offsets": [start, start + n]}
+        start += n
+    return header, start
+
+
+specs = st.lists(st.tuples(st.sampled_from(sorted(SAFETENSORS_DTYPES)),
+                           st.lists(st.integers(0, 3), max_size=3)), min_size=1, max_size=5)
+metas = st.one_of(st.none(), st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2))
+edits = st.lists(st.tuples(st.sampled_from(["flip", "insert", "delete", "dup"]),
+                           st.integers(0, 10_000), st.sampled_from(b'"{}[],:\\ 0123456789aF\x01')),
+                 max_size=3)
+
+
+def _mutate(raw: bytes, ops) -> bytes:
+    data = bytearray(raw)
+    for op, at, value in ops:
+        at = at % (len(data) + 1)
+        if op == "flip" and at < len(data):
+            data[at] = value
+        elif op == "insert":
+            data[at:at] = bytes([value])
+        elif op == "delete":
+            del data[at:at + 1]
+        else:  # repeat a slice: duplicate keys, shifted offsets
+            data[at:at] = data[at:at + 40]
+    return bytes(data)
+
+
+@FAST
+@given(specs, metas, st.booleans(), st.booleans(), edits, st.sampled_from([0, 0, 1, -1]))
+def test_fast_headers_agree_with_the_strict_reader(spec_list, meta, compact, reverse, ops, extra):
+    header, data_len = _header(spec_list, meta)
+    if reverse:
+        header = dict(reversed(header.items()))
+    raw = json.dumps(header, separators=COMPACT if compact else None).encode()
+    took = _agree(_mutate(raw, ops), max(data_len + extra, 0))
+    strings = [*(meta or {}), *(meta or {}).values()]
+    if not ops and not extra and (b"\\" not in raw or not any(":" in t for t in strings)):
+        # a valid header, compact or not, in any order, ':' in its metadata or not: a
+        # fast path takes it (only escapes and a ':' together send it the strict way)
+        assert took
+
+
+def test_safetensors_own_files_take_the_compact_path(tmp_path):
+    blob = save({"b": torch.ones(2, 3), "a": torch.zeros(5, dtype=torch.bfloat16),
+                 "e": torch.zeros(0, 4)}, metadata={"format": "pt"})
+    (n,) = struct.unpack("<Q", blob[:8])
+    raw = blob[8:8 + n]
+    from weightplan.planner.inputs import header_bulk
+
+    columns = header_bulk._compact_columns(raw.decode(), {}, len(blob) - 8 - n)
+    assert columns is not None and columns[3] == {"format": "pt"}
+    assert _agree(raw, len(blob) - 8 - n)
+
+
+@pytest.mark.parametrize("text", [
+    '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"F32","shape":[2],'
+    '"data_offsets":[0,8]}}',  # a key twice: refused, never last-wins
+    '{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],'
+    '"data_offsets":[4,8]}}',  # ... even when both tile the data
+    '{"__metadata__":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}',  # not an entry
+    '{"__metadata__":{"k":"v"},"__metadata__":{"k":"w"},'
+    '"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}',
+    '{"__metadata__":null,"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}',
+    '{"__metadata__":{"t":"12:00","k":"a:b"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}',
+    '{"__metadata__":{"k":"a:b","k":"c"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}',
+    '{"__metadata__": {"k":"a:b","k":"c"}, "a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}',
+    '{"__metadata__":{"k":1},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}',
+    '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"__metadata__":{"k":"v"}}',
+    '{"a:b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}',  # ':' in a key: strict path
+    '{"a\\u0062":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}',  # escapes: strict path
+    '{"a\x01":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}',  # raw control: refused
+    '{"a":{"dtype":"F32","shape":[02],"data_offsets":[0,8]}}',
+    '{"a":{"dtype":"F32","shape":[2],"data_offsets":[00,8]}}',
+    '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":[[[[1]]]]}}',
+    '{"a":{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}}',
+    '{"a":{"dtype":"F64","shape":"","data_offsets":[0,8]}}',  # () only as a list
+    '{"a":{"dtype":"F64","shape":{},"data_offsets":[0,8]}}',
+    '{"a":{"dtype":"F64","shape":[],"data_offsets":"ab"}}',
+    '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8.0]}}',
+    '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},}',
+    '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}}',
+    '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}',
+    '{"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]},"a":{"dtype":"F32","shape":[1],'
+    '"data_offsets":[0,4]}}',  # out of order, still tiling
+    '{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],'
+    '"data_offsets":[0,4]}}',  # overlap
+    ' {"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}  \n',
+])
+def test_hand_picked_headers_agree(text):
+    _agree(text.encode(), 8)
+
+
+@pytest.mark.parametrize("dim", ["false", "0.0", "true", "1.0"])
+def test_cached_specs_never_stand_in_for_bools_or_floats(dim):
+    """``False == 0`` and ``1.0 == 1`` as dict keys: a spec cached for ``[0]`` or ``[1]``
+    must not be found for ``[false]`` or ``[1.0]`` (the strict reader refuses them)."""
+    good = 0 if dim in ("false", "0.0") else 1
+    for compact in (True, False):
+        sep = "" if compact else " "
+        text = (f'{{"a":{sep}{{"dtype":"U8","shape":[{good}],"data_offsets":[0,{good}]}},'
+                f'"b":{sep}{{"dtype":"U8","shape":[{dim}],"data_offsets":[{good},{2 * good}]}}}}')
+        fast, strict = _both(text.encode(), 2 * good)
+        assert fast is None and strict is None
+
+
+def test_duplicates_are_still_refused_by_name(tmp_path):
+    text = ('{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},'
+            '"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}').encode()
+    path = tmp_path / "m.safetensors"
+    path.write_bytes(struct.pack("<Q", len(text)) + text + bytes(8))
+    with pytest.raises(HeaderError, match="twice") as info:
+        open_checkpoint(path)
+    assert info.value.key == "a"
+
+
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text("ab:\"\\", max_size=3)),
+    lambda inner: st.one_of(st.lists(inner, max_size=3),
+                            st.dictionaries(st.text("ab:", max_size=2), inner, max_size=3)),
+    max_leaves=10)
+
+
+def _outcome(call):
+    try:
+        return "ok", json.dumps(call(), sort_keys=True, allow_nan=True)
+    except HeaderError as e:
+        return "error", str(e)
+
+
+@FAST
+@given(json_values, st.booleans(), edits, st.integers(0, 70))
+def test_strict_json_fast_path_agrees(value, compact, ops, depth):
+    text = json.dumps(value, separators=COMPACT if compact else None)
+    raw = _mutate(("[" * depth + text + "]" * depth).encode(), ops)
+    assert _outcome(lambda: strict_json(raw, file="f")) == _outcome(
+        lambda: _strict_json(raw, file="f", what="header"))
+
+
+def test_tensor_entry_is_an_immutable_value():
+    spec = TensorSpec((2, 3), torch.float32)
+    entry = TensorEntry("a", spec, "f", 8)
+    assert entry == TensorEntry("a", spec, "f", 8) and hash(entry) == hash(TensorEntry("a", spec, "f", 8))
+    assert entry != TensorEntry("a", spec, "f", 16) and entry.nbytes == 24 and entry.contiguous
+    with pytest.raises(FrozenEntryError):
+        entry.offset = 0  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        del entry.key
+    strided = TensorEntry("a", spec, None, contiguous=False)
+    assert type(strided) is StridedEntry and not strided.contiguous
+    assert strided != TensorEntry("a", spec, None) and TensorEntry("a", spec, None) != strided
+    for e in (entry, strided):
+        back = pickle.loads(pickle.dumps(e))
+        assert back == e and type(back) is type(e) and back.contiguous == e.contiguous
+    assert "offset=8" in repr(entry)
+
+
+def test_in_memory_strided_tensors_keep_their_flag():
+    ckpt = open_checkpoint({"t": torch.ones(4, 4).T, "c": torch.ones(2)})
+    assert not ckpt.entries["t"].contiguous and ckpt.entries["c"].contiguous
+
+
+def _sharded(tmp_path):
+    d = write_checkpoint(tmp_path / "sh", {k: torch.ones(1) for k in "abcd"}, shards=2)
+    index = json.loads((d / "model.safetensors.index.json").read_text())
+    return d, index
+
+
+def _write_index(d, index) -> None:
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+def test_index_placing_a_key_in_the_wrong_shard(tmp_path):
+    d, index = _sharded(tmp_path)
+    first, second = sorted(set(index["weight_map"].values()))
+    moved = next(k for k, v in index["weight_map"].items() if v == second)
+    index["weight_map"][moved] = first  # the key exists, but in the other shard
+    _write_index(d, index)
+    with pytest.raises(HeaderError, match="index places this key here") as info:
+        open_checkpoint(d)
+    assert info.value.key == moved and first in str(info.value)
+
+
+def test_index_errors_name_the_shard_and_its_keys(tmp_path):
+    d, index = _sharded(tmp_path)
+    index["weight_map"].update({"x": "gone.safetensors", "y": "gone.safetensors"})
+    _write_index(d, index)
+    with pytest.raises(MissingShardError, match=r"holding 'x' and 1 more keys"):
+        open_checkpoint(d)
+    index["weight_map"].update({"x": ["not", "a", "name"]})
+    _write_index(d, index)
+    with pytest.raises(UnsafePathError, match="not a file name"):
+        open_checkpoint(d)
+
+
+def test_a_key_in_two_files_names_the_first(tmp_path):
+    save_file({"a": torch.ones(1), "b": torch.ones(1)}, str(tmp_path / "1.safetensors"))
+    save_file({"c": torch.ones(1), "b": torch.ones(1)}, str(tmp_path / "2.safetensors"))
+    with pytest.raises(HeaderError, match="also present in .*1.safetensors") as info:
+        open_checkpoint(tmp_path)
+    assert info.value.key == "b"
+
+
+def test_files_share_one_spec_per_dtype_and_shape(tmp_path):
+    d = write_checkpoint(tmp_path / "sh", {f"k{i}": torch.ones(3) for i in range(4)}, shards=2)
+    specs = {id(e.spec) for e in open_checkpoint(d).entries.values()}
+    assert len(specs) == 1

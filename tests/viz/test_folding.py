@@ -1,0 +1,76 @@
+"""Folding many keys at once (one regex pass over all of them) gives what folding them one
+key at a time gives: the same templates, numbers, order and ranges, odd keys included."""
+
+import itertools
+
+from hypothesis import given, settings, strategies as st
+
+from weightplan.planner.keys.patterns import natural_key
+from weightplan.viz.folding import fold_keys, fold_tuples, ranges, shapes_of, split_numbers
+
+
+def one_at_a_time(keys: list[str]) -> list[str]:
+    """The reference: each key split on its own, rows folded by recursion."""
+    templates: dict[tuple, list[tuple[int, ...]]] = {}
+    first_key: dict[tuple, str] = {}
+    for key in keys:
+        template, numbers = split_numbers(key)
+        templates.setdefault(template, []).append(numbers)
+        first_key.setdefault(template, key)
+    folded = []
+    for template in sorted(templates, key=lambda t: natural_key(first_key[t])):
+        for labels in recursive(sorted(set(templates[template]))):
+            it = iter(labels)
+            folded.append(".".join(p if p is not None else next(it) for p in template))
+    return folded
+
+
+def recursive(rows: list[tuple[int, ...]]) -> list[tuple[str, ...]]:
+    """fold_tuples without its every-combination shortcut."""
+    if not rows or not rows[0]:
+        return [()]
+    by_first: dict[int, list[tuple[int, ...]]] = {}
+    for row in rows:
+        by_first.setdefault(row[0], []).append(row[1:])
+    by_rest: dict[tuple, list[int]] = {}
+    for first, rest in by_first.items():
+        by_rest.setdefault(tuple(sorted(recursive(rest))), []).append(first)
+    return [(ranges(firsts), *r) for folded, firsts in by_rest.items() for r in folded]
+
+
+# components that make keys awkward: numbers with leading zeros, empty components, digits
+# inside names, a trailing newline, the separator the joined pass uses
+PARTS = ["model", "layers", "experts", "w1", "gate_proj", "weight", "0", "3", "12", "007", "",
+         "x\n", "5\n", "a\x01b", "9"]
+keys_strategy = st.lists(st.lists(st.sampled_from(PARTS), min_size=1, max_size=6)
+                         .map(".".join), max_size=12)
+
+
+@settings(max_examples=400, deadline=None)
+@given(keys_strategy)
+def test_fold_keys_matches_one_key_at_a_time(keys):
+    assert fold_keys(keys) == one_at_a_time(keys)
+
+
+@settings(max_examples=400, deadline=None)
+@given(keys_strategy)
+def test_shapes_tell_templates_apart(keys):
+    shapes = shapes_of(keys)
+    templates = [split_numbers(k)[0] for k in keys]
+    for (s1, t1), (s2, t2) in itertools.combinations(zip(shapes, templates, strict=True), 2):
+        assert (s1 == s2) == (t1 == t2)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 4)), min_size=1, max_size=16))
+def test_fold_tuples_matches_the_recursion(rows):
+    rows = sorted(set(rows))
+    assert fold_tuples(rows) == recursive(rows)
+
+
+def test_layers_times_experts_is_one_line_whatever_the_order():
+    keys = [f"model.layers.{layer}.mlp.experts.{e}.{w}_proj.weight"
+            for e in range(256) for layer in range(3, 61) for w in ("gate", "up")]
+    assert fold_keys(keys) == ["model.layers.{3..60}.mlp.experts.{0..255}.gate_proj.weight",
+                               "model.layers.{3..60}.mlp.experts.{0..255}.up_proj.weight"]
+    assert fold_keys(keys) == one_at_a_time(keys)
