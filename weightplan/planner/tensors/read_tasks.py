@@ -11,13 +11,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import compress, repeat
-from operator import attrgetter, is_not, itemgetter
 
 import torch
 
 from weightplan.planner.inputs.checkpoint import TensorEntry
-from weightplan.planner.makers import columns
+from weightplan.planner.makers import maker
 from weightplan.planner.quant.blocks import DEQUANTIZE_BYTES, workspace_bytes
 from weightplan.planner.tensors.destination import Destination
 from weightplan.planner.tensors.geometry import CACHE_SIZE, Fragment, Region, _is_contiguous
@@ -27,13 +25,6 @@ from weightplan.planner.tensors.sharding.fp8_slices import scale_region
 from weightplan.planner.tensors.spec import TensorSpec
 
 PIECE_BYTES = 32 * 1024 * 1024  # direct reads larger than this are split into pieces
-_ONE = 1
-_KIND, _INPUTS, _ATTRS, _SPEC = (attrgetter("kind"), attrgetter("inputs"), attrgetter("attrs"),
-                                 attrgetter("spec"))
-_ENTRY, _FIRST, _SECOND = attrgetter("attrs.entry"), itemgetter(0), itemgetter(1)
-_FILE = attrgetter("file")
-_CONTIGUOUS, _REGION, _TARGET = attrgetter("contiguous"), attrgetter("region"), attrgetter("target")
-_VIEW_SHAPE, _VIEW_STRIDE = attrgetter("view.shape"), attrgetter("view.stride")
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +130,7 @@ class ReadTask:
         return self.nbytes if self.entry.file is not None else 0
 
 
-_tasks = columns(ReadTask)
+_task = maker(ReadTask)  # (~45k tasks in a DeepSeek-V3 plan)
 
 
 def read_task(node: Node, region: Region, fragment: Fragment | None, direct: bool,
@@ -203,10 +194,6 @@ def placed_reads(sources: Streams[Node], frags: Streams[tuple[Fragment, ...]],
     last: tuple = ()
     layout: ReadLayout | None = None
     for i, stream in enumerate(sources):
-        stack = _stack_reads(stream, frags[i], dtypes, piece_bytes)
-        if stack is not None:
-            tasks += stack
-            continue
         for j, node in enumerate(stream):
             entry, scale, block = _read_parts(node)
             spec = entry.spec
@@ -222,51 +209,8 @@ def placed_reads(sources: Streams[Node], frags: Streams[tuple[Fragment, ...]],
                 if key != last:
                     last, layout = key, _geometry(*key)
                 if layout is not None:
-                    tasks.append(ReadTask(node, f.region, f, layout))
+                    tasks.append(_task(node, f.region, f, layout))
     return tuple(tasks)
-
-
-def _stack_reads(stream: tuple[Node, ...], frags: tuple[tuple[Fragment, ...], ...],
-                 dtypes: list[torch.dtype], piece_bytes: int) -> list[ReadTask] | None:
-    """The tasks of a stream whose sources each land in one fragment and share every part
-    of :func:`placed_reads`'s key (the experts of a stack): one layout, tasks made in
-    bulk. ``None``: not such a stream (read one by one)."""
-    if len(stream) < 2 or not all(map(_ONE.__eq__, map(len, frags))):
-        return None
-    kinds = set(map(_KIND, stream))
-    if kinds == {NodeKind.READ}:
-        entries, scales = list(map(_ENTRY, stream)), None
-    elif kinds == {NodeKind.DEQUANTIZE} and _all_same(list(map(_ATTRS, stream))):
-        inputs = list(map(_INPUTS, stream))
-        entries = list(map(_ENTRY, map(_FIRST, inputs)))
-        scales = list(map(_SPEC, map(_ENTRY, map(_SECOND, inputs))))
-    else:
-        return None
-    flat = list(map(_FIRST, frags))
-    files = list(map(_FILE, entries))
-    in_memory = files.count(None)
-    if not (in_memory in (0, len(files)) and _all_same(list(map(_SPEC, entries)))
-            and _all_same(list(map(_CONTIGUOUS, entries))) and (scales is None or _all_same(scales))
-            and _all_same(list(map(_REGION, flat))) and _all_same(list(map(_VIEW_SHAPE, flat)))
-            and _all_same(list(map(_VIEW_STRIDE, flat))) and _all_same(list(map(_TARGET, flat)))):
-        return None
-    entry, scale, block = _read_parts(stream[0])
-    f, spec = flat[0], entry.spec
-    layout = _geometry(spec.shape, spec.dtype, entry.file is None, entry.contiguous,
-                       None if scale is None else scale.shape,
-                       None if scale is None else scale.dtype, block, f.region, f.view.shape,
-                       f.view.stride, dtypes[f.target], piece_bytes)
-    if layout is None:
-        return []
-    return _tasks(len(stream), stream, map(_REGION, flat), flat, repeat(layout))
-
-
-def _all_same(values: list) -> bool:
-    """Every value equals the first one: most are that object, the others (a few distinct
-    objects, e.g. the specs of each checkpoint file) are compared once each."""
-    first = values[0]
-    others = list(compress(values, map(is_not, values, repeat(first))))
-    return not others or all(v == first for v in dict(zip(map(id, others), others, strict=True)).values())
 
 
 @lru_cache(maxsize=CACHE_SIZE)
