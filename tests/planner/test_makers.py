@@ -31,3 +31,19 @@ def test_maker_refuses_classes_whose_init_does_more():
     for cls in (Checked, Plain):
         with pytest.raises(TypeError, match="slotted dataclass"):
             maker(cls)
+
+
+def test_columns_build_what_the_constructor_builds():
+    from itertools import repeat
+
+    from weightplan.planner.makers import columns
+
+    made = columns(PatternMatch)(3, range(3), repeat(9), [7, 8, 9], repeat(("a",)))
+    assert made == [PatternMatch(j, 9, 7 + j, ("a",)) for j in range(3)]
+    with pytest.raises(FrozenInstanceError):
+        made[0].start = 4  # type: ignore[misc]
+    with pytest.raises(TypeError, match="columns\\(\\) needs a slotted dataclass"):
+        @dataclass(frozen=True)
+        class Plain:
+            n: int
+        columns(Plain)

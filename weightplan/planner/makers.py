@@ -11,7 +11,8 @@ passed (defaults are not filled in).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from itertools import repeat
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -23,15 +24,40 @@ def maker(cls: type[T]) -> Callable[..., T]:
     Example:
         ``make = maker(PatternMatch); match = make(start, end, index, groups)``.
     """
-    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
-    if (not hasattr(cls, "__slots__") or hasattr(cls, "__post_init__")
-            or not all(f.init for f in fields)):
-        raise TypeError(f"maker() needs a slotted dataclass without __post_init__ whose "
-                        f"fields are all set by __init__; {cls.__name__} is not one")
-    names = [f.name for f in fields]
+    names = _field_names(cls, "maker")
     scope: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
     scope.update({f"_set_{n}": getattr(cls, n).__set__ for n in names})
     lines = [f"def make({', '.join(names)}):", "    self = _new(_cls)"]
     lines += [f"    _set_{n}(self, {n})" for n in names]
     exec("\n".join([*lines, "    return self"]), scope)  # as dataclasses builds __init__
     return scope["make"]
+
+
+def columns(cls: type[T]) -> Callable[..., list[T]]:
+    """``columns(cls)(count, *values)``: ``count`` objects equal to ``cls(*fields)``, field
+    ``k`` of each taken from the iterable ``values[k]`` (all fields, in order). Each slot is
+    written for all of them in one C-level pass (its descriptor's ``__set__`` mapped over
+    the objects): for the 256 experts of a stack, about three times as fast as
+    :func:`maker` called 256 times. Same conditions as :func:`maker`.
+
+    Example:
+        ``tasks = columns(ReadTask)(n, nodes, repeat(region), fragments, repeat(layout))``.
+    """
+    setters = [getattr(cls, name).__set__ for name in _field_names(cls, "columns")]
+    new = object.__new__
+
+    def make(count: int, *values: Iterable[Any]) -> list[T]:
+        made: list[T] = list(map(new, repeat(cls, count)))
+        for setter, column in zip(setters, values, strict=True):
+            any(map(setter, made, column))  # (__set__ returns None: runs to the end)
+        return made
+    return make
+
+
+def _field_names(cls: type, who: str) -> list[str]:
+    fields = dataclasses.fields(cls)
+    if (not hasattr(cls, "__slots__") or hasattr(cls, "__post_init__")
+            or not all(f.init for f in fields)):
+        raise TypeError(f"{who}() needs a slotted dataclass without __post_init__ whose "
+                        f"fields are all set by __init__; {cls.__name__} is not one")
+    return [f.name for f in fields]

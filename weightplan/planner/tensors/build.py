@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
+from itertools import chain
+from operator import attrgetter
 
 import torch
 
@@ -32,6 +34,9 @@ from weightplan.planner.tensors.quant_build import QuantContext, quantize_nodes,
 from weightplan.planner.tensors.sharding.shard_nodes import Sharding, shard_target
 from weightplan.planner.tensors.spec import TensorSpec
 from weightplan.planner.quant.blocks import FP8_DTYPES
+
+
+_SPEC = attrgetter("spec")
 
 
 class TargetStatus(Enum):
@@ -137,7 +142,7 @@ def stage_op(stage: Streams[Node]) -> ConversionOp:
 
 
 def stage_specs(stage: Streams[Node]) -> Streams[TensorSpec]:
-    return tuple(tuple([n.spec for n in stream]) for stream in stage)
+    return tuple(tuple(map(_SPEC, stream)) for stream in stage)
 
 
 def build_conversions(groups: Sequence[Group], expected: Expected, dtype: torch.dtype | None,
@@ -158,7 +163,7 @@ def build_conversion(group: Group, expected: Expected, dtype: torch.dtype | None
     for k, op in enumerate(ops):
         resolved, out_specs, wiring = _apply_op(op, ctx, stage_specs(values), group, k)
         values = _op_nodes(resolved, k, out_specs, wiring, values)
-        nodes += [n for s in values for n in s]
+        nodes += chain.from_iterable(values)
     targets = list(_targets(group, stage_specs(values), expected, dtype))
     for t in tuple(targets):
         value = values[t.position[0]][t.position[1]]

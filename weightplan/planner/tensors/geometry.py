@@ -10,9 +10,12 @@ so a read can land directly in the slice of the parameter a merge would put it i
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import repeat
+from operator import add, mul
+
+from weightplan.planner.makers import columns
 
 CACHE_SIZE = 1 << 14  # distinct boxes per plan are few: one per (template, slice)
 
@@ -186,18 +189,9 @@ class Fragment:
         return self.region.shape == self.view.shape
 
 
-# A frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``;
-# stacked_fragments sets the slots directly and builds the same objects ~2x faster (a
-# DeepSeek-V3 plan makes ~45k views and fragments, one per expert).
-_new = object.__new__
-
-
-def _setter(cls: type, name: str) -> Callable[[object, object], None]:
-    return cls.__dict__[name].__set__  # the slot's member descriptor
-
-
-_SET_SHAPE, _SET_STRIDE, _SET_OFFSET = (_setter(View, n) for n in ("shape", "stride", "offset"))
-_SET_REGION, _SET_TARGET, _SET_VIEW = (_setter(Fragment, n) for n in ("region", "target", "view"))
+# Bulk constructors (see planner.makers.columns): a DeepSeek-V3 plan makes ~45k views and
+# fragments, one per expert, a stack's at once.
+_views, _fragments = columns(View), columns(Fragment)
 
 
 def stacked_fragments(region: Region, target: int, shape: tuple[int, ...],
@@ -205,16 +199,7 @@ def stacked_fragments(region: Region, target: int, shape: tuple[int, ...],
                       ) -> list[Fragment]:
     """The fragments of the items of a stack, in order: item ``k``'s ``region`` lands in
     ``View(shape, stride, offset + k * step)`` of destination ``target``; every fragment
-    shares ``region``, ``shape`` and ``stride`` (built as above)."""
-    out = []
-    for k in range(count):
-        view = _new(View)
-        _SET_SHAPE(view, shape)
-        _SET_STRIDE(view, stride)
-        _SET_OFFSET(view, offset + k * step)
-        fragment = _new(Fragment)
-        _SET_REGION(fragment, region)
-        _SET_TARGET(fragment, target)
-        _SET_VIEW(fragment, view)
-        out.append(fragment)
-    return out
+    shares ``region``, ``shape`` and ``stride``."""
+    offsets = map(add, repeat(offset), map(mul, range(count), repeat(step)))
+    views = _views(count, repeat(shape), repeat(stride), offsets)
+    return _fragments(count, repeat(region), repeat(target), views)

@@ -11,8 +11,11 @@ node reads (the whole tensor unless a shard narrows it).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from itertools import repeat
+from operator import attrgetter
 
 import torch
 
@@ -128,7 +131,7 @@ class Node:
         _set_spec(self, spec)
         _set_inputs(self, inputs)
         _set_attrs(self, attrs)
-        _set_hash(self, hash((kind, inputs, *_identity(attrs))))
+        _set_hash(self, hash((kind, tuple(map(hash, inputs)), *_identity(attrs))))
 
     def __hash__(self) -> int:
         return self._hash
@@ -152,18 +155,59 @@ class Node:
 
 _set_kind, _set_spec, _set_inputs, _set_attrs, _set_hash = (
     getattr(Node, name).__set__ for name in ("kind", "spec", "inputs", "attrs", "_hash"))
+_set_entry, _set_source = (getattr(ReadAttrs, name).__set__ for name in ("entry", "source"))
+_new, _KEY, _SPEC, _HASH = object.__new__, attrgetter("key"), attrgetter("spec"), attrgetter("_hash")
+
+
+def _made(cls: type, count: int, fields: Iterable[tuple[object, Iterable[object]]]) -> list:
+    """``count`` new ``cls`` objects, each slot written for all of them at once: the
+    descriptor's ``__set__`` mapped over them (C-level loops; it returns ``None``, so
+    ``any`` runs each map to its end)."""
+    made: list = list(map(_new, repeat(cls, count)))
+    for setter, values in fields:
+        any(map(setter, made, values))  # type: ignore[call-overload]
+    return made
+
+
+def read_nodes(entries: Sequence[TensorEntry], sources: Sequence[tuple[int, int]]) -> list[Node]:
+    """``Node(READ, e.spec, (), ReadAttrs(e, source))`` for each entry and source, made in
+    bulk (an FP8 stack has 256 experts per stream)."""
+    count = len(entries)
+    attrs = _made(ReadAttrs, count, ((_set_entry, entries), (_set_source, sources)))
+    hashes = map(hash, zip(repeat(NodeKind.READ), repeat(()), map(_KEY, entries), sources))
+    return _made(Node, count, ((_set_kind, repeat(NodeKind.READ)), (_set_spec, map(_SPEC, entries)),
+                                (_set_inputs, repeat(())), (_set_attrs, attrs), (_set_hash, hashes)))
+
+
+def dequantize_nodes(weights: Sequence[Node], scales: Sequence[Node], specs: Iterable[TensorSpec],
+                     attrs: Sequence[DequantizeAttrs]) -> list[Node]:
+    """``Node(DEQUANTIZE, spec, (weight, scale), attrs)`` for each, made in bulk."""
+    count = len(weights)
+    kind = NodeKind.DEQUANTIZE
+    inputs = list(zip(weights, scales, strict=True))
+    hashes = map(hash, zip(repeat(kind), zip(map(_HASH, weights), map(_HASH, scales), strict=True),
+                           map(_DTYPE, attrs), map(_BLOCK, attrs)))
+    return _made(Node, count, ((_set_kind, repeat(kind)), (_set_spec, specs),
+                               (_set_inputs, inputs), (_set_attrs, attrs), (_set_hash, hashes)))
+
+
+_DTYPE, _BLOCK = attrgetter("dtype"), attrgetter("block")
 
 
 def _identity(a: Attrs) -> tuple:
     """Fields that tell nodes apart (equal nodes have equal ones), cheap to hash: the
     checkpoint key rather than the whole entry, a sink's target rather than its
-    destination; the hash of 140k nodes is then a small part of planning."""
+    destination; the hash of 140k nodes is then a small part of planning. With the
+    inputs' own hashes, these make a node's hash (:func:`read_nodes` and
+    :func:`dequantize_nodes` compute the same ones in bulk)."""
     if isinstance(a, ReadAttrs):
         return a.entry.key, a.source
     if isinstance(a, OpAttrs):
         return a.stage, a.position
     if isinstance(a, SinkAttrs):
         return (a.dest.key,)
+    if isinstance(a, DequantizeAttrs):
+        return a.dtype, a.block
     return (a,)
 
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, replace
-from functools import cached_property
-from itertools import compress, filterfalse, repeat
+from functools import cached_property, lru_cache
+from itertools import accumulate, compress, filterfalse, repeat
 from operator import attrgetter, is_, itemgetter
 
 from weightplan.errors import PlanError
@@ -133,13 +133,17 @@ def _scan(conv: Conversion) -> tuple[tuple[Streams[Node], ...], tuple[Node, ...]
     kinds = list(map(_KIND, nodes))
     present = set(kinds)
     reads = list(compress(nodes, map(is_, kinds, repeat(NodeKind.READ))))
-    reads.reverse()  # the first read of a source wins (a scale's read sits behind its weight)
-    first: dict[tuple[int, int], Node] = dict(zip(map(_SOURCE, reads), reads, strict=True))
+    stack = None
     if NodeKind.DEQUANTIZE in present:  # the op chain's input in place of the read
         dequantized = list(compress(nodes, map(is_, kinds, repeat(NodeKind.DEQUANTIZE))))
-        first.update(zip(map(_SOURCE, map(itemgetter(0), map(_INPUTS, dequantized))),
-                         dequantized, strict=True))
-    rows = [first]
+        stack = _stack_inputs(reads, dequantized)
+    if stack is None:
+        reads.reverse()  # the first read of a source wins (a scale's read sits behind its weight)
+        first: dict[tuple[int, int], Node] = dict(zip(map(_SOURCE, reads), reads, strict=True))
+        if NodeKind.DEQUANTIZE in present:
+            first.update(zip(map(_SOURCE, map(itemgetter(0), map(_INPUTS, dequantized))),
+                             dequantized, strict=True))
+    rows = [first if stack is None else {}]
     for n in compress(nodes, map(is_, kinds, repeat(NodeKind.OP))):
         a = op_attrs(n)
         while len(rows) <= a.stage + 1:
@@ -148,9 +152,32 @@ def _scan(conv: Conversion) -> tuple[tuple[Streams[Node], ...], tuple[Node, ...]
     sinks = tuple(compress(nodes, map(is_, kinds, repeat(NodeKind.SINK))))
     quantizes = NodeKind.QUANTIZE in present
     values = tuple(map(_dense_streams, rows))
-    if (len(rows) > 1 and any(not row for row in rows)) or None in values:
+    if stack is not None:
+        values = (stack, *values[1:])
+    gaps = any(not row for row in rows[1:]) or (stack is None and not rows[0])
+    if (len(rows) > 1 and gaps) or None in values:
         return stages(conv), sinks, quantizes  # gaps: as stages() says (it raises)
     return values, sinks, quantizes  # type: ignore[return-value]
+
+
+def _stack_inputs(reads: list[Node], dequantized: list[Node]) -> Streams[Node] | None:
+    """Stage 0 when the dequantize nodes run densely by source, in order, and the reads are
+    their weights then their scales, in the same order (an FP8 stack): the dequantize nodes,
+    cut into streams. ``None``: any other layout (the general scan finds stage 0)."""
+    sources = list(map(_SOURCE, map(itemgetter(0), map(_INPUTS, dequantized))))
+    counts = tuple(Counter(map(itemgetter(0), sources)).values())
+    dense = _dense_sources(counts)
+    if sources != dense or len(reads) != 2 * len(dense) or list(map(_SOURCE, reads)) != dense * 2:
+        return None
+    ends = list(accumulate(counts))
+    return tuple(tuple(dequantized[end - n:end]) for n, end in zip(counts, ends, strict=True))
+
+
+@lru_cache(maxsize=256)
+def _dense_sources(counts: tuple[int, ...]) -> list[tuple[int, int]]:
+    """(stream, index) of ``counts[i]`` sources in each stream ``i``, in order (not to be
+    changed: shared between calls)."""
+    return [(i, j) for i, n in enumerate(counts) for j in range(n)]
 
 
 def _dense_streams(row: dict[tuple[int, int], Node]) -> Streams[Node] | None:

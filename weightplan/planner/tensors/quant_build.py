@@ -21,7 +21,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from itertools import chain, compress, repeat
+from operator import attrgetter, itemgetter
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -34,17 +37,17 @@ from weightplan.planner.inputs.quant_config import (
     QuantConfig, quant_config_of_model, read_quant_config,
 )
 from weightplan.planner.keys.routing import Group
-from weightplan.planner.makers import maker
 from weightplan.planner.quant.blocks import FP8_DTYPES, E8M0, Block, block_of
 from weightplan.planner.quant.kinds import Dequantize, Quantize
 from weightplan.planner.tensors.nodes import (
-    DequantizeAttrs, Node, NodeKind, QuantizeAttrs, ReadAttrs,
+    DequantizeAttrs, Node, NodeKind, QuantizeAttrs, dequantize_nodes, read_nodes,
 )
 from weightplan.planner.tensors.ops.base import ConversionOp, Streams
 from weightplan.planner.tensors.spec import TensorSpec
 
 
-_READ, _DEQUANTIZE, _read_attrs = NodeKind.READ, NodeKind.DEQUANTIZE, maker(ReadAttrs)
+_KEY, _SPEC, _BLOCK = attrgetter("key"), attrgetter("spec"), attrgetter("block")
+_SCALE = attrgetter("scale")
 
 
 @dataclass(frozen=True)
@@ -99,7 +102,8 @@ def source_values(group: Group, quant: QuantContext | None, expected: object,
                   dtype: torch.dtype | None) -> tuple[Streams[Node], list[Node]]:
     """The op chain's inputs: a read per source, each paired FP8 one behind a
     ``DEQUANTIZE`` node unless the conversion keeps FP8. Returns the values and the nodes
-    made, in topological order (every read, then each dequantize after its scale's read)."""
+    made, in topological order (every read, then each dequantize after its scale's read).
+    A stream's nodes are made in bulk (:func:`~weightplan.planner.tensors.nodes.read_nodes`)."""
     pairs: Mapping[str, ScaledWeight] = {}
     out_dtype = torch.bfloat16  # unused unless something dequantizes
     if quant is not None and not _keeps(group, quant):
@@ -110,28 +114,44 @@ def source_values(group: Group, quant: QuantContext | None, expected: object,
     added: list[Node] = []
     streams = []
     for i, entries in enumerate(group.sources):
-        row = []
-        for j, entry in enumerate(entries):
-            source = (i, j)
-            read = Node(_READ, entry.spec, (), _read_attrs(entry, source))
-            reads.append(read)
-            pair = pairs.get(entry.key)
-            if pair is None:
-                row.append(read)
-                continue
-            scale_spec = pair.scale.spec
-            scale = Node(_READ, scale_spec, (), _read_attrs(pair.scale, source))
-            seen = (id(entry.spec), id(scale_spec), id(pair.block))  # all alive: ids are safe
-            how = made.get(seen)
-            if how is None:
-                how = made[seen] = _dequantized(entry.spec, scale_spec, pair.block, out_dtype,
-                                                pair.weight.key)
-            node = Node(_DEQUANTIZE, how[0], (read, scale), how[1])
-            added.append(scale)
-            added.append(node)
-            row.append(node)
-        streams.append(tuple(row))
+        sources = list(zip(repeat(i), range(len(entries))))
+        row = read_nodes(entries, sources)
+        reads += row
+        found = list(map(pairs.get, map(_KEY, entries))) if pairs else []
+        if not any(found):
+            streams.append(tuple(row))
+            continue
+        mixed = not all(found)  # some sources are not scaled FP8 weights: they stay reads
+        places = list(compress(range(len(found)), found)) if mixed else []
+        paired = [found[j] for j in places] if mixed else found
+        weights, sub = ([row[j] for j in places], [sources[j] for j in places]) if mixed \
+            else (row, sources)
+        scales = read_nodes(list(map(_SCALE, paired)), sub)
+        hows = _dequantize_hows(weights, cast(list[ScaledWeight], paired), made, out_dtype)
+        dequantized = dequantize_nodes(weights, scales, map(itemgetter(0), hows),
+                                       list(map(itemgetter(1), hows)))
+        added += chain.from_iterable(zip(scales, dequantized, strict=True))
+        if mixed:
+            by_place = dict(zip(places, dequantized, strict=True))
+            dequantized = [by_place.get(j, read) for j, read in enumerate(row)]
+        streams.append(tuple(dequantized))
     return tuple(streams), reads + added
+
+
+def _dequantize_hows(weights: list[Node], paired: list[ScaledWeight],
+                     made: dict[tuple[int, int, int], tuple[TensorSpec, DequantizeAttrs]],
+                     dtype: torch.dtype) -> list[tuple[TensorSpec, DequantizeAttrs]]:
+    """Each weight's dequantized spec and attrs, inferred once per (weight spec, scale
+    spec, block) combination, first to last (the first failing weight is named)."""
+    seen = list(zip(map(id, map(_SPEC, weights)), map(id, map(_SPEC, map(_SCALE, paired))),
+                    map(id, map(_BLOCK, paired)), strict=True))
+    first = dict(zip(reversed(seen), range(len(seen) - 1, -1, -1), strict=True))  # → first place
+    for j in sorted(first.values()):
+        if seen[j] not in made:  # (all alive while the group is built: the ids are safe)
+            p = paired[j]
+            made[seen[j]] = _dequantized(weights[j].spec, p.scale.spec, p.block, dtype,
+                                         p.weight.key)
+    return list(map(made.__getitem__, seen))
 
 
 def _dequantized(weight: TensorSpec, scale: TensorSpec, block: Block, dtype: torch.dtype,

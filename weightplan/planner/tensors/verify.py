@@ -19,6 +19,7 @@ message names the node and the fix). Checks:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from operator import attrgetter
 
 from weightplan.errors import GraphError
 from weightplan.planner.inputs.checkpoint import Checkpoint, TensorEntry
@@ -36,6 +37,7 @@ from weightplan.planner.tensors.verify_bulk import (
     graph_is_sound, node_positions, release_is_sound,
 )
 
+_FRAGMENT, _TARGET, _ZERO = attrgetter("fragment"), attrgetter("target"), 0
 _ARITY = {NodeKind.READ: 0, NodeKind.CAST: 1, NodeKind.SINK: 1, NodeKind.SHARD: 1,
           NodeKind.QUANTIZE: 1, NodeKind.DEQUANTIZE: 2}
 
@@ -164,9 +166,12 @@ def check_release(graph: PlanGraph, steps: Iterable[Step],
 def check_coverage(step: Step) -> list[str]:
     """Each destination is covered exactly once by the fragments written into it."""
     frags: list[list[Fragment]] = [[] for _ in step.destinations]
-    for task in step.reads:
-        if task.fragment is not None:
-            frags[task.fragment.target].append(task.fragment)
+    landed = list(filter(None, map(_FRAGMENT, step.reads)))
+    if len(frags) == 1 and all(map(_ZERO.__eq__, map(_TARGET, landed))):
+        frags[0] += landed  # (one destination: a stack's reads all land in it)
+    else:
+        for fragment in landed:
+            frags[fragment.target].append(fragment)
     for stream in step.outputs:
         for placed in stream:
             for f in placed:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import is_
 
 import torch
 
@@ -170,8 +172,8 @@ class MergeModulelist(ConversionOp):
     def infer(self, inputs: Streams[TensorSpec]) -> Streams[TensorSpec]:
         out = []
         for stream in inputs:
-            first = stream[0]
-            if any(s != first for s in stream):
+            first = stream[0]  # (dequantized experts share one spec: identity first)
+            if not all(map(is_, stream, repeat(first))) and any(s != first for s in stream):
                 other = next(s for s in stream if s != first)
                 raise OpError(f"{self!r}: can't stack {other} with {first}")
             shape = list(first.shape)
@@ -192,20 +194,31 @@ class MergeModulelist(ConversionOp):
         placed = []
         for (frags,), stream in zip(outputs, inputs, strict=True):
             d = self._dim(len(stream[0].shape))
-            per_item: list[list[Fragment]] = [[] for _ in stream]
+            per_item: list[list[Fragment]] = []
+            whole: list[Fragment] | None = None  # one fragment of the whole stack: its items'
             for f in frags:
                 if not f.aligned:
                     return None
-                # one region, shape and stride for every item (shared: a stack of 256
-                # experts holds one of each, not 256)
-                start, region, v = f.region.starts[d], f.region.drop(d), f.view
-                shape, stride = v.shape[:d] + v.shape[d + 1:], v.stride[:d] + v.stride[d + 1:]
-                items = stacked_fragments(region, f.target, shape, stride, v.offset,
-                                          v.stride[d], f.region.stops[d] - start)
-                for idx, item in enumerate(items, start):
+                items = self._items(f, d)
+                if len(frags) == 1 and f.region.starts[d] == 0 and len(items) == len(stream):
+                    whole = items
+                    break
+                per_item = per_item or [[] for _ in stream]
+                for idx, item in enumerate(items, f.region.starts[d]):
                     per_item[idx].append(item)
-            placed.append(tuple(tuple(p) for p in per_item))
+            placed.append(tuple(zip(whole)) if whole is not None
+                          else tuple(map(tuple, per_item or [[] for _ in stream])))
         return tuple(placed)
+
+    @staticmethod
+    def _items(f: Fragment, d: int) -> list[Fragment]:
+        """Fragment ``f`` of the stack, split into its items' fragments along ``d``: one
+        region, shape and stride for every item (shared: a stack of 256 experts holds one
+        of each, not 256)."""
+        start, region, v = f.region.starts[d], f.region.drop(d), f.view
+        shape, stride = v.shape[:d] + v.shape[d + 1:], v.stride[:d] + v.stride[d + 1:]
+        return stacked_fragments(region, f.target, shape, stride, v.offset, v.stride[d],
+                                 f.region.stops[d] - start)
 
     def inverse(self) -> "SplitModulelist":
         return SplitModulelist(self.dim)

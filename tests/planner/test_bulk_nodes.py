@@ -1,0 +1,70 @@
+"""Nodes made in bulk (a stream's reads, scale reads and dequantize nodes at once) are the
+nodes, and have the hashes, that one-by-one construction gives."""
+
+import torch
+
+from weightplan.planner.inputs.checkpoint import TensorEntry
+from weightplan.planner.inputs.fp8_pairs import Fp8Pairing, ScaledWeight
+from weightplan.planner.keys.routing import Group
+from weightplan.planner.quant.blocks import block_of
+from weightplan.planner.quant.kinds import Dequantize
+from weightplan.planner.tensors.nodes import DequantizeAttrs, Node, NodeKind, ReadAttrs
+from weightplan.planner.tensors.quant_build import QuantContext, source_values
+from weightplan.planner.tensors.spec import TensorSpec
+
+FP8 = torch.float8_e4m3fn
+
+
+def _one_by_one(group: Group, pairs: dict[str, ScaledWeight], dtype: torch.dtype):
+    reads, added, streams = [], [], []
+    for i, entries in enumerate(group.sources):
+        row = []
+        for j, e in enumerate(entries):
+            read = Node(NodeKind.READ, e.spec, (), ReadAttrs(e, (i, j)))
+            reads.append(read)
+            p = pairs.get(e.key)
+            if p is None:
+                row.append(read)
+                continue
+            scale = Node(NodeKind.READ, p.scale.spec, (), ReadAttrs(p.scale, (i, j)))
+            spec = Dequantize(p.block, dtype).infer(e.spec, p.scale.spec, key=e.key)
+            attrs = DequantizeAttrs(dtype, block_of(e.spec.shape, p.block))
+            node = Node(NodeKind.DEQUANTIZE, spec, (read, scale), attrs)
+            added += [scale, node]
+            row.append(node)
+        streams.append(tuple(row))
+    return tuple(streams), reads + added
+
+
+def _entry(key: str, shape: tuple[int, ...], dtype: torch.dtype, offset: int) -> TensorEntry:
+    return TensorEntry(key, TensorSpec(shape, dtype), f"f{offset % 2}.safetensors", offset)
+
+
+def test_bulk_nodes_equal_one_by_one_ones_with_mixed_and_paired_streams():
+    weights = [[_entry(f"e.{s}.{j}.w", (256, 128), FP8, 1000 * s + j) for j in range(5)]
+               for s in range(2)]
+    weights[1][3] = _entry("e.1.3.w", (256, 128), torch.bfloat16, 77)  # not scaled: a read
+    pairs = {}
+    for stream in weights:
+        for e in stream:
+            if e.spec.dtype is FP8:
+                scale = _entry(e.key + "_scale_inv", (2, 1), torch.float32, e.offset + 5)
+                pairs[e.key] = ScaledWeight(e, scale, (128, 128))
+    group = Group(None, tuple(map(tuple, weights)), ((), ()), ("a.*", "b.*"))
+    quant = QuantContext(Fp8Pairing(pairs, (), frozenset()), None, None)
+
+    values, nodes = source_values(group, quant, None, torch.bfloat16)
+    want_values, want_nodes = _one_by_one(group, pairs, torch.bfloat16)
+
+    assert values == want_values and nodes == want_nodes
+    assert [hash(n) for n in nodes] == [hash(n) for n in want_nodes]
+    assert values[1][3].kind is NodeKind.READ and values[1][2].kind is NodeKind.DEQUANTIZE
+
+
+def test_bulk_reads_without_pairs_are_plain_reads():
+    entries = tuple(_entry(f"x.{j}", (4, 4), torch.float32, j) for j in range(3))
+    group = Group(None, (entries,), ((),), ("x.*",))
+    values, nodes = source_values(group, None, None, None)
+    want_values, want_nodes = _one_by_one(group, {}, torch.bfloat16)
+    assert values == want_values and nodes == want_nodes
+    assert [hash(n) for n in nodes] == [hash(n) for n in want_nodes]
