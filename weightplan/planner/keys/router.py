@@ -20,9 +20,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from operator import itemgetter
 
 from weightplan.planner.inputs.model_info import ModelInfo
-from weightplan.planner.makers import maker
+from weightplan.planner.makers import columns, maker
 from weightplan.planner.keys.patterns import PatternMatch, natural_key
 from weightplan.planner.keys.routing import Route, _apply, _lands
 from weightplan.planner.keys.templates import (
@@ -34,6 +36,7 @@ from weightplan.planner.keys.transforms import (
 
 
 _route, _converter_match = maker(Route), maker(ConverterMatch)
+_routes, _claims = columns(Route), columns(ConverterMatch)
 
 
 def routed(key: str, renamed: str, fired: tuple[Renaming, ...],
@@ -129,42 +132,46 @@ class Router:
                 self.fixups.append((fix, note, Applier(order, converters, templates)))
 
     def route_all(self, keys: Iterable[str]) -> list[Route]:
-        """Every key's route, in natural key order (:func:`natural_key`); keys of a
-        template whose base decision fires no renaming take a fast path (:meth:`_maker`)."""
+        """Every key's route, in natural key order (:func:`natural_key`); the keys of a
+        template are routed together (:meth:`_maker`), where its base decision fires no
+        renaming from string slices of the keys (:func:`_claims_maker`)."""
         keys = list(keys)
         templates = templates_of(keys)
         fast_sort = sortable(keys, templates)
-        per: dict[str | None, tuple[Callable[[str], Route], Callable[[str], str] | None]] = {}
-        routes, texts = [], []
+        by_template: dict[str | None, list[str]] = {}
         for key, template in zip(keys, templates, strict=True):
-            found = per.get(template)
+            found = by_template.get(template)
             if found is None:
-                found = per[template] = (self._maker(template),
-                                         sort_text(template) if fast_sort and template is not None else None)
-            route, text = found
-            routes.append(route(key))
-            if text is not None:
-                texts.append(text(key))
+                by_template[template] = [key]
+            else:
+                found.append(key)
+        routes: list[Route] = []
+        texts: list[str] = []
+        for template, members in by_template.items():
+            routes += self._maker(template)(members)
+            if fast_sort:
+                assert template is not None  # sortable: every key has a template
+                texts += map(sort_text(template), members)
         if not fast_sort:
             return sorted(routes, key=lambda r: natural_key(r.key))
         return [routes[i] for i in sorted(range(len(routes)), key=texts.__getitem__)]
 
-    def _maker(self, template: str | None) -> Callable[[str], Route]:
-        """How a key of ``template`` is routed: :meth:`route`, or, where the base decision
-        fires no renaming, a route built from the key alone (:meth:`route` for a key that
-        doesn't land, so it gets the fix-ups)."""
+    def _maker(self, template: str | None) -> Callable[[list[str]], list[Route]]:
+        """How the keys of ``template`` are routed: :meth:`route` each, or, where the base
+        decision fires no renaming, routes built from the keys alone (:meth:`route` for a
+        key that doesn't land, so it gets the fix-ups)."""
         decided = self.base.decision(template)
         if template is None or decided is None or decided.matched:
-            return self.route
+            return lambda keys: list(map(self.route, keys))
         tensors = self.model.tensors if self.model is not None else None
         if decided.converter is None:
-            def plain(key: str) -> Route:
-                if tensors is None or key in tensors:
-                    return _route(key, key, (), None, None, "")
-                return self.route(key)
+            def plain(keys: list[str]) -> list[Route]:
+                return [_route(key, key, (), None, None, "")
+                        if tensors is None or key in tensors else self.route(key)
+                        for key in keys]
             return plain
         assert decided.shape is not None  # a converter decision always has its match shape
-        return _claim_maker(template, decided.converter, decided.shape, self)
+        return _claims_maker(template, decided.converter, decided.shape, self)
 
     def route(self, key: str) -> Route:
         template = template_of(key)
@@ -210,36 +217,37 @@ class Router:
         return found
 
 
-def _claim_maker(template: str, converter: WeightConverter, shape: MatchShape,
-                 router: Router) -> Callable[[str], Route]:
-    """Routes the keys of ``template`` that ``converter`` claims with no renaming fired:
-    the match is sliced out of the key (:class:`MatchShape`), with one
+def _claims_maker(template: str, converter: WeightConverter, shape: MatchShape,
+                  router: Router) -> Callable[[list[str]], list[Route]]:
+    """Routes the keys of ``template`` that ``converter`` claims with no renaming fired,
+    all at once: the match is sliced out of each key (:class:`MatchShape`), with one
     :class:`PatternMatch` per index and groups; whether a group lands is asked once per
     head, tail and groups (:meth:`Router.route` takes a key whose group doesn't)."""
-    start, end, source_index, spans = shape.start, shape.end, shape.source_index, shape.group_spans
-    at = slice(*shape.index_span) if shape.index_span is not None else None
+    start, end, spans = shape.start, shape.end, shape.group_spans
+    at = itemgetter(slice(*shape.index_span)) if shape.index_span is not None else None
+    head_of = itemgetter(slice(None, start))
     fixed_tail = sys.intern(template[end:]) if "1" not in template[end:] else None
-    matches: dict[object, PatternMatch] = {}
-    landed: dict[tuple, bool] = {}
-    model = router.model
+    span, source_index, model = (start - shape.scope, end - shape.scope), shape.source_index, router.model
 
-    def make(key: str) -> Route:
-        index = int(key[at]) if at is not None else None
-        groups = tuple([None if s is None else key[s[0]:s[1]] for s in spans]) if spans else ()
-        seen = (index, groups) if spans else index
-        match = matches.get(seen)
-        if match is None:
-            match = matches[seen] = PatternMatch(start - shape.scope, end - shape.scope, index,
-                                                 groups)
-        head = sys.intern(key[:start])
-        tail = fixed_tail if fixed_tail is not None else sys.intern(key[end:])
-        route = _route(key, key, (), converter,
-                       _converter_match(source_index, head, tail, match), "")
+    def make_all(keys: list[str]) -> list[Route]:
+        count = len(keys)
+        indices: list[int | None] = list(map(int, map(at, keys))) if at else [None] * count
+        groups: list[tuple] = ([tuple([None if s is None else k[s[0]:s[1]] for s in spans])
+                                for k in keys] if spans else [()] * count)
+        seen = list(zip(indices, groups, strict=True))
+        made = {one: PatternMatch(*span, *one) for one in set(seen)}
+        heads = list(map(sys.intern, map(head_of, keys)))
+        tails: list[str] = ([fixed_tail] * count if fixed_tail is not None
+                            else [sys.intern(k[end:]) for k in keys])
+        claims = _claims(count, repeat(source_index), heads, tails, map(made.__getitem__, seen))
+        routes = _routes(count, keys, keys, repeat(()), repeat(converter), claims, repeat(""))
         if model is None:
-            return route
-        lands = landed.get((head, tail, groups))
-        if lands is None:
-            lands = landed[(head, tail, groups)] = router.lands(route)
-        return route if lands else router.route(key)
+            return routes
+        combos = list(zip(heads, tails, groups, strict=True))
+        # one route per (head, tail, groups) asks; every key of it lands alike
+        lands = {c: router.lands(r) for c, r in dict(zip(combos, routes, strict=True)).items()}
+        if all(lands.values()):
+            return routes
+        return [r if lands[c] else router.route(r.key) for r, c in zip(routes, combos, strict=True)]
 
-    return make
+    return make_all

@@ -94,7 +94,9 @@ def routed_checkpoint(ckpt: Checkpoint, quant: QuantContext | None) -> Checkpoin
     """The checkpoint routing sees: scales travel with their weights, not on their own."""
     if quant is None or not quant.pairing.companions:
         return ckpt
-    entries = {k: e for k, e in ckpt.entries.items() if k not in quant.pairing.companions}
+    entries = dict(ckpt.entries)  # a copy keeps the order; deleting ~half is C-level
+    for key in quant.pairing.companions:
+        entries.pop(key, None)
     return replace(ckpt, entries=entries)
 
 
