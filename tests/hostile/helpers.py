@@ -26,6 +26,22 @@ def entry(dtype: str, shape: list, begin: int, end: int) -> dict:
     return {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
 
 
+def consistent_header(spec_list, name: str = "t{}", meta: dict | None = None
+                      ) -> tuple[dict, int]:
+    """A valid header for ``spec_list`` (safetensors dtype name, shape), tensors named
+    ``name.format(i)`` and laid out back to back, and its data length."""
+    from weightplan.planner.tensors.spec import SAFETENSORS_DTYPES
+
+    header, start = ({"__metadata__": meta} if meta is not None else {}), 0
+    for i, (dtype, shape) in enumerate(spec_list):
+        n = SAFETENSORS_DTYPES[dtype].itemsize
+        for d in shape:
+            n *= d
+        header[name.format(i)] = entry(dtype, shape, start, start + n)
+        start += n
+    return header, start
+
+
 def good_pair() -> tuple[dict, bytes]:
     """Two f32[2] tensors, ``a`` then ``b``: a header and its 16 data bytes."""
     data = torch.tensor([1.0, 2.0, 3.0, 4.0]).numpy().tobytes()

@@ -24,7 +24,7 @@ from weightplan.errors import WeightplanError
 from weightplan.planner.inputs.checkpoint import open_checkpoint
 from weightplan.planner.tensors.spec import SAFETENSORS_DTYPES
 
-from .helpers import load_tensors
+from .helpers import consistent_header, load_tensors
 
 EXAMPLES = int(os.environ.get("WEIGHTPLAN_FUZZ_EXAMPLES", "800"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
@@ -118,14 +118,7 @@ edits = st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["dtype", "shape",
 
 def _consistent(spec_list) -> tuple[dict, int]:
     """A valid header for ``spec_list``, and its data length."""
-    header, start = {}, 0
-    for i, (name, shape) in enumerate(spec_list):
-        n = SAFETENSORS_DTYPES[name].itemsize
-        for d in shape:
-            n *= d
-        header[f"t{i}"] = {"dtype": name, "shape": shape, "data_offsets": [start, start + n]}
-        start += n
-    return header, start
+    return consistent_header(spec_list)
 
 
 def _edit(header: dict, edit_list) -> dict:

@@ -26,6 +26,7 @@ from weightplan.planner.inputs.safetensors_format import _strict_json, strict_js
 from weightplan.planner.tensors.spec import SAFETENSORS_DTYPES, TensorSpec
 
 from tests.conftest import write_checkpoint
+from tests.hostile.helpers import consistent_header
 
 FAST = settings(max_examples=400, deadline=None, database=None,
                 suppress_health_check=list(HealthCheck))
@@ -54,14 +55,7 @@ def _agree(raw: bytes, data_len: int) -> bool:
 
 
 def _header(spec_list, meta) -> tuple[dict, int]:
-    header, start = ({"__metadata__": meta} if meta is not None else {}), 0
-    for i, (name, shape) in enumerate(spec_list):
-        n = SAFETENSORS_DTYPES[name].itemsize
-        for d in shape:
-            n *= d
-        header[f"t.{i}"] = {"dtype": name, "shape": shape, "data_offsets": [start, start + n]}
-        start += n
-    return header, start
+    return consistent_header(spec_list, "t.{}", meta)
 
 
 specs = st.lists(st.tuples(st.sampled_from(sorted(SAFETENSORS_DTYPES)),
