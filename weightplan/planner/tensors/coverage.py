@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from operator import itemgetter
+from itertools import accumulate
+from operator import attrgetter, itemgetter
 
 import torch
 
 from weightplan.planner.tensors.geometry import Fragment, View
 
 MAX_RUNS = 1 << 20
+_OFFSET = attrgetter("view.offset")
 
 
 def runs(view: View) -> tuple[torch.Tensor, int] | None:
@@ -92,9 +94,11 @@ def _sizes(fragments: Sequence[Fragment]) -> tuple[list[int], int, bool, bool]:
 
 def _contiguous_problem(universe: View, fragments: Sequence[Fragment], sizes: list[int]
                         ) -> str | None:
+    offsets = list(map(_OFFSET, fragments))
+    if offsets == list(accumulate(sizes[:-1], initial=universe.offset)):
+        return None  # listed in order, back to back (a stack's): the walk below finds nothing
     end = universe.offset
-    runs = sorted(zip((f.view.offset for f in fragments), sizes, strict=True),
-                  key=itemgetter(0))
+    runs = sorted(zip(offsets, sizes, strict=True), key=itemgetter(0))
     for offset, n in runs:
         if offset < end:
             return f"two fragments both write element offset {offset}"

@@ -55,13 +55,15 @@ def graph_is_sound(nodes: Sequence[Node], position: dict[int, int], arity: dict[
         if not issubclass(attrs, ATTRS_OF[kind]) or (want is not None and n != want) or (
                 kind is NodeKind.OP and n == 0):
             return False
-    sinks = list(compress(nodes, map(is_, kinds, repeat(NodeKind.SINK))))
+    # the triples hold: sinks, dequantizes, casts, ... all have inputs (~1/3 of the nodes)
+    fed, fed_kinds = list(compress(nodes, arities)), list(compress(kinds, arities))
+    sinks = list(compress(fed, map(is_, fed_kinds, repeat(NodeKind.SINK))))
     consumed = set(sources)  # the places of consumed nodes: all but the sinks'
     if len(consumed) - len(consumed.intersection(map(position.__getitem__, map(id, sinks)))) \
             != count - len(sinks):
         return False
     present = {kind for kind, _, _ in triples}
-    return (_specs_hold(nodes, kinds, present, sinks, node_problems)
+    return (_specs_hold(fed, fed_kinds, present, sinks, node_problems)
             and _one_producer(sinks))
 
 
@@ -69,7 +71,9 @@ def _specs_hold(nodes: Sequence[Node], kinds: list[NodeKind], present: set[NodeK
                 sinks: list[Node], node_problems: Callable[[Node], list[str]]) -> bool:
     """The spec rules: in bulk for the many dequantize nodes (one per FP8 expert weight:
     shape kept, dtype the attrs'), the exact per-node check for the few others with inputs
-    (the (kind, attrs, arity) triples are checked: each has its one input)."""
+    (the (kind, attrs, arity) triples are checked: each has its one input). ``nodes``: the
+    graph's nodes with inputs (every node of these kinds, the triples holding), ``kinds``
+    theirs."""
     if NodeKind.DEQUANTIZE in present:
         dq = list(compress(nodes, map(is_, kinds, repeat(NodeKind.DEQUANTIZE))))
         if list(map(_SHAPE, dq)) != list(map(_SHAPE, map(itemgetter(0), map(_INPUTS, dq)))) \
