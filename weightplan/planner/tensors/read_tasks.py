@@ -9,16 +9,13 @@ that geometry: the 256 experts of a stack hold one layout, one region and one vi
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import chain, compress, groupby, repeat
-from operator import attrgetter, is_, is_not, itemgetter
 
 import torch
 
 from weightplan.planner.inputs.checkpoint import TensorEntry
-from weightplan.planner.makers import columns
+from weightplan.planner.makers import maker
 from weightplan.planner.quant.blocks import DEQUANTIZE_BYTES, workspace_bytes
 from weightplan.planner.tensors.destination import Destination
 from weightplan.planner.tensors.geometry import CACHE_SIZE, Fragment, Region, _is_contiguous
@@ -133,14 +130,7 @@ class ReadTask:
         return self.nbytes if self.entry.file is not None else 0
 
 
-_tasks = columns(ReadTask)  # (~45k tasks in a DeepSeek-V3 plan)
-_KIND, _ATTRS, _INPUTS, _BLOCK = (attrgetter("kind"), attrgetter("attrs"), attrgetter("inputs"),
-                                  attrgetter("attrs.block"))
-_ENTRY, _ENTRY_SPEC = attrgetter("attrs.entry"), attrgetter("attrs.entry.spec")
-_SPEC, _FILE, _CONTIGUOUS = attrgetter("spec"), attrgetter("file"), attrgetter("contiguous")
-_VIEW, _REGION, _TARGET = attrgetter("view"), attrgetter("region"), attrgetter("target")
-_SHAPE, _STRIDE = attrgetter("shape"), attrgetter("stride")
-_FIRST, _SECOND = itemgetter(0), itemgetter(1)
+_task = maker(ReadTask)  # (~45k tasks in a DeepSeek-V3 plan)
 
 
 def read_task(node: Node, region: Region, fragment: Fragment | None, direct: bool,
@@ -198,47 +188,29 @@ def _layout(shape: tuple[int, ...], size: int, in_file: bool,
 
 def placed_reads(sources: Streams[Node], frags: Streams[tuple[Fragment, ...]],
                  dests: tuple[Destination, ...], piece_bytes: int) -> tuple[ReadTask, ...]:
-    """A read task for each non-empty fragment each source lands in, made in C-level
-    passes: the reads' keys in columns, one layout per run of equal keys (the experts of
-    a stack share every part of it: equal tuples and dtypes, the same region object)."""
-    placed = list(chain.from_iterable(chain.from_iterable(frags)))
-    nodes = list(chain.from_iterable(map(repeat, chain.from_iterable(sources),
-                                         map(len, chain.from_iterable(frags)))))
-    entries, scales, blocks = _key_parts(nodes)
-    views = list(map(_VIEW, placed))
-    regions = list(map(_REGION, placed))
-    keys = zip(map(_SPEC, entries), map(is_, map(_FILE, entries), repeat(None)),
-               map(_CONTIGUOUS, entries), scales, blocks, regions, map(_SHAPE, views),
-               map(_STRIDE, views), map(_TARGET, placed), strict=False)  # (repeat(None) columns)
+    """A read task for each non-empty fragment each source lands in."""
+    tasks: list[ReadTask] = []
     dtypes = [d.spec.dtype for d in dests]
-    layouts: list[ReadLayout | None] = []
-    for key, run in groupby(keys):
-        spec, in_memory, contiguous, scale, block, region, shape, stride, target = key
-        layout = _geometry(spec.shape, spec.dtype, in_memory, contiguous,
-                           None if scale is None else scale.shape,
-                           None if scale is None else scale.dtype, block, region, shape,
-                           stride, dtypes[target], piece_bytes)
-        layouts.extend(repeat(layout, len(list(run))))
-    if None in layouts:  # empty regions: nothing read
-        kept = list(map(is_not, layouts, repeat(None)))
-        nodes, regions, placed, layouts = (list(compress(c, kept))
-                                           for c in (nodes, regions, placed, layouts))
-    return tuple(_tasks(len(nodes), nodes, regions, placed, layouts))
-
-
-def _key_parts(nodes: list[Node]) -> tuple[list[TensorEntry], Iterable[TensorSpec | None],
-                                            Iterable[tuple[int, ...] | None]]:
-    """Columns of :func:`_read_parts` for ``nodes``: in C-level passes when they are all
-    reads, or all FP8 dequantizes (an expert stack)."""
-    kinds = set(map(_KIND, nodes))
-    if kinds <= {NodeKind.READ}:
-        return list(map(_ENTRY, nodes)), repeat(None), repeat(None)
-    if kinds == {NodeKind.DEQUANTIZE} and set(map(type, map(_ATTRS, nodes))) == {DequantizeAttrs}:
-        inputs = list(map(_INPUTS, nodes))
-        return (list(map(_ENTRY, map(_FIRST, inputs))),
-                map(_ENTRY_SPEC, map(_SECOND, inputs)), map(_BLOCK, nodes))
-    parts = list(map(_read_parts, nodes))
-    return list(map(_FIRST, parts)), map(_SECOND, parts), map(itemgetter(2), parts)
+    last: tuple = ()
+    layout: ReadLayout | None = None
+    for i, stream in enumerate(sources):
+        for j, node in enumerate(stream):
+            entry, scale, block = _read_parts(node)
+            spec = entry.spec
+            scale_shape, scale_dtype = (None, None) if scale is None else (scale.shape,
+                                                                          scale.dtype)
+            for f in frags[i][j]:
+                v = f.view
+                # the experts of a stack share every part of this key (equal tuples and
+                # dtypes, the same region object): one layout for all of them
+                key = (spec.shape, spec.dtype, entry.file is None, entry.contiguous,
+                       scale_shape, scale_dtype, block, f.region, v.shape, v.stride,
+                       dtypes[f.target], piece_bytes)
+                if key != last:
+                    last, layout = key, _geometry(*key)
+                if layout is not None:
+                    tasks.append(_task(node, f.region, f, layout))
+    return tuple(tasks)
 
 
 @lru_cache(maxsize=CACHE_SIZE)
