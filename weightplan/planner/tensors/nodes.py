@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import lru_cache
 from itertools import repeat
 from operator import attrgetter
 
@@ -167,6 +168,13 @@ def _made(cls: type, count: int, fields: Iterable[tuple[object, Iterable[object]
     for setter, values in fields:
         any(map(setter, made, values))  # type: ignore[call-overload]
     return made
+
+
+@lru_cache(maxsize=1024)
+def stream_sources(stream: int, count: int) -> tuple[tuple[int, int], ...]:
+    """``(stream, 0) .. (stream, count - 1)``: the sources of a stream's reads, one tuple
+    per (stream, index) shared by every conversion (and compared by identity first)."""
+    return tuple(zip(repeat(stream), range(count)))
 
 
 def read_nodes(entries: Sequence[TensorEntry], sources: Sequence[tuple[int, int]]) -> list[Node]:

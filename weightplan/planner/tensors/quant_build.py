@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from itertools import chain, compress, repeat
+from itertools import chain, compress
 from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import cast
@@ -40,7 +40,7 @@ from weightplan.planner.keys.routing import Group
 from weightplan.planner.quant.blocks import FP8_DTYPES, E8M0, Block, block_of
 from weightplan.planner.quant.kinds import Dequantize, Quantize
 from weightplan.planner.tensors.nodes import (
-    DequantizeAttrs, Node, NodeKind, QuantizeAttrs, dequantize_nodes, read_nodes,
+    DequantizeAttrs, Node, NodeKind, QuantizeAttrs, dequantize_nodes, read_nodes, stream_sources,
 )
 from weightplan.planner.tensors.ops.base import ConversionOp, Streams
 from weightplan.planner.tensors.spec import TensorSpec
@@ -116,7 +116,7 @@ def source_values(group: Group, quant: QuantContext | None, expected: object,
     added: list[Node] = []
     streams = []
     for i, entries in enumerate(group.sources):
-        sources = list(zip(repeat(i), range(len(entries))))
+        sources = stream_sources(i, len(entries))
         row = read_nodes(entries, sources)
         reads += row
         found = list(map(pairs.get, map(_KEY, entries))) if pairs else []
