@@ -11,6 +11,7 @@ passed (defaults are not filled in).
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from collections.abc import Callable, Iterable
 from itertools import repeat
 from typing import Any, TypeVar
@@ -44,14 +45,25 @@ def columns(cls: type[T]) -> Callable[..., list[T]]:
         ``tasks = columns(ReadTask)(n, nodes, repeat(region), fragments, repeat(layout))``.
     """
     setters = [getattr(cls, name).__set__ for name in _field_names(cls, "columns")]
-    new = object.__new__
 
     def make(count: int, *values: Iterable[Any]) -> list[T]:
-        made: list[T] = list(map(new, repeat(cls, count)))
-        for setter, column in zip(setters, values, strict=True):
-            any(map(setter, made, column))  # (__set__ returns None: runs to the end)
-        return made
+        return filled(cls, count, zip(setters, values, strict=True))
     return make
+
+
+def filled(cls: type[T], count: int,
+           slots: Iterable[tuple[Callable[[Any, Any], None], Iterable[Any]]]) -> list[T]:
+    """``count`` new ``cls`` objects (``__init__`` not run), each ``(setter, values)`` of
+    ``slots`` writing one slot of all of them in one C-level pass (``setter``: the slot
+    descriptor's ``__set__``). The caller writes every slot the class has; :func:`columns`
+    is the checked form for slotted dataclasses."""
+    made: list[T] = list(map(_NEW, repeat(cls, count)))
+    for setter, values in slots:
+        deque(map(setter, made, values), maxlen=0)  # runs each map to its end
+    return made
+
+
+_NEW = object.__new__
 
 
 def _field_names(cls: type, who: str) -> list[str]:

@@ -10,11 +10,11 @@ a key in ``object.__setattr__`` calls.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable
 from itertools import repeat
 from operator import attrgetter
 
+from weightplan.planner.makers import filled
 from weightplan.planner.tensors.spec import TensorSpec
 
 __all__ = ["FrozenEntryError", "StridedEntry", "TensorEntry", "build_entries"]
@@ -100,8 +100,5 @@ _ROW = attrgetter(*_FIELDS)
 def build_entries(keys: list[str], specs: Iterable[TensorSpec], file: str,
                   offsets: Iterable[int]) -> list[TensorEntry]:
     """``TensorEntry(key, spec, file, offset)`` for each row, built column by column."""
-    entries = list(map(object.__new__, repeat(TensorEntry, len(keys))))
-    for setter, column in ((_SET_KEY, keys), (_SET_SPEC, specs), (_SET_FILE, repeat(file)),
-                           (_SET_OFFSET, offsets)):
-        deque(map(setter, entries, column), maxlen=0)
-    return entries
+    return filled(TensorEntry, len(keys), ((_SET_KEY, keys), (_SET_SPEC, specs),
+                                           (_SET_FILE, repeat(file)), (_SET_OFFSET, offsets)))

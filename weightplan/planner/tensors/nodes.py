@@ -21,6 +21,7 @@ from operator import attrgetter
 import torch
 
 from weightplan.planner.inputs.checkpoint import TensorEntry
+from weightplan.planner.makers import filled
 from weightplan.planner.tensors.destination import Destination
 from weightplan.planner.tensors.geometry import Region
 from weightplan.planner.tensors.ops.base import ConversionOp
@@ -157,17 +158,7 @@ class Node:
 _set_kind, _set_spec, _set_inputs, _set_attrs, _set_hash = (
     getattr(Node, name).__set__ for name in ("kind", "spec", "inputs", "attrs", "_hash"))
 _set_entry, _set_source = (getattr(ReadAttrs, name).__set__ for name in ("entry", "source"))
-_new, _KEY, _SPEC, _HASH = object.__new__, attrgetter("key"), attrgetter("spec"), attrgetter("_hash")
-
-
-def _made(cls: type, count: int, fields: Iterable[tuple[object, Iterable[object]]]) -> list:
-    """``count`` new ``cls`` objects, each slot written for all of them at once: the
-    descriptor's ``__set__`` mapped over them (C-level loops; it returns ``None``, so
-    ``any`` runs each map to its end)."""
-    made: list = list(map(_new, repeat(cls, count)))
-    for setter, values in fields:
-        any(map(setter, made, values))  # type: ignore[call-overload]
-    return made
+_KEY, _SPEC, _HASH = attrgetter("key"), attrgetter("spec"), attrgetter("_hash")
 
 
 @lru_cache(maxsize=1024)
@@ -181,9 +172,9 @@ def read_nodes(entries: Sequence[TensorEntry], sources: Sequence[tuple[int, int]
     """``Node(READ, e.spec, (), ReadAttrs(e, source))`` for each entry and source, made in
     bulk (an FP8 stack has 256 experts per stream)."""
     count = len(entries)
-    attrs = _made(ReadAttrs, count, ((_set_entry, entries), (_set_source, sources)))
+    attrs = filled(ReadAttrs, count, ((_set_entry, entries), (_set_source, sources)))
     hashes = map(hash, zip(repeat(NodeKind.READ), repeat(()), map(_KEY, entries), sources))
-    return _made(Node, count, ((_set_kind, repeat(NodeKind.READ)), (_set_spec, map(_SPEC, entries)),
+    return filled(Node, count, ((_set_kind, repeat(NodeKind.READ)), (_set_spec, map(_SPEC, entries)),
                                 (_set_inputs, repeat(())), (_set_attrs, attrs), (_set_hash, hashes)))
 
 
@@ -195,7 +186,7 @@ def dequantize_nodes(weights: Sequence[Node], scales: Sequence[Node], specs: Ite
     inputs = list(zip(weights, scales, strict=True))
     hashes = map(hash, zip(repeat(kind), zip(map(_HASH, weights), map(_HASH, scales), strict=True),
                            map(_DTYPE, attrs), map(_BLOCK, attrs)))
-    return _made(Node, count, ((_set_kind, repeat(kind)), (_set_spec, specs),
+    return filled(Node, count, ((_set_kind, repeat(kind)), (_set_spec, specs),
                                (_set_inputs, inputs), (_set_attrs, attrs), (_set_hash, hashes)))
 
 
