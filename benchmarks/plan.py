@@ -181,7 +181,9 @@ with torch.device("meta"):
 os._exit(0)
 """
 # ``weightplan explain DIR`` as the console script runs it, with explain_load timed inside
+# (the collector paused first, as the command pauses it before its first import of torch)
 TIMED_CLI = """
+import gc; gc.disable()
 import sys, time
 import weightplan.api.entry as entry
 inner = entry.explain_load

@@ -92,3 +92,33 @@ def test_the_program_prints_everything_before_it_leaves(tmp_path, capsys):
     assert got == expected
     failed = run_cli("explain", str(tmp_path / "missing.safetensors"))
     assert failed.returncode == 2 and "CheckpointError" in failed.stderr
+
+
+def test_the_command_pauses_the_collector_before_torch_is_imported():
+    """``import weightplan`` (what the ``weightplan`` script does first) imports neither
+    torch nor the planner, so the command disables the collector before their imports
+    (a quarter of a second of collections while torch and transformers load)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, weightplan, weightplan.cli\n"
+             "print(sorted(m for m in ('torch', 'transformers', 'weightplan.planner') "
+             "if m in sys.modules))\n"
+             "print(weightplan.explain.__name__, weightplan.ops.Chunk.__name__)\n"
+             "print(all(getattr(weightplan, name) is not None for name in weightplan.__all__))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.splitlines() == ["[]", "explain Chunk", "True"]
+
+
+def test_builtin_mappings_are_registered_whatever_is_imported_first():
+    import subprocess
+    import sys
+
+    for first in ("weightplan.planner.keys.registry", "weightplan.planner.keys.mappings",
+                  "weightplan.planner.explain"):
+        probe = (f"import {first}\nfrom weightplan.planner.keys.registry import REGISTRY\n"
+                 "print('mixtral' in REGISTRY, 'deepseek_v3' in REGISTRY)")
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                              check=True)
+        assert done.stdout.split() == ["True", "True"], first

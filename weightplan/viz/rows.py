@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from operator import attrgetter
 
 from weightplan.planner.tensors.build import Conversion, TargetStatus
-from weightplan.planner.tensors.nodes import NodeKind, QuantizeAttrs
+from weightplan.planner.tensors.nodes import Node, NodeKind, QuantizeAttrs
 from weightplan.viz.boxes import quant_label
 from weightplan.planner.tensors.spec import short_dtype
 from weightplan.planner.keys.transforms import LEGACY
 from weightplan.viz.folding import fold_keys, split_numbers
+
+_KIND = attrgetter("kind")
 
 
 @dataclass(frozen=True)
@@ -74,13 +78,21 @@ def _ops(conv: Conversion) -> str:
     """The op chain as the mapping wrote it (resolved sizes are an implementation detail)."""
     written = conv.group.converter.operations if conv.group.converter else ()
     chain = [repr(o) for o in written]
-    fp8 = {n.kind: n for n in conv.nodes if n.kind is NodeKind.DEQUANTIZE
-           or (isinstance(n.attrs, QuantizeAttrs) and not n.attrs.scale)}
-    if NodeKind.DEQUANTIZE in fp8:
-        chain.insert(0, quant_label(fp8[NodeKind.DEQUANTIZE]) + " (per source, with its scale)")
-    if NodeKind.QUANTIZE in fp8:
-        chain.append(quant_label(fp8[NodeKind.QUANTIZE]) + " + scale")
+    kinds = set(map(_KIND, conv.nodes))  # most conversions have neither: no loop over nodes
+    if NodeKind.DEQUANTIZE in kinds:
+        dequantize = _last(conv, lambda n: n.kind is NodeKind.DEQUANTIZE)
+        assert dequantize is not None
+        chain.insert(0, quant_label(dequantize) + " (per source, with its scale)")
+    if NodeKind.QUANTIZE in kinds:
+        quantize = _last(conv, lambda n: n.kind is NodeKind.QUANTIZE
+                         and isinstance(n.attrs, QuantizeAttrs) and not n.attrs.scale)
+        if quantize is not None:
+            chain.append(quant_label(quantize) + " + scale")
     return " → ".join(chain)
+
+
+def _last(conv: Conversion, wanted: Callable[[Node], bool]) -> Node | None:
+    return next((n for n in reversed(conv.nodes) if wanted(n)), None)
 
 
 def _signature(conv: Conversion) -> tuple:

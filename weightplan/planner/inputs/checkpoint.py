@@ -14,6 +14,8 @@ import struct
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
+from operator import attrgetter
 from pathlib import Path
 from typing import NamedTuple
 
@@ -39,6 +41,7 @@ from weightplan.planner.tensors.spec import SAFETENSORS_DTYPES, TensorSpec
 __all__ = ["Checkpoint", "FileStamp", "TensorEntry", "open_checkpoint", "read_header"]
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+_SPEC = attrgetter("spec")
 
 
 @dataclass(frozen=True)
@@ -51,9 +54,13 @@ class Checkpoint:
     metadata: Mapping[str, str] = field(default_factory=dict)
     description: str = "<memory>"
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
-        return sum(e.nbytes for e in self.entries.values())
+        """Bytes of all entries: each distinct spec's size times its count (entries of one
+        header share their spec objects, so 92k keys are a few dozen multiplications)."""
+        specs = list(map(_SPEC, self.entries.values()))
+        by_id = dict(zip(map(id, specs), specs, strict=True))
+        return sum(by_id[i].nbytes * n for i, n in Counter(map(id, specs)).items())
 
     def __len__(self) -> int:
         return len(self.entries)

@@ -17,9 +17,13 @@ Every family here is proven by an interop test against transformers' ``from_pret
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from weightplan.planner.tensors.ops import Concatenate, MergeModulelist
-from weightplan.planner.keys.registry import MappingRegistry
 from weightplan.planner.keys.transforms import PrefixChange, WeightConverter, WeightRenaming
+
+if TYPE_CHECKING:  # the registry imports this module to register the families below
+    from weightplan.planner.keys.registry import MappingRegistry
 
 MIXTRAL_ALIASES = ("minimax",)
 QWEN2_MOE_ALIASES = ("qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3")

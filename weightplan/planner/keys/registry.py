@@ -156,6 +156,14 @@ class MappingRegistry:
 REGISTRY = MappingRegistry()
 
 
+def _register_builtins() -> None:
+    """The built-in families, registered once, as this module is first imported (whoever
+    imports the registry, the package or a planner module, sees them)."""
+    from weightplan.planner.keys.mappings import register_builtins
+
+    register_builtins(REGISTRY)
+
+
 def register_mapping(key: str, transforms: Iterable[WeightTransform], overwrite: bool = False
                      ) -> None:
     """Register ``transforms`` under a ``model_type`` or class name.
@@ -177,3 +185,6 @@ def get_mapping(key: str) -> list[WeightTransform]:
 def register_alias(alias: str, key: str, overwrite: bool = False) -> None:
     """Make ``alias`` resolve to the mapping registered under ``key``."""
     REGISTRY.alias(alias, key, overwrite=overwrite)
+
+
+_register_builtins()
