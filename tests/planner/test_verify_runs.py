@@ -113,3 +113,13 @@ def test_an_equal_input_that_is_another_object_is_accepted_as_the_exact_pass_doe
 
 
 F32 = TensorSpec((2, 3), torch.float32)
+
+
+def test_a_later_run_with_other_arities_is_refused():
+    r1, q1, r2, q2 = read_node("r1"), read_node("q1", 24), read_node("r2", 48), read_node("q2", 72)
+    first = (r1, q1, sink(r1, "r1"), sink(q1, "q1"))
+    two = dataclasses.replace(sink(r2, "r2"), inputs=(r2, q2))
+    fed_read = dataclasses.replace(q2, inputs=(r2,))
+    for later in [(r2, q2, two, sink(q2, "q2")), (r2, fed_read, sink(r2, "r2"), sink(fed_read, "q2"))]:
+        assert proof(first + later, [4, 4]) is None
+        assert same_either_way(first + later, [4, 4])

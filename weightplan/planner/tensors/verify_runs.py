@@ -50,8 +50,8 @@ class RunShape:
     """What one proven run showed, for every run of its kinds, attrs types and arities."""
 
     classes: tuple[type, ...]
-    arities: tuple[int, ...]
-    edges: tuple[tuple[Picker, tuple[Picker, ...]], ...]  # per arity: its nodes, each slot's input
+    unfed: int  # the nodes without inputs
+    edges: tuple[tuple[int, Picker, tuple[Picker, ...]], ...]  # per arity: its nodes, inputs
     dequantizes: Picker
     checked: Picker  # the nodes whose specs the per-node check judges (casts, sinks, ...)
     sinks: Picker
@@ -78,14 +78,14 @@ def shape_of(run: Sequence[Node], arity: dict[NodeKind, int]) -> RunShape | None
     sinks = [i for i, k in enumerate(kinds) if k is NodeKind.SINK]
     if set(chain.from_iterable(sources)).union(sinks) != set(range(len(run))):
         return None  # a non-sink nobody consumes
-    return RunShape(classes, arities, _edges(sources, arities),
+    return RunShape(classes, arities.count(0), _edges(sources, arities),
                     _picker([i for i, k in enumerate(kinds) if k is NodeKind.DEQUANTIZE]),
                     _picker([i for i, k in enumerate(kinds) if arities[i] and k not in _BULK]),
                     _picker(sinks))
 
 
 def _edges(sources: list[list[int]], arities: tuple[int, ...]
-           ) -> tuple[tuple[Picker, tuple[Picker, ...]], ...]:
+           ) -> tuple[tuple[int, Picker, tuple[Picker, ...]], ...]:
     """For each arity of the run's nodes: the nodes of that arity, and the nodes their
     inputs are (places from ``sources``): one picker per input slot for arities 1 and 2
     (the many dequantizes and sinks), one of all their inputs in order for the rest."""
@@ -94,7 +94,7 @@ def _edges(sources: list[list[int]], arities: tuple[int, ...]
         fed = [i for i, a in enumerate(arities) if a == n]
         slots = [[sources[i][j] for i in fed] for j in range(n)] if n <= len(_SLOTS) else \
             [[s for i in fed for s in sources[i]]]
-        out.append((_picker(fed), tuple(map(_picker, slots))))
+        out.append((n, _picker(fed), tuple(map(_picker, slots))))
     return tuple(out)
 
 
@@ -142,11 +142,13 @@ def _fits(run: Sequence[Node], shape: RunShape) -> bool:
     """``run`` (of ``shape``'s kinds) has its attrs types, arities and every input where
     the shape's proof put it (compared as objects: identity, else equality)."""
     if tuple(map(_CLASS, run)) != shape.classes or \
-            tuple(map(len, map(_INPUTS, run))) != shape.arities:
+            list(map(_INPUTS, run)).count(()) != shape.unfed:  # (the reads: no inputs)
         return False
-    for fed, slots in shape.edges:
+    for n, fed, slots in shape.edges:
         inputs = list(map(_INPUTS, fed(run)))
-        if len(slots) == 1 and len(inputs[0]) > len(_SLOTS):
+        if set(map(len, inputs)) != {n}:
+            return False  # (the others have none: as many as the shape's have none)
+        if n > len(_SLOTS):
             if tuple(chain.from_iterable(inputs)) != slots[0](run):
                 return False
             continue
