@@ -13,7 +13,7 @@ from weightplan.planner.tensors.nodes import CastAttrs, Node, NodeKind, ReadAttr
 from weightplan.planner.tensors.placement import plan_step
 from weightplan.planner.tensors.spec import TensorSpec
 from weightplan.planner.tensors.verify import _ARITY, check, check_node
-from weightplan.planner.tensors.verify_runs import release_by_runs, runs_are_sound
+from weightplan.planner.tensors.verify_runs import _alike, release_by_runs, runs_are_sound
 
 from tests.planner.core import checkpoint, conversion, entry
 from tests.planner.test_verify import read_node, sink
@@ -123,3 +123,36 @@ def test_a_later_run_with_other_arities_is_refused():
     for later in [(r2, q2, two, sink(q2, "q2")), (r2, fed_read, sink(r2, "r2"), sink(fed_read, "q2"))]:
         assert proof(first + later, [4, 4]) is None
         assert same_either_way(first + later, [4, 4])
+
+
+def dequantized_run(tag="a", count=16, shapes=None, dtype=torch.bfloat16):
+    """``count`` FP8 weights and scales, dequantized into one shared spec, each sunk."""
+    from weightplan.planner.tensors.nodes import DequantizeAttrs
+
+    fp8, scale = TensorSpec((2, 3), torch.float8_e4m3fn), TensorSpec((1, 1), torch.float32)
+    out, attrs = TensorSpec((2, 3), torch.bfloat16), DequantizeAttrs(dtype, (128, 128))
+    weights = [Node(NodeKind.READ, fp8, (), ReadAttrs(entry(f"w{i}", (2, 3), 6 * i,
+                                                            torch.float8_e4m3fn), (0, i)))
+               for i in range(count)]
+    scales = [Node(NodeKind.READ, scale, (), ReadAttrs(entry(f"s{i}", (1, 1), 4 * i), (1, i)))
+              for i in range(count)]
+    specs = shapes or [out] * count
+    dqs = [Node(NodeKind.DEQUANTIZE, spec, (w, s), attrs)
+           for spec, w, s in zip(specs, weights, scales, strict=True)]
+    return (*weights, *scales, *dqs, *(sink(d, f"{tag}{i}") for i, d in enumerate(dqs)))
+
+
+def dequantizes(run):
+    return tuple(n for n in run if n.kind is NodeKind.DEQUANTIZE)
+
+
+def test_a_stack_of_dequantizes_sharing_a_spec_is_proven_once_and_a_broken_one_refused():
+    run = dequantized_run()
+    assert proof(run + dequantized_run("b"), [len(run)] * 2) is not None
+    assert same_either_way(run, [len(run)]) == []
+    assert _alike(dequantizes(run))  # (one spec rule judged for all sixteen)
+    odd = [TensorSpec((2, 3), torch.bfloat16)] * 15 + [TensorSpec((3, 2), torch.bfloat16)]
+    for broken in (dequantized_run("b", shapes=odd), dequantized_run("b", dtype=torch.float16)):
+        assert not _alike(dequantizes(broken))
+        assert proof(run + broken, [len(run)] * 2) is None
+        assert "dequantize keeps the shape" in same_either_way(run + broken, [len(run)] * 2)[0]

@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from weightplan.planner.tensors.placement import Step
 
 _INPUTS, _KIND, _CLASS = attrgetter("inputs"), attrgetter("kind"), attrgetter("attrs.__class__")
-_HASH = attrgetter("_hash")
+_HASH, _SPEC, _ATTRS, _FIRST = (attrgetter("_hash"), attrgetter("spec"), attrgetter("attrs"),
+                                itemgetter(0))
 Picker = Callable[[Sequence[Node]], tuple[Node, ...]]
 
 
@@ -130,12 +131,29 @@ def runs_are_sound(nodes: Sequence[Node], lengths: Sequence[int], arity: dict[No
                 return None
             shapes[kinds] = shape
         proven.append(shape)
-        dequantizes += shape.dequantizes(run)
+        dequantized = shape.dequantizes(run)
+        if len(dequantized) < _SHARED or not _alike(dequantized):
+            dequantizes += dequantized  # (judged in bulk, one by one)
         checked += shape.checked(run)
         sinks += shape.sinks(run)
     if not (specs_hold(dequantizes, checked, node_problems) and one_producer(sinks)):
         return None
     return proven, runs
+
+
+_SHARED = 16  # dequantizes in a run from which their shared spec is looked for
+
+
+def _alike(dequantized: tuple[Node, ...]) -> bool:
+    """A stack's dequantizes share one spec, one attrs and one weight spec (equal ones, at
+    least): the spec rule of one (shape kept, dtype the attrs') is the rule of all."""
+    count = len(dequantized)
+    specs, attrs = list(map(_SPEC, dequantized)), list(map(_ATTRS, dequantized))
+    weights = list(map(_SPEC, map(_FIRST, map(_INPUTS, dequantized))))
+    spec, a, weight = specs[0], attrs[0], weights[0]
+    return (specs.count(spec) == count and attrs.count(a) == count
+            and weights.count(weight) == count and spec.shape == weight.shape
+            and spec.dtype == a.dtype)
 
 
 def _fits(run: Sequence[Node], shape: RunShape) -> bool:
