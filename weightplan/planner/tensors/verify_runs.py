@@ -93,14 +93,14 @@ def _edges(sources: list[list[int]], arities: tuple[int, ...]
     out = []
     for n in sorted(set(arities) - {0}):
         fed = [i for i, a in enumerate(arities) if a == n]
-        slots = [[sources[i][j] for i in fed] for j in range(n)] if n <= len(_SLOTS) else \
+        slots = [[sources[i][j] for i in fed] for j in range(n)] if n <= _PAIRED else \
             [[s for i in fed for s in sources[i]]]
         out.append((n, _picker(fed), tuple(map(_picker, slots))))
     return tuple(out)
 
 
 _BULK = frozenset((NodeKind.DEQUANTIZE, NodeKind.OP))  # spec rules: in bulk / none
-_SLOTS = tuple(map(itemgetter, range(2)))
+_PAIRED = 2  # arities up to this: one picker per input slot
 
 
 def runs_of(nodes: Sequence[Node], lengths: Sequence[int]) -> Iterator[Sequence[Node]]:
@@ -163,16 +163,12 @@ def _fits(run: Sequence[Node], shape: RunShape) -> bool:
             list(map(_INPUTS, run)).count(()) != shape.unfed:  # (the reads: no inputs)
         return False
     for n, fed, slots in shape.edges:
-        inputs = list(map(_INPUTS, fed(run)))
-        if set(map(len, inputs)) != {n}:
+        inputs = tuple(map(_INPUTS, fed(run)))
+        if n <= _PAIRED:  # (each node's inputs, as a tuple, equal to the picked ones, zipped)
+            if inputs != tuple(zip(*(pick(run) for pick in slots), strict=True)):
+                return False
+        elif set(map(len, inputs)) != {n} or tuple(chain.from_iterable(inputs)) != slots[0](run):
             return False  # (the others have none: as many as the shape's have none)
-        if n > len(_SLOTS):
-            if tuple(chain.from_iterable(inputs)) != slots[0](run):
-                return False
-            continue
-        for slot, pick in zip(_SLOTS, slots, strict=False):
-            if tuple(map(slot, inputs)) != pick(run):
-                return False
     return True
 
 
