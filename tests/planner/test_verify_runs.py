@@ -4,6 +4,7 @@ without the runs hint."""
 
 import dataclasses
 
+import pytest
 import torch
 
 from weightplan.ops import MergeModulelist
@@ -17,6 +18,12 @@ from weightplan.planner.tensors.verify_runs import _alike, release_by_runs, runs
 
 from tests.planner.core import checkpoint, conversion, entry
 from tests.planner.test_verify import read_node, sink
+
+
+@pytest.fixture(autouse=True)
+def runs_of_any_length(monkeypatch):
+    """``check`` proves runs one by one however short they are (these runs are tiny)."""
+    monkeypatch.setattr("weightplan.planner.tensors.verify._LONG_RUNS", 0)
 
 
 def stacks(count=4):
@@ -34,14 +41,15 @@ def proof(nodes, lengths):
 
 
 def same_either_way(nodes, lengths, steps=(), ckpt=None):
-    """``check`` with the runs hint equals ``check`` without it (the exact authority)."""
+    """``check`` with the runs hint equals ``check`` without it (the whole-graph proof and
+    the exact checks)."""
     graph = PlanGraph(tuple(nodes))
     with_runs = check(graph, steps, ckpt, lengths)
     assert with_runs == check(graph, steps, ckpt)
     return with_runs
 
 
-def test_runs_of_one_shape_are_proven_by_one_proof():
+def test_runs_of_one_shape_are_proven_by_one_proof(monkeypatch):
     convs, steps, ckpt = stacks()
     graph = plan_graph(convs)
     lengths = [len(c.nodes) for c in convs]
@@ -51,6 +59,12 @@ def test_runs_of_one_shape_are_proven_by_one_proof():
     assert len({id(s) for s in shapes}) == 1 and len(runs) == len(convs)
     assert release_by_runs(runs, shapes, steps)
     assert same_either_way(graph.nodes, lengths, steps, ckpt) == []
+
+    def whole_graph(nodes):
+        raise AssertionError("proven run by run: no whole-graph proof")
+
+    monkeypatch.setattr("weightplan.planner.tensors.verify.node_positions", whole_graph)
+    assert check(graph, steps, ckpt, lengths) == []
 
 
 def test_every_broken_graph_is_refused_and_judged_exactly():
