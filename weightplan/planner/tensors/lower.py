@@ -48,7 +48,7 @@ def lower(conversions: Sequence[Conversion], checkpoint: Checkpoint, *, order: S
     """
     graph = plan_graph(conversions)
     steps = order(_lowered(conversions, piece_bytes))
-    verify(graph, steps, checkpoint)
+    verify(graph, steps, checkpoint, runs=[len(c.nodes) for c in conversions if c.in_graph])
     schedule = schedule_within(steps, threads=threads, budget=budget)
     problems = check_events(len(schedule.steps), schedule.events)
     if problems:

@@ -36,28 +36,39 @@ from weightplan.planner.tensors.schedule import Event, EventKind
 from weightplan.planner.tensors.verify_bulk import (
     graph_is_sound, node_positions, release_is_sound,
 )
+from weightplan.planner.tensors.verify_runs import release_by_runs, runs_are_sound
 
 _FRAGMENT, _TARGET, _ZERO = attrgetter("fragment"), attrgetter("target"), 0
+_LONG_RUNS = 8  # nodes per run from which runs are proven one by one (a few: the whole graph)
 _ARITY = {NodeKind.READ: 0, NodeKind.CAST: 1, NodeKind.SINK: 1, NodeKind.SHARD: 1,
           NodeKind.QUANTIZE: 1, NodeKind.DEQUANTIZE: 2}
 
 
-def verify(graph: PlanGraph, steps: Sequence[Step] = (), checkpoint: Checkpoint | None = None
-           ) -> None:
-    """Raise :class:`GraphError` listing every broken invariant (see the module docstring)."""
-    problems = check(graph, steps, checkpoint)
+def verify(graph: PlanGraph, steps: Sequence[Step] = (), checkpoint: Checkpoint | None = None,
+           runs: Sequence[int] | None = None) -> None:
+    """Raise :class:`GraphError` listing every broken invariant (see the module docstring).
+    ``runs``: where the graph's conversions meet (their node counts, in order), a hint
+    that lets each conversion be proven on its own (:mod:`verify_runs`)."""
+    problems = check(graph, steps, checkpoint, runs)
     if problems:
         raise GraphError(problems)
 
 
-def check(graph: PlanGraph, steps: Sequence[Step] = (), checkpoint: Checkpoint | None = None
-          ) -> list[str]:
+def check(graph: PlanGraph, steps: Sequence[Step] = (), checkpoint: Checkpoint | None = None,
+          runs: Sequence[int] | None = None) -> list[str]:
     """Every broken invariant, as messages (empty: the plan is consistent)."""
-    position = node_positions(graph.nodes)
-    problems = check_graph(graph, position)
-    if problems:  # the steps' checks assume a sound graph
-        return problems
-    problems += check_release(graph, steps, position)
+    proof = None
+    if runs is not None and len(graph.nodes) >= _LONG_RUNS * len(runs):
+        proof = runs_are_sound(graph.nodes, runs, _ARITY, check_node)
+    if proof is not None:  # not proven run by run: the whole-graph proof, then the exact pass
+        shapes, cut = proof
+        problems = [] if release_by_runs(cut, shapes, steps) else check_release(graph, steps)
+    else:
+        position = node_positions(graph.nodes)
+        problems = check_graph(graph, position)
+        if problems:  # the steps' checks assume a sound graph
+            return problems
+        problems += check_release(graph, steps, position)
     sections = _sections(checkpoint)
     for step in steps:
         problems += check_coverage(step)

@@ -63,29 +63,31 @@ def graph_is_sound(nodes: Sequence[Node], position: dict[int, int], arity: dict[
             != count - len(sinks):
         return False
     present = {kind for kind, _, _ in triples}
-    return (_specs_hold(fed, fed_kinds, present, sinks, node_problems)
-            and _one_producer(sinks))
-
-
-def _specs_hold(nodes: Sequence[Node], kinds: list[NodeKind], present: set[NodeKind],
-                sinks: list[Node], node_problems: Callable[[Node], list[str]]) -> bool:
-    """The spec rules: in bulk for the many dequantize nodes (one per FP8 expert weight:
-    shape kept, dtype the attrs'), the exact per-node check for the few others with inputs
-    (the (kind, attrs, arity) triples are checked: each has its one input). ``nodes``: the
-    graph's nodes with inputs (every node of these kinds, the triples holding), ``kinds``
-    theirs."""
+    dequantizes: list[Node] = []
     if NodeKind.DEQUANTIZE in present:
-        dq = list(compress(nodes, map(is_, kinds, repeat(NodeKind.DEQUANTIZE))))
-        if list(map(_SHAPE, dq)) != list(map(_SHAPE, map(itemgetter(0), map(_INPUTS, dq)))) \
-                or not all(map(eq, map(_DTYPE, dq), map(_ATTRS_DTYPE, dq))):
-            return False
+        dequantizes = list(compress(fed, map(is_, fed_kinds, repeat(NodeKind.DEQUANTIZE))))
     others: Iterable[Node] = sinks
     if present & _ONE_INPUT - {NodeKind.SINK}:  # casts, shards, quantizes: find them
-        others = compress(nodes, map(_ONE_INPUT.__contains__, kinds))
+        others = compress(fed, map(_ONE_INPUT.__contains__, fed_kinds))
+    return specs_hold(dequantizes, others, node_problems) and one_producer(sinks)
+
+
+def specs_hold(dequantizes: Sequence[Node], others: Iterable[Node],
+               node_problems: Callable[[Node], list[str]]) -> bool:
+    """The spec rules: in bulk for the many dequantize nodes (one per FP8 expert weight:
+    shape kept, dtype the attrs'), the exact per-node check for the ``others`` with inputs
+    (casts, shards, quantizes, sinks; their (kind, attrs, arity) checked: each has its one
+    input)."""
+    if dequantizes and (
+            list(map(_SHAPE, dequantizes))
+            != list(map(_SHAPE, map(itemgetter(0), map(_INPUTS, dequantizes))))
+            or not all(map(eq, map(_DTYPE, dequantizes), map(_ATTRS_DTYPE, dequantizes)))):
+        return False
     return not any(map(node_problems, others))
 
 
-def _one_producer(sinks: Iterable[Node]) -> bool:
+def one_producer(sinks: Iterable[Node]) -> bool:
+    """No two written sinks name one model tensor."""
     producers: dict[str, Node] = {}
     for node in sinks:
         dest = node.attrs.dest  # type: ignore[union-attr]
