@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
 from itertools import compress, filterfalse, repeat
-from operator import add, attrgetter, not_
+from operator import add, attrgetter, gt, not_
 from typing import NamedTuple, cast
 
 from weightplan.planner.inputs.checkpoint import TensorEntry
@@ -161,16 +161,18 @@ def pair_scales(entries: Mapping[str, TensorEntry], config: QuantConfig | None =
     """Pair every FP8 weight of ``entries`` with its scale (see the module docstring)."""
     block = config.block if config is not None else (128, 128)
     keys = list(entries)
-    scale_like = list(compress(keys, map(str.endswith, keys, repeat(_SCALE_SUFFIXES))))
+    scaling = list(map(str.endswith, keys, repeat(_SCALE_SUFFIXES)))
+    scale_like = list(compress(keys, scaling))
+    columns = _pair_all(entries, keys, scaling, scale_like, block)
+    if columns is not None and len(columns[0]) == len(scale_like):
+        # as many scale-like keys as pairs, each pair's _scale_inv key one of them: they
+        # are the companions, no scale strays and there are no activation scales
+        scales = dict(zip(columns[0], columns[2], strict=True))
+        return Fp8Pairing(ScaledWeights(scales, entries, block), (), frozenset(scale_like), config)
     activation_like = list(map(str.endswith, scale_like, repeat(ACTIVATION_SUFFIXES)))
     with_activations = True in activation_like
     scale_keys = (list(compress(scale_like, map(not_, activation_like))) if with_activations
                   else scale_like)  # the _scale_inv keys
-    columns = _pair_all(entries, keys, block)
-    if columns is not None and not with_activations and len(columns[0]) == len(scale_keys):
-        # every _scale_inv key scales a pair: they are the companions, and no scale strays
-        scales = dict(zip(columns[0], columns[2], strict=True))
-        return Fp8Pairing(ScaledWeights(scales, entries, block), (), frozenset(scale_keys), config)
     found = _rows(entries, columns, block, with_activations) if columns is not None else None
     pairs, problems = (found, []) if found is not None else _pair_each(entries, block)
     companions = frozenset(k for p in pairs.values() for k in p.companions)
@@ -181,20 +183,24 @@ def pair_scales(entries: Mapping[str, TensorEntry], config: QuantConfig | None =
 Columns = tuple[list[str], list[TensorEntry], list[TensorEntry]]
 
 
-def _pair_all(entries: Mapping[str, TensorEntry], keys: list[str], block: Block
-              ) -> Columns | None:
+def _pair_all(entries: Mapping[str, TensorEntry], keys: list[str], scaling: list[bool],
+              scale_like: list[str], block: Block) -> Columns | None:
     """``(weight keys, weights, scales)`` when every FP8 weight has a scale of a scale
-    dtype on its exact ceil grid, found column by column at C speed; ``None`` otherwise
-    (:func:`_pair_each` says which weight has which problem)."""
-    fp8 = list(map(_FP8.__contains__, map(_DTYPE, entries.values())))
-    candidates = list(compress(keys, fp8))
-    weight = list(map(not_, map(str.endswith, candidates, repeat(_SCALE_SUFFIXES))))
-    weights = list(compress(candidates, weight))
-    wents = list(compress(compress(entries.values(), fp8), weight))
-    found = list(map(entries.get, map(add, weights, repeat(SCALE_SUFFIX))))
-    if not all(found):
-        return None
-    scales = cast(list[TensorEntry], found)
+    dtype on its exact ceil grid, found column by column at C speed (by position when
+    the scale keys are exactly the weights' in the same order, as in sorted headers);
+    ``None`` otherwise (:func:`_pair_each` says which weight has which problem)."""
+    fp8 = map(_FP8.__contains__, map(_DTYPE, entries.values()))
+    weight = list(map(gt, fp8, scaling))  # FP8 and not a scale key: True > False
+    weights = list(compress(keys, weight))
+    wents = list(compress(entries.values(), weight))
+    names = list(map(add, weights, repeat(SCALE_SUFFIX)))
+    if names == scale_like:  # the scales come in step with their weights: no look-ups
+        scales = list(compress(entries.values(), scaling))
+    else:
+        found = list(map(entries.get, names))
+        if not all(found):
+            return None
+        scales = cast(list[TensorEntry], found)
     return (weights, wents, scales) if _grids_fit(wents, scales, block) else None
 
 
