@@ -88,3 +88,24 @@ def test_clean_checkpoints_take_the_bulk_path(monkeypatch):
     found = pair_scales(entries)
     assert list(found.pairs) == ["l.0.weight", "l.1.weight", "l.2.weight"]
     assert found.companions == {k + "_scale_inv" for k in found.pairs} and not found.problems
+
+
+class _NoLookups(dict):
+    def get(self, key, default=None):
+        raise AssertionError(f"looked {key} up")
+
+
+def test_scales_in_step_with_their_weights_pair_by_position():
+    from weightplan.planner.inputs.fp8_pairs import ScaledWeights
+
+    spec, grid = TensorSpec((256, 300), F8), TensorSpec(scale_grid((256, 300), (128, 128)), torch.float32)
+    keys = [k for i in range(4) for k in (f"l.{i}.weight", f"l.{i}.weight_scale_inv")]
+    entries = {k: TensorEntry(k, grid if k.endswith("_inv") else spec, "f", n)
+               for n, k in enumerate(keys)}
+    in_step = pair_scales(_NoLookups(entries))  # sorted headers: no look-up at all
+    shuffled = {k: entries[k] for k in keys[1::2][::-1] + keys[::2]}  # scales reversed
+    for found in (in_step, pair_scales(shuffled)):
+        pairs, problems, companions = _reference(entries, None)
+        assert isinstance(found.pairs, ScaledWeights) and dict(found.pairs) == pairs
+        assert found.problems == problems == () and found.companions == companions
+    assert list(in_step.pairs) == keys[::2]

@@ -68,3 +68,75 @@ def test_bulk_reads_without_pairs_are_plain_reads():
     want_values, want_nodes = _one_by_one(group, {}, torch.bfloat16)
     assert values == want_values and nodes == want_nodes
     assert [hash(n) for n in nodes] == [hash(n) for n in want_nodes]
+
+
+def _stack(count: int, blocks=None):
+    """``count`` FP8 experts (one shared spec) with their scales, paired as a dict."""
+    from weightplan.planner.quant.blocks import scale_grid
+
+    spec, pairs = TensorSpec((256, 128), FP8), {}
+    for j in range(count):
+        block = blocks[j] if blocks else (128, 128)
+        e = TensorEntry(f"x.{j}.w", spec, "f", 100 * j)
+        grid = TensorSpec(scale_grid(spec.shape, block), torch.float32)
+        scale = TensorEntry(e.key + "_scale_inv", grid, "f", 100 * j + 50)
+        pairs[e.key] = ScaledWeight(e, scale, block)
+    return pairs
+
+
+def test_a_stack_with_mixed_blocks_is_built_pair_by_pair():
+    pairs = _stack(6, [(128, 128)] * 3 + [(128, 64)] * 3)
+    group = Group(None, (tuple(p.weight for p in pairs.values()),), ((),), ("x.*",))
+    quant = QuantContext(Fp8Pairing(pairs, (), frozenset()), None, None)
+    assert quant.pairing.single_block is None
+    values, nodes = source_values(group, quant, None, torch.bfloat16)
+    want_values, want_nodes = _one_by_one(group, pairs, torch.bfloat16)
+    assert values == want_values and nodes == want_nodes
+    assert [hash(n) for n in nodes] == [hash(n) for n in want_nodes]
+    assert values[0][0].attrs.block != values[0][5].attrs.block
+
+
+def test_paired_columns_build_the_nodes_of_their_pairs():
+    from weightplan.planner.inputs.fp8_pairs import ScaledWeights, pair_scales
+
+    pairs = _stack(7)
+    entries = {e.key: e for p in pairs.values() for e in (p.weight, p.scale)}
+    pairing = pair_scales(entries)
+    assert isinstance(pairing.pairs, ScaledWeights) and dict(pairing.pairs) == pairs
+    assert pairing.single_block == ((128, 128),) and pairing.activation_count == 0
+    group = Group(None, (tuple(p.weight for p in pairs.values()),), ((),), ("x.*",))
+    values, nodes = source_values(group, QuantContext(pairing, None, None), None, torch.float16)
+    want_values, want_nodes = _one_by_one(group, pairs, torch.float16)
+    assert values == want_values and nodes == want_nodes
+    assert [hash(n) for n in nodes] == [hash(n) for n in want_nodes]
+
+
+def test_a_stack_that_cannot_dequantize_names_its_first_weight():
+    import pytest
+
+    from weightplan.errors import WeightplanError
+
+    pairs = _stack(6)
+    bad = TensorSpec((3, 3), torch.float32)  # not the (2, 1) grid of a 256×128 weight
+    pairs = {k: p._replace(scale=TensorEntry(p.scale.key, bad, "f", p.scale.offset))
+             for k, p in pairs.items()}
+    group = Group(None, (tuple(p.weight for p in pairs.values()),), ((),), ("x.*",))
+    quant = QuantContext(Fp8Pairing(pairs, (), frozenset()), None, None)
+    with pytest.raises(WeightplanError) as bulk:
+        source_values(group, quant, None, torch.bfloat16)
+    with pytest.raises(WeightplanError) as each:
+        _one_by_one(group, pairs, torch.bfloat16)
+    assert str(bulk.value) == str(each.value) and "x.0.w" in str(bulk.value)
+
+
+def test_op_nodes_over_a_whole_stream_take_the_stream():
+    from weightplan.planner.tensors.build import _wired
+    from weightplan.planner.tensors.ops.base import stream_positions
+
+    pairs = _stack(6)
+    group = Group(None, (tuple(p.weight for p in pairs.values()),), ((),), ("x.*",))
+    values, _ = source_values(group, None, None, None)
+    whole = _wired(values, stream_positions(0, 6))
+    assert whole is values[0]
+    assert _wired(values, tuple((0, j) for j in range(6))) == whole
+    assert _wired(values, ((0, 2), (0, 1))) == (values[0][2], values[0][1])

@@ -12,7 +12,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Sequence
 from itertools import chain
-from operator import attrgetter, countOf
+from operator import attrgetter
 
 from weightplan.planner.findings import Findings, Note, Problem, ProblemKind
 from weightplan.planner.inputs.fp8_pairs import Fp8ProblemKind
@@ -71,7 +71,7 @@ def _plain_copies(conversions: Sequence[Conversion]) -> tuple[set[str], set[str]
 
 
 _QUANTIZING = (NodeKind.DEQUANTIZE, NodeKind.QUANTIZE)
-_KIND, _NODES, _ACTIVATION = attrgetter("kind"), attrgetter("nodes"), attrgetter("activation")
+_KIND, _NODES = attrgetter("kind"), attrgetter("nodes")
 
 
 def summary(quant: QuantContext, conversions: Sequence[Conversion]) -> str:
@@ -87,7 +87,7 @@ def summary(quant: QuantContext, conversions: Sequence[Conversion]) -> str:
     block = quant.config.block if quant.config is not None else (128, 128)
     source = quant.config.source if quant.config is not None else "no quantization_config"
     pairs = quant.pairing.pairs
-    activations = len(pairs) - countOf(map(_ACTIVATION, pairs.values()), None)
+    activations = quant.pairing.activation_count
     unused = (f"; {activations} activation scale(s) not loaded (dequantized weights don't use "
               "them; static activation scales of kept FP8 aren't supported yet)"
               if activations else "")

@@ -17,11 +17,12 @@ checkpoint has FP8 weights but no config: DeepSeek-V3's and transformers' defaul
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
 from itertools import compress, filterfalse, repeat
-from operator import add, attrgetter, not_
+from operator import add, attrgetter, gt, not_
 from typing import NamedTuple, cast
 
 from weightplan.planner.inputs.checkpoint import TensorEntry
@@ -34,7 +35,7 @@ SCALE_SUFFIX = "_scale_inv"
 _SCALE_SUFFIXES = (SCALE_SUFFIX, *ACTIVATION_SUFFIXES)
 _FP8 = frozenset(FP8_DTYPES)
 _SCALE_DTYPES = frozenset(SCALE_DTYPES)
-_DTYPE, _SHAPE = attrgetter("spec.dtype"), attrgetter("spec.shape")
+_DTYPE, _SPEC = attrgetter("spec.dtype"), attrgetter("spec")
 _new = tuple.__new__
 
 
@@ -58,6 +59,31 @@ class ScaledWeight(NamedTuple):
     def companions(self) -> tuple[str, ...]:
         extra = (self.activation.key,) if self.activation is not None else ()
         return (self.scale.key,) + extra
+
+
+class ScaledWeights(Mapping[str, ScaledWeight]):
+    """Pairs without activation scales, by weight key, kept as a column: each weight key's
+    scale entry (the weight is the checkpoint's entry of that key; one block for all). A
+    :class:`ScaledWeight` is made when one is asked for: :func:`pair_scales` pairs the
+    ~46k weights of DeepSeek-V3 without making any, and the builder reads the scales."""
+
+    __slots__ = ("scales", "block", "_weights")
+
+    def __init__(self, scales: dict[str, TensorEntry], weights: Mapping[str, TensorEntry],
+                 block: Block) -> None:
+        self.scales, self.block, self._weights = scales, block, weights
+
+    def __getitem__(self, key: str) -> ScaledWeight:
+        return ScaledWeight(self._weights[key], self.scales[key], self.block)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.scales
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.scales)
+
+    def __len__(self) -> int:
+        return len(self.scales)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +113,29 @@ class Fp8Pairing:
     def __contains__(self, key: str) -> bool:
         return key in self.pairs
 
+    @cached_property
+    def scales(self) -> Mapping[str, TensorEntry]:
+        """Each paired weight key's scale entry."""
+        if isinstance(self.pairs, ScaledWeights):
+            return self.pairs.scales
+        return {k: p.scale for k, p in self.pairs.items()}
+
+    @cached_property
+    def single_block(self) -> tuple[Block] | None:
+        """``(block,)`` when every pair has that block; ``None`` when blocks differ or
+        there are no pairs."""
+        if isinstance(self.pairs, ScaledWeights):
+            return (self.pairs.block,) if self.pairs else None
+        blocks = {p.block for p in self.pairs.values()}
+        return (blocks.pop(),) if len(blocks) == 1 else None
+
+    @property
+    def activation_count(self) -> int:
+        """How many pairs have an activation scale."""
+        if isinstance(self.pairs, ScaledWeights):
+            return 0
+        return sum(1 for p in self.pairs.values() if p.activation is not None)
+
 
 def scale_key(key: str) -> str:
     """``X.weight → X.weight_scale_inv``; any other key ``K → K_scale_inv``."""
@@ -112,37 +161,53 @@ def pair_scales(entries: Mapping[str, TensorEntry], config: QuantConfig | None =
     """Pair every FP8 weight of ``entries`` with its scale (see the module docstring)."""
     block = config.block if config is not None else (128, 128)
     keys = list(entries)
-    scale_like = list(compress(keys, map(str.endswith, keys, repeat(_SCALE_SUFFIXES))))
+    scaling = list(map(str.endswith, keys, repeat(_SCALE_SUFFIXES)))
+    scale_like = list(compress(keys, scaling))
+    columns = _pair_all(entries, keys, scaling, scale_like, block)
+    if columns is not None and len(columns[0]) == len(scale_like):
+        # as many scale-like keys as pairs, each pair's _scale_inv key one of them: they
+        # are the companions, no scale strays and there are no activation scales
+        scales = dict(zip(columns[0], columns[2], strict=True))
+        return Fp8Pairing(ScaledWeights(scales, entries, block), (), frozenset(scale_like), config)
     activation_like = list(map(str.endswith, scale_like, repeat(ACTIVATION_SUFFIXES)))
     with_activations = True in activation_like
     scale_keys = (list(compress(scale_like, map(not_, activation_like))) if with_activations
                   else scale_like)  # the _scale_inv keys
-    found = _pair_all(entries, keys, block, with_activations)
-    if found is not None and not with_activations and len(found) == len(scale_keys):
-        # every _scale_inv key scales a pair: they are the companions, and no scale strays
-        return Fp8Pairing(found, (), frozenset(scale_keys), config)
+    found = _rows(entries, columns, block, with_activations) if columns is not None else None
     pairs, problems = (found, []) if found is not None else _pair_each(entries, block)
     companions = frozenset(k for p in pairs.values() for k in p.companions)
     problems.extend(_strays(entries, pairs, filterfalse(companions.__contains__, scale_keys)))
     return Fp8Pairing(pairs, tuple(problems), companions, config)
 
 
-def _pair_all(entries: Mapping[str, TensorEntry], keys: list[str], block: Block,
-              with_activations: bool) -> dict[str, ScaledWeight] | None:
-    """The pairs when every FP8 weight has a scale of a scale dtype on its exact ceil grid,
-    found column by column at C speed; ``None`` otherwise (:func:`_pair_each` says which
-    weight has which problem)."""
-    fp8 = list(map(_FP8.__contains__, map(_DTYPE, entries.values())))
-    candidates = list(compress(keys, fp8))
-    weight = list(map(not_, map(str.endswith, candidates, repeat(_SCALE_SUFFIXES))))
-    weights = list(compress(candidates, weight))
-    wents = list(compress(compress(entries.values(), fp8), weight))
-    found = list(map(entries.get, map(add, weights, repeat(SCALE_SUFFIX))))
-    if not all(found):
-        return None
-    scales = cast(list[TensorEntry], found)
-    if not _grids_fit(wents, scales, block):
-        return None
+Columns = tuple[list[str], list[TensorEntry], list[TensorEntry]]
+
+
+def _pair_all(entries: Mapping[str, TensorEntry], keys: list[str], scaling: list[bool],
+              scale_like: list[str], block: Block) -> Columns | None:
+    """``(weight keys, weights, scales)`` when every FP8 weight has a scale of a scale
+    dtype on its exact ceil grid, found column by column at C speed (by position when
+    the scale keys are exactly the weights' in the same order, as in sorted headers);
+    ``None`` otherwise (:func:`_pair_each` says which weight has which problem)."""
+    fp8 = map(_FP8.__contains__, map(_DTYPE, entries.values()))
+    weight = list(map(gt, fp8, scaling))  # FP8 and not a scale key: True > False
+    weights = list(compress(keys, weight))
+    wents = list(compress(entries.values(), weight))
+    names = list(map(add, weights, repeat(SCALE_SUFFIX)))
+    if names == scale_like:  # the scales come in step with their weights: no look-ups
+        scales = list(compress(entries.values(), scaling))
+    else:
+        found = list(map(entries.get, names))
+        if not all(found):
+            return None
+        scales = cast(list[TensorEntry], found)
+    return (weights, wents, scales) if _grids_fit(wents, scales, block) else None
+
+
+def _rows(entries: Mapping[str, TensorEntry], columns: Columns, block: Block,
+          with_activations: bool) -> dict[str, ScaledWeight]:
+    """The pairs of :func:`_pair_all`'s columns, each with its activation scale if any."""
+    weights, wents, scales = columns
     activations: Iterable[TensorEntry | None] = repeat(None)
     if with_activations:
         bases = list(map(str.removesuffix, weights, repeat(".weight")))
@@ -153,12 +218,13 @@ def _pair_all(entries: Mapping[str, TensorEntry], keys: list[str], block: Block,
 
 
 def _grids_fit(weights: list[TensorEntry], scales: list[TensorEntry], block: Block) -> bool:
-    """Every scale has a scale dtype and exactly the ceil grid of its weight (each distinct
-    weight shape's grid computed once)."""
-    shapes = list(map(_SHAPE, weights))
-    grids = {s: scale_grid(s, block) if len(s) >= 2 else None for s in set(shapes)}
-    return (set(map(_DTYPE, scales)) <= _SCALE_DTYPES
-            and list(map(grids.__getitem__, shapes)) == list(map(_SHAPE, scales)))
+    """Every scale has a scale dtype and exactly the ceil grid of its weight, checked once
+    per distinct (weight spec, scale spec) pair of objects (entries share their specs)."""
+    wspecs, sspecs = list(map(_SPEC, weights)), list(map(_SPEC, scales))
+    ids = zip(map(id, wspecs), map(id, sspecs), strict=True)
+    distinct = dict(zip(ids, zip(wspecs, sspecs, strict=True), strict=True))
+    return all(s.dtype in _SCALE_DTYPES and len(w.shape) >= 2
+               and scale_grid(w.shape, block) == s.shape for w, s in distinct.values())
 
 
 def _pair_each(entries: Mapping[str, TensorEntry], block: Block

@@ -29,14 +29,16 @@ from weightplan.planner.tensors.geometry import row_major_strides
 from weightplan.planner.tensors.nodes import (
     CastAttrs, Node, NodeKind, OpAttrs, SinkAttrs, op_attrs, read_attrs, sink_attrs,
 )
-from weightplan.planner.tensors.ops.base import ConversionOp, OpContext, Streams, Wiring
+from weightplan.planner.tensors.ops.base import (
+    ConversionOp, OpContext, Streams, Wiring, stream_positions,
+)
 from weightplan.planner.tensors.quant_build import QuantContext, quantize_nodes, source_values
 from weightplan.planner.tensors.sharding.shard_nodes import Sharding, shard_target
 from weightplan.planner.tensors.spec import TensorSpec
 from weightplan.planner.quant.blocks import FP8_DTYPES
 
 
-_SPEC = attrgetter("spec")
+_SPEC, _KEY = attrgetter("spec"), attrgetter("key")
 
 
 class TargetStatus(Enum):
@@ -158,9 +160,10 @@ def build_conversion(group: Group, expected: Expected, dtype: torch.dtype | None
                      sink: SinkKind, quant: QuantContext | None = None,
                      sharding: Sharding | None = None) -> Conversion:
     values, nodes = source_values(group, quant, expected, dtype)
-    ctx = _context(group, expected)
     ops = group.converter.operations if group.converter else ()
+    ctx = _context(group, expected) if ops else None
     for k, op in enumerate(ops):
+        assert ctx is not None
         resolved, out_specs, wiring = _apply_op(op, ctx, stage_specs(values), group, k)
         values = _op_nodes(resolved, k, out_specs, wiring, values)
         nodes += chain.from_iterable(values)
@@ -206,9 +209,17 @@ def _quantized_target(t: Target, quantized: tuple[Node, Node, str], expected: Ex
 
 def _op_nodes(op: ConversionOp, k: int, out_specs: Streams[TensorSpec], wiring: Wiring,
               inputs: Streams[Node]) -> Streams[Node]:
-    return tuple(tuple(Node(NodeKind.OP, spec, tuple(inputs[a][b] for a, b in wiring[i][j]),
+    return tuple(tuple(Node(NodeKind.OP, spec, _wired(inputs, wiring[i][j]),
                             OpAttrs(op, k, (i, j))) for j, spec in enumerate(stream))
                  for i, stream in enumerate(out_specs))
+
+
+def _wired(inputs: Streams[Node], wires: tuple[tuple[int, int], ...]) -> tuple[Node, ...]:
+    """The inputs ``wires`` names, in order: a whole stream (a merge of 256 experts) as it
+    is when the wires are that stream's shared positions."""
+    if wires and wires is stream_positions(wires[0][0], len(inputs[wires[0][0]])):
+        return inputs[wires[0][0]]
+    return tuple(inputs[a][b] for a, b in wires)
 
 
 def destination(t: Target, sink: SinkKind) -> Destination:
@@ -236,7 +247,7 @@ def _expected_spec(expected: Expected, key: str) -> TensorSpec | None:
 def _context(group: Group, expected: Expected) -> OpContext:
     names = group.targets if group.explicit is None else tuple(s[0] for s in group.explicit)
     specs = tuple(_expected_spec(expected, t) for t in names)
-    keys = tuple(tuple([e.key for e in s]) for s in group.sources)
+    keys = tuple(tuple(map(_KEY, s)) for s in group.sources)
     config = expected.config if isinstance(expected, ModelInfo) else None
     return OpContext(group.targets, specs, keys, config)
 

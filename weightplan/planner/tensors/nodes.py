@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from functools import lru_cache
 from itertools import repeat
 from operator import attrgetter
 
@@ -24,7 +23,7 @@ from weightplan.planner.inputs.checkpoint import TensorEntry
 from weightplan.planner.makers import filled
 from weightplan.planner.tensors.destination import Destination
 from weightplan.planner.tensors.geometry import Region
-from weightplan.planner.tensors.ops.base import ConversionOp
+from weightplan.planner.tensors.ops.base import ConversionOp, stream_positions
 from weightplan.planner.tensors.sharding.placements import Placement
 from weightplan.planner.tensors.spec import TensorSpec, short_dtype
 
@@ -161,17 +160,22 @@ _set_entry, _set_source = (getattr(ReadAttrs, name).__set__ for name in ("entry"
 _KEY, _SPEC, _HASH = attrgetter("key"), attrgetter("spec"), attrgetter("_hash")
 
 
-@lru_cache(maxsize=1024)
+_FEW = 4  # up to this many nodes, the exact constructor beats bulk filling's setup
+
+
 def stream_sources(stream: int, count: int) -> tuple[tuple[int, int], ...]:
     """``(stream, 0) .. (stream, count - 1)``: the sources of a stream's reads, one tuple
     per (stream, index) shared by every conversion (and compared by identity first)."""
-    return tuple(zip(repeat(stream), range(count)))
+    return stream_positions(stream, count)
 
 
 def read_nodes(entries: Sequence[TensorEntry], sources: Sequence[tuple[int, int]]) -> list[Node]:
     """``Node(READ, e.spec, (), ReadAttrs(e, source))`` for each entry and source, made in
-    bulk (an FP8 stack has 256 experts per stream)."""
+    bulk (an FP8 stack has 256 experts per stream); a few, one by one (cheaper there)."""
     count = len(entries)
+    if count <= _FEW:
+        return [Node(NodeKind.READ, e.spec, (), ReadAttrs(e, s))
+                for e, s in zip(entries, sources, strict=True)]
     attrs = filled(ReadAttrs, count, ((_set_entry, entries), (_set_source, sources)))
     hashes = map(hash, zip(repeat(NodeKind.READ), repeat(()), map(_KEY, entries), sources))
     return filled(Node, count, ((_set_kind, repeat(NodeKind.READ)), (_set_spec, map(_SPEC, entries)),
@@ -188,6 +192,21 @@ def dequantize_nodes(weights: Sequence[Node], scales: Sequence[Node], specs: Ite
                            map(_DTYPE, attrs), map(_BLOCK, attrs)))
     return filled(Node, count, ((_set_kind, repeat(kind)), (_set_spec, specs),
                                (_set_inputs, inputs), (_set_attrs, attrs), (_set_hash, hashes)))
+
+
+def dequantize_stack(weights: Sequence[Node], scales: Sequence[Node], spec: TensorSpec,
+                     attrs: DequantizeAttrs) -> list[Node]:
+    """``Node(DEQUANTIZE, spec, (weight, scale), attrs)`` for each (one spec and attrs for
+    all: a stack of experts), made in bulk (a few: one by one)."""
+    kind = NodeKind.DEQUANTIZE
+    if len(weights) <= _FEW:
+        return [Node(kind, spec, pair, attrs) for pair in zip(weights, scales, strict=True)]
+    inputs = list(zip(weights, scales, strict=True))
+    hashes = map(hash, zip(repeat(kind), zip(map(_HASH, weights), map(_HASH, scales),
+                                             strict=True), repeat(attrs.dtype), repeat(attrs.block)))
+    return filled(Node, len(inputs), ((_set_kind, repeat(kind)), (_set_spec, repeat(spec)),
+                                      (_set_inputs, inputs), (_set_attrs, repeat(attrs)),
+                                      (_set_hash, hashes)))
 
 
 _DTYPE, _BLOCK = attrgetter("dtype"), attrgetter("block")

@@ -31,7 +31,8 @@ import torch
 from weightplan.errors import QuantizationError
 from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.inputs.fp8_model import Fp8Model, fp8_params
-from weightplan.planner.inputs.fp8_pairs import Fp8Pairing, ScaledWeight, pair_scales, scale_key
+from weightplan.planner.inputs.entry import TensorEntry
+from weightplan.planner.inputs.fp8_pairs import Fp8Pairing, pair_scales, scale_key
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.inputs.quant_config import (
     QuantConfig, quant_config_of_model, read_quant_config,
@@ -40,14 +41,14 @@ from weightplan.planner.keys.routing import Group
 from weightplan.planner.quant.blocks import FP8_DTYPES, E8M0, Block, block_of
 from weightplan.planner.quant.kinds import Dequantize, Quantize
 from weightplan.planner.tensors.nodes import (
-    DequantizeAttrs, Node, NodeKind, QuantizeAttrs, dequantize_nodes, read_nodes, stream_sources,
+    DequantizeAttrs, Node, NodeKind, QuantizeAttrs, dequantize_nodes, dequantize_stack,
+    read_attrs, read_nodes, stream_sources,
 )
 from weightplan.planner.tensors.ops.base import ConversionOp, Streams
 from weightplan.planner.tensors.spec import TensorSpec
 
 
-_KEY, _SPEC, _BLOCK = attrgetter("key"), attrgetter("spec"), attrgetter("block")
-_SCALE = attrgetter("scale")
+_KEY, _SPEC = attrgetter("key"), attrgetter("spec")
 
 
 @dataclass(frozen=True)
@@ -106,10 +107,10 @@ def source_values(group: Group, quant: QuantContext | None, expected: object,
     ``DEQUANTIZE`` node unless the conversion keeps FP8. Returns the values and the nodes
     made, in topological order (every read, then each dequantize after its scale's read).
     A stream's nodes are made in bulk (:func:`~weightplan.planner.tensors.nodes.read_nodes`)."""
-    pairs: Mapping[str, ScaledWeight] = {}
+    scales_of: Mapping[str, TensorEntry] = {}
     out_dtype = torch.bfloat16  # unused unless something dequantizes
     if quant is not None and not _keeps(group, quant):
-        pairs, out_dtype = quant.pairing.pairs, dequantized_dtype(group, expected, dtype)
+        scales_of, out_dtype = quant.pairing.scales, dequantized_dtype(group, expected, dtype)
     # the experts of a group share their specs and block: infer once per combination
     made: dict[tuple[int, int, int], tuple[TensorSpec, DequantizeAttrs]] = {}
     reads: list[Node] = []
@@ -119,19 +120,18 @@ def source_values(group: Group, quant: QuantContext | None, expected: object,
         sources = stream_sources(i, len(entries))
         row = read_nodes(entries, sources)
         reads += row
-        found = list(map(pairs.get, map(_KEY, entries))) if pairs else []
+        found = list(map(scales_of.get, map(_KEY, entries))) if scales_of else []
         if not any(found):
             streams.append(tuple(row))
             continue
         mixed = not all(found)  # some sources are not scaled FP8 weights: they stay reads
         places = list(compress(range(len(found)), found)) if mixed else []
-        paired = [found[j] for j in places] if mixed else found
+        paired = cast(list[TensorEntry], [found[j] for j in places] if mixed else found)
         weights, sub = ([row[j] for j in places], [sources[j] for j in places]) if mixed \
             else (row, sources)
-        scales = read_nodes(list(map(_SCALE, paired)), sub)
-        hows = _dequantize_hows(weights, cast(list[ScaledWeight], paired), made, out_dtype)
-        dequantized = dequantize_nodes(weights, scales, map(itemgetter(0), hows),
-                                       list(map(itemgetter(1), hows)))
+        scales = read_nodes(paired, sub)
+        assert quant is not None  # scales_of is empty without it
+        dequantized = _dequantize(weights, scales, quant.pairing, made, out_dtype)
         added += chain.from_iterable(zip(scales, dequantized, strict=True))
         if mixed:
             by_place = dict(zip(places, dequantized, strict=True))
@@ -140,19 +140,38 @@ def source_values(group: Group, quant: QuantContext | None, expected: object,
     return tuple(streams), reads + added
 
 
-def _dequantize_hows(weights: list[Node], paired: list[ScaledWeight],
+def _dequantize(weights: list[Node], scales: list[Node], pairing: Fp8Pairing,
+                made: dict[tuple[int, int, int], tuple[TensorSpec, DequantizeAttrs]],
+                dtype: torch.dtype) -> list[Node]:
+    """The dequantize nodes of a stream's paired weights. A stack whose weights share one
+    spec, scales one spec and pairs one block (DeepSeek-V3's 256 experts) infers once."""
+    wspecs, sspecs = list(map(_SPEC, weights)), list(map(_SPEC, scales))
+    single, count = pairing.single_block, len(weights)
+    if single is not None and wspecs.count(wspecs[0]) == count \
+            and sspecs.count(sspecs[0]) == count:  # identity first: C speed when shared
+        key = (id(wspecs[0]), id(sspecs[0]), id(single[0]))
+        if key not in made:
+            made[key] = _dequantized(wspecs[0], sspecs[0], single[0], dtype,
+                                     read_attrs(weights[0]).entry.key)
+        return dequantize_stack(weights, scales, *made[key])
+    blocks = [pairing.pairs[read_attrs(w).entry.key].block for w in weights]
+    hows = _dequantize_hows(weights, wspecs, sspecs, blocks, made, dtype)
+    return dequantize_nodes(weights, scales, map(itemgetter(0), hows),
+                            list(map(itemgetter(1), hows)))
+
+
+def _dequantize_hows(weights: list[Node], wspecs: list[TensorSpec], sspecs: list[TensorSpec],
+                     blocks: list[Block],
                      made: dict[tuple[int, int, int], tuple[TensorSpec, DequantizeAttrs]],
                      dtype: torch.dtype) -> list[tuple[TensorSpec, DequantizeAttrs]]:
     """Each weight's dequantized spec and attrs, inferred once per (weight spec, scale
     spec, block) combination, first to last (the first failing weight is named)."""
-    seen = list(zip(map(id, map(_SPEC, weights)), map(id, map(_SPEC, map(_SCALE, paired))),
-                    map(id, map(_BLOCK, paired)), strict=True))
+    seen = list(zip(map(id, wspecs), map(id, sspecs), map(id, blocks), strict=True))
     first = dict(zip(reversed(seen), range(len(seen) - 1, -1, -1), strict=True))  # → first place
     for j in sorted(first.values()):
         if seen[j] not in made:  # (all alive while the group is built: the ids are safe)
-            p = paired[j]
-            made[seen[j]] = _dequantized(weights[j].spec, p.scale.spec, p.block, dtype,
-                                         p.weight.key)
+            made[seen[j]] = _dequantized(wspecs[j], sspecs[j], blocks[j], dtype,
+                                         read_attrs(weights[j]).entry.key)
     return list(map(made.__getitem__, seen))
 
 

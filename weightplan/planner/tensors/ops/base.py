@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from functools import lru_cache
+from itertools import repeat
 from typing import ClassVar, TypeVar
 
 import torch
@@ -36,6 +38,14 @@ from weightplan.planner.tensors.spec import TensorSpec
 T = TypeVar("T")
 Streams = tuple[tuple[T, ...], ...]
 Wiring = tuple[tuple[tuple[tuple[int, int], ...], ...], ...]
+
+
+@lru_cache(maxsize=1024)
+def stream_positions(stream: int, count: int) -> tuple[tuple[int, int], ...]:
+    """``(stream, 0) .. (stream, count - 1)``: a whole stream's positions, one tuple per
+    (stream, count) shared by every conversion: a builder that meets it (by identity) in a
+    wiring takes the stream as it is instead of item by item."""
+    return tuple(zip(repeat(stream), range(count)))
 
 
 @dataclass(frozen=True)

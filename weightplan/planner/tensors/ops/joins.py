@@ -12,7 +12,7 @@ import torch
 from weightplan.errors import OpError
 from weightplan.planner.tensors.geometry import Fragment, stacked_fragments
 from weightplan.planner.tensors.ops.base import (
-    ConversionOp, OpContext, Streams, Wiring, flat, normalize_dim, single_input,
+    ConversionOp, OpContext, Streams, Wiring, flat, normalize_dim, single_input, stream_positions,
 )
 from weightplan.planner.tensors.spec import TensorSpec
 
@@ -188,7 +188,7 @@ class MergeModulelist(ConversionOp):
         return self.dim + ndim_in + 1 if self.dim < 0 else self.dim
 
     def wiring(self, inputs) -> Wiring:
-        return tuple((tuple((i, j) for j in range(len(s))),) for i, s in enumerate(inputs))
+        return tuple((stream_positions(i, len(s)),) for i, s in enumerate(inputs))
 
     def place(self, outputs, inputs):
         placed = []
