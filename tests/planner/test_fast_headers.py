@@ -260,3 +260,161 @@ def test_files_share_one_spec_per_dtype_and_shape(tmp_path):
     d = write_checkpoint(tmp_path / "sh", {f"k{i}": torch.ones(3) for i in range(4)}, shards=2)
     specs = {id(e.spec) for e in open_checkpoint(d).entries.values()}
     assert len(specs) == 1
+
+
+def _compact(header: dict) -> bytes:
+    return json.dumps(header, separators=COMPACT).encode()
+
+
+@FAST
+@given(specs, metas, edits, st.sampled_from([0, 0, 1, -1]))
+def test_the_chained_split_equals_the_plain_one(spec_list, meta, ops, extra):
+    """Writers' layout (offsets in header order) takes the chained split; what it accepts
+    the other compact split reads the same, and it never takes what strict refuses."""
+    from weightplan.planner.inputs import header_bulk
+
+    header, data_len = _header(spec_list, meta)
+    raw = _mutate(_compact(header), ops)
+    data_bytes = max(data_len + extra, 0)
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError:
+        return
+    chained = header_bulk._chained_columns(text, {}, data_bytes)
+    if chained is not None:
+        assert chained == header_bulk._compact_columns(text, {}, data_bytes), raw
+        assert _agree(raw, data_bytes)
+    elif not ops and not extra and len(spec_list) > 1 and b"\\" not in raw:
+        raise AssertionError(f"a writer's layout missed the chained split: {raw!r}")
+
+
+@pytest.mark.parametrize("text", [
+    # a begin that only starts like the previous end, or spelled with a leading zero
+    '{"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]},"b":{"dtype":"U8","shape":[0],'
+    '"data_offsets":[80,80]}}',
+    '{"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]},"b":{"dtype":"U8","shape":[0],'
+    '"data_offsets":[08,8]}}',
+    '{"a":{"dtype":"U8","shape":[0],"data_offsets":[0,0]},"b":{"dtype":"U8","shape":[8],'
+    '"data_offsets":[00,8]}}',
+    # the first entry not at 0, the last not at the end, something between two entries
+    '{"a":{"dtype":"U8","shape":[4],"data_offsets":[4,8]},"b":{"dtype":"U8","shape":[4],'
+    '"data_offsets":[8,12]}}',
+    '{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[2],'
+    '"data_offsets":[4,6]}}',
+    '{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]} ,"b":{"dtype":"U8","shape":[4],'
+    '"data_offsets":[4,8]}}',
+    '{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"x":1,"b":{"dtype":"U8","shape":[4],'
+    '"data_offsets":[4,8]}}',
+    # a key twice, "__metadata__" as an entry, metadata hiding an entry, metadata last
+    '{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"a":{"dtype":"U8","shape":[4],'
+    '"data_offsets":[4,8]}}',
+    '{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"__metadata__":{"dtype":"U8",'
+    '"shape":[4],"data_offsets":[4,8]}}',
+    '{"__metadata__":{"k":"v"},"z":{"dtype":"U8","shape":[0],"data_offsets":[0,0]},'
+    '"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[4],'
+    '"data_offsets":[4,8]}}',
+    '{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[4],'
+    '"data_offsets":[4,8]},"__metadata__":{"k":"v"}}',
+    # shapes the strict reader refuses, dtypes it doesn't know, a shape hiding structure
+    '{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[false],'
+    '"data_offsets":[4,4]}}',
+    '{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[2.0],'
+    '"data_offsets":[4,6]}}',
+    '{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"X9","shape":[4],'
+    '"data_offsets":[4,8]}}',
+    '{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[2,",2],'
+    '"data_offsets":[4,8]}}',
+    '{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[4],'
+    '"data_offsets":[4,8]}}  ',  # valid, trailing whitespace
+    ' {"__metadata__":null,"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},'
+    '"b":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}',  # valid
+])
+def test_hand_picked_chained_headers_agree(text):
+    _agree(text.encode(), 8)
+
+
+def test_a_huge_span_or_overlap_in_writer_layout_is_refused():
+    for end in ("8", str(2**64 + 8), str(2**70)):
+        text = ('{"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]},"b":{"dtype":"U8",'
+                f'"shape":[0],"data_offsets":[8,{end}]}}}}')
+        fast, strict = _both(text.encode(), 8)
+        assert fast == strict and (fast is None) == (end != "8")
+
+
+def _files_both_ways(source):
+    """``open_checkpoint(source)`` and the file-by-file reference reading of it."""
+    from weightplan.planner.inputs import checkpoint
+
+    def exact():
+        real = checkpoint._from_files
+        checkpoint._from_files = checkpoint._from_files_exact
+        try:
+            return open_checkpoint(source)
+        finally:
+            checkpoint._from_files = real
+    return _outcome_of(lambda: open_checkpoint(source)), _outcome_of(exact)
+
+
+def _outcome_of(call):
+    try:
+        ckpt = call()
+    except CheckpointError as e:
+        return type(e), str(e), e.key
+    return list(ckpt.entries.items()), ckpt.metadata, ckpt.files
+
+
+def test_merged_columns_equal_the_file_by_file_reading(tmp_path):
+    d = write_checkpoint(tmp_path / "sh", {f"k{i}": torch.ones(i + 1) for i in range(9)},
+                         shards=3)
+    fast, exact = _files_both_ways(d)
+    assert fast == exact and len(fast[0]) == 9
+
+
+def _raw_file(path, text: str, data: int) -> None:
+    raw = text.encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(data))
+
+
+@pytest.mark.parametrize("case", ["dup_in_file", "dup_across", "metadata_key", "bad_second",
+                                  "index_then_bad", "index_wrong"])
+def test_merge_errors_are_the_reference_errors(tmp_path, case):
+    """Each anomaly the merged reading meets is left to the file-by-file reading, so the
+    error (type, words, key) is the one it raises, for the first file at fault."""
+    one = '{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}}'
+    texts = {
+        "dup_in_file": [one, '{"b":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},'
+                             '"b":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}'],
+        "dup_across": [one, '{"c":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},'
+                            '"a":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}'],
+        "metadata_key": [one, '{"c":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},'
+                              '"__metadata__":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}'],
+        "bad_second": [one, '{"c":{"dtype":"U8","shape":[false],"data_offsets":[0,8]}}'],
+    }
+    texts["index_then_bad"] = texts["index_wrong"] = [one, one.replace('"a"', '"b"')]
+    if case == "index_then_bad":
+        texts[case][1] = '{"b":{"dtype":"U8","shape":[2.0],"data_offsets":[0,8]}}'
+    d = tmp_path / case
+    d.mkdir()
+    names = ["m-1.safetensors", "m-2.safetensors"]
+    for name, text in zip(names, texts[case], strict=True):
+        _raw_file(d / name, text, 8 if text.count("data_offsets") == 2 else 4)
+    weight_map = {"a": names[0], "b": names[1]}
+    if case.startswith("index"):
+        weight_map["x"] = names[0]  # in no header: the first file is at fault
+    (d / "m.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    fast, exact = _files_both_ways(d)
+    assert fast == exact
+    assert isinstance(fast[0], type) and issubclass(fast[0], CheckpointError), fast
+    if case.startswith("index"):
+        assert fast[2] == "x" and "index places this key here" in fast[1]
+
+
+def test_long_digit_runs_take_linear_time():
+    """The chained split starts at a comma, never inside a run of digits (from each of
+    whose digits a match would be tried: quadratic time on a crafted header)."""
+    import time
+
+    for text in ('{"a":' + "1" * 300_000 + "}", '{"a":[,' + "1" * 300_000 + "]}"):
+        start = time.process_time()
+        assert _both(text.encode(), 0) == (None, None)
+        assert time.process_time() - start < 2.0

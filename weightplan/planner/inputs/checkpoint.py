@@ -15,27 +15,28 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import chain
 from operator import attrgetter
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 
 from weightplan.errors import (
-    ArgumentError, CheckpointError, HeaderError, MissingShardError, NotSafetensorsError,
-    TruncatedCheckpointError, UnsafeFormatError,
+    ArgumentError, CheckpointError, HeaderError, NotSafetensorsError, TruncatedCheckpointError,
+    UnsafeFormatError,
 )
 from weightplan.planner.bulk import paused_gc
 from weightplan.planner.inputs.entry import TensorEntry
 from weightplan.planner.inputs.fingerprint import FileStamp, stamp_fd
-from weightplan.planner.inputs.header_bulk import SpecCache, fast_entries
+from weightplan.planner.inputs.header_bulk import SpecCache, fast_columns, fast_entries
 from weightplan.planner.inputs.paths import (
-    check_path_argument, open_regular, refuse_interrupted_save, shard_path,
+    check_path_argument, open_regular, pread_exactly, refuse_interrupted_save,
 )
 from weightplan.planner.inputs.safetensors_format import (
-    MAX_HEADER_BYTES, MAX_INDEX_BYTES, check_coverage, check_offsets, check_shape,
-    parse_header, parse_metadata, strict_json,
+    MAX_HEADER_BYTES, check_coverage, check_offsets, check_shape, parse_header,
+    parse_metadata,
 )
+from weightplan.planner.inputs.shard_index import IndexShard, index_files
 from weightplan.planner.tensors.spec import SAFETENSORS_DTYPES, TensorSpec
 
 __all__ = ["Checkpoint", "FileStamp", "TensorEntry", "open_checkpoint", "read_header"]
@@ -122,7 +123,7 @@ def _directory_files(path: Path) -> list[tuple[str, IndexShard | None]]:
     if len(indexes) > 1:
         raise HeaderError(f"several index files: {[i.name for i in indexes]}", file=str(path))
     if indexes:
-        return _index_files(indexes[0])
+        return index_files(indexes[0])
     shards = sorted(path.glob("*.safetensors"))
     if shards:
         return [(str(s), None) for s in shards]
@@ -134,74 +135,42 @@ def _directory_files(path: Path) -> list[tuple[str, IndexShard | None]]:
     raise CheckpointError("no .safetensors file in this directory", file=str(path))
 
 
-def _read_index(index: Path) -> dict[str, str]:
-    """The ``weight_map`` of an index file: strict JSON, bounded size, strings only."""
-    fd = open_regular(str(index))
-    try:
-        size = os.fstat(fd).st_size
-        if size > MAX_INDEX_BYTES:
-            raise HeaderError(f"index is {size} bytes, more than the {MAX_INDEX_BYTES} "
-                              "weightplan reads", file=str(index))
-        raw = _pread_exactly(fd, size, 0, str(index))
-    except OSError as e:
-        raise HeaderError(f"unreadable index: {e}", file=str(index)) from e
-    finally:
-        os.close(fd)
-    data = strict_json(raw, file=str(index), what="index")
-    weight_map = data.get("weight_map") if isinstance(data, dict) else None
-    if not isinstance(weight_map, dict):
-        raise HeaderError("unreadable index: no \"weight_map\" object", file=str(index))
-    return weight_map
-
-
-class IndexShard(NamedTuple):
-    """What an index says one shard holds: the keys ``weight_map`` maps to ``name``."""
-
-    name: str
-    weight_map: Mapping[str, str]
-    size: int  # how many keys the index places in this shard
-
-    def check(self, path: str, found: Mapping[str, TensorEntry]) -> None:
-        """Every key placed here is in the shard's header ``found`` (counted at C speed:
-        the header's keys are distinct, so ``size`` of them mapped here means all)."""
-        if list(map(self.weight_map.get, found)).count(self.name) == self.size:
-            return
-        for key, name in self.weight_map.items():
-            if name == self.name and key not in found:
-                raise HeaderError("the index places this key here but the file's header "
-                                  "lacks it", file=path, key=key)
-
-
-def _index_files(index: Path) -> list[tuple[str, IndexShard | None]]:
-    weight_map = _read_index(index)
-    try:
-        names = list(dict.fromkeys(weight_map.values()))
-    except TypeError:  # an unhashable name: checked in index order, it is refused below
-        names = list(weight_map.values())
-    for name in names:  # each name checked once, in index order: refused outside the directory first
-        shard_path(index, name)
-    counts = Counter(weight_map.values())
-    files: list[tuple[str, IndexShard | None]] = []
-    for name in sorted(names):
-        shard = shard_path(index, name)
-        if not _exists(shard, index):
-            first = next(k for k, n in weight_map.items() if n == name)
-            raise MissingShardError(
-                f"the index names shard {name!r} (holding {first!r} and "
-                f"{counts[name] - 1} more keys) but it does not exist", file=str(index))
-        files.append((str(shard), IndexShard(name, weight_map, counts[name])))
-    return files
-
-
-def _exists(shard: Path, index: Path) -> bool:
-    try:
-        return shard.exists()
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"can't use shard path {shard.name!r}: {e}", file=str(index)) from e
-
-
 def _from_files(files: list[tuple[str, IndexShard | None]], *, description: str
                 ) -> Checkpoint:
+    """Every file's header read as columns, then one dict of them all, then the index's
+    placements checked (each pass over all files at once keeps its data in cache). Any
+    error, or anything that doesn't add up (a key twice, a key the index places in a file
+    that lacks it), is left to :func:`_from_files_exact`, which raises the precise error
+    of the first file at fault."""
+    stamps = []
+    metadata: dict[str, str] = {}
+    specs: SpecCache = {}  # the files share one spec per (dtype, shape)
+    keys: list[list[str]] = []
+    made: list[list[TensorEntry]] = []
+    try:
+        for path, _ in files:
+            file_keys, file_entries, file_meta, stamp = _read_columns(path, specs)
+            keys.append(file_keys)
+            made.append(file_entries)
+            metadata.update(file_meta)
+            stamps.append(stamp)
+    except CheckpointError:
+        return _from_files_exact(files, description=description)
+    entries = dict(zip(chain.from_iterable(keys), chain.from_iterable(made), strict=True))
+    # no key twice, in a file or across them, and no "__metadata__" entry (a fast
+    # reading's keys may hold one: the strict path refuses it); each file's keys distinct,
+    # the index's count of them proves it placed none elsewhere
+    shards = [shard for _, shard in files]
+    if (len(entries) != sum(map(len, keys)) or "__metadata__" in entries
+            or not all(s is None or s.holds(k) for s, k in zip(shards, keys, strict=True))):
+        return _from_files_exact(files, description=description)
+    return Checkpoint(entries, tuple(stamps), metadata=metadata, description=description)
+
+
+def _from_files_exact(files: list[tuple[str, IndexShard | None]], *, description: str
+                      ) -> Checkpoint:
+    """:func:`_from_files` file by file, each header a dict checked in turn: the reference,
+    which raises the precise error."""
     entries: dict[str, TensorEntry] = {}
     stamps = []
     metadata: dict[str, str] = {}
@@ -232,6 +201,28 @@ def read_stamped_header(path: str, specs: SpecCache | None = None
                         ) -> tuple[dict[str, TensorEntry], dict[str, str], FileStamp]:
     """:func:`read_header` plus the file's :class:`FileStamp` (taken on the same open file
     and the same header bytes). ``specs``: a cache of specs shared across files."""
+    raw, data_start, size, stamp = _read_raw(path)
+    parsed = fast_entries(path, raw, data_start, size, {} if specs is None else specs)
+    if parsed is None:  # anything unusual: entry by entry, which raises the precise error
+        parsed = strict_entries(path, raw, data_start, size)
+    return parsed[0], parsed[1], stamp
+
+
+def _read_columns(path: str, specs: SpecCache
+                  ) -> tuple[list[str], list[TensorEntry], dict[str, str], FileStamp]:
+    """:func:`read_stamped_header` as columns: its keys may repeat, or hold
+    ``"__metadata__"``, which the caller must refuse (by the strict path)."""
+    raw, data_start, size, stamp = _read_raw(path)
+    columns = fast_columns(path, raw, data_start, size, specs)
+    if columns is None:
+        entries, meta = strict_entries(path, raw, data_start, size)
+        columns = list(entries), list(entries.values()), meta
+    return *columns, stamp
+
+
+def _read_raw(path: str) -> tuple[bytes, int, int, FileStamp]:
+    """The header bytes of the safetensors file ``path``, where its data starts, its size
+    and its stamp."""
     if Path(path).suffix in PICKLE_SUFFIXES:
         raise UnsafeFormatError("pickle-based checkpoint; weightplan never unpickles "
                                 "untrusted data. Convert it to safetensors first.", file=path)
@@ -241,7 +232,7 @@ def read_stamped_header(path: str, specs: SpecCache | None = None
         head = os.pread(fd, 8, 0)
         _check_magic(path, head, size)
         (n,) = struct.unpack("<Q", head)
-        raw = _pread_exactly(fd, n, 8, path)
+        raw = pread_exactly(fd, n, 8, path)
         stamp = stamp_fd(path, fd, (head, raw))
     except CheckpointError:
         raise
@@ -249,11 +240,7 @@ def read_stamped_header(path: str, specs: SpecCache | None = None
         raise CheckpointError(f"can't read: {e}", file=path) from e
     finally:
         os.close(fd)
-    data_start = 8 + n
-    parsed = fast_entries(path, raw, data_start, size, {} if specs is None else specs)
-    if parsed is None:  # anything unusual: entry by entry, which raises the precise error
-        parsed = strict_entries(path, raw, data_start, size)
-    return parsed[0], parsed[1], stamp
+    return raw, 8 + n, size, stamp
 
 
 def strict_entries(path: str, raw: bytes, data_start: int, size: int
@@ -267,18 +254,6 @@ def strict_entries(path: str, raw: bytes, data_start: int, size: int
     check_coverage(path, {k: (e.offset - data_start, header[k]["data_offsets"][1])
                           for k, e in entries.items()}, size - data_start)
     return entries, file_meta
-
-
-def _pread_exactly(fd: int, n: int, offset: int, path: str) -> bytes:
-    parts, done = [], 0
-    while done < n:
-        chunk = os.pread(fd, min(n - done, 1 << 24), offset + done)
-        if not chunk:
-            raise TruncatedCheckpointError(f"the header ends after {done} of its {n} bytes",
-                                           file=path)
-        parts.append(chunk)
-        done += len(chunk)
-    return b"".join(parts)
 
 
 def parse_entries(path: str, header: dict, data_start: int, size: int

@@ -11,9 +11,13 @@ these paths don't vouch for, such as a ``:`` inside a key). Two tiers:
    (no escape or control character anywhere, offsets as canonical integers)
    and what lies between them, which must be exactly ``{``, an optional
    ``"__metadata__":{...},``, single commas and ``}``. The text is then, byte for byte,
-   JSON whose meaning is the columns, without building a dict per entry. Offsets are
-   compared as text where they chain (``end`` of one is ``begin`` of the next), so only
-   the begins become integers.
+   JSON whose meaning is the columns, without building a dict per entry. Writers lay the
+   entries out in offset order, each ``begin`` the previous ``end``: the first split tried
+   (:data:`_CHAINED`) matches from one entry's ``end`` to the next one's ``begin`` and
+   requires, by a back-reference, that both are the same text, so each offset is captured
+   once and the matches must follow each other with nothing between them. Any other
+   order takes the second split (:data:`_COMPACT`), whose offsets are compared as text
+   where they chain.
 2. **Any JSON layout** (spaces, another order): plain ``json.loads``, then each rule
    checked over whole columns (``map``, ``set``, ``zip``, list comparisons): every entry
    an object of exactly ``dtype``, ``shape`` and ``data_offsets``; offsets integers
@@ -40,20 +44,32 @@ from weightplan.planner.inputs.entry import TensorEntry, build_entries
 from weightplan.planner.inputs.safetensors_format import no_duplicates
 from weightplan.planner.tensors.spec import SAFETENSORS_DTYPES, TensorSpec
 
-__all__ = ["SpecCache", "fast_entries"]
+__all__ = ["Columns", "SpecCache", "fast_columns", "fast_entries"]
 
 # (dtype name, shape), or the compact text of both, → (spec, nbytes); one per checkpoint,
 # so its files share one spec object per dtype and shape
 SpecCache = dict[object, tuple[TensorSpec, int]]
 Parsed = tuple[dict[str, TensorEntry], dict[str, str]]
+Columns = tuple[list[str], list[TensorEntry], dict[str, str]]  # keys, entries, metadata
+# keys, (spec, nbytes), begins (relative to the data) and metadata of a compact header
+Compact = tuple[list[str], list[tuple[TensorSpec, int]], list[int], dict[str, str]]
 
 # Keys and dtypes are ``[^"]*``: the header holds no backslash (no escapes) and no control
 # character (JSON refuses them raw), checked once over the bytes, which is cheaper than
 # excluding them in the pattern; a string's text is then its value.
 _COMPACT = re.compile(r'"([^"]*)":\{("dtype":"[^"]*","shape":\[[0-9,]*\]),'
                       r'"data_offsets":\[(0|[1-9][0-9]*),(0|[1-9][0-9]*)\]\}')
+# An entry's ``,end``, the next entry, and its ``begin`` (``\1``: the same text as that
+# end). It starts with a literal comma, so a run of digits is tried once, not from each
+# of its digits (which takes time quadratic in its length)
+_CHAINED = re.compile(r',(0|[1-9][0-9]*)\]\},"([^"]*)":\{("dtype":"[^"]*","shape":\[[0-9,]*\]),'
+                      r'"data_offsets":\[\1')
+# What precedes the first _CHAINED match: ``{``, the metadata, the first entry up to its 0
+_FIRST = re.compile(r'(.*)"([^"]*)":\{("dtype":"[^"]*","shape":\[[0-9,]*\]),"data_offsets":\[0',
+                    re.DOTALL)
 _NOT_PLAIN = bytes(range(32)) + b"\\"  # offsets: canonical integers, int() of the text
-_GROUPS = 5  # what a split yields per entry: the text before it, then its 4 groups
+_GROUPS = 5  # what a _COMPACT split yields per entry: the text before it, then its 4 groups
+_LINKS = 4  # what a _CHAINED split yields per match: the text before it, then its 3 groups
 _WHITESPACE = " \t\n\r"  # JSON's
 _FIELDS = itemgetter("dtype", "shape", "data_offsets")
 _FAST_DIM = 1 << 31  # larger dims take the strict path's exact checks (u64, 63-bit products)
@@ -63,32 +79,69 @@ def fast_entries(path: str, raw: bytes, data_start: int, size: int, specs: SpecC
                  ) -> Parsed | None:
     """The header ``raw`` of the file ``path`` as entries and ``__metadata__``, or ``None``
     when neither tier vouches for it (see the module docstring)."""
+    columns = fast_columns(path, raw, data_start, size, specs)
+    if columns is None:
+        return None
+    keys, made, meta = columns
+    entries = dict(zip(keys, made, strict=True))
+    if len(entries) == len(keys) and "__metadata__" not in entries:  # no key twice
+        return entries, meta
+    return None
+
+
+def fast_columns(path: str, raw: bytes, data_start: int, size: int, specs: SpecCache
+                 ) -> Columns | None:
+    """:func:`fast_entries` as columns (keys, entries, ``__metadata__``), all but one
+    check made: the caller proves that no key is given twice and none is
+    ``"__metadata__"`` (both hold when a dict of the keys has one per key and lacks that
+    one), or else takes the strict path."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         return None
     data_bytes = size - data_start
-    plain = len(raw.translate(None, _NOT_PLAIN)) == len(raw)
-    compact = _compact_columns(text, specs, data_bytes) if plain else None
-    if compact is not None:
-        keys, found, begins, meta = compact
-        entries = _entries(path, keys, found, begins, data_start)
-        if len(entries) == len(keys) and "__metadata__" not in entries:  # no key twice
-            return entries, meta
-        return None
-    return _json_entries(path, text, raw, data_start, data_bytes, specs)
+    if len(raw.translate(None, _NOT_PLAIN)) != len(raw):
+        return _json_columns_of(path, text, raw, data_start, data_bytes, specs)
+    compact = (_chained_columns(text, specs, data_bytes)
+               or _compact_columns(text, specs, data_bytes))
+    if compact is None:
+        return _json_columns_of(path, text, raw, data_start, data_bytes, specs)
+    keys, found, begins, meta = compact
+    return keys, _entries(path, keys, found, begins, data_start), meta
 
 
 def _entries(path: str, keys: list[str], found: list[tuple[TensorSpec, int]],
-             begins: list[int], data_start: int) -> dict[str, TensorEntry]:
+             begins: list[int], data_start: int) -> list[TensorEntry]:
     offsets = map(data_start.__add__, begins)
-    return dict(zip(keys, build_entries(keys, map(itemgetter(0), found), path, offsets),
-                    strict=True))
+    return build_entries(keys, map(itemgetter(0), found), path, offsets)
 
 
-def _compact_columns(text: str, specs: SpecCache, data_bytes: int
-                     ) -> tuple[list[str], list[tuple[TensorSpec, int]], list[int],
-                                dict[str, str]] | None:
+def _chained_columns(text: str, specs: SpecCache, data_bytes: int) -> Compact | None:
+    """:func:`_compact_columns` for entries laid out in offset order (one ``begin`` per
+    entry captured, the text of each ``end`` being the next ``begin``)."""
+    parts = _CHAINED.split(text)
+    links = len(parts) // _LINKS  # entries after the first
+    if (links < 1 or parts[_LINKS:-1:_LINKS].count("") != links - 1
+            or parts[-1].rstrip(_WHITESPACE) != f",{data_bytes}]}}}}"):
+        return None
+    first = _FIRST.fullmatch(parts[0])
+    if first is None:
+        return None
+    meta = _compact_metadata(first[1].lstrip(_WHITESPACE))
+    idents = parts[3::_LINKS]
+    idents.insert(0, first[3])
+    found = _known(idents, specs, _compact_spec)
+    if meta is None or found is None:
+        return None
+    starts = [0, *map(int, parts[1::_LINKS])]
+    if list(map(sub, [*starts[1:], data_bytes], starts)) != list(map(itemgetter(1), found)):
+        return None
+    keys = parts[2::_LINKS]
+    keys.insert(0, first[2])
+    return keys, found, starts, meta
+
+
+def _compact_columns(text: str, specs: SpecCache, data_bytes: int) -> Compact | None:
     """Keys, (spec, nbytes), begins and metadata of a compact header that tiles the data."""
     parts = _COMPACT.split(text)
     gaps = parts[::_GROUPS]
@@ -161,8 +214,8 @@ def _known(idents: list, specs: SpecCache, make: Callable[[Any], tuple[TensorSpe
     return cast(list[tuple[TensorSpec, int]], found)
 
 
-def _json_entries(path: str, text: str, raw: bytes, data_start: int, data_bytes: int,
-                  specs: SpecCache) -> Parsed | None:
+def _json_columns_of(path: str, text: str, raw: bytes, data_start: int, data_bytes: int,
+                     specs: SpecCache) -> Columns | None:
     try:
         header = json.loads(text)
     except (ValueError, RecursionError):
@@ -183,7 +236,8 @@ def _json_entries(path: str, text: str, raw: bytes, data_start: int, data_bytes:
     found, begins, ends = columns
     if not _tiles(begins, ends, data_bytes):
         return None
-    return _entries(path, list(header), found, begins, data_start), dict(meta or {})
+    keys = list(header)
+    return keys, _entries(path, keys, found, begins, data_start), dict(meta or {})
 
 
 def _json_columns(header: dict, specs: SpecCache

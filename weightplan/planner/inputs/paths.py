@@ -17,7 +17,8 @@ import stat
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
 from weightplan.errors import (
-    ArgumentError, CheckpointError, InterruptedSaveError, UnsafePathError,
+    ArgumentError, CheckpointError, InterruptedSaveError, TruncatedCheckpointError,
+    UnsafePathError,
 )
 
 # written by a save just before its commit, removed when the commit is complete
@@ -131,3 +132,17 @@ def refuse_interrupted_save(directory: Path) -> None:
             f"journal {JOURNAL_NAME} is still there), so its files may be a mix of two "
             "checkpoints. Run `weightplan recover DIR` (or weightplan.executor.commit."
             "recover(DIR)) to complete that save, then load again", file=str(directory))
+
+
+def pread_exactly(fd: int, n: int, offset: int, path: str) -> bytes:
+    """``n`` bytes of the open file ``fd`` from ``offset``; :class:`TruncatedCheckpointError`
+    when the file ends first."""
+    parts, done = [], 0
+    while done < n:
+        chunk = os.pread(fd, min(n - done, 1 << 24), offset + done)
+        if not chunk:
+            raise TruncatedCheckpointError(f"the header ends after {done} of its {n} bytes",
+                                           file=path)
+        parts.append(chunk)
+        done += len(chunk)
+    return b"".join(parts)
