@@ -117,7 +117,9 @@ def plan_step(conv: Conversion, piece_bytes: int = PIECE_BYTES) -> Step:
             break
         frags, m = placed, m - 1
     if m == 0:
-        reads = placed_reads(values[0], frags, dests, piece_bytes)
+        built = conv.built  # (its streams' parts, when stage 0 is the one it made)
+        alike = built.alike if built is not None and values is built.stages else ()
+        reads = placed_reads(values[0], frags, dests, piece_bytes, alike)
         return Step(conv.label, sinks, _staging(dests, reads, False), reads, values[0], (), ())
     reads = tuple(read_task(n, Region.full(n.spec.shape), None, False, piece_bytes)
                   for stream in values[0] for n in stream)
@@ -127,8 +129,21 @@ def plan_step(conv: Conversion, piece_bytes: int = PIECE_BYTES) -> Step:
 
 def _scan(conv: Conversion) -> tuple[tuple[Streams[Node], ...], tuple[Node, ...], bool]:
     """:func:`~weightplan.planner.tensors.build.stages`, the sinks and whether anything
-    is quantized, in C-level passes over the conversion's nodes (a stack of 256 FP8
-    experts has ~800 of them)."""
+    is quantized. The stages are those the conversion was built from when it carries them
+    (every stream of them non-empty); else they are read back from the nodes in C-level
+    passes (a stack of 256 FP8 experts has ~800 of them)."""
+    built = conv.built
+    if built is not None and built.nodes is conv.nodes and all(map(all, built.stages)) \
+            and all(built.stages):
+        tail = conv.nodes[built.tail:]
+        kinds = list(map(_KIND, tail))
+        sinks = tuple(compress(tail, map(is_, kinds, repeat(NodeKind.SINK))))
+        return built.stages, sinks, NodeKind.QUANTIZE in kinds
+    return _scan_nodes(conv)
+
+
+def _scan_nodes(conv: Conversion) -> tuple[tuple[Streams[Node], ...], tuple[Node, ...], bool]:
+    """:func:`_scan` from the nodes alone."""
     nodes = conv.nodes
     kinds = list(map(_KIND, nodes))
     present = set(kinds)

@@ -43,6 +43,7 @@ from weightplan.planner.tensors.nodes import (
     DequantizeAttrs, Node, NodeKind, QuantizeAttrs, dequantize_nodes, read_nodes, stream_sources,
 )
 from weightplan.planner.tensors.ops.base import ConversionOp, Streams
+from weightplan.planner.tensors.read_tasks import ReadParts, alike_reads
 from weightplan.planner.tensors.spec import TensorSpec
 
 
@@ -106,6 +107,16 @@ def source_values(group: Group, quant: QuantContext | None, expected: object,
     ``DEQUANTIZE`` node unless the conversion keeps FP8. Returns the values and the nodes
     made, in topological order (every read, then each dequantize after its scale's read).
     A stream's nodes are made in bulk (:func:`~weightplan.planner.tensors.nodes.read_nodes`)."""
+    values, nodes, _ = source_streams(group, quant, expected, dtype)
+    return values, nodes
+
+
+def source_streams(group: Group, quant: QuantContext | None, expected: object,
+                   dtype: torch.dtype | None
+                   ) -> tuple[Streams[Node], list[Node], tuple[ReadParts | None, ...]]:
+    """:func:`source_values`, and for each stream the parts all its reads share when they
+    are alike (:func:`~weightplan.planner.tensors.read_tasks.alike_reads`; ``None``: not
+    known), told while the stream's entries are at hand."""
     pairs: Mapping[str, ScaledWeight] = {}
     out_dtype = torch.bfloat16  # unused unless something dequantizes
     if quant is not None and not _keeps(group, quant):
@@ -115,6 +126,7 @@ def source_values(group: Group, quant: QuantContext | None, expected: object,
     reads: list[Node] = []
     added: list[Node] = []
     streams = []
+    alike: list[ReadParts | None] = []
     for i, entries in enumerate(group.sources):
         sources = stream_sources(i, len(entries))
         row = read_nodes(entries, sources)
@@ -122,6 +134,7 @@ def source_values(group: Group, quant: QuantContext | None, expected: object,
         found = list(map(pairs.get, map(_KEY, entries))) if pairs else []
         if not any(found):
             streams.append(tuple(row))
+            alike.append(alike_reads(entries, None, None))
             continue
         mixed = not all(found)  # some sources are not scaled FP8 weights: they stay reads
         places = list(compress(range(len(found)), found)) if mixed else []
@@ -137,7 +150,11 @@ def source_values(group: Group, quant: QuantContext | None, expected: object,
             by_place = dict(zip(places, dequantized, strict=True))
             dequantized = [by_place.get(j, read) for j, read in enumerate(row)]
         streams.append(tuple(dequantized))
-    return tuple(streams), reads + added
+        # equal hows: one block (alike_reads checks the weights' and the scales' specs)
+        one = not mixed and hows.count(hows[0]) == len(hows)
+        alike.append(alike_reads(entries, list(map(_SPEC, map(_SCALE, paired))),
+                                 hows[0][1].block) if one else None)
+    return tuple(streams), reads + added, tuple(alike)
 
 
 def _dequantize_hows(weights: list[Node], paired: list[ScaledWeight],
