@@ -21,9 +21,10 @@ from weightplan.planner.tensors.nodes import NodeKind
 from weightplan.planner.tensors.placement import Step, _scan, _scan_nodes, plan_step
 from weightplan.planner.tensors.quant_build import QuantContext
 from weightplan.planner.tensors.read_tasks import alike_reads
+from weightplan.planner.tensors.schedule import _run_first, order_steps
 from weightplan.planner.tensors.spec import TensorSpec
 
-from tests.planner.core import conversion, entry
+from tests.planner.core import FILE, conversion, entry
 
 FP8 = torch.float8_e4m3fn
 N = 10  # experts (alike_reads vouches for 8 or more)
@@ -48,9 +49,22 @@ def _assert_same_steps(fast: Step, exact: Step) -> None:
 
 def _both(conv: Conversion, piece_bytes: int = 1 << 25) -> Step:
     fast = plan_step(conv, piece_bytes)
-    _assert_same_steps(fast, plan_step(_exact(conv), piece_bytes))
+    exact = plan_step(_exact(conv), piece_bytes)
+    _assert_same_steps(fast, exact)
     assert _scan(conv) == _scan_nodes(conv)
+    assert not exact.runs and list(exact.loose_reads) == list(exact.reads)
+    assert (fast.read_bytes, fast.window_sizes, fast.held_bytes) == (
+        exact.read_bytes, exact.window_sizes, exact.held_bytes)
+    files = ["other.safetensors", "f.safetensors", FILE]
+    assert order_steps([fast, exact], files) == (fast, exact)  # equal keys: stable
+    assert [_first(s, files) for s in order_steps([exact, fast], files)] == [_first(exact, files)] * 2
     return fast
+
+
+def _first(step: Step, files: list[str]) -> tuple[int, int]:
+    """The order's key, read by read."""
+    rank = {f: i for i, f in enumerate(files)}
+    return min((rank.get(r.entry.file or "", -1), r.byte_range[0]) for r in step.reads)
 
 
 def _fp8_stack(scale_dtypes: list[torch.dtype], streams: int = 1,
@@ -74,11 +88,22 @@ def _fp8_stack(scale_dtypes: list[torch.dtype], streams: int = 1,
 
 
 def test_a_plain_stack_is_made_in_columns_as_read_by_read():
-    experts = [entry(f"e.{i}.w", (2, 3), 24 * i) for i in range(N)]
+    experts = [entry(f"e.{i}.w", (2, 3), 24 * (N - i)) for i in range(N)]  # last first
     conv = conversion([experts], ["w"], [MergeModulelist(0)])
     assert conv.built is not None and conv.built.alike[0] is not None
     step = _both(conv)
     assert len(step.reads) == N and len({id(r.layout) for r in step.reads}) == 1
+    (run,) = step.runs
+    assert (run.start, run.count, run.layout, list(run.entries)) == (
+        0, N, step.reads[0].layout, experts)
+    assert not step.loose_reads and _run_first(run, {FILE: 0}.get) == (0, experts[-1].offset)
+
+
+def test_in_memory_stacks_rank_as_the_read_by_read_order_does():
+    experts = [TensorEntry(f"e.{i}.w", TensorSpec((2, 3), torch.float32), None, 0)
+               for i in range(N)]
+    step = _both(conversion([experts], ["w"], [MergeModulelist(0)]))
+    assert step.runs and _run_first(step.runs[0], {"": 7}.get) == (7, 0)
 
 
 def test_an_fp8_stack_dequantized_in_columns_as_read_by_read():
@@ -117,15 +142,15 @@ def test_unstacked_outputs_and_partial_fragments_read_one_by_one():
 
 def test_alike_reads_says_what_is_shared_or_nothing():
     specs = [entry(f"e.{i}", (2, 3), 24 * i) for i in range(N)]
-    assert alike_reads(specs, None, None) == ((2, 3), torch.float32, False, True,
-                                              None, None, None)
+    assert alike_reads(specs, None, None) == (((2, 3), torch.float32, False, True,
+                                               None, None, None), specs)
     assert alike_reads(specs[:7], None, None) is None  # too few to be worth it
     other = [*specs[:-1], entry("e.x", (3, 2), 0)]
     assert alike_reads(other, None, None) is None
     strided = [*specs[:-1], StridedEntry("e.s", specs[0].spec, None, 0, contiguous=False)]
     assert alike_reads(strided, None, None) is None
     scales = [TensorSpec((2, 1), torch.float32)] * N
-    assert alike_reads(specs, scales, (1, 3))[4:] == ((2, 1), torch.float32, (1, 3))
+    assert alike_reads(specs, scales, (1, 3)).parts[4:] == ((2, 1), torch.float32, (1, 3))
     assert alike_reads(specs, [*scales[:-1], TensorSpec((1, 1), torch.float32)], (1, 3)) is None
 
 
@@ -156,3 +181,14 @@ def test_nodes_replaced_after_building_are_read_back_from_the_nodes():
         plan_step(exact)
     with pytest.raises(type(caught.value), match=re.escape(str(caught.value))):
         plan_step(fast)
+
+
+def test_loose_reads_between_runs_count_as_read_by_read():
+    gate = [entry(f"e.{i}.g", (2, 3), 24 * i) for i in range(N)]
+    up = [entry(f"e.{i}.u", (2, 3), 24 * (N + i)) for i in range(N)]
+    down = [entry(f"e.{i}.d", (2, 3), 24 * (2 * N + i)) for i in range(N)]
+    up[2] = TensorEntry("e.2.u", up[2].spec, None, 0)  # in memory: not alike
+    conv = conversion([gate, up, down], ["w"], [MergeModulelist(0), Concatenate(1)])
+    step = _both(conv)
+    assert [(r.start, r.count) for r in step.runs] == [(0, N), (2 * N, N)]
+    assert list(step.loose_reads) == list(step.reads[N:2 * N])

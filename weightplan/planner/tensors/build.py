@@ -31,7 +31,7 @@ from weightplan.planner.tensors.nodes import (
 )
 from weightplan.planner.tensors.ops.base import ConversionOp, OpContext, Streams, Wiring
 from weightplan.planner.tensors.quant_build import QuantContext, quantize_nodes, source_streams
-from weightplan.planner.tensors.read_tasks import ReadParts
+from weightplan.planner.tensors.read_tasks import AlikeReads
 from weightplan.planner.tensors.sharding.shard_nodes import Sharding, shard_target
 from weightplan.planner.tensors.spec import TensorSpec
 from weightplan.planner.quant.blocks import FP8_DTYPES
@@ -90,7 +90,7 @@ class Built:
     nodes: tuple[Node, ...]
     stages: tuple[Streams[Node], ...]  # what stages() reads back from the nodes
     tail: int  # nodes[tail:] follow the stages (casts, shards, quantizes, sinks)
-    alike: tuple[ReadParts | None, ...]  # by stage-0 stream: what all its reads share
+    alike: tuple[AlikeReads | None, ...]  # by stage-0 stream: what all its reads share
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from weightplan.planner.tensors.nodes import (
     DequantizeAttrs, Node, NodeKind, QuantizeAttrs, dequantize_nodes, read_nodes, stream_sources,
 )
 from weightplan.planner.tensors.ops.base import ConversionOp, Streams
-from weightplan.planner.tensors.read_tasks import ReadParts, alike_reads
+from weightplan.planner.tensors.read_tasks import AlikeReads, alike_reads
 from weightplan.planner.tensors.spec import TensorSpec
 
 
@@ -113,7 +113,7 @@ def source_values(group: Group, quant: QuantContext | None, expected: object,
 
 def source_streams(group: Group, quant: QuantContext | None, expected: object,
                    dtype: torch.dtype | None
-                   ) -> tuple[Streams[Node], list[Node], tuple[ReadParts | None, ...]]:
+                   ) -> tuple[Streams[Node], list[Node], tuple[AlikeReads | None, ...]]:
     """:func:`source_values`, and for each stream the parts all its reads share when they
     are alike (:func:`~weightplan.planner.tensors.read_tasks.alike_reads`; ``None``: not
     known), told while the stream's entries are at hand."""
@@ -126,7 +126,7 @@ def source_streams(group: Group, quant: QuantContext | None, expected: object,
     reads: list[Node] = []
     added: list[Node] = []
     streams = []
-    alike: list[ReadParts | None] = []
+    alike: list[AlikeReads | None] = []
     for i, entries in enumerate(group.sources):
         sources = stream_sources(i, len(entries))
         row = read_nodes(entries, sources)

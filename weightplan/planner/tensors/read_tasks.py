@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 from itertools import repeat
 from operator import attrgetter, is_, itemgetter
 
@@ -193,21 +194,24 @@ def _layout(shape: tuple[int, ...], size: int, in_file: bool,
 
 def placed_reads(sources: Streams[Node], frags: Streams[tuple[Fragment, ...]],
                  dests: tuple[Destination, ...], piece_bytes: int,
-                 alike: Sequence[ReadParts | None] = ()) -> tuple[ReadTask, ...]:
+                 alike: Sequence[AlikeReads | None] = ()
+                 ) -> tuple[tuple[ReadTask, ...], tuple[ReadRun, ...]]:
     """A read task for each non-empty fragment each source lands in: one read at a time,
-    or a stack's stream in columns (:func:`stack_reads`) when ``alike`` (by stream, from
-    where the nodes were made) gives the parts all its reads share."""
+    or a stack's stream in columns (:func:`stack_reads`, a :class:`ReadRun` of the tasks)
+    when ``alike`` (by stream, from where the nodes were made) tells what its reads share."""
     tasks: list[ReadTask] = []
+    runs: list[ReadRun] = []
     dtypes = [d.spec.dtype for d in dests]
     for i, stream in enumerate(sources):
-        parts = alike[i] if i < len(alike) else None
-        made = None if parts is None else stack_reads(stream, frags[i], parts, dtypes,
-                                                      piece_bytes)
+        same = alike[i] if i < len(alike) else None
+        made = None if same is None else stack_reads(stream, frags[i], same.parts, dtypes,
+                                                     piece_bytes)
         if made is None:
             _each_read(tasks, stream, frags[i], dtypes, piece_bytes)
-        else:
-            tasks += made
-    return tuple(tasks)
+        elif made[0] is not None and same is not None:
+            runs.append(_run(len(tasks), len(made[1]), made[0], same.entries))
+            tasks += made[1]
+    return tuple(tasks), tuple(runs)
 
 
 def _each_read(tasks: list[ReadTask], stream: tuple[Node, ...],
@@ -244,8 +248,29 @@ ReadParts = tuple[tuple[int, ...], torch.dtype, bool, bool, tuple[int, ...] | No
                   torch.dtype | None, tuple[int, ...] | None]
 
 
+class AlikeReads(NamedTuple):
+    """What every read of a stack's stream shares (``parts``), and the entries it reads."""
+
+    parts: ReadParts
+    entries: Sequence[TensorEntry]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRun:
+    """Tasks ``start .. start + count - 1`` of a step, made in columns by
+    :func:`stack_reads`: all of ``layout``, all placed, reading ``entries`` in order."""
+
+    start: int
+    count: int
+    layout: ReadLayout
+    entries: Sequence[TensorEntry]
+
+
+_run = maker(ReadRun)
+
+
 def alike_reads(entries: Sequence[TensorEntry], scales: Sequence[TensorSpec] | None,
-                block: tuple[int, ...] | None) -> ReadParts | None:
+                block: tuple[int, ...] | None) -> AlikeReads | None:
     """The parts the reads of ``entries`` share, or ``None`` when their specs, placement
     (file or memory) or contiguity differ, or they are too few to be worth it. With
     ``scales`` (each read's scale spec, all equal) and ``block`` (the caller vouches that
@@ -262,18 +287,21 @@ def alike_reads(entries: Sequence[TensorEntry], scales: Sequence[TensorSpec] | N
         return None
     spec = specs[0]
     if scales is None or block is None:
-        return spec.shape, spec.dtype, memory[0], contiguous[0], None, None, None
+        return AlikeReads((spec.shape, spec.dtype, memory[0], contiguous[0], None, None, None),
+                          entries)
     scale = scales[0]
-    return spec.shape, spec.dtype, memory[0], contiguous[0], scale.shape, scale.dtype, block
+    return AlikeReads((spec.shape, spec.dtype, memory[0], contiguous[0], scale.shape,
+                       scale.dtype, block), entries)
 
 
 def stack_reads(stream: tuple[Node, ...], frags: tuple[tuple[Fragment, ...], ...],
                 parts: ReadParts, dtypes: list[torch.dtype], piece_bytes: int
-                ) -> list[ReadTask] | None:
+                ) -> tuple[ReadLayout | None, list[ReadTask]] | None:
     """The read tasks of a stack's stream whose reads share ``parts``, made in columns
     with one layout when each lands in exactly one fragment, all of one region, view
     shape, stride and target (as a stack's are: :class:`StackFragments` says so without
-    looking). The same tasks as :func:`_each_read` makes; ``None``: not so."""
+    looking): their layout and the tasks, the same ones :func:`_each_read` makes; ``None``:
+    not so."""
     n = len(stream)
     if isinstance(frags, StackFragments) and len(frags) == n:
         fs, region, target = frags.fragments, frags.region, frags.target
@@ -290,7 +318,7 @@ def stack_reads(stream: tuple[Node, ...], frags: tuple[tuple[Fragment, ...], ...
             return None
         region, target, shape, stride = regions[0], targets[0], shapes[0], strides[0]
     layout = _geometry(*parts, region, shape, stride, dtypes[target], piece_bytes)
-    return [] if layout is None else _tasks(n, stream, regions, fs, repeat(layout))
+    return layout, [] if layout is None else _tasks(n, stream, regions, fs, repeat(layout))
 
 
 _REGION, _VIEW, _TARGET = attrgetter("region"), attrgetter("view"), attrgetter("target")
