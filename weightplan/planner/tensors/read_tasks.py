@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 from itertools import repeat
-from operator import attrgetter, is_, itemgetter
+from operator import attrgetter, itemgetter
 
 import torch
 
@@ -239,7 +239,7 @@ def _each_read(tasks: list[ReadTask], stream: tuple[Node, ...],
 
 
 _STACK = 8  # fewer reads in a stream: one at a time is as quick
-_SPEC, _FILE, _CONTIGUOUS = attrgetter("spec"), attrgetter("file"), attrgetter("contiguous")
+_SPEC, _FILE = attrgetter("spec"), attrgetter("file")
 _tasks = columns(ReadTask)
 
 # What every read of a stack's stream has in common, as :func:`_geometry` takes it: the
@@ -280,18 +280,17 @@ def alike_reads(entries: Sequence[TensorEntry], scales: Sequence[TensorSpec] | N
     n = len(entries)
     if n < _STACK or (scales is not None and (len(scales) != n or not _same(scales))):
         return None
-    specs = list(map(_SPEC, entries))
-    memory = list(map(is_, map(_FILE, entries), repeat(None)))
-    contiguous = list(map(_CONTIGUOUS, entries))
-    if not (_same(specs) and _same(memory) and _same(contiguous)):
+    specs, nones = list(map(_SPEC, entries)), list(map(_FILE, entries)).count(None)
+    # one class of entry: one contiguity (a StridedEntry's is False, a TensorEntry's True)
+    if not (_same(specs) and nones in (0, n) and _same(list(map(type, entries)))):
         return None
-    spec = specs[0]
+    spec, memory, contiguous = specs[0], nones == n, entries[0].contiguous
     if scales is None or block is None:
-        return AlikeReads((spec.shape, spec.dtype, memory[0], contiguous[0], None, None, None),
+        return AlikeReads((spec.shape, spec.dtype, memory, contiguous, None, None, None),
                           entries)
     scale = scales[0]
-    return AlikeReads((spec.shape, spec.dtype, memory[0], contiguous[0], scale.shape,
-                       scale.dtype, block), entries)
+    return AlikeReads((spec.shape, spec.dtype, memory, contiguous, scale.shape, scale.dtype,
+                       block), entries)
 
 
 def stack_reads(stream: tuple[Node, ...], frags: tuple[tuple[Fragment, ...], ...],
