@@ -14,7 +14,7 @@ the converter, the keys and the op chain.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from itertools import chain
 from operator import attrgetter
@@ -32,7 +32,8 @@ from weightplan.planner.tensors.nodes import (
 from weightplan.planner.tensors.ops.base import (
     ConversionOp, OpContext, Streams, Wiring, stream_positions,
 )
-from weightplan.planner.tensors.quant_build import QuantContext, quantize_nodes, source_values
+from weightplan.planner.tensors.quant_build import QuantContext, quantize_nodes, source_streams
+from weightplan.planner.tensors.read_tasks import AlikeReads
 from weightplan.planner.tensors.sharding.shard_nodes import Sharding, shard_target
 from weightplan.planner.tensors.spec import TensorSpec
 from weightplan.planner.quant.blocks import FP8_DTYPES
@@ -84,12 +85,25 @@ class Target:
 
 
 @dataclass(frozen=True)
+class Built:
+    """What :func:`build_conversion` knew as it made a conversion's nodes, which lowering
+    would otherwise read back from them (only while they are ``nodes``, the very tuple)."""
+
+    nodes: tuple[Node, ...]
+    stages: tuple[Streams[Node], ...]  # what stages() reads back from the nodes
+    tail: int  # nodes[tail:] follow the stages (casts, shards, quantizes, sinks)
+    alike: tuple[AlikeReads | None, ...]  # by stage-0 stream: what all its reads share
+
+
+@dataclass(frozen=True)
 class Conversion:
     """A routed group with its targets and its graph nodes (reads … sinks)."""
 
     group: Group
     targets: tuple[Target, ...]
     nodes: tuple[Node, ...]  # topological order
+    # how build_conversion made the nodes (None, or other nodes: the nodes alone say it)
+    built: Built | None = field(default=None, compare=False, repr=False)
 
     @property
     def loads(self) -> bool:
@@ -159,14 +173,17 @@ def build_conversions(groups: Sequence[Group], expected: Expected, dtype: torch.
 def build_conversion(group: Group, expected: Expected, dtype: torch.dtype | None,
                      sink: SinkKind, quant: QuantContext | None = None,
                      sharding: Sharding | None = None) -> Conversion:
-    values, nodes = source_values(group, quant, expected, dtype)
+    values, nodes, alike = source_streams(group, quant, expected, dtype)
     ops = group.converter.operations if group.converter else ()
     ctx = _context(group, expected) if ops else None
+    built = [values]
     for k, op in enumerate(ops):
         assert ctx is not None
         resolved, out_specs, wiring = _apply_op(op, ctx, stage_specs(values), group, k)
         values = _op_nodes(resolved, k, out_specs, wiring, values)
         nodes += chain.from_iterable(values)
+        built.append(values)
+    tail = len(nodes)
     targets = list(_targets(group, stage_specs(values), expected, dtype))
     for t in tuple(targets):
         value = values[t.position[0]][t.position[1]]
@@ -195,7 +212,8 @@ def build_conversion(group: Group, expected: Expected, dtype: torch.dtype | None
                 value = shard
                 nodes.append(value)
         nodes.append(Node(NodeKind.SINK, value.spec, (value,), SinkAttrs(dest)))
-    return Conversion(group, tuple(targets), tuple(nodes))
+    made = tuple(nodes)
+    return Conversion(group, tuple(targets), made, Built(made, tuple(built), tail, alike))
 
 
 def _quantized_target(t: Target, quantized: tuple[Node, Node, str], expected: Expected) -> Target:

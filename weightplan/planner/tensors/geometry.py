@@ -203,3 +203,27 @@ def stacked_fragments(region: Region, target: int, shape: tuple[int, ...],
     offsets = map(add, repeat(offset), map(mul, range(count), repeat(step)))
     views = _views(count, repeat(shape), repeat(stride), offsets)
     return _fragments(count, repeat(region), repeat(target), views)
+
+
+class StackFragments(tuple[tuple[Fragment, ...], ...]):
+    """A stream's fragments as ``place`` returns them (one tuple per item), for the items
+    of a stack landing one fragment each: item ``k``'s is ``fragments[k]``, and every one
+    has ``region``, ``target`` and a view of ``shape`` and ``stride`` (made by
+    :func:`stack_fragments`, so that a reader needn't look at each one to know it)."""
+
+    fragments: list[Fragment]
+    region: Region
+    target: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+
+
+def stack_fragments(region: Region, target: int, shape: tuple[int, ...],
+                    stride: tuple[int, ...], offset: int, step: int, count: int
+                    ) -> StackFragments:
+    """:func:`stacked_fragments`, one tuple per item, saying what they share."""
+    fragments = stacked_fragments(region, target, shape, stride, offset, step, count)
+    made = StackFragments(zip(fragments))
+    made.fragments, made.region, made.target = fragments, region, target
+    made.shape, made.stride = shape, stride
+    return made

@@ -17,7 +17,8 @@ themselves (byte ranges, pieces, windows) are :mod:`~weightplan.planner.tensors.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 from itertools import accumulate, chain, compress, filterfalse, repeat
 from operator import attrgetter, is_, itemgetter
@@ -30,7 +31,7 @@ from weightplan.planner.tensors.nodes import Node, NodeKind, op_attrs, sink_attr
 from weightplan.planner.tensors.quant_steps import QuantizeTask, quantize_plan
 from weightplan.planner.tensors.ops.base import ConversionOp, Streams
 from weightplan.planner.tensors.read_tasks import (
-    PIECE_BYTES, ReadTask, placed_reads, read_task,
+    PIECE_BYTES, ReadRun, ReadTask, placed_reads, read_task,
 )
 from weightplan.planner.tensors.sharding.shard_nodes import shard_fragments
 
@@ -52,6 +53,8 @@ class Step:
     materialize: tuple[Streams[Node], ...]  # op-node stages run on tensors (empty: all placed)
     outputs: Streams[tuple[Fragment, ...]]  # where the last materialized stage's outputs land
     quantized: tuple[QuantizeTask, ...] = ()  # values quantized into FP8 weight + scale
+    # reads made in columns, each run of one layout (the byte counts below take each whole)
+    runs: tuple[ReadRun, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def ops(self) -> tuple[ConversionOp, ...]:
@@ -60,7 +63,21 @@ class Step:
 
     @cached_property
     def read_bytes(self) -> int:
-        return sum(map(_LENGTH, self.reads)) + sum(map(_SCALE_BYTES, self.reads))
+        loose = self.loose_reads
+        return (sum(map(_LENGTH, loose)) + sum(map(_SCALE_BYTES, loose))
+                + sum(r.count * (r.layout.length + r.layout.scale_bytes) for r in self.runs))
+
+    @property
+    def loose_reads(self) -> Sequence[ReadTask]:
+        """The reads outside :attr:`runs`, in order (all of them when there are none)."""
+        if not self.runs:
+            return self.reads
+        loose: list[ReadTask] = []
+        at = 0
+        for run in self.runs:
+            loose += self.reads[at:run.start]
+            at = run.start + run.count
+        return loose + list(self.reads[at:])
 
     @cached_property
     def needed_bytes(self) -> int:
@@ -81,12 +98,19 @@ class Step:
     @cached_property
     def held_bytes(self) -> int:
         """Temporaries kept until the materialized ops run."""
-        return sum(map(_TMP_BYTES, filterfalse(_FRAGMENT, self.reads)))  # (placed ones: 0)
+        return sum(map(_TMP_BYTES, filterfalse(_FRAGMENT, self.loose_reads)))  # (placed: 0)
 
     @cached_property
     def window_sizes(self) -> tuple[int, ...]:
         """Mapped file windows of the reads, each live only while its read runs."""
-        return tuple(filter(None, map(_WINDOW_BYTES, self.reads)))
+        sizes: list[int] = []
+        at = 0
+        for run in self.runs:  # (a run's reads: one window size)
+            sizes += filter(None, map(_WINDOW_BYTES, self.reads[at:run.start]))
+            sizes += [run.layout.window_bytes] * (run.count if run.layout.window_bytes else 0)
+            at = run.start + run.count
+        sizes += filter(None, map(_WINDOW_BYTES, self.reads[at:]))
+        return tuple(sizes)
 
     @cached_property
     def convert_bytes(self) -> int:
@@ -117,8 +141,11 @@ def plan_step(conv: Conversion, piece_bytes: int = PIECE_BYTES) -> Step:
             break
         frags, m = placed, m - 1
     if m == 0:
-        reads = placed_reads(values[0], frags, dests, piece_bytes)
-        return Step(conv.label, sinks, _staging(dests, reads, False), reads, values[0], (), ())
+        built = conv.built  # (its streams' parts, when stage 0 is the one it made)
+        alike = built.alike if built is not None and values is built.stages else ()
+        reads, runs = placed_reads(values[0], frags, dests, piece_bytes, alike)
+        return Step(conv.label, sinks, _staging(dests, reads, False), reads, values[0], (), (),
+                    runs=runs)
     reads = tuple(read_task(n, Region.full(n.spec.shape), None, False, piece_bytes)
                   for stream in values[0] for n in stream)
     return Step(conv.label, sinks, _staging(dests, reads, True), reads, values[0],
@@ -127,8 +154,21 @@ def plan_step(conv: Conversion, piece_bytes: int = PIECE_BYTES) -> Step:
 
 def _scan(conv: Conversion) -> tuple[tuple[Streams[Node], ...], tuple[Node, ...], bool]:
     """:func:`~weightplan.planner.tensors.build.stages`, the sinks and whether anything
-    is quantized, in C-level passes over the conversion's nodes (a stack of 256 FP8
-    experts has ~800 of them)."""
+    is quantized. The stages are those the conversion was built from when it carries them
+    (every stream of them non-empty); else they are read back from the nodes in C-level
+    passes (a stack of 256 FP8 experts has ~800 of them)."""
+    built = conv.built
+    if built is not None and built.nodes is conv.nodes and all(map(all, built.stages)) \
+            and all(built.stages):
+        tail = conv.nodes[built.tail:]
+        kinds = list(map(_KIND, tail))
+        sinks = tuple(compress(tail, map(is_, kinds, repeat(NodeKind.SINK))))
+        return built.stages, sinks, NodeKind.QUANTIZE in kinds
+    return _scan_nodes(conv)
+
+
+def _scan_nodes(conv: Conversion) -> tuple[tuple[Streams[Node], ...], tuple[Node, ...], bool]:
+    """:func:`_scan` from the nodes alone."""
     nodes = conv.nodes
     kinds = list(map(_KIND, nodes))
     present = set(kinds)

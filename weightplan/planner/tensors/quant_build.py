@@ -45,6 +45,7 @@ from weightplan.planner.tensors.nodes import (
     read_attrs, read_nodes, stream_sources,
 )
 from weightplan.planner.tensors.ops.base import ConversionOp, Streams
+from weightplan.planner.tensors.read_tasks import AlikeReads, alike_reads
 from weightplan.planner.tensors.spec import TensorSpec
 
 
@@ -107,6 +108,16 @@ def source_values(group: Group, quant: QuantContext | None, expected: object,
     ``DEQUANTIZE`` node unless the conversion keeps FP8. Returns the values and the nodes
     made, in topological order (every read, then each dequantize after its scale's read).
     A stream's nodes are made in bulk (:func:`~weightplan.planner.tensors.nodes.read_nodes`)."""
+    values, nodes, _ = source_streams(group, quant, expected, dtype)
+    return values, nodes
+
+
+def source_streams(group: Group, quant: QuantContext | None, expected: object,
+                   dtype: torch.dtype | None
+                   ) -> tuple[Streams[Node], list[Node], tuple[AlikeReads | None, ...]]:
+    """:func:`source_values`, and for each stream the parts all its reads share when they
+    are alike (:func:`~weightplan.planner.tensors.read_tasks.alike_reads`; ``None``: not
+    known), told while the stream's entries are at hand."""
     scales_of: Mapping[str, TensorEntry] = {}
     out_dtype = torch.bfloat16  # unused unless something dequantizes
     if quant is not None and not _keeps(group, quant):
@@ -116,6 +127,7 @@ def source_values(group: Group, quant: QuantContext | None, expected: object,
     reads: list[Node] = []
     added: list[Node] = []
     streams = []
+    alike: list[AlikeReads | None] = []
     for i, entries in enumerate(group.sources):
         sources = stream_sources(i, len(entries))
         row = read_nodes(entries, sources)
@@ -123,6 +135,7 @@ def source_values(group: Group, quant: QuantContext | None, expected: object,
         found = list(map(scales_of.get, map(_KEY, entries))) if scales_of else []
         if not any(found):
             streams.append(tuple(row))
+            alike.append(alike_reads(entries, None, None))
             continue
         mixed = not all(found)  # some sources are not scaled FP8 weights: they stay reads
         places = list(compress(range(len(found)), found)) if mixed else []
@@ -131,20 +144,24 @@ def source_values(group: Group, quant: QuantContext | None, expected: object,
             else (row, sources)
         scales = read_nodes(paired, sub)
         assert quant is not None  # scales_of is empty without it
-        dequantized = _dequantize(weights, scales, quant.pairing, made, out_dtype)
+        dequantized, block = _dequantize(weights, scales, quant.pairing, made, out_dtype)
         added += chain.from_iterable(zip(scales, dequantized, strict=True))
         if mixed:
             by_place = dict(zip(places, dequantized, strict=True))
             dequantized = [by_place.get(j, read) for j, read in enumerate(row)]
         streams.append(tuple(dequantized))
-    return tuple(streams), reads + added
+        # one block for the whole stack (alike_reads checks the weights' and scales' specs)
+        alike.append(None if mixed or block is None
+                     else alike_reads(entries, list(map(_SPEC, paired)), block))
+    return tuple(streams), reads + added, tuple(alike)
 
 
 def _dequantize(weights: list[Node], scales: list[Node], pairing: Fp8Pairing,
                 made: dict[tuple[int, int, int], tuple[TensorSpec, DequantizeAttrs]],
-                dtype: torch.dtype) -> list[Node]:
-    """The dequantize nodes of a stream's paired weights. A stack whose weights share one
-    spec, scales one spec and pairs one block (DeepSeek-V3's 256 experts) infers once."""
+                dtype: torch.dtype) -> tuple[list[Node], tuple[int, ...] | None]:
+    """The dequantize nodes of a stream's paired weights, and their one (resolved) block
+    when a stack whose weights share one spec, scales one spec and pairs one block
+    (DeepSeek-V3's 256 experts) was inferred once (``None``: inferred per combination)."""
     wspecs, sspecs = list(map(_SPEC, weights)), list(map(_SPEC, scales))
     single, count = pairing.single_block, len(weights)
     if single is not None and wspecs.count(wspecs[0]) == count \
@@ -153,11 +170,11 @@ def _dequantize(weights: list[Node], scales: list[Node], pairing: Fp8Pairing,
         if key not in made:
             made[key] = _dequantized(wspecs[0], sspecs[0], single[0], dtype,
                                      read_attrs(weights[0]).entry.key)
-        return dequantize_stack(weights, scales, *made[key])
+        return dequantize_stack(weights, scales, *made[key]), made[key][1].block
     blocks = [pairing.pairs[read_attrs(w).entry.key].block for w in weights]
     hows = _dequantize_hows(weights, wspecs, sspecs, blocks, made, dtype)
     return dequantize_nodes(weights, scales, map(itemgetter(0), hows),
-                            list(map(itemgetter(1), hows)))
+                            list(map(itemgetter(1), hows))), None
 
 
 def _dequantize_hows(weights: list[Node], wspecs: list[TensorSpec], sspecs: list[TensorSpec],

@@ -9,16 +9,22 @@ that geometry: the 256 experts of a stack hold one layout, one region and one vi
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
+from itertools import repeat
+from operator import attrgetter, itemgetter
 
 import torch
 
 from weightplan.planner.inputs.checkpoint import TensorEntry
-from weightplan.planner.makers import maker
+from weightplan.planner.makers import columns, maker
 from weightplan.planner.quant.blocks import DEQUANTIZE_BYTES, workspace_bytes
 from weightplan.planner.tensors.destination import Destination
-from weightplan.planner.tensors.geometry import CACHE_SIZE, Fragment, Region, _is_contiguous
+from weightplan.planner.tensors.geometry import (
+    CACHE_SIZE, Fragment, Region, StackFragments, _is_contiguous,
+)
 from weightplan.planner.tensors.nodes import DequantizeAttrs, Node, NodeKind, read_attrs
 from weightplan.planner.tensors.ops.base import Streams
 from weightplan.planner.tensors.sharding.fp8_slices import scale_region
@@ -187,30 +193,140 @@ def _layout(shape: tuple[int, ...], size: int, in_file: bool,
 
 
 def placed_reads(sources: Streams[Node], frags: Streams[tuple[Fragment, ...]],
-                 dests: tuple[Destination, ...], piece_bytes: int) -> tuple[ReadTask, ...]:
-    """A read task for each non-empty fragment each source lands in."""
+                 dests: tuple[Destination, ...], piece_bytes: int,
+                 alike: Sequence[AlikeReads | None] = ()
+                 ) -> tuple[tuple[ReadTask, ...], tuple[ReadRun, ...]]:
+    """A read task for each non-empty fragment each source lands in: one read at a time,
+    or a stack's stream in columns (:func:`stack_reads`, a :class:`ReadRun` of the tasks)
+    when ``alike`` (by stream, from where the nodes were made) tells what its reads share."""
     tasks: list[ReadTask] = []
+    runs: list[ReadRun] = []
     dtypes = [d.spec.dtype for d in dests]
+    for i, stream in enumerate(sources):
+        same = alike[i] if i < len(alike) else None
+        made = None if same is None else stack_reads(stream, frags[i], same.parts, dtypes,
+                                                     piece_bytes)
+        if made is None:
+            _each_read(tasks, stream, frags[i], dtypes, piece_bytes)
+        elif made[0] is not None and same is not None:
+            runs.append(_run(len(tasks), len(made[1]), made[0], same.entries))
+            tasks += made[1]
+    return tuple(tasks), tuple(runs)
+
+
+def _each_read(tasks: list[ReadTask], stream: tuple[Node, ...],
+               frags: tuple[tuple[Fragment, ...], ...], dtypes: list[torch.dtype],
+               piece_bytes: int) -> None:
+    """The read tasks of one stream, node by node, fragment by fragment (the exact way)."""
     last: tuple = ()
     layout: ReadLayout | None = None
-    for i, stream in enumerate(sources):
-        for j, node in enumerate(stream):
-            entry, scale, block = _read_parts(node)
-            spec = entry.spec
-            scale_shape, scale_dtype = (None, None) if scale is None else (scale.shape,
-                                                                          scale.dtype)
-            for f in frags[i][j]:
-                v = f.view
-                # the experts of a stack share every part of this key (equal tuples and
-                # dtypes, the same region object): one layout for all of them
-                key = (spec.shape, spec.dtype, entry.file is None, entry.contiguous,
-                       scale_shape, scale_dtype, block, f.region, v.shape, v.stride,
-                       dtypes[f.target], piece_bytes)
-                if key != last:
-                    last, layout = key, _geometry(*key)
-                if layout is not None:
-                    tasks.append(_task(node, f.region, f, layout))
-    return tuple(tasks)
+    for j, node in enumerate(stream):
+        entry, scale, block = _read_parts(node)
+        spec = entry.spec
+        scale_shape, scale_dtype = (None, None) if scale is None else (scale.shape,
+                                                                      scale.dtype)
+        for f in frags[j]:
+            v = f.view
+            # the experts of a stack share every part of this key (equal tuples and
+            # dtypes, the same region object): one layout for all of them
+            key = (spec.shape, spec.dtype, entry.file is None, entry.contiguous,
+                   scale_shape, scale_dtype, block, f.region, v.shape, v.stride,
+                   dtypes[f.target], piece_bytes)
+            if key != last:
+                last, layout = key, _geometry(*key)
+            if layout is not None:
+                tasks.append(_task(node, f.region, f, layout))
+
+
+_STACK = 8  # fewer reads in a stream: one at a time is as quick
+_SPEC, _FILE = attrgetter("spec"), attrgetter("file")
+_tasks = columns(ReadTask)
+
+# What every read of a stack's stream has in common, as :func:`_geometry` takes it: the
+# entries' (shape, dtype, in memory, contiguous), the scales' (shape, dtype) and the block
+ReadParts = tuple[tuple[int, ...], torch.dtype, bool, bool, tuple[int, ...] | None,
+                  torch.dtype | None, tuple[int, ...] | None]
+
+
+class AlikeReads(NamedTuple):
+    """What every read of a stack's stream shares (``parts``), and the entries it reads."""
+
+    parts: ReadParts
+    entries: Sequence[TensorEntry]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRun:
+    """Tasks ``start .. start + count - 1`` of a step, made in columns by
+    :func:`stack_reads`: all of ``layout``, all placed, reading ``entries`` in order."""
+
+    start: int
+    count: int
+    layout: ReadLayout
+    entries: Sequence[TensorEntry]
+
+
+_run = maker(ReadRun)
+
+
+def alike_reads(entries: Sequence[TensorEntry], scales: Sequence[TensorSpec] | None,
+                block: tuple[int, ...] | None) -> AlikeReads | None:
+    """The parts the reads of ``entries`` share, or ``None`` when their specs, placement
+    (file or memory) or contiguity differ, or they are too few to be worth it. With
+    ``scales`` (each read's scale spec, all equal) and ``block`` (the caller vouches that
+    it is every read's), the reads are dequantized ones. Told where a stream's nodes are
+    made, while its entries are at hand, so that :func:`placed_reads` makes the stream's
+    tasks in columns without looking at each read again."""
+    n = len(entries)
+    if n < _STACK or (scales is not None and (len(scales) != n or not _same(scales))):
+        return None
+    specs, nones = list(map(_SPEC, entries)), list(map(_FILE, entries)).count(None)
+    # one class of entry: one contiguity (a StridedEntry's is False, a TensorEntry's True)
+    if not (_same(specs) and nones in (0, n) and _same(list(map(type, entries)))):
+        return None
+    spec, memory, contiguous = specs[0], nones == n, entries[0].contiguous
+    if scales is None or block is None:
+        return AlikeReads((spec.shape, spec.dtype, memory, contiguous, None, None, None),
+                          entries)
+    scale = scales[0]
+    return AlikeReads((spec.shape, spec.dtype, memory, contiguous, scale.shape, scale.dtype,
+                       block), entries)
+
+
+def stack_reads(stream: tuple[Node, ...], frags: tuple[tuple[Fragment, ...], ...],
+                parts: ReadParts, dtypes: list[torch.dtype], piece_bytes: int
+                ) -> tuple[ReadLayout | None, list[ReadTask]] | None:
+    """The read tasks of a stack's stream whose reads share ``parts``, made in columns
+    with one layout when each lands in exactly one fragment, all of one region, view
+    shape, stride and target (as a stack's are: :class:`StackFragments` says so without
+    looking): their layout and the tasks, the same ones :func:`_each_read` makes; ``None``:
+    not so."""
+    n = len(stream)
+    if isinstance(frags, StackFragments) and len(frags) == n:
+        fs, region, target = frags.fragments, frags.region, frags.target
+        shape, stride = frags.shape, frags.stride
+        regions: Iterable[Region] = repeat(region)
+    else:
+        if list(map(len, frags)).count(1) != n:
+            return None
+        fs = list(map(_FIRST, frags))
+        regions, views, targets = (list(map(_REGION, fs)), list(map(_VIEW, fs)),
+                                   list(map(_TARGET, fs)))
+        shapes, strides = list(map(_SHAPE, views)), list(map(_STRIDE, views))
+        if not (_same(regions) and _same(shapes) and _same(strides) and _same(targets)):
+            return None
+        region, target, shape, stride = regions[0], targets[0], shapes[0], strides[0]
+    layout = _geometry(*parts, region, shape, stride, dtypes[target], piece_bytes)
+    return layout, [] if layout is None else _tasks(n, stream, regions, fs, repeat(layout))
+
+
+_REGION, _VIEW, _TARGET = attrgetter("region"), attrgetter("view"), attrgetter("target")
+_SHAPE, _STRIDE, _FIRST = attrgetter("shape"), attrgetter("stride"), itemgetter(0)
+
+
+def _same(column: Sequence[object]) -> bool:
+    """Every item of a non-empty ``column`` equals the first (compared by identity first)."""
+    return column.count(column[0]) == len(column)
 
 
 @lru_cache(maxsize=CACHE_SIZE)

@@ -19,15 +19,17 @@ from __future__ import annotations
 import bisect
 import os
 from collections import Counter, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from operator import itemgetter
+from itertools import repeat
+from operator import attrgetter, itemgetter
 
 from weightplan.planner.makers import maker
 from weightplan.planner.tensors.machine import default_window_bytes
 from weightplan.planner.tensors.nodes import NodeKind
 from weightplan.planner.tensors.placement import Step
+from weightplan.planner.tensors.read_tasks import ReadRun
 
 
 class EventKind(Enum):
@@ -93,9 +95,14 @@ def order_steps(programs: Iterable[Step], file_order: Sequence[str]) -> tuple[St
 
     def key(p: Step) -> tuple[int, int]:
         # (file rank, entry.offset + layout.first) of each read, its smallest: one pass,
-        # each read's node and entry touched once (ReadTask.entry / byte_range, inline)
+        # each read's node and entry touched once (ReadTask.entry / byte_range, inline);
+        # a run's (one layout) from its entries' columns
         best: tuple[int, int] | None = None
-        for r in p.reads:
+        for run in p.runs:
+            first = _run_first(run, rank_of)
+            if best is None or first < best:
+                best = first
+        for r in p.loose_reads:
             node = r.node
             if node.kind is dequantize:
                 node = node.inputs[0]
@@ -111,6 +118,17 @@ def order_steps(programs: Iterable[Step], file_order: Sequence[str]) -> tuple[St
 
 
 _KEY, _STEP = itemgetter(0), itemgetter(1)
+_FILE, _OFFSET = attrgetter("file"), attrgetter("offset")
+
+
+def _run_first(run: ReadRun, rank_of: Callable[[str, int], int]) -> tuple[int, int]:
+    """The smallest (file rank, first byte) of a run's reads (they share ``layout.first``)."""
+    files = list(map(_FILE, run.entries))
+    if None in files:  # (in memory: ranked as "")
+        files = [f or "" for f in files]
+    rank, offset = min(zip(map(rank_of, files, repeat(-1)), map(_OFFSET, run.entries),
+                           strict=True))
+    return rank, offset + run.layout.first
 
 
 def effective_threads(threads: int) -> int:

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import is_
+from typing import Any
 
 import torch
 
 from weightplan.errors import OpError
-from weightplan.planner.tensors.geometry import Fragment, stacked_fragments
+from weightplan.planner.tensors.geometry import (
+    Fragment, StackFragments, stack_fragments, stacked_fragments,
+)
 from weightplan.planner.tensors.ops.base import (
     ConversionOp, OpContext, Streams, Wiring, flat, normalize_dim, single_input, stream_positions,
 )
@@ -195,30 +199,31 @@ class MergeModulelist(ConversionOp):
         for (frags,), stream in zip(outputs, inputs, strict=True):
             d = self._dim(len(stream[0].shape))
             per_item: list[list[Fragment]] = []
-            whole: list[Fragment] | None = None  # one fragment of the whole stack: its items'
+            whole: StackFragments | None = None  # one fragment of the whole stack: its items'
             for f in frags:
                 if not f.aligned:
                     return None
-                items = self._items(f, d)
-                if len(frags) == 1 and f.region.starts[d] == 0 and len(items) == len(stream):
-                    whole = items
+                if len(frags) == 1 and f.region.starts[d] == 0 and \
+                        f.region.stops[d] == len(stream):
+                    whole = self._items(f, d, stack_fragments)
                     break
+                items = self._items(f, d)
                 per_item = per_item or [[] for _ in stream]
                 for idx, item in enumerate(items, f.region.starts[d]):
                     per_item[idx].append(item)
-            placed.append(tuple(zip(whole)) if whole is not None
+            placed.append(whole if whole is not None
                           else tuple(map(tuple, per_item or [[] for _ in stream])))
         return tuple(placed)
 
     @staticmethod
-    def _items(f: Fragment, d: int) -> list[Fragment]:
-        """Fragment ``f`` of the stack, split into its items' fragments along ``d``: one
-        region, shape and stride for every item (shared: a stack of 256 experts holds one
-        of each, not 256)."""
+    def _items(f: Fragment, d: int, make: Callable[..., Any] = stacked_fragments) -> Any:
+        """Fragment ``f`` of the stack, split into its items' fragments along ``d`` (by
+        ``make``: a list, or a whole stack's :class:`StackFragments`): one region, shape
+        and stride for every item (shared: a stack of 256 experts holds one of each)."""
         start, region, v = f.region.starts[d], f.region.drop(d), f.view
         shape, stride = v.shape[:d] + v.shape[d + 1:], v.stride[:d] + v.stride[d + 1:]
-        return stacked_fragments(region, f.target, shape, stride, v.offset, v.stride[d],
-                                 f.region.stops[d] - start)
+        return make(region, f.target, shape, stride, v.offset, v.stride[d],
+                    f.region.stops[d] - start)
 
     def inverse(self) -> "SplitModulelist":
         return SplitModulelist(self.dim)
