@@ -9,10 +9,12 @@ template's keys could land in the model (its target's template is not a model ke
 template) is skipped without replaying. Transforms that can tell digits apart, and keys
 with leading zeros, take the plain per-key path (:func:`routing._apply`).
 
-:meth:`Router.route_all` does the per-key part in bulk: the templates of all keys in one
+:meth:`Router.route_bulk` does the per-key part in bulk: the templates of all keys in one
 pass, and for a template whose base decision fires no renaming, a route made from string
-slices of the key (no regex, no renaming replayed); it also returns the routes in natural
-key order, sorting by a string per key the template builds (:func:`templates.sort_text`).
+slices of the key (no regex, no renaming replayed); it returns the routes in natural key
+order, sorting by a string per key the template builds (:func:`templates.sort_texts`), and
+the claimed keys cut into runs of one group each, from which
+:func:`~weightplan.planner.keys.bulk_groups.bulk_group` makes the converter groups.
 """
 
 from __future__ import annotations
@@ -20,15 +22,16 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import compress, groupby, repeat
 from operator import itemgetter
 
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.makers import columns, maker
 from weightplan.planner.keys.patterns import PatternMatch, natural_key
-from weightplan.planner.keys.routing import Route, _apply, _lands
+from weightplan.planner.keys.bulk_groups import Routed, Run, Token
+from weightplan.planner.keys.routing import Route, _apply, _lands, bucket_of
 from weightplan.planner.keys.templates import (
-    MatchShape, all_blind, sort_text, sortable, template_of, templates_of,
+    MatchShape, all_blind, sort_texts, sortable, template_of, templates_of,
 )
 from weightplan.planner.keys.transforms import (
     ConverterMatch, PatternTransform, PrefixChange, Renaming, WeightConverter,
@@ -37,6 +40,7 @@ from weightplan.planner.keys.transforms import (
 
 _route, _converter_match = maker(Route), maker(ConverterMatch)
 _routes, _claims = columns(Route), columns(ConverterMatch)
+Made = tuple[list[Route], list[object], list[Run]]  # routes, their idents, their runs
 
 
 def routed(key: str, renamed: str, fired: tuple[Renaming, ...],
@@ -121,6 +125,7 @@ class Router:
             t for t in map(template_of, model.tensors) if t is not None)
         self.model, self.base = model, Applier(renamings, converters, templates)
         self.landed: dict[tuple, bool] = {}  # by converter group: the same for its members
+        self.tokens: dict[object, Token] = {}  # by converter group, of routes made in bulk
         self.viable_fixups: dict[str, list] = {}  # by template
         self.fixups: list[tuple[PrefixChange, str, Applier]] = []
         prefix = model.base_model_prefix if model is not None else None
@@ -132,12 +137,16 @@ class Router:
                 self.fixups.append((fix, note, Applier(order, converters, templates)))
 
     def route_all(self, keys: Iterable[str]) -> list[Route]:
-        """Every key's route, in natural key order (:func:`natural_key`); the keys of a
-        template are routed together (:meth:`_maker`), where its base decision fires no
-        renaming from string slices of the keys (:func:`_claims_maker`)."""
+        """Every key's route, in natural key order (:func:`natural_key`)."""
+        return self.route_bulk(keys).routes
+
+    def route_bulk(self, keys: Iterable[str]) -> Routed:
+        """:meth:`route_all`, with what :func:`~.bulk_groups.bulk_group` needs: the keys of
+        a template are routed together (:meth:`_maker`), in string order (within one
+        template, the natural one), and sorted by a string per key the template builds
+        (:func:`templates.sort_texts`)."""
         keys = list(keys)
         templates = templates_of(keys)
-        fast_sort = sortable(keys, templates)
         by_template: dict[str | None, list[str]] = {}
         for key, template in zip(keys, templates, strict=True):
             found = by_template.get(template)
@@ -145,33 +154,49 @@ class Router:
                 by_template[template] = [key]
             else:
                 found.append(key)
-        routes: list[Route] = []
+        if not sortable(keys, templates):
+            routes = [r for t, m in by_template.items() for r in self._maker(t)(m)[0]]
+            return Routed(sorted(routes, key=lambda r: natural_key(r.key)), None, [])
+        made: list[Route] = []
+        idents: list[object] = []
+        runs: list[Run] = []
         texts: list[str] = []
         for template, members in by_template.items():
-            routes += self._maker(template)(members)
-            if fast_sort:
-                assert template is not None  # sortable: every key has a template
-                texts += map(sort_text(template), members)
-        if not fast_sort:
-            return sorted(routes, key=lambda r: natural_key(r.key))
-        return [routes[i] for i in sorted(range(len(routes)), key=texts.__getitem__)]
+            assert template is not None  # sortable: every key has a template
+            members.sort()
+            routes, ident, cut = self._maker(template)(members)
+            made += routes
+            idents += ident
+            runs += cut
+            texts += sort_texts(template, members)
+        order = sorted(range(len(made)), key=texts.__getitem__)
+        return Routed(list(map(made.__getitem__, order)), list(map(idents.__getitem__, order)),
+                      runs)
 
-    def _maker(self, template: str | None) -> Callable[[list[str]], list[Route]]:
+    def _maker(self, template: str | None) -> Callable[[list[str]], Made]:
         """How the keys of ``template`` are routed: :meth:`route` each, or, where the base
         decision fires no renaming, routes built from the keys alone (:meth:`route` for a
         key that doesn't land, so it gets the fix-ups)."""
         decided = self.base.decision(template)
         if template is None or decided is None or decided.matched:
-            return lambda keys: list(map(self.route, keys))
+            return lambda keys: _each(list(map(self.route, keys)))
         tensors = self.model.tensors if self.model is not None else None
         if decided.converter is None:
-            def plain(keys: list[str]) -> list[Route]:
-                return [_route(key, key, (), None, None, "")
-                        if tensors is None or key in tensors else self.route(key)
-                        for key in keys]
+            def plain(keys: list[str]) -> Made:
+                return _each([_route(key, key, (), None, None, "")
+                              if tensors is None or key in tensors else self.route(key)
+                              for key in keys])
             return plain
         assert decided.shape is not None  # a converter decision always has its match shape
         return _claims_maker(template, decided.converter, decided.shape, self)
+
+    def token(self, converter: WeightConverter, route: Route) -> Token:
+        """The :class:`Token` of the group of ``route``, which ``converter`` claimed."""
+        ident = bucket_of(route)
+        found = self.tokens.get(ident)
+        if found is None:
+            found = self.tokens[ident] = Token(converter, ident)
+        return found
 
     def route(self, key: str) -> Route:
         template = template_of(key)
@@ -218,7 +243,7 @@ class Router:
 
 
 def _claims_maker(template: str, converter: WeightConverter, shape: MatchShape,
-                  router: Router) -> Callable[[list[str]], list[Route]]:
+                  router: Router) -> Callable[[list[str]], Made]:
     """Routes the keys of ``template`` that ``converter`` claims with no renaming fired,
     all at once: the match is sliced out of each key (:class:`MatchShape`), with one
     :class:`PatternMatch` per index and groups; whether a group lands is asked once per
@@ -227,27 +252,71 @@ def _claims_maker(template: str, converter: WeightConverter, shape: MatchShape,
     at = itemgetter(slice(*shape.index_span)) if shape.index_span is not None else None
     head_of = itemgetter(slice(None, start))
     fixed_tail = sys.intern(template[end:]) if "1" not in template[end:] else None
-    span, source_index, model = (start - shape.scope, end - shape.scope), shape.source_index, router.model
+    span, source_index = (start - shape.scope, end - shape.scope), shape.source_index
 
-    def make_all(keys: list[str]) -> list[Route]:
+    def make_all(keys: list[str]) -> Made:
         count = len(keys)
         indices: list[int | None] = list(map(int, map(at, keys))) if at else [None] * count
-        groups: list[tuple] = ([tuple([None if s is None else k[s[0]:s[1]] for s in spans])
-                                for k in keys] if spans else [()] * count)
-        seen = list(zip(indices, groups, strict=True))
-        made = {one: PatternMatch(*span, *one) for one in set(seen)}
         heads = list(map(sys.intern, map(head_of, keys)))
-        tails: list[str] = ([fixed_tail] * count if fixed_tail is not None
-                            else [sys.intern(k[end:]) for k in keys])
+        combos: list = heads  # what tells groups apart: the heads, unless more can differ
+        if spans or fixed_tail is None:
+            groups: list[tuple] = ([tuple([None if s is None else k[s[0]:s[1]] for s in spans])
+                                    for k in keys] if spans else [()] * count)
+            seen: list = list(zip(indices, groups, strict=True))
+            made = {one: PatternMatch(*span, *one) for one in set(seen)}
+            tails = ([sys.intern(k[end:]) for k in keys] if fixed_tail is None
+                     else [fixed_tail] * count)
+            combos = list(zip(heads, tails, groups, strict=True))
+        else:
+            seen, tails = indices, [fixed_tail] * count
+            made = {i: PatternMatch(*span, i, ()) for i in set(indices)}
         claims = _claims(count, repeat(source_index), heads, tails, map(made.__getitem__, seen))
         routes = _routes(count, keys, keys, repeat(()), repeat(converter), claims, repeat(""))
-        if model is None:
-            return routes
-        combos = list(zip(heads, tails, groups, strict=True))
-        # one route per (head, tail, groups) asks; every key of it lands alike
-        lands = {c: router.lands(r) for c, r in dict(zip(combos, routes, strict=True)).items()}
-        if all(lands.values()):
-            return routes
-        return [r if lands[c] else router.route(r.key) for r, c in zip(routes, combos, strict=True)]
+        firsts: dict = dict(zip(combos, routes, strict=True))  # one route per group asks
+        fast = _fast_combos(firsts, keys, template, router)
+        tokens = {c: router.token(converter, r) for c, r in firsts.items() if fast[c]}
+        if len(tokens) == len(firsts):
+            idents: list[object] = list(map(tokens.__getitem__, combos))
+            return routes, idents, _runs(idents, source_index, routes, keys, indices)
+        keep = list(map(fast.__getitem__, combos))
+        slow = [r if ok else router.route(r.key) for r, ok in zip(routes, keep, strict=True)]
+        idents = [tokens[c] if ok else bucket_of(r)
+                  for c, r, ok in zip(combos, slow, keep, strict=True)]
+        runs = _runs(list(compress(idents, keep)), source_index, list(compress(routes, keep)),
+                     list(compress(keys, keep)), list(compress(indices, keep)))
+        return slow, idents, runs
 
     return make_all
+
+
+def _fast_combos(firsts: dict[object, Route], keys: list[str], template: str, router: Router
+                 ) -> dict[object, bool]:
+    """Per group (head, tail, groups) of one template's claimed keys: whether
+    :meth:`Router.route` keeps the route made in bulk for each of its keys. It does where
+    the group lands; where it doesn't, if no fix-up is worth replaying for the template
+    and no key of it is a model key (which would keep its checkpoint name)."""
+    model = router.model
+    if model is None:
+        return dict.fromkeys(firsts, True)
+    lands = {c: router.lands(r) for c, r in firsts.items()}
+    if (all(lands.values()) or router.viable(template)
+            or any(map(model.tensors.__contains__, keys))):
+        return lands
+    return dict.fromkeys(firsts, True)
+
+
+def _runs(idents: list[object], source_index: int, routes: list[Route], keys: list[str],
+          indices: list[int | None]) -> list[Run]:
+    """The keys cut where their group changes (``idents``: all tokens, in key order)."""
+    runs, start = [], 0
+    for token, same in groupby(idents):
+        stop = start + len(list(same))
+        assert isinstance(token, Token)  # only keys routed in bulk come in runs
+        runs.append(Run(token, source_index, routes[start:stop], keys[start:stop],
+                        indices[start:stop]))
+        start = stop
+    return runs
+
+
+def _each(routes: list[Route]) -> Made:
+    return routes, list(map(bucket_of, routes)), []

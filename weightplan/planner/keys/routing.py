@@ -103,8 +103,12 @@ def route_checkpoint(checkpoint: Checkpoint, transforms: Sequence[WeightTransfor
     check_conflicts(renamings, converters)
     from weightplan.planner.keys.router import Router  # it builds on this module
 
-    routes = tuple(Router(renamings, converters, model).route_all(checkpoint.entries))
-    groups, incomplete = _group(routes, checkpoint)
+    from weightplan.planner.keys.bulk_groups import bulk_group
+
+    routed = Router(renamings, converters, model).route_bulk(checkpoint.entries)
+    routes = tuple(routed.routes)
+    grouped = bulk_group(routed, checkpoint) if routed.idents is not None else None
+    groups, incomplete = grouped if grouped is not None else _group(routes, checkpoint)
     return Routing(routes, groups, incomplete)
 
 
@@ -130,17 +134,21 @@ def _lands(route: Route, model: ModelInfo | frozenset[str]) -> bool:
     return any(t in model for t in targets if "*" not in t) or any("*" in t for t in targets)
 
 
+def bucket_of(route: Route) -> object:
+    """Which group ``route`` joins: a plain key is its own; a claimed one's is its
+    converter's (by identity: hashing a converter hashes its patterns and ops) with the
+    match's surroundings."""
+    m = route.claim
+    return route.key if m is None else (id(route.converter), m.head, m.tail, m.match.groups)
+
+
 def _group(routes: tuple[Route, ...], checkpoint: Checkpoint
            ) -> tuple[tuple[Group, ...], tuple[Incomplete, ...]]:
-    # a plain key is its own bucket; a claimed one's is its converter's (by identity:
-    # hashing a converter hashes its patterns and ops) with the match's surroundings
     buckets: dict[object, list[Route]] = {}
     for r in routes:
         m = r.claim
-        if m is None:
-            ident: object = r.key
-        else:
-            ident = (id(r.converter), m.head, m.tail, m.match.groups)
+        # (bucket_of inlined: this loop runs once per key)
+        ident = r.key if m is None else (id(r.converter), m.head, m.tail, m.match.groups)
         bucket = buckets.get(ident)
         if bucket is None:
             buckets[ident] = [r]

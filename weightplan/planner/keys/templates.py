@@ -17,10 +17,13 @@ string per key that a template turns out cheaply (see :func:`sort_text`).
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from operator import itemgetter
 
 from weightplan.planner.keys.patterns import _INDEX_GROUP, PatternMatch
 from weightplan.planner.keys.transforms import (
@@ -72,25 +75,35 @@ def sort_text(template: str) -> Callable[[str], str]:
     ``\\x00`` (a shorter key sorts first); a number is ``\\x01``, its length, its digits;
     any other component ``\\x02`` and its text. Which components hold digits, and how
     many, is the template's: a key gives only their text."""
-    pieces, spans, at = [], [], 0
+    return lambda key: sort_texts(template, [key])[0]
+
+
+def sort_texts(template: str, keys: list[str]) -> list[str]:
+    """:func:`sort_text` of each of ``keys`` (all of ``template``), in C-level passes: the
+    template's fixed pieces joined with the slices of each key that hold its digits."""
+    pieces, spans = _sort_pieces(template)
+    if not spans:
+        return [pieces[0]] * len(keys)
+    columns: list[Iterable[str]] = [repeat(pieces[0])]
+    for span, piece in zip(spans, pieces[1:], strict=True):
+        columns += [map(itemgetter(span), keys), repeat(piece)]
+    return list(map("".join, zip(*columns, strict=False)))  # repeat() never ends
+
+
+@functools.lru_cache(maxsize=1024)
+def _sort_pieces(template: str) -> tuple[tuple[str, ...], tuple[slice, ...]]:
+    pieces, spans, text, at = [], [], [], 0
     for part in template.split("."):
         if "1" not in part:
-            pieces.append("\x02" + part.replace("%", "%%"))
+            text.append("\x02" + part)
         else:
-            pieces.append(f"\x01{chr(48 + len(part))}%s" if part.isdigit() else "\x02%s")
+            text.append(f"\x01{chr(48 + len(part))}" if part.isdigit() else "\x02")
+            pieces.append("\x00".join(text))
+            text = [""]  # the next component's separator follows the digits
             spans.append(slice(at, at + len(part)))  # a key's digits sit where its template's do
         at += len(part) + 1
-    fmt = "\x00".join(pieces)
-    if not spans:
-        fixed = fmt % ()
-        return lambda key: fixed
-    if len(spans) == 1:
-        (one,) = spans
-        return lambda key: fmt % key[one]
-    if len(spans) == 2:
-        first, second = spans
-        return lambda key: fmt % (key[first], key[second])
-    return lambda key: fmt % tuple([key[s] for s in spans])
+    pieces.append("\x00".join(text))
+    return tuple(pieces), tuple(spans)
 
 
 def _no_digit(text: str | None) -> bool:

@@ -1,0 +1,127 @@
+"""Groups made from runs of keys routed in bulk equal the ones made key by key, and every
+input the bulk path can't vouch for goes the exact way, failing the same way."""
+
+import pytest
+import torch
+
+from weightplan import WeightConverter, WeightRenaming
+from weightplan.errors import ConflictingTransformError, IndexGapError
+from weightplan.ops import Concatenate, MergeModulelist
+from weightplan.planner.inputs.checkpoint import open_checkpoint
+from weightplan.planner.inputs.model_info import inspect_model
+from weightplan.planner.keys import bulk_groups, router, routing
+
+from tests.conftest import module_with
+
+_MERGE = WeightConverter(["experts.*.gate", "experts.*.up"], "experts.gate_up",
+                         operations=[MergeModulelist(0), Concatenate(1)])
+_STACK = WeightConverter("experts.*.down", "experts.down", operations=[MergeModulelist(0)])
+
+
+def _keys(*names):
+    return open_checkpoint({k: torch.zeros(1) for k in names})
+
+
+def _experts(layers=(0, 1, 12), experts=12, parts=("gate", "down", "up")):
+    return [f"layers.{i}.experts.{e}.{w}" for i in layers for e in range(experts) for w in parts]
+
+
+def _exact(checkpoint, transforms, model, monkeypatch):
+    """Routing with every key the per-key way, grouped by routing._group."""
+    with monkeypatch.context() as m:
+        m.setattr(router, "template_of", lambda key: None)
+        m.setattr(router, "templates_of", lambda keys: [None] * len(keys))
+        return routing.route_checkpoint(checkpoint, transforms, model)
+
+
+def _vouched(monkeypatch):
+    said = []
+    real = bulk_groups.bulk_group
+
+    def spy(routed, checkpoint):
+        said.append(real(routed, checkpoint) is not None)
+        return real(routed, checkpoint)
+    monkeypatch.setattr(bulk_groups, "bulk_group", spy)
+    return said
+
+
+def _same(names, transforms, monkeypatch, model=None):
+    said = _vouched(monkeypatch)
+    bulk = routing.route_checkpoint(_keys(*names), transforms, model)
+    exact = _exact(_keys(*names), transforms, model, monkeypatch)
+    assert bulk == exact
+    return bulk, said
+
+
+def test_groups_from_runs_equal_the_exact_ones(monkeypatch):
+    names = _experts() + ["layers.0.norm", "embed", "layers.12.norm"]
+    bulk, said = _same(names, [_MERGE, _STACK], monkeypatch)
+    assert said == [True]
+    sizes = [tuple(len(s) for s in g.sources) for g in bulk.groups]
+    assert sizes.count((12, 12)) == 3 and sizes.count((12,)) == 3
+
+
+def test_groups_with_keys_routed_one_by_one_equal_the_exact_ones(monkeypatch):
+    # a renaming fires for layer 1's "up" keys only: they reach their group the slow way
+    rename = WeightRenaming(r"\.upper$", ".up")
+    names = [n.replace(".up", ".upper") if n.startswith("layers.1.") else n
+             for n in _experts()]
+    bulk, said = _same(names, [rename, _MERGE, _STACK], monkeypatch)
+    assert said == [False]  # layer 1's merge group mixes runs and single routes
+    assert len(bulk.groups) == 6
+
+
+@pytest.mark.parametrize("drop, error", [
+    ("layers.1.experts.5.down", IndexGapError),  # a gap in one stream
+    ("layers.1.experts.11.gate", IndexGapError),  # one stream shorter than the other
+])
+def test_broken_groups_fail_the_same_way(drop, error, monkeypatch):
+    names = [n for n in _experts() if n != drop]
+    with pytest.raises(error) as bulk:
+        routing.route_checkpoint(_keys(*names), [_MERGE, _STACK], None)
+    with pytest.raises(error) as exact:
+        _exact(_keys(*names), [_MERGE, _STACK], None, monkeypatch)
+    assert str(bulk.value) == str(exact.value)
+
+
+def test_repeated_index_and_index_less_sources_fail_the_same_way(monkeypatch):
+    loose = WeightConverter(r"experts\.\d+\.down", "experts.down",
+                            operations=[MergeModulelist(0)])
+    names = _experts(layers=(0,), experts=3, parts=("down",))
+    with pytest.raises(ConflictingTransformError) as bulk:
+        routing.route_checkpoint(_keys(*names), [loose], None)
+    with pytest.raises(ConflictingTransformError) as exact:
+        _exact(_keys(*names), [loose], None, monkeypatch)
+    assert str(bulk.value) == str(exact.value)
+    stacked = WeightConverter(r"e\.*\.x\.\d", "e.x", operations=[MergeModulelist(0)])
+    names = [f"e.{i}.x.{j}" for i in range(3) for j in range(2)]
+    with pytest.raises(IndexGapError) as bulk:
+        routing.route_checkpoint(_keys(*names), [stacked], None)
+    with pytest.raises(IndexGapError) as exact:
+        _exact(_keys(*names), [stacked], None, monkeypatch)
+    assert str(bulk.value) == str(exact.value)
+
+
+def test_incomplete_groups_equal_the_exact_ones(monkeypatch):
+    names = [n for n in _experts() if not (n.startswith("layers.12.") and n.endswith("up"))]
+    bulk, said = _same(names, [_MERGE, _STACK], monkeypatch)
+    assert said == [False]
+    assert [i.targets for i in bulk.incomplete] == [("layers.12.experts.gate_up",)]
+
+
+def test_groups_that_do_not_land_equal_the_exact_ones(monkeypatch):
+    # layer 12 is not in the model (an extra layer)
+    specs = {f"layers.{i}.experts.{w}": ((12, 1, 1), torch.float32)
+             for i in (0, 1) for w in ("gate_up", "down")}
+    bulk, said = _same(_experts(), [_MERGE, _STACK], monkeypatch,
+                       inspect_model(module_with(specs)))
+    assert said == [True] and not any(r.note for r in bulk.routes)
+    # ... and one of its keys is a model key: it keeps its name, leaving a gap in its group
+    specs["layers.12.experts.3.down"] = ((1,), torch.float32)
+    info = inspect_model(module_with(specs))
+    with pytest.raises(IndexGapError) as bulk_error:
+        routing.route_checkpoint(_keys(*_experts()), [_MERGE, _STACK], info)
+    with pytest.raises(IndexGapError) as exact:
+        _exact(_keys(*_experts()), [_MERGE, _STACK], info, monkeypatch)
+    assert str(bulk_error.value) == str(exact.value)
+    assert "indices [3] are missing" in str(exact.value)
