@@ -122,3 +122,21 @@ def test_builtin_mappings_are_registered_whatever_is_imported_first():
         done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                               check=True)
         assert done.stdout.split() == ["True", "True"], first
+
+
+def test_a_reader_that_leaves_early_is_not_an_error():
+    """``weightplan mappings | head -1``: the closed pipe stops the command quietly."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.hostile.helpers import REPO
+
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", "weightplan.cli", "mappings"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the command writes anything
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 120
+    assert err == ""

@@ -140,6 +140,9 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("weightplan: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader left (``| head``): nothing is wrong, stop quietly
+        _drop_stdout()
+        return 120
     except Exception as e:  # one line, whatever it is; --debug shows the traceback
         if args.debug:
             import traceback
@@ -151,6 +154,17 @@ def _run(args: argparse.Namespace) -> int:
         message = " ".join(str(e).split())
         print(f"weightplan: error: {kind}: {message}", file=sys.stderr)
         return 2
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so that the flush at exit doesn't fail on the closed pipe
+    a second time."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no file descriptor behind stdout (captured): nothing to do
+        pass
 
 
 def _dispatch(args: argparse.Namespace) -> int:
