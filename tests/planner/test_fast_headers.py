@@ -283,7 +283,10 @@ def test_the_chained_split_equals_the_plain_one(spec_list, meta, ops, extra):
     chained = header_bulk._chained_columns(text, {}, data_bytes)
     if chained is not None:
         assert chained == header_bulk._compact_columns(text, {}, data_bytes), raw
-        assert _agree(raw, data_bytes)
+        # the fast reading, when it has one, is the strict one. It may still decline (a
+        # colon in a key, or escapes and a colon in the metadata, fail its duplicate count,
+        # which counts colons): declining only costs the strict reader's time
+        _agree(raw, data_bytes)
     elif not ops and not extra and len(spec_list) > 1 and b"\\" not in raw:
         raise AssertionError(f"a writer's layout missed the chained split: {raw!r}")
 
