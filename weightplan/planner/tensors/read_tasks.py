@@ -209,7 +209,8 @@ def placed_reads(sources: Streams[Node], frags: Streams[tuple[Fragment, ...]],
         if made is None:
             _each_read(tasks, stream, frags[i], dtypes, piece_bytes)
         elif made[0] is not None and same is not None:
-            runs.append(_run(len(tasks), len(made[1]), made[0], same.entries))
+            stack = frags[i] if isinstance(frags[i], StackFragments) else None
+            runs.append(_run(len(tasks), len(made[1]), made[0], same.entries, stack))
             tasks += made[1]
     return tuple(tasks), tuple(runs)
 
@@ -264,6 +265,7 @@ class ReadRun:
     count: int
     layout: ReadLayout
     entries: Sequence[TensorEntry]
+    fragments: StackFragments | None = None  # the stack's, when placement recorded them
 
 
 _run = maker(ReadRun)
