@@ -28,7 +28,7 @@ def _stack(streams: int = 1):
     ops = [MergeModulelist(0)] if streams == 1 else [MergeModulelist(0), Concatenate(1)]
     conv = conversion(experts, ["w"], ops)
     step = plan_step(conv)
-    assert len(step.runs) == streams and all(r.fragments is not None for r in step.runs)
+    assert len(step.runs) == streams and all(r.stack is not None for r in step.runs)
     return conv, step, checkpoint(*(e for s in experts for e in s))
 
 
@@ -60,12 +60,12 @@ def test_the_stacks_as_whole_fragments_cover_as_their_items_do():
 
 def test_overlapping_items_are_refused_and_reported_exactly():
     conv, step, ckpt = _stack()
-    stack = step.runs[0].fragments
+    stack = step.runs[0].stack
     # the items 3 elements apart: they overlap
     broken = stack_fragments(stack.region, 0, stack.shape, stack.stride, 0, 3, N)
     reads = tuple(dataclasses.replace(r, fragment=f) for r, f in zip(step.reads, broken.fragments,
                                                                      strict=True))
-    run = dataclasses.replace(step.runs[0], fragments=broken)
+    run = dataclasses.replace(step.runs[0], stack=broken.record())
     problems = _same_either_way(conv, dataclasses.replace(step, reads=reads, runs=(run,)), ckpt)
     assert problems and "two fragments both write element offset 3" in problems[0]
 
@@ -104,7 +104,7 @@ def test_a_run_whose_entries_or_layouts_differ_is_refused():
 
 def test_without_a_stack_record_the_exact_checks_run():
     conv, step, ckpt = _stack()
-    bare = dataclasses.replace(step, runs=(dataclasses.replace(step.runs[0], fragments=None),))
+    bare = dataclasses.replace(step, runs=(dataclasses.replace(step.runs[0], stack=None),))
     assert stack_landed(bare) is None
     assert _same_either_way(conv, bare, ckpt) == []
 

@@ -2,14 +2,17 @@
 made in columns (its :class:`~weightplan.planner.tensors.read_tasks.ReadRun` s), shown
 once per run from what the run records instead of once per read.
 
-A run whose reads land in a whole stack's :class:`StackFragments` (item ``k``'s view at
+A run whose reads land in a whole stack (its :class:`StackRecord`: item ``k``'s view at
 ``offset + k * step``, every one of one region, shape and stride) covers what one view
 of ``(count, *shape)`` with strides ``(step, *stride)`` covers: when the items' views
 are contiguous (one run of offsets each), the stack, as one fragment, stands for its
-items in the coverage check (exactly: its runs are the items'). A run's
-reads all have its layout and read its entries in order: every read lies inside its
-entry when the layout lies inside the entries' one spec, and inside its file's data
-section when the entries' offsets (per file: the least and the greatest) do.
+items in the coverage check (exactly: its runs are the items'). The run's reads must be
+the record's fragments (checked, as objects); the record's geometry is taken as made
+(:func:`~weightplan.planner.tensors.geometry.stack_fragments` makes the fragments from
+it). A run's reads all have its layout (checked) and read its entries in order (as the
+run records): every read lies inside its entry when the layout lies inside the entries'
+one spec, and inside its file's data section when the entries' offsets (per file: the
+least and the greatest) do.
 
 Each function vouches only where the exact checks in
 :mod:`~weightplan.planner.tensors.verify` would find nothing; where a run records no
@@ -58,7 +61,7 @@ def _whole(run: ReadRun, tasks: Sequence[ReadTask]) -> Fragment | None:
     """The one fragment the run's stack covers: a view of ``(count, *shape)``, item ``k``
     at ``offset + k * step``, when each item's view is one run of offsets (so the stack's
     runs are as many as its items, each compared exactly)."""
-    stack = run.fragments
+    stack = run.stack
     if stack is None or not 0 < run.count <= MAX_RUNS or len(tasks) != run.count:
         return None
     shape, stride = stack.shape, stack.stride
