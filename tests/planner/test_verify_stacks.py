@@ -117,3 +117,12 @@ def test_interleaved_stacks_that_overlap_are_reported_exactly():
     same = [whole[0], whole[0]]  # both stacks in the first one's slots
     items = [r.fragment for r in step.reads[:N]] * 2
     assert coverage_problem(universe, same) == coverage_problem(universe, items) is not None
+
+
+def test_runs_out_of_order_or_overlapping_are_not_proven():
+    _, step, ckpt = _stack(2)
+    first, second = step.runs
+    for runs in ((second, first), (first, dataclasses.replace(second, start=first.count - 1))):
+        broken = dataclasses.replace(step, runs=runs)
+        assert stack_landed(broken) is None
+        assert unproven_reads(broken, _sections(ckpt)) == step.reads

@@ -78,13 +78,15 @@ def unproven_reads(step: Step, sections: dict[str, tuple[int, int]]) -> Sequence
     when every run is proven in bulk, else all of them (problems then in the exact order)."""
     if not step.runs:
         return step.reads
-    reads = step.reads
-    for run in step.runs:
+    reads, at = step.reads, 0
+    for run in step.runs:  # (in order, apart: the loose reads are the others)
         tasks = reads[run.start:run.start + run.count]
-        if len(tasks) != run.count or not run.count or len(run.entries) != run.count or \
+        if run.start < at or len(tasks) != run.count or not run.count or \
+                len(run.entries) != run.count or \
                 list(map(_LAYOUT, tasks)).count(run.layout) != run.count or \
                 not entries_hold(run.layout, run.entries, sections):
             return reads
+        at = run.start + run.count
     return step.loose_reads
 
 
