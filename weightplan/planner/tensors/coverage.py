@@ -16,10 +16,12 @@ from operator import attrgetter, itemgetter
 
 import torch
 
-from weightplan.planner.tensors.geometry import Fragment, View
+from weightplan.planner.tensors.geometry import Fragment, View, _is_contiguous
 
 MAX_RUNS = 1 << 20
 _OFFSET = attrgetter("view.offset")
+_VIEW, _SHAPE, _STRIDE, _OFFSET_OF = (attrgetter("view"), attrgetter("shape"), attrgetter("stride"),
+                                      attrgetter("offset"))
 
 
 def runs(view: View) -> tuple[torch.Tensor, int] | None:
@@ -56,6 +58,8 @@ def coverage_problem(universe: View, fragments: Sequence[Fragment]) -> str | Non
         return None  # the common case: one read or op output fills the whole tensor
     if contiguous and universe.is_contiguous():
         return _contiguous_problem(universe, fragments, sizes)
+    if _interleaved(universe, fragments):
+        return None
     parts = [runs(f.view) for f in fragments]
     whole = runs(universe)
     if whole is None or any(p is None for p in parts) or not parts:
@@ -90,6 +94,24 @@ def _sizes(fragments: Sequence[Fragment]) -> tuple[list[int], int, bool, bool]:
             contiguous = contiguous and v.is_contiguous()
         sizes.append(n)
     return sizes, sum(sizes), same, contiguous
+
+
+def _interleaved(universe: View, fragments: Sequence[Fragment]) -> bool:
+    """``J`` fragments, each ``n`` items of ``m`` contiguous elements ``J * m`` apart, the
+    ``j``-th starting ``j * m`` into a contiguous ``universe`` of ``n * J * m`` elements
+    (the stacks of a fused gate/up pair): they tile it exactly (the total is checked)."""
+    first = fragments[0].view
+    shape, stride = first.shape, first.stride
+    if not shape or not universe.is_contiguous() or not _is_contiguous(shape[1:], stride[1:]):
+        return False
+    m = math.prod(shape[1:])
+    views = list(map(_VIEW, fragments))
+    if list(map(_SHAPE, views)).count(shape) != len(views) or \
+            list(map(_STRIDE, views)).count(stride) != len(views) or \
+            (shape[0] > 1 and stride[0] != len(views) * m):
+        return False
+    return sorted(map(_OFFSET_OF, views)) == list(range(universe.offset, universe.offset
+                                                          + len(views) * m, m or 1))
 
 
 def _contiguous_problem(universe: View, fragments: Sequence[Fragment], sizes: list[int]

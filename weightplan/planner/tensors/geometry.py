@@ -205,17 +205,39 @@ def stacked_fragments(region: Region, target: int, shape: tuple[int, ...],
     return _fragments(count, repeat(region), repeat(target), views)
 
 
-class StackFragments(tuple[tuple[Fragment, ...], ...]):
-    """A stream's fragments as ``place`` returns them (one tuple per item), for the items
-    of a stack landing one fragment each: item ``k``'s is ``fragments[k]``, and every one
-    has ``region``, ``target`` and a view of ``shape`` and ``stride`` (made by
-    :func:`stack_fragments`, so that a reader needn't look at each one to know it)."""
+@dataclass(frozen=True, slots=True)
+class StackRecord:
+    """What a :class:`StackFragments` says of its items (without its per-item tuples):
+    item ``k`` lands as ``fragments[k]``, ``region`` in a view of ``shape`` and ``stride``
+    at ``offset + k * step`` of destination ``target``."""
 
     fragments: list[Fragment]
     region: Region
     target: int
     shape: tuple[int, ...]
     stride: tuple[int, ...]
+    offset: int
+    step: int
+
+
+class StackFragments(tuple[tuple[Fragment, ...], ...]):
+    """A stream's fragments as ``place`` returns them (one tuple per item), for the items
+    of a stack landing one fragment each: item ``k``'s is ``fragments[k]``, and every one
+    has ``region``, ``target`` and a view of ``shape`` and ``stride`` at ``offset + k *
+    step`` (made by :func:`stack_fragments`, so that a reader needn't look at each one to
+    know it)."""
+
+    fragments: list[Fragment]
+    region: Region
+    target: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int  # item k's view starts at offset + k * step
+    step: int
+
+    def record(self) -> StackRecord:
+        return StackRecord(self.fragments, self.region, self.target, self.shape, self.stride,
+                           self.offset, self.step)
 
 
 def stack_fragments(region: Region, target: int, shape: tuple[int, ...],
@@ -225,5 +247,5 @@ def stack_fragments(region: Region, target: int, shape: tuple[int, ...],
     fragments = stacked_fragments(region, target, shape, stride, offset, step, count)
     made = StackFragments(zip(fragments))
     made.fragments, made.region, made.target = fragments, region, target
-    made.shape, made.stride = shape, stride
+    made.shape, made.stride, made.offset, made.step = shape, stride, offset, step
     return made

@@ -23,7 +23,7 @@ from weightplan.planner.makers import columns, maker
 from weightplan.planner.quant.blocks import DEQUANTIZE_BYTES, workspace_bytes
 from weightplan.planner.tensors.destination import Destination
 from weightplan.planner.tensors.geometry import (
-    CACHE_SIZE, Fragment, Region, StackFragments, _is_contiguous,
+    CACHE_SIZE, Fragment, Region, StackFragments, StackRecord, _is_contiguous,
 )
 from weightplan.planner.tensors.nodes import DequantizeAttrs, Node, NodeKind, read_attrs
 from weightplan.planner.tensors.ops.base import Streams
@@ -209,7 +209,9 @@ def placed_reads(sources: Streams[Node], frags: Streams[tuple[Fragment, ...]],
         if made is None:
             _each_read(tasks, stream, frags[i], dtypes, piece_bytes)
         elif made[0] is not None and same is not None:
-            runs.append(_run(len(tasks), len(made[1]), made[0], same.entries))
+            whole = frags[i]
+            stack = whole.record() if isinstance(whole, StackFragments) else None
+            runs.append(_run(len(tasks), len(made[1]), made[0], same.entries, stack))
             tasks += made[1]
     return tuple(tasks), tuple(runs)
 
@@ -264,6 +266,7 @@ class ReadRun:
     count: int
     layout: ReadLayout
     entries: Sequence[TensorEntry]
+    stack: StackRecord | None = None  # where its reads land, when placement recorded it
 
 
 _run = maker(ReadRun)

@@ -37,6 +37,7 @@ from weightplan.planner.tensors.verify_bulk import (
     graph_is_sound, node_positions, release_is_sound,
 )
 from weightplan.planner.tensors.verify_runs import release_by_runs, runs_are_sound
+from weightplan.planner.tensors.verify_stacks import stack_landed, unproven_reads
 
 _FRAGMENT, _TARGET, _ZERO = attrgetter("fragment"), attrgetter("target"), 0
 _LONG_RUNS = 8  # nodes per run from which runs are proven one by one (a few: the whole graph)
@@ -70,9 +71,11 @@ def check(graph: PlanGraph, steps: Sequence[Step] = (), checkpoint: Checkpoint |
             return problems
         problems += check_release(graph, steps, position)
     sections = _sections(checkpoint)
-    for step in steps:
-        problems += check_coverage(step)
-        problems += _read_problems(step.reads, sections)
+    for step in steps:  # (a step's runs proven in bulk first: verify_stacks)
+        landed = stack_landed(step) if step.runs else None
+        if landed is None or _coverage_problems(step, landed):
+            problems += check_coverage(step)
+        problems += _read_problems(unproven_reads(step, sections), sections)
     return problems
 
 
@@ -176,8 +179,12 @@ def check_release(graph: PlanGraph, steps: Iterable[Step],
 
 def check_coverage(step: Step) -> list[str]:
     """Each destination is covered exactly once by the fragments written into it."""
+    return _coverage_problems(step, list(filter(None, map(_FRAGMENT, step.reads))))
+
+
+def _coverage_problems(step: Step, landed: list[Fragment]) -> list[str]:
+    """:func:`check_coverage`, the reads landing in ``landed``."""
     frags: list[list[Fragment]] = [[] for _ in step.destinations]
-    landed = list(filter(None, map(_FRAGMENT, step.reads)))
     if len(frags) == 1 and all(map(_ZERO.__eq__, map(_TARGET, landed))):
         frags[0] += landed  # (one destination: a stack's reads all land in it)
     else:
