@@ -106,6 +106,21 @@ def test_in_memory_stacks_rank_as_the_read_by_read_order_does():
     assert step.runs and _run_first(step.runs[0], {"": 7}.get) == (7, 0)
 
 
+def test_a_run_over_several_files_ranks_as_its_smallest_file_and_offset():
+    experts = [entry(f"e.{i}.w", (2, 3), 24 * i) for i in range(N)]
+    (run,) = _both(conversion([experts], ["w"], [MergeModulelist(0)])).runs
+    files = ["b", "a", None, "c"]  # "a" ranks first: its entries' smallest offset wins
+    rank = {"a": 0, "b": 1, "c": 2, "": 3}
+    for shift in range(len(files)):
+        spread = [TensorEntry(e.key, e.spec, files[(i + shift) % len(files)], 1000 - 7 * i)
+                  for i, e in enumerate(experts)]
+        moved = dataclasses.replace(run, entries=spread)
+        reference = min((rank.get(e.file or "", -1), e.offset) for e in spread)
+        assert _run_first(moved, rank.get) == (reference[0], reference[1] + run.layout.first)
+    unknown = [TensorEntry(e.key, e.spec, "z", e.offset) for e in experts]  # not ranked: -1
+    assert _run_first(dataclasses.replace(run, entries=unknown), rank.get)[0] == -1
+
+
 def test_an_fp8_stack_dequantized_in_columns_as_read_by_read():
     conv = _fp8_stack([torch.float32] * N)
     assert conv.built is not None and conv.built.alike[0] is not None

@@ -6,7 +6,9 @@ import itertools
 from hypothesis import given, settings, strategies as st
 
 from weightplan.planner.keys.patterns import natural_key
-from weightplan.viz.folding import fold_keys, fold_tuples, ranges, shapes_of, split_numbers
+from weightplan.viz.folding import (
+    _one_number, fold_keys, fold_streams, fold_tuples, ranges, shapes_of, split_numbers,
+)
 
 
 def one_at_a_time(keys: list[str]) -> list[str]:
@@ -74,3 +76,34 @@ def test_layers_times_experts_is_one_line_whatever_the_order():
     assert fold_keys(keys) == ["model.layers.{3..60}.mlp.experts.{0..255}.gate_proj.weight",
                                "model.layers.{3..60}.mlp.experts.{0..255}.up_proj.weight"]
     assert fold_keys(keys) == one_at_a_time(keys)
+
+
+# streams as a stack's are (one number varying), and odd ones that only look so
+NUMBERS = ["0", "1", "2", "3", "9", "10", "11", "007", "7", "٣", "1\n", ""]
+stream_strategy = st.one_of(
+    st.tuples(st.lists(st.sampled_from(PARTS), max_size=4).map(".".join),
+              st.lists(st.sampled_from(NUMBERS), min_size=1, max_size=12),
+              st.lists(st.sampled_from(PARTS), max_size=3).map(".".join))
+    .map(lambda t: [".".join(p for p in (t[0], n, t[2]) if p or n == "") for n in t[1]]),
+    keys_strategy)
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(stream_strategy, max_size=6))
+def test_fold_streams_matches_fold_keys(streams):
+    assert fold_streams(streams) == fold_keys(itertools.chain.from_iterable(streams))
+    assert fold_streams(streams) == one_at_a_time(list(itertools.chain.from_iterable(streams)))
+
+
+def test_fold_streams_reads_stacks_whole_and_folds_them_as_fold_keys():
+    streams = [[f"model.layers.{layer}.mlp.experts.{e}.{w}_proj.weight" for e in range(256)]
+               for layer in range(3, 61) for w in ("gate", "up")]
+    streams.append([f"model.layers.3.mlp.experts.{e}.gate_proj.weight" for e in range(300, 310)])
+    keys = list(itertools.chain.from_iterable(streams))
+    assert _one_number(streams[0]) is not None
+    assert fold_streams(streams) == fold_keys(keys) == one_at_a_time(keys)
+    # one number of a stream not a whole component, or two varying: the regex pass decides
+    for odd in (["a.1b.w"] + [f"a.{i}.w" for i in range(9)],
+                [f"a.{i}.{i % 2}.w" for i in range(9)], [f"a.{i}\n" for i in range(9)]):
+        assert _one_number(odd) is None
+        assert fold_streams([odd]) == fold_keys(odd)

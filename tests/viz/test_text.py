@@ -37,3 +37,17 @@ def test_problems_are_folded_too():
     ckpt.update({f"extra.{i}.w": torch.ones(1) for i in range(10)})
     plan = weightplan.explain(moe_model(layers=4), ckpt, mapping="mixtral")
     assert "unexpected (10): extra.{0..9}.w" in str(plan)
+
+
+def test_direct_bytes_by_runs_are_the_sum_over_reads():
+    from weightplan.viz.text import direct_bytes
+
+    layers, experts = 2, 8
+    for dtype in (None, torch.bfloat16):  # plain copies, and reads cast on their way
+        plan = weightplan.explain(moe_model(layers=layers, experts=experts, inter=4, hidden=4),
+                                  moe_checkpoint(layers=layers, experts=experts, inter=4,
+                                                 hidden=4), mapping="mixtral", dtype=dtype)
+        steps = plan.schedule.steps
+        assert any(p.runs for p in steps)
+        for p in steps:
+            assert direct_bytes(p) == sum(r.nbytes for r in p.reads if r.direct)

@@ -5,8 +5,11 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import os
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import repeat
 
 from weightplan.planner.keys.patterns import natural_key
 
@@ -135,11 +138,116 @@ def _fold_unique(rows: set[tuple[int, ...]]) -> list[tuple[str, ...]]:
 
 def fold_keys(keys: Iterable[str]) -> list[str]:
     """Fold keys that differ only in numeric components; order follows the first key."""
-    by_shape = _by_shape(list(keys))
+    return _fold(_by_shape(list(keys)))
+
+
+# a stream this long is worth reading as prefix + number + suffix before the regex pass
+_RUN = 8
+_Shapes = dict[str, tuple[str, list[tuple[int, ...]]]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Block:
+    """The rows of a stream of keys alike but for one number: ``(*before, m, *after)`` for
+    each ``m`` of ``middles``."""
+
+    before: tuple[int, ...]
+    middles: list[int]
+    after: tuple[int, ...]
+
+    def rows(self) -> list[tuple[int, ...]]:
+        n = len(self.middles)
+        return list(zip(*[repeat(v, n) for v in self.before], self.middles,
+                        *[repeat(v, n) for v in self.after], strict=True))
+
+
+def fold_streams(streams: Iterable[Sequence[str]]) -> list[str]:
+    """:func:`fold_keys` of the streams' keys, one stream after another. A stream whose
+    keys differ in one numeric component only (a stack's experts: ``….experts.N.w``) is
+    split from its common prefix and suffix, without the regex pass over each of its keys,
+    and its rows kept as one :class:`_Block`; any other stream goes through
+    :func:`_by_shape` with its neighbours, as one batch."""
+    by: _Shapes = {}
+    blocks: dict[str, list[_Block]] = {}
+    pending: list[str] = []
+    for keys in streams:
+        one = _one_number(keys) if len(keys) >= _RUN else None
+        if one is None:
+            pending += keys
+            continue
+        if pending:
+            _merge(by, _by_shape(pending))
+            pending = []
+        shape, block = one
+        by.setdefault(shape, (keys[0], []))
+        blocks.setdefault(shape, []).append(block)
+    if pending:
+        _merge(by, _by_shape(pending))
+    return _fold(by, blocks)
+
+
+def _merge(by: _Shapes, more: _Shapes) -> None:
+    """``by`` then ``more`` as :func:`_by_shape` of their keys one after the other gives."""
+    for shape, (first, rows) in more.items():
+        found = by.get(shape)
+        if found is None:
+            by[shape] = (first, rows)
+        else:
+            found[1].extend(rows)
+
+
+def _one_number(keys: Sequence[str]) -> tuple[str, _Block] | None:
+    """The shape and rows of ``keys`` (as :func:`_by_shape` has them) when each is ``prefix
+    + N + suffix``, ``N`` a whole numeric component (``prefix`` ends at a dot or is empty,
+    ``suffix`` starts with one or is empty); ``None``: not so (or a key holds a newline,
+    which the regex's ``$`` treats apart, or the separator)."""
+    first, n = keys[0], len(keys)
+    common = os.path.commonprefix([first, keys[-1]])  # (any two: all are checked below)
+    prefix = common[:common.rfind(".") + 1]
+    middle, dot, rest = first[len(prefix):].partition(".")
+    suffix = dot + rest
+    joined = _SEP.join(keys)
+    if "\n" in first or joined.count(_SEP) != n - 1 or not joined.endswith(suffix):
+        return None
+    # every key is prefix + N + suffix exactly when the text between the first prefix and
+    # the last suffix splits, at suffix + separator + prefix, into n non-empty digit runs
+    middles = joined[len(prefix):len(joined) - len(suffix)].split(f"{suffix}{_SEP}{prefix}")
+    digits = "".join(middles)
+    if len(middles) != n or not (all(middles) and digits.isascii() and digits.isdigit()):
+        return None
+    numbers = list(map(int, _NUMBER.findall("." + first)))
+    at = len(_NUMBER.findall("." + prefix[:-1])) if prefix else 0
+    if at >= len(numbers) or numbers[at] != int(middle):
+        return None  # (cannot happen: the middle is a numeric component of the first key)
+    block = _Block(tuple(numbers[:at]), list(map(int, middles)), tuple(numbers[at + 1:]))
+    return _NUMBER.sub(".\0", "." + first), block
+
+
+def _block_product(blocks: list[_Block]) -> list[tuple[str, ...]] | None:
+    """:func:`_product` of the blocks' rows, without making them; ``None``: not a product,
+    or blocks that vary different columns."""
+    middles: dict[tuple[tuple[int, ...], tuple[int, ...]], set[int]] = {}
+    for b in blocks:
+        middles.setdefault((b.before, b.after), set()).update(b.middles)
+    if len({len(before) for before, _ in middles}) != 1:
+        return None
+    fixed = [set(c) for c in zip(*(before + after for before, after in middles), strict=True)]
+    at = len(blocks[0].before)
+    columns = [*fixed[:at], set().union(*middles.values()), *fixed[at:]]
+    if sum(map(len, middles.values())) != math.prod(map(len, columns)):
+        return None
+    return [tuple(ranges(c) for c in columns)]
+
+
+def _fold(by_shape: _Shapes, blocks: dict[str, list[_Block]] | None = None) -> list[str]:
     folded = []
     for shape in sorted(by_shape, key=lambda s: natural_key(by_shape[s][0])):
         template = _template(shape[1:])
-        for labels in _fold_unique(set(by_shape[shape][1])):
-            it = iter(labels)
+        rows, alike = by_shape[shape][1], (blocks or {}).get(shape, [])
+        labels = _block_product(alike) if alike and not rows else None
+        if labels is None:
+            labels = _fold_unique(set(rows).union(*(b.rows() for b in alike)))
+        for each in labels:
+            it = iter(each)
             folded.append(".".join(p if p is not None else next(it) for p in template))
     return folded

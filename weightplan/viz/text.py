@@ -12,6 +12,7 @@ from weightplan.planner.plan import Direction, LoadPlanData, PlanData
 from weightplan.planner.write.write_plan import WritePlanData
 from weightplan.planner.bulk import paused_gc
 from weightplan.planner.tensors.machine import machine_fit
+from weightplan.planner.tensors.placement import Step
 from weightplan.units import format_bytes
 from weightplan.viz.rows import Row
 from weightplan.viz.folding import fold_keys
@@ -119,7 +120,7 @@ def mapping_lines(plan: PlanData, width: int) -> list[str]:
 def total_lines(plan: PlanData) -> list[str]:
     steps = plan.schedule.steps
     read = plan.read_bytes
-    direct = sum(r.nbytes for p in steps for r in p.reads if r.direct)
+    direct = sum(map(direct_bytes, steps))
     peak = plan.schedule.peak
     at = f" at step {peak.event.step + 1}/{len(steps)} ({peak.label})" if peak else ""
     threads = plan.options.threads or "inline"
@@ -143,6 +144,13 @@ def total_lines(plan: PlanData) -> list[str]:
     if isinstance(plan, LoadPlanData):  # loads land in this machine's memory; saves don't
         lines.append(machine_fit(plan.schedule, plan.model_bytes).describe())
     return lines + device_lines(plan)
+
+
+def direct_bytes(step: Step) -> int:
+    """Bytes of ``step``'s reads that are plain copies (``sum(r.nbytes for r in step.reads if
+    r.direct)``), a run of reads (one layout) taken whole."""
+    runs = sum(run.count * run.layout.length for run in step.runs if run.layout.direct)
+    return runs + sum(r.layout.length for r in step.loose_reads if r.layout.direct)
 
 
 def device_lines(plan: PlanData) -> list[str]:

@@ -22,7 +22,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from itertools import repeat
+from itertools import compress
 from operator import attrgetter, itemgetter
 
 from weightplan.planner.makers import maker
@@ -122,13 +122,18 @@ _FILE, _OFFSET = attrgetter("file"), attrgetter("offset")
 
 
 def _run_first(run: ReadRun, rank_of: Callable[[str, int], int]) -> tuple[int, int]:
-    """The smallest (file rank, first byte) of a run's reads (they share ``layout.first``)."""
-    files = list(map(_FILE, run.entries))
-    if None in files:  # (in memory: ranked as "")
-        files = [f or "" for f in files]
-    rank, offset = min(zip(map(rank_of, files, repeat(-1)), map(_OFFSET, run.entries),
-                           strict=True))
-    return rank, offset + run.layout.first
+    """The smallest (file rank, first byte) of a run's reads (they share ``layout.first``):
+    the lowest rank of the run's files (a stack's are a few), then the smallest offset of
+    the entries in a file of that rank."""
+    entries = run.entries
+    files = list(map(_FILE, entries))
+    ranks = {f: rank_of(f or "", -1) for f in set(files)}  # (in memory: ranked as "")
+    rank = min(ranks.values())
+    offsets: Iterable[int] = map(_OFFSET, entries)
+    if len(ranks) > 1:
+        lowest = {f for f, r in ranks.items() if r == rank}
+        offsets = compress(offsets, map(lowest.__contains__, files))
+    return rank, min(offsets) + run.layout.first
 
 
 def effective_threads(threads: int) -> int:
