@@ -176,17 +176,23 @@ def test_a_sound_plan_is_proven_in_bulk():
     assert not release_is_sound(position, [step, step])
 
 
+def broken_graphs() -> list[tuple[Node, ...]]:
+    """Node lists every proof must refuse: a sink before its input, an input outside the
+    graph, a cast with read attrs, a sink of two inputs, a cast of the wrong spec, two
+    sinks of one key, a read nothing consumes."""
+    r, a, b = read_node(), read_node("a"), read_node("b", 24)
+    cast = Node(NodeKind.CAST, TensorSpec((3, 2), torch.float16), (r,), CastAttrs(torch.float16))
+    return [(sink(r), r), (sink(read_node()),),
+            (r, Node(NodeKind.CAST, F32, (r,), ReadAttrs(r.attrs.entry, (0, 0)))),
+            (a, b, dataclasses.replace(sink(a), inputs=(a, b))), (r, cast, sink(cast)),
+            (a, b, sink(a, "w"), sink(b, "w")), (r, read_node("x", 24), sink(r))]
+
+
 def test_the_bulk_proof_fails_on_every_broken_graph():
     from weightplan.planner.tensors.verify import _ARITY, check_node
     from weightplan.planner.tensors.verify_bulk import graph_is_sound, node_positions
 
-    r, a, b = read_node(), read_node("a"), read_node("b", 24)
-    cast = Node(NodeKind.CAST, TensorSpec((3, 2), torch.float16), (r,), CastAttrs(torch.float16))
-    broken = [(sink(r), r), (sink(read_node()),),
-              (r, Node(NodeKind.CAST, F32, (r,), ReadAttrs(r.attrs.entry, (0, 0)))),
-              (a, b, dataclasses.replace(sink(a), inputs=(a, b))), (r, cast, sink(cast)),
-              (a, b, sink(a, "w"), sink(b, "w")), (r, read_node("x", 24), sink(r))]
-    for nodes in broken:
+    for nodes in broken_graphs():
         assert not graph_is_sound(nodes, node_positions(nodes), _ARITY, check_node), nodes
 
 

@@ -10,14 +10,14 @@ import torch
 from weightplan.ops import MergeModulelist
 from weightplan.planner.tensors.graph import PlanGraph
 from weightplan.planner.tensors.lower import plan_graph
-from weightplan.planner.tensors.nodes import CastAttrs, Node, NodeKind, ReadAttrs
+from weightplan.planner.tensors.nodes import Node, NodeKind, ReadAttrs
 from weightplan.planner.tensors.placement import plan_step
 from weightplan.planner.tensors.spec import TensorSpec
 from weightplan.planner.tensors.verify import _ARITY, check, check_node
 from weightplan.planner.tensors.verify_runs import _alike, release_by_runs, runs_are_sound
 
 from tests.planner.core import checkpoint, conversion, entry
-from tests.planner.test_verify import read_node, sink
+from tests.planner.test_verify import broken_graphs, read_node, sink
 
 
 @pytest.fixture(autouse=True)
@@ -68,13 +68,7 @@ def test_runs_of_one_shape_are_proven_by_one_proof(monkeypatch):
 
 
 def test_every_broken_graph_is_refused_and_judged_exactly():
-    r, a, b = read_node(), read_node("a"), read_node("b", 24)
-    cast = Node(NodeKind.CAST, TensorSpec((3, 2), torch.float16), (r,), CastAttrs(torch.float16))
-    broken = [(sink(r), r), (sink(read_node()),),
-              (r, Node(NodeKind.CAST, F32, (r,), ReadAttrs(r.attrs.entry, (0, 0)))),
-              (a, b, dataclasses.replace(sink(a), inputs=(a, b))), (r, cast, sink(cast)),
-              (a, b, sink(a, "w"), sink(b, "w")), (r, read_node("x", 24), sink(r))]
-    for nodes in broken:
+    for nodes in broken_graphs():
         assert proof(nodes, [len(nodes)]) is None, nodes
         assert same_either_way(nodes, [len(nodes)]), nodes
 
