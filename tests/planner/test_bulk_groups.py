@@ -125,3 +125,16 @@ def test_groups_that_do_not_land_equal_the_exact_ones(monkeypatch):
         _exact(_keys(*_experts()), [_MERGE, _STACK], info, monkeypatch)
     assert str(bulk_error.value) == str(exact.value)
     assert "indices [3] are missing" in str(exact.value)
+
+
+def test_a_group_split_between_runs_and_single_routes_is_grouped_the_exact_way(monkeypatch):
+    # only experts 10 and 11 of layer 1's gate and up keys need the renaming: their group
+    # has keys in runs (0..9) and the rest routed one by one (10, 11), which alone look
+    # like a group with a gap; the exact grouping sees them all
+    rename = WeightRenaming(r"\.(gate|up)per$", r".\1")
+    names = [n.replace(".up", ".upper").replace(".gate", ".gateper")
+             if n.startswith(("layers.1.experts.10.", "layers.1.experts.11.")) else n
+             for n in _experts()]
+    bulk, said = _same(names, [rename, _MERGE, _STACK], monkeypatch)
+    assert said == [False]
+    assert len(bulk.groups) == 6

@@ -65,10 +65,12 @@ def bulk_group(routed: Routed, checkpoint: Checkpoint
         return None
     rest = tuple(compress(routed.routes, map(not_, map(isinstance, routed.idents,
                                                        repeat(Token)))))
-    groups, incomplete = _group(rest, checkpoint)
     tokens = {run.token.ident for run in routed.runs}
     if any(bucket_of(r) in tokens for r in rest if r.claim is not None):
-        return None  # a group with keys in runs and others: the exact way only
+        # a group with keys in runs and others: the exact way only (grouping the others
+        # alone would see part of a group, and could raise for a gap that isn't one)
+        return None
+    groups, incomplete = _group(rest, checkpoint)
     for group in groups:
         made[bucket_of(group.routes[0][0])] = group
     order = [made[i] for i in dict.fromkeys(routed.idents) if i in made]
