@@ -79,6 +79,21 @@ def test_a_read_that_is_not_its_stacks_item_is_refused_and_reported_exactly():
     assert problems and "two fragments both write element offset 0" in problems[0]
 
 
+def test_a_record_whose_geometry_its_fragments_do_not_follow_is_refused():
+    """The record says 6 elements apart; its last item's fragment (the step's read too)
+    lands on the first item's elements instead: not proven, and reported exactly."""
+    conv, step, ckpt = _stack()
+    stack = step.runs[0].stack
+    moved = dataclasses.replace(stack.fragments[-1], view=stack.fragments[0].view)
+    fragments = [*stack.fragments[:-1], moved]
+    run = dataclasses.replace(step.runs[0], stack=dataclasses.replace(stack, fragments=fragments))
+    reads = (*step.reads[:-1], dataclasses.replace(step.reads[-1], fragment=moved))
+    broken = dataclasses.replace(step, reads=reads, runs=(run,))
+    assert stack_landed(broken) is None
+    problems = _same_either_way(conv, broken, ckpt)
+    assert problems and "two fragments both write element offset 0" in problems[0]
+
+
 def test_a_run_outside_the_data_section_is_refused_and_reported_exactly():
     conv, step, ckpt = _stack()
     (stamp,) = ckpt.files

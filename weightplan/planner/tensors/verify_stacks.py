@@ -7,9 +7,9 @@ A run whose reads land in a whole stack (its :class:`StackRecord`: item ``k``'s 
 of ``(count, *shape)`` with strides ``(step, *stride)`` covers: when the items' views
 are contiguous (one run of offsets each), the stack, as one fragment, stands for its
 items in the coverage check (exactly: its runs are the items'). The run's reads must be
-the record's fragments (checked, as objects); the record's geometry is taken as made
-(:func:`~weightplan.planner.tensors.geometry.stack_fragments` makes the fragments from
-it). A run's reads all have its layout (checked) and read its entries in order (as the
+the record's fragments (checked, as objects), and its first and last fragments what its
+geometry says (checked; :func:`~weightplan.planner.tensors.geometry.stack_fragments` makes
+every fragment from that geometry). A run's reads all have its layout (checked) and read its entries in order (as the
 run records): every read lies inside its entry when the layout lies inside the entries'
 one spec, and inside its file's data section when the entries' offsets (per file: the
 least and the greatest) do.
@@ -33,6 +33,7 @@ from weightplan.planner.tensors.geometry import Fragment, Region, View, _is_cont
 
 if TYPE_CHECKING:
     from weightplan.planner.inputs.checkpoint import TensorEntry
+    from weightplan.planner.tensors.geometry import StackRecord
     from weightplan.planner.tensors.placement import Step
     from weightplan.planner.tensors.read_tasks import ReadLayout, ReadRun, ReadTask
 
@@ -66,11 +67,19 @@ def _whole(run: ReadRun, tasks: Sequence[ReadTask]) -> Fragment | None:
         return None
     shape, stride = stack.shape, stack.stride
     if len(stack.fragments) != run.count or list(map(_FRAGMENT, tasks)) != stack.fragments \
-            or stack.region.numel != math.prod(shape) or not _is_contiguous(shape, stride):
+            or stack.region.numel != math.prod(shape) or not _is_contiguous(shape, stride) \
+            or not _ends_agree(stack, run.count):
         return None
     whole = (run.count, *shape)
     return Fragment(Region.full(whole), stack.target,
                     View(whole, (stack.step, *stride), stack.offset))
+
+
+def _ends_agree(stack: StackRecord, count: int) -> bool:
+    """The first and the last item's fragments are what the record says they are (the
+    items between are made by the same arithmetic, :func:`stack_fragments`)."""
+    return all(stack.fragments[k] == Fragment(stack.region, stack.target, View(
+        stack.shape, stack.stride, stack.offset + k * stack.step)) for k in (0, count - 1))
 
 
 def unproven_reads(step: Step, sections: dict[str, tuple[int, int]]) -> Sequence[ReadTask]:
