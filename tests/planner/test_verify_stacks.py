@@ -94,6 +94,14 @@ def test_a_record_whose_geometry_its_fragments_do_not_follow_is_refused():
     assert problems and "two fragments both write element offset 0" in problems[0]
 
 
+def test_a_run_whose_entries_are_not_its_reads_is_not_proven():
+    _, step, ckpt = _stack()
+    entries = step.runs[0].entries
+    shifted = dataclasses.replace(step.runs[0], entries=(*entries[1:], entries[0]))
+    broken = dataclasses.replace(step, runs=(shifted,))
+    assert list(unproven_reads(broken, _sections(ckpt))) == list(step.reads)
+
+
 def test_a_run_outside_the_data_section_is_refused_and_reported_exactly():
     conv, step, ckpt = _stack()
     (stamp,) = ckpt.files

@@ -9,10 +9,11 @@ are contiguous (one run of offsets each), the stack, as one fragment, stands for
 items in the coverage check (exactly: its runs are the items'). The run's reads must be
 the record's fragments (checked, as objects), and its first and last fragments what its
 geometry says (checked; :func:`~weightplan.planner.tensors.geometry.stack_fragments` makes
-every fragment from that geometry). A run's reads all have its layout (checked) and read its entries in order (as the
-run records): every read lies inside its entry when the layout lies inside the entries'
-one spec, and inside its file's data section when the entries' offsets (per file: the
-least and the greatest) do.
+every fragment from that geometry). A run's reads all have its layout (checked) and read
+its entries in order (as the run records; its first and last reads' entries checked):
+every read lies inside its entry when the layout lies inside the entries' one spec, and
+inside its file's data section when the entries' offsets (per file: the least and the
+greatest) do.
 
 Each function vouches only where the exact checks in
 :mod:`~weightplan.planner.tensors.verify` would find nothing; where a run records no
@@ -91,7 +92,8 @@ def unproven_reads(step: Step, sections: dict[str, tuple[int, int]]) -> Sequence
     for run in step.runs:  # (in order, apart: the loose reads are the others)
         tasks = reads[run.start:run.start + run.count]
         if run.start < at or len(tasks) != run.count or not run.count or \
-                len(run.entries) != run.count or \
+                len(run.entries) != run.count or tasks[0].entry is not run.entries[0] or \
+                tasks[-1].entry is not run.entries[-1] or \
                 list(map(_LAYOUT, tasks)).count(run.layout) != run.count or \
                 not entries_hold(run.layout, run.entries, sections):
             return reads
