@@ -8,8 +8,9 @@ same object, a node listed earlier in the run. The first run of each shape (its 
 attrs types and arities) is proven with a dictionary of its nodes' places; it yields
 the places the inputs must be at, and every later run of that shape is proven by
 comparing its inputs with its own nodes at those places (tuple comparison: the same
-object, or an equal node, as the exact check's sets accept; C-level passes, no hashing). What structure can't show (specs along the edges, one producer per model
-tensor) is checked per node in bulk, as :mod:`verify_bulk` does.
+object, or an equal node, as the exact check's sets accept; C-level passes, no hashing).
+What structure can't show (specs along the edges, one producer per model tensor) is
+checked per node in bulk, as :mod:`verify_bulk` does.
 
 Each function answers ``True`` only when the exact checks in
 :mod:`~weightplan.planner.tensors.verify` would find nothing; ``False`` means "not
