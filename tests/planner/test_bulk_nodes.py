@@ -9,7 +9,7 @@ from weightplan.planner.keys.routing import Group
 from weightplan.planner.quant.blocks import block_of
 from weightplan.planner.quant.kinds import Dequantize
 from weightplan.planner.tensors.nodes import DequantizeAttrs, Node, NodeKind, ReadAttrs
-from weightplan.planner.tensors.quant_build import QuantContext, source_values
+from weightplan.planner.tensors.quant_build import QuantContext, source_streams
 from weightplan.planner.tensors.spec import TensorSpec
 
 FP8 = torch.float8_e4m3fn
@@ -53,7 +53,7 @@ def test_bulk_nodes_equal_one_by_one_ones_with_mixed_and_paired_streams():
     group = Group(None, tuple(map(tuple, weights)), ((), ()), ("a.*", "b.*"))
     quant = QuantContext(Fp8Pairing(pairs, (), frozenset()), None, None)
 
-    values, nodes = source_values(group, quant, None, torch.bfloat16)
+    values, nodes = source_streams(group, quant, None, torch.bfloat16)[:2]
     want_values, want_nodes = _one_by_one(group, pairs, torch.bfloat16)
 
     assert values == want_values and nodes == want_nodes
@@ -64,7 +64,7 @@ def test_bulk_nodes_equal_one_by_one_ones_with_mixed_and_paired_streams():
 def test_bulk_reads_without_pairs_are_plain_reads():
     entries = tuple(_entry(f"x.{j}", (4, 4), torch.float32, j) for j in range(3))
     group = Group(None, (entries,), ((),), ("x.*",))
-    values, nodes = source_values(group, None, None, None)
+    values, nodes = source_streams(group, None, None, None)[:2]
     want_values, want_nodes = _one_by_one(group, {}, torch.bfloat16)
     assert values == want_values and nodes == want_nodes
     assert [hash(n) for n in nodes] == [hash(n) for n in want_nodes]
@@ -89,7 +89,7 @@ def test_a_stack_with_mixed_blocks_is_built_pair_by_pair():
     group = Group(None, (tuple(p.weight for p in pairs.values()),), ((),), ("x.*",))
     quant = QuantContext(Fp8Pairing(pairs, (), frozenset()), None, None)
     assert quant.pairing.single_block is None
-    values, nodes = source_values(group, quant, None, torch.bfloat16)
+    values, nodes = source_streams(group, quant, None, torch.bfloat16)[:2]
     want_values, want_nodes = _one_by_one(group, pairs, torch.bfloat16)
     assert values == want_values and nodes == want_nodes
     assert [hash(n) for n in nodes] == [hash(n) for n in want_nodes]
@@ -105,7 +105,8 @@ def test_paired_columns_build_the_nodes_of_their_pairs():
     assert isinstance(pairing.pairs, ScaledWeights) and dict(pairing.pairs) == pairs
     assert pairing.single_block == ((128, 128),) and pairing.activation_count == 0
     group = Group(None, (tuple(p.weight for p in pairs.values()),), ((),), ("x.*",))
-    values, nodes = source_values(group, QuantContext(pairing, None, None), None, torch.float16)
+    quant = QuantContext(pairing, None, None)
+    values, nodes = source_streams(group, quant, None, torch.float16)[:2]
     want_values, want_nodes = _one_by_one(group, pairs, torch.float16)
     assert values == want_values and nodes == want_nodes
     assert [hash(n) for n in nodes] == [hash(n) for n in want_nodes]
@@ -123,7 +124,7 @@ def test_a_stack_that_cannot_dequantize_names_its_first_weight():
     group = Group(None, (tuple(p.weight for p in pairs.values()),), ((),), ("x.*",))
     quant = QuantContext(Fp8Pairing(pairs, (), frozenset()), None, None)
     with pytest.raises(WeightplanError) as bulk:
-        source_values(group, quant, None, torch.bfloat16)
+        source_streams(group, quant, None, torch.bfloat16)[:2]
     with pytest.raises(WeightplanError) as each:
         _one_by_one(group, pairs, torch.bfloat16)
     assert str(bulk.value) == str(each.value) and "x.0.w" in str(bulk.value)
@@ -135,7 +136,7 @@ def test_op_nodes_over_a_whole_stream_take_the_stream():
 
     pairs = _stack(6)
     group = Group(None, (tuple(p.weight for p in pairs.values()),), ((),), ("x.*",))
-    values, _ = source_values(group, None, None, None)
+    values, _ = source_streams(group, None, None, None)[:2]
     whole = _wired(values, stream_positions(0, 6))
     assert whole is values[0]
     assert _wired(values, tuple((0, j) for j in range(6))) == whole

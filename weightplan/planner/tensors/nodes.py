@@ -23,7 +23,7 @@ from weightplan.planner.inputs.checkpoint import TensorEntry
 from weightplan.planner.makers import filled
 from weightplan.planner.tensors.destination import Destination
 from weightplan.planner.tensors.geometry import Region
-from weightplan.planner.tensors.ops.base import ConversionOp, stream_positions
+from weightplan.planner.tensors.ops.base import ConversionOp
 from weightplan.planner.tensors.sharding.placements import Placement
 from weightplan.planner.tensors.spec import TensorSpec, short_dtype
 
@@ -161,12 +161,6 @@ _KEY, _SPEC, _HASH = attrgetter("key"), attrgetter("spec"), attrgetter("_hash")
 
 
 _FEW = 4  # up to this many nodes, the exact constructor beats bulk filling's setup
-
-
-def stream_sources(stream: int, count: int) -> tuple[tuple[int, int], ...]:
-    """``(stream, 0) .. (stream, count - 1)``: the sources of a stream's reads, one tuple
-    per (stream, index) shared by every conversion (and compared by identity first)."""
-    return stream_positions(stream, count)
 
 
 def read_nodes(entries: Sequence[TensorEntry], sources: Sequence[tuple[int, int]]) -> list[Node]:

@@ -27,9 +27,9 @@ from weightplan.errors import PlanError
 from weightplan.planner.tensors.build import Conversion, stage_op, stage_specs, stages
 from weightplan.planner.tensors.destination import Destination, DestKind
 from weightplan.planner.tensors.geometry import Fragment, Region, View
-from weightplan.planner.tensors.nodes import Node, NodeKind, op_attrs, sink_attrs, stream_sources
+from weightplan.planner.tensors.nodes import Node, NodeKind, op_attrs, sink_attrs
 from weightplan.planner.tensors.quant_steps import QuantizeTask, quantize_plan
-from weightplan.planner.tensors.ops.base import ConversionOp, Streams
+from weightplan.planner.tensors.ops.base import ConversionOp, Streams, stream_positions
 from weightplan.planner.tensors.read_tasks import (
     PIECE_BYTES, ReadRun, ReadTask, placed_reads, read_task,
 )
@@ -217,7 +217,7 @@ def _stack_inputs(reads: list[Node], dequantized: list[Node]) -> Streams[Node] |
 def _dense_sources(counts: tuple[int, ...]) -> list[tuple[int, int]]:
     """(stream, index) of ``counts[i]`` sources in each stream ``i``, in order (not to be
     changed: shared between calls)."""
-    return list(chain.from_iterable(map(stream_sources, range(len(counts)), counts)))
+    return list(chain.from_iterable(map(stream_positions, range(len(counts)), counts)))
 
 
 def _dense_streams(row: dict[tuple[int, int], Node]) -> Streams[Node] | None:

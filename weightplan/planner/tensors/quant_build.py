@@ -42,9 +42,9 @@ from weightplan.planner.quant.blocks import FP8_DTYPES, E8M0, Block, block_of
 from weightplan.planner.quant.kinds import Dequantize, Quantize
 from weightplan.planner.tensors.nodes import (
     DequantizeAttrs, Node, NodeKind, QuantizeAttrs, dequantize_nodes, dequantize_stack,
-    read_attrs, read_nodes, stream_sources,
+    read_attrs, read_nodes,
 )
-from weightplan.planner.tensors.ops.base import ConversionOp, Streams
+from weightplan.planner.tensors.ops.base import ConversionOp, Streams, stream_positions
 from weightplan.planner.tensors.read_tasks import AlikeReads, alike_reads
 from weightplan.planner.tensors.spec import TensorSpec
 
@@ -102,22 +102,16 @@ def routed_checkpoint(ckpt: Checkpoint, quant: QuantContext | None) -> Checkpoin
     return replace(ckpt, entries=entries)
 
 
-def source_values(group: Group, quant: QuantContext | None, expected: object,
-                  dtype: torch.dtype | None) -> tuple[Streams[Node], list[Node]]:
-    """The op chain's inputs: a read per source, each paired FP8 one behind a
-    ``DEQUANTIZE`` node unless the conversion keeps FP8. Returns the values and the nodes
-    made, in topological order (every read, then each dequantize after its scale's read).
-    A stream's nodes are made in bulk (:func:`~weightplan.planner.tensors.nodes.read_nodes`)."""
-    values, nodes, _ = source_streams(group, quant, expected, dtype)
-    return values, nodes
-
-
 def source_streams(group: Group, quant: QuantContext | None, expected: object,
                    dtype: torch.dtype | None
                    ) -> tuple[Streams[Node], list[Node], tuple[AlikeReads | None, ...]]:
-    """:func:`source_values`, and for each stream the parts all its reads share when they
-    are alike (:func:`~weightplan.planner.tensors.read_tasks.alike_reads`; ``None``: not
-    known), told while the stream's entries are at hand."""
+    """The op chain's inputs: a read per source, each paired FP8 one behind a
+    ``DEQUANTIZE`` node unless the conversion keeps FP8. Returns the values, the nodes
+    made, in topological order (every read, then each dequantize after its scale's read),
+    and for each stream the parts all its reads share when they are alike
+    (:func:`~weightplan.planner.tensors.read_tasks.alike_reads`; ``None``: not known),
+    told while the stream's entries are at hand. A stream's nodes are made in bulk
+    (:func:`~weightplan.planner.tensors.nodes.read_nodes`)."""
     scales_of: Mapping[str, TensorEntry] = {}
     out_dtype = torch.bfloat16  # unused unless something dequantizes
     if quant is not None and not _keeps(group, quant):
@@ -129,7 +123,7 @@ def source_streams(group: Group, quant: QuantContext | None, expected: object,
     streams = []
     alike: list[AlikeReads | None] = []
     for i, entries in enumerate(group.sources):
-        sources = stream_sources(i, len(entries))
+        sources = stream_positions(i, len(entries))
         row = read_nodes(entries, sources)
         reads += row
         found = list(map(scales_of.get, map(_KEY, entries))) if scales_of else []
