@@ -19,9 +19,10 @@ Whatever can't be done right is a problem on the plan (:func:`quant_problems`), 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from itertools import chain, compress
+from itertools import chain, compress, repeat
 from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import cast
@@ -32,7 +33,7 @@ from weightplan.errors import QuantizationError
 from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.inputs.fp8_model import Fp8Model, fp8_params
 from weightplan.planner.inputs.entry import TensorEntry
-from weightplan.planner.inputs.fp8_pairs import Fp8Pairing, pair_scales, scale_key
+from weightplan.planner.inputs.fp8_pairs import Fp8Pairing, ScaledWeights, pair_scales, scale_key
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.inputs.quant_config import (
     QuantConfig, quant_config_of_model, read_quant_config,
@@ -97,9 +98,19 @@ def routed_checkpoint(ckpt: Checkpoint, quant: QuantContext | None) -> Checkpoin
     if quant is None or not quant.pairing.companions:
         return ckpt
     entries = dict(ckpt.entries)  # a copy keeps the order; deleting ~half is C-level
-    for key in quant.pairing.companions:
-        entries.pop(key, None)
+    deque(map(entries.pop, _in_order(quant.pairing), repeat(None)), maxlen=0)
     return replace(ckpt, entries=entries)
+
+
+def _in_order(pairing: Fp8Pairing) -> Iterable[str]:
+    """The companions, in checkpoint order where that is at hand: the scale keys of
+    :class:`ScaledWeights` pairs (which are its companions), whose entries' order is the
+    checkpoint's. Deleting 46k keys in that order takes half the time of the set's order,
+    which jumps about the dict."""
+    pairs, companions = pairing.pairs, pairing.companions
+    if isinstance(pairs, ScaledWeights) and len(pairs) == len(companions):
+        return map(_KEY, pairs.scales.values())
+    return companions
 
 
 def source_streams(group: Group, quant: QuantContext | None, expected: object,
