@@ -28,14 +28,14 @@ from typing import NamedTuple, cast
 from weightplan.planner.inputs.checkpoint import TensorEntry
 from weightplan.planner.inputs.quant_config import QuantConfig
 from weightplan.planner.quant.blocks import FP8_DTYPES, SCALE_DTYPES, Block, grid_fits, scale_grid
-from weightplan.planner.tensors.spec import short_dtype
+from weightplan.planner.tensors.spec import TensorSpec, short_dtype
 
 ACTIVATION_SUFFIXES = (".activation_scale", ".input_scale")
 SCALE_SUFFIX = "_scale_inv"
 _SCALE_SUFFIXES = (SCALE_SUFFIX, *ACTIVATION_SUFFIXES)
 _FP8 = frozenset(FP8_DTYPES)
 _SCALE_DTYPES = frozenset(SCALE_DTYPES)
-_DTYPE, _SPEC = attrgetter("spec.dtype"), attrgetter("spec")
+_SPEC, _SPEC_DTYPE = attrgetter("spec"), attrgetter("dtype")
 _new = tuple.__new__
 
 
@@ -188,20 +188,35 @@ def _pair_all(entries: Mapping[str, TensorEntry], keys: list[str], scaling: list
     """``(weight keys, weights, scales)`` when every FP8 weight has a scale of a scale
     dtype on its exact ceil grid, found column by column at C speed (by position when
     the scale keys are exactly the weights' in the same order, as in sorted headers);
-    ``None`` otherwise (:func:`_pair_each` says which weight has which problem)."""
-    fp8 = map(_FP8.__contains__, map(_DTYPE, entries.values()))
+    ``None`` otherwise (:func:`_pair_each` says which weight has which problem). Each
+    entry is read once, for its spec: the entries are cold in cache by now."""
+    values = list(entries.values())
+    specs = list(map(_SPEC, values))
+    fp8 = map(_FP8.__contains__, map(_SPEC_DTYPE, specs))
     weight = list(map(gt, fp8, scaling))  # FP8 and not a scale key: True > False
     weights = list(compress(keys, weight))
-    wents = list(compress(entries.values(), weight))
-    names = list(map(add, weights, repeat(SCALE_SUFFIX)))
-    if names == scale_like:  # the scales come in step with their weights: no look-ups
-        scales = list(compress(entries.values(), scaling))
+    wents = list(compress(values, weight))
+    if _in_step(weights, scale_like):  # the scales come in step with their weights
+        scales, sspecs = list(compress(values, scaling)), list(compress(specs, scaling))
     else:
-        found = list(map(entries.get, names))
+        found = list(map(entries.get, map(add, weights, repeat(SCALE_SUFFIX))))
         if not all(found):
             return None
         scales = cast(list[TensorEntry], found)
-    return (weights, wents, scales) if _grids_fit(wents, scales, block) else None
+        sspecs = list(map(_SPEC, scales))
+    fits = _grids_fit(list(compress(specs, weight)), sspecs, block)
+    return (weights, wents, scales) if fits else None
+
+
+def _in_step(weights: list[str], scale_like: list[str]) -> bool:
+    """Whether ``scale_like[i] == weights[i] + SCALE_SUFFIX`` for every ``i``, told by two
+    joined texts (no string made per key): with exactly ``n - 1`` NULs in the first, none
+    of its items holds one, so equal texts mean equal items."""
+    if len(weights) != len(scale_like) or not weights:
+        return len(weights) == len(scale_like)
+    joined = "\0".join(scale_like)
+    return (joined.count("\0") == len(weights) - 1
+            and joined == (SCALE_SUFFIX + "\0").join(weights) + SCALE_SUFFIX)
 
 
 def _rows(entries: Mapping[str, TensorEntry], columns: Columns, block: Block,
@@ -217,10 +232,10 @@ def _rows(entries: Mapping[str, TensorEntry], columns: Columns, block: Block,
     return dict(zip(weights, map(_new, repeat(ScaledWeight), rows), strict=True))
 
 
-def _grids_fit(weights: list[TensorEntry], scales: list[TensorEntry], block: Block) -> bool:
-    """Every scale has a scale dtype and exactly the ceil grid of its weight, checked once
-    per distinct (weight spec, scale spec) pair of objects (entries share their specs)."""
-    wspecs, sspecs = list(map(_SPEC, weights)), list(map(_SPEC, scales))
+def _grids_fit(wspecs: list[TensorSpec], sspecs: list[TensorSpec], block: Block) -> bool:
+    """Every scale spec has a scale dtype and exactly the ceil grid of its weight spec,
+    checked once per distinct (weight spec, scale spec) pair of objects (entries share
+    their specs)."""
     ids = zip(map(id, wspecs), map(id, sspecs), strict=True)
     distinct = dict(zip(ids, zip(wspecs, sspecs, strict=True), strict=True))
     return all(s.dtype in _SCALE_DTYPES and len(w.shape) >= 2
