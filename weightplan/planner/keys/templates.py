@@ -55,10 +55,12 @@ def templates_of(keys: Sequence[str]) -> list[str | None]:
     leading zero or a key holds a newline."""
     text = "\n".join(keys).encode("utf-8", "surrogatepass")
     marked = b" " + text.translate(_ZERO_MARKS)
-    if _MARKED_LEADING_ZERO.search(marked) or text.count(b"\n") != len(keys) - 1:
+    if _MARKED_LEADING_ZERO.search(marked):
         return [template_of(k) for k in keys]
     templates: list[str | None] = []
     templates += text.translate(_BYTES_TO_ONE).decode("utf-8", "surrogatepass").split("\n")
+    if len(templates) != len(keys):  # a key holds a newline
+        return [template_of(k) for k in keys]
     return templates
 
 

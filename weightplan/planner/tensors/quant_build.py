@@ -126,7 +126,7 @@ def source_streams(group: Group, quant: QuantContext | None, expected: object,
         sources = stream_positions(i, len(entries))
         row = read_nodes(entries, sources)
         reads += row
-        found = list(map(scales_of.get, map(_KEY, entries))) if scales_of else []
+        found = _scales(scales_of, entries) if scales_of else []
         if not any(found):
             streams.append(tuple(row))
             alike.append(alike_reads(entries, None, None))
@@ -148,6 +148,18 @@ def source_streams(group: Group, quant: QuantContext | None, expected: object,
         alike.append(None if mixed or block is None
                      else alike_reads(entries, list(map(_SPEC, paired)), block))
     return tuple(streams), reads + added, tuple(alike)
+
+
+def _scales(scales_of: Mapping[str, TensorEntry], entries: tuple[TensorEntry, ...]
+            ) -> list[TensorEntry | None]:
+    """Each entry's scale (``None``: not a scaled FP8 weight): a stack's in one look-up
+    pass when all of them have one (the usual case), else one by one."""
+    if len(entries) > 1:
+        try:
+            return list(itemgetter(*map(_KEY, entries))(scales_of))
+        except KeyError:
+            pass
+    return list(map(scales_of.get, map(_KEY, entries)))
 
 
 def _dequantize(weights: list[Node], scales: list[Node], pairing: Fp8Pairing,
