@@ -150,11 +150,10 @@ class Router:
         templates = templates_of(keys)
         by_template: dict[str | None, list[str]] = {}
         for key, template in zip(keys, templates, strict=True):
-            found = by_template.get(template)
-            if found is None:
+            try:  # (a template seen before, the usual case, costs no get() call)
+                by_template[template].append(key)
+            except KeyError:
                 by_template[template] = [key]
-            else:
-                found.append(key)
         if not sortable(keys, templates):
             # (a template's keys in string order, as _claims_maker takes them; ties of
             # natural_key are between templates, or among keys without one: kept in order)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from itertools import chain, compress
+from itertools import compress
 from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import cast
@@ -139,7 +139,9 @@ def source_streams(group: Group, quant: QuantContext | None, expected: object,
         scales = read_nodes(paired, sub)
         assert quant is not None  # scales_of is empty without it
         dequantized, block = _dequantize(weights, scales, quant.pairing, made, out_dtype)
-        added += chain.from_iterable(zip(scales, dequantized, strict=True))
+        pairs: list[Node] = [*scales, *dequantized]  # interleaved in place: no tuple per pair
+        pairs[::2], pairs[1::2] = scales, dequantized
+        added += pairs
         if mixed:
             by_place = dict(zip(places, dequantized, strict=True))
             dequantized = [by_place.get(j, read) for j, read in enumerate(row)]
