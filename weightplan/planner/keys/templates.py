@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import re
 import sys
-from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
@@ -80,29 +79,11 @@ def sort_text(template: str) -> Callable[[str], str]:
 
 
 def sort_texts(template: str, keys: list[str]) -> list[str]:
-    """:func:`sort_text` of each of ``keys`` (all of ``template``, in string order), in
-    C-level passes: the template's fixed pieces joined with the slices of each key that
-    hold its digits. Keys that differ only in their last number (consecutive, in string
-    order: the experts of one layer) share the text up to it, made once."""
+    """:func:`sort_text` of each of ``keys`` (all of ``template``), in C-level passes: the
+    template's fixed pieces joined with the slices of each key that hold its digits."""
     pieces, spans = _sort_pieces(template)
     if not spans:
         return [pieces[0]] * len(keys)
-    if len(spans) > 1:
-        cut = itemgetter(slice(spans[-1].start))
-        texts: list[str] = []
-        begin, count, runs = 0, len(keys), 0
-        while begin < count and runs <= 4 + (begin >> 3):  # until runs turn out short
-            runs += 1
-            stop = bisect_right(keys, cut(keys[begin]), begin + 1, count, key=cut)
-            head = _joined(pieces[:-1], spans[:-1], keys[begin:begin + 1])[0]
-            texts += _joined((head, pieces[-1]), spans[-1:], keys[begin:stop])
-            begin = stop
-        return texts + _joined(pieces, spans, keys[begin:]) if begin < count else texts
-    return _joined(pieces, spans, keys)
-
-
-def _joined(pieces: Sequence[str], spans: Sequence[slice], keys: list[str]) -> list[str]:
-    """``pieces[0] + key[spans[0]] + pieces[1] + …`` for each key."""
     columns: list[Iterable[str]] = [repeat(pieces[0])]
     for span, piece in zip(spans, pieces[1:], strict=True):
         columns += [map(itemgetter(span), keys), repeat(piece)]
