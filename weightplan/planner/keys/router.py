@@ -123,7 +123,7 @@ class Router:
     def __init__(self, renamings: list[Renaming], converters: list[WeightConverter],
                  model: ModelInfo | None):
         templates = None if model is None else frozenset(
-            t for t in map(template_of, model.tensors) if t is not None)
+            t for t in templates_of(list(model.tensors)) if t is not None)
         self.model, self.base = model, Applier(renamings, converters, templates)
         self.landed: dict[tuple, bool] = {}  # by converter group: the same for its members
         self.tokens: dict[object, Token] = {}  # by converter group, of routes made in bulk
