@@ -146,9 +146,10 @@ def source_streams(group: Group, quant: QuantContext | None, expected: object,
             by_place = dict(zip(places, dequantized, strict=True))
             dequantized = [by_place.get(j, read) for j, read in enumerate(row)]
         streams.append(tuple(dequantized))
-        # one block for the whole stack (alike_reads checks the weights' and scales' specs)
+        # one block for the whole stack (alike_reads checks the weights' specs; the
+        # scales' are all equal when _dequantize infers once: the first stands for them)
         alike.append(None if mixed or block is None
-                     else alike_reads(entries, list(map(_SPEC, paired)), block))
+                     else alike_reads(entries, [paired[0].spec] * len(paired), block))
     return tuple(streams), reads + added, tuple(alike)
 
 
