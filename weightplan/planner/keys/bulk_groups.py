@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
-from operator import not_
+from operator import itemgetter, not_
 
 from weightplan.planner.inputs.checkpoint import Checkpoint, TensorEntry
 from weightplan.planner.keys.routing import Group, Incomplete, Route, _group, bucket_of
@@ -110,7 +110,8 @@ def _run_group(converter: WeightConverter, pieces: list[list[Run]],
         elif len(runs) != 1 or len(runs[0].keys) != 1:
             return None  # several keys for an index-less source
         routes.append(tuple(chain.from_iterable(r.routes for r in runs)))
-        sources.append(tuple(map(entries.__getitem__, chain.from_iterable(r.keys for r in runs))))
+        keys = list(chain.from_iterable(r.keys for r in runs))
+        sources.append(itemgetter(*keys)(entries) if len(keys) > 1 else (entries[keys[0]],))
     if len({len(r) for r, s in zip(routes, converter.sources, strict=True) if s.has_index}) > 1:
         return None
     return Group(converter, tuple(sources), tuple(routes),

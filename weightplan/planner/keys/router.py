@@ -20,9 +20,10 @@ the claimed keys cut into runs of one group each, from which
 from __future__ import annotations
 
 import sys
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from itertools import compress, groupby, repeat
+from itertools import chain, compress, groupby, repeat
 from operator import itemgetter
 
 from weightplan.planner.inputs.model_info import ModelInfo
@@ -122,7 +123,7 @@ class Router:
     def __init__(self, renamings: list[Renaming], converters: list[WeightConverter],
                  model: ModelInfo | None):
         templates = None if model is None else frozenset(
-            t for t in map(template_of, model.tensors) if t is not None)
+            t for t in templates_of(list(model.tensors)) if t is not None)
         self.model, self.base = model, Applier(renamings, converters, templates)
         self.landed: dict[tuple, bool] = {}  # by converter group: the same for its members
         self.tokens: dict[object, Token] = {}  # by converter group, of routes made in bulk
@@ -149,13 +150,15 @@ class Router:
         templates = templates_of(keys)
         by_template: dict[str | None, list[str]] = {}
         for key, template in zip(keys, templates, strict=True):
-            found = by_template.get(template)
-            if found is None:
+            try:  # (a template seen before, the usual case, costs no get() call)
+                by_template[template].append(key)
+            except KeyError:
                 by_template[template] = [key]
-            else:
-                found.append(key)
         if not sortable(keys, templates):
-            routes = [r for t, m in by_template.items() for r in self._maker(t)(m)[0]]
+            # (a template's keys in string order, as _claims_maker takes them; ties of
+            # natural_key are between templates, or among keys without one: kept in order)
+            routes = [r for t, m in by_template.items()
+                      for r in self._maker(t)(m if t is None else sorted(m))[0]]
             return Routed(sorted(routes, key=lambda r: natural_key(r.key)), None, [])
         made: list[Route] = []
         idents: list[object] = []
@@ -247,46 +250,112 @@ def _claims_maker(template: str, converter: WeightConverter, shape: MatchShape,
     """Routes the keys of ``template`` that ``converter`` claims with no renaming fired,
     all at once: the match is sliced out of each key (:class:`MatchShape`), with one
     :class:`PatternMatch` per index and groups; whether a group lands is asked once per
-    head, tail and groups (:meth:`Router.route` takes a key whose group doesn't)."""
+    head, tail and groups (:meth:`Router.route` takes a key whose group doesn't). The
+    keys come in string order."""
     start, end, spans = shape.start, shape.end, shape.group_spans
     at = itemgetter(slice(*shape.index_span)) if shape.index_span is not None else None
     head_of = itemgetter(slice(None, start))
     fixed_tail = sys.intern(template[end:]) if "1" not in template[end:] else None
     span, source_index = (start - shape.scope, end - shape.scope), shape.source_index
+    # keys of one template differ only in their digits: with none after the match and none
+    # in it but the index's, a group is a head, its keys are consecutive and differ only in
+    # their index (:func:`_head_runs`)
+    by_head = not spans and fixed_tail is not None
+    only_index = by_head and at is not None and shape.index_span is not None and "1" not in (
+        template[start:shape.index_span[0]] + template[shape.index_span[1]:end])
 
     def make_all(keys: list[str]) -> Made:
         count = len(keys)
-        indices: list[int | None] = list(map(int, map(at, keys))) if at else [None] * count
-        heads = list(map(sys.intern, map(head_of, keys)))
-        combos: list = heads  # what tells groups apart: the heads, unless more can differ
-        if spans or fixed_tail is None:
+        heads_at = _head_runs(keys, head_of) if by_head else None
+        seen: list  # what tells matches apart: the indices, with the groups if any
+        made: dict[object, PatternMatch]
+        combos: list  # what tells groups apart: the heads, unless more can differ
+        if heads_at is not None:
+            heads: list[str] = list(chain.from_iterable(
+                repeat(h, stop - begin) for h, begin, stop in heads_at))
+            indices = _run_indices(keys, at, heads_at, only_index)
+            seen, tails, combos = indices, [fixed_tail] * count, heads
+            made = {i: PatternMatch(*span, i, ()) for i in set(indices)}
+        else:
+            indices = list(map(int, map(at, keys))) if at else [None] * count
+            heads = list(map(sys.intern, map(head_of, keys)))
             groups: list[tuple] = ([tuple([None if s is None else k[s[0]:s[1]] for s in spans])
                                     for k in keys] if spans else [()] * count)
-            seen: list = list(zip(indices, groups, strict=True))
+            seen = list(zip(indices, groups, strict=True))
             made = {one: PatternMatch(*span, *one) for one in set(seen)}
             tails = ([sys.intern(k[end:]) for k in keys] if fixed_tail is None
                      else [fixed_tail] * count)
             combos = list(zip(heads, tails, groups, strict=True))
-        else:
-            seen, tails = indices, [fixed_tail] * count
-            made = {i: PatternMatch(*span, i, ()) for i in set(indices)}
         claims = _claims(count, repeat(source_index), heads, tails, map(made.__getitem__, seen))
         routes = _routes(count, keys, keys, repeat(()), repeat(converter), claims, repeat(""))
-        firsts: dict = dict(zip(combos, routes, strict=True))  # one route per group asks
-        fast = _fast_combos(firsts, keys, template, router)
-        tokens = {c: router.token(converter, r) for c, r in firsts.items() if fast[c]}
-        if len(tokens) == len(firsts):
-            idents: list[object] = list(map(tokens.__getitem__, combos))
-            return routes, idents, _runs(idents, source_index, routes, keys, indices)
-        keep = list(map(fast.__getitem__, combos))
-        slow = [r if ok else router.route(r.key) for r, ok in zip(routes, keep, strict=True)]
-        idents = [tokens[c] if ok else bucket_of(r)
-                  for c, r, ok in zip(combos, slow, keep, strict=True)]
-        runs = _runs(list(compress(idents, keep)), source_index, list(compress(routes, keep)),
-                     list(compress(keys, keep)), list(compress(indices, keep)))
-        return slow, idents, runs
+        return _grouped(routes, keys, indices, combos, heads_at, (source_index, template,
+                                                                   converter, router))
 
     return make_all
+
+
+def _grouped(routes: list[Route], keys: list[str], indices: list[int | None], combos: list,
+             heads_at: list[tuple[str, int, int]] | None,
+             how: tuple[int, str, WeightConverter, Router]) -> Made:
+    """:meth:`Router.route`'s routes of ``keys`` from the ones made in bulk, the idents of
+    their groups and their runs (``combos``: each key's group; ``heads_at``: the groups
+    as heads with the bounds of their keys, when that is what they are)."""
+    source_index, template, converter, router = how
+    if heads_at is None:
+        firsts: dict = dict(zip(combos, routes, strict=True))  # one route per group asks
+    else:
+        firsts = {head: routes[begin] for head, begin, _ in heads_at}
+    fast = _fast_combos(firsts, keys, template, router)
+    tokens = {c: router.token(converter, r) for c, r in firsts.items() if fast[c]}
+    if len(tokens) == len(firsts) and heads_at is not None:
+        runs = [Run(tokens[head], source_index, routes[begin:stop], keys[begin:stop],
+                    indices[begin:stop]) for head, begin, stop in heads_at]
+        idents: list[object] = list(chain.from_iterable(
+            repeat(run.token, len(run.keys)) for run in runs))
+        return routes, idents, runs
+    if len(tokens) == len(firsts):
+        idents = list(map(tokens.__getitem__, combos))
+        return routes, idents, _runs(idents, source_index, routes, keys, indices)
+    keep = list(map(fast.__getitem__, combos))
+    slow = [r if ok else router.route(r.key) for r, ok in zip(routes, keep, strict=True)]
+    idents = [tokens[c] if ok else bucket_of(r)
+              for c, r, ok in zip(combos, slow, keep, strict=True)]
+    runs = _runs(list(compress(idents, keep)), source_index, list(compress(routes, keep)),
+                 list(compress(keys, keep)), list(compress(indices, keep)))
+    return slow, idents, runs
+
+
+def _head_runs(keys: list[str], head_of: Callable[[str], str]
+               ) -> list[tuple[str, int, int]] | None:
+    """Each head of ``keys`` (in string order, so a head's keys are consecutive), interned,
+    with the bounds of its keys: found by bisection, a few steps per head rather than a
+    slice per key. ``None`` when heads are too many for that to pay."""
+    runs: list[tuple[str, int, int]] = []
+    begin, count = 0, len(keys)
+    while begin < count:
+        if len(runs) > count >> 3:
+            return None
+        head = sys.intern(head_of(keys[begin]))
+        stop = bisect_right(keys, head, begin + 1, count, key=head_of)
+        runs.append((head, begin, stop))
+        begin = stop
+    return runs
+
+
+def _run_indices(keys: list[str], at: Callable[[str], str] | None,
+                 heads_at: list[tuple[str, int, int]], only_index: bool) -> list[int | None]:
+    """Each key's index: where a head's keys differ only in it (``only_index``), they rise
+    one by one when the last is the first plus their count less one (a stack of experts)."""
+    if at is None:
+        return [None] * len(keys)
+    indices: list[int | None] = []
+    for _, begin, stop in heads_at:
+        first, last = int(at(keys[begin])), int(at(keys[stop - 1]))
+        if only_index and last - first == stop - begin - 1:
+            indices += range(first, last + 1)
+        else:
+            indices += map(int, map(at, keys[begin:stop]))
+    return indices
 
 
 def _fast_combos(firsts: dict[object, Route], keys: list[str], template: str, router: Router

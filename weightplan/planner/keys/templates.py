@@ -35,9 +35,8 @@ _TO_ONE = str.maketrans("0123456789", "1111111111")
 _LEADING_ZERO = re.compile(r"(?<![0-9])0[0-9]")
 _DIGIT = re.compile(r"[0-9]")
 _BYTES_TO_ONE = bytes.maketrans(b"0123456789", b"1111111111")
-# digits 1-9 → "1", "0" stays, anything else → " ": a leading zero is then b" 0" + digit
-_ZERO_MARKS = bytes(0x30 if b == 0x30 else 0x31 if 0x31 <= b <= 0x39 else 0x20 for b in range(256))
-_MARKED_LEADING_ZERO = re.compile(rb" 0[01]")
+# _LEADING_ZERO on bytes, led by its literal "0" (rare in keys): the search skips to each
+_BYTES_LEADING_ZERO = re.compile(rb"0(?<![0-9]0)[0-9]")
 
 
 def template_of(key: str) -> str | None:
@@ -53,11 +52,12 @@ def templates_of(keys: Sequence[str]) -> list[str | None]:
     digits never occur inside a UTF-8 multi-byte sequence); per key when a number has a
     leading zero or a key holds a newline."""
     text = "\n".join(keys).encode("utf-8", "surrogatepass")
-    marked = b" " + text.translate(_ZERO_MARKS)
-    if _MARKED_LEADING_ZERO.search(marked) or text.count(b"\n") != len(keys) - 1:
+    if _BYTES_LEADING_ZERO.search(text):
         return [template_of(k) for k in keys]
     templates: list[str | None] = []
     templates += text.translate(_BYTES_TO_ONE).decode("utf-8", "surrogatepass").split("\n")
+    if len(templates) != len(keys):  # a key holds a newline
+        return [template_of(k) for k in keys]
     return templates
 
 
@@ -66,7 +66,7 @@ def sortable(keys: Sequence[str], templates: Sequence[str | None]) -> bool:
     character below ``\\x03``)."""
     text = "".join(keys)
     return (text.isascii() and not any(c in text for c in "\x00\x01\x02")
-            and None not in templates)
+            and all(templates))  # (no None; an empty key's "" only costs the slow path)
 
 
 def sort_text(template: str) -> Callable[[str], str]:

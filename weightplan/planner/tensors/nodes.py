@@ -132,7 +132,8 @@ class Node:
         _set_spec(self, spec)
         _set_inputs(self, inputs)
         _set_attrs(self, attrs)
-        _set_hash(self, hash((kind, tuple(map(hash, inputs)), *_identity(attrs))))
+        # (an input's hash read straight from its slot: a merge has 256 inputs)
+        _set_hash(self, hash((kind, tuple(map(_HASH, inputs)), *_identity(attrs))))
 
     def __hash__(self) -> int:
         return self._hash

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from itertools import chain, compress, repeat
+from itertools import compress, repeat
 from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import cast
@@ -137,7 +137,7 @@ def source_streams(group: Group, quant: QuantContext | None, expected: object,
         sources = stream_positions(i, len(entries))
         row = read_nodes(entries, sources)
         reads += row
-        found = list(map(scales_of.get, map(_KEY, entries))) if scales_of else []
+        found = _scales(scales_of, entries) if scales_of else []
         if not any(found):
             streams.append(tuple(row))
             alike.append(alike_reads(entries, None, None))
@@ -150,15 +150,30 @@ def source_streams(group: Group, quant: QuantContext | None, expected: object,
         scales = read_nodes(paired, sub)
         assert quant is not None  # scales_of is empty without it
         dequantized, block = _dequantize(weights, scales, quant.pairing, made, out_dtype)
-        added += chain.from_iterable(zip(scales, dequantized, strict=True))
+        pairs: list[Node] = [*scales, *dequantized]  # interleaved in place: no tuple per pair
+        pairs[::2], pairs[1::2] = scales, dequantized
+        added += pairs
         if mixed:
             by_place = dict(zip(places, dequantized, strict=True))
             dequantized = [by_place.get(j, read) for j, read in enumerate(row)]
         streams.append(tuple(dequantized))
-        # one block for the whole stack (alike_reads checks the weights' and scales' specs)
+        # one block for the whole stack (alike_reads checks the weights' specs; the
+        # scales' are all equal when _dequantize infers once: the first stands for them)
         alike.append(None if mixed or block is None
-                     else alike_reads(entries, list(map(_SPEC, paired)), block))
+                     else alike_reads(entries, [paired[0].spec] * len(paired), block))
     return tuple(streams), reads + added, tuple(alike)
+
+
+def _scales(scales_of: Mapping[str, TensorEntry], entries: tuple[TensorEntry, ...]
+            ) -> list[TensorEntry | None]:
+    """Each entry's scale (``None``: not a scaled FP8 weight): a stack's in one look-up
+    pass when all of them have one (the usual case), else one by one."""
+    if len(entries) > 1:
+        try:
+            return list(itemgetter(*map(_KEY, entries))(scales_of))
+        except KeyError:
+            pass
+    return list(map(scales_of.get, map(_KEY, entries)))
 
 
 def _dequantize(weights: list[Node], scales: list[Node], pairing: Fp8Pairing,
