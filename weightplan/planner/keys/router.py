@@ -345,7 +345,9 @@ def _head_runs(keys: list[str], head_of: Callable[[str], str]
 def _run_indices(keys: list[str], at: Callable[[str], str] | None,
                  heads_at: list[tuple[str, int, int]], only_index: bool) -> list[int | None]:
     """Each key's index: where a head's keys differ only in it (``only_index``), they rise
-    one by one when the last is the first plus their count less one (a stack of experts)."""
+    one by one when the last is the first plus their count less one (a stack of experts):
+    the keys of one template write their numbers with the same count of digits, so their
+    string order is the indices' order, and distinct indices so spread are consecutive."""
     if at is None:
         return [None] * len(keys)
     indices: list[int | None] = []
