@@ -112,6 +112,14 @@ class Step:
         sizes += filter(None, map(_WINDOW_BYTES, self.reads[at:]))
         return tuple(sizes)
 
+    def window_counts(self) -> Counter[int]:
+        """:attr:`window_sizes`, counted (a run's reads, of one size, counted at once)."""
+        counts = Counter(filter(None, map(_WINDOW_BYTES, self.loose_reads)))
+        for run in self.runs:
+            if run.layout.window_bytes:
+                counts[run.layout.window_bytes] += run.count
+        return counts
+
     @cached_property
     def convert_bytes(self) -> int:
         """Upper bound of the tensors the materialized ops allocate."""

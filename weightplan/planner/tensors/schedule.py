@@ -201,7 +201,7 @@ class _Pending:
 
     def add(self, step: Step) -> None:
         self.held += step.held_bytes + step.staged_bytes
-        self.counts[id(step)] = counts = Counter(step.window_sizes)
+        self.counts[id(step)] = counts = step.window_counts()
         self.windows.add_counts(counts)
 
     def remove(self, step: Step) -> None:

@@ -63,7 +63,8 @@ def check(graph: PlanGraph, steps: Sequence[Step] = (), checkpoint: Checkpoint |
         proof = runs_are_sound(graph.nodes, runs, _ARITY, check_node)
     if proof is not None:  # not proven run by run: the whole-graph proof, then the exact pass
         shapes, cut = proof
-        problems = [] if release_by_runs(cut, shapes, steps) else check_release(graph, steps)
+        problems = [] if release_by_runs(cut, shapes, steps, graph.distinct) else \
+            check_release(graph, steps)
     else:
         position = node_positions(graph.nodes)
         problems = check_graph(graph, position)

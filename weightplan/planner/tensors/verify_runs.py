@@ -174,13 +174,16 @@ def _fits(run: Sequence[Node], shape: RunShape) -> bool:
 
 
 def release_by_runs(runs: list[Sequence[Node]], shapes: list[RunShape],
-                    steps: Sequence["Step"]) -> bool:
+                    steps: Sequence["Step"], distinct: bool = False) -> bool:
     """Every node a step runs is, as the same object, a node of the run its first sink
-    is in (so of the graph), and no two run nodes are equal (distinct hashes)."""
+    is in (so of the graph), and no two run nodes are equal: distinct hashes, or, in a
+    graph of ``distinct`` nodes (no two equal), each step in a run of its own, running
+    each of its nodes once."""
     home: dict[int, int] = {}
     for r, (run, shape) in enumerate(zip(runs, shapes, strict=True)):
         home.update(zip(map(id, shape.sinks(run)), repeat(r)))
-    ran_all: list[Node] = []
+    ran_all: list[list[Node]] = []
+    homes: list[int] = []
     found: dict[tuple[int, int], Picker] = {}
     for step in steps:
         ran = list(chain.from_iterable(step.sources))
@@ -196,6 +199,13 @@ def release_by_runs(runs: list[Sequence[Node]], shapes: list[RunShape],
             place = dict(zip(map(id, run), range(len(run)), strict=True))
             if not all(map(place.__contains__, map(id, ran))):
                 return False
-            pick = found[key] = _picker([place[id(n)] for n in ran])
-        ran_all += ran
-    return len(set(map(_HASH, ran_all))) == len(ran_all)
+            places = [place[id(n)] for n in ran]
+            if len(set(places)) != len(places):
+                return False  # (a node run twice: equal hashes below too)
+            pick = found[key] = _picker(places)
+        ran_all.append(ran)
+        homes.append(r)
+    if distinct and len(set(homes)) == len(homes):
+        return True  # (each step's nodes at places of its own, in a graph of distinct nodes)
+    hashes = list(map(_HASH, chain.from_iterable(ran_all)))
+    return len(set(hashes)) == len(hashes)
