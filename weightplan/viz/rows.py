@@ -78,10 +78,9 @@ def _ops(conv: Conversion) -> str:
     """The op chain as the mapping wrote it (resolved sizes are an implementation detail)."""
     written = conv.group.converter.operations if conv.group.converter else ()
     chain = [repr(o) for o in written]
-    kinds = set(map(_KIND, conv.nodes))  # most conversions have neither: no loop over nodes
-    if NodeKind.DEQUANTIZE in kinds:
-        dequantize = _last(conv, lambda n: n.kind is NodeKind.DEQUANTIZE)
-        assert dequantize is not None
+    kinds = list(map(_KIND, conv.nodes))  # most conversions have neither: no loop over nodes
+    if NodeKind.DEQUANTIZE in kinds:  # (the last one)
+        dequantize = conv.nodes[len(kinds) - 1 - kinds[::-1].index(NodeKind.DEQUANTIZE)]
         chain.insert(0, quant_label(dequantize) + " (per source, with its scale)")
     if NodeKind.QUANTIZE in kinds:
         quantize = _last(conv, lambda n: n.kind is NodeKind.QUANTIZE
