@@ -56,7 +56,7 @@ class RunShape:
     edges: tuple[tuple[int, Picker, tuple[Picker, ...]], ...]  # per arity: its nodes, inputs
     dequantizes: Picker
     weights: Picker  # the dequantizes' first inputs (their weights), in order
-    checked: Picker  # the nodes whose specs the per-node check judges (casts, sinks, ...)
+    checked: Picker  # the nodes whose specs the per-node check judges (casts, shards, ...)
     sinks: Picker
 
 
@@ -102,7 +102,7 @@ def _edges(sources: list[list[int]], arities: tuple[int, ...]
     return tuple(out)
 
 
-_BULK = frozenset((NodeKind.DEQUANTIZE, NodeKind.OP))  # spec rules: in bulk / none
+_BULK = frozenset((NodeKind.DEQUANTIZE, NodeKind.OP, NodeKind.SINK))  # spec rules: in bulk / none
 _PAIRED = 2  # arities up to this: one picker per input slot
 
 
@@ -139,7 +139,7 @@ def runs_are_sound(nodes: Sequence[Node], lengths: Sequence[int], arity: dict[No
             dequantizes += dequantized  # (judged in bulk, one by one)
         checked += shape.checked(run)
         sinks += shape.sinks(run)
-    if not (specs_hold(dequantizes, checked, node_problems) and one_producer(sinks)):
+    if not (specs_hold(dequantizes, checked, node_problems, sinks) and one_producer(sinks)):
         return None
     return proven, runs
 
