@@ -105,7 +105,10 @@ def test_a_step_run_twice_or_outside_the_graph_is_refused():
     graph = plan_graph(convs)
     lengths = [len(c.nodes) for c in convs]
     shapes, runs = proof(graph.nodes, lengths)
-    assert not release_by_runs(runs, shapes, [steps[0], steps[0]])
+    for distinct in (False, True):  # (a graph of distinct nodes: each step in its own run)
+        assert release_by_runs(runs, shapes, steps, distinct)
+        assert not release_by_runs(runs, shapes, [steps[0], steps[0]], distinct)
+    assert graph.distinct and not PlanGraph(graph.nodes).distinct
     assert "would be released twice" in same_either_way(graph.nodes, lengths, [steps[0]] * 2,
                                                         ckpt)[0]
     other = stacks(3)[1][2]  # a step of a conversion that is not in the graph

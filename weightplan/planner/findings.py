@@ -115,13 +115,15 @@ def _model_declarations(model: ModelInfo | None, found: Findings) -> Findings:
     if model is None:
         return found
     problems, notes = [], list(found.notes)
-    ignored_missing = {k for k in found.missing if matches(model.ignore_missing, k)}
-    ignored_unexpected = {k for k in found.unexpected if matches(model.ignore_unexpected, k)}
+    # each ignorable key with the pattern it matches (looked for once per key)
+    missing_patterns = _matched(model.ignore_missing, found.missing)
+    unexpected_patterns = _matched(model.ignore_unexpected, found.unexpected)
+    ignored_missing, ignored_unexpected = set(missing_patterns), set(unexpected_patterns)
     ignored = ignored_missing | ignored_unexpected
     for p in found.problems:
         if p.key in ignored and p.kind in (ProblemKind.MISSING, ProblemKind.UNEXPECTED):
-            pattern = matches(model.ignore_missing if p.key in ignored_missing
-                              else model.ignore_unexpected, p.key)
+            pattern = missing_patterns[p.key] if p.key in ignored_missing \
+                else unexpected_patterns[p.key]
             notes.append(Note(p.key, f"{p.message}; the model declares it ignorable "
                                      f"({pattern!r}){_init_text(p.key in ignored_missing)}"))
         else:
@@ -136,6 +138,12 @@ def _model_declarations(model: ModelInfo | None, found: Findings) -> Findings:
                  for s, t in model.declared_ties)
     return Findings(found.missing - ignored_missing, found.unexpected - ignored_unexpected,
                     found.mismatched, tuple(problems), tuple(notes), frozenset(ignored_missing))
+
+
+def _matched(patterns: tuple[str, ...], keys: frozenset[str]) -> dict[str, str]:
+    """The keys a pattern is found in, each with the first such pattern."""
+    found = {k: matches(patterns, k) for k in keys} if patterns else {}
+    return {k: p for k, p in found.items() if p}
 
 
 _META_TEXT = ("non-persistent buffer {} is on the meta device, no checkpoint holds it and the "

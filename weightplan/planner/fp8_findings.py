@@ -9,7 +9,6 @@ to weights that aren't FP8 are notes (the keys are reported unexpected anyway).
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 from collections.abc import Sequence
 from itertools import chain
 from operator import attrgetter
@@ -76,9 +75,10 @@ _KIND, _NODES = attrgetter("kind"), attrgetter("nodes")
 
 def summary(quant: QuantContext, conversions: Sequence[Conversion]) -> str:
     """One line: how many weights are dequantized, kept, quantized, with which blocks."""
-    # node kinds counted in one C-level pass; a quantize's scale output isn't a weight
-    kinds = Counter(map(_KIND, chain.from_iterable(map(_NODES, conversions))))
-    counts = {k: kinds[k] for k in _QUANTIZING}
+    # node kinds listed in one C-level pass, then counted; a quantize's scale output isn't
+    # a weight
+    kinds = list(map(_KIND, chain.from_iterable(map(_NODES, conversions))))
+    counts = {k: kinds.count(k) for k in _QUANTIZING}
     if counts[NodeKind.QUANTIZE]:
         counts[NodeKind.QUANTIZE] -= sum(1 for c in conversions for n in c.nodes
                                          if isinstance(n.attrs, QuantizeAttrs) and n.attrs.scale)

@@ -152,7 +152,7 @@ class _Block:
     each ``m`` of ``middles``."""
 
     before: tuple[int, ...]
-    middles: list[int]
+    middles: Sequence[int]
     after: tuple[int, ...]
 
     def rows(self) -> list[tuple[int, ...]]:
@@ -211,16 +211,26 @@ def _one_number(keys: Sequence[str]) -> tuple[str, _Block] | None:
         return None
     # every key is prefix + N + suffix exactly when the text between the first prefix and
     # the last suffix splits, at suffix + separator + prefix, into n non-empty digit runs
-    middles = joined[len(prefix):len(joined) - len(suffix)].split(f"{suffix}{_SEP}{prefix}")
-    digits = "".join(middles)
-    if len(middles) != n or not (all(middles) and digits.isascii() and digits.isdigit()):
-        return None
+    between, cut = joined[len(prefix):len(joined) - len(suffix)], f"{suffix}{_SEP}{prefix}"
+    middles: Sequence[int] = range(n)
+    if between != cut.join(_decimals(n)):  # (the usual stack: 0 .. n-1, in order)
+        texts = between.split(cut)
+        digits = "".join(texts)
+        if len(texts) != n or not (all(texts) and digits.isascii() and digits.isdigit()):
+            return None
+        middles = list(map(int, texts))
     numbers = list(map(int, _NUMBER.findall("." + first)))
     at = len(_NUMBER.findall("." + prefix[:-1])) if prefix else 0
     if at >= len(numbers) or numbers[at] != int(middle):
         return None  # (cannot happen: the middle is a numeric component of the first key)
-    block = _Block(tuple(numbers[:at]), list(map(int, middles)), tuple(numbers[at + 1:]))
+    block = _Block(tuple(numbers[:at]), middles, tuple(numbers[at + 1:]))
     return _NUMBER.sub(".\0", "." + first), block
+
+
+@functools.lru_cache(maxsize=16)
+def _decimals(n: int) -> tuple[str, ...]:
+    """``("0", "1", …, str(n - 1))``."""
+    return tuple(map(str, range(n)))
 
 
 def _block_product(blocks: list[_Block]) -> list[tuple[str, ...]] | None:

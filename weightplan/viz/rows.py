@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from operator import attrgetter
+from operator import attrgetter, indexOf
 
 from weightplan.planner.tensors.build import Conversion, TargetStatus
 from weightplan.planner.tensors.nodes import Node, NodeKind, QuantizeAttrs
@@ -78,17 +78,27 @@ def _ops(conv: Conversion) -> str:
     """The op chain as the mapping wrote it (resolved sizes are an implementation detail)."""
     written = conv.group.converter.operations if conv.group.converter else ()
     chain = [repr(o) for o in written]
-    kinds = set(map(_KIND, conv.nodes))  # most conversions have neither: no loop over nodes
-    if NodeKind.DEQUANTIZE in kinds:
-        dequantize = _last(conv, lambda n: n.kind is NodeKind.DEQUANTIZE)
-        assert dequantize is not None
+    nodes, built = conv.nodes, conv.built
+    dequantize = _last_of(nodes, NodeKind.DEQUANTIZE)
+    if dequantize is not None:
         chain.insert(0, quant_label(dequantize) + " (per source, with its scale)")
-    if NodeKind.QUANTIZE in kinds:
+    # quantizes follow the stages, when the builder says where they end (as lowering has it)
+    tail = built.tail if built is not None and built.nodes is nodes else 0
+    if NodeKind.QUANTIZE in map(_KIND, nodes[tail:]):
         quantize = _last(conv, lambda n: n.kind is NodeKind.QUANTIZE
                          and isinstance(n.attrs, QuantizeAttrs) and not n.attrs.scale)
         if quantize is not None:
             chain.append(quant_label(quantize) + " + scale")
     return " → ".join(chain)
+
+
+def _last_of(nodes: tuple[Node, ...], kind: NodeKind) -> Node | None:
+    """The last node of ``kind``, looked for from the end in one C-level pass (a stack's
+    last dequantize is a few nodes from it)."""
+    try:
+        return nodes[-1 - indexOf(map(_KIND, reversed(nodes)), kind)]
+    except ValueError:  # (none)
+        return None
 
 
 def _last(conv: Conversion, wanted: Callable[[Node], bool]) -> Node | None:

@@ -10,7 +10,7 @@ drawing and for anyone who wants graph algorithms.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from operator import attrgetter
 from typing import TYPE_CHECKING
@@ -56,6 +56,8 @@ class PlanGraph:
     """Nodes in topological order; see the module docstring."""
 
     nodes: tuple[Node, ...]
+    # no two nodes are equal (known where :meth:`of` made the graph; else not looked at)
+    distinct: bool = field(default=False, compare=False, repr=False)
 
     @classmethod
     def of(cls, nodes: Iterable[Node]) -> "PlanGraph":
@@ -64,8 +66,8 @@ class PlanGraph:
         # equal nodes have equal hashes: when no two hashes (cached on the nodes, read
         # without a Python __hash__ call each) are equal, every node is already distinct
         if len(set(map(_HASH, given))) == len(given):
-            return cls(given)
-        return cls(tuple(dict.fromkeys(given)))
+            return cls(given, True)
+        return cls(tuple(dict.fromkeys(given)), True)
 
     def __iter__(self) -> Iterator[Node]:
         return iter(self.nodes)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain
+from operator import attrgetter
 
 from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.tensors.budget import schedule_within
@@ -19,6 +20,7 @@ from weightplan.errors import GraphError
 from weightplan.planner.tensors.verify import check_events, verify
 
 StepOrder = Callable[[Iterable[Step]], tuple[Step, ...]]
+_NODES = attrgetter("nodes")
 
 
 
@@ -46,9 +48,10 @@ def lower(conversions: Sequence[Conversion], checkpoint: Checkpoint, *, order: S
             ``place`` that doesn't cover its output exactly once).
         BudgetError: no schedule fits ``budget``.
     """
-    graph = plan_graph(conversions)
+    drawn = [c for c in conversions if c.in_graph]
+    graph = plan_graph(drawn)
     steps = order(_lowered(conversions, piece_bytes))
-    verify(graph, steps, checkpoint, runs=[len(c.nodes) for c in conversions if c.in_graph])
+    verify(graph, steps, checkpoint, runs=list(map(len, map(_NODES, drawn))))
     schedule = schedule_within(steps, threads=threads, budget=budget)
     problems = check_events(len(schedule.steps), schedule.events)
     if problems:

@@ -17,11 +17,12 @@ themselves (byte ranges, pieces, windows) are :mod:`~weightplan.planner.tensors.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cached_property, lru_cache
+from functools import lru_cache
 from itertools import accumulate, chain, compress, filterfalse, repeat
 from operator import attrgetter, is_, itemgetter
+from typing import Any, Generic, TypeVar, overload
 
 from weightplan.errors import PlanError
 from weightplan.planner.tensors.build import Conversion, stage_op, stage_specs, stages
@@ -39,6 +40,28 @@ _LENGTH, _SCALE_BYTES, _WINDOW_BYTES = (attrgetter("layout.length"), attrgetter(
                                        attrgetter("layout.window_bytes"))
 _TMP_BYTES, _FRAGMENT = attrgetter("tmp_bytes"), attrgetter("fragment")
 _KIND, _INPUTS, _SOURCE = attrgetter("kind"), attrgetter("inputs"), attrgetter("attrs.source")
+
+
+T = TypeVar("T")
+
+
+class _once(Generic[T]):  # (a decorator: named as functools.cached_property)
+    """``functools.cached_property`` without its lock (Python 3.11 takes one on each first
+    read: a third of the cost of the schedule's first pass over a plan's steps)."""
+
+    def __init__(self, compute: Callable[[Any], T]) -> None:
+        self.compute, self.name, self.__doc__ = compute, compute.__name__, compute.__doc__
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> _once[T]: ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> T: ...
+
+    def __get__(self, obj: object, owner: type | None = None) -> T | _once[T]:
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.compute(obj)  # (read from there from now on)
+        return value
 
 
 @dataclass(frozen=True)
@@ -61,7 +84,7 @@ class Step:
         """The materialized ops, in order."""
         return tuple(stage_op(stage) for stage in self.materialize)
 
-    @cached_property
+    @_once
     def read_bytes(self) -> int:
         loose = self.loose_reads
         return (sum(map(_LENGTH, loose)) + sum(map(_SCALE_BYTES, loose))
@@ -79,28 +102,28 @@ class Step:
             at = run.start + run.count
         return loose + list(self.reads[at:])
 
-    @cached_property
+    @_once
     def needed_bytes(self) -> int:
         """The bytes of the regions read (a dequantize's scale tiles included)."""
         return sum(r.region.numel * r.entry.spec.dtype.itemsize + r.scale_bytes
                    for r in self.reads)
 
-    @cached_property
+    @_once
     def dest_bytes(self) -> int:
         """Bytes this step allocates that stay resident (0 when writing in place)."""
         return sum(d.spec.nbytes for d in self.destinations if d.allocates)
 
-    @cached_property
+    @_once
     def staged_bytes(self) -> int:
         """Output tensors assembled in memory until the step is finalized."""
         return sum(d.spec.nbytes for d in self.destinations if d.staged)
 
-    @cached_property
+    @_once
     def held_bytes(self) -> int:
         """Temporaries kept until the materialized ops run."""
         return sum(map(_TMP_BYTES, filterfalse(_FRAGMENT, self.loose_reads)))  # (placed: 0)
 
-    @cached_property
+    @_once
     def window_sizes(self) -> tuple[int, ...]:
         """Mapped file windows of the reads, each live only while its read runs."""
         sizes: list[int] = []
@@ -112,14 +135,22 @@ class Step:
         sizes += filter(None, map(_WINDOW_BYTES, self.reads[at:]))
         return tuple(sizes)
 
-    @cached_property
+    def window_counts(self) -> Counter[int]:
+        """:attr:`window_sizes`, counted (a run's reads, of one size, counted at once)."""
+        counts = Counter(filter(None, map(_WINDOW_BYTES, self.loose_reads)))
+        for run in self.runs:
+            if run.layout.window_bytes:
+                counts[run.layout.window_bytes] += run.count
+        return counts
+
+    @_once
     def convert_bytes(self) -> int:
         """Upper bound of the tensors the materialized ops allocate."""
         ops = sum(sum(n.spec.nbytes for stream in stage for n in stream)
                   for stage in self.materialize if stage_op(stage).allocates)
         return ops + sum(t.work_bytes for t in self.quantized)
 
-    @cached_property
+    @_once
     def direct_fraction(self) -> float:
         total = self.read_bytes
         return sum(r.nbytes for r in self.reads if r.direct) / total if total else 1.0

@@ -132,7 +132,12 @@ def _run_first(run: ReadRun, rank_of: Callable[[str, int], int]) -> tuple[int, i
     offsets: Iterable[int] = map(_OFFSET, entries)
     if len(ranks) > 1:
         lowest = {f for f, r in ranks.items() if r == rank}
-        offsets = compress(offsets, map(lowest.__contains__, files))
+        one = next(iter(lowest))
+        at, count = files.index(one), files.count(one)
+        if len(lowest) == 1 and files[at:at + count].count(one) == count:
+            offsets = map(_OFFSET, entries[at:at + count])  # (a stack's: side by side)
+        else:
+            offsets = compress(offsets, map(lowest.__contains__, files))
     return rank, min(offsets) + run.layout.first
 
 
@@ -201,7 +206,7 @@ class _Pending:
 
     def add(self, step: Step) -> None:
         self.held += step.held_bytes + step.staged_bytes
-        self.counts[id(step)] = counts = Counter(step.window_sizes)
+        self.counts[id(step)] = counts = step.window_counts()
         self.windows.add_counts(counts)
 
     def remove(self, step: Step) -> None:

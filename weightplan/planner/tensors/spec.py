@@ -46,7 +46,7 @@ class TensorSpec:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * itemsize(self.dtype)
+        return math.prod(self.shape) * self.dtype.itemsize  # (numel * itemsize, inline)
 
     def meta(self) -> torch.Tensor:
         """An empty tensor on the ``meta`` device with this spec (for shape inference)."""

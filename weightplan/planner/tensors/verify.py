@@ -18,6 +18,7 @@ message names the node and the fix). Checks:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from operator import attrgetter
 
@@ -63,7 +64,8 @@ def check(graph: PlanGraph, steps: Sequence[Step] = (), checkpoint: Checkpoint |
         proof = runs_are_sound(graph.nodes, runs, _ARITY, check_node)
     if proof is not None:  # not proven run by run: the whole-graph proof, then the exact pass
         shapes, cut = proof
-        problems = [] if release_by_runs(cut, shapes, steps) else check_release(graph, steps)
+        problems = [] if release_by_runs(cut, shapes, steps, graph.distinct) else \
+            check_release(graph, steps)
     else:
         position = node_positions(graph.nodes)
         problems = check_graph(graph, position)
@@ -184,6 +186,9 @@ def check_coverage(step: Step) -> list[str]:
 
 def _coverage_problems(step: Step, landed: list[Fragment]) -> list[str]:
     """:func:`check_coverage`, the reads landing in ``landed``."""
+    if len(landed) == 1 and len(step.destinations) == 1 and not step.outputs \
+            and not step.quantized and _fills(landed[0], step.destinations[0]):
+        return []  # (the usual step: one read fills its tensor, as coverage_problem finds)
     frags: list[list[Fragment]] = [[] for _ in step.destinations]
     if len(frags) == 1 and all(map(_ZERO.__eq__, map(_TARGET, landed))):
         frags[0] += landed  # (one destination: a stack's reads all land in it)
@@ -204,6 +209,15 @@ def _coverage_problems(step: Step, landed: list[Fragment]) -> list[str]:
             problems.append(f"destination {dest.key} of step {step.label}: {problem}; the "
                             "op's place() must map each output element to exactly one input")
     return problems
+
+
+def _fills(fragment: Fragment, dest: Destination) -> bool:
+    """The fragment lands in all of ``dest`` (the one view of it) from a region of its
+    size: what :func:`coverage_problem` accepts first, without making the view."""
+    view = fragment.view
+    return (fragment.target == 0 and type(view) is View and view.offset == 0
+            and view.shape == dest.spec.shape and view.stride == dest.stride
+            and fragment.region.numel == math.prod(view.shape))
 
 
 def dest_view(dest: Destination) -> View:

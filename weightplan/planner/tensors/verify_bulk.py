@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from itertools import chain, compress, repeat
-from operator import attrgetter, eq, is_, itemgetter, lt
+from operator import attrgetter, eq, is_, is_not, itemgetter, lt
 from typing import TYPE_CHECKING
 
+from weightplan.planner.tensors.destination import DestKind
 from weightplan.planner.tensors.nodes import ATTRS_OF, Node, NodeKind
 
 if TYPE_CHECKING:
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 _INPUTS, _KIND, _ATTRS_TYPE = attrgetter("inputs"), attrgetter("kind"), attrgetter("attrs.__class__")
 _SHAPE, _DTYPE, _ATTRS_DTYPE = (attrgetter("spec.shape"), attrgetter("spec.dtype"),
                                 attrgetter("attrs.dtype"))
+_SPEC, _DEST = attrgetter("spec"), attrgetter("attrs.dest")
 _HASH = attrgetter("_hash")  # equal nodes have equal hashes (Node.__hash__ returns it)
 _ONE_INPUT = frozenset((NodeKind.CAST, NodeKind.SINK, NodeKind.SHARD, NodeKind.QUANTIZE))
 
@@ -73,17 +75,28 @@ def graph_is_sound(nodes: Sequence[Node], position: dict[int, int], arity: dict[
 
 
 def specs_hold(dequantizes: Sequence[Node], others: Iterable[Node],
-               node_problems: Callable[[Node], list[str]]) -> bool:
+               node_problems: Callable[[Node], list[str]], sinks: Sequence[Node] = ()) -> bool:
     """The spec rules: in bulk for the many dequantize nodes (one per FP8 expert weight:
-    shape kept, dtype the attrs'), the exact per-node check for the ``others`` with inputs
-    (casts, shards, quantizes, sinks; their (kind, attrs, arity) checked: each has its one
-    input)."""
+    shape kept, dtype the attrs') and for ``sinks`` (one per tensor loaded), the exact
+    per-node check for the ``others`` with inputs (casts, shards, quantizes, sinks; their
+    (kind, attrs, arity) checked: each has its one input)."""
     if dequantizes and (
             list(map(_SHAPE, dequantizes))
             != list(map(_SHAPE, map(itemgetter(0), map(_INPUTS, dequantizes))))
             or not all(map(eq, map(_DTYPE, dequantizes), map(_ATTRS_DTYPE, dequantizes)))):
         return False
-    return not any(map(node_problems, others))
+    return _sinks_hold(sinks) and not any(map(node_problems, others))
+
+
+def _sinks_hold(sinks: Sequence[Node]) -> bool:
+    """A sink's spec is its input's and, when written, its destination's (as
+    :func:`~weightplan.planner.tensors.verify.check_node` has it), for all of them at once."""
+    specs = list(map(_SPEC, sinks))
+    if specs != list(map(_SPEC, map(itemgetter(0), map(_INPUTS, sinks)))):
+        return False
+    dests = list(map(_DEST, sinks))
+    written = list(map(is_not, map(_KIND, dests), repeat(DestKind.DISCARD)))
+    return list(map(_SPEC, compress(dests, written))) == list(compress(specs, written))
 
 
 def one_producer(sinks: Iterable[Node]) -> bool:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, chain, repeat
 from operator import attrgetter, is_, itemgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from weightplan.planner.tensors.nodes import ATTRS_OF, Node, NodeKind
 from weightplan.planner.tensors.verify_bulk import one_producer, specs_hold
@@ -31,10 +31,10 @@ from weightplan.planner.tensors.verify_bulk import one_producer, specs_hold
 if TYPE_CHECKING:
     from weightplan.planner.tensors.placement import Step
 
-_INPUTS, _KIND, _CLASS = attrgetter("inputs"), attrgetter("kind"), attrgetter("attrs.__class__")
+_INPUTS, _KIND = attrgetter("inputs"), attrgetter("kind")
 _HASH, _SPEC, _ATTRS, _FIRST = (attrgetter("_hash"), attrgetter("spec"), attrgetter("attrs"),
                                 itemgetter(0))
-Picker = Callable[[Sequence[Node]], tuple[Node, ...]]
+Picker = Callable[[Sequence[Any]], tuple[Any, ...]]  # (nodes, or their inputs: by place)
 
 
 def _picker(places: Sequence[int]) -> Picker:
@@ -55,7 +55,8 @@ class RunShape:
     unfed: int  # the nodes without inputs
     edges: tuple[tuple[int, Picker, tuple[Picker, ...]], ...]  # per arity: its nodes, inputs
     dequantizes: Picker
-    checked: Picker  # the nodes whose specs the per-node check judges (casts, sinks, ...)
+    weights: Picker  # the dequantizes' first inputs (their weights), in order
+    checked: Picker  # the nodes whose specs the per-node check judges (casts, shards, ...)
     sinks: Picker
 
 
@@ -70,7 +71,7 @@ def shape_of(run: Sequence[Node], arity: dict[NodeKind, int]) -> RunShape | None
         return None
     if any(s >= i for i, ins in enumerate(sources) for s in ins):
         return None
-    kinds, classes = tuple(map(_KIND, run)), tuple(map(_CLASS, run))
+    kinds, classes = tuple(map(_KIND, run)), tuple(map(type, map(_ATTRS, run)))
     arities = tuple(map(len, inputs))
     for kind, attrs, n in set(zip(kinds, classes, arities, strict=True)):
         want = arity.get(kind)
@@ -80,8 +81,9 @@ def shape_of(run: Sequence[Node], arity: dict[NodeKind, int]) -> RunShape | None
     sinks = [i for i, k in enumerate(kinds) if k is NodeKind.SINK]
     if set(chain.from_iterable(sources)).union(sinks) != set(range(len(run))):
         return None  # a non-sink nobody consumes
-    return RunShape(classes, arities.count(0), _edges(sources, arities),
-                    _picker([i for i, k in enumerate(kinds) if k is NodeKind.DEQUANTIZE]),
+    dequantizes = [i for i, k in enumerate(kinds) if k is NodeKind.DEQUANTIZE]
+    return RunShape(classes, arities.count(0), _edges(sources, arities), _picker(dequantizes),
+                    _picker([sources[i][0] for i in dequantizes]),
                     _picker([i for i, k in enumerate(kinds) if arities[i] and k not in _BULK]),
                     _picker(sinks))
 
@@ -100,7 +102,7 @@ def _edges(sources: list[list[int]], arities: tuple[int, ...]
     return tuple(out)
 
 
-_BULK = frozenset((NodeKind.DEQUANTIZE, NodeKind.OP))  # spec rules: in bulk / none
+_BULK = frozenset((NodeKind.DEQUANTIZE, NodeKind.OP, NodeKind.SINK))  # spec rules: in bulk / none
 _PAIRED = 2  # arities up to this: one picker per input slot
 
 
@@ -133,11 +135,11 @@ def runs_are_sound(nodes: Sequence[Node], lengths: Sequence[int], arity: dict[No
             shapes[kinds] = shape
         proven.append(shape)
         dequantized = shape.dequantizes(run)
-        if len(dequantized) < _SHARED or not _alike(dequantized):
+        if len(dequantized) < _SHARED or not _alike(dequantized, shape.weights(run)):
             dequantizes += dequantized  # (judged in bulk, one by one)
         checked += shape.checked(run)
         sinks += shape.sinks(run)
-    if not (specs_hold(dequantizes, checked, node_problems) and one_producer(sinks)):
+    if not (specs_hold(dequantizes, checked, node_problems, sinks) and one_producer(sinks)):
         return None
     return proven, runs
 
@@ -145,12 +147,14 @@ def runs_are_sound(nodes: Sequence[Node], lengths: Sequence[int], arity: dict[No
 _SHARED = 16  # dequantizes in a run from which their shared spec is looked for
 
 
-def _alike(dequantized: tuple[Node, ...]) -> bool:
+def _alike(dequantized: tuple[Node, ...], inputs: Sequence[Node] | None = None) -> bool:
     """A stack's dequantizes share one spec, one attrs and one weight spec (equal ones, at
-    least): the spec rule of one (shape kept, dtype the attrs') is the rule of all."""
+    least): the spec rule of one (shape kept, dtype the attrs') is the rule of all.
+    ``inputs``: their first inputs (or nodes equal to them), when the caller has them."""
     count = len(dequantized)
     specs, attrs = list(map(_SPEC, dequantized)), list(map(_ATTRS, dequantized))
-    weights = list(map(_SPEC, map(_FIRST, map(_INPUTS, dequantized))))
+    weights = list(map(_SPEC, map(_FIRST, map(_INPUTS, dequantized)) if inputs is None
+                       else inputs))
     spec, a, weight = specs[0], attrs[0], weights[0]
     return (specs.count(spec) == count and attrs.count(a) == count
             and weights.count(weight) == count and spec.shape == weight.shape
@@ -160,11 +164,12 @@ def _alike(dequantized: tuple[Node, ...]) -> bool:
 def _fits(run: Sequence[Node], shape: RunShape) -> bool:
     """``run`` (of ``shape``'s kinds) has its attrs types, arities and every input where
     the shape's proof put it (compared as objects: identity, else equality)."""
-    if tuple(map(_CLASS, run)) != shape.classes or \
-            list(map(_INPUTS, run)).count(()) != shape.unfed:  # (the reads: no inputs)
+    every = list(map(_INPUTS, run))
+    if tuple(map(type, map(_ATTRS, run))) != shape.classes or \
+            every.count(()) != shape.unfed:  # (the reads: no inputs)
         return False
     for n, fed, slots in shape.edges:
-        inputs = tuple(map(_INPUTS, fed(run)))
+        inputs = fed(every)
         if n <= _PAIRED:  # (each node's inputs, as a tuple, equal to the picked ones, zipped)
             if inputs != tuple(zip(*(pick(run) for pick in slots), strict=True)):
                 return False
@@ -174,13 +179,16 @@ def _fits(run: Sequence[Node], shape: RunShape) -> bool:
 
 
 def release_by_runs(runs: list[Sequence[Node]], shapes: list[RunShape],
-                    steps: Sequence["Step"]) -> bool:
+                    steps: Sequence["Step"], distinct: bool = False) -> bool:
     """Every node a step runs is, as the same object, a node of the run its first sink
-    is in (so of the graph), and no two run nodes are equal (distinct hashes)."""
+    is in (so of the graph), and no two run nodes are equal: distinct hashes, or, in a
+    graph of ``distinct`` nodes (no two equal), each step in a run of its own, running
+    each of its nodes once."""
     home: dict[int, int] = {}
     for r, (run, shape) in enumerate(zip(runs, shapes, strict=True)):
         home.update(zip(map(id, shape.sinks(run)), repeat(r)))
-    ran_all: list[Node] = []
+    ran_all: list[list[Node]] = []
+    homes: list[int] = []
     found: dict[tuple[int, int], Picker] = {}
     for step in steps:
         ran = list(chain.from_iterable(step.sources))
@@ -196,6 +204,13 @@ def release_by_runs(runs: list[Sequence[Node]], shapes: list[RunShape],
             place = dict(zip(map(id, run), range(len(run)), strict=True))
             if not all(map(place.__contains__, map(id, ran))):
                 return False
-            pick = found[key] = _picker([place[id(n)] for n in ran])
-        ran_all += ran
-    return len(set(map(_HASH, ran_all))) == len(ran_all)
+            places = [place[id(n)] for n in ran]
+            if len(set(places)) != len(places):
+                return False  # (a node run twice: equal hashes below too)
+            pick = found[key] = _picker(places)
+        ran_all.append(ran)
+        homes.append(r)
+    if distinct and len(set(homes)) == len(homes):
+        return True  # (each step's nodes at places of its own, in a graph of distinct nodes)
+    hashes = list(map(_HASH, chain.from_iterable(ran_all)))
+    return len(set(hashes)) == len(hashes)
