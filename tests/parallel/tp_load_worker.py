@@ -26,7 +26,13 @@ from torch.distributed.device_mesh import init_device_mesh
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import weightplan
-from tp_oracle_worker import local_part  # the same record of a rank's parameters (same dir)
+
+# the same record of a rank's parameters, from the worker next to this one: as a script
+# (torchrun) this file's folder is on sys.path; imported by a test, it is a package module
+if __package__:
+    from .tp_oracle_worker import local_part
+else:
+    from tp_oracle_worker import local_part
 
 PROMPT = torch.tensor([[1, 5, 7, 9, 11, 2, 40, 99]])
 
