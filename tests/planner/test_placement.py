@@ -1,5 +1,7 @@
 """Placement by hand: exact byte ranges, pieces and landing views (no explain())."""
 
+from collections import Counter
+
 import torch
 
 from weightplan.ops import Chunk, Concatenate, MergeModulelist, Transpose
@@ -28,7 +30,7 @@ def test_a_large_direct_read_is_split_into_pieces():
     (read,) = step.reads
     assert read.byte_range == (DATA_START, 256)
     assert read.pieces == ((0, 100), (100, 100), (200, 56))
-    assert step.window_sizes == (100,)
+    assert step.window_counts() == Counter({100: 1})
 
 
 def test_a_strided_read_is_not_split():
@@ -119,4 +121,4 @@ def test_a_layout_is_what_the_read_covers():
     step = plan_step(conversion([[qk]], ["q", "k"], [Chunk(0)]))
     first, second = (r.layout for r in step.reads)
     assert (first.first, first.length, second.first, second.length) == (0, 24, 24, 24)
-    assert step.read_bytes == 48 and step.window_sizes == (24, 24)
+    assert step.read_bytes == 48 and step.window_counts() == Counter({24: 2})

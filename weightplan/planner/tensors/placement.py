@@ -123,20 +123,9 @@ class Step:
         """Temporaries kept until the materialized ops run."""
         return sum(map(_TMP_BYTES, filterfalse(_FRAGMENT, self.loose_reads)))  # (placed: 0)
 
-    @_once
-    def window_sizes(self) -> tuple[int, ...]:
-        """Mapped file windows of the reads, each live only while its read runs."""
-        sizes: list[int] = []
-        at = 0
-        for run in self.runs:  # (a run's reads: one window size)
-            sizes += filter(None, map(_WINDOW_BYTES, self.reads[at:run.start]))
-            sizes += [run.layout.window_bytes] * (run.count if run.layout.window_bytes else 0)
-            at = run.start + run.count
-        sizes += filter(None, map(_WINDOW_BYTES, self.reads[at:]))
-        return tuple(sizes)
-
     def window_counts(self) -> Counter[int]:
-        """:attr:`window_sizes`, counted (a run's reads, of one size, counted at once)."""
+        """Mapped file windows of the reads, by size, each live only while its read runs
+        (a run's reads, of one size, counted at once)."""
         counts = Counter(filter(None, map(_WINDOW_BYTES, self.loose_reads)))
         for run in self.runs:
             if run.layout.window_bytes:
