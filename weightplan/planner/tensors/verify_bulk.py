@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from itertools import chain, compress, repeat
-from operator import attrgetter, eq, is_, is_not, itemgetter, lt
+from operator import attrgetter, eq, is_, itemgetter, lt
 from typing import TYPE_CHECKING
 
-from weightplan.planner.tensors.destination import DestKind
 from weightplan.planner.tensors.nodes import ATTRS_OF, Node, NodeKind
 
 if TYPE_CHECKING:
@@ -23,7 +22,7 @@ if TYPE_CHECKING:
 _INPUTS, _KIND, _ATTRS_TYPE = attrgetter("inputs"), attrgetter("kind"), attrgetter("attrs.__class__")
 _SHAPE, _DTYPE, _ATTRS_DTYPE = (attrgetter("spec.shape"), attrgetter("spec.dtype"),
                                 attrgetter("attrs.dtype"))
-_SPEC, _DEST = attrgetter("spec"), attrgetter("attrs.dest")
+_SPEC, _DEST, _WRITTEN = attrgetter("spec"), attrgetter("attrs.dest"), attrgetter("written")
 _HASH = attrgetter("_hash")  # equal nodes have equal hashes (Node.__hash__ returns it)
 _ONE_INPUT = frozenset((NodeKind.CAST, NodeKind.SINK, NodeKind.SHARD, NodeKind.QUANTIZE))
 
@@ -95,7 +94,7 @@ def _sinks_hold(sinks: Sequence[Node]) -> bool:
     if specs != list(map(_SPEC, map(itemgetter(0), map(_INPUTS, sinks)))):
         return False
     dests = list(map(_DEST, sinks))
-    written = list(map(is_not, map(_KIND, dests), repeat(DestKind.DISCARD)))
+    written = list(map(_WRITTEN, dests))
     return list(map(_SPEC, compress(dests, written))) == list(compress(specs, written))
 
 
