@@ -10,7 +10,8 @@ import torch
 from weightplan.ops import MergeModulelist
 from weightplan.planner.tensors.graph import PlanGraph
 from weightplan.planner.tensors.lower import plan_graph
-from weightplan.planner.tensors.nodes import Node, NodeKind, ReadAttrs
+from weightplan.planner.tensors.destination import DestKind
+from weightplan.planner.tensors.nodes import Node, NodeKind, ReadAttrs, SinkAttrs
 from weightplan.planner.tensors.placement import plan_step
 from weightplan.planner.tensors.spec import TensorSpec
 from weightplan.planner.tensors.verify import _ARITY, check, check_node
@@ -89,6 +90,22 @@ def test_a_run_that_breaks_its_shared_shape_is_refused():
     bad = Node(NodeKind.SINK, TensorSpec((3, 2), torch.float32), (q2,), sink(q2, "q2").attrs)
     assert proof(first + (r2, q2, sink(r2, "r2"), bad), [4, 4]) is None
     assert same_either_way(first + (r2, q2, sink(r2, "r2"), bad), [4, 4])
+
+
+def test_a_sink_whose_destination_disagrees_is_refused_in_bulk():
+    """The sinks' spec rule is checked for all of them at once: a written destination of
+    another spec (the input's spec kept) fails the proof, and the exact check words it;
+    a discarded one has no spec to agree with."""
+    r1, q1, r2, q2 = read_node("r1"), read_node("q1", 24), read_node("r2", 48), read_node("q2", 72)
+    first = (r1, q1, sink(r1, "r1"), sink(q1, "q1"))
+    other = dataclasses.replace(sink(q2, "q2").attrs.dest, spec=TensorSpec((3, 2), torch.float32))
+    wrong = Node(NodeKind.SINK, q2.spec, (q2,), SinkAttrs(other))
+    nodes = first + (r2, q2, sink(r2, "r2"), wrong)
+    assert proof(nodes, [4, 4]) is None
+    assert "destination" in same_either_way(nodes, [4, 4])[0]
+    dropped = Node(NodeKind.SINK, q2.spec, (q2,),
+                   SinkAttrs(dataclasses.replace(other, kind=DestKind.DISCARD)))
+    assert proof(first + (r2, q2, sink(r2, "r2"), dropped), [4, 4]) is not None
 
 
 def test_a_wrong_hint_only_costs_the_fast_proof():
