@@ -66,7 +66,7 @@ def build_checkpoint(directory: Path) -> None:
 
     sys.path.insert(0, str(HERE.parent))
     from weightplan.demo import write_sharded
-    from weightplan.planner.quant.quantize import quantize
+    from weightplan.planner.core.quant.quantize import quantize
 
     if (directory / "config.json").exists():
         return

@@ -53,19 +53,19 @@ sys.path.insert(0, str(HERE.parent))
 from benchmarks.frontier import FIXTURES, fixture_keys, write_fixture  # noqa: E402
 
 # (module, function) pairs explain() calls, each timed on its own (lower's parts inside it)
-PHASES = (("weightplan.planner.explain", "open_checkpoint"),
-          ("weightplan.planner.explain", "inspect_model"),
-          ("weightplan.planner.explain", "choose_mapping"),
-          ("weightplan.planner.explain", "quant_context"),
-          ("weightplan.planner.explain", "route_checkpoint"),
-          ("weightplan.planner.explain", "build_conversions"),
-          ("weightplan.planner.explain", "add_scale_conversions"),
-          ("weightplan.planner.tensors.lower", "plan_graph"),
-          ("weightplan.planner.tensors.lower", "plan_step"),
-          ("weightplan.planner.tensors.lower", "verify"),
-          ("weightplan.planner.tensors.lower", "schedule_within"),
-          ("weightplan.planner.explain", "collect_findings"),
-          ("weightplan.planner.explain", "with_fp8_findings"))
+PHASES = (("weightplan.planner.pipelines.load", "open_checkpoint"),
+          ("weightplan.planner.pipelines.load", "inspect_model"),
+          ("weightplan.planner.pipelines.load", "choose_mapping"),
+          ("weightplan.planner.pipelines.load", "quant_context"),
+          ("weightplan.planner.pipelines.load", "route_checkpoint"),
+          ("weightplan.planner.pipelines.load", "build_conversions"),
+          ("weightplan.planner.pipelines.load", "add_scale_conversions"),
+          ("weightplan.planner.pipelines.lower", "plan_graph"),
+          ("weightplan.planner.pipelines.lower", "plan_step"),
+          ("weightplan.planner.pipelines.lower", "verify"),
+          ("weightplan.planner.pipelines.lower", "schedule_within"),
+          ("weightplan.planner.pipelines.load", "collect_findings"),
+          ("weightplan.planner.pipelines.load", "with_fp8_findings"))
 
 
 def fixture(cache: Path, name: str, layers: int | None = None) -> Path:

@@ -116,8 +116,8 @@ def test_builtin_mappings_are_registered_whatever_is_imported_first():
     import sys
 
     for first in ("weightplan.planner.keys.registry", "weightplan.planner.keys.mappings",
-                  "weightplan.planner.explain"):
-        probe = (f"import {first}\nfrom weightplan.planner.keys.registry import REGISTRY\n"
+                  "weightplan.planner.pipelines.load"):
+        probe = (f"import {first}\nfrom weightplan.planner.keys.mappings import REGISTRY\n"
                  "print('mixtral' in REGISTRY, 'deepseek_v3' in REGISTRY)")
         done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                               check=True)

@@ -186,7 +186,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def _mappings() -> int:
     from weightplan.bridge.names import bridged_names
-    from weightplan.planner.keys.registry import REGISTRY
+    from weightplan.planner.keys.mappings import REGISTRY
 
     for key in REGISTRY.keys():
         target = REGISTRY.resolve(key)
@@ -213,7 +213,7 @@ def _explain(args: argparse.Namespace) -> int:
     import weightplan
     from weightplan.viz.text import explain_text
 
-    from weightplan.pretrained import resolve_checkpoint
+    from weightplan.api.pretrained import resolve_checkpoint
 
     args.checkpoint = str(resolve_checkpoint(args.checkpoint))  # a repo id: its snapshot
     model, dtype = None, args.dtype
@@ -234,8 +234,8 @@ def _explain(args: argparse.Namespace) -> int:
 def _explain_ranks(model: Any, dtype: Any, args: argparse.Namespace) -> int:
     """``--tp N [--ep]``: every rank planned in this process; a table, or JSON rows."""
     from weightplan.errors import ParallelError
-    from weightplan.planner.tensors.sharding.config import TensorParallel
-    from weightplan.planner.tensors.sharding.ranks import plan_ranks, rank_rows, rank_table
+    from weightplan.planner.core.sharding.config import TensorParallel
+    from weightplan.planner.pipelines.ranks import plan_ranks, rank_rows, rank_table
 
     if model is None:
         raise ParallelError("--tp needs the model: a checkpoint directory with config.json "

@@ -1,6 +1,6 @@
 """Conversion ops (public import path: ``from weightplan.ops import Chunk, ...``)."""
 
-from weightplan.planner.tensors.ops import (
+from weightplan.planner.core.ops import (
     Chunk, Concatenate, ConversionOp, Conv3dToLinear, LinearToConv3d, MergeModulelist,
     OpContext, PermuteForRope, SplitModulelist, TensorwiseOp, Transpose,
 )

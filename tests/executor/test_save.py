@@ -197,9 +197,9 @@ def test_renaming_with_groups_derived_inverse(tmp_path):
 
 
 def test_each_direction_is_its_own_plan_type(tmp_path):
-    from weightplan.planner.plan import Direction, LoadPlanData
-    from weightplan.planner.tensors.destination import DestKind
-    from weightplan.planner.write.write_plan import WritePlanData
+    from weightplan.planner.pipelines.plan import Direction, LoadPlanData
+    from weightplan.planner.tensors.ir.destination import DestKind
+    from weightplan.planner.pipelines.write_plan import WritePlanData
 
     model = moe_model()
     load = weightplan.explain(model, moe_checkpoint(), mapping="mixtral")

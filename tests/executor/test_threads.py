@@ -12,7 +12,7 @@ from tests.conftest import module_with, write_checkpoint
 
 
 def test_many_threads_many_small_reads(tmp_path, monkeypatch):
-    import weightplan.planner.tensors.schedule as schedule
+    import weightplan.planner.tensors.schedule.schedule as schedule
     monkeypatch.setattr(schedule, "effective_threads", lambda threads: threads)  # > CPUs
     old = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)

@@ -56,11 +56,11 @@ def test_a_read_split_into_pieces_lands_whole(tmp_path):
     """Reads over the piece size (32 MiB by default) are split across threads; with a
     small piece size the suite runs that path."""
     from weightplan.executor.dict_sink import DictSink
-    from weightplan.planner.explain import choose_mapping
+    from weightplan.planner.pipelines.load import choose_mapping
     from weightplan.planner.inputs.checkpoint import open_checkpoint
-    from weightplan.planner.tensors.build import SinkKind, build_conversions
-    from weightplan.planner.tensors.lower import lower
-    from weightplan.planner.write.explain_write import forward_groups
+    from weightplan.planner.tensors.ir.build import SinkKind, build_conversions
+    from weightplan.planner.pipelines.lower import lower
+    from weightplan.planner.pipelines.save import forward_groups
 
     ckpt = {f"e.{i}.w": torch.randn(10, 100) for i in range(3)}
     ckpt["big"] = torch.randn(1000)

@@ -8,7 +8,7 @@ import torch
 
 from tests.fp8.checkpoints import ref_dequant, ref_quant
 from tests.fp8.oracle import bits, hf_dequantize
-from weightplan.planner.quant.blocks import (
+from weightplan.planner.core.quant.blocks import (
     decode_scales, dequantize, dequantize_into, grid_fits, rows_per_chunk, scale_grid,
     workspace_bytes,
 )

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from weightplan.errors import QuantizationError
-from weightplan.planner.quant.blocks import CHUNK_BYTES
-from weightplan.planner.quant.kinds import Dequantize, Quantize
-from weightplan.planner.tensors.spec import TensorSpec
+from weightplan.planner.core.quant.blocks import CHUNK_BYTES
+from weightplan.planner.core.quant.kinds import Dequantize, Quantize
+from weightplan.planner.core.spec import TensorSpec
 
 F8 = torch.float8_e4m3fn
 

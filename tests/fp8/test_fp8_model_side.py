@@ -10,10 +10,10 @@ from weightplan.errors import QuantizationError
 from weightplan.planner.inputs.fp8_model import Fp8Action, decide, expected_scale, fp8_params
 from weightplan.planner.inputs.model_info import inspect_model
 from weightplan.planner.inputs.quant_config import QuantConfig, parse_quant_config
-from weightplan.planner.quant.scale_ops import scale_op
-from weightplan.planner.tensors.ops.joins import Chunk, Concatenate, MergeModulelist
-from weightplan.planner.tensors.ops.reshape import PermuteForRope, Transpose
-from weightplan.planner.tensors.spec import TensorSpec
+from weightplan.planner.core.quant.scale_ops import scale_op
+from weightplan.planner.core.ops.joins import Chunk, Concatenate, MergeModulelist
+from weightplan.planner.core.ops.reshape import PermuteForRope, Transpose
+from weightplan.planner.core.spec import TensorSpec
 
 F8, F32, BF16 = torch.float8_e4m3fn, torch.float32, torch.bfloat16
 

@@ -17,7 +17,7 @@ from tests.fp8.oracle import bits
 from weightplan.planner.inputs.checkpoint import open_checkpoint
 from weightplan.planner.inputs.fp8_pairs import pair_scales
 from weightplan.planner.inputs.quant_config import read_quant_config
-from weightplan.planner.quant.blocks import dequantize
+from weightplan.planner.core.quant.blocks import dequantize
 
 EXPERT = re.compile(r"^(.*)\.(?:block_sparse_moe|mlp)\.experts\.(\d+)\.(\w+)\.weight$")
 HALF = {"gate_proj": 0, "w1": 0, "up_proj": 1, "w3": 1}

@@ -13,7 +13,7 @@ from weightplan.planner.inputs.fp8_pairs import Fp8ProblemKind, pair_scales, sca
 from weightplan.planner.inputs.quant_config import (
     QuantConfig, parse_quant_config, quant_config_of_model, read_quant_config,
 )
-from weightplan.planner.quant.quantize import quantize
+from weightplan.planner.core.quant.quantize import quantize
 
 DSV3 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
         "weight_block_size": [128, 128]}

@@ -10,11 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from weightplan.planner.inputs import fp8_pairs
-from weightplan.planner.inputs.entry import TensorEntry
+from weightplan.planner.core.entry import TensorEntry
 from weightplan.planner.inputs.fp8_pairs import Fp8Problem, Fp8ProblemKind, pair_scales
 from weightplan.planner.inputs.quant_config import QuantConfig
-from weightplan.planner.quant.blocks import FP8_DTYPES, scale_grid
-from weightplan.planner.tensors.spec import TensorSpec, short_dtype
+from weightplan.planner.core.quant.blocks import FP8_DTYPES, scale_grid
+from weightplan.planner.core.spec import TensorSpec, short_dtype
 
 F8 = torch.float8_e4m3fn
 

@@ -11,7 +11,7 @@ import weightplan
 from tests.conftest import module_with
 from tests.fp8.test_fp8_interop import meta_model
 from weightplan.errors import QuantizationError
-from weightplan.planner.quant.quantize import quantize
+from weightplan.planner.core.quant.quantize import quantize
 
 
 def rewritten(src, dst, change):

@@ -11,8 +11,8 @@ from tests.fp8.oracle import bits
 from weightplan.planner.inputs.checkpoint import open_checkpoint
 from weightplan.planner.inputs.fp8_pairs import pair_scales, scale_key
 from weightplan.planner.inputs.quant_config import QuantConfig
-from weightplan.planner.quant.blocks import dequantize, scale_grid
-from weightplan.planner.quant.quantize import quantize
+from weightplan.planner.core.quant.blocks import dequantize, scale_grid
+from weightplan.planner.core.quant.quantize import quantize
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 blocks = st.sampled_from([(128, 128), (32, 16), (1, 32), (16, 1), (7, 5)])

@@ -8,8 +8,8 @@ import torch
 
 from tests.fp8.checkpoints import ref_quant
 from tests.fp8.oracle import bits, hf_quantize
-from weightplan.planner.quant.blocks import scale_grid
-from weightplan.planner.quant.quantize import quantize, quantize_into, tile_amax
+from weightplan.planner.core.quant.blocks import scale_grid
+from weightplan.planner.core.quant.quantize import quantize, quantize_into, tile_amax
 
 
 def weight(shape, dtype=torch.bfloat16, seed=0):

@@ -9,7 +9,7 @@ import weightplan
 from tests.fp8.oracle import bits
 from tests.fp8.test_fp8_interop import meta_model
 from weightplan.errors import SaveError
-from weightplan.planner.quant.blocks import dequantize
+from weightplan.planner.core.quant.blocks import dequantize
 
 
 def saved(directory):

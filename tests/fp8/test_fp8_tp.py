@@ -15,9 +15,9 @@ import weightplan
 from tests.fp8.test_fp8_interop import meta_model
 from weightplan.errors import QuantizationError
 from weightplan.parallel import TensorParallel
-from weightplan.planner.tensors.sharding.ranks import read_bytes
-from weightplan.planner.tensors.sharding.shard_math import slice_local
-from weightplan.planner.tensors.verify import verify
+from weightplan.planner.pipelines.ranks import read_bytes
+from weightplan.planner.core.sharding.shard_math import slice_local
+from weightplan.planner.tensors.verify.verify import verify
 
 MLA = {"model.layers.*.self_attn.kv_a_proj_with_mqa": "colwise",  # 192 (or 320) rows
        "model.layers.*.self_attn.q_b_proj": "colwise",
@@ -162,7 +162,7 @@ def test_real_gloo_ranks_dequantize_their_slices(fp8_checkpoints, tmp_path):
     the non-TP load, and each rank needs no more than its local bytes and scale tiles."""
     from tests.parallel.conftest import LOADER, torchrun
     from tests.parallel.tp_load_worker import meta_model as auto_meta_model
-    from weightplan.planner.tensors.sharding.placements import Placement
+    from weightplan.planner.core.sharding.placements import Placement
 
     fp8_dir = fp8_checkpoints("llama")[1]
     torchrun(2, LOADER, str(tmp_path), f"wp:{fp8_dir}")

@@ -30,7 +30,7 @@ def consistent_header(spec_list, name: str = "t{}", meta: dict | None = None
                       ) -> tuple[dict, int]:
     """A valid header for ``spec_list`` (safetensors dtype name, shape), tensors named
     ``name.format(i)`` and laid out back to back, and its data length."""
-    from weightplan.planner.tensors.spec import SAFETENSORS_DTYPES
+    from weightplan.planner.core.spec import SAFETENSORS_DTYPES
 
     header, start = ({"__metadata__": meta} if meta is not None else {}), 0
     for i, (dtype, shape) in enumerate(spec_list):

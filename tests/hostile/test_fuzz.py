@@ -22,7 +22,7 @@ from safetensors import safe_open
 
 from weightplan.errors import WeightplanError
 from weightplan.planner.inputs.checkpoint import open_checkpoint
-from weightplan.planner.tensors.spec import SAFETENSORS_DTYPES
+from weightplan.planner.core.spec import SAFETENSORS_DTYPES
 
 from .helpers import consistent_header, load_tensors
 

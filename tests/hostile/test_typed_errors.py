@@ -133,7 +133,7 @@ def test_cli_unexpected_errors_are_one_line_too(monkeypatch, capsys):
 
 def test_unexpected_internal_errors_are_wrapped(ckpt, monkeypatch):
     from weightplan.errors import UnexpectedError
-    from weightplan.planner import explain as explain_mod
+    from weightplan.planner.pipelines import load as explain_mod
 
     def boom(*a, **k):
         raise KeyError("internal")

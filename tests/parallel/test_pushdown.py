@@ -9,12 +9,12 @@ from weightplan import WeightConverter
 import weightplan
 from weightplan.ops import Chunk, Concatenate, MergeModulelist, PermuteForRope, Transpose
 from weightplan.parallel import TensorParallel
-from weightplan.planner.tensors.sharding.placements import Placement
-from weightplan.planner.tensors.sharding.ranks import (
+from weightplan.planner.core.sharding.placements import Placement
+from weightplan.planner.pipelines.ranks import (
     plan_ranks, rank_table, read_bytes, whole_reads,
 )
-from weightplan.planner.tensors.sharding.resolve import resolve_sharding
-from weightplan.planner.tensors.sharding.shard_math import slice_local
+from weightplan.planner.inputs.parallel_plan import resolve_sharding
+from weightplan.planner.core.sharding.shard_math import slice_local
 
 F32 = torch.float32
 

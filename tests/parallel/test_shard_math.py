@@ -6,13 +6,13 @@ from torch.distributed.tensor.placement_types import Shard, _StridedShard
 
 from weightplan.errors import ParallelError
 from weightplan.parallel import TensorParallel, as_tensor_parallel
-from weightplan.planner.tensors.geometry import Region
-from weightplan.planner.tensors.sharding import styles
-from weightplan.planner.tensors.sharding.fp8_slices import (
+from weightplan.planner.core.geometry import Region
+from weightplan.planner.core.sharding import styles
+from weightplan.planner.core.sharding.fp8_slices import (
     box_bytes, covering_blocks, dequantize_box, scale_shape,
 )
-from weightplan.planner.tensors.sharding.placements import Placement
-from weightplan.planner.tensors.sharding.shard_math import (
+from weightplan.planner.core.sharding.placements import Placement
+from weightplan.planner.core.sharding.shard_math import (
     chunk_bounds, local_fragments, local_shape, slice_local,
 )
 
@@ -132,8 +132,8 @@ def test_only_a_plan_the_user_wrote_is_checked_for_entries_matching_nothing():
     transformers' plans do; the same entry in a plan the user wrote is a problem."""
     from torch import nn
 
-    from weightplan.planner.tensors.sharding.config import TensorParallel
-    from weightplan.planner.tensors.sharding.resolve import resolve_sharding
+    from weightplan.planner.core.sharding.config import TensorParallel
+    from weightplan.planner.inputs.parallel_plan import resolve_sharding
 
     class Tiny(nn.Module):
         tp_plan = {"proj": "colwise", "layers.*.mlp.gate_proj": "colwise"}

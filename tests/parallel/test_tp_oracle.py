@@ -12,8 +12,8 @@ import torch
 from tests.parallel.tp_fixtures import FOUR_RANKS, MOE, configs
 import weightplan
 from weightplan.parallel import TensorParallel
-from weightplan.planner.tensors.sharding.placements import Placement
-from weightplan.planner.tensors.sharding.ranks import whole_reads
+from weightplan.planner.core.sharding.placements import Placement
+from weightplan.planner.pipelines.ranks import whole_reads
 
 CASES = ([(n, "tp", 2) for n in configs()] + [(n, "ep", 2) for n in MOE]
          + [(n, "tp", 4) for n in FOUR_RANKS])

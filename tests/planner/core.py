@@ -8,9 +8,9 @@ import torch
 from weightplan import WeightConverter
 from weightplan.planner.inputs.checkpoint import Checkpoint, FileStamp, TensorEntry
 from weightplan.planner.keys.routing import Group, Route
-from weightplan.planner.tensors.build import Conversion, SinkKind, build_conversion
-from weightplan.planner.tensors.ops.base import ConversionOp
-from weightplan.planner.tensors.spec import TensorSpec
+from weightplan.planner.tensors.ir.build import Conversion, SinkKind, build_conversion
+from weightplan.planner.core.ops.base import ConversionOp
+from weightplan.planner.core.spec import TensorSpec
 
 FILE = "/pretend/model.safetensors"
 DATA_START = 64

@@ -4,7 +4,7 @@ import gc
 
 import pytest
 
-from weightplan.planner.bulk import paused_gc
+from weightplan.planner.core.paused_gc import paused_gc
 
 
 def test_paused_inside_restored_after_even_on_error():
@@ -35,7 +35,7 @@ def test_paused_inside_restored_after_even_on_error():
 def test_planning_leaves_objects_the_process_froze_frozen():
     import gc
 
-    from weightplan.planner.bulk import paused_gc
+    from weightplan.planner.core.paused_gc import paused_gc
 
     gc.freeze()
     try:

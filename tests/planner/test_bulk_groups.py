@@ -9,7 +9,7 @@ from weightplan.errors import ConflictingTransformError, IndexGapError
 from weightplan.ops import Concatenate, MergeModulelist
 from weightplan.planner.inputs.checkpoint import open_checkpoint
 from weightplan.planner.inputs.model_info import inspect_model
-from weightplan.planner.keys import bulk_groups, router, routing
+from weightplan.planner.keys import bulk_groups, route, router
 
 from tests.conftest import module_with
 
@@ -31,7 +31,7 @@ def _exact(checkpoint, transforms, model, monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(router, "template_of", lambda key: None)
         m.setattr(router, "templates_of", lambda keys: [None] * len(keys))
-        return routing.route_checkpoint(checkpoint, transforms, model)
+        return route.route_checkpoint(checkpoint, transforms, model)
 
 
 def _vouched(monkeypatch):
@@ -41,13 +41,13 @@ def _vouched(monkeypatch):
     def spy(routed, checkpoint):
         said.append(real(routed, checkpoint) is not None)
         return real(routed, checkpoint)
-    monkeypatch.setattr(bulk_groups, "bulk_group", spy)
+    monkeypatch.setattr(route, "bulk_group", spy)
     return said
 
 
 def _same(names, transforms, monkeypatch, model=None):
     said = _vouched(monkeypatch)
-    bulk = routing.route_checkpoint(_keys(*names), transforms, model)
+    bulk = route.route_checkpoint(_keys(*names), transforms, model)
     exact = _exact(_keys(*names), transforms, model, monkeypatch)
     assert bulk == exact
     return bulk, said
@@ -78,7 +78,7 @@ def test_groups_with_keys_routed_one_by_one_equal_the_exact_ones(monkeypatch):
 def test_broken_groups_fail_the_same_way(drop, error, monkeypatch):
     names = [n for n in _experts() if n != drop]
     with pytest.raises(error) as bulk:
-        routing.route_checkpoint(_keys(*names), [_MERGE, _STACK], None)
+        route.route_checkpoint(_keys(*names), [_MERGE, _STACK], None)
     with pytest.raises(error) as exact:
         _exact(_keys(*names), [_MERGE, _STACK], None, monkeypatch)
     assert str(bulk.value) == str(exact.value)
@@ -89,14 +89,14 @@ def test_repeated_index_and_index_less_sources_fail_the_same_way(monkeypatch):
                             operations=[MergeModulelist(0)])
     names = _experts(layers=(0,), experts=3, parts=("down",))
     with pytest.raises(ConflictingTransformError) as bulk:
-        routing.route_checkpoint(_keys(*names), [loose], None)
+        route.route_checkpoint(_keys(*names), [loose], None)
     with pytest.raises(ConflictingTransformError) as exact:
         _exact(_keys(*names), [loose], None, monkeypatch)
     assert str(bulk.value) == str(exact.value)
     stacked = WeightConverter(r"e\.*\.x\.\d", "e.x", operations=[MergeModulelist(0)])
     names = [f"e.{i}.x.{j}" for i in range(3) for j in range(2)]
     with pytest.raises(IndexGapError) as bulk:
-        routing.route_checkpoint(_keys(*names), [stacked], None)
+        route.route_checkpoint(_keys(*names), [stacked], None)
     with pytest.raises(IndexGapError) as exact:
         _exact(_keys(*names), [stacked], None, monkeypatch)
     assert str(bulk.value) == str(exact.value)
@@ -120,7 +120,7 @@ def test_groups_that_do_not_land_equal_the_exact_ones(monkeypatch):
     specs["layers.12.experts.3.down"] = ((1,), torch.float32)
     info = inspect_model(module_with(specs))
     with pytest.raises(IndexGapError) as bulk_error:
-        routing.route_checkpoint(_keys(*_experts()), [_MERGE, _STACK], info)
+        route.route_checkpoint(_keys(*_experts()), [_MERGE, _STACK], info)
     with pytest.raises(IndexGapError) as exact:
         _exact(_keys(*_experts()), [_MERGE, _STACK], info, monkeypatch)
     assert str(bulk_error.value) == str(exact.value)

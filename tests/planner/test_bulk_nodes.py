@@ -6,11 +6,11 @@ import torch
 from weightplan.planner.inputs.checkpoint import TensorEntry
 from weightplan.planner.inputs.fp8_pairs import Fp8Pairing, ScaledWeight
 from weightplan.planner.keys.routing import Group
-from weightplan.planner.quant.blocks import block_of
-from weightplan.planner.quant.kinds import Dequantize
-from weightplan.planner.tensors.nodes import DequantizeAttrs, Node, NodeKind, ReadAttrs
-from weightplan.planner.tensors.quant_build import QuantContext, source_streams
-from weightplan.planner.tensors.spec import TensorSpec
+from weightplan.planner.core.quant.blocks import block_of
+from weightplan.planner.core.quant.kinds import Dequantize
+from weightplan.planner.tensors.ir.nodes import DequantizeAttrs, Node, NodeKind, ReadAttrs
+from weightplan.planner.tensors.ir.quant_build import QuantContext, source_streams
+from weightplan.planner.core.spec import TensorSpec
 
 FP8 = torch.float8_e4m3fn
 
@@ -72,7 +72,7 @@ def test_bulk_reads_without_pairs_are_plain_reads():
 
 def _stack(count: int, blocks=None):
     """``count`` FP8 experts (one shared spec) with their scales, paired as a dict."""
-    from weightplan.planner.quant.blocks import scale_grid
+    from weightplan.planner.core.quant.blocks import scale_grid
 
     spec, pairs = TensorSpec((256, 128), FP8), {}
     for j in range(count):
@@ -131,8 +131,8 @@ def test_a_stack_that_cannot_dequantize_names_its_first_weight():
 
 
 def test_op_nodes_over_a_whole_stream_take_the_stream():
-    from weightplan.planner.tensors.build import _wired
-    from weightplan.planner.tensors.ops.base import stream_positions
+    from weightplan.planner.tensors.ir.build import _wired
+    from weightplan.planner.core.ops.base import stream_positions
 
     pairs = _stack(6)
     group = Group(None, (tuple(p.weight for p in pairs.values()),), ((),), ("x.*",))

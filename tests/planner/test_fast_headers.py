@@ -20,10 +20,10 @@ from safetensors.torch import save, save_file
 
 from weightplan.errors import CheckpointError, HeaderError, MissingShardError, UnsafePathError
 from weightplan.planner.inputs.checkpoint import open_checkpoint, strict_entries
-from weightplan.planner.inputs.entry import FrozenEntryError, StridedEntry, TensorEntry
+from weightplan.planner.core.entry import FrozenEntryError, StridedEntry, TensorEntry
 from weightplan.planner.inputs.header_bulk import fast_entries
 from weightplan.planner.inputs.safetensors_format import _strict_json, strict_json
-from weightplan.planner.tensors.spec import SAFETENSORS_DTYPES, TensorSpec
+from weightplan.planner.core.spec import SAFETENSORS_DTYPES, TensorSpec
 
 from tests.conftest import write_checkpoint
 from tests.hostile.helpers import consistent_header

@@ -4,12 +4,12 @@ import networkx as nx
 import torch
 
 from weightplan.ops import MergeModulelist
-from weightplan.planner.tensors.geometry import Region
-from weightplan.planner.tensors.graph import Edge, PlanGraph
-from weightplan.planner.tensors.lower import plan_graph
-from weightplan.planner.tensors.nodes import Node, NodeKind, ShardAttrs
-from weightplan.planner.tensors.sharding.placements import Placement
-from weightplan.planner.tensors.spec import TensorSpec
+from weightplan.planner.core.geometry import Region
+from weightplan.planner.tensors.ir.graph import Edge, PlanGraph
+from weightplan.planner.pipelines.lower import plan_graph
+from weightplan.planner.tensors.ir.nodes import Node, NodeKind, ShardAttrs
+from weightplan.planner.core.sharding.placements import Placement
+from weightplan.planner.core.spec import TensorSpec
 
 from tests.planner.core import conversion, entry
 

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from weightplan.planner.write.shards import encode_header, plan_layout
-from weightplan.planner.tensors.spec import TensorSpec
+from weightplan.planner.core.spec import TensorSpec
 
 
 def spec(*shape, dtype=torch.float32):

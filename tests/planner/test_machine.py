@@ -3,9 +3,10 @@
 import torch
 
 import weightplan
-from weightplan.planner.tensors import machine
-from weightplan.planner.tensors.machine import (
-    Fit, MachineMemory, default_window_bytes, machine_fit, machine_memory,
+from weightplan.planner.tensors.schedule import machine
+from weightplan.planner.tensors.schedule.budget import machine_fit
+from weightplan.planner.tensors.schedule.machine import (
+    Fit, MachineMemory, default_window_bytes, machine_memory,
 )
 
 from tests.conftest import expected_moe, moe_model

@@ -5,7 +5,7 @@ from dataclasses import FrozenInstanceError, dataclass
 import pytest
 
 from weightplan.planner.keys.patterns import PatternMatch
-from weightplan.planner.makers import maker
+from weightplan.planner.core.makers import maker
 
 
 def test_maker_builds_what_the_constructor_builds():
@@ -36,7 +36,7 @@ def test_maker_refuses_classes_whose_init_does_more():
 def test_columns_build_what_the_constructor_builds():
     from itertools import repeat
 
-    from weightplan.planner.makers import columns
+    from weightplan.planner.core.makers import columns
 
     made = columns(PatternMatch)(3, range(3), repeat(9), [7, 8, 9], repeat(("a",)))
     assert made == [PatternMatch(j, 9, 7 + j, ("a",)) for j in range(3)]

@@ -8,7 +8,7 @@ from weightplan import PrefixChange, WeightConverter, WeightRenaming
 from weightplan.errors import ConflictingTransformError, IndexGapError
 from weightplan.ops import Concatenate, MergeModulelist, Transpose
 from weightplan.planner.inputs.checkpoint import open_checkpoint
-from weightplan.planner.keys.routing import route_checkpoint
+from weightplan.planner.keys.route import route_checkpoint
 
 from tests.conftest import module_with
 

@@ -8,9 +8,9 @@ from weightplan.ops import (
     Chunk, Concatenate, ConversionOp, Conv3dToLinear, LinearToConv3d, MergeModulelist,
     PermuteForRope, SplitModulelist, Transpose,
 )
-from weightplan.planner.tensors.geometry import Fragment, Region, View
-from weightplan.planner.tensors.ops.base import OpContext
-from weightplan.planner.tensors.spec import TensorSpec
+from weightplan.planner.core.geometry import Fragment, Region, View
+from weightplan.planner.core.ops.base import OpContext
+from weightplan.planner.core.spec import TensorSpec
 
 
 def ctx(n_targets=1, target_shapes=None, config=None, source_keys=((),)):

@@ -5,8 +5,8 @@ from collections import Counter
 import torch
 
 from weightplan.ops import Chunk, Concatenate, MergeModulelist, Transpose
-from weightplan.planner.tensors.geometry import Region, View
-from weightplan.planner.tensors.placement import plan_step
+from weightplan.planner.core.geometry import Region, View
+from weightplan.planner.tensors.lower.placement import plan_step
 
 from tests.conftest import Doubler
 from tests.planner.core import DATA_START, conversion, entry
@@ -71,7 +71,7 @@ def test_transpose_lands_through_a_strided_view():
 
 def test_a_cast_is_never_a_byte_copy():
     from weightplan.planner.keys.routing import Group, Route
-    from weightplan.planner.tensors.build import SinkKind, build_conversion
+    from weightplan.planner.tensors.ir.build import SinkKind, build_conversion
 
     w = entry("w", (4,), 0, torch.bfloat16)
     group = Group(None, ((w,),), ((Route("w", "w", ()),),), ("w",))
@@ -85,9 +85,9 @@ def test_a_shard_reads_only_its_region_through_the_ops():
     narrows the fragment, and the ops push it down to the reads."""
     import dataclasses
 
-    from weightplan.planner.tensors.nodes import Node, NodeKind, ShardAttrs, SinkAttrs
-    from weightplan.planner.tensors.sharding.placements import Placement
-    from weightplan.planner.tensors.spec import TensorSpec
+    from weightplan.planner.tensors.ir.nodes import Node, NodeKind, ShardAttrs, SinkAttrs
+    from weightplan.planner.core.sharding.placements import Placement
+    from weightplan.planner.core.spec import TensorSpec
 
     a, b = entry("a", (2, 3), 0), entry("b", (2, 3), 24)
     conv = conversion([[a], [b]], ["ab"], [Concatenate(0)])

@@ -11,9 +11,9 @@ import weightplan
 from weightplan import WeightConverter
 from weightplan.errors import BudgetError, OpError, PlanError
 from weightplan.ops import Chunk, Transpose
-from weightplan.planner.tensors.nodes import NodeKind
-from weightplan.planner.tensors.graph import PlanGraph
-from weightplan.planner.tensors.verify import verify
+from weightplan.planner.tensors.ir.nodes import NodeKind
+from weightplan.planner.tensors.ir.graph import PlanGraph
+from weightplan.planner.tensors.verify.verify import verify
 
 from tests.conftest import module_with, moe_checkpoint, moe_model
 

@@ -1,7 +1,7 @@
 """The schedule by hand: exact events and memory timeline (no explain())."""
 
-from weightplan.planner.tensors.placement import plan_step
-from weightplan.planner.tensors.schedule import Event, EventKind, make_schedule
+from weightplan.planner.tensors.lower.placement import plan_step
+from weightplan.planner.tensors.schedule.schedule import Event, EventKind, make_schedule
 
 from tests.conftest import Doubler
 from tests.planner.core import conversion, entry
@@ -43,7 +43,7 @@ def test_materialized_ops_hold_their_inputs_and_outputs():
 
 
 def test_sorted_windows_add_and_remove_a_steps_windows_at_once():
-    from weightplan.planner.tensors.schedule import SortedWindows
+    from weightplan.planner.tensors.schedule.schedule import SortedWindows
 
     one_by_one, at_once = SortedWindows(), SortedWindows()
     for size in (5, 1, 5, 3):

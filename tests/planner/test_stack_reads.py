@@ -12,17 +12,17 @@ import torch
 from weightplan import WeightConverter
 from weightplan.ops import Chunk, Concatenate, MergeModulelist
 from weightplan.planner.inputs.checkpoint import TensorEntry
-from weightplan.planner.inputs.entry import StridedEntry
+from weightplan.planner.core.entry import StridedEntry
 from weightplan.planner.inputs.fp8_pairs import Fp8Pairing, ScaledWeight
 from weightplan.planner.keys.routing import Group, Route
-from weightplan.planner.tensors.build import Conversion, SinkKind, build_conversion
-from weightplan.planner.tensors.geometry import Fragment, Region, StackFragments, View
-from weightplan.planner.tensors.nodes import NodeKind
-from weightplan.planner.tensors.placement import Step, _scan, _scan_nodes, plan_step
-from weightplan.planner.tensors.quant_build import QuantContext
-from weightplan.planner.tensors.read_tasks import alike_reads
-from weightplan.planner.tensors.schedule import _run_first, order_steps
-from weightplan.planner.tensors.spec import TensorSpec
+from weightplan.planner.tensors.ir.build import Conversion, SinkKind, build_conversion
+from weightplan.planner.core.geometry import Fragment, Region, StackFragments, View
+from weightplan.planner.tensors.ir.nodes import NodeKind
+from weightplan.planner.tensors.lower.placement import Step, _scan, _scan_nodes, plan_step
+from weightplan.planner.tensors.ir.quant_build import QuantContext
+from weightplan.planner.tensors.ir.alike import alike_reads
+from weightplan.planner.tensors.schedule.schedule import _run_first, order_steps
+from weightplan.planner.core.spec import TensorSpec
 
 from tests.planner.core import FILE, conversion, entry
 

@@ -9,8 +9,8 @@ from weightplan import PrefixChange, WeightConverter, WeightRenaming
 from weightplan.ops import Concatenate, MergeModulelist
 from weightplan.planner.inputs.checkpoint import open_checkpoint
 from weightplan.planner.inputs.model_info import inspect_model
-from weightplan.planner.keys import router, routing
-from weightplan.planner.keys.registry import REGISTRY
+from weightplan.planner.keys import route, router
+from weightplan.planner.keys.mappings import REGISTRY
 from weightplan.planner.keys.patterns import natural_key
 from weightplan.planner.keys.templates import (
     digit_blind, sort_text, sortable, template_of, templates_of,
@@ -40,11 +40,11 @@ def test_digit_blindness(transform, blind):
 
 
 def _both(checkpoint, transforms, model, monkeypatch):
-    fast = routing.route_checkpoint(checkpoint, transforms, model)
+    fast = route.route_checkpoint(checkpoint, transforms, model)
     with monkeypatch.context() as m:
         m.setattr(router, "template_of", lambda key: None)  # every key the slow way
         m.setattr(router, "templates_of", lambda keys: [None] * len(keys))
-        slow = routing.route_checkpoint(checkpoint, transforms, model)
+        slow = route.route_checkpoint(checkpoint, transforms, model)
     return fast, slow
 
 
@@ -115,5 +115,5 @@ def test_bulk_templates_and_sort_texts_agree_with_the_per_key_ones(keys):
 def test_routes_come_in_natural_key_order():
     names = ["layers.10.w", "", "layers.9.w", "layers.9.experts.11.w1", "layers.9.experts.2.w1",
              "a", "layers.9"]
-    routed = routing.route_checkpoint(_keys(*names), [], None)
+    routed = route.route_checkpoint(_keys(*names), [], None)
     assert [r.key for r in routed.routes] == sorted(names, key=natural_key)

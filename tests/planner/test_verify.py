@@ -5,21 +5,21 @@ import dataclasses
 import pytest
 import torch
 
-from weightplan.planner.tensors.sharding.placements import Placement
+from weightplan.planner.core.sharding.placements import Placement
 
 from weightplan.errors import GraphError
 from weightplan.ops import Chunk, MergeModulelist
 from weightplan.planner.inputs.checkpoint import FileStamp
-from weightplan.planner.tensors.destination import Destination, DestKind
-from weightplan.planner.tensors.geometry import Region
-from weightplan.planner.tensors.graph import PlanGraph
-from weightplan.planner.tensors.lower import plan_graph
-from weightplan.planner.tensors.nodes import (
+from weightplan.planner.tensors.ir.destination import Destination, DestKind
+from weightplan.planner.core.geometry import Region
+from weightplan.planner.tensors.ir.graph import PlanGraph
+from weightplan.planner.pipelines.lower import plan_graph
+from weightplan.planner.tensors.ir.nodes import (
     CastAttrs, Node, NodeKind, ReadAttrs, ShardAttrs, SinkAttrs,
 )
-from weightplan.planner.tensors.placement import plan_step, read_task
-from weightplan.planner.tensors.spec import TensorSpec
-from weightplan.planner.tensors.verify import check, verify
+from weightplan.planner.tensors.lower.placement import plan_step, read_task
+from weightplan.planner.core.spec import TensorSpec
+from weightplan.planner.tensors.verify.verify import check, verify
 
 from tests.planner.core import FILE, checkpoint, conversion, entry
 
@@ -149,8 +149,8 @@ def test_verify_raises_one_error_listing_every_problem():
 
 
 def test_every_step_is_submitted_then_finalized_once():
-    from weightplan.planner.tensors.schedule import Event, EventKind
-    from weightplan.planner.tensors.verify import check_events
+    from weightplan.planner.tensors.schedule.schedule import Event, EventKind
+    from weightplan.planner.tensors.verify.verify import check_events
 
     s, f = EventKind.SUBMIT, EventKind.FINALIZE
     assert check_events(2, [Event(s, 0), Event(s, 1), Event(f, 0), Event(f, 1)]) == []
@@ -163,8 +163,8 @@ def test_every_step_is_submitted_then_finalized_once():
 def test_a_sound_plan_is_proven_in_bulk():
     """The identity passes of verify_bulk prove a sound plan (the per-node pass only runs
     to word problems)."""
-    from weightplan.planner.tensors.verify import _ARITY, check_node
-    from weightplan.planner.tensors.verify_bulk import (
+    from weightplan.planner.tensors.verify.verify import _ARITY, check_node
+    from weightplan.planner.tensors.verify.verify_bulk import (
         graph_is_sound, node_positions, release_is_sound,
     )
 
@@ -189,8 +189,8 @@ def broken_graphs() -> list[tuple[Node, ...]]:
 
 
 def test_the_bulk_proof_fails_on_every_broken_graph():
-    from weightplan.planner.tensors.verify import _ARITY, check_node
-    from weightplan.planner.tensors.verify_bulk import graph_is_sound, node_positions
+    from weightplan.planner.tensors.verify.verify import _ARITY, check_node
+    from weightplan.planner.tensors.verify.verify_bulk import graph_is_sound, node_positions
 
     for nodes in broken_graphs():
         assert not graph_is_sound(nodes, node_positions(nodes), _ARITY, check_node), nodes

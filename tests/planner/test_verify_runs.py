@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from weightplan.ops import MergeModulelist
-from weightplan.planner.tensors.graph import PlanGraph
-from weightplan.planner.tensors.lower import plan_graph
-from weightplan.planner.tensors.destination import DestKind
-from weightplan.planner.tensors.nodes import Node, NodeKind, ReadAttrs, SinkAttrs
-from weightplan.planner.tensors.placement import plan_step
-from weightplan.planner.tensors.spec import TensorSpec
-from weightplan.planner.tensors.verify import _ARITY, check, check_node
-from weightplan.planner.tensors.verify_runs import _alike, release_by_runs, runs_are_sound
+from weightplan.planner.tensors.ir.graph import PlanGraph
+from weightplan.planner.pipelines.lower import plan_graph
+from weightplan.planner.tensors.ir.destination import DestKind
+from weightplan.planner.tensors.ir.nodes import Node, NodeKind, ReadAttrs, SinkAttrs
+from weightplan.planner.tensors.lower.placement import plan_step
+from weightplan.planner.core.spec import TensorSpec
+from weightplan.planner.tensors.verify.verify import _ARITY, check, check_node
+from weightplan.planner.tensors.verify.verify_runs import _alike, release_by_runs, runs_are_sound
 
 from tests.planner.core import checkpoint, conversion, entry
 from tests.planner.test_verify import broken_graphs, read_node, sink
@@ -24,7 +24,7 @@ from tests.planner.test_verify import broken_graphs, read_node, sink
 @pytest.fixture(autouse=True)
 def runs_of_any_length(monkeypatch):
     """``check`` proves runs one by one however short they are (these runs are tiny)."""
-    monkeypatch.setattr("weightplan.planner.tensors.verify._LONG_RUNS", 0)
+    monkeypatch.setattr("weightplan.planner.tensors.verify.verify._LONG_RUNS", 0)
 
 
 def stacks(count=4):
@@ -64,7 +64,7 @@ def test_runs_of_one_shape_are_proven_by_one_proof(monkeypatch):
     def whole_graph(nodes):
         raise AssertionError("proven run by run: no whole-graph proof")
 
-    monkeypatch.setattr("weightplan.planner.tensors.verify.node_positions", whole_graph)
+    monkeypatch.setattr("weightplan.planner.tensors.verify.verify.node_positions", whole_graph)
     assert check(graph, steps, ckpt, lengths) == []
 
 
@@ -155,7 +155,7 @@ def test_a_later_run_with_other_arities_is_refused():
 
 def dequantized_run(tag="a", count=16, shapes=None, dtype=torch.bfloat16):
     """``count`` FP8 weights and scales, dequantized into one shared spec, each sunk."""
-    from weightplan.planner.tensors.nodes import DequantizeAttrs
+    from weightplan.planner.tensors.ir.nodes import DequantizeAttrs
 
     fp8, scale = TensorSpec((2, 3), torch.float8_e4m3fn), TensorSpec((1, 1), torch.float32)
     out, attrs = TensorSpec((2, 3), torch.bfloat16), DequantizeAttrs(dtype, (128, 128))

@@ -8,14 +8,14 @@ import torch
 
 from weightplan.ops import Concatenate, MergeModulelist
 from weightplan.planner.inputs.checkpoint import FileStamp, TensorEntry
-from weightplan.planner.tensors.coverage import coverage_problem
-from weightplan.planner.tensors.geometry import Region, View, stack_fragments
-from weightplan.planner.tensors.lower import plan_graph
-from weightplan.planner.tensors.placement import Step, plan_step
-from weightplan.planner.tensors.read_tasks import read_task
-from weightplan.planner.tensors.spec import TensorSpec
-from weightplan.planner.tensors.verify import _sections, check
-from weightplan.planner.tensors.verify_stacks import stack_landed, unproven_reads
+from weightplan.planner.tensors.verify.coverage import coverage_problem
+from weightplan.planner.core.geometry import Region, View, stack_fragments
+from weightplan.planner.pipelines.lower import plan_graph
+from weightplan.planner.tensors.lower.placement import Step, plan_step
+from weightplan.planner.tensors.lower.read_tasks import read_task
+from weightplan.planner.core.spec import TensorSpec
+from weightplan.planner.tensors.verify.verify import _sections, check
+from weightplan.planner.tensors.verify.verify_stacks import stack_landed, unproven_reads
 
 from tests.planner.core import FILE, checkpoint, conversion, entry
 

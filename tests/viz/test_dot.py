@@ -13,7 +13,7 @@ import torch
 
 import weightplan
 from weightplan.errors import RenderError
-from weightplan.planner.tensors.nodes import NodeKind
+from weightplan.planner.tensors.ir.nodes import NodeKind
 from weightplan.viz import dot as dot_module
 from weightplan.viz.dot import render_plan, to_dot
 from weightplan.viz.groups import plan_picture

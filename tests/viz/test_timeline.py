@@ -6,7 +6,7 @@ import pytest
 
 import weightplan
 from weightplan.errors import RenderError
-from weightplan.planner.tensors.schedule import Event, EventKind, MemoryPoint
+from weightplan.planner.tensors.schedule.schedule import Event, EventKind, MemoryPoint
 from weightplan.units import format_bytes
 from weightplan.viz.timeline import byte_ticks, runs, timeline_svg
 

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from weightplan.errors import MappingError
-from weightplan.planner.explain import choose_mapping
+from weightplan.planner.pipelines.load import choose_mapping
 from weightplan.planner.inputs.checkpoint import open_checkpoint
 
 if TYPE_CHECKING:
-    from weightplan.planner.write.in_memory import MemoryPlan
+    from weightplan.planner.pipelines.convert import MemoryPlan
     from weightplan.planner.write.record import LoadRecord
 
 
@@ -41,9 +41,9 @@ def convert(tensors: Mapping[str, torch.Tensor], mapping: object) -> Converted:
         MappingError: a converter group lacks one of its source patterns, or two keys
             produce the same output key.
     """
-    from weightplan.planner.tensors.quant_build import memory_context, routed_checkpoint
-    from weightplan.planner.write.explain_write import forward_groups
-    from weightplan.planner.write.in_memory import plan_in_memory
+    from weightplan.planner.tensors.ir.quant_build import memory_context, routed_checkpoint
+    from weightplan.planner.pipelines.save import forward_groups
+    from weightplan.planner.pipelines.convert import plan_in_memory
     from weightplan.planner.write.record import record_of_conversions
 
     if mapping is None:
@@ -65,7 +65,7 @@ def revert(tensors: Mapping[str, torch.Tensor], mapping: object) -> dict[str, to
     ``mapping``: inverse converters first, then inverse renamings; a transform whose
     inverse would be a guess (a ``PrefixChange``) raises :class:`NotInvertibleError`.
     """
-    from weightplan.planner.write.in_memory import plan_in_memory
+    from weightplan.planner.pipelines.convert import plan_in_memory
     from weightplan.planner.write.reverse import derived_groups, record_groups
 
     ckpt = open_checkpoint(dict(tensors))

@@ -10,7 +10,7 @@ import torch
 from weightplan.api.plans import Plan, WritePlan, promote
 from weightplan.bridge.names import named_choice
 from weightplan.bridge.transformers import TransformersFinder
-from weightplan.planner.explain import explain_load
+from weightplan.planner.pipelines.load import explain_load
 from weightplan.planner.keys.lookup import Finder, is_transformers_class
 
 
@@ -90,7 +90,7 @@ def explain_save(model: torch.nn.Module, directory: str | os.PathLike[str], *,
         NotInvertibleError: a transform of the mapping has no unambiguous inverse.
         SaveError: meta tensors, an unwritable or occupied directory, too little space.
     """
-    from weightplan.planner.write.explain_write import explain_save_plan
+    from weightplan.planner.pipelines.save import explain_save_plan
 
     data = explain_save_plan(model, directory, mapping=by_name(mapping), max_shard_size=max_shard_size,
                              overwrite=overwrite, threads=threads, quantize=quantize,
@@ -106,7 +106,7 @@ def explain_convert(source: object, directory: str | os.PathLike[str], *, mappin
     Forward applies ``mapping`` (with the legacy renames) as a load would; ``reverse``
     applies its inverse (a saved model's layout back to the original one).
     """
-    from weightplan.planner.write.explain_write import explain_convert_plan
+    from weightplan.planner.pipelines.save import explain_convert_plan
 
     data = explain_convert_plan(source, directory, mapping=by_name(mapping), reverse=reverse,
                                 max_shard_size=max_shard_size, overwrite=overwrite,

@@ -1,7 +1,7 @@
 """``Plan`` and ``WritePlan``: the planner's data plus running, printing and drawing.
 
-The planner's plan types (:class:`~weightplan.planner.plan.LoadPlanData`,
-:class:`~weightplan.planner.write.write_plan.WritePlanData`) are data only; these
+The planner's plan types (:class:`~weightplan.planner.pipelines.plan.LoadPlanData`,
+:class:`~weightplan.planner.pipelines.write_plan.WritePlanData`) are data only; these
 subclasses add what needs the executor and viz, which the planner may not import. Those
 are imported by the methods that use them: explaining and printing a plan doesn't load
 the executor (nor rich, its progress bar), the DOT, HTML and timeline renderers.
@@ -12,9 +12,9 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from weightplan.guard import call_typed
-from weightplan.planner.plan import LoadPlanData, PlanData
-from weightplan.planner.write.write_plan import WritePlanData
+from weightplan.api.guard import call_typed
+from weightplan.planner.pipelines.plan import LoadPlanData, PlanData
+from weightplan.planner.pipelines.write_plan import WritePlanData
 from weightplan.viz.text import explain_text
 
 if TYPE_CHECKING:

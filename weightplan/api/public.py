@@ -11,15 +11,15 @@ import torch
 
 from weightplan.api.entry import explain, explain_convert, explain_save
 from weightplan.api.plans import Plan, WritePlan
-from weightplan import guard as _guard
+from weightplan.api import guard as _guard
 from weightplan.api.convert import convert, revert
 from weightplan.errors import WeightplanError  # noqa: F401 (public)
 from weightplan.executor.report import LoadReport, SaveReport
 from weightplan.meta import init_empty  # noqa: F401 (public)
-from weightplan.model_config import write_model_config
-from weightplan.pretrained import from_pretrained  # noqa: F401 (public)
-from weightplan.planner.tensors.sharding.config import TensorParallel  # noqa: F401 (public)
-from weightplan.planner.keys.registry import get_mapping, register_alias, register_mapping
+from weightplan.api.model_config import write_model_config
+from weightplan.api.pretrained import from_pretrained  # noqa: F401 (public)
+from weightplan.planner.core.sharding.config import TensorParallel  # noqa: F401 (public)
+from weightplan.planner.keys.mappings import get_mapping, register_alias, register_mapping
 from weightplan.planner.keys.transforms import PrefixChange, WeightConverter, WeightRenaming  # noqa: F401 (public)
 
 
@@ -50,7 +50,7 @@ def save(model: torch.nn.Module, directory: str | os.PathLike[str], *, mapping: 
     return report
 
 
-# the public contract: typed arguments in, only WeightplanError out (see weightplan.guard)
+# the public contract: typed arguments in, only WeightplanError out (see weightplan.api.guard)
 explain = _guard.public(explain, _guard.check_explain)
 load = _guard.public(load, _guard.check_load)
 save = _guard.public(save, _guard.check_save)

@@ -95,7 +95,7 @@ def _model_class(transformers: Any, config: Any, path: Path) -> tuple[Any, str]:
 def _dtype(config: Any) -> torch.dtype | None:
     """The config's dtype when it names one (``"auto"`` and the like don't)."""
     from weightplan.errors import PlanError
-    from weightplan.planner.tensors.spec import parse_dtype
+    from weightplan.planner.core.spec import parse_dtype
 
     value = getattr(config, "dtype", None)
     try:

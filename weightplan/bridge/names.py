@@ -11,7 +11,8 @@ from __future__ import annotations
 import difflib
 
 from weightplan.errors import RegistryError
-from weightplan.planner.keys.registry import REGISTRY, MappingChoice, MappingRegistry
+from weightplan.planner.keys.mappings import REGISTRY
+from weightplan.planner.keys.registry import MappingChoice, MappingRegistry
 
 
 def bridged_names() -> list[str]:

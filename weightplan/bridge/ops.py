@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 import torch
 
 from weightplan.errors import NotInvertibleError, OpError
-from weightplan.planner.tensors.geometry import Fragment
-from weightplan.planner.tensors.ops.base import OpContext, Streams, normalize_dim, single_input
-from weightplan.planner.tensors.ops.reshape import Transpose
-from weightplan.planner.tensors.spec import TensorSpec
+from weightplan.planner.core.geometry import Fragment
+from weightplan.planner.core.ops.base import OpContext, Streams, normalize_dim, single_input
+from weightplan.planner.core.ops.reshape import Transpose
+from weightplan.planner.core.spec import TensorSpec
 
 
 @dataclass(frozen=True, repr=False)

@@ -27,7 +27,7 @@ from torch import nn
 from weightplan.bridge.dialect import source_pattern, target_pattern, with_group
 from weightplan.bridge.ops import TransposeToFit
 from weightplan.errors import MappingError
-from weightplan.planner.tensors import ops as wops
+from weightplan.planner.core import ops as wops
 from weightplan.planner.keys.lookup import Found, is_submodel, is_transformers_class
 from weightplan.planner.keys.registry import Source
 from weightplan.planner.keys.transforms import (

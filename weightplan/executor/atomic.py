@@ -22,8 +22,8 @@ import torch
 
 from weightplan.errors import PartialLoadError, WeightplanError
 from weightplan.executor.model_sink import ModelSink, current_tensor
-from weightplan.planner.tensors.destination import Destination
-from weightplan.planner.tensors.geometry import View
+from weightplan.planner.tensors.ir.destination import Destination
+from weightplan.planner.core.geometry import View
 
 
 class GuardedSink:

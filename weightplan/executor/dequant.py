@@ -14,15 +14,15 @@ import torch
 
 from weightplan.executor.sink import Sink
 
-from weightplan.planner.quant.blocks import (
+from weightplan.planner.core.quant.blocks import (
     dequantize_chunks, dequantize_into, rows_per_chunk, workspace,
 )
-from weightplan.planner.quant.quantize import quantize
-from weightplan.planner.tensors.quant_steps import QuantizeTask
-from weightplan.planner.tensors.geometry import View, row_major_strides
-from weightplan.planner.tensors.sharding.fp8_slices import tile_frame
-from weightplan.planner.tensors.ops.base import Streams
-from weightplan.planner.tensors.placement import ReadTask, Step
+from weightplan.planner.core.quant.quantize import quantize
+from weightplan.planner.tensors.lower.quant_steps import QuantizeTask
+from weightplan.planner.core.geometry import View, row_major_strides
+from weightplan.planner.core.sharding.fp8_slices import tile_frame
+from weightplan.planner.core.ops.base import Streams
+from weightplan.planner.tensors.lower.placement import ReadTask, Step
 
 
 def dequantize_read(run: Any, program: Step, step: Any, task: ReadTask, src: torch.Tensor) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from weightplan.executor.model_sink import flat_bytes, strided
-from weightplan.planner.tensors.destination import Destination
-from weightplan.planner.tensors.geometry import View
+from weightplan.planner.tensors.ir.destination import Destination
+from weightplan.planner.core.geometry import View
 
 
 class DictSink:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 
 from weightplan.errors import ParallelError
-from weightplan.planner.tensors.destination import Destination
-from weightplan.planner.tensors.geometry import row_major_strides
-from weightplan.planner.tensors.sharding.shard_nodes import Sharding
+from weightplan.planner.tensors.ir.destination import Destination
+from weightplan.planner.core.geometry import row_major_strides
+from weightplan.planner.tensors.ir.shard_nodes import Sharding
 
 
 def as_model_tensor(local: torch.Tensor, dest: Destination, sharding: Sharding | None

@@ -15,8 +15,8 @@ from weightplan.executor.report import LoadReport
 from weightplan.executor.run import run_plan
 from weightplan.executor.model_sink import ModelSink, check_unchanged
 from weightplan.planner.inputs.model_info import ModelInfo
-from weightplan.planner.plan import LoadPlanData
-from weightplan.planner.write.record import attach_record, get_record, merge_records, record_from_plan
+from weightplan.planner.pipelines.plan import LoadPlanData
+from weightplan.planner.write.record import attach_record, get_record, merge_records, record_of_conversions
 
 log = logging.getLogger("weightplan")
 
@@ -32,7 +32,8 @@ def execute_plan(plan: LoadPlanData, *, strict: bool = False, progress: bool | N
     sink = GuardedSink(inner, atomic=atomic)  # see executor/atomic.py
     with partial_load_errors(sink):
         stats = run_plan(plan.schedule, plan.checkpoint, sink, progress=progress)
-    attach_record(model, merge_records(get_record(model), record_from_plan(plan)))
+    record = record_of_conversions(plan.conversions, plan.checkpoint, plan.unexpected)
+    attach_record(model, merge_records(get_record(model), record))
     if plan.missing or plan.unexpected:
         log.warning("%d missing tensor(s) %s (%d initialized by the model's own init) and %d "
                     "unexpected checkpoint key(s) %s not loaded", len(plan.missing),

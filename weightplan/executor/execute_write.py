@@ -9,7 +9,7 @@ from weightplan.executor.report import SaveReport
 from weightplan.executor.sink import Sink
 from weightplan.executor.run import run_plan
 from weightplan.executor.writer import FileSink
-from weightplan.planner.write.write_plan import WritePlanData
+from weightplan.planner.pipelines.write_plan import WritePlanData
 
 
 def execute_write(plan: WritePlanData, *, progress: bool | None = None) -> SaveReport:

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from weightplan.planner.inputs.checkpoint import Checkpoint
-from weightplan.planner.tensors.destination import Destination
-from weightplan.planner.tensors.geometry import View
+from weightplan.planner.tensors.ir.destination import Destination
+from weightplan.planner.core.geometry import View
 
 
 def has_dtensors(checkpoint: Checkpoint) -> bool:

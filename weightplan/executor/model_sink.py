@@ -14,9 +14,9 @@ from weightplan.executor.init import initialize_fresh
 from weightplan.executor.staging import Stager
 from weightplan.executor.dtensors import as_model_tensor
 from weightplan.planner.inputs.model_info import ModelInfo, ModelTensor
-from weightplan.planner.tensors.destination import Destination
-from weightplan.planner.tensors.geometry import View
-from weightplan.planner.tensors.sharding.shard_nodes import Sharding
+from weightplan.planner.tensors.ir.destination import Destination
+from weightplan.planner.core.geometry import View
+from weightplan.planner.tensors.ir.shard_nodes import Sharding
 
 
 def module_and_attr(model: nn.Module, name: str) -> tuple[nn.Module, str]:

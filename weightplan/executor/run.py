@@ -3,7 +3,7 @@
 The executor decides nothing: the schedule's events say when each step's destinations
 are opened and its reads queued (SUBMIT) and when its reads are awaited and its
 materialized op nodes run (FINALIZE). The steps are the verified lowering of the plan's
-graph (:mod:`weightplan.planner.tensors.placement`). Where bytes go is the sink's
+graph (:mod:`weightplan.planner.tensors.lower.placement`). Where bytes go is the sink's
 business (:class:`~weightplan.executor.sink.Sink`): model tensors
 (:class:`~weightplan.executor.model_sink.ModelSink`), output files
 (:class:`~weightplan.executor.writer.FileSink`) or a dict
@@ -30,10 +30,10 @@ from weightplan.executor.progress import LoadProgress, wants_progress
 from weightplan.executor.reader import Reader
 from weightplan.executor.sink import Sink
 from weightplan.planner.inputs.checkpoint import Checkpoint
-from weightplan.planner.tensors.geometry import Region, row_major_strides
-from weightplan.planner.tensors.ops.base import Streams
-from weightplan.planner.tensors.placement import ReadTask, Step
-from weightplan.planner.tensors.schedule import EventKind, Schedule
+from weightplan.planner.core.geometry import Region, row_major_strides
+from weightplan.planner.core.ops.base import Streams
+from weightplan.planner.tensors.lower.placement import ReadTask, Step
+from weightplan.planner.tensors.schedule.schedule import EventKind, Schedule
 
 
 class _InlinePool(Executor):

@@ -21,8 +21,8 @@ from typing import Any, Protocol
 
 import torch
 
-from weightplan.planner.tensors.destination import Destination
-from weightplan.planner.tensors.geometry import View
+from weightplan.planner.tensors.ir.destination import Destination
+from weightplan.planner.core.geometry import View
 
 
 class Sink(Protocol):

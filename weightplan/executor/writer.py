@@ -26,8 +26,8 @@ from weightplan.executor.commit import (
 )
 from weightplan.executor.model_sink import flat_bytes, strided
 from weightplan.planner.inputs.paths import refuse_interrupted_save
-from weightplan.planner.tensors.destination import Destination
-from weightplan.planner.tensors.geometry import View
+from weightplan.planner.tensors.ir.destination import Destination
+from weightplan.planner.core.geometry import View
 from weightplan.planner.write.shards import INDEX_NAME, SINGLE_NAME, ShardLayout
 
 __all__ = ["FileSink", "PARTIAL"]

@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from weightplan.planner.tensors.build import Conversion, TargetStatus
-from weightplan.planner.tensors.destination import DestKind
-from weightplan.planner.tensors.nodes import (
+from weightplan.planner.tensors.ir.build import Conversion, TargetStatus
+from weightplan.planner.tensors.ir.destination import DestKind
+from weightplan.planner.tensors.ir.nodes import (
     DequantizeAttrs, Node, NodeKind, OpAttrs, QuantizeAttrs, ReadAttrs, ShardAttrs, SinkAttrs,
     cast_attrs, op_attrs, read_attrs, sink_attrs,
 )
-from weightplan.planner.tensors.spec import short_dtype
+from weightplan.planner.core.spec import short_dtype
 from weightplan.units import format_bytes
 from weightplan.viz.folding import fold_keys, ranges, split_numbers
 from weightplan.viz.style import KIND_COLOURS, PROBLEM_FILL, op_colour

@@ -6,11 +6,11 @@ from dataclasses import asdict
 from typing import Any
 
 from weightplan.planner.keys.registry import SubmoduleMapping
-from weightplan.planner.plan import LoadPlanData
-from weightplan.planner.write.write_plan import WritePlanData
+from weightplan.planner.pipelines.plan import LoadPlanData
+from weightplan.planner.pipelines.write_plan import WritePlanData
 
-from weightplan.planner.bulk import paused_gc
-from weightplan.planner.tensors.machine import machine_fit
+from weightplan.planner.core.paused_gc import paused_gc
+from weightplan.planner.tensors.schedule.budget import machine_fit
 from weightplan.viz.rows import mapping_rows
 
 

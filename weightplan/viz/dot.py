@@ -16,8 +16,8 @@ import warnings
 from pathlib import Path
 
 from weightplan.errors import RenderError
-from weightplan.planner.plan import LoadPlanData
-from weightplan.planner.bulk import paused_gc
+from weightplan.planner.pipelines.plan import LoadPlanData
+from weightplan.planner.core.paused_gc import paused_gc
 from weightplan.viz.groups import Cluster, Picture, plan_picture
 from weightplan.viz.style import (
     CLUSTER_COLOUR, EDGE_COLOUR, PEAK_COLOUR, PROBLEM_COLOUR, PROBLEM_FILL, dot_string,

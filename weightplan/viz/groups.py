@@ -20,10 +20,10 @@ import fnmatch
 from dataclasses import dataclass
 
 from weightplan.errors import RenderError
-from weightplan.planner.tensors.build import Conversion, TargetStatus
-from weightplan.planner.tensors.nodes import Node, OpAttrs, ReadAttrs, SinkAttrs
+from weightplan.planner.tensors.ir.build import Conversion, TargetStatus
+from weightplan.planner.tensors.ir.nodes import Node, OpAttrs, ReadAttrs, SinkAttrs
 from weightplan.planner.keys.patterns import natural_key
-from weightplan.planner.plan import LoadPlanData
+from weightplan.planner.pipelines.plan import LoadPlanData
 from weightplan.units import format_bytes
 from weightplan.viz.boxes import Box, BoxContext, Slot, make_box, node_slots
 from weightplan.viz.folding import fold_keys, ranges, shapes_of

@@ -10,7 +10,7 @@ from __future__ import annotations
 from html import escape
 
 from weightplan.errors import RenderError
-from weightplan.planner.plan import LoadPlanData
+from weightplan.planner.pipelines.plan import LoadPlanData
 from weightplan.units import format_bytes
 from weightplan.viz.rows import Row, mapping_rows
 from weightplan.viz.text import header_lines, note_lines, problem_lines, total_lines

@@ -6,10 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from operator import attrgetter, indexOf
 
-from weightplan.planner.tensors.build import Conversion, TargetStatus
-from weightplan.planner.tensors.nodes import Node, NodeKind, QuantizeAttrs
+from weightplan.planner.tensors.ir.build import Conversion, TargetStatus
+from weightplan.planner.tensors.ir.nodes import Node, NodeKind, QuantizeAttrs
 from weightplan.viz.boxes import quant_label
-from weightplan.planner.tensors.spec import short_dtype
+from weightplan.planner.core.spec import short_dtype
 from weightplan.planner.keys.transforms import LEGACY
 from weightplan.viz.folding import fold_keys, fold_streams, split_numbers
 

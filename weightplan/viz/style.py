@@ -12,7 +12,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape as _xml_escape
 
 from weightplan.planner.inputs.checkpoint import Checkpoint
-from weightplan.planner.tensors.nodes import NodeKind
+from weightplan.planner.tensors.ir.nodes import NodeKind
 
 KIND_COLOURS = {
     NodeKind.READ: "#dbeafe",  # light blue: bytes come from the checkpoint

@@ -7,12 +7,12 @@ from collections.abc import Sequence
 import sys
 
 from weightplan.planner.inputs.device import STAGING_BUFFERS, STAGING_CHUNK
-from weightplan.planner.findings import Note, Problem, ProblemKind
-from weightplan.planner.plan import Direction, LoadPlanData, PlanData
-from weightplan.planner.write.write_plan import WritePlanData
-from weightplan.planner.bulk import paused_gc
-from weightplan.planner.tensors.machine import machine_fit
-from weightplan.planner.tensors.placement import Step
+from weightplan.planner.core.problems import Note, Problem, ProblemKind
+from weightplan.planner.pipelines.plan import Direction, LoadPlanData, PlanData
+from weightplan.planner.pipelines.write_plan import WritePlanData
+from weightplan.planner.core.paused_gc import paused_gc
+from weightplan.planner.tensors.schedule.budget import machine_fit
+from weightplan.planner.tensors.lower.placement import Step
 from weightplan.units import format_bytes
 from weightplan.viz.rows import Row
 from weightplan.viz.folding import fold_keys

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from weightplan.errors import RenderError
-from weightplan.planner.plan import LoadPlanData
-from weightplan.planner.tensors.schedule import MemoryPoint
+from weightplan.planner.pipelines.plan import LoadPlanData
+from weightplan.planner.tensors.schedule.schedule import MemoryPoint
 from weightplan.units import format_bytes
 from weightplan.viz.style import PEAK_COLOUR, SERIES_COLOURS, checkpoint_name, xml_text
 

@@ -25,8 +25,8 @@ from weightplan.errors import (
     ArgumentError, CheckpointError, HeaderError, NotSafetensorsError, TruncatedCheckpointError,
     UnsafeFormatError,
 )
-from weightplan.planner.bulk import paused_gc
-from weightplan.planner.inputs.entry import TensorEntry
+from weightplan.planner.core.paused_gc import paused_gc
+from weightplan.planner.core.entry import TensorEntry
 from weightplan.planner.inputs.fingerprint import FileStamp, stamp_fd
 from weightplan.planner.inputs.header_bulk import SpecCache, fast_columns, fast_entries
 from weightplan.planner.inputs.paths import (
@@ -37,7 +37,7 @@ from weightplan.planner.inputs.safetensors_format import (
     parse_metadata,
 )
 from weightplan.planner.inputs.shard_index import IndexShard, index_files
-from weightplan.planner.tensors.spec import SAFETENSORS_DTYPES, TensorSpec
+from weightplan.planner.core.spec import SAFETENSORS_DTYPES, TensorSpec
 
 __all__ = ["Checkpoint", "FileStamp", "TensorEntry", "open_checkpoint", "read_header"]
 

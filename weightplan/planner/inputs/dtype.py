@@ -18,7 +18,7 @@ from weightplan.errors import PlanError
 from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.inputs.model_init import declared_attr
-from weightplan.planner.tensors.spec import parse_dtype
+from weightplan.planner.core.spec import parse_dtype
 
 
 def resolve_dtype(dtype: object, model: torch.nn.Module | None,

@@ -20,8 +20,8 @@ import torch
 from weightplan.planner.inputs.fp8_pairs import ACTIVATION_SUFFIXES, scale_key
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.inputs.quant_config import QuantConfig
-from weightplan.planner.quant.blocks import FP8_DTYPES, SCALE_DTYPES, Block, grid_fits, scale_grid
-from weightplan.planner.tensors.spec import TensorSpec
+from weightplan.planner.core.quant.blocks import FP8_DTYPES, SCALE_DTYPES, Block, grid_fits, scale_grid
+from weightplan.planner.core.spec import TensorSpec
 
 
 class Fp8Action(Enum):

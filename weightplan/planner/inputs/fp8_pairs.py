@@ -27,8 +27,8 @@ from typing import NamedTuple, cast
 
 from weightplan.planner.inputs.checkpoint import TensorEntry
 from weightplan.planner.inputs.quant_config import QuantConfig
-from weightplan.planner.quant.blocks import FP8_DTYPES, SCALE_DTYPES, Block, grid_fits, scale_grid
-from weightplan.planner.tensors.spec import TensorSpec, short_dtype
+from weightplan.planner.core.quant.blocks import FP8_DTYPES, SCALE_DTYPES, Block, grid_fits, scale_grid
+from weightplan.planner.core.spec import TensorSpec, short_dtype
 
 ACTIVATION_SUFFIXES = (".activation_scale", ".input_scale")
 SCALE_SUFFIX = "_scale_inv"

@@ -40,9 +40,9 @@ from itertools import chain, repeat
 from operator import itemgetter, sub
 from typing import Any, cast
 
-from weightplan.planner.inputs.entry import TensorEntry, build_entries
+from weightplan.planner.core.entry import TensorEntry, build_entries
 from weightplan.planner.inputs.safetensors_format import no_duplicates
-from weightplan.planner.tensors.spec import SAFETENSORS_DTYPES, TensorSpec
+from weightplan.planner.core.spec import SAFETENSORS_DTYPES, TensorSpec
 
 __all__ = ["Columns", "SpecCache", "fast_columns", "fast_entries"]
 

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from weightplan.planner.makers import maker
+from weightplan.planner.core.makers import maker
 from weightplan.planner.inputs.model_init import ignore_patterns, rebuildable
 from weightplan.planner.inputs.ties import tie_groups
-from weightplan.planner.tensors.geometry import row_major_strides
-from weightplan.planner.tensors.spec import TensorSpec
+from weightplan.planner.core.geometry import row_major_strides
+from weightplan.planner.core.spec import TensorSpec
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from weightplan.errors import CheckpointError, HeaderError, MissingShardError
-from weightplan.planner.inputs.entry import TensorEntry
+from weightplan.planner.core.entry import TensorEntry
 from weightplan.planner.inputs.paths import open_regular, pread_exactly, shard_path
 from weightplan.planner.inputs.safetensors_format import MAX_INDEX_BYTES, strict_json
 

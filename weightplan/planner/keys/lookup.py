@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from weightplan.errors import ConflictingTransformError
-from weightplan.planner.findings import Note, Problem, ProblemKind
+from weightplan.planner.core.problems import Note, Problem, ProblemKind
 from weightplan.planner.inputs.model_init import declared_attr
 from weightplan.planner.keys.registry import (
     MappingChoice, MappingRegistry, Source, SubmoduleMapping, Via,

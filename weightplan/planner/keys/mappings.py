@@ -17,13 +17,13 @@ Every family here is proven by an interop test against transformers' ``from_pret
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
 
-from weightplan.planner.tensors.ops import Concatenate, MergeModulelist
-from weightplan.planner.keys.transforms import PrefixChange, WeightConverter, WeightRenaming
-
-if TYPE_CHECKING:  # the registry imports this module to register the families below
-    from weightplan.planner.keys.registry import MappingRegistry
+from weightplan.planner.core.ops import Concatenate, MergeModulelist
+from weightplan.planner.keys.registry import MappingRegistry
+from weightplan.planner.keys.transforms import (
+    PrefixChange, WeightConverter, WeightRenaming, WeightTransform,
+)
 
 MIXTRAL_ALIASES = ("minimax",)
 QWEN2_MOE_ALIASES = ("qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3")
@@ -64,3 +64,30 @@ def register_builtins(registry: MappingRegistry) -> None:
                           ("CLIPVisionModel", VISION_TOWER_ALIASES)):
         for alias in aliases:
             registry.alias(alias, base)
+
+
+REGISTRY = MappingRegistry()  # the process's registry: the built-ins, then the user's
+register_builtins(REGISTRY)
+
+
+def register_mapping(key: str, transforms: Iterable[WeightTransform], overwrite: bool = False
+                     ) -> None:
+    """Register ``transforms`` under a ``model_type`` or class name.
+
+    Raises:
+        RegistryError: ``key`` is already registered and ``overwrite`` is false.
+
+    Example:
+        >>> register_mapping("my_moe", [WeightRenaming(".moe.", ".mlp.")])  # doctest: +SKIP
+    """
+    REGISTRY.register(key, transforms, overwrite=overwrite)
+
+
+def get_mapping(key: str) -> list[WeightTransform]:
+    """The transforms registered under ``key`` (aliases followed), as a new list."""
+    return REGISTRY.get(key)
+
+
+def register_alias(alias: str, key: str, overwrite: bool = False) -> None:
+    """Make ``alias`` resolve to the mapping registered under ``key``."""
+    REGISTRY.alias(alias, key, overwrite=overwrite)

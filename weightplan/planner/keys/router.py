@@ -27,7 +27,7 @@ from itertools import chain, compress, groupby, repeat
 from operator import itemgetter
 
 from weightplan.planner.inputs.model_info import ModelInfo
-from weightplan.planner.makers import columns, maker
+from weightplan.planner.core.makers import columns, maker
 from weightplan.planner.keys.patterns import PatternMatch, natural_key
 from weightplan.planner.keys.bulk_groups import Routed, Run, Token
 from weightplan.planner.keys.routing import Route, _apply, _lands, bucket_of

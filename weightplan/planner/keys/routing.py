@@ -16,11 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from weightplan.errors import ConflictingTransformError, IndexGapError
-from weightplan.planner.bulk import paused_gc
 from weightplan.planner.inputs.checkpoint import Checkpoint, TensorEntry
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.keys.transforms import (
-    ConverterMatch, Renaming, WeightConverter, WeightRenaming, WeightTransform,
+    ConverterMatch, Renaming, WeightConverter, WeightRenaming,
 )
 
 
@@ -92,24 +91,6 @@ class Routing:
     routes: tuple[Route, ...]
     groups: tuple[Group, ...]
     incomplete: tuple[Incomplete, ...]
-
-
-@paused_gc
-def route_checkpoint(checkpoint: Checkpoint, transforms: Sequence[WeightTransform],
-                     model: ModelInfo | None) -> Routing:
-    """Route every key of ``checkpoint``; raises for configuration errors."""
-    renamings = [t for t in transforms if isinstance(t, Renaming)]
-    converters = [t for t in transforms if isinstance(t, WeightConverter)]
-    check_conflicts(renamings, converters)
-    from weightplan.planner.keys.router import Router  # it builds on this module
-
-    from weightplan.planner.keys.bulk_groups import bulk_group
-
-    routed = Router(renamings, converters, model).route_bulk(checkpoint.entries)
-    routes = tuple(routed.routes)
-    grouped = bulk_group(routed, checkpoint) if routed.idents is not None else None
-    groups, incomplete = grouped if grouped is not None else _group(routes, checkpoint)
-    return Routing(routes, groups, incomplete)
 
 
 def _apply(key: str, renamings: Sequence[Renaming], converters: Sequence[WeightConverter]

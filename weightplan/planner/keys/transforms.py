@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from weightplan.errors import MappingError, NotInvertibleError, PatternError
-from weightplan.planner.tensors.ops.base import ConversionOp
+from weightplan.planner.core.ops.base import ConversionOp
 from weightplan.planner.keys.patterns import (
     PatternMatch, SourcePattern, TargetPattern, compile_source, compile_target,
     source_to_target, target_to_source,

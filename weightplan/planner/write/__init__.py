@@ -1,1 +1,1 @@
-"""The write direction: load records, reversed groups, shard layouts, write plans."""
+"""The write direction's parts: load records, reversed groups, shard layouts, FP8 saves."""

@@ -17,9 +17,9 @@ from weightplan.errors import SaveError
 from weightplan.planner.inputs.fp8_model import Fp8Model, Fp8Param
 from weightplan.planner.inputs.fp8_pairs import Fp8Pairing, scale_key
 from weightplan.planner.inputs.quant_config import DEFAULT_BLOCK, QuantConfig
-from weightplan.planner.quant.blocks import FP8_DTYPES
-from weightplan.planner.tensors.quant_build import QuantContext
-from weightplan.planner.tensors.spec import TensorSpec
+from weightplan.planner.core.quant.blocks import FP8_DTYPES
+from weightplan.planner.tensors.ir.quant_build import QuantContext
+from weightplan.planner.core.spec import TensorSpec
 from weightplan.planner.write.record import LoadRecord
 
 QUANTIZE_CHOICES = (None, "fp8")

@@ -14,17 +14,15 @@ from typing import TYPE_CHECKING
 from dataclasses import dataclass, field
 
 from weightplan.planner.inputs.checkpoint import Checkpoint
-from weightplan.planner.tensors.build import Conversion, TargetStatus
-from weightplan.planner.tensors.nodes import DequantizeAttrs, NodeKind, read_attrs
-from weightplan.planner.tensors.ops.base import ConversionOp
+from weightplan.planner.tensors.ir.build import Conversion, TargetStatus
+from weightplan.planner.tensors.ir.nodes import DequantizeAttrs, NodeKind, read_attrs
+from weightplan.planner.core.ops.base import ConversionOp
 from weightplan.planner.keys.patterns import natural_key
-from weightplan.planner.tensors.spec import TensorSpec
+from weightplan.planner.core.spec import TensorSpec
 from weightplan.planner.keys.transforms import Renaming
 
 if TYPE_CHECKING:
     from torch import nn
-
-    from weightplan.planner.plan import LoadPlanData
 
 RECORD_ATTRIBUTE = "_weightplan_record"
 
@@ -54,11 +52,6 @@ class LoadRecord:
     not_loaded: tuple[str, ...] = ()
     metadata: Mapping[str, str] = field(default_factory=dict)
     order: tuple[str, ...] = ()  # original checkpoint keys, file by file, in data order
-
-
-def record_from_plan(plan: LoadPlanData) -> LoadRecord:
-    """The record of a load plan that executed successfully."""
-    return record_of_conversions(plan.conversions, plan.checkpoint, plan.unexpected)
 
 
 def record_of_conversions(conversions: Sequence[Conversion], checkpoint: Checkpoint,

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 
 from weightplan.errors import IndexGapError, MappingError, NotInvertibleError, SaveError
 from weightplan.planner.inputs.checkpoint import Checkpoint
-from weightplan.planner.keys.routing import Group, Route, route_checkpoint
+from weightplan.planner.keys.route import route_checkpoint
+from weightplan.planner.keys.routing import Group, Route
 from weightplan.planner.keys.patterns import natural_key
-from weightplan.planner.tensors.build import OutputSpecs
-from weightplan.planner.tensors.spec import TensorSpec
+from weightplan.planner.tensors.ir.build import OutputSpecs
+from weightplan.planner.core.spec import TensorSpec
 from weightplan.planner.write.record import LoadRecord, RecordedConversion
 from weightplan.planner.keys.transforms import (
     LEGACY, PrefixChange, Renaming, WeightConverter, WeightTransform,

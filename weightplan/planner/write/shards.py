@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from weightplan.errors import SaveError
-from weightplan.planner.tensors.spec import TORCH_TO_SAFETENSORS, TensorSpec
+from weightplan.planner.core.spec import TORCH_TO_SAFETENSORS, TensorSpec
 
 SINGLE_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"

@@ -1,0 +1,181 @@
+"""``explain_load``: the load direction of the pipeline, from headers to a plan.
+
+headers → mapping → routing → conversions (ops resolved, specs inferred, nodes) →
+graph → steps (where bytes land) → verify → schedule (order, window, peak) → findings.
+The user-facing ``weightplan.explain`` (:mod:`weightplan.api`) wraps this, adding the
+transformers bridge as the mapping lookup's second source.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from weightplan.errors import MappingError, ParallelError, PlanError
+from weightplan.planner.core.paused_gc import paused_gc
+from weightplan.planner.core.problems import Problem, ProblemKind
+from weightplan.planner.pipelines.findings import Findings, collect_findings
+from weightplan.planner.pipelines.fp8_findings import with_fp8_findings
+from weightplan.planner.core.sharding.config import as_tensor_parallel
+from weightplan.planner.inputs.checkpoint import Checkpoint, open_checkpoint
+from weightplan.planner.inputs.device import parse_device
+from weightplan.planner.inputs.model_info import ModelInfo, inspect_model
+from weightplan.planner.keys.lookup import Finder, lookup_mapping, mapping_findings
+from weightplan.planner.keys.mappings import REGISTRY
+from weightplan.planner.keys.registry import MappingChoice
+from weightplan.planner.keys.route import route_checkpoint
+from weightplan.planner.keys.routing import Routing
+from weightplan.planner.inputs.dtype import keep_fp32, resolve_dtype
+from weightplan.planner.keys.transforms import LEGACY, WeightTransform
+from weightplan.planner.pipelines.plan import Direction, LoadPlanData, PlanOptions
+from weightplan.planner.tensors.ir.build import Conversion, SinkKind, build_conversions
+from weightplan.planner.pipelines.lower import StepOrder, lower
+from weightplan.planner.tensors.lower.placement import Step
+from weightplan.planner.tensors.ir.quant_build import QuantContext, quant_context, routed_checkpoint
+from weightplan.planner.tensors.ir.quant_scales import add_scale_conversions
+from weightplan.planner.tensors.schedule.schedule import order_steps
+from weightplan.planner.tensors.ir.shard_nodes import Sharding, plan_sharding
+from weightplan.units import parse_bytes
+
+SYNC_ENV = "WEIGHTPLAN_SYNC_LOAD"
+
+
+@paused_gc
+def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: object = None,
+                 dtype: torch.dtype | str | None = None, budget: int | str | None = None,
+                 tp: object = None, quantization: object = None, threads: int = 4,
+                 device: object = None, finder: Finder | None = None) -> LoadPlanData:
+    """Plan loading ``checkpoint`` into ``model`` from headers only; nothing is read or written.
+
+    Args:
+        model: a ``torch.nn.Module`` (usually on ``meta``), or ``None`` to see what the
+            keys become under ``mapping`` without a model.
+        checkpoint: a ``.safetensors`` file, a directory, a list of files, or a dict.
+        mapping: ``None`` (look the model's submodules up in the registry, depth first,
+            each mapping scoped to its submodule; transformers models whose family isn't
+            built in get transformers' own mapping through :mod:`weightplan.bridge`), a
+            registered name, or a list of transforms. Legacy ``LayerNorm.gamma/beta``
+            renames always apply.
+        dtype: cast floating tensors of a meta model to this; ``"auto"``: the config's, else
+            the checkpoint's (fp32-kept modules stay fp32, as transformers); ``None``: the model's.
+        budget: bytes (or ``"8GiB"``) the load may add at most; raises
+            :class:`BudgetError` with the smallest budget that works when impossible.
+        tp: ``None``, ``"auto"`` or a ``TensorParallel``: plan this rank's shards only.
+        threads: reader threads (``0``, or ``WEIGHTPLAN_SYNC_LOAD=1``, reads inline).
+        device: where meta tensors go: ``"cuda:1"``, ``{module prefix: device}``, ...
+        finder: the mapping lookup's second source (the transformers bridge).
+
+    Returns:
+        A :class:`LoadPlanData`. Missing / unexpected / mismatched keys are reported on it;
+        configuration errors (conflicting converters, index gaps, unreadable files) raise.
+    """
+    _refuse_quantization_option(quantization)
+    sharding = _sharding(model, tp)
+    ckpt = open_checkpoint(checkpoint)
+    options = PlanOptions(resolve_dtype(dtype, model, ckpt), parse_threads(threads),
+                          None if budget is None else parse_bytes(budget, what="budget"),
+                          parse_device(device))
+    info = keep_fp32(model, inspect_model(model) if model is not None else None, options.dtype)
+    choice = choose_mapping(mapping, model, finder)
+    transforms = choice.transforms + tuple(t for t in LEGACY if t not in choice.transforms)
+    quant = quant_context(checkpoint, ckpt, info, model)
+    routing, conversions, kept_problems = _convert(ckpt, transforms, info, options, quant,
+                                                   sharding)
+    graph, schedule = lower(conversions, ckpt, order=_checkpoint_order(ckpt),
+                            threads=options.threads, budget=options.budget)
+    findings = with_fp8_findings(collect_findings(info, routing, conversions), quant,
+                                 conversions, kept_problems)
+    findings = _with_mapping_findings(findings, choice,
+                                      looked_up=mapping is None and model is not None)
+    findings = _with_parallel_findings(findings, sharding)
+    return LoadPlanData(Direction.LOAD, ckpt, choice, transforms, conversions, graph, schedule,
+                        options, model, info, routing, findings, sharding)
+
+
+def _refuse_quantization_option(quantization: object) -> None:
+    if quantization is not None:  # reserved: the model and the checkpoint decide
+        raise PlanError("quantization= is not an option: weightplan follows the model and the "
+                        "checkpoint (FP8 weights dequantize into floating parameters, stay FP8 "
+                        "in FP8 parameters, and are quantized for FP8 models)")
+
+
+def _sharding(model: torch.nn.Module | None, tp: object) -> Sharding | None:
+    tensor_parallel = as_tensor_parallel(tp)
+    if tensor_parallel is None:
+        return None
+    if model is None:
+        raise ParallelError("tp= needs a model: its tp_plan (or the plan given) names what "
+                            "is sharded; pass the model built on meta")
+    return plan_sharding(model, tensor_parallel)
+
+
+def _with_parallel_findings(findings: Findings, sharding: Sharding | None) -> Findings:
+    if sharding is None:
+        return findings
+    issues = tuple(Problem(ProblemKind.PARALLEL, i.key, i.message) for i in sharding.plan.issues)
+    issues += tuple(Problem(ProblemKind.PARALLEL, k, f"{k} is sharded but not in the "
+                            "checkpoint: it would be initialized whole, as a plain tensor, on "
+                            "every rank") for k in sorted(findings.missing)
+                    if sharding.plan.placement(k).is_dtensor)
+    if not issues:
+        return findings
+    return dataclasses.replace(findings, problems=findings.problems + issues)
+
+
+def _convert(ckpt: Checkpoint, transforms: tuple[WeightTransform, ...], info: ModelInfo | None,
+             options: PlanOptions, quant: QuantContext | None, sharding: Sharding | None = None
+             ) -> tuple[Routing, tuple[Conversion, ...], tuple[tuple[str, str], ...]]:
+    """Routing and conversions; FP8 scales travel with their weights (see quant_build)."""
+    routing = route_checkpoint(routed_checkpoint(ckpt, quant), transforms, info)
+    conversions = build_conversions(routing.groups, info, options.dtype, SinkKind.MODEL, quant,
+                                    sharding)
+    conversions, kept_problems = add_scale_conversions(conversions, quant, info,
+                                                        sharding=sharding)
+    return routing, conversions, kept_problems
+
+
+def _checkpoint_order(ckpt: Checkpoint) -> StepOrder:
+    files = [f.path for f in ckpt.files]
+
+    def order(steps: Iterable[Step]) -> tuple[Step, ...]:
+        return order_steps(steps, files)
+
+    return order
+
+
+def choose_mapping(mapping: object, model: torch.nn.Module | None,
+                   finder: Finder | None = None) -> MappingChoice:
+    """The transforms for ``mapping``; ``None`` looks the model's submodules up (SPEC §5),
+    asking ``finder`` where the registry has nothing."""
+    if mapping is None:
+        if model is None:
+            return MappingChoice(None, "no model and no mapping: keys are used as they are", ())
+        return lookup_mapping(model, REGISTRY, bridge=finder)
+    if isinstance(mapping, MappingChoice):  # resolved above the planner (bridged names)
+        return mapping
+    if isinstance(mapping, str):
+        return MappingChoice(mapping, f"requested mapping {mapping!r}", tuple(REGISTRY.get(mapping)))
+    if isinstance(mapping, Sequence) and all(isinstance(t, WeightTransform) for t in mapping):
+        return MappingChoice(None, f"{len(mapping)} transforms given", tuple(mapping))
+    raise MappingError(f"mapping must be None, a registered name or a list of transforms, "
+                       f"got {mapping!r}")
+
+
+def _with_mapping_findings(findings: Findings, choice: MappingChoice, *, looked_up: bool
+                           ) -> Findings:
+    problems, notes = mapping_findings(choice, looked_up=looked_up)
+    if not problems and not notes:
+        return findings
+    return dataclasses.replace(findings, problems=tuple(problems) + findings.problems,
+                               notes=tuple(notes) + findings.notes)
+
+
+def parse_threads(threads: int) -> int:
+    if os.environ.get(SYNC_ENV, "").strip() not in ("", "0"):
+        return 0
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+        raise PlanError(f"threads must be a non-negative int, got {threads!r}")
+    return threads

@@ -1,0 +1,220 @@
+"""``explain_save`` / ``explain_convert``: plan writing a checkpoint, from specs only.
+
+Saving a model uses its load record when it has one (exact: the recorded keys, dtypes
+and op inverses) and otherwise the inverse of its mapping. Converting on disk routes a
+checkpoint's keys forward through a mapping, or backward through its inverse. Both end
+in the same :class:`WritePlanData`: conversions, a shard layout, a schedule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterable
+import shutil
+from pathlib import Path
+
+import torch
+
+from weightplan.errors import ConflictingTransformError, MappingError, SaveError
+from weightplan.planner.pipelines.load import choose_mapping, parse_threads
+from weightplan.planner.core.problems import Note
+from weightplan.planner.inputs.checkpoint import Checkpoint, open_checkpoint
+from weightplan.planner.keys.unrecorded import without_prefix_changes
+from weightplan.planner.inputs.model_info import inspect_model
+from weightplan.planner.keys.lookup import Finder
+from weightplan.planner.keys.patterns import natural_key
+from weightplan.planner.keys.registry import MappingChoice
+from weightplan.planner.keys.route import route_checkpoint
+from weightplan.planner.keys.transforms import LEGACY
+from weightplan.planner.pipelines.plan import Direction, PlanOptions
+from weightplan.planner.tensors.ir.build import Conversion, SinkKind, TargetStatus, build_conversions
+from weightplan.planner.pipelines.lower import lower
+from weightplan.planner.tensors.lower.placement import Step
+from weightplan.planner.core.spec import TensorSpec
+from weightplan.planner.tensors.ir.quant_build import QuantContext
+from weightplan.planner.write.fp8_save import (
+    blocks_to_quantize, check_quantize, quantization_config, save_quant_context,
+)
+from weightplan.planner.write.record import LoadRecord, get_record
+from weightplan.planner.write.reverse import ReverseGroups, derived_groups, record_groups
+from weightplan.planner.write.shards import INDEX_NAME, ShardLayout, plan_layout
+from weightplan.planner.pipelines.write_plan import Inversion, WritePlanData
+from weightplan.units import parse_bytes
+
+
+def explain_save_plan(model: torch.nn.Module, directory: str | os.PathLike[str], *,
+                      mapping: object = None, max_shard_size: int | str = "5GB",
+                      overwrite: bool = False, threads: int = 4, finder: Finder | None = None,
+                      quantize: str | None = None) -> WritePlanData:
+    """Plan writing ``model`` to ``directory`` in its checkpoint's original layout.
+
+    Args:
+        model: a model with real (not meta) tensors.
+        directory: where the shards and ``model.safetensors.index.json`` go.
+        mapping: ``None`` uses the record of the model's last weightplan load (exact),
+            else the registry's mapping for the model; a name or a list of transforms
+            derives the inverse from that mapping instead.
+        max_shard_size: bytes per shard (``"5GB"``); a bigger tensor gets its own shard.
+        overwrite: replace checkpoint files already in ``directory``.
+        threads: writer threads (0: inline).
+        finder: the mapping lookup's second source (the transformers bridge).
+        quantize: ``"fp8"`` writes the tensors that were FP8 (or, without a record, the
+            linear weights) as block FP8 with ``weight_scale_inv`` (:mod:`.fp8_save`).
+
+    Raises:
+        NotInvertibleError: a transform of the mapping has no unambiguous inverse.
+        SaveError: meta tensors, an unwritable or occupied directory, too little space.
+    """
+    check_quantize(quantize)
+    record = get_record(model)
+    if mapping is None and record is not None:
+        source = open_checkpoint(model_state(model, aliases=True))
+        names = {a: t.aliases for t in inspect_model(model).unique() for a in t.aliases}
+        reverse = record_groups(record, source, names)
+        choice = MappingChoice(None, "the record of the model's last weightplan load", ())
+        order, metadata, how = record.order, dict(record.metadata), Inversion.RECORD
+    else:
+        source = open_checkpoint(model_state(model, aliases=False))
+        choice = choose_mapping(mapping, model, finder)
+        if mapping is None:  # like transformers: no record, so no PrefixChange to invert
+            choice = without_prefix_changes(choice)
+        reverse = derived_groups(choice.transforms, source)
+        order, metadata, how = (), {"format": "pt"}, Inversion.MAPPING
+    reverse, quant = _fp8_save(quantize, reverse, record if how is Inversion.RECORD else None)
+    return make_write_plan(directory, source, reverse, choice, how, order=order,
+                           metadata=metadata, max_shard_size=max_shard_size,
+                           overwrite=overwrite, threads=threads, quant=quant)
+
+
+def _fp8_save(quantize: str | None, reverse: ReverseGroups, record: LoadRecord | None
+              ) -> tuple[ReverseGroups, QuantContext | None]:
+    """``quantize="fp8"``: which outputs are written as block FP8, noted on the plan."""
+    if quantize != "fp8":
+        return reverse, None
+    built = build_conversions(reverse.groups, reverse.outputs, None, SinkKind.FILE)
+    outputs = [(t.key, t.dest) for c in built for t in c.targets]
+    quant = save_quant_context(blocks_to_quantize(record, outputs))
+    config = quantization_config(quant)
+    if config is not None:
+        reverse = dataclasses.replace(reverse, notes=reverse.notes + (
+            f"written as block FP8; the config.json to go with it has quantization_config "
+            f"= {json.dumps(config, sort_keys=True)}",))
+    return reverse, quant
+
+
+def explain_convert_plan(source: object, directory: str | os.PathLike[str], *, mapping: object,
+                         reverse: bool = False, max_shard_size: int | str = "5GB",
+                         overwrite: bool = False, threads: int = 4) -> WritePlanData:
+    """Plan converting a checkpoint on disk to another layout, without a model.
+
+    Forward applies ``mapping`` (with the legacy renames) as a load would; ``reverse``
+    applies its inverse (a saved model's layout back to the original one).
+    """
+    if mapping is None:
+        raise MappingError("converting needs a mapping: a registered name or transforms")
+    ckpt = open_checkpoint(source)
+    choice = choose_mapping(mapping, None)
+    groups = derived_groups(choice.transforms, ckpt) if reverse else forward_groups(choice, ckpt)
+    order = tuple(e.key for e in sorted(ckpt.entries.values(),
+                                        key=lambda e: (e.file or "", e.offset)))
+    how = Inversion.REVERSE if reverse else Inversion.FORWARD
+    return make_write_plan(directory, ckpt, groups, choice, how, order=order,
+                           metadata=dict(ckpt.metadata) or {"format": "pt"},
+                           max_shard_size=max_shard_size, overwrite=overwrite, threads=threads)
+
+
+def forward_groups(choice: MappingChoice, ckpt: Checkpoint) -> ReverseGroups:
+    """The mapping (with the legacy renames) routed forward, as a load would, without a model."""
+    transforms = choice.transforms + tuple(t for t in LEGACY if t not in choice.transforms)
+    routing = route_checkpoint(ckpt, transforms, None)
+    if routing.incomplete:
+        inc = routing.incomplete[0]
+        raise MappingError(f"{inc.converter.describe()}: found {', '.join(inc.present)} "
+                           f"but nothing for {', '.join(inc.missing_patterns)}")
+    return ReverseGroups(routing.groups, None, ())
+
+
+def model_state(model: torch.nn.Module, *, aliases: bool) -> dict[str, torch.Tensor]:
+    """The model's parameters and persistent buffers, detached (tied names once, unless
+    ``aliases``); meta tensors can't be saved."""
+    info = inspect_model(model)
+    state = model.state_dict()
+    keep = set(state) if aliases else {t.name for t in info.unique()}
+    meta = sorted(k for k in keep if state[k].is_meta)
+    if meta:
+        raise SaveError(f"{len(meta)} tensor(s) are on the meta device and have no values to "
+                        f"save: {', '.join(meta[:5])}")
+    return {k: v for k, v in state.items() if k in keep}
+
+
+def make_write_plan(directory: str | os.PathLike, source: Checkpoint, reverse: ReverseGroups,
+                    choice: MappingChoice, how: Inversion, *, order: tuple[str, ...],
+                    metadata: dict[str, str], max_shard_size: int | str, overwrite: bool,
+                    threads: int, quant: QuantContext | None = None) -> WritePlanData:
+    conversions = build_conversions(reverse.groups, reverse.outputs, None, SinkKind.FILE, quant)
+    _check_outputs(conversions)
+    layout = plan_layout(_ordered_specs(conversions, order),
+                         parse_bytes(max_shard_size, what="max_shard_size"), metadata)
+    check_directory(Path(directory), layout, overwrite)
+    options = PlanOptions(None, parse_threads(threads), None)
+
+    def by_location(steps: Iterable[Step]) -> tuple[Step, ...]:
+        return tuple(sorted(steps, key=lambda p: _first_location(p, layout)))
+
+    graph, schedule = lower(conversions, source, order=by_location, threads=options.threads)
+    notes = tuple(Note(str(directory), n) for n in reverse.notes)
+    direction = Direction.CONVERT if how in (Inversion.FORWARD, Inversion.REVERSE) \
+        else Direction.SAVE
+    return WritePlanData(direction, source, choice, choice.transforms, conversions, graph,
+                         schedule, options, how, str(directory), layout, overwrite, notes)
+
+
+def _check_outputs(conversions: tuple[Conversion, ...]) -> None:
+    seen: dict[str, Conversion] = {}
+    for conv in conversions:
+        for t in conv.targets:
+            if t.status is TargetStatus.MISMATCH and t.expected is not None:
+                raise SaveError(f"{t.key}: the model's tensors give {list(t.produced.shape)} "
+                                f"but the recorded checkpoint had {list(t.expected.shape)}")
+            other = seen.setdefault(t.key, conv)
+            if other is not conv:
+                raise ConflictingTransformError(f"two model tensors would be written as {t.key}: "
+                                                f"from {other.label} and {conv.label}")
+
+
+def _ordered_specs(conversions: tuple[Conversion, ...], order: tuple[str, ...]
+                   ) -> list[tuple[str, TensorSpec]]:
+    specs = {t.key: t.dest for c in conversions for t in c.targets}
+    rank = {k: i for i, k in enumerate(order)}
+    keys = sorted(specs, key=lambda k: (rank.get(k, len(rank)), natural_key(k)))
+    return [(k, specs[k]) for k in keys]
+
+
+def _first_location(program: Step, layout: ShardLayout) -> tuple[int, int]:
+    names = {f.name: i for i, f in enumerate(layout.files)}
+    firsts = [layout.locations[d.key] for d in program.destinations]
+    return min((names[f], off) for f, off in firsts)
+
+
+def check_directory(directory: Path, layout: ShardLayout, overwrite: bool) -> None:
+    """Refuse, before writing anything, a target that can't or shouldn't take the files."""
+    if directory.exists() and not directory.is_dir():
+        raise SaveError(f"{directory} exists and is not a directory")
+    existing = sorted(p.name for p in directory.glob("*.safetensors")) if directory.is_dir() else []
+    if directory.is_dir() and (directory / INDEX_NAME).exists():
+        existing.append(INDEX_NAME)
+    if existing and not overwrite:
+        raise SaveError(f"{directory} already holds a checkpoint ({', '.join(existing[:4])}); "
+                        "pass overwrite=True to replace it")
+    anchor = directory
+    while not anchor.exists():
+        anchor = anchor.parent
+    if not os.access(anchor, os.W_OK | os.X_OK):
+        raise SaveError(f"{anchor} is not writable")
+    needed = sum(f.size for f in layout.files)
+    free = shutil.disk_usage(anchor).free
+    if needed > free:
+        raise SaveError(f"{directory}: the checkpoint needs {needed} bytes but only {free} are "
+                        "free on that filesystem")

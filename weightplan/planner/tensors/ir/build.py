@@ -1,0 +1,398 @@
+"""Build conversions: resolve ops, infer every shape and dtype, create the graph nodes.
+
+Each routed :class:`~weightplan.planner.keys.routing.Group` becomes a :class:`Conversion`:
+its nodes (reads, the op chain resolved against the model — Chunk sizes, RoPE head
+sizes — with every intermediate's spec, casts, and one sink per output) and one
+:class:`Target` per output with its status (load, unexpected, shape mismatch, tied
+duplicate). The nodes *are* the conversion: its op chain and the specs of every stage
+are read back from them (:func:`stages`). What the outputs must match is the model
+(loading) or the recorded checkpoint specs (saving, :class:`OutputSpecs`); where they go
+is the plan's :class:`SinkKind`. Op failures at plan time raise :class:`OpError` naming
+the converter, the keys and the op chain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from itertools import chain
+from operator import attrgetter
+
+import torch
+
+from weightplan.errors import ConflictingTransformError, OpError, ParallelError, WeightplanError
+from weightplan.planner.inputs.model_info import ModelInfo, ModelTensor
+from weightplan.planner.keys.routing import Group
+from weightplan.planner.tensors.ir.destination import Destination, DestKind
+from weightplan.planner.core.geometry import row_major_strides
+from weightplan.planner.tensors.ir.nodes import (
+    CastAttrs, Node, NodeKind, OpAttrs, SinkAttrs, op_attrs, read_attrs, sink_attrs,
+)
+from weightplan.planner.core.ops.base import (
+    ConversionOp, OpContext, Streams, Wiring, stream_positions,
+)
+from weightplan.planner.tensors.ir.quant_build import QuantContext, quantize_nodes, source_streams
+from weightplan.planner.tensors.ir.alike import AlikeReads
+from weightplan.planner.tensors.ir.shard_nodes import Sharding, shard_target
+from weightplan.planner.core.spec import TensorSpec
+from weightplan.planner.core.quant.blocks import FP8_DTYPES
+
+
+_SPEC, _KEY = attrgetter("spec"), attrgetter("key")
+
+
+class TargetStatus(Enum):
+    LOAD = "load"
+    UNEXPECTED = "unexpected"  # no such model tensor
+    MISMATCH = "mismatch"  # converted shape differs from the model's
+    TIED_DUPLICATE = "tied"  # another name of the same tied tensor is loaded instead
+
+
+class SinkKind(Enum):
+    """Where a plan's outputs go: the direction's sink."""
+
+    MODEL = "model"  # model tensors (allocated when on meta, else written in place)
+    FILE = "file"  # tensors of output files
+    MEMORY = "memory"  # fresh tensors handed back to the caller
+
+
+@dataclass(frozen=True)
+class OutputSpecs:
+    """The specs outputs must have when there is no model: a recorded checkpoint's keys."""
+
+    specs: Mapping[str, TensorSpec]
+
+
+Expected = ModelInfo | OutputSpecs | None
+
+
+@dataclass(frozen=True)
+class Target:
+    """One output of a conversion and what happens to it."""
+
+    key: str
+    produced: TensorSpec  # what the op chain yields
+    position: tuple[int, int]  # (stream, index) in the final stage
+    model: ModelTensor | None  # the model tensor it loads into (loading only)
+    expected: TensorSpec | None  # the spec it must have (model's or recorded); None: any
+    dtype: torch.dtype  # dtype written
+    status: TargetStatus
+
+    @property
+    def dest(self) -> TensorSpec:
+        return TensorSpec(self.produced.shape, self.dtype)
+
+
+@dataclass(frozen=True)
+class Built:
+    """What :func:`build_conversion` knew as it made a conversion's nodes, which lowering
+    would otherwise read back from them (only while they are ``nodes``, the very tuple)."""
+
+    nodes: tuple[Node, ...]
+    stages: tuple[Streams[Node], ...]  # what stages() reads back from the nodes
+    tail: int  # nodes[tail:] follow the stages (casts, shards, quantizes, sinks)
+    alike: tuple[AlikeReads | None, ...]  # by stage-0 stream: what all its reads share
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """A routed group with its targets and its graph nodes (reads … sinks)."""
+
+    group: Group
+    targets: tuple[Target, ...]
+    nodes: tuple[Node, ...]  # topological order
+    # how build_conversion made the nodes (None, or other nodes: the nodes alone say it)
+    built: Built | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def loads(self) -> bool:
+        return any(t.status is TargetStatus.LOAD for t in self.targets)
+
+    @property
+    def in_graph(self) -> bool:
+        """Drawn and verified: something loads, or a mismatch shows where it would."""
+        return any(t.status in (TargetStatus.LOAD, TargetStatus.MISMATCH) for t in self.targets)
+
+    @property
+    def ops(self) -> tuple[ConversionOp, ...]:
+        """The resolved op chain, read back from the op nodes."""
+        by_stage: dict[int, ConversionOp] = {}
+        for n in self.nodes:
+            if n.kind is NodeKind.OP:
+                by_stage.setdefault(op_attrs(n).stage, op_attrs(n).op)
+        return tuple(by_stage[k] for k in sorted(by_stage))
+
+    @property
+    def sinks(self) -> tuple[Node, ...]:
+        return tuple(n for n in self.nodes if n.kind is NodeKind.SINK)
+
+    @property
+    def label(self) -> str:
+        return self.targets[0].key if self.targets else self.group.targets[0]
+
+
+def stages(conv: Conversion) -> tuple[Streams[Node], ...]:
+    """Stage 0: the reads by source position; stage k: the outputs of op k-1."""
+    rows: list[dict[tuple[int, int], Node]] = [{} for _ in range(len(conv.ops) + 1)]
+    for n in conv.nodes:
+        if n.kind is NodeKind.READ:  # a scale's read sits behind its weight's dequantize
+            rows[0].setdefault(read_attrs(n).source, n)
+        elif n.kind is NodeKind.DEQUANTIZE:  # the op chain's input in place of the read
+            rows[0][read_attrs(n.inputs[0]).source] = n
+        elif n.kind is NodeKind.OP:
+            a = op_attrs(n)
+            rows[a.stage + 1][a.position] = n
+    return tuple(_streams(row) for row in rows)
+
+
+def _streams(row: dict[tuple[int, int], Node]) -> Streams[Node]:
+    count = 1 + max((i for i, _ in row), default=-1)
+    return tuple(tuple(row[(i, j)] for j in range(1 + max(j for a, j in row if a == i)))
+                 for i in range(count))
+
+
+def stage_op(stage: Streams[Node]) -> ConversionOp:
+    """The op whose outputs stage ``stage`` holds."""
+    return op_attrs(next(n for stream in stage for n in stream)).op
+
+
+def stage_specs(stage: Streams[Node]) -> Streams[TensorSpec]:
+    return tuple(tuple(map(_SPEC, stream)) for stream in stage)
+
+
+def build_conversions(groups: Sequence[Group], expected: Expected, dtype: torch.dtype | None,
+                      sink: SinkKind, quant: QuantContext | None = None,
+                      sharding: Sharding | None = None) -> tuple[Conversion, ...]:
+    """Build every group, then settle tied duplicates and double claims. With
+    ``sharding``, each loaded target keeps only this rank's part (a shard node)."""
+    built = [build_conversion(g, expected, dtype, sink, quant, sharding) for g in groups]
+    return settle_claims(built)
+
+
+def build_conversion(group: Group, expected: Expected, dtype: torch.dtype | None,
+                     sink: SinkKind, quant: QuantContext | None = None,
+                     sharding: Sharding | None = None) -> Conversion:
+    values, nodes, alike = source_streams(group, quant, expected, dtype)
+    ops = group.converter.operations if group.converter else ()
+    ctx = _context(group, expected) if ops else None
+    built = [values]
+    for k, op in enumerate(ops):
+        assert ctx is not None
+        resolved, out_specs, wiring = _apply_op(op, ctx, stage_specs(values), group, k)
+        values = _op_nodes(resolved, k, out_specs, wiring, values)
+        nodes += chain.from_iterable(values)
+        built.append(values)
+    tail = len(nodes)
+    targets = list(_targets(group, stage_specs(values), expected, dtype))
+    for t in tuple(targets):
+        value = values[t.position[0]][t.position[1]]
+        quantized = quantize_nodes(t.key, value, quant) if t.status is TargetStatus.LOAD else None
+        if quantized is not None:
+            if sharding is not None:
+                raise ParallelError(f"{t.key}: quantizing a floating checkpoint to FP8 while "
+                                    "sharding it is not supported; load it unsharded, or shard "
+                                    "an FP8 checkpoint (kept or dequantized)")
+            scale_target = _quantized_target(t, quantized, expected)
+            t = replace(t, dtype=quantized[0].spec.dtype)
+            targets[targets.index(next(x for x in targets if x.key == t.key))] = t
+            targets.append(scale_target)
+            nodes += [quantized[0], quantized[1],
+                      Node(NodeKind.SINK, quantized[0].spec, (quantized[0],), SinkAttrs(destination(t, sink))),
+                      Node(NodeKind.SINK, quantized[1].spec, (quantized[1],),
+                           SinkAttrs(destination(scale_target, sink)))]
+            continue
+        if t.status is TargetStatus.LOAD and t.dtype != t.produced.dtype:
+            value = Node(NodeKind.CAST, t.dest, (value,), CastAttrs(t.dtype))
+            nodes.append(value)
+        dest = destination(t, sink)
+        if sharding is not None and t.status is TargetStatus.LOAD:
+            shard, dest = shard_target(value, dest, t.key, sharding)
+            if shard is not value:
+                value = shard
+                nodes.append(value)
+        nodes.append(Node(NodeKind.SINK, value.spec, (value,), SinkAttrs(dest)))
+    made = tuple(nodes)
+    return Conversion(group, tuple(targets), made, Built(made, tuple(built), tail, alike))
+
+
+def _quantized_target(t: Target, quantized: tuple[Node, Node, str], expected: Expected) -> Target:
+    """The scale parameter a quantize node writes, as a target of its own."""
+    _, scale, key = quantized
+    mt = expected.get(key) if isinstance(expected, ModelInfo) else None
+    want = _expected_spec(expected, key)
+    status = TargetStatus.LOAD if want is None or want.shape == scale.spec.shape else TargetStatus.MISMATCH
+    return Target(key, scale.spec, t.position, mt, want, scale.spec.dtype, status)
+
+
+def _op_nodes(op: ConversionOp, k: int, out_specs: Streams[TensorSpec], wiring: Wiring,
+              inputs: Streams[Node]) -> Streams[Node]:
+    return tuple(tuple(Node(NodeKind.OP, spec, _wired(inputs, wiring[i][j]),
+                            OpAttrs(op, k, (i, j))) for j, spec in enumerate(stream))
+                 for i, stream in enumerate(out_specs))
+
+
+def _wired(inputs: Streams[Node], wires: tuple[tuple[int, int], ...]) -> tuple[Node, ...]:
+    """The inputs ``wires`` names, in order: a whole stream (a merge of 256 experts) as it
+    is when the wires are that stream's shared positions."""
+    if wires and wires is stream_positions(wires[0][0], len(inputs[wires[0][0]])):
+        return inputs[wires[0][0]]
+    return tuple(inputs[a][b] for a, b in wires)
+
+
+def destination(t: Target, sink: SinkKind) -> Destination:
+    """Where target ``t`` lands: nowhere unless it loads; else the direction's sink."""
+    contiguous = row_major_strides(t.dest.shape)
+    if t.status is not TargetStatus.LOAD:
+        return Destination(t.key, (t.key,), t.produced, DestKind.DISCARD, contiguous)
+    if sink is SinkKind.FILE:
+        return Destination(t.key, (t.key,), t.dest, DestKind.FILE, contiguous)
+    if sink is SinkKind.MEMORY or t.model is None:
+        return Destination(t.key, (t.key,), t.dest, DestKind.MEMORY, contiguous)
+    kind = DestKind.ALLOCATE if t.model.allocates else DestKind.IN_PLACE
+    return Destination(t.key, t.model.aliases, t.dest, kind, t.model.stride)
+
+
+def _expected_spec(expected: Expected, key: str) -> TensorSpec | None:
+    if isinstance(expected, ModelInfo):
+        mt = expected.get(key)
+        return mt.spec if mt is not None else None
+    if isinstance(expected, OutputSpecs):
+        return expected.specs.get(key)
+    return None
+
+
+def _context(group: Group, expected: Expected) -> OpContext:
+    names = group.targets if group.explicit is None else tuple(s[0] for s in group.explicit)
+    specs = tuple(_expected_spec(expected, t) for t in names)
+    keys = tuple(tuple(map(_KEY, s)) for s in group.sources)
+    config = expected.config if isinstance(expected, ModelInfo) else None
+    return OpContext(group.targets, specs, keys, config)
+
+
+def _apply_op(op: ConversionOp, ctx: OpContext, inputs: Streams[TensorSpec], group: Group,
+              k: int) -> tuple[ConversionOp, Streams[TensorSpec], Wiring]:
+    try:
+        resolved = op.resolve(ctx, inputs)
+        out = resolved.infer(inputs)
+        return resolved, out, resolved.wiring(inputs)
+    except Exception as e:  # torch raises RuntimeError on meta shape errors
+        if isinstance(e, WeightplanError) and not isinstance(e, OpError):
+            raise
+        converter = group.converter
+        assert converter is not None  # only converters have ops
+        chain = " → ".join(repr(o) for o in converter.operations)
+        shapes = [[list(s.shape) for s in stream] for stream in inputs]
+        first = group.sources[0][0]
+        raise OpError(f"{converter.describe()}: op #{k} {op!r} failed for target "
+                      f"{group.targets[0]} on input shapes {shapes} (from {first.key} and "
+                      f"{len(group.entries) - 1} more keys in {first.file or '<memory>'}); "
+                      f"op chain: {chain}: {e}") from e
+
+
+def _describe(group: Group) -> str:
+    return group.converter.describe() if group.converter is not None else group.targets[0]
+
+
+def _targets(group: Group, outputs: Streams[TensorSpec], expected: Expected,
+             dtype: torch.dtype | None) -> tuple[Target, ...]:
+    if len(outputs) != len(group.targets):
+        raise OpError(f"{_describe(group)}: the ops yield {len(outputs)} output "
+                      f"stream(s) but the converter has {len(group.targets)} target(s) "
+                      f"({', '.join(group.targets)})")
+    out = []
+    for i, (pattern, stream) in enumerate(zip(group.targets, outputs, strict=True)):
+        count = len(group.explicit[i]) if group.explicit is not None else None
+        if count is None and len(stream) > 1 and "*" not in pattern:
+            raise OpError(f"{_describe(group)}: output {i} is a list of "
+                          f"{len(stream)} tensors but target {pattern!r} has no `*` for them")
+        if count is not None and count != len(stream):
+            raise OpError(f"output {i} of {_describe(group)} has {len(stream)} "
+                          f"tensors where {count} were recorded")
+        for j, spec in enumerate(stream):
+            out.append(_target(group.output_key(i, j), spec, (i, j), expected, dtype))
+    return tuple(out)
+
+
+def _target(key: str, spec: TensorSpec, position: tuple[int, int], expected: Expected,
+            dtype: torch.dtype | None) -> Target:
+    mt = expected.get(key) if isinstance(expected, ModelInfo) else None
+    want = _expected_spec(expected, key)
+    if expected is not None and want is None:
+        return Target(key, spec, position, None, None, spec.dtype, TargetStatus.UNEXPECTED)
+    status = TargetStatus.LOAD
+    if want is not None and tuple(want.shape) != tuple(spec.shape):
+        status = TargetStatus.MISMATCH
+    if isinstance(expected, OutputSpecs) and want is not None:
+        written = want.dtype  # a recorded checkpoint's dtype is written back as it was
+    else:
+        written = destination_dtype(spec, mt, dtype)
+    return Target(key, spec, position, mt, want, written, status)
+
+
+def destination_dtype(produced: TensorSpec, mt: ModelTensor | None,
+                      requested: torch.dtype | None) -> torch.dtype:
+    """Allocated tensors keep their dtype; new ones take ``requested`` (floats) or the model's."""
+    floating = produced.dtype.is_floating_point and produced.dtype not in FP8_DTYPES
+    if mt is not None and mt.spec.dtype in FP8_DTYPES:
+        return mt.spec.dtype  # FP8 parameters keep FP8 (a requested dtype is for floats)
+    if mt is None:
+        return requested if requested is not None and floating else produced.dtype
+    if not mt.on_meta or requested is None or mt.keep_dtype or not mt.spec.dtype.is_floating_point:
+        return mt.spec.dtype
+    return requested if floating else mt.spec.dtype
+
+
+def settle_claims(conversions: list[Conversion]) -> tuple[Conversion, ...]:
+    """One producer per model tensor: tied aliases load once, double claims are errors."""
+    claims: dict[str, tuple[int, Target]] = {}
+    for ci, conv in enumerate(conversions):
+        for t in conv.targets:
+            if t.model is None or t.status is TargetStatus.UNEXPECTED:
+                continue
+            prior = claims.get(t.model.name)
+            if prior is None:
+                claims[t.model.name] = (ci, t)
+            elif prior[1].key == t.key:
+                raise ConflictingTransformError(
+                    f"two checkpoint sources map to {t.key}: "
+                    f"{_sources(conversions[prior[0]])} and {_sources(conv)}")
+            elif t.key == t.model.name:  # the canonical name wins over an alias
+                claims[t.model.name] = (ci, t)
+    winners = {(ci, t.key) for ci, t in claims.values()}
+    return tuple(_settled(ci, conv, winners) for ci, conv in enumerate(conversions))
+
+
+def _settled(ci: int, conv: Conversion, winners: set[tuple[int, str]]) -> Conversion:
+    tied = {t.key for t in conv.targets if t.model is not None
+            and t.status is not TargetStatus.UNEXPECTED and (ci, t.key) not in winners}
+    if not tied:
+        return conv
+    targets = tuple(replace(t, status=TargetStatus.TIED_DUPLICATE) if t.key in tied else t
+                    for t in conv.targets)
+    nodes = []
+    for n in conv.nodes:
+        if n.kind is NodeKind.SINK and sink_attrs(n).target in tied:
+            value = n.inputs[0]
+            while value.kind in (NodeKind.CAST, NodeKind.SHARD):
+                value = value.inputs[0]
+            t = next(t for t in targets if t.key == sink_attrs(n).target)
+            n = Node(NodeKind.SINK, value.spec, (value,), SinkAttrs(destination(t, SinkKind.MODEL)))
+        nodes.append(n)
+    return replace(conv, targets=targets, nodes=_live(tuple(nodes)))
+
+
+def _live(nodes: tuple[Node, ...]) -> tuple[Node, ...]:
+    """Drop nodes no sink depends on any more (a cast for a tied duplicate)."""
+    keep: set[Node] = set()
+    stack = [n for n in nodes if n.kind is NodeKind.SINK]
+    while stack:
+        n = stack.pop()
+        if n not in keep:
+            keep.add(n)
+            stack.extend(n.inputs)
+    return tuple(n for n in nodes if n in keep)
+
+
+def _sources(conv: Conversion) -> str:
+    return ", ".join(e.key for e in conv.group.entries)

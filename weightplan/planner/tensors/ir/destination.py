@@ -1,0 +1,41 @@
+"""Where a sink node's bytes go: a model tensor, a region of an output file, or memory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from weightplan.planner.core.sharding.placements import DestShard
+from weightplan.planner.core.spec import TensorSpec
+
+
+class DestKind(Enum):
+    ALLOCATE = "allocate"  # a new model tensor, resident after the load
+    IN_PLACE = "in place"  # an existing model tensor's storage
+    FILE = "file"  # a tensor in an output file: written, then released
+    MEMORY = "memory"  # a new tensor returned to the caller (in-memory convert / revert)
+    DISCARD = "discard"  # computed by a shared op but not kept (unexpected, tied, mismatched)
+
+    __hash__ = object.__hash__  # members are singletons; Enum's hashes the name in Python
+
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    """A tensor the executor writes (or, for ``DISCARD``, a value nothing keeps)."""
+
+    key: str
+    aliases: tuple[str, ...]
+    spec: TensorSpec
+    kind: DestKind
+    stride: tuple[int, ...]
+    staged: bool = False  # FILE: assembled in memory, then written in one piece
+    shard: DestShard | None = None  # tensor parallel: this rank's part of a parameter
+
+    @property
+    def allocates(self) -> bool:
+        """The executor allocates this tensor and it stays resident (model or memory)."""
+        return self.kind in (DestKind.ALLOCATE, DestKind.MEMORY)
+
+    @property
+    def written(self) -> bool:
+        return self.kind is not DestKind.DISCARD

@@ -1,0 +1,97 @@
+"""Shard nodes: one rank's part of a conversion output, between the value and its sink.
+
+``build`` calls :func:`shard_target` for every loaded target of a tensor-parallel plan:
+a sharded parameter gets a ``SHARD`` node (its pieces of the global value) and a
+destination of the local shape that remembers where it sits in the whole
+(:class:`DestShard`); a replicated ``DTensor`` parameter keeps the whole value and only
+the destination's note; a plain one is untouched. Lowering starts from the sink:
+:func:`shard_fragments` turns the shard's pieces into fragments (global region → view of
+the local tensor), which the ops' ``place`` pushes down to the reads, so a rank reads only
+its bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from weightplan.planner.tensors.ir.destination import Destination, DestKind
+from weightplan.planner.core.geometry import Fragment, View, row_major_strides
+from weightplan.planner.tensors.ir.nodes import Node, NodeKind, ShardAttrs
+from weightplan.planner.core.sharding.placements import DestShard, Placement, PlacementKind
+from weightplan.planner.inputs.parallel_plan import ShardingPlan
+from weightplan.planner.core.sharding.shard_math import pieces
+from weightplan.planner.core.spec import TensorSpec
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """One rank's view of a resolved plan: what the builder and the sink need."""
+
+    plan: ShardingPlan
+    world_size: int
+    rank: int
+    output: str = "dtensor"
+    mesh: Any = field(default=None, compare=False)
+
+    def placement(self, key: str, ndim: int) -> Placement:
+        return self.plan.placement(key).normalized(ndim)
+
+
+def shard_target(value: Node, dest: Destination, key: str, sharding: Sharding
+                 ) -> tuple[Node, Destination]:
+    """The value this rank keeps of ``key`` and its destination (unchanged when plain)."""
+    shape = value.spec.shape
+    p = sharding.placement(key, len(shape))
+    if p.kind is PlacementKind.PLAIN or dest.kind not in (DestKind.ALLOCATE, DestKind.MEMORY):
+        return value, dest
+    note = DestShard(p, shape, sharding.rank, sharding.world_size)
+    if not p.is_sharded:
+        return value, replace(dest, shard=note)
+    boxes = tuple(pc.region for pc in pieces(p, shape, sharding.world_size, sharding.rank))
+    attrs = ShardAttrs(p, boxes, sharding.rank, sharding.world_size)
+    spec = TensorSpec(attrs.local_shape, value.spec.dtype)
+    node = Node(NodeKind.SHARD, spec, (value,), attrs)
+    local = replace(dest, spec=TensorSpec(spec.shape, dest.spec.dtype),
+                    stride=row_major_strides(spec.shape), shard=note)
+    return node, local
+
+
+def shard_fragments(node: Node, target: int, view: View) -> tuple[Fragment, ...]:
+    """The shard's pieces of its input, each landing in its slice of ``view`` (local)."""
+    assert isinstance(node.attrs, ShardAttrs), node
+    a = node.attrs
+    out, local = [], 0
+    for box in a.pieces:
+        if box.numel == 0:
+            continue
+        size = box.shape[a.placement.axis]
+        out.append(Fragment(box, target, view.narrow(a.placement.axis, local, size)))
+        local += size
+    return tuple(out)
+
+
+def plan_sharding(model: Any, tp: Any) -> Sharding:
+    """Resolve ``tp`` (a :class:`~weightplan.TensorParallel`) for ``model`` on this
+    rank: the mesh (given, the DTensor parameters', or the default group) and the plan.
+
+    Raises:
+        ParallelError: no process group and no dry-run rank, or a sharded parameter that is
+            already allocated (tensor parallel loads into a model on ``meta``).
+    """
+    from weightplan.errors import ParallelError
+    from weightplan.planner.core.sharding.config import Ranks
+    from weightplan.planner.inputs.parallel_plan import dtensor_mesh, resolve_sharding
+
+    mesh = dtensor_mesh(model)
+    if mesh is not None and tp.mesh is None and tp.world_size is None:
+        ranks = Ranks(mesh.size(), mesh.get_local_rank(), mesh)
+    else:
+        ranks = tp.ranks()
+    plan = resolve_sharding(model, tp, ranks.world_size)
+    for name, param in model.named_parameters():
+        if plan.placement(name).is_dtensor and not param.is_meta:
+            raise ParallelError(f"{name} is already allocated; tensor-parallel loading "
+                                "allocates each rank's part: build the model on meta "
+                                "(weightplan.init_empty() or torch.device('meta'))")
+    return Sharding(plan, ranks.world_size, ranks.rank, tp.output, ranks.mesh)

@@ -1,0 +1,250 @@
+"""The execution schedule and its memory model.
+
+Steps (one per loading conversion) run in checkpoint order, so reads sweep each file
+front to back. The executor's policy is fixed here, as data: before *submitting* a step
+(allocating its destinations and queueing its reads), the oldest pending steps are
+*finalized* (their reads awaited, their materialized ops run) until the bytes of reads
+in flight plus the new step's fit in ``window_bytes``. The resulting event list is what
+:mod:`weightplan.executor` walks, so the estimate below describes what it will hold:
+
+    planned(event) = resident (model tensors allocated so far)
+                   + in flight (temporaries of pending reads, held op inputs)
+                   + intermediate (tensors the finalized step's ops allocate)
+
+``peak_bytes`` is the maximum over events.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from itertools import compress
+from operator import attrgetter, itemgetter
+
+from weightplan.planner.core.makers import maker
+from weightplan.planner.tensors.schedule.machine import default_window_bytes
+from weightplan.planner.tensors.ir.nodes import NodeKind
+from weightplan.planner.tensors.lower.placement import Step
+from weightplan.planner.tensors.lower.read_tasks import ReadRun
+
+
+class EventKind(Enum):
+    SUBMIT = "submit"
+    FINALIZE = "finalize"
+
+
+_SUBMIT, _FINALIZE = EventKind.SUBMIT, EventKind.FINALIZE
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    kind: EventKind
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPoint:
+    """Planned bytes right after one event."""
+
+    event: Event
+    label: str
+    resident: int
+    in_flight: int
+    intermediate: int
+
+    @property
+    def total(self) -> int:
+        return self.resident + self.in_flight + self.intermediate
+
+
+_event, _point = maker(Event), maker(MemoryPoint)  # two per step: without the frozen __init__
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Ordered programs, the event list the executor obeys, and the memory timeline."""
+
+    steps: tuple[Step, ...]
+    events: tuple[Event, ...]
+    timeline: tuple[MemoryPoint, ...]
+    window_bytes: int
+    threads: int
+
+    @property
+    def peak(self) -> MemoryPoint | None:
+        return max(self.timeline, key=lambda p: p.total, default=None)
+
+    @property
+    def peak_bytes(self) -> int:
+        peak = self.peak
+        return peak.total if peak else 0
+
+
+def order_steps(programs: Iterable[Step], file_order: Sequence[str]) -> tuple[Step, ...]:
+    """Checkpoint order: by file, then by the offset of the first byte read.
+
+    Each step's key is taken as it comes (``programs`` may be the steps as they are
+    made: their reads are still in the CPU cache then)."""
+    rank = {f: i for i, f in enumerate(file_order)}
+    rank_of = rank.get
+    dequantize = NodeKind.DEQUANTIZE
+
+    def key(p: Step) -> tuple[int, int]:
+        # (file rank, entry.offset + layout.first) of each read, its smallest: one pass,
+        # each read's node and entry touched once (ReadTask.entry / byte_range, inline);
+        # a run's (one layout) from its entries' columns
+        best: tuple[int, int] | None = None
+        for run in p.runs:
+            first = _run_first(run, rank_of)
+            if best is None or first < best:
+                best = first
+        for r in p.loose_reads:
+            node = r.node
+            if node.kind is dequantize:
+                node = node.inputs[0]
+            entry = node.attrs.entry  # type: ignore[union-attr]
+            first = (rank_of(entry.file or "", -1), entry.offset + r.layout.first)
+            if best is None or first < best:
+                best = first
+        return (-1, 0) if best is None else best
+
+    keyed = [(key(p), p) for p in programs]
+    keyed.sort(key=_KEY)  # stable, as sorted(programs, key=key)
+    return tuple(map(_STEP, keyed))
+
+
+_KEY, _STEP = itemgetter(0), itemgetter(1)
+_FILE, _OFFSET = attrgetter("file"), attrgetter("offset")
+
+
+def _run_first(run: ReadRun, rank_of: Callable[[str, int], int]) -> tuple[int, int]:
+    """The smallest (file rank, first byte) of a run's reads (they share ``layout.first``):
+    the lowest rank of the run's files (a stack's are a few), then the smallest offset of
+    the entries in a file of that rank."""
+    entries = run.entries
+    files = list(map(_FILE, entries))
+    ranks = {f: rank_of(f or "", -1) for f in set(files)}  # (in memory: ranked as "")
+    rank = min(ranks.values())
+    offsets: Iterable[int] = map(_OFFSET, entries)
+    if len(ranks) > 1:
+        lowest = {f for f, r in ranks.items() if r == rank}
+        one = next(iter(lowest))
+        at, count = files.index(one), files.count(one)
+        if len(lowest) == 1 and files[at:at + count].count(one) == count:
+            offsets = map(_OFFSET, entries[at:at + count])  # (a stack's: side by side)
+        else:
+            offsets = compress(offsets, map(lowest.__contains__, files))
+    return rank, min(offsets) + run.layout.first
+
+
+def effective_threads(threads: int) -> int:
+    """Copies out of the page cache are CPU-bound: never more workers than CPUs."""
+    return min(threads, os.cpu_count() or 1)
+
+
+def make_schedule(steps: tuple[Step, ...], *, threads: int,
+                  window_bytes: int | None = None) -> Schedule:
+    largest = max((p.read_bytes for p in steps), default=0)
+    # by default bounded (planner/tensors/machine.py), not grown to the largest group
+    window = max(window_bytes, largest) if window_bytes is not None else default_window_bytes()
+    events = plan_events(steps, window)
+    workers = effective_threads(threads)
+    return Schedule(steps, events, simulate(steps, events, workers), window, workers)
+
+
+def plan_events(steps: Sequence[Step], window: int) -> tuple[Event, ...]:
+    events: list[Event] = []
+    pending: deque[int] = deque()
+    in_flight = 0
+    for s, program in enumerate(steps):
+        while pending and in_flight + program.read_bytes > window:
+            done = pending.popleft()
+            events.append(_event(_FINALIZE, done))
+            in_flight -= steps[done].read_bytes
+        events.append(_event(_SUBMIT, s))
+        pending.append(s)
+        in_flight += program.read_bytes
+    events.extend(_event(_FINALIZE, s) for s in pending)
+    return tuple(events)
+
+
+def simulate(steps: Sequence[Step], events: Sequence[Event], threads: int
+             ) -> tuple[MemoryPoint, ...]:
+    """Planned memory after each event (see the module docstring).
+
+    Kept incrementally (the pending steps' held bytes as a sum, their windows as a sorted
+    list), so a checkpoint of many small tensors, all pending at once, stays linear-ish.
+    """
+    resident, points = 0, []
+    pending = _Pending(max(threads, 1))
+    for event in events:
+        program = steps[event.step]
+        intermediate = 0
+        if event.kind is EventKind.SUBMIT:
+            resident += program.dest_bytes
+            pending.add(program)
+        else:
+            intermediate = program.convert_bytes
+        in_flight = pending.in_flight()
+        if event.kind is EventKind.FINALIZE:
+            pending.remove(program)
+        points.append(_point(event, program.label, resident, in_flight, intermediate))
+    return tuple(points)
+
+
+class _Pending:
+    """Held op inputs and staged outputs of the pending steps, plus the largest windows
+    that ``threads`` readers can map at once."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads, self.held, self.windows = threads, 0, SortedWindows()
+        self.counts: dict[int, Counter[int]] = {}  # a pending step's window sizes, counted
+
+    def add(self, step: Step) -> None:
+        self.held += step.held_bytes + step.staged_bytes
+        self.counts[id(step)] = counts = step.window_counts()
+        self.windows.add_counts(counts)
+
+    def remove(self, step: Step) -> None:
+        self.held -= step.held_bytes + step.staged_bytes
+        self.windows.remove_counts(self.counts.pop(id(step)))
+
+    def in_flight(self) -> int:
+        return self.held + self.windows.largest(self.threads)
+
+
+class SortedWindows:
+    """A multiset of window sizes with the sum of the ``k`` largest."""
+
+    def __init__(self) -> None:
+        self._sizes: list[int] = []
+
+    def add(self, size: int) -> None:
+        bisect.insort(self._sizes, size)
+
+    def remove(self, size: int) -> None:
+        del self._sizes[bisect.bisect_left(self._sizes, size)]
+
+    def add_all(self, sizes: Sequence[int]) -> None:
+        """Add every size (the reads of one step: a stack's are all one size, added at once)."""
+        self.add_counts(Counter(sizes))
+
+    def remove_all(self, sizes: Sequence[int]) -> None:
+        self.remove_counts(Counter(sizes))
+
+    def add_counts(self, counts: Counter[int]) -> None:
+        for size, count in counts.items():
+            at = bisect.bisect_right(self._sizes, size)
+            self._sizes[at:at] = [size] * count
+
+    def remove_counts(self, counts: Counter[int]) -> None:
+        for size, count in counts.items():
+            at = bisect.bisect_left(self._sizes, size)
+            del self._sizes[at:at + count]
+
+    def largest(self, k: int) -> int:
+        return sum(self._sizes[-k:])

@@ -1,1 +1,0 @@
-"""Tensor and expert parallel planning: placements, shard math, plans, push-down."""
