@@ -42,6 +42,8 @@ def test_planning_leaves_objects_the_process_froze_frozen():
         frozen = gc.get_freeze_count()
         assert frozen > 0
         paused_gc(lambda: [object() for _ in range(10)])()
-        assert gc.get_freeze_count() == frozen
+        # unfreezing would empty the permanent generation; a frozen object that some other
+        # code frees meanwhile (refcounts still work there) may take a few away
+        assert gc.get_freeze_count() > frozen // 2
     finally:
         gc.unfreeze()
