@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import os
 import struct
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import chain
-from operator import attrgetter
 from pathlib import Path
 
 import torch
@@ -40,7 +38,6 @@ from weightplan.planner.core.spec import TensorSpec
 __all__ = ["Checkpoint", "FileStamp", "TensorEntry", "open_checkpoint", "read_header"]
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
-_SPEC = attrgetter("spec")
 
 
 @dataclass(frozen=True)
@@ -55,11 +52,8 @@ class Checkpoint:
 
     @cached_property
     def nbytes(self) -> int:
-        """Bytes of all entries: each distinct spec's size times its count (entries of one
-        header share their spec objects, so 92k keys are a few dozen multiplications)."""
-        specs = list(map(_SPEC, self.entries.values()))
-        by_id = dict(zip(map(id, specs), specs, strict=True))
-        return sum(by_id[i].nbytes * n for i, n in Counter(map(id, specs)).items())
+        """Bytes of all entries."""
+        return sum(entry.nbytes for entry in self.entries.values())
 
     def __len__(self) -> int:
         return len(self.entries)

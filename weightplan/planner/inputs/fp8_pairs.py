@@ -161,9 +161,8 @@ def weight_key_of(scale: str) -> str | None:
 def pair_scales(entries: Mapping[str, TensorEntry], config: QuantConfig | None = None
                 ) -> Fp8Pairing:
     """Pair every FP8 weight of ``entries`` with its scale (see the module docstring),
-    column by column: each distinct (weight spec, scale spec) is checked once (a header's
-    entries share their specs), and the problems are worded weight by weight, in
-    ``entries`` order, then the stray scales."""
+    column by column; the problems are worded weight by weight, in ``entries`` order,
+    then the stray scales."""
     block = config.block if config is not None else (128, 128)
     keys, values = list(entries), list(entries.values())
     specs = list(map(_SPEC, values))
@@ -180,7 +179,7 @@ def pair_scales(entries: Mapping[str, TensorEntry], config: QuantConfig | None =
     else:
         scales = list(map(entries.get, map(add, weights, repeat(SCALE_SUFFIX))))
         sspecs = [None if s is None else s.spec for s in scales]
-    faults = _faults(list(compress(specs, is_weight)), sspecs, block)
+    faults = list(map(_fault, compress(specs, is_weight), sspecs, repeat(block)))
     problems = [_problem(weight, scale, fault, block) for weight, scale, fault
                 in zip(compress(values, is_weight), scales, faults, strict=True)
                 if fault is not None]
@@ -205,17 +204,8 @@ def _in_step(weights: list[str], scale_like: list[str]) -> bool:
             and joined == (SCALE_SUFFIX + "\0").join(weights) + SCALE_SUFFIX)
 
 
-def _faults(wspecs: list[TensorSpec], sspecs: list[TensorSpec | None], block: Block
-            ) -> list[Fp8ProblemKind | None]:
-    """What is wrong with each weight's scale (``None``: nothing; ``sspecs``: the scales'
-    specs, ``None`` where there is none), decided once per distinct pair of spec objects."""
-    ids = list(zip(map(id, wspecs), map(id, sspecs), strict=True))
-    distinct = dict(zip(ids, zip(wspecs, sspecs, strict=True), strict=True))
-    fault = {i: _fault(w, s, block) for i, (w, s) in distinct.items()}
-    return list(map(fault.__getitem__, ids))
-
-
 def _fault(weight: TensorSpec, scale: TensorSpec | None, block: Block) -> Fp8ProblemKind | None:
+    """What is wrong with a weight's scale (``None``: nothing; ``scale``: its spec)."""
     if scale is None:
         return Fp8ProblemKind.MISSING_SCALE
     if scale.dtype not in _SCALE_DTYPES:
