@@ -16,7 +16,7 @@ from weightplan.errors import (
     CheckpointError, HeaderError, NotSafetensorsError, TruncatedCheckpointError,
 )
 from weightplan.planner.inputs.checkpoint import open_checkpoint
-from weightplan.planner.inputs.safetensors_format import MAX_DEPTH, json_depth_ok
+from weightplan.planner.inputs.safetensors_format import MAX_DEPTH, json_depth_ok, strict_json
 
 from .helpers import entry, good_pair, load_tensors, raw_file, write
 
@@ -56,6 +56,7 @@ CASES = {
                      "dtype"),
     "missing shape": ({"a": {"dtype": "F32", "data_offsets": [0, 8]}}, 8, "shape"),
     "huge dims": ({"a": entry("F32", [2**40, 2**40, 0], 0, 0)}, 0, "63 bits"),
+    "dims just past 63 bits": ({"a": entry("U8", [2**61, 4], 0, 0)}, 0, "63 bits"),
     "dim past u64": ({"a": entry("F32", [0, 2**70], 0, 0)}, 0, "shape"),
     "metadata not strings": ({"__metadata__": {"format": 1}, "a": A8}, 8, "string"),
     "metadata list": ({"__metadata__": ["x"], "a": A8}, 8, "__metadata__"),
@@ -92,7 +93,7 @@ def test_deep_json_is_typed_not_recursion_error(tmp_path):
     for depth in (MAX_DEPTH + 1, 100_000):
         text = '{"a": ' + "[" * depth + "]" * depth + "}"
         _refused(tmp_path, raw_file(text), match="nested")
-    assert json_depth_ok(b'{"a": "' + b"[" * 100 + b'"}')  # brackets in strings don't count
+    assert strict_json(b'{"a": "' + b"[" * 100 + b'"}', file="f") == {"a": "[" * 100}
 
 
 def test_non_json_constants_and_encodings(tmp_path):
@@ -147,10 +148,19 @@ _json = st.recursive(st.one_of(st.none(), st.integers(), st.text(alphabet='[]{}"
 
 
 @settings(max_examples=300, deadline=None, database=None)
-@given(_json)
-def test_json_depth_is_measured_exactly(value):
-    """Brackets inside strings (escaped quotes included) never count."""
-    raw = json.dumps(value).encode()
+@given(_json, st.integers(0, MAX_DEPTH + 2))
+def test_json_depth_is_measured_exactly(value, wrap):
+    """Depth is the value's nesting; brackets inside strings (escaped quotes included)
+    never count, so strict JSON refuses exactly the texts nested past MAX_DEPTH."""
     depth = _depth(value)
-    assert json_depth_ok(raw, depth)
-    assert depth == 0 or not json_depth_ok(raw, depth - 1)
+    assert json_depth_ok(value, depth)
+    assert depth == 0 or not json_depth_ok(value, depth - 1)
+    raw = ("[" * wrap + json.dumps(value) + "]" * wrap).encode()
+    if wrap + depth <= MAX_DEPTH:
+        inner = strict_json(raw, file="f")
+        for _ in range(wrap):
+            [inner] = inner
+        assert inner == value
+    else:
+        with pytest.raises(HeaderError, match="nested"):
+            strict_json(raw, file="f")

@@ -1,9 +1,12 @@
-"""The header fast paths agree with the strict, entry-by-entry reader on every input.
+"""The header reader's two ways agree on every input.
 
-:func:`fast_entries` may decline anything (the strict path then decides), but what it
-accepts must be exactly what :func:`strict_entries` returns; likewise ``strict_json``'s
-plain-``json`` path against the duplicate-refusing parse, and the checkpoint's
-:class:`TensorEntry` keeps the value semantics of the dataclass it replaced.
+:func:`~weightplan.planner.inputs.safetensors_format.header_columns` reads the writers'
+layout column by column (``_writer_layout``) and anything else as strict JSON entry by
+entry (``_any_layout``). The first may decline anything (the second then decides), but
+what it accepts must be exactly what the second returns, and it must take every valid
+header in the writers' layout. ``strict_json`` refuses exactly the texts a slow oracle
+refuses, and the checkpoint's :class:`TensorEntry` keeps the value semantics of the
+dataclass it replaced.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ from hypothesis import strategies as st
 from safetensors.torch import save, save_file
 
 from weightplan.errors import CheckpointError, HeaderError, MissingShardError, UnsafePathError
-from weightplan.planner.inputs.checkpoint import open_checkpoint, strict_entries
 from weightplan.planner.core.entry import FrozenEntryError, StridedEntry, TensorEntry
-from weightplan.planner.inputs.header_bulk import fast_entries
-from weightplan.planner.inputs.safetensors_format import _strict_json, strict_json
+from weightplan.planner.inputs.checkpoint import open_checkpoint
+from weightplan.planner.inputs.safetensors_format import (
+    MAX_DEPTH, _any_layout, _writer_layout, header_columns, strict_json,
+)
 from weightplan.planner.core.spec import SAFETENSORS_DTYPES, TensorSpec
 
 from tests.conftest import write_checkpoint
@@ -34,13 +38,21 @@ COMPACT = (",", ":")
 
 
 def _both(raw: bytes, data_len: int):
-    """(fast, strict) readings of a header ``raw`` followed by ``data_len`` bytes."""
+    """(writer-layout, strict) readings of a header ``raw`` followed by ``data_len`` bytes;
+    and the strict reading is what :func:`header_columns` returns or raises whenever the
+    writer-layout reading declines."""
     data_start, size = 8 + len(raw), 8 + len(raw) + data_len
-    fast = fast_entries("f", raw, data_start, size, {})
+    fast = _writer_layout("f", raw, data_start, data_len, {})
     try:
-        strict = strict_entries("f", raw, data_start, size)
-    except CheckpointError:
-        strict = None
+        strict = _any_layout("f", raw, data_start, size, {})
+    except CheckpointError as e:
+        strict, error = None, e
+    if fast is None:
+        try:
+            assert header_columns("f", raw, data_start, size) == strict
+        except CheckpointError as e:
+            assert strict is None and (type(e), str(e), e.key) == (
+                type(error), str(error), error.key)
     return fast, strict
 
 
@@ -51,6 +63,7 @@ def _agree(raw: bytes, data_len: int) -> bool:
         assert strict is not None, raw
         assert fast == strict, raw
         assert list(fast[0]) == list(strict[0])  # same order
+        assert header_columns("f", raw, 8 + len(raw), 8 + len(raw) + data_len) == fast
     return fast is not None
 
 
@@ -89,22 +102,18 @@ def test_fast_headers_agree_with_the_strict_reader(spec_list, meta, compact, rev
         header = dict(reversed(header.items()))
     raw = json.dumps(header, separators=COMPACT if compact else None).encode()
     took = _agree(_mutate(raw, ops), max(data_len + extra, 0))
-    strings = [*(meta or {}), *(meta or {}).values()]
-    if not ops and not extra and (b"\\" not in raw or not any(":" in t for t in strings)):
-        # a valid header, compact or not, in any order, ':' in its metadata or not: a
-        # fast path takes it (only escapes and a ':' together send it the strict way)
-        assert took
+    if not ops and not extra and compact and not reverse and len(spec_list) > 1 \
+            and b"\\" not in raw:
+        assert took  # a valid header in the writers' layout is read column by column
 
 
-def test_safetensors_own_files_take_the_compact_path(tmp_path):
+def test_safetensors_own_files_take_the_writer_layout():
     blob = save({"b": torch.ones(2, 3), "a": torch.zeros(5, dtype=torch.bfloat16),
                  "e": torch.zeros(0, 4)}, metadata={"format": "pt"})
     (n,) = struct.unpack("<Q", blob[:8])
     raw = blob[8:8 + n]
-    from weightplan.planner.inputs import header_bulk
-
-    columns = header_bulk._compact_columns(raw.decode(), {}, len(blob) - 8 - n)
-    assert columns is not None and columns[3] == {"format": "pt"}
+    fast = _writer_layout("f", raw, 8 + n, len(blob) - 8 - n, {})
+    assert fast is not None and fast[2] == {"format": "pt"} and set(fast[0]) == {"a", "b", "e"}
     assert _agree(raw, len(blob) - 8 - n)
 
 
@@ -176,20 +185,53 @@ json_values = st.recursive(
     max_leaves=10)
 
 
-def _outcome(call):
+class _Pairs(list):
+    """An object's pairs, as the text gives them (a duplicate key kept)."""
+
+
+def _refuse(name):
+    raise ValueError(name)
+
+
+def _oracle(raw: bytes):
+    """What strict JSON reads from ``raw``, told the long way round: the value, or
+    ``None`` when the text is no UTF-8 JSON, uses NaN/Infinity, repeats a key in an
+    object or nests deeper than MAX_DEPTH."""
     try:
-        return "ok", json.dumps(call(), sort_keys=True, allow_nan=True)
-    except HeaderError as e:
-        return "error", str(e)
+        tree = json.loads(raw.decode("utf-8"), object_pairs_hook=_Pairs, parse_constant=_refuse)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+
+    def value(node, depth):
+        if isinstance(node, _Pairs | list) and depth > MAX_DEPTH:
+            raise ValueError("deep")
+        if isinstance(node, _Pairs):
+            if len({k for k, _ in node}) != len(node):
+                raise ValueError("twice")
+            return {k: value(v, depth + 1) for k, v in node}
+        if isinstance(node, list):
+            return [value(v, depth + 1) for v in node]
+        return node
+
+    try:
+        return ("ok", value(tree, 1))
+    except ValueError:
+        return None
 
 
 @FAST
-@given(json_values, st.booleans(), edits, st.integers(0, 70))
-def test_strict_json_fast_path_agrees(value, compact, ops, depth):
+@given(json_values, st.booleans(), edits, st.integers(0, 70), st.sampled_from(["", "k", "a"]))
+def test_strict_json_refuses_exactly_what_it_should(value, compact, ops, depth, twice):
     text = json.dumps(value, separators=COMPACT if compact else None)
+    if twice:  # an object holding the value under a key given twice, or under two keys
+        text = f'{{"k": {text}, "{twice}": {text}}}'
     raw = _mutate(("[" * depth + text + "]" * depth).encode(), ops)
-    assert _outcome(lambda: strict_json(raw, file="f")) == _outcome(
-        lambda: _strict_json(raw, file="f", what="header"))
+    try:
+        got = ("ok", strict_json(raw, file="f"))
+    except HeaderError:
+        got = None
+    want = _oracle(raw)
+    assert json.dumps(got, sort_keys=True) == json.dumps(want, sort_keys=True)  # NaN != NaN
 
 
 def test_tensor_entry_is_an_immutable_value():
@@ -268,27 +310,14 @@ def _compact(header: dict) -> bytes:
 
 @FAST
 @given(specs, metas, edits, st.sampled_from([0, 0, 1, -1]))
-def test_the_chained_split_equals_the_plain_one(spec_list, meta, ops, extra):
-    """Writers' layout (offsets in header order) takes the chained split; what it accepts
-    the other compact split reads the same, and it never takes what strict refuses."""
-    from weightplan.planner.inputs import header_bulk
-
+def test_mutated_writer_layouts_agree(spec_list, meta, ops, extra):
+    """Small edits of the writers' layout (what the column reading must refuse or read
+    exactly as the strict reading does); the unedited ones are read column by column."""
     header, data_len = _header(spec_list, meta)
     raw = _mutate(_compact(header), ops)
-    data_bytes = max(data_len + extra, 0)
-    try:
-        text = raw.decode()
-    except UnicodeDecodeError:
-        return
-    chained = header_bulk._chained_columns(text, {}, data_bytes)
-    if chained is not None:
-        assert chained == header_bulk._compact_columns(text, {}, data_bytes), raw
-        # the fast reading, when it has one, is the strict one. It may still decline (a
-        # colon in a key, or escapes and a colon in the metadata, fail its duplicate count,
-        # which counts colons): declining only costs the strict reader's time
-        _agree(raw, data_bytes)
-    elif not ops and not extra and len(spec_list) > 1 and b"\\" not in raw:
-        raise AssertionError(f"a writer's layout missed the chained split: {raw!r}")
+    took = _agree(raw, max(data_len + extra, 0))
+    if not ops and not extra and len(spec_list) > 1 and b"\\" not in raw:
+        assert took, raw
 
 
 @pytest.mark.parametrize("text", [
@@ -331,9 +360,47 @@ def test_the_chained_split_equals_the_plain_one(spec_list, meta, ops, extra):
     '"data_offsets":[4,8]}}  ',  # valid, trailing whitespace
     ' {"__metadata__":null,"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},'
     '"b":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}',  # valid
+    # chained offsets whose spans are not the tensors' sizes
+    '{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[2],'
+    '"data_offsets":[4,8]}}',
+    '{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[4],'
+    '"data_offsets":[4,8]}}',
+    # a raw control character in a key, more than the metadata before the first entry
+    '{"a\x01":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[4],'
+    '"data_offsets":[4,8]}}',
+    '{"__metadata__":{"k":"v"},"x":1,"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},'
+    '"b":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}',
+    '{"__metadata__":{"k":"v","k":"w"},"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},'
+    '"b":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}',
+    '{"__metadata__":{"k":1},"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},'
+    '"b":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}',
 ])
 def test_hand_picked_chained_headers_agree(text):
     _agree(text.encode(), 8)
+
+
+field_edits = st.lists(st.tuples(st.integers(0, 4), st.sampled_from(["dtype", "dim", "begin", "end"]),
+                                 st.integers(-2, 2)), min_size=1, max_size=2)
+
+
+@FAST
+@given(specs, metas, field_edits)
+def test_edited_fields_in_the_writer_layout_agree(spec_list, meta, edit_list):
+    """A dtype, a dim or an offset changed in the writers' layout (the text stays in that
+    layout): the column reading refuses what the strict reading refuses."""
+    header, data_len = _header(spec_list, meta)
+    names = [k for k in header if k != "__metadata__"]
+    for which, what, delta in edit_list:
+        info = header[names[which % len(names)]]
+        if what == "dtype":
+            dtypes = sorted(SAFETENSORS_DTYPES)
+            info["dtype"] = dtypes[(dtypes.index(info["dtype"]) + delta) % len(dtypes)]
+        elif what == "dim" and info["shape"]:
+            info["shape"][0] = max(info["shape"][0] + delta, 0)
+        elif what in ("begin", "end"):
+            at = what == "end"
+            info["data_offsets"][at] = max(info["data_offsets"][at] + delta, 0)
+    _agree(_compact(header), data_len)
 
 
 def test_a_huge_span_or_overlap_in_writer_layout_is_refused():
@@ -344,33 +411,16 @@ def test_a_huge_span_or_overlap_in_writer_layout_is_refused():
         assert fast == strict and (fast is None) == (end != "8")
 
 
-def _files_both_ways(source):
-    """``open_checkpoint(source)`` and the file-by-file reference reading of it."""
-    from weightplan.planner.inputs import checkpoint
+def test_sharded_reading_is_the_union_of_its_files(tmp_path):
+    from weightplan.planner.inputs.checkpoint import read_header
 
-    def exact():
-        real = checkpoint._from_files
-        checkpoint._from_files = checkpoint._from_files_exact
-        try:
-            return open_checkpoint(source)
-        finally:
-            checkpoint._from_files = real
-    return _outcome_of(lambda: open_checkpoint(source)), _outcome_of(exact)
-
-
-def _outcome_of(call):
-    try:
-        ckpt = call()
-    except CheckpointError as e:
-        return type(e), str(e), e.key
-    return list(ckpt.entries.items()), ckpt.metadata, ckpt.files
-
-
-def test_merged_columns_equal_the_file_by_file_reading(tmp_path):
     d = write_checkpoint(tmp_path / "sh", {f"k{i}": torch.ones(i + 1) for i in range(9)},
                          shards=3)
-    fast, exact = _files_both_ways(d)
-    assert fast == exact and len(fast[0]) == 9
+    ckpt = open_checkpoint(d)
+    union = {}
+    for stamp in ckpt.files:
+        union.update(read_header(stamp.path)[0])
+    assert ckpt.entries == union and len(union) == 9 and len(ckpt.files) == 3
 
 
 def _raw_file(path, text: str, data: int) -> None:
@@ -378,38 +428,43 @@ def _raw_file(path, text: str, data: int) -> None:
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(data))
 
 
-@pytest.mark.parametrize("case", ["dup_in_file", "dup_across", "metadata_key", "bad_second",
-                                  "index_then_bad", "index_wrong"])
-def test_merge_errors_are_the_reference_errors(tmp_path, case):
-    """Each anomaly the merged reading meets is left to the file-by-file reading, so the
-    error (type, words, key) is the one it raises, for the first file at fault."""
-    one = '{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}}'
-    texts = {
-        "dup_in_file": [one, '{"b":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},'
-                             '"b":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}'],
-        "dup_across": [one, '{"c":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},'
-                            '"a":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}'],
-        "metadata_key": [one, '{"c":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},'
-                              '"__metadata__":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}'],
-        "bad_second": [one, '{"c":{"dtype":"U8","shape":[false],"data_offsets":[0,8]}}'],
-    }
-    texts["index_then_bad"] = texts["index_wrong"] = [one, one.replace('"a"', '"b"')]
-    if case == "index_then_bad":
-        texts[case][1] = '{"b":{"dtype":"U8","shape":[2.0],"data_offsets":[0,8]}}'
+ONE = '{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}}'
+MERGE_CASES = {  # the second file's header; the error: words, key, the file at fault
+    "dup_in_file": ('{"b":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},'
+                    '"b":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}',
+                    "twice", "b", 1),
+    "dup_across": ('{"c":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},'
+                   '"a":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}',
+                   "also present in .*m-1.safetensors", "a", 1),
+    "metadata_key": ('{"c":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},'
+                     '"__metadata__":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}',
+                     "not a string", "__metadata__.shape", 1),
+    "bad_second": ('{"c":{"dtype":"U8","shape":[false],"data_offsets":[0,8]}}',
+                   "invalid shape", "c", 1),
+    "index_then_bad": ('{"b":{"dtype":"U8","shape":[2.0],"data_offsets":[0,8]}}',
+                       "index places this key here", "x", 0),
+    "index_wrong": (ONE.replace('"a"', '"b"'), "index places this key here", "x", 0),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MERGE_CASES))
+def test_sharded_errors_name_the_first_file_at_fault(tmp_path, case):
+    """Each file is read, checked against the index and against the earlier files in
+    turn: the error (type, words, key) is that of the first file at fault."""
+    second, match, key, at_fault = MERGE_CASES[case]
+    placed = second[2]  # the second file's first key: the index places it there
     d = tmp_path / case
     d.mkdir()
     names = ["m-1.safetensors", "m-2.safetensors"]
-    for name, text in zip(names, texts[case], strict=True):
+    for name, text in zip(names, [ONE, second], strict=True):
         _raw_file(d / name, text, 8 if text.count("data_offsets") == 2 else 4)
-    weight_map = {"a": names[0], "b": names[1]}
+    weight_map = {"a": names[0], placed: names[1]}
     if case.startswith("index"):
         weight_map["x"] = names[0]  # in no header: the first file is at fault
     (d / "m.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    fast, exact = _files_both_ways(d)
-    assert fast == exact
-    assert isinstance(fast[0], type) and issubclass(fast[0], CheckpointError), fast
-    if case.startswith("index"):
-        assert fast[2] == "x" and "index places this key here" in fast[1]
+    with pytest.raises(HeaderError, match=match) as info:
+        open_checkpoint(d)
+    assert info.value.key == key and info.value.file == str(d / names[at_fault])
 
 
 def test_long_digit_runs_take_linear_time():

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import os
 import struct
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import chain
-from operator import attrgetter
 from pathlib import Path
 
 import torch
@@ -28,21 +26,18 @@ from weightplan.errors import (
 from weightplan.planner.core.paused_gc import paused_gc
 from weightplan.planner.core.entry import TensorEntry
 from weightplan.planner.inputs.fingerprint import FileStamp, stamp_fd
-from weightplan.planner.inputs.header_bulk import SpecCache, fast_columns, fast_entries
 from weightplan.planner.inputs.paths import (
     check_path_argument, open_regular, pread_exactly, refuse_interrupted_save,
 )
 from weightplan.planner.inputs.safetensors_format import (
-    MAX_HEADER_BYTES, check_coverage, check_offsets, check_shape, parse_header,
-    parse_metadata,
+    MAX_HEADER_BYTES, SpecCache, header_columns,
 )
 from weightplan.planner.inputs.shard_index import IndexShard, index_files
-from weightplan.planner.core.spec import SAFETENSORS_DTYPES, TensorSpec
+from weightplan.planner.core.spec import TensorSpec
 
 __all__ = ["Checkpoint", "FileStamp", "TensorEntry", "open_checkpoint", "read_header"]
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
-_SPEC = attrgetter("spec")
 
 
 @dataclass(frozen=True)
@@ -57,11 +52,8 @@ class Checkpoint:
 
     @cached_property
     def nbytes(self) -> int:
-        """Bytes of all entries: each distinct spec's size times its count (entries of one
-        header share their spec objects, so 92k keys are a few dozen multiplications)."""
-        specs = list(map(_SPEC, self.entries.values()))
-        by_id = dict(zip(map(id, specs), specs, strict=True))
-        return sum(by_id[i].nbytes * n for i, n in Counter(map(id, specs)).items())
+        """Bytes of all entries."""
+        return sum(entry.nbytes for entry in self.entries.values())
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -137,87 +129,49 @@ def _directory_files(path: Path) -> list[tuple[str, IndexShard | None]]:
 
 def _from_files(files: list[tuple[str, IndexShard | None]], *, description: str
                 ) -> Checkpoint:
-    """Every file's header read as columns, then one dict of them all, then the index's
-    placements checked (each pass over all files at once keeps its data in cache). Any
-    error, or anything that doesn't add up (a key twice, a key the index places in a file
-    that lacks it), is left to :func:`_from_files_exact`, which raises the precise error
-    of the first file at fault."""
-    stamps = []
-    metadata: dict[str, str] = {}
+    """Each file's header read and checked against the index in turn (the first file at
+    fault raises), then all entries in one dict, a key of two files refused."""
     specs: SpecCache = {}  # the files share one spec per (dtype, shape)
     keys: list[list[str]] = []
     made: list[list[TensorEntry]] = []
-    try:
-        for path, _ in files:
-            file_keys, file_entries, file_meta, stamp = _read_columns(path, specs)
-            keys.append(file_keys)
-            made.append(file_entries)
-            metadata.update(file_meta)
-            stamps.append(stamp)
-    except CheckpointError:
-        return _from_files_exact(files, description=description)
-    entries = dict(zip(chain.from_iterable(keys), chain.from_iterable(made), strict=True))
-    # no key twice, in a file or across them, and no "__metadata__" entry (a fast
-    # reading's keys may hold one: the strict path refuses it); each file's keys distinct,
-    # the index's count of them proves it placed none elsewhere
-    shards = [shard for _, shard in files]
-    if (len(entries) != sum(map(len, keys)) or "__metadata__" in entries
-            or not all(s is None or s.holds(k) for s, k in zip(shards, keys, strict=True))):
-        return _from_files_exact(files, description=description)
-    return Checkpoint(entries, tuple(stamps), metadata=metadata, description=description)
-
-
-def _from_files_exact(files: list[tuple[str, IndexShard | None]], *, description: str
-                      ) -> Checkpoint:
-    """:func:`_from_files` file by file, each header a dict checked in turn: the reference,
-    which raises the precise error."""
-    entries: dict[str, TensorEntry] = {}
-    stamps = []
     metadata: dict[str, str] = {}
-    specs: SpecCache = {}  # the files share one spec per (dtype, shape)
-    read: list[dict[str, TensorEntry]] = []
+    stamps = []
     for path, shard in files:
-        file_entries, file_meta, stamp = read_stamped_header(path, specs)
+        file_keys, file_entries, file_meta, stamp = _read_columns(path, specs)
         if shard is not None:
-            shard.check(path, file_entries)
-        before = len(entries)
-        entries.update(file_entries)
-        if len(entries) != before + len(file_entries):  # a key of an earlier file
-            key, where = next((k, e) for k in file_entries for e in read if k in e)
-            raise HeaderError(f"key also present in {where[key].file}", file=path, key=key)
-        read.append(file_entries)
+            shard.check(path, file_keys)
+        keys.append(file_keys)
+        made.append(file_entries)
         metadata.update(file_meta)
         stamps.append(stamp)
+    entries = dict(zip(chain.from_iterable(keys), chain.from_iterable(made), strict=True))
+    if len(entries) != sum(map(len, keys)):
+        _refuse_repeats(keys, [path for path, _ in files])
     return Checkpoint(entries, tuple(stamps), metadata=metadata, description=description)
+
+
+def _refuse_repeats(read: list[list[str]], paths: list[str]) -> None:
+    """The error for the first key, in file order, that an earlier file also holds."""
+    first: dict[str, str] = {}  # key → the file that holds it
+    for path, keys in zip(paths, read, strict=True):
+        key = next((k for k in keys if k in first), None)
+        if key is not None:
+            raise HeaderError(f"key also present in {first[key]}", file=path, key=key)
+        first.update(dict.fromkeys(keys, path))
 
 
 def read_header(path: str) -> tuple[dict[str, TensorEntry], dict[str, str]]:
     """Parse and validate one safetensors header; returns entries and ``__metadata__``."""
-    entries, meta, _ = read_stamped_header(path)
-    return entries, meta
+    keys, made, meta, _ = _read_columns(path)
+    return dict(zip(keys, made, strict=True)), meta
 
 
-def read_stamped_header(path: str, specs: SpecCache | None = None
-                        ) -> tuple[dict[str, TensorEntry], dict[str, str], FileStamp]:
-    """:func:`read_header` plus the file's :class:`FileStamp` (taken on the same open file
-    and the same header bytes). ``specs``: a cache of specs shared across files."""
-    raw, data_start, size, stamp = _read_raw(path)
-    parsed = fast_entries(path, raw, data_start, size, {} if specs is None else specs)
-    if parsed is None:  # anything unusual: entry by entry, which raises the precise error
-        parsed = strict_entries(path, raw, data_start, size)
-    return parsed[0], parsed[1], stamp
-
-
-def _read_columns(path: str, specs: SpecCache
+def _read_columns(path: str, specs: SpecCache | None = None
                   ) -> tuple[list[str], list[TensorEntry], dict[str, str], FileStamp]:
-    """:func:`read_stamped_header` as columns: its keys may repeat, or hold
-    ``"__metadata__"``, which the caller must refuse (by the strict path)."""
+    """The header of ``path`` as columns (:func:`header_columns`) and the file's
+    :class:`FileStamp`, taken on the same open file and the same header bytes."""
     raw, data_start, size, stamp = _read_raw(path)
-    columns = fast_columns(path, raw, data_start, size, specs)
-    if columns is None:
-        entries, meta = strict_entries(path, raw, data_start, size)
-        columns = list(entries), list(entries.values()), meta
-    return *columns, stamp
+    return *header_columns(path, raw, data_start, size, specs), stamp
 
 
 def _read_raw(path: str) -> tuple[bytes, int, int, FileStamp]:
@@ -243,59 +197,6 @@ def _read_raw(path: str) -> tuple[bytes, int, int, FileStamp]:
     return raw, 8 + n, size, stamp
 
 
-def strict_entries(path: str, raw: bytes, data_start: int, size: int
-                   ) -> tuple[dict[str, TensorEntry], dict[str, str]]:
-    """The header ``raw`` read entry by entry, every rule checked in turn: the reference
-    that :func:`~weightplan.planner.inputs.header_bulk.fast_entries` must agree with."""
-    header = parse_header(path, raw)
-    file_meta = parse_metadata(path, header.pop("__metadata__", None))
-    entries = parse_entries(path, header, data_start, size)
-    # every entry spans its data_offsets exactly (parse_entries checked end - begin)
-    check_coverage(path, {k: (e.offset - data_start, header[k]["data_offsets"][1])
-                          for k, e in entries.items()}, size - data_start)
-    return entries, file_meta
-
-
-def parse_entries(path: str, header: dict, data_start: int, size: int
-                  ) -> dict[str, TensorEntry]:
-    """Every header entry as a :class:`TensorEntry`, validated like :func:`_entry`.
-
-    The fast path for headers of ~100k keys: one ``TensorSpec`` per distinct
-    (dtype, shape), validated once; anything unusual goes through :func:`_entry`,
-    which raises the precise error.
-    """
-    specs: dict[tuple, tuple[TensorSpec, int]] = {}
-    entries: dict[str, TensorEntry] = {}
-    for key, info in header.items():
-        try:
-            dtype_name, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
-            ident = (dtype_name, *shape)
-            # 0 == False == 0.0 as dict keys: a cached spec is only for dims that are ints
-            known = specs.get(ident) if all(type(d) is int for d in shape) else None
-            if known is None:
-                spec = _spec(dtype_name, shape)
-                known = specs[ident] = (spec, spec.nbytes)
-            spec, nbytes = known
-            ok = (type(begin) is int and type(end) is int and 0 <= begin
-                  and end - begin == nbytes and data_start + end <= size)
-        except (TypeError, KeyError, ValueError):
-            ok = False
-        entries[key] = (TensorEntry(key, spec, path, data_start + begin) if ok
-                        else _entry(path, key, info, data_start, size))
-    return entries
-
-
-_FAST_DIM = 1 << 31  # larger dims take _entry's exact checks (u64 range, 63-bit products)
-
-
-def _spec(dtype_name: object, shape: list) -> TensorSpec:
-    """The spec of a valid (dtype, shape), else ``ValueError`` (the caller re-checks)."""
-    if dtype_name not in SAFETENSORS_DTYPES or not isinstance(shape, list) or not all(
-            type(d) is int and 0 <= d < _FAST_DIM for d in shape):
-        raise ValueError(dtype_name, shape)
-    return TensorSpec(tuple(shape), SAFETENSORS_DTYPES[dtype_name])
-
-
 def _check_magic(path: str, head: bytes, size: int) -> None:
     if len(head) < 8:
         raise NotSafetensorsError(f"only {size} bytes; a safetensors file starts with an "
@@ -311,25 +212,3 @@ def _check_magic(path: str, head: bytes, size: int) -> None:
                 file=path)
         raise NotSafetensorsError(f"header length {n} is implausible for a {size}-byte file",
                                   file=path)
-
-
-def _entry(path: str, key: str, info: object, data_start: int, size: int) -> TensorEntry:
-    if not isinstance(info, dict):
-        raise HeaderError("entry is not an object", file=path, key=key)
-    for field_name in ("dtype", "shape", "data_offsets"):
-        if field_name not in info:
-            raise HeaderError(f"entry lacks {field_name!r}", file=path, key=key)
-    dtype_name = info["dtype"]
-    if not isinstance(dtype_name, str) or dtype_name not in SAFETENSORS_DTYPES:
-        raise HeaderError(f"unknown dtype {dtype_name!r}", file=path, key=key)
-    shape = check_shape(path, key, info["shape"])
-    begin, end = check_offsets(path, key, info["data_offsets"])
-    spec = TensorSpec(shape, SAFETENSORS_DTYPES[dtype_name])
-    if end - begin != spec.nbytes:
-        raise HeaderError(f"data_offsets span {end - begin} bytes but {dtype_name}{list(shape)} "
-                          f"needs {spec.nbytes}", file=path, key=key)
-    if data_start + end > size:
-        raise TruncatedCheckpointError(
-            f"data ends at byte {data_start + end} but the file has {size} bytes", file=path,
-            key=key)
-    return TensorEntry(key, spec, path, data_start + begin)

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
-from itertools import compress, filterfalse, repeat
+from itertools import chain, compress, filterfalse, repeat
 from operator import add, attrgetter, gt, not_
 from typing import NamedTuple, cast
 
@@ -35,8 +35,7 @@ SCALE_SUFFIX = "_scale_inv"
 _SCALE_SUFFIXES = (SCALE_SUFFIX, *ACTIVATION_SUFFIXES)
 _FP8 = frozenset(FP8_DTYPES)
 _SCALE_DTYPES = frozenset(SCALE_DTYPES)
-_SPEC, _SPEC_DTYPE = attrgetter("spec"), attrgetter("dtype")
-_new = tuple.__new__
+_KEY, _SPEC, _SPEC_DTYPE = attrgetter("key"), attrgetter("spec"), attrgetter("dtype")
 
 
 class Fp8ProblemKind(Enum):
@@ -62,19 +61,22 @@ class ScaledWeight(NamedTuple):
 
 
 class ScaledWeights(Mapping[str, ScaledWeight]):
-    """Pairs without activation scales, by weight key, kept as a column: each weight key's
-    scale entry (the weight is the checkpoint's entry of that key; one block for all). A
-    :class:`ScaledWeight` is made when one is asked for: :func:`pair_scales` pairs the
-    ~46k weights of DeepSeek-V3 without making any, and the builder reads the scales."""
+    """The pairs :func:`pair_scales` found, by weight key, kept as columns: each weight
+    key's scale entry and, where there is one, its activation scale (the weight is the
+    checkpoint's entry of that key; one block for all). A :class:`ScaledWeight` is made
+    when one is asked for: the ~46k pairs of DeepSeek-V3 are found without making any,
+    and the builder reads the scales."""
 
-    __slots__ = ("scales", "block", "_weights")
+    __slots__ = ("scales", "activations", "block", "_weights")
 
     def __init__(self, scales: dict[str, TensorEntry], weights: Mapping[str, TensorEntry],
-                 block: Block) -> None:
+                 block: Block, activations: Mapping[str, TensorEntry] | None = None) -> None:
         self.scales, self.block, self._weights = scales, block, weights
+        self.activations: Mapping[str, TensorEntry] = activations or {}
 
     def __getitem__(self, key: str) -> ScaledWeight:
-        return ScaledWeight(self._weights[key], self.scales[key], self.block)
+        return ScaledWeight(self._weights[key], self.scales[key], self.block,
+                            self.activations.get(key))
 
     def __contains__(self, key: object) -> bool:
         return key in self.scales
@@ -133,7 +135,7 @@ class Fp8Pairing:
     def activation_count(self) -> int:
         """How many pairs have an activation scale."""
         if isinstance(self.pairs, ScaledWeights):
-            return 0
+            return len(self.pairs.activations)
         return sum(1 for p in self.pairs.values() if p.activation is not None)
 
 
@@ -158,54 +160,37 @@ def weight_key_of(scale: str) -> str | None:
 
 def pair_scales(entries: Mapping[str, TensorEntry], config: QuantConfig | None = None
                 ) -> Fp8Pairing:
-    """Pair every FP8 weight of ``entries`` with its scale (see the module docstring)."""
+    """Pair every FP8 weight of ``entries`` with its scale (see the module docstring),
+    column by column; the problems are worded weight by weight, in ``entries`` order,
+    then the stray scales."""
     block = config.block if config is not None else (128, 128)
-    keys = list(entries)
-    scaling = list(map(str.endswith, keys, repeat(_SCALE_SUFFIXES)))
-    scale_like = list(compress(keys, scaling))
-    columns = _pair_all(entries, keys, scaling, scale_like, block)
-    if columns is not None and len(columns[0]) == len(scale_like):
-        # as many scale-like keys as pairs, each pair's _scale_inv key one of them: they
-        # are the companions, no scale strays and there are no activation scales
-        scales = dict(zip(columns[0], columns[2], strict=True))
-        return Fp8Pairing(ScaledWeights(scales, entries, block), (), frozenset(scale_like), config)
-    activation_like = list(map(str.endswith, scale_like, repeat(ACTIVATION_SUFFIXES)))
-    with_activations = True in activation_like
-    scale_keys = (list(compress(scale_like, map(not_, activation_like))) if with_activations
-                  else scale_like)  # the _scale_inv keys
-    found = _rows(entries, columns, block, with_activations) if columns is not None else None
-    pairs, problems = (found, []) if found is not None else _pair_each(entries, block)
-    companions = frozenset(k for p in pairs.values() for k in p.companions)
-    problems.extend(_strays(entries, pairs, filterfalse(companions.__contains__, scale_keys)))
-    return Fp8Pairing(pairs, tuple(problems), companions, config)
-
-
-Columns = tuple[list[str], list[TensorEntry], list[TensorEntry]]
-
-
-def _pair_all(entries: Mapping[str, TensorEntry], keys: list[str], scaling: list[bool],
-              scale_like: list[str], block: Block) -> Columns | None:
-    """``(weight keys, weights, scales)`` when every FP8 weight has a scale of a scale
-    dtype on its exact ceil grid, found column by column at C speed (by position when
-    the scale keys are exactly the weights' in the same order, as in sorted headers);
-    ``None`` otherwise (:func:`_pair_each` says which weight has which problem). Each
-    entry is read once, for its spec: the entries are cold in cache by now."""
-    values = list(entries.values())
+    keys, values = list(entries), list(entries.values())
     specs = list(map(_SPEC, values))
-    fp8 = map(_FP8.__contains__, map(_SPEC_DTYPE, specs))
-    weight = list(map(gt, fp8, scaling))  # FP8 and not a scale key: True > False
-    weights = list(compress(keys, weight))
-    wents = list(compress(values, weight))
-    if _in_step(weights, scale_like):  # the scales come in step with their weights
-        scales, sspecs = list(compress(values, scaling)), list(compress(specs, scaling))
+    scaling = list(map(str.endswith, keys, repeat(_SCALE_SUFFIXES)))
+    is_weight = list(map(gt, map(_FP8.__contains__, map(_SPEC_DTYPE, specs)), scaling))
+    weights = list(compress(keys, is_weight))  # FP8 and not a scale key: True > False
+    scale_like = list(compress(keys, scaling))
+    others = scale_like  # the scale keys that may be activation or stray scales
+    if _in_step(weights, scale_like):
+        # sorted headers: the scale keys are the weights' own, in order, and no other
+        scales: list[TensorEntry | None] = list(compress(values, scaling))
+        sspecs: list[TensorSpec | None] = list(compress(specs, scaling))
+        others = []
     else:
-        found = list(map(entries.get, map(add, weights, repeat(SCALE_SUFFIX))))
-        if not all(found):
-            return None
-        scales = cast(list[TensorEntry], found)
-        sspecs = list(map(_SPEC, scales))
-    fits = _grids_fit(list(compress(specs, weight)), sspecs, block)
-    return (weights, wents, scales) if fits else None
+        scales = list(map(entries.get, map(add, weights, repeat(SCALE_SUFFIX))))
+        sspecs = [None if s is None else s.spec for s in scales]
+    faults = list(map(_fault, compress(specs, is_weight), sspecs, repeat(block)))
+    problems = [_problem(weight, scale, fault, block) for weight, scale, fault
+                in zip(compress(values, is_weight), scales, faults, strict=True)
+                if fault is not None]
+    fits = list(map(not_, faults))
+    scale_of = cast(dict[str, TensorEntry],
+                    dict(zip(compress(weights, fits), compress(scales, fits), strict=True)))
+    activations = _activations(entries, scale_of, others)
+    companions = frozenset(chain(map(_KEY, scale_of.values()), map(_KEY, activations.values())))
+    pairs = ScaledWeights(scale_of, entries, block, activations)
+    problems += _strays(entries, pairs, filterfalse(companions.__contains__, others))
+    return Fp8Pairing(pairs, tuple(problems), companions, config)
 
 
 def _in_step(weights: list[str], scale_like: list[str]) -> bool:
@@ -213,69 +198,53 @@ def _in_step(weights: list[str], scale_like: list[str]) -> bool:
     joined texts (no string made per key): with exactly ``n - 1`` NULs in the first, none
     of its items holds one, so equal texts mean equal items."""
     if len(weights) != len(scale_like) or not weights:
-        return len(weights) == len(scale_like)
+        return False
     joined = "\0".join(scale_like)
     return (joined.count("\0") == len(weights) - 1
             and joined == (SCALE_SUFFIX + "\0").join(weights) + SCALE_SUFFIX)
 
 
-def _rows(entries: Mapping[str, TensorEntry], columns: Columns, block: Block,
-          with_activations: bool) -> dict[str, ScaledWeight]:
-    """The pairs of :func:`_pair_all`'s columns, each with its activation scale if any."""
-    weights, wents, scales = columns
-    activations: Iterable[TensorEntry | None] = repeat(None)
-    if with_activations:
-        bases = list(map(str.removesuffix, weights, repeat(".weight")))
-        first, second = (map(entries.get, map(add, bases, repeat(s))) for s in ACTIVATION_SUFFIXES)
-        activations = [a if a is not None else b for a, b in zip(first, second, strict=True)]
-    rows = zip(wents, scales, repeat(block), activations, strict=False)  # repeat()s
-    return dict(zip(weights, map(_new, repeat(ScaledWeight), rows), strict=True))
+def _fault(weight: TensorSpec, scale: TensorSpec | None, block: Block) -> Fp8ProblemKind | None:
+    """What is wrong with a weight's scale (``None``: nothing; ``scale``: its spec)."""
+    if scale is None:
+        return Fp8ProblemKind.MISSING_SCALE
+    if scale.dtype not in _SCALE_DTYPES:
+        return Fp8ProblemKind.SCALE_DTYPE
+    if not grid_fits(weight.shape, scale.shape, block):
+        return Fp8ProblemKind.SCALE_GRID
+    return None
 
 
-def _grids_fit(wspecs: list[TensorSpec], sspecs: list[TensorSpec], block: Block) -> bool:
-    """Every scale spec has a scale dtype and exactly the ceil grid of its weight spec,
-    checked once per distinct (weight spec, scale spec) pair of objects (entries share
-    their specs)."""
-    ids = zip(map(id, wspecs), map(id, sspecs), strict=True)
-    distinct = dict(zip(ids, zip(wspecs, sspecs, strict=True), strict=True))
-    return all(s.dtype in _SCALE_DTYPES and len(w.shape) >= 2
-               and scale_grid(w.shape, block) == s.shape for w, s in distinct.values())
+def _activations(entries: Mapping[str, TensorEntry], scale_of: Mapping[str, object],
+                 candidates: list[str]) -> dict[str, TensorEntry]:
+    """Each paired weight's activation scale, where the checkpoint has one (the first of
+    :data:`ACTIVATION_SUFFIXES` found)."""
+    if not any(map(str.endswith, candidates, repeat(ACTIVATION_SUFFIXES))):
+        return {}
+    found = {}
+    for key in scale_of:
+        activation = next((entries[k] for k in activation_keys(key) if k in entries), None)
+        if activation is not None:
+            found[key] = activation
+    return found
 
 
-def _pair_each(entries: Mapping[str, TensorEntry], block: Block
-               ) -> tuple[dict[str, ScaledWeight], list[Fp8Problem]]:
-    pairs: dict[str, ScaledWeight] = {}
-    problems: list[Fp8Problem] = []
-    for key, entry in entries.items():
-        if entry.spec.dtype in FP8_DTYPES and not is_scale_key(key):
-            found = _pair(entries, entry, block)
-            if isinstance(found, ScaledWeight):
-                pairs[key] = found
-            else:
-                problems.append(found)
-    return pairs, problems
-
-
-def _pair(entries: Mapping[str, TensorEntry], weight: TensorEntry, block: Block
-          ) -> ScaledWeight | Fp8Problem:
+def _problem(weight: TensorEntry, scale: TensorEntry | None, fault: Fp8ProblemKind,
+             block: Block) -> Fp8Problem:
     key, shape = weight.key, weight.spec.shape
-    scale = entries.get(scale_key(key))
     expected = scale_grid(shape, block) if len(shape) >= 2 else None
     if scale is None:
-        return Fp8Problem(Fp8ProblemKind.MISSING_SCALE, key,
+        return Fp8Problem(fault, key,
                           f"{key} is {short_dtype(weight.spec.dtype)}{list(shape)} but the "
                           f"checkpoint has no {scale_key(key)}; without it the weight can't "
                           "be dequantized (a plain cast would be wrong). Add the scale "
                           "tensor, or load a checkpoint that has it", shape, None, expected)
-    if scale.spec.dtype not in SCALE_DTYPES:
-        return Fp8Problem(Fp8ProblemKind.SCALE_DTYPE, scale.key,
+    if fault is Fp8ProblemKind.SCALE_DTYPE:
+        return Fp8Problem(fault, scale.key,
                           f"{scale.key} is {short_dtype(scale.spec.dtype)}; a scale is f32, "
                           "bf16, f16 or e8m0 (u8 / f8_e8m0)", shape, scale.spec.shape, expected)
-    if not grid_fits(shape, scale.spec.shape, block):
-        return Fp8Problem(Fp8ProblemKind.SCALE_GRID, scale.key, _grid_text(weight, scale, block),
-                          shape, scale.spec.shape, expected)
-    activation = next((entries[k] for k in activation_keys(key) if k in entries), None)
-    return ScaledWeight(weight, scale, block, activation)
+    return Fp8Problem(fault, scale.key, _grid_text(weight, scale, block), shape,
+                      scale.spec.shape, expected)
 
 
 def _grid_text(weight: TensorEntry, scale: TensorEntry, block: Block) -> str:
@@ -291,11 +260,12 @@ def _grid_text(weight: TensorEntry, scale: TensorEntry, block: Block) -> str:
 
 def _strays(entries: Mapping[str, TensorEntry], pairs: Mapping[str, ScaledWeight],
             unclaimed: Iterable[str]) -> list[Fp8Problem]:
-    """Problems for the ``_scale_inv`` keys no pair claimed (in ``entries`` order)."""
+    """Problems for the ``_scale_inv`` keys among the ``unclaimed`` scale keys (in
+    ``entries`` order)."""
     out = []
     for key in unclaimed:
-        owner = key.removesuffix(SCALE_SUFFIX)
-        if owner in pairs:
+        owner = weight_key_of(key)
+        if owner is None or owner in pairs:  # an activation scale, or a pair's
             continue
         weight = entries.get(owner)
         if weight is not None and weight.spec.dtype in FP8_DTYPES:

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 from weightplan.errors import CheckpointError, HeaderError, MissingShardError
-from weightplan.planner.core.entry import TensorEntry
 from weightplan.planner.inputs.paths import open_regular, pread_exactly, shard_path
 from weightplan.planner.inputs.safetensors_format import MAX_INDEX_BYTES, strict_json
 
@@ -54,10 +53,12 @@ class IndexShard(NamedTuple):
         distinct (counted at C speed: ``size`` of them mapped here means all)."""
         return list(map(self.weight_map.get, keys)).count(self.name) == self.size
 
-    def check(self, path: str, found: Mapping[str, TensorEntry]) -> None:
-        """:meth:`holds` for the header ``found``, else the error naming a missing key."""
-        if self.holds(found.keys()):
+    def check(self, path: str, keys: Collection[str]) -> None:
+        """:meth:`holds` for the header ``keys`` (distinct), else the error naming a key
+        placed here that they lack."""
+        if self.holds(keys):
             return
+        found = set(keys)
         for key, name in self.weight_map.items():
             if name == self.name and key not in found:
                 raise HeaderError("the index places this key here but the file's header "
