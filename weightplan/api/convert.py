@@ -42,7 +42,7 @@ def convert(tensors: Mapping[str, torch.Tensor], mapping: object) -> Converted:
             produce the same output key.
     """
     from weightplan.planner.tensors.ir.quant_build import memory_context, routed_checkpoint
-    from weightplan.planner.pipelines.save import forward_groups
+    from weightplan.planner.write.reverse import forward_groups
     from weightplan.planner.pipelines.convert import plan_in_memory
     from weightplan.planner.write.record import record_of_conversions
 
