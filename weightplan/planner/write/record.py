@@ -83,33 +83,34 @@ def _record(conv: Conversion) -> RecordedConversion | None:
     """``None`` when some output went nowhere: the sources can't be rebuilt from the model."""
     if any(t.status not in _WRITTEN for t in conv.targets):
         return None
-    widened, quantized = {}, []
+    widened: dict[str, DequantizeAttrs] = {}
+    specs: dict[str, TensorSpec] = {}
+    quantized: list[tuple[QuantizeAttrs, str]] = []
     for n in conv.nodes:  # (one pass: the FP8 nodes sit anywhere between reads and sinks)
-        if n.kind is NodeKind.DEQUANTIZE:
-            widened[read_attrs(n.inputs[0]).entry.key] = n
-        elif n.kind is NodeKind.SINK and n.inputs[0].kind is NodeKind.QUANTIZE:
+        if n.kind is NodeKind.DEQUANTIZE and isinstance(n.attrs, DequantizeAttrs):
+            key = read_attrs(n.inputs[0]).entry.key
+            widened[key], specs[key] = n.attrs, n.spec
+        elif n.kind is NodeKind.SINK and isinstance(n.inputs[0].attrs, QuantizeAttrs):
             quantized.append((n.inputs[0].attrs, sink_attrs(n).target))
-    sources = tuple(tuple((e.key, widened[e.key].spec if e.key in widened else e.spec)
-                          for e in stream) for stream in conv.group.sources)
+    sources = tuple(tuple((e.key, specs.get(e.key, e.spec)) for e in stream)
+                    for stream in conv.group.sources)
     fired: list[Renaming] = []
     for stream in conv.group.routes:
         for route in stream:
             fired.extend(r for r in route.fired if r not in fired)
-    scales = {key for a, key in quantized if isinstance(a, QuantizeAttrs) and a.scale}
+    scales = {key for a, key in quantized if a.scale}
     targets = tuple((t.key, t.position) for t in conv.targets if t.key not in scales)
-    dequantized = tuple((k, n.attrs.block) for k, n in widened.items()
-                        if isinstance(n.attrs, DequantizeAttrs))
+    dequantized = tuple((k, a.block) for k, a in widened.items())
     return RecordedConversion(sources, conv.ops, targets, tuple(fired), dequantized,
                               _quantized_pairs(conv, quantized))
 
 
-def _quantized_pairs(conv: Conversion, quantized: list[tuple[object, str]]
+def _quantized_pairs(conv: Conversion, quantized: list[tuple[QuantizeAttrs, str]]
                      ) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
     """(weight key, scale key, block) per quantized place: the two sinks of one place."""
     by_place: dict[tuple[int, int], dict[bool, tuple[str, tuple[int, ...]]]] = {}
     place = {t.key: t.position for t in conv.targets}
     for attrs, key in quantized:
-        assert isinstance(attrs, QuantizeAttrs)
         by_place.setdefault(place[key], {})[attrs.scale] = (key, attrs.block)
     return tuple((pair[False][0], pair[True][0], pair[False][1]) for pair in by_place.values())
 
