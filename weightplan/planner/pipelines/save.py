@@ -1,9 +1,13 @@
 """``explain_save`` / ``explain_convert``: plan writing a checkpoint, from specs only.
 
-Saving a model uses its load record when it has one (exact: the recorded keys, dtypes
-and op inverses) and otherwise the inverse of its mapping. Converting on disk routes a
-checkpoint's keys forward through a mapping, or backward through its inverse. Both end
-in the same :class:`WritePlanData`: conversions, a shard layout, a schedule.
+Saving a model reads its load record backwards when it has one (exact: each loaded
+conversion inverted node by node, :mod:`~weightplan.planner.write.invert`) and otherwise
+routes the model's names through its mapping inverted per transform
+(:func:`~weightplan.planner.write.reverse.derived_groups`). Converting on disk routes a
+checkpoint's keys forward through a mapping, or backward through its inverse. Every path
+gives groups that the one builder turns into conversions (once: ``quantize="fp8"``
+quantizes the chosen outputs of those), and ends in the same :class:`WritePlanData`:
+conversions, a shard layout, a schedule.
 """
 
 from __future__ import annotations

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 
 from weightplan.planner.core.ops.base import ConversionOp
 from weightplan.planner.core.spec import TensorSpec
-from weightplan.planner.inputs.checkpoint import Checkpoint
+from weightplan.planner.inputs.checkpoint import Checkpoint, TensorEntry
 from weightplan.planner.keys.patterns import natural_key
 from weightplan.planner.keys.transforms import Renaming
 from weightplan.planner.tensors.ir.build import Conversion, TargetStatus
 from weightplan.planner.tensors.ir.nodes import (
-    DequantizeAttrs, NodeKind, QuantizeAttrs, read_attrs, sink_attrs,
+    DequantizeAttrs, Node, NodeKind, QuantizeAttrs, read_attrs, sink_attrs,
 )
 
 if TYPE_CHECKING:
@@ -72,47 +72,59 @@ def record_of_conversions(conversions: Sequence[Conversion], checkpoint: Checkpo
             not_loaded.update(e.key for e in conv.group.entries)
         else:
             kept.append(recorded)
-    entries = checkpoint.entries.values()
-    order = tuple(e.key for e in sorted(entries, key=lambda e: (e.file or "", e.offset,
-                                                                natural_key(e.key))))
     return LoadRecord(tuple(kept), tuple(sorted(not_loaded, key=natural_key)),
-                      dict(checkpoint.metadata), order)
+                      dict(checkpoint.metadata), data_order(checkpoint))
+
+
+def data_order(checkpoint: Checkpoint) -> tuple[str, ...]:
+    """The checkpoint's keys file by file, in data order; keys at one place (empty
+    tensors, an in-memory dict) in natural order. Sorted by place alone when no two keys
+    share one (a file's usual case: natural keys cost half the record)."""
+    entries = checkpoint.entries.values()
+    placed = sorted(entries, key=_place)
+    if len(set(map(_place, placed))) < len(placed):
+        placed = sorted(entries, key=lambda e: (*_place(e), natural_key(e.key)))
+    return tuple(e.key for e in placed)
+
+
+def _place(entry: TensorEntry) -> tuple[str, int]:
+    return entry.file or "", entry.offset
 
 
 def _record(conv: Conversion) -> RecordedConversion | None:
     """``None`` when some output went nowhere: the sources can't be rebuilt from the model."""
     if any(t.status not in _WRITTEN for t in conv.targets):
         return None
-    widened: dict[str, DequantizeAttrs] = {}
-    specs: dict[str, TensorSpec] = {}
-    quantized: list[tuple[QuantizeAttrs, str]] = []
+    widened: dict[str, Node] = {}
+    quantizes: list[Node] = []
     for n in conv.nodes:  # (one pass: the FP8 nodes sit anywhere between reads and sinks)
-        if n.kind is NodeKind.DEQUANTIZE and isinstance(n.attrs, DequantizeAttrs):
-            key = read_attrs(n.inputs[0]).entry.key
-            widened[key], specs[key] = n.attrs, n.spec
-        elif n.kind is NodeKind.SINK and isinstance(n.inputs[0].attrs, QuantizeAttrs):
-            quantized.append((n.inputs[0].attrs, sink_attrs(n).target))
-    sources = tuple(tuple((e.key, specs.get(e.key, e.spec)) for e in stream)
-                    for stream in conv.group.sources)
+        if n.kind is NodeKind.DEQUANTIZE:
+            widened[read_attrs(n.inputs[0]).entry.key] = n
+        elif n.kind is NodeKind.QUANTIZE:
+            quantizes.append(n)
+    sources = tuple(tuple((e.key, widened[e.key].spec if e.key in widened else e.spec)
+                          for e in stream) for stream in conv.group.sources)
     fired: list[Renaming] = []
     for stream in conv.group.routes:
         for route in stream:
             fired.extend(r for r in route.fired if r not in fired)
-    scales = {key for a, key in quantized if a.scale}
+    quantized = _quantized(conv, quantizes) if quantizes else ()
+    scales = {scale for _, scale, _ in quantized}
     targets = tuple((t.key, t.position) for t in conv.targets if t.key not in scales)
-    dequantized = tuple((k, a.block) for k, a in widened.items())
-    return RecordedConversion(sources, conv.ops, targets, tuple(fired), dequantized,
-                              _quantized_pairs(conv, quantized))
+    dequantized = tuple((k, n.attrs.block) for k, n in widened.items()
+                        if isinstance(n.attrs, DequantizeAttrs))
+    return RecordedConversion(sources, conv.ops, targets, tuple(fired), dequantized, quantized)
 
 
-def _quantized_pairs(conv: Conversion, quantized: list[tuple[QuantizeAttrs, str]]
-                     ) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
-    """(weight key, scale key, block) per quantized place: the two sinks of one place."""
-    by_place: dict[tuple[int, int], dict[bool, tuple[str, tuple[int, ...]]]] = {}
-    place = {t.key: t.position for t in conv.targets}
-    for attrs, key in quantized:
-        by_place.setdefault(place[key], {})[attrs.scale] = (key, attrs.block)
-    return tuple((pair[False][0], pair[True][0], pair[False][1]) for pair in by_place.values())
+def _quantized(conv: Conversion, quantizes: list[Node]
+               ) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
+    """(weight key, scale key, block) per quantized value: its two quantize nodes' sinks."""
+    sinks = {id(n.inputs[0]): sink_attrs(n).target for n in conv.nodes if n.kind is NodeKind.SINK}
+    by_value: dict[int, dict[bool, tuple[str, tuple[int, ...]]]] = {}
+    for n in quantizes:
+        assert isinstance(n.attrs, QuantizeAttrs)
+        by_value.setdefault(id(n.inputs[0]), {})[n.attrs.scale] = (sinks[id(n)], n.attrs.block)
+    return tuple((pair[False][0], pair[True][0], pair[False][1]) for pair in by_value.values())
 
 
 def attach_record(model: nn.Module, record: LoadRecord) -> None:
