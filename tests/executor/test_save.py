@@ -213,3 +213,47 @@ def test_each_direction_is_its_own_plan_type(tmp_path):
     assert convert.direction is Direction.CONVERT and convert.inversion.value == "forward"
     kinds = {d.kind for p in (load, save, convert) for s in p.schedule.steps for d in s.destinations}
     assert kinds == {DestKind.ALLOCATE, DestKind.FILE} and report.files
+
+
+def test_a_second_load_replaces_what_it_overwrote(tmp_path):
+    from weightplan.planner.write.record import get_record
+
+    ckpt = moe_checkpoint()
+    model = moe_model()
+    weightplan.load(model, ckpt, mapping="mixtral")
+    first = get_record(model)
+    newer = {k: v + 1 for k, v in ckpt.items() if ".layers.1." in k}
+    weightplan.load(model, newer, mapping="mixtral")
+    record = get_record(model)
+    assert len(record.conversions) == len(first.conversions)  # replaced, not appended
+    assert set(record.order) == set(ckpt) and record.order[:len(newer)] == tuple(
+        k for k in record.order if k in newer)
+    weightplan.save(model, tmp_path / "o")
+    back = read_dir(tmp_path / "o")
+    assert set(back) == set(ckpt)
+    assert all(torch.equal(back[k], newer.get(k, ckpt[k])) for k in ckpt)
+
+
+@pytest.mark.parametrize("loaded", [True, False])
+def test_a_save_inspects_the_model_once_and_builds_once(tmp_path, monkeypatch, loaded):
+    """Also with ``quantize="fp8"``: the outputs to quantize are chosen from the built
+    conversions, which are then quantized in place, not built again."""
+    import weightplan.planner.pipelines.save as save
+
+    calls = {"inspect": 0, "build": 0}
+
+    def counted(name, real):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+        return call
+
+    model = moe_model(device="cpu")
+    if loaded:
+        weightplan.load(model, moe_checkpoint(), mapping="mixtral")
+    monkeypatch.setattr(save, "inspect_model", counted("inspect", save.inspect_model))
+    monkeypatch.setattr(save, "build_conversions", counted("build", save.build_conversions))
+    plan = weightplan.explain_save(model, tmp_path / "o", quantize="fp8",
+                                   mapping=None if loaded else "mixtral")
+    assert calls == {"inspect": 1, "build": 1}
+    assert any(t.key.endswith("w1.weight_scale_inv") for c in plan.conversions for t in c.targets)

@@ -60,7 +60,7 @@ def test_a_read_split_into_pieces_lands_whole(tmp_path):
     from weightplan.planner.inputs.checkpoint import open_checkpoint
     from weightplan.planner.tensors.ir.build import SinkKind, build_conversions
     from weightplan.planner.pipelines.lower import lower
-    from weightplan.planner.pipelines.save import forward_groups
+    from weightplan.planner.write.reverse import forward_groups
 
     ckpt = {f"e.{i}.w": torch.randn(10, 100) for i in range(3)}
     ckpt["big"] = torch.randn(1000)

@@ -98,3 +98,34 @@ def test_saved_config_says_what_the_shards_hold(fp8_checkpoints, tmp_path):
     assert _quantization_config(tmp_path / "plain") is None
     weightplan.save(plain, tmp_path / "requantized", quantize="fp8")
     assert _quantization_config(tmp_path / "requantized")["quant_method"] == "fp8"
+
+
+def test_a_model_quantized_on_load_saves_its_weights_dequantized(fp8_checkpoints, tmp_path):
+    """The inverse of a quantize is a dequantize: a floating checkpoint loaded into FP8
+    parameters is written back in its own layout and keys, each FP8 weight dequantized with
+    its scale (before the inverse ops: fused experts split back per expert)."""
+    bf16_dir, _ = fp8_checkpoints("dsv3")
+    model = meta_model("dsv3", fp8=True)
+    weightplan.explain(model, bf16_dir).execute()
+    plan = weightplan.explain_save(model, tmp_path / "out")
+    assert "dequantize 128×128 → bf16" in str(plan)
+    plan.execute()
+    original, written = load_file(str(bf16_dir / "model.safetensors")), saved(tmp_path / "out")
+    assert set(written) == set(original)
+    state = model.state_dict()
+
+    def back(name):
+        return dequantize(state[name], state[name + "_scale_inv"], (128, 128), torch.bfloat16)
+
+    assert all(written[k].dtype == v.dtype and written[k].shape == v.shape
+               for k, v in original.items())
+    key = "model.layers.0.mlp.down_proj.weight"
+    assert state[key].dtype == torch.float8_e4m3fn and torch.equal(written[key], back(key))
+    fused = back("model.layers.1.mlp.experts.gate_up_proj")
+    half = fused.shape[1] // 2
+    for e in range(fused.shape[0]):
+        gate = written[f"model.layers.1.mlp.experts.{e}.gate_proj.weight"]
+        assert torch.equal(gate, fused[e, :half]) and torch.equal(
+            written[f"model.layers.1.mlp.experts.{e}.up_proj.weight"], fused[e, half:])
+    kept = "model.layers.0.input_layernorm.weight"  # not quantized: bit for bit
+    assert torch.equal(bits(written[kept]), bits(original[kept]))

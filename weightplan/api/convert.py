@@ -42,7 +42,7 @@ def convert(tensors: Mapping[str, torch.Tensor], mapping: object) -> Converted:
             produce the same output key.
     """
     from weightplan.planner.tensors.ir.quant_build import memory_context, routed_checkpoint
-    from weightplan.planner.pipelines.save import forward_groups
+    from weightplan.planner.write.reverse import forward_groups
     from weightplan.planner.pipelines.convert import plan_in_memory
     from weightplan.planner.write.record import record_of_conversions
 
@@ -60,10 +60,11 @@ def convert(tensors: Mapping[str, torch.Tensor], mapping: object) -> Converted:
 def revert(tensors: Mapping[str, torch.Tensor], mapping: object) -> dict[str, torch.Tensor]:
     """The exact inverse of :func:`convert`.
 
-    Given the dict :func:`convert` returned, its record is replayed backwards (exact even
-    for prefix changes and legacy renames). For any other dict the inverse is derived from
-    ``mapping``: inverse converters first, then inverse renamings; a transform whose
-    inverse would be a guess (a ``PrefixChange``) raises :class:`NotInvertibleError`.
+    Given the dict :func:`convert` returned, the record of its conversions is read
+    backwards, node by node (exact even for prefix changes and legacy renames). For any
+    other dict the inverse is derived from ``mapping``: inverse converters first, then
+    inverse renamings; a transform whose inverse would be a guess (a ``PrefixChange``)
+    raises :class:`NotInvertibleError`.
     """
     from weightplan.planner.pipelines.convert import plan_in_memory
     from weightplan.planner.write.reverse import derived_groups, record_groups

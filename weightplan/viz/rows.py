@@ -44,7 +44,7 @@ def rule_of(conv: Conversion) -> str:
             if r.describe() not in fired:
                 fired.append(r.describe())
     notes = {r.note for stream in conv.group.routes for r in stream if r.note}
-    parts = fired + (["convert"] if conv.group.converter is not None else [])
+    parts = fired + (["convert"] if conv.group.ops else [])
     parts += sorted(notes)
     return "; ".join(parts) if parts else "as is"
 
@@ -76,7 +76,7 @@ def _shapes(conv: Conversion) -> str:
 
 def _ops(conv: Conversion) -> str:
     """The op chain as the mapping wrote it (resolved sizes are an implementation detail)."""
-    written = conv.group.converter.operations if conv.group.converter else ()
+    written = conv.group.ops
     chain = [repr(o) for o in written]
     nodes, built = conv.nodes, conv.built
     dequantize = _last_of(nodes, NodeKind.DEQUANTIZE)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from weightplan.errors import ConflictingTransformError, IndexGapError
+from weightplan.planner.core.ops.base import ConversionOp
 from weightplan.planner.inputs.checkpoint import Checkpoint, TensorEntry
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.keys.transforms import (
@@ -43,7 +44,8 @@ class Route:
 
 @dataclass(frozen=True)
 class Group:
-    """Keys consumed together: one converter application, or one renamed key."""
+    """Keys consumed together: one converter application, one renamed key, or (saving) one
+    loaded conversion read backwards, its inverse op chain given as ``operations``."""
 
     converter: WeightConverter | None
     sources: tuple[tuple[TensorEntry, ...], ...]  # per source pattern, ordered by index
@@ -51,6 +53,12 @@ class Group:
     targets: tuple[str, ...]  # target keys; ``*`` still stands for an output index
     explicit: tuple[tuple[str, ...], ...] | None = None  # exact output keys per stream (saves)
     post_rename: tuple[Renaming, ...] = ()  # applied to every output key (inverse renamings)
+    operations: tuple[ConversionOp, ...] = ()  # the op chain when there is no converter
+
+    @property
+    def ops(self) -> tuple[ConversionOp, ...]:
+        """The op chain: the converter's, else ``operations``."""
+        return self.converter.operations if self.converter is not None else self.operations
 
     @property
     def entries(self) -> tuple[TensorEntry, ...]:

@@ -333,3 +333,8 @@ LEGACY: tuple[Renaming, ...] = (
     WeightRenaming(r"LayerNorm\.beta$", "LayerNorm.bias"),
 )
 """Renamings that always apply (TF-era ``LayerNorm.gamma`` / ``.beta`` names)."""
+
+
+def with_legacy(transforms: tuple[WeightTransform, ...]) -> tuple[WeightTransform, ...]:
+    """What a load applies: ``transforms``, then the :data:`LEGACY` renamings they lack."""
+    return transforms + tuple(t for t in LEGACY if t not in transforms)

@@ -29,7 +29,7 @@ from weightplan.planner.keys.registry import MappingChoice
 from weightplan.planner.keys.route import route_checkpoint
 from weightplan.planner.keys.routing import Routing
 from weightplan.planner.inputs.dtype import keep_fp32, resolve_dtype
-from weightplan.planner.keys.transforms import LEGACY, WeightTransform
+from weightplan.planner.keys.transforms import WeightTransform, with_legacy
 from weightplan.planner.pipelines.plan import Direction, LoadPlanData, PlanOptions
 from weightplan.planner.tensors.ir.build import Conversion, SinkKind, build_conversions
 from weightplan.planner.pipelines.lower import StepOrder, lower
@@ -80,7 +80,7 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
                           parse_device(device))
     info = keep_fp32(model, inspect_model(model) if model is not None else None, options.dtype)
     choice = choose_mapping(mapping, model, finder)
-    transforms = choice.transforms + tuple(t for t in LEGACY if t not in choice.transforms)
+    transforms = with_legacy(choice.transforms)
     quant = quant_context(checkpoint, ckpt, info, model)
     routing, conversions, kept_problems = _convert(ckpt, transforms, info, options, quant,
                                                    sharding)

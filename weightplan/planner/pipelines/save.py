@@ -1,46 +1,48 @@
 """``explain_save`` / ``explain_convert``: plan writing a checkpoint, from specs only.
 
-Saving a model uses its load record when it has one (exact: the recorded keys, dtypes
-and op inverses) and otherwise the inverse of its mapping. Converting on disk routes a
-checkpoint's keys forward through a mapping, or backward through its inverse. Both end
-in the same :class:`WritePlanData`: conversions, a shard layout, a schedule.
+Saving a model reads its load record backwards when it has one (exact: each loaded
+conversion inverted node by node, :mod:`~weightplan.planner.write.invert`) and otherwise
+routes the model's names through its mapping inverted per transform
+(:func:`~weightplan.planner.write.reverse.derived_groups`). Converting on disk routes a
+checkpoint's keys forward through a mapping, or backward through its inverse. Every path
+gives groups that the one builder turns into conversions (once: ``quantize="fp8"``
+quantizes the chosen outputs of those), and ends in the same :class:`WritePlanData`:
+conversions, a shard layout, a schedule.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-from collections.abc import Iterable
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 
 from weightplan.errors import ConflictingTransformError, MappingError, SaveError
-from weightplan.planner.pipelines.load import choose_mapping, parse_threads
 from weightplan.planner.core.problems import Note
+from weightplan.planner.core.spec import TensorSpec
 from weightplan.planner.inputs.checkpoint import Checkpoint, open_checkpoint
-from weightplan.planner.keys.unrecorded import without_prefix_changes
-from weightplan.planner.inputs.model_info import inspect_model
+from weightplan.planner.inputs.model_info import ModelInfo, inspect_model
 from weightplan.planner.keys.lookup import Finder
 from weightplan.planner.keys.patterns import natural_key
 from weightplan.planner.keys.registry import MappingChoice
-from weightplan.planner.keys.route import route_checkpoint
-from weightplan.planner.keys.transforms import LEGACY
-from weightplan.planner.pipelines.plan import Direction, PlanOptions
-from weightplan.planner.tensors.ir.build import Conversion, SinkKind, TargetStatus, build_conversions
+from weightplan.planner.keys.unrecorded import without_prefix_changes
+from weightplan.planner.pipelines.load import choose_mapping, parse_threads
 from weightplan.planner.pipelines.lower import lower
+from weightplan.planner.pipelines.plan import Direction, PlanOptions
+from weightplan.planner.pipelines.write_plan import Inversion, WritePlanData
+from weightplan.planner.tensors.ir.build import Conversion, SinkKind, TargetStatus, build_conversions
 from weightplan.planner.tensors.lower.placement import Step
-from weightplan.planner.core.spec import TensorSpec
-from weightplan.planner.tensors.ir.quant_build import QuantContext
 from weightplan.planner.write.fp8_save import (
-    blocks_to_quantize, check_quantize, quantization_config, save_quant_context,
+    blocks_to_quantize, check_quantize, quantization_config, quantize_outputs,
 )
 from weightplan.planner.write.record import LoadRecord, get_record
-from weightplan.planner.write.reverse import ReverseGroups, derived_groups, record_groups
+from weightplan.planner.write.reverse import (
+    ReverseGroups, derived_groups, forward_groups, record_groups,
+)
 from weightplan.planner.write.shards import INDEX_NAME, ShardLayout, plan_layout
-from weightplan.planner.pipelines.write_plan import Inversion, WritePlanData
 from weightplan.units import parse_bytes
 
 
@@ -68,40 +70,42 @@ def explain_save_plan(model: torch.nn.Module, directory: str | os.PathLike[str],
         SaveError: meta tensors, an unwritable or occupied directory, too little space.
     """
     check_quantize(quantize)
-    record = get_record(model)
-    if mapping is None and record is not None:
-        source = open_checkpoint(model_state(model, aliases=True))
-        names = {a: t.aliases for t in inspect_model(model).unique() for a in t.aliases}
+    record = get_record(model) if mapping is None else None
+    info = inspect_model(model)  # (once: the state's names, tied aliases)
+    source = open_checkpoint(model_state(model, info, aliases=record is not None))
+    if record is not None:
+        names = {a: t.aliases for t in info.unique() for a in t.aliases}
         reverse = record_groups(record, source, names)
         choice = MappingChoice(None, "the record of the model's last weightplan load", ())
         order, metadata, how = record.order, dict(record.metadata), Inversion.RECORD
     else:
-        source = open_checkpoint(model_state(model, aliases=False))
         choice = choose_mapping(mapping, model, finder)
         if mapping is None:  # like transformers: no record, so no PrefixChange to invert
             choice = without_prefix_changes(choice)
         reverse = derived_groups(choice.transforms, source)
         order, metadata, how = (), {"format": "pt"}, Inversion.MAPPING
-    reverse, quant = _fp8_save(quantize, reverse, record if how is Inversion.RECORD else None)
-    return make_write_plan(directory, source, reverse, choice, how, order=order,
-                           metadata=metadata, max_shard_size=max_shard_size,
-                           overwrite=overwrite, threads=threads, quant=quant)
+    conversions, notes = _fp8_save(quantize, build(reverse), record)
+    return make_write_plan(directory, source, conversions, reverse.notes + notes, choice, how,
+                           order=order, metadata=metadata, max_shard_size=max_shard_size,
+                           overwrite=overwrite, threads=threads)
 
 
-def _fp8_save(quantize: str | None, reverse: ReverseGroups, record: LoadRecord | None
-              ) -> tuple[ReverseGroups, QuantContext | None]:
-    """``quantize="fp8"``: which outputs are written as block FP8, noted on the plan."""
+def build(reverse: ReverseGroups) -> tuple[Conversion, ...]:
+    """The write direction's conversions: the one builder, with file sinks."""
+    return build_conversions(reverse.groups, reverse.outputs, None, SinkKind.FILE, reverse.quant)
+
+
+def _fp8_save(quantize: str | None, conversions: tuple[Conversion, ...],
+              record: LoadRecord | None) -> tuple[tuple[Conversion, ...], tuple[str, ...]]:
+    """``quantize="fp8"``: the chosen outputs quantized, and a note of the config."""
     if quantize != "fp8":
-        return reverse, None
-    built = build_conversions(reverse.groups, reverse.outputs, None, SinkKind.FILE)
-    outputs = [(t.key, t.dest) for c in built for t in c.targets]
-    quant = save_quant_context(blocks_to_quantize(record, outputs))
-    config = quantization_config(quant)
-    if config is not None:
-        reverse = dataclasses.replace(reverse, notes=reverse.notes + (
-            f"written as block FP8; the config.json to go with it has quantization_config "
-            f"= {json.dumps(config, sort_keys=True)}",))
-    return reverse, quant
+        return conversions, ()
+    blocks = blocks_to_quantize(record, ((t.key, t.dest) for c in conversions for t in c.targets))
+    config = quantization_config(blocks)
+    notes = () if config is None else (
+        f"written as block FP8; the config.json to go with it has quantization_config "
+        f"= {json.dumps(config, sort_keys=True)}",)
+    return quantize_outputs(conversions, blocks), notes
 
 
 def explain_convert_plan(source: object, directory: str | os.PathLike[str], *, mapping: object,
@@ -120,26 +124,15 @@ def explain_convert_plan(source: object, directory: str | os.PathLike[str], *, m
     order = tuple(e.key for e in sorted(ckpt.entries.values(),
                                         key=lambda e: (e.file or "", e.offset)))
     how = Inversion.REVERSE if reverse else Inversion.FORWARD
-    return make_write_plan(directory, ckpt, groups, choice, how, order=order,
-                           metadata=dict(ckpt.metadata) or {"format": "pt"},
+    return make_write_plan(directory, ckpt, build(groups), groups.notes, choice, how,
+                           order=order, metadata=dict(ckpt.metadata) or {"format": "pt"},
                            max_shard_size=max_shard_size, overwrite=overwrite, threads=threads)
 
 
-def forward_groups(choice: MappingChoice, ckpt: Checkpoint) -> ReverseGroups:
-    """The mapping (with the legacy renames) routed forward, as a load would, without a model."""
-    transforms = choice.transforms + tuple(t for t in LEGACY if t not in choice.transforms)
-    routing = route_checkpoint(ckpt, transforms, None)
-    if routing.incomplete:
-        inc = routing.incomplete[0]
-        raise MappingError(f"{inc.converter.describe()}: found {', '.join(inc.present)} "
-                           f"but nothing for {', '.join(inc.missing_patterns)}")
-    return ReverseGroups(routing.groups, None, ())
-
-
-def model_state(model: torch.nn.Module, *, aliases: bool) -> dict[str, torch.Tensor]:
+def model_state(model: torch.nn.Module, info: ModelInfo, *, aliases: bool
+                ) -> dict[str, torch.Tensor]:
     """The model's parameters and persistent buffers, detached (tied names once, unless
     ``aliases``); meta tensors can't be saved."""
-    info = inspect_model(model)
     state = model.state_dict()
     keep = set(state) if aliases else {t.name for t in info.unique()}
     meta = sorted(k for k in keep if state[k].is_meta)
@@ -149,11 +142,12 @@ def model_state(model: torch.nn.Module, *, aliases: bool) -> dict[str, torch.Ten
     return {k: v for k, v in state.items() if k in keep}
 
 
-def make_write_plan(directory: str | os.PathLike, source: Checkpoint, reverse: ReverseGroups,
+def make_write_plan(directory: str | os.PathLike, source: Checkpoint,
+                    conversions: tuple[Conversion, ...], notes: tuple[str, ...],
                     choice: MappingChoice, how: Inversion, *, order: tuple[str, ...],
                     metadata: dict[str, str], max_shard_size: int | str, overwrite: bool,
-                    threads: int, quant: QuantContext | None = None) -> WritePlanData:
-    conversions = build_conversions(reverse.groups, reverse.outputs, None, SinkKind.FILE, quant)
+                    threads: int) -> WritePlanData:
+    """Check the outputs, lay them out in shards, lower and schedule them."""
     _check_outputs(conversions)
     layout = plan_layout(_ordered_specs(conversions, order),
                          parse_bytes(max_shard_size, what="max_shard_size"), metadata)
@@ -164,11 +158,11 @@ def make_write_plan(directory: str | os.PathLike, source: Checkpoint, reverse: R
         return tuple(sorted(steps, key=lambda p: _first_location(p, layout)))
 
     graph, schedule = lower(conversions, source, order=by_location, threads=options.threads)
-    notes = tuple(Note(str(directory), n) for n in reverse.notes)
     direction = Direction.CONVERT if how in (Inversion.FORWARD, Inversion.REVERSE) \
         else Direction.SAVE
     return WritePlanData(direction, source, choice, choice.transforms, conversions, graph,
-                         schedule, options, how, str(directory), layout, overwrite, notes)
+                         schedule, options, how, str(directory), layout, overwrite,
+                         tuple(Note(str(directory), n) for n in notes))
 
 
 def _check_outputs(conversions: tuple[Conversion, ...]) -> None:

@@ -1,30 +1,35 @@
 """What a load did, kept on the model so that saving can undo exactly that.
 
-A :class:`LoadRecord` lists, for every conversion that loaded, the original checkpoint
-keys and specs per source stream, the resolved ops (Chunk sizes, RoPE head sizes
-included) and the model keys they produced. Saving runs the inverse ops on the model's
-tensors and writes the recorded keys and dtypes: no pattern is inverted, nothing is
-guessed (a ``PrefixChange`` that did or did not fire is simply what the record says).
+A :class:`LoadRecord` holds, for every conversion that loaded, a small frozen record read
+off its graph nodes: the reads (checkpoint keys and specs, per source stream), the op
+nodes' resolved ops (Chunk sizes, RoPE head sizes included), the sinks (model keys and
+their places in the last stage), and the FP8 nodes between them (which reads were
+dequantized, which sinks were quantized, with their blocks). Saving reads it backwards
+(:mod:`.invert`): no pattern is inverted, nothing is guessed (a ``PrefixChange`` that did
+or did not fire is simply what the record says).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from weightplan.planner.inputs.checkpoint import Checkpoint
-from weightplan.planner.tensors.ir.build import Conversion, TargetStatus
-from weightplan.planner.tensors.ir.nodes import DequantizeAttrs, NodeKind, read_attrs
 from weightplan.planner.core.ops.base import ConversionOp
-from weightplan.planner.keys.patterns import natural_key
 from weightplan.planner.core.spec import TensorSpec
+from weightplan.planner.inputs.checkpoint import Checkpoint, TensorEntry
+from weightplan.planner.keys.patterns import natural_key
 from weightplan.planner.keys.transforms import Renaming
+from weightplan.planner.tensors.ir.build import Conversion, TargetStatus
+from weightplan.planner.tensors.ir.nodes import (
+    DequantizeAttrs, Node, NodeKind, QuantizeAttrs, read_attrs, sink_attrs,
+)
 
 if TYPE_CHECKING:
     from torch import nn
 
 RECORD_ATTRIBUTE = "_weightplan_record"
+_WRITTEN = (TargetStatus.LOAD, TargetStatus.TIED_DUPLICATE)
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,9 @@ class RecordedConversion:
     # FP8 sources that were dequantized: (checkpoint key, block); their recorded spec is
     # the dequantized one (what the model holds), so saving writes that by default
     dequantized: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # floating values quantized into FP8 parameters: (model weight key, its scale key, block);
+    # the scale key is no target of its own (it sits at its weight's place)
+    quantized: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -64,29 +72,59 @@ def record_of_conversions(conversions: Sequence[Conversion], checkpoint: Checkpo
             not_loaded.update(e.key for e in conv.group.entries)
         else:
             kept.append(recorded)
-    entries = checkpoint.entries.values()
-    order = tuple(e.key for e in sorted(entries, key=lambda e: (e.file or "", e.offset,
-                                                                natural_key(e.key))))
     return LoadRecord(tuple(kept), tuple(sorted(not_loaded, key=natural_key)),
-                      dict(checkpoint.metadata), order)
+                      dict(checkpoint.metadata), data_order(checkpoint))
+
+
+def data_order(checkpoint: Checkpoint) -> tuple[str, ...]:
+    """The checkpoint's keys file by file, in data order; keys at one place (empty
+    tensors, an in-memory dict) in natural order. Sorted by place alone when no two keys
+    share one (a file's usual case: natural keys cost half the record)."""
+    entries = checkpoint.entries.values()
+    placed = sorted(entries, key=_place)
+    if len(set(map(_place, placed))) < len(placed):
+        placed = sorted(entries, key=lambda e: (*_place(e), natural_key(e.key)))
+    return tuple(e.key for e in placed)
+
+
+def _place(entry: TensorEntry) -> tuple[str, int]:
+    return entry.file or "", entry.offset
 
 
 def _record(conv: Conversion) -> RecordedConversion | None:
     """``None`` when some output went nowhere: the sources can't be rebuilt from the model."""
-    if any(t.status not in (TargetStatus.LOAD, TargetStatus.TIED_DUPLICATE) for t in conv.targets):
+    if any(t.status not in _WRITTEN for t in conv.targets):
         return None
-    widened = {read_attrs(n.inputs[0]).entry.key: n for n in conv.nodes
-               if n.kind is NodeKind.DEQUANTIZE}
+    widened: dict[str, Node] = {}
+    quantizes: list[Node] = []
+    for n in conv.nodes:  # (one pass: the FP8 nodes sit anywhere between reads and sinks)
+        if n.kind is NodeKind.DEQUANTIZE:
+            widened[read_attrs(n.inputs[0]).entry.key] = n
+        elif n.kind is NodeKind.QUANTIZE:
+            quantizes.append(n)
     sources = tuple(tuple((e.key, widened[e.key].spec if e.key in widened else e.spec)
                           for e in stream) for stream in conv.group.sources)
     fired: list[Renaming] = []
     for stream in conv.group.routes:
         for route in stream:
             fired.extend(r for r in route.fired if r not in fired)
-    targets = tuple((t.key, t.position) for t in conv.targets)
+    quantized = _quantized(conv, quantizes) if quantizes else ()
+    scales = {scale for _, scale, _ in quantized}
+    targets = tuple((t.key, t.position) for t in conv.targets if t.key not in scales)
     dequantized = tuple((k, n.attrs.block) for k, n in widened.items()
                         if isinstance(n.attrs, DequantizeAttrs))
-    return RecordedConversion(sources, conv.ops, targets, tuple(fired), dequantized)
+    return RecordedConversion(sources, conv.ops, targets, tuple(fired), dequantized, quantized)
+
+
+def _quantized(conv: Conversion, quantizes: list[Node]
+               ) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
+    """(weight key, scale key, block) per quantized value: its two quantize nodes' sinks."""
+    sinks = {id(n.inputs[0]): sink_attrs(n).target for n in conv.nodes if n.kind is NodeKind.SINK}
+    by_value: dict[int, dict[bool, tuple[str, tuple[int, ...]]]] = {}
+    for n in quantizes:
+        assert isinstance(n.attrs, QuantizeAttrs)
+        by_value.setdefault(id(n.inputs[0]), {})[n.attrs.scale] = (sinks[id(n)], n.attrs.block)
+    return tuple((pair[False][0], pair[True][0], pair[False][1]) for pair in by_value.values())
 
 
 def attach_record(model: nn.Module, record: LoadRecord) -> None:
@@ -99,11 +137,14 @@ def get_record(model: nn.Module) -> LoadRecord | None:
 
 
 def merge_records(old: LoadRecord | None, new: LoadRecord) -> LoadRecord:
-    """A second load into the same model: its conversions replace the ones they overwrite."""
+    """A second load into the same model: its conversions replace the ones they overwrite
+    (linear in the two records' sizes)."""
     if old is None:
         return new
     written = {key for c in new.conversions for key, _ in c.targets}
-    kept = tuple(c for c in old.conversions if not any(k in written for k, _ in c.targets))
-    order = new.order + tuple(k for k in old.order if k not in set(new.order))
-    return LoadRecord(kept + new.conversions, tuple(sorted(set(old.not_loaded) | set(new.not_loaded))),
+    kept = tuple(c for c in old.conversions if written.isdisjoint(k for k, _ in c.targets))
+    ordered = set(new.order)
+    order = new.order + tuple(k for k in old.order if k not in ordered)
+    return LoadRecord(kept + new.conversions,
+                      tuple(sorted(set(old.not_loaded) | set(new.not_loaded))),
                       {**old.metadata, **new.metadata}, order)

@@ -1,29 +1,33 @@
-"""Groups for writing a checkpoint back: from a load record, or derived from a mapping.
+"""Groups for writing a checkpoint: a load record read backwards, or a mapping's inverse.
 
-Saving runs the same builder as loading with the model's tensors as sources. With a
-:class:`~weightplan.planner.write.record.LoadRecord` every recorded conversion runs backwards
-(inverse ops in reverse order) into exactly the recorded keys and dtypes. Without one the
-inverse is derived from the mapping: inverse converters first, then inverse renamings in
-reverse order; a transform whose inverse would be a guess is refused.
+Saving runs the same builder as loading, with the model's tensors as sources. With a
+:class:`~weightplan.planner.write.record.LoadRecord` each recorded conversion is read
+backwards (:func:`~weightplan.planner.write.invert.invert`) into exactly the recorded keys
+and specs. Without one the model's names are routed through the mapping inverted per
+transform: inverse converters first, then inverse renamings in reverse order; a transform
+whose inverse would be a guess is refused. Converting on disk routes a checkpoint forward
+through a mapping as a load would (:func:`forward_groups`).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from weightplan.errors import IndexGapError, MappingError, NotInvertibleError, SaveError
-from weightplan.planner.inputs.checkpoint import Checkpoint
-from weightplan.planner.keys.route import route_checkpoint
-from weightplan.planner.keys.routing import Group, Route
-from weightplan.planner.keys.patterns import natural_key
-from weightplan.planner.tensors.ir.build import OutputSpecs
 from weightplan.planner.core.spec import TensorSpec
-from weightplan.planner.write.record import LoadRecord, RecordedConversion
+from weightplan.planner.inputs.checkpoint import Checkpoint
+from weightplan.planner.keys.patterns import natural_key
+from weightplan.planner.keys.registry import MappingChoice
+from weightplan.planner.keys.route import route_checkpoint
+from weightplan.planner.keys.routing import Group, Route, Routing
 from weightplan.planner.keys.transforms import (
-    LEGACY, PrefixChange, Renaming, WeightConverter, WeightTransform,
+    LEGACY, PrefixChange, Renaming, WeightConverter, WeightTransform, with_legacy,
 )
+from weightplan.planner.tensors.ir.build import OutputSpecs
+from weightplan.planner.tensors.ir.quant_build import QuantContext
+from weightplan.planner.write.invert import dequantizing, invert
+from weightplan.planner.write.record import LoadRecord
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,7 @@ class ReverseGroups:
     groups: tuple[Group, ...]
     outputs: OutputSpecs | None  # recorded keys and specs; None when derived
     notes: tuple[str, ...]
+    quant: QuantContext | None = None  # the FP8 weights a load quantized: dequantized
 
 
 def record_groups(record: LoadRecord, source: Checkpoint,
@@ -42,11 +47,12 @@ def record_groups(record: LoadRecord, source: Checkpoint,
     groups: list[Group] = []
     notes: list[str] = []
     covered: set[str] = set()
+    names = aliases or {}
     for recorded in record.conversions:
-        group = _record_group(recorded, source)
+        group = invert(recorded, source.entries)
         groups.append(group)
-        for e in group.entries:
-            covered.update((aliases or {}).get(e.key, (e.key,)))
+        for key in [e.key for e in group.entries] + [s for _, s, _ in recorded.quantized]:
+            covered.update(names.get(key, (key,)))
     for key in sorted(set(source.entries) - covered, key=natural_key):
         entry = source.entries[key]
         route = Route(key, key, (), note="not in the loaded checkpoint: kept under its model name")
@@ -55,29 +61,8 @@ def record_groups(record: LoadRecord, source: Checkpoint,
     if record.not_loaded:
         notes.append(f"{len(record.not_loaded)} checkpoint key(s) were not loaded, so they "
                      f"can't be written back: {', '.join(record.not_loaded[:5])}")
-    return ReverseGroups(tuple(groups), _recorded_outputs(record, groups), tuple(notes))
-
-
-def _record_group(recorded: RecordedConversion, source: Checkpoint) -> Group:
-    streams: dict[int, dict[int, str]] = {}
-    for key, (i, j) in recorded.targets:
-        streams.setdefault(i, {})[j] = key
-    try:
-        sources = tuple(tuple(source.entries[streams[i][j]] for j in sorted(streams[i]))
-                        for i in sorted(streams))
-    except KeyError as e:
-        raise SaveError(f"the model no longer has {e.args[0]}, which the load record says "
-                        f"holds {', '.join(recorded.keys[:3])}") from e
-    explicit = tuple(tuple(k for k, _ in stream) for stream in recorded.sources)
-    note = "exact inverse of the recorded load" + (
-        f" ({'; '.join(r.describe() for r in recorded.fired)})" if recorded.fired else "")
-    routes = tuple(tuple(Route(e.key, e.key, (), note=note) for e in s) for s in sources)
-    converter = None
-    if recorded.ops:
-        ops = tuple(op.inverse() for op in reversed(recorded.ops))
-        converter = WeightConverter([re.escape(s[0].key) for s in sources],
-                                    [re.escape(s[0]) for s in explicit], ops)
-    return Group(converter, sources, routes, tuple(s[0] for s in explicit), explicit)
+    return ReverseGroups(tuple(groups), _recorded_outputs(record, groups), tuple(notes),
+                         dequantizing(record.conversions, source.entries))
 
 
 def _recorded_outputs(record: LoadRecord, groups: list[Group]) -> OutputSpecs:
@@ -88,7 +73,7 @@ def _recorded_outputs(record: LoadRecord, groups: list[Group]) -> OutputSpecs:
             for key, spec in stream:
                 specs[key] = spec
     for group in groups:
-        if group.converter is None and group.targets[0] not in specs:
+        if group.explicit is None and group.targets[0] not in specs:
             entry = group.sources[0][0]
             specs[entry.key] = entry.spec
     return OutputSpecs(specs)
@@ -101,13 +86,24 @@ def derived_groups(transforms: Sequence[WeightTransform], source: Checkpoint) ->
         routing = route_checkpoint(source, converters, None)
     except IndexGapError as e:
         raise SaveError(f"the inverse mapping can't collect the model's tensors: {e}") from e
+    groups = tuple(Group(g.converter, g.sources, g.routes, g.targets, None, renamings)
+                   for g in _complete(routing, "inverse ").groups)
+    return ReverseGroups(groups, None, ())
+
+
+def forward_groups(choice: MappingChoice, ckpt: Checkpoint) -> ReverseGroups:
+    """The mapping (with the legacy renames) routed forward, as a load would, without a model."""
+    return ReverseGroups(_complete(route_checkpoint(ckpt, with_legacy(choice.transforms),
+                                                    None)).groups, None, ())
+
+
+def _complete(routing: Routing, what: str = "") -> Routing:
+    """Refuse a converter group that lacks one of its source patterns (no model decides)."""
     if routing.incomplete:
         inc = routing.incomplete[0]
-        raise MappingError(f"inverse {inc.converter.describe()}: found {', '.join(inc.present)} "
+        raise MappingError(f"{what}{inc.converter.describe()}: found {', '.join(inc.present)} "
                            f"but nothing for {', '.join(inc.missing_patterns)}")
-    groups = tuple(Group(g.converter, g.sources, g.routes, g.targets, None, renamings)
-                   for g in routing.groups)
-    return ReverseGroups(groups, None, ())
+    return routing
 
 
 def invert_mapping(transforms: Sequence[WeightTransform]

@@ -47,7 +47,8 @@ class Chunk(ConversionOp):
                 raise OpError(f"{self!r} can't split {list(spec.shape)} (size {total} on dim "
                               f"{d}) into {n} equal pieces for {list(ctx.target_keys)}")
             sizes = (total // n,) * n
-        if sum(sizes) != total or len(sizes) != n:
+        # (pinned sizes need not match the targets: an inverse's Chunk may sit mid-chain)
+        if sum(sizes) != total or (self.sizes is None and len(sizes) != n):
             raise OpError(f"{self!r}: sizes {list(sizes)} don't split {total} on dim {d} into "
                           f"{n} targets {list(ctx.target_keys)}")
         return dataclasses.replace(self, dim=d, sizes=tuple(sizes))

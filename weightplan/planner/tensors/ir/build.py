@@ -174,7 +174,7 @@ def build_conversion(group: Group, expected: Expected, dtype: torch.dtype | None
                      sink: SinkKind, quant: QuantContext | None = None,
                      sharding: Sharding | None = None) -> Conversion:
     values, nodes, alike = source_streams(group, quant, expected, dtype)
-    ops = group.converter.operations if group.converter else ()
+    ops = group.ops
     ctx = _context(group, expected) if ops else None
     built = [values]
     for k, op in enumerate(ops):
@@ -279,12 +279,10 @@ def _apply_op(op: ConversionOp, ctx: OpContext, inputs: Streams[TensorSpec], gro
     except Exception as e:  # torch raises RuntimeError on meta shape errors
         if isinstance(e, WeightplanError) and not isinstance(e, OpError):
             raise
-        converter = group.converter
-        assert converter is not None  # only converters have ops
-        chain = " → ".join(repr(o) for o in converter.operations)
+        chain = " → ".join(repr(o) for o in group.ops)
         shapes = [[list(s.shape) for s in stream] for stream in inputs]
         first = group.sources[0][0]
-        raise OpError(f"{converter.describe()}: op #{k} {op!r} failed for target "
+        raise OpError(f"{_describe(group)}: op #{k} {op!r} failed for target "
                       f"{group.targets[0]} on input shapes {shapes} (from {first.key} and "
                       f"{len(group.entries) - 1} more keys in {first.file or '<memory>'}); "
                       f"op chain: {chain}: {e}") from e

@@ -291,4 +291,5 @@ def scale_group(group: Group, ops: tuple[ConversionOp, ...],
     explicit = None if group.explicit is None else tuple(
         tuple(scale_key(k) for k in stream) for stream in group.explicit)
     return replace(group, converter=converter, sources=tuple(sources), explicit=explicit,
-                   targets=tuple(scale_key(t) for t in group.targets))
+                   targets=tuple(scale_key(t) for t in group.targets),
+                   operations=() if converter is not None else scale_ops)
