@@ -135,8 +135,8 @@ class Reader:
         if path not in self._mappable:  # no lease: never an unguarded mapping
             buffer = torch.empty(nbytes, dtype=torch.uint8)
             if nbytes:
-                self._request(path, fd, memoryview(buffer.numpy()).cast("B"), offset, 0,
-                              nbytes)
+                raw = memoryview(buffer.numpy()).cast("B")  # type: ignore[arg-type]  # numpy
+                self._request(path, fd, raw, offset, 0, nbytes)
             yield buffer
             return
         with self._lease.mapping(path):
