@@ -37,7 +37,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from weightplan.errors import CheckpointError, StaleCheckpointError, TruncatedCheckpointError
+from weightplan.errors import (
+    CheckpointError, OpenFileLimitError, StaleCheckpointError, TruncatedCheckpointError,
+)
+from weightplan.executor.fd_limit import limit_hint, out_of_descriptors
 from weightplan.executor.lease import LeaseGuard
 from weightplan.planner.inputs.checkpoint import Checkpoint, FileStamp
 from weightplan.planner.inputs.fingerprint import check_unchanged
@@ -74,6 +77,11 @@ class Reader:
         try:
             fd = open_regular(stamp.path)
         except CheckpointError as e:
+            if out_of_descriptors(e.__cause__):  # not a change of the file: say which limit
+                assert isinstance(e.__cause__, OSError)
+                raise OpenFileLimitError(f"{stamp.path}: can't open this checkpoint file: "
+                                         + limit_hint(e.__cause__, len(self._stamps),
+                                                      "the load")) from e.__cause__
             reason = str(e).removeprefix(f"{stamp.path}: ")
             raise StaleCheckpointError(f"the file changed since the plan was made ({reason}); "
                                        "call explain() again", file=stamp.path) from e

@@ -30,6 +30,7 @@ from weightplan.executor.commit import (
     write_synced,
 )
 from weightplan.executor.dir_lock import DirectoryLock
+from weightplan.executor.fd_limit import limit_hint, out_of_descriptors
 from weightplan.executor.model_sink import flat_bytes, strided
 from weightplan.planner.inputs.paths import refuse_interrupted_save
 from weightplan.planner.tensors.ir.destination import Destination
@@ -72,7 +73,10 @@ class FileSink:
         except BaseException as e:
             self.abort()
             if isinstance(e, OSError) and not isinstance(e, WeightplanError):
-                raise SaveError(f"{self.directory}: can't create the output files: {e}") from e
+                why = (limit_hint(e, len(layout.files), "the save") if out_of_descriptors(e)
+                       else str(e))
+                raise SaveError(f"{self.directory}: can't create the output files: {why}"
+                                ) from e
             raise
 
     def _refuse_taken(self) -> None:
