@@ -82,3 +82,19 @@ def test_recover_during_a_save_is_refused_and_touches_nothing(tmp_path):
         assert _finish(first) == "saved"
     assert _seeds(directory) == [100.0] * len(KEYS)
     assert "nothing to do" in run_cli("recover", str(directory)).stdout
+
+
+def test_a_temporary_removed_by_another_process_fails_the_save_before_its_commit(tmp_path):
+    """Not recover (it waits for the lock) but any other process: the journal would skip
+    the missing rename and leave the old shard among the new ones."""
+    directory = tmp_path / "ckpt"
+    assert _finish(_child(directory, 1.0)) == "saved"
+    first, _ = _paused(directory, 100.0, "shards synced")
+    try:
+        victim = sorted(n for n in os.listdir(directory) if n.endswith(PARTIAL))[1]
+        os.unlink(directory / victim)
+    finally:
+        out = _finish(first)
+    assert out.startswith("typed SaveError") and "vanished" in out, out
+    assert _seeds(directory) == [1.0] * len(KEYS)
+    assert not [n for n in os.listdir(directory) if n.startswith(".")]

@@ -66,3 +66,10 @@ def test_ordinary_text_is_unchanged():
     for text in ("model.layers.0.mlp.experts.*.w1.weight", "ünïcödé 中文 κλειδί", "a\\x1b",
                  "/tmp/ckpt dir/model.safetensors"):
         assert terminal_text(text) == text
+
+
+def test_repr_of_a_plan_escapes_its_path(tmp_path):
+    directory = tmp_path / "x\x1b]0;owned\x07"
+    directory.mkdir()
+    plan = weightplan.explain(None, _checkpoint(directory))
+    assert _unseen(repr(plan)) == [] and "x\\x1b]0;owned\\x07" in repr(plan)

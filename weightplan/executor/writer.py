@@ -153,6 +153,10 @@ class FileSink:
         finals = self._finals()
         refuse_directories(self.directory, finals + sorted(self._old_files()))
         renames = tuple((temp_name(n, self._token), n) for n in finals)
+        for temp, _ in renames:  # the journal would skip a missing one: the old file stays
+            if not os.path.isfile(self.directory / temp):
+                raise SaveError(f"{self.directory / temp}: this save's temporary vanished (did "
+                                "another process remove it?); nothing was changed")
         return Journal(renames, tuple(sorted(self._old_files() - set(finals))))
 
     def _old_files(self) -> set[str]:
