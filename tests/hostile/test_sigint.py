@@ -42,7 +42,8 @@ def test_sigint_during_an_in_place_load_reports_what_it_overwrote(tmp_path, thre
     report = json.loads(out)
     assert report["outcome"] == "interrupted"
     assert report["changed"] and set(report["changed"]) <= set(report["overwritten"])
-    assert len(report["changed"]) < 8  # interrupted midway: some tensors untouched
+    if threads == 0:  # interrupted inside the fourth read: the later ones never ran
+        assert len(report["changed"]) < 8
     (note,) = report["notes"]
     assert "interrupted after overwriting" in note and "atomic=True" in note
     assert all(key in note for key in report["overwritten"])
