@@ -16,7 +16,7 @@ PACKAGE = ROOT / "weightplan"
 
 # lowest first; a module belongs to the floor of the longest prefix that names it
 FLOORS = (
-    ("ground", ("weightplan.errors", "weightplan.units", "weightplan.meta")),
+    ("ground", ("weightplan.errors", "weightplan.units", "weightplan.meta", "weightplan.limits")),
     ("planner.core", ("weightplan.planner", "weightplan.planner.core")),
     ("planner.inputs", ("weightplan.planner.inputs",)),
     ("planner.keys", ("weightplan.planner.keys",)),

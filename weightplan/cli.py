@@ -11,7 +11,8 @@
     weightplan mappings                              registered mappings and aliases
     weightplan recover DIR                           complete a save interrupted in its commit
 
-Errors are one line on stderr and a non-zero exit; --debug adds the traceback.
+Errors are one line on stderr and a non-zero exit; --debug adds the traceback. Keys,
+paths and messages are printed with control and bidi characters escaped.
 """
 
 from __future__ import annotations
@@ -152,8 +153,18 @@ def _run(args: argparse.Namespace) -> int:
         if not isinstance(e, WeightplanError):
             kind = f"unexpected {kind}"
         message = " ".join(str(e).split())
-        print(f"weightplan: error: {kind}: {message}", file=sys.stderr)
+        print(f"weightplan: error: {kind}: {_safe(message)}", file=sys.stderr)
         return 2
+
+
+def _safe(text: str) -> str:
+    """``text`` with control and bidi characters escaped, line by line
+    (:func:`weightplan.viz.style.terminal_lines`); imported only for text that needs it."""
+    if text.replace("\n", "").isprintable():
+        return text
+    from weightplan.viz.style import terminal_lines
+
+    return terminal_lines(text)
 
 
 def _drop_stdout() -> None:
@@ -179,7 +190,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "recover":
         from weightplan.executor.commit import recover
 
-        print(recover(args.directory))
+        print(_safe(recover(args.directory)))
         return 0
     return _explain(args)
 
@@ -190,10 +201,10 @@ def _mappings() -> int:
 
     for key in REGISTRY.keys():
         target = REGISTRY.resolve(key)
-        print(key if target == key else f"{key} -> {target}")
+        print(_safe(key if target == key else f"{key} -> {target}"))
     for key in bridged_names():
         if key not in REGISTRY:
-            print(f"{key} (transformers bridge)")
+            print(_safe(f"{key} (transformers bridge)"))
     return 0
 
 
@@ -205,7 +216,7 @@ def _convert(args: argparse.Namespace) -> int:
                                       overwrite=args.overwrite, threads=args.threads)
     print(plan)
     if not args.dry_run:
-        print(plan.execute())
+        print(_safe(str(plan.execute())))
     return 0
 
 
@@ -244,7 +255,7 @@ def _explain_ranks(model: Any, dtype: Any, args: argparse.Namespace) -> int:
                         output="local")
     plans = plan_ranks(model, args.checkpoint, tp, mapping=args.mapping, dtype=dtype,
                        budget=args.budget)
-    print(json.dumps(rank_rows(plans), indent=2) if args.json else rank_table(plans))
+    print(json.dumps(rank_rows(plans), indent=2) if args.json else _safe(rank_table(plans)))
     return 0
 
 
@@ -257,10 +268,10 @@ def _pictures(plan: Plan, args: argparse.Namespace) -> None:
             warnings.simplefilter("always")
             written = plan.render(args.svg, detail=args.detail, only=args.only)
         for w in caught:
-            print(f"weightplan: {w.message}", file=sys.stderr)
-        print(f"weightplan: wrote {written}", file=sys.stderr)
+            print(_safe(f"weightplan: {w.message}"), file=sys.stderr)
+        print(_safe(f"weightplan: wrote {written}"), file=sys.stderr)
     if args.timeline:
-        print(f"weightplan: wrote {plan.render_timeline(args.timeline)}", file=sys.stderr)
+        print(_safe(f"weightplan: wrote {plan.render_timeline(args.timeline)}"), file=sys.stderr)
 
 
 def _model_for(checkpoint: str, dtype: str | None) -> tuple[nn.Module | None, Any]:
@@ -269,8 +280,8 @@ def _model_for(checkpoint: str, dtype: str | None) -> tuple[nn.Module | None, An
     from weightplan.bridge.hub import build_empty_model, config_path
 
     if config_path(checkpoint) is None:
-        print(f"weightplan: no config.json next to {checkpoint}: explaining the keys without a "
-              "model (pass --model-type to apply a mapping)", file=sys.stderr)
+        print(_safe(f"weightplan: no config.json next to {checkpoint}: explaining the keys "
+                    "without a model (pass --model-type to apply a mapping)"), file=sys.stderr)
         return None, dtype
     try:
         import transformers  # noqa: F401

@@ -27,7 +27,8 @@ escapes (they are wrapped and chained with ``from``). The tree::
     │   ├── ShapeMismatchError       converted shape != model parameter shape
     │   ├── StrictLoadError          missing / unexpected keys with ``strict=True``
     │   ├── MetaBufferError          buffers left on meta that nothing can rebuild
-    │   ├── BudgetError              no schedule fits the memory budget
+    │   ├── BudgetError              no schedule fits the memory budget (or the tensors a
+    │   │                            load would allocate don't fit this machine's memory)
     │   ├── ParallelError            a tensor-parallel configuration can't work (names the fix)
     │   ├── GraphError               the plan graph or its lowering breaks an invariant
     │   │                            (``verify``; ``.problems`` lists every message)
@@ -35,13 +36,17 @@ escapes (they are wrapped and chained with ``from``). The tree::
     │                                (quantization_config unusable, FP8 weight without its
     │                                scale, a scale grid that doesn't fit the weight)
     ├── ExecutionError               failure while loading; names the node (key, file, op)
-    │   └── PartialLoadError         a failed load into allocated tensors overwrote some of
-    │                                them (``.overwritten`` lists exactly which)
+    │   ├── PartialLoadError         a failed load into allocated tensors overwrote some of
+    │   │                            them (``.overwritten`` lists exactly which)
+    │   └── OpenFileLimitError       the checkpoint has more files than this process may
+    │                                open at once (``ulimit -n``; says how to raise it)
     ├── RenderError                  a plan can't be drawn as asked (detail, only=, format, dot)
     ├── SaveError                    failure while saving; nothing half-written is left (a
-    │                                failure inside the commit leaves the directory marked
-    │                                as an interrupted save, which ``weightplan recover``
-    │                                completes)
+    │   │                            failure inside the commit leaves the directory marked
+    │   │                            as an interrupted save, which ``weightplan recover``
+    │   │                            completes)
+    │   └── ConcurrentSaveError      another save or ``recover`` holds the directory's lock
+    │                                (names the holder: process, host, since when)
     ├── ModelBuildError              no model could be built from a checkpoint's config.json
     │                                (transformers missing, or says what it could not build,
     │                                or the config asks to run code shipped with it)
@@ -205,6 +210,10 @@ class PartialLoadError(ExecutionError):
         self.overwritten = overwritten
 
 
+class OpenFileLimitError(ExecutionError):
+    """The checkpoint has more files than this process may open at once."""
+
+
 class RenderError(WeightplanError, ValueError):
     """A plan can't be drawn as asked: unknown detail or format, a glob matching nothing, or
     the ``dot`` binary failed."""
@@ -217,6 +226,10 @@ class SaveError(WeightplanError, OSError):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+class ConcurrentSaveError(SaveError):
+    """Another save (or ``recover``) is writing the directory; names the holder."""
 
 
 class ModelBuildError(WeightplanError, ValueError):

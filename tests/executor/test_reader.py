@@ -72,7 +72,7 @@ def test_cold_load_reads_straight_into_the_model(moe_dir, monkeypatch, threads):
     directory, ckpt = moe_dir
     calls = []
     original = Reader.read_into
-    monkeypatch.setattr(Reader, "is_cold", lambda self, path: True)
+    monkeypatch.setattr(Reader, "reads_straight", lambda self, path: True)
     monkeypatch.setattr(Reader, "read_into",
                         lambda self, *a: calls.append(a[0]) or original(self, *a))
     model = moe_model()

@@ -6,13 +6,20 @@ set the way transformers' ``save_pretrained`` sets them, and ``generation_config
 when the model has a generation config. Its ``quantization_config`` says what the shards
 hold: kept when block FP8 was written (the model's own, else the default 128×128 one),
 dropped when the model was dequantized and saved at its own dtype.
+
+The files are made by transformers' own ``save_pretrained`` in a private temporary
+directory and handed to the save's commit as bytes (:func:`model_config_files`): they are
+renamed into place with the shards, in one journal, never written in place. A
+``config.json`` that is a symlink (a Hugging Face cache snapshot links it to a shared
+blob) is replaced by the new file, never written through; a failure (a full disk) leaves
+the old config and checkpoint as they were.
 """
 
 from __future__ import annotations
 
 import copy
-import logging
-import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,7 +28,7 @@ from weightplan.errors import SaveError
 from weightplan.planner.inputs.quant_config import QuantConfig, parse_quant_config
 from weightplan.planner.core.quant.blocks import FP8_DTYPES
 
-log = logging.getLogger("weightplan")
+CONFIG_FILES = ("config.json", "generation_config.json")
 
 
 def _dtype_name(model: torch.nn.Module) -> str | None:
@@ -39,13 +46,18 @@ def _quantization(config: Any, fp8_written: bool) -> dict[str, Any] | None:
     return (own or QuantConfig()).to_dict()
 
 
-def write_model_config(model: torch.nn.Module, directory: str | os.PathLike[str], *,
-                       fp8_written: bool = False) -> list[str]:
-    """Write the model's ``config.json`` (and generation config); returns the files written.
-    ``fp8_written``: the shards hold block FP8 (kept, or ``save(quantize="fp8")``)."""
+def model_config_files(model: torch.nn.Module, *, fp8_written: bool = False
+                       ) -> dict[str, bytes]:
+    """The model's ``config.json`` (and generation config) as bytes, ``{name: bytes}``,
+    empty for a model without a transformers config. ``fp8_written``: the shards hold
+    block FP8 (kept, or ``save(quantize="fp8")``).
+
+    Raises:
+        SaveError: transformers can't write the config (nothing has been written yet).
+    """
     config: Any = getattr(model, "config", None)
     if not callable(getattr(config, "save_pretrained", None)):
-        return []
+        return {}
     config = copy.deepcopy(config)
     config.architectures = [type(model).__name__]
     dtype = _dtype_name(model)
@@ -56,16 +68,16 @@ def write_model_config(model: torch.nn.Module, directory: str | os.PathLike[str]
         config.quantization_config = quantization
     elif hasattr(config, "quantization_config"):
         del config.quantization_config  # the model was dequantized: plain shards
-    written = []
+    generation = getattr(model, "generation_config", None)
+    if generation is not None and not callable(getattr(generation, "save_pretrained", None)):
+        generation = None
     try:
-        config.save_pretrained(str(directory))
-        written.append("config.json")
-        generation = getattr(model, "generation_config", None)
-        if generation is not None and callable(getattr(generation, "save_pretrained", None)):
-            generation.save_pretrained(str(directory))
-            written.append("generation_config.json")
+        with tempfile.TemporaryDirectory(prefix="weightplan-config-") as private:
+            config.save_pretrained(private)
+            if generation is not None:
+                generation.save_pretrained(private)
+            return {name: (Path(private) / name).read_bytes() for name in CONFIG_FILES
+                    if (Path(private) / name).is_file()}
     except Exception as e:  # transformers raises ValueError / OSError by version
-        raise SaveError(f"{directory}: the shards are written but the model's config could not "
-                        f"be: {type(e).__name__}: {e}") from e
-    log.info("wrote %s to %s", ", ".join(written), directory)
-    return written
+        raise SaveError(f"the model's config can't be written ({type(e).__name__}: {e}); "
+                        "nothing was saved") from e

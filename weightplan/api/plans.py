@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from weightplan.api.guard import call_typed
 from weightplan.planner.pipelines.plan import LoadPlanData, PlanData
 from weightplan.planner.pipelines.write_plan import WritePlanData
+from weightplan.viz.style import terminal_text
 from weightplan.viz.text import explain_text
 
 if TYPE_CHECKING:
@@ -100,7 +101,8 @@ class Plan(LoadPlanData):
         return explain_text(self)
 
     def __repr__(self) -> str:
-        return (f"<Plan {self.checkpoint.description}: {len(self.loaded_keys)} tensors, "
+        return (f"<Plan {terminal_text(self.checkpoint.description)}: "
+                f"{len(self.loaded_keys)} tensors, "
                 f"peak {self.peak_bytes} B, {len(self.problems)} problems>")
 
 
@@ -128,5 +130,5 @@ class WritePlan(WritePlanData):
 
     def __repr__(self) -> str:
         return (f"<WritePlan {self.direction.value} ({self.inversion.value}) → "
-                f"{self.directory}: {len(self.layout.locations)} tensors in "
+                f"{terminal_text(str(self.directory))}: {len(self.layout.locations)} tensors in "
                 f"{len(self.layout.files)} file(s)>")

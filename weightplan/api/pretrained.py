@@ -105,10 +105,15 @@ def from_pretrained(name_or_path: str | os.PathLike, *, dtype: torch.dtype | str
 def _generation_config(model: torch.nn.Module, directory: Path) -> None:
     path = (directory if directory.is_dir() else directory.parent) / "generation_config.json"
     current = getattr(model, "generation_config", None)
-    if current is None or not path.is_file():
+    if current is None or not os.path.lexists(path):
         return
+    from weightplan.bridge.config_guard import read_config_json
+
+    data = read_config_json(path)  # a regular file, size-capped, strict JSON: then transformers
     try:
-        model.generation_config = type(current).from_pretrained(str(path.parent))
+        generation = type(current).from_dict(data)
+        generation._original_object_hash = hash(generation)  # as from_pretrained marks it
+        model.generation_config = generation
     except Exception as e:  # transformers' own validation of the file
         raise ModelBuildError(f"{path}: transformers can't read this generation config: "
                               f"{type(e).__name__}: {e}") from e

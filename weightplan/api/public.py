@@ -16,7 +16,7 @@ from weightplan.api.convert import convert, revert
 from weightplan.errors import WeightplanError  # noqa: F401 (public)
 from weightplan.executor.report import LoadReport, SaveReport
 from weightplan.meta import init_empty  # noqa: F401 (public)
-from weightplan.api.model_config import write_model_config
+from weightplan.api.model_config import model_config_files
 from weightplan.api.pretrained import from_pretrained  # noqa: F401 (public)
 from weightplan.planner.core.sharding.config import TensorParallel  # noqa: F401 (public)
 from weightplan.planner.keys.mappings import get_mapping, register_alias, register_mapping
@@ -40,14 +40,15 @@ def save(model: torch.nn.Module, directory: str | os.PathLike[str], *, mapping: 
     bytes); any other model through the inverse of its mapping (prefix changes left out,
     as transformers does). ``quantize="fp8"`` writes block FP8 with ``weight_scale_inv``
     where the model was dequantized. A transformers model's ``config.json`` (and
-    generation config) is written too, so ``from_pretrained(directory)`` gives the model
-    back.
+    generation config) is written too, in the same commit as the shards, so
+    ``from_pretrained(directory)`` gives the model back.
     """
+    from weightplan.executor.execute_write import execute_write
+
     plan = explain_save(model, directory, mapping=mapping, max_shard_size=max_shard_size,
                         overwrite=overwrite, threads=threads, quantize=quantize)
-    report = plan.execute(progress=progress)
-    write_model_config(model, directory, fp8_written=plan.writes_fp8)
-    return report
+    files = model_config_files(model, fp8_written=plan.writes_fp8)
+    return execute_write(plan, progress=progress, files=files)
 
 
 # the public contract: typed arguments in, only WeightplanError out (see weightplan.api.guard)

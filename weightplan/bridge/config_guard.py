@@ -13,20 +13,23 @@ import os
 from pathlib import Path
 
 from weightplan.errors import CheckpointError, ModelBuildError
+from weightplan.limits import MAX_CONFIG_BYTES
 from weightplan.planner.inputs.paths import open_regular
 from weightplan.planner.inputs.safetensors_format import strict_json
 
-MAX_CONFIG_BYTES = 16 * 1024 * 1024
 
 
 def read_config_json(path: Path) -> dict:
-    """``config.json`` as a dict; :class:`ModelBuildError` if it is not a small JSON object."""
+    """``config.json`` (or ``generation_config.json``) as a dict; :class:`ModelBuildError`
+    if it is not a regular file holding a JSON object of at most
+    :data:`weightplan.limits.MAX_CONFIG_BYTES`."""
     try:
         fd = open_regular(str(path))
         try:
             size = os.fstat(fd).st_size
-            if size > MAX_CONFIG_BYTES:
-                raise ModelBuildError(f"{path}: {size} bytes is too large for a config.json")
+            if MAX_CONFIG_BYTES.exceeded_by(size):
+                raise ModelBuildError(f"{path}: {size} bytes is too large for a model "
+                                      f"config; {MAX_CONFIG_BYTES.hint()}")
             raw = os.pread(fd, size, 0)
         finally:
             os.close(fd)

@@ -4,7 +4,8 @@
 named first in ``config.architectures`` that transformers has is built (else
 ``AutoModelForCausalLM``, else ``AutoModel``) under :func:`weightplan.init_empty`, so
 parameters sit on ``meta`` and nothing is allocated. Every failure is a
-:class:`ModelBuildError` saying what failed; remote code is never run.
+:class:`ModelBuildError` saying what failed; remote code is never run, and a config asking
+for more layers or experts than :mod:`weightplan.limits` allows is refused before the build.
 """
 
 from __future__ import annotations
@@ -68,9 +69,10 @@ def build_empty_model(checkpoint: str | Path) -> BuiltModel:
 
 
 def _read_config(transformers: Any, path: Path) -> Any:
+    from weightplan.bridge.config_bounds import check_config_bounds
     from weightplan.bridge.config_guard import refuse_remote_code
 
-    refuse_remote_code(path)
+    check_config_bounds(refuse_remote_code(path), path)  # before any module is built
     try:  # remote code disabled: transformers never imports code from the directory
         return transformers.AutoConfig.from_pretrained(str(path.parent), trust_remote_code=False)
     except Exception as e:  # ValueError / KeyError / OSError / JSON errors, by version

@@ -7,6 +7,8 @@ leaves them untouched anyway. Tensors that are already allocated are written in 
 - default: it records which in-place tensors received any byte; if the load fails after
   that, :func:`partial_load_errors` raises :class:`PartialLoadError` listing exactly
   those tensors (``.overwritten``), chained to the cause. Nothing written: the cause as is.
+  An interruption (``KeyboardInterrupt``, Ctrl-C) is re-raised as it is, with a note and
+  the same ``.overwritten`` list.
 - ``atomic=True``: in-place tensors are staged (a copy of each, so partial writes keep
   the rest of the tensor) and copied into the model only at the commit, after every read
   succeeded and every file was verified unchanged. A failure touches nothing. The cost
@@ -87,14 +89,27 @@ class GuardedSink:
 
 @contextlib.contextmanager
 def partial_load_errors(sink: GuardedSink) -> Iterator[None]:
-    """Re-raise a failure as :class:`PartialLoadError` when in-place tensors were written."""
+    """Re-raise a failure as :class:`PartialLoadError` when in-place tensors were written;
+    a ``KeyboardInterrupt`` (Ctrl-C) stays one, with a note listing them and the same
+    ``.overwritten`` attribute."""
     try:
         yield
+    except KeyboardInterrupt as e:
+        if sink.touched:
+            names = sorted(sink.touched)
+            e.overwritten = tuple(names)  # type: ignore[attr-defined]
+            if hasattr(e, "add_note"):  # Python 3.11+: shown under the traceback
+                e.add_note(f"weightplan: the load was interrupted after overwriting "
+                           f"{len(names)} already-allocated tensor(s) in place: "
+                           f"{_shown(names)}. Those hold a mix of old and new values; the "
+                           "others are untouched. Load again, or use execute(atomic=True) so "
+                           "that an interruption touches nothing")
+        raise
     except Exception as e:
         if not sink.touched:
             raise
         names = sorted(sink.touched)
-        shown = ", ".join(names[:20]) + (f", ... ({len(names)} in all)" if len(names) > 20 else "")
+        shown = _shown(names)
         cause = f"{type(e).__name__}: {e}" if not isinstance(e, WeightplanError) else str(e)
         raise PartialLoadError(
             f"the load failed after overwriting {len(names)} already-allocated tensor(s) in "
@@ -102,3 +117,7 @@ def partial_load_errors(sink: GuardedSink) -> Iterator[None]:
             f"untouched. Cause: {cause}. Load again, or use execute(atomic=True) to stage "
             "in-place tensors so that a failure touches nothing", overwritten=tuple(names)
         ) from e
+
+
+def _shown(names: list[str]) -> str:
+    return ", ".join(names[:20]) + (f", ... ({len(names)} in all)" if len(names) > 20 else "")

@@ -1,7 +1,10 @@
 """The save commit: a journal makes it atomic, whatever fails and wherever the process dies.
 
-A save writes every new file (shards, then the index) under a hidden temporary name and
-fsyncs it; nothing in the directory has changed yet. Then :func:`commit`:
+A save holds the directory's lock (:mod:`~weightplan.executor.dir_lock`) from its first
+temporary to the end of its commit. It writes every new file (shards, the model's config,
+then the index) under a hidden temporary name of its own (a random token in it, created
+exclusively, never through an existing file or symlink: :mod:`~weightplan.executor.journal`)
+and fsyncs it; nothing in the directory has changed yet. Then :func:`commit`:
 
 1. writes the journal :data:`JOURNAL_NAME` (temp name, fsync, rename, fsync the directory):
    the list of renames (temp → final) and of the old checkpoint's files to delete;
@@ -13,23 +16,27 @@ After step 3, the new one is complete. In between, the journal marks the directo
 interrupted save: every load refuses it with :class:`InterruptedSaveError`, and
 :func:`recover` (``weightplan recover DIR``) completes the save from the journal, since
 every new file was fsynced before the journal was written. :func:`recover` trusts no
-journal blindly: it only renames hidden temporaries to plain checkpoint file names and only
-deletes checkpoint files (``*.safetensors``, the index) in that directory.
+journal blindly: it reads it like an untrusted file, only renames hidden temporaries to
+plain checkpoint file names (and the model's config) and only deletes checkpoint files
+(``*.safetensors``, the index) in that directory, and holds the lock while it works.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+import stat
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from weightplan.errors import InterruptedSaveError, SaveError, WeightplanError
+from weightplan.executor.dir_lock import directory_lock
+from weightplan.executor.journal import (
+    PARTIAL, Journal, create_exclusive, new_token, temp_name, write_synced,
+)
 from weightplan.planner.inputs.paths import JOURNAL_NAME
-from weightplan.planner.inputs.safetensors_format import strict_json
 
-PARTIAL = ".weightplan-partial"
+__all__ = ["PARTIAL", "Journal", "commit", "create_exclusive", "new_token", "recover",
+           "refuse_directories", "step", "temp_name", "write_synced"]
 
 # Test hook: called with the name of each step ("journal", "rename model.safetensors", ...),
 # so tests can fail or kill the process at every one of them. Never set in normal use.
@@ -41,55 +48,18 @@ def step(name: str) -> None:
         STEP_HOOK(name)
 
 
-def temp_name(final: str) -> str:
-    return f".{final}{PARTIAL}"
-
-
-@dataclass(frozen=True)
-class Journal:
-    """What a commit does: ``renames`` (temp, final) in order, then ``deletes``."""
-
-    renames: tuple[tuple[str, str], ...]
-    deletes: tuple[str, ...]
-
-    def to_bytes(self) -> bytes:
-        return json.dumps({"weightplan_commit": 1, "renames": [list(r) for r in self.renames],
-                           "deletes": list(self.deletes)}, indent=1).encode()
-
-    @classmethod
-    def read(cls, directory: Path) -> "Journal":
-        path = directory / JOURNAL_NAME
-        data = strict_json(path.read_bytes(), file=str(path), what="save journal")
+def refuse_directories(directory: Path, names: Iterable[str]) -> None:
+    """:class:`SaveError` when one of ``names`` is a directory, which no rename or delete
+    of the commit could replace: refused before anything changes."""
+    for name in names:
         try:
-            if not isinstance(data, dict):
-                raise TypeError("not an object")
-            renames = tuple((str(a), str(b)) for a, b in data["renames"])
-            deletes = tuple(str(d) for d in data["deletes"])
-        except (TypeError, KeyError, ValueError) as e:
-            raise InterruptedSaveError(f"the save journal is unreadable ({e}); delete the "
-                                       "checkpoint files and the journal, then save again",
-                                       file=str(path)) from e
-        journal = cls(renames, deletes)
-        journal.check(path)
-        return journal
-
-    def check(self, path: Path) -> None:
-        """Only hidden temporaries → plain checkpoint names; only checkpoint files deleted."""
-        finals = {final for _, final in self.renames}
-        for temp, final in self.renames:
-            if temp != temp_name(final) or not _checkpoint_name(final):
-                raise InterruptedSaveError(f"the save journal asks to rename {temp!r} to "
-                                           f"{final!r}, which weightplan never does",
-                                           file=str(path))
-        for name in self.deletes:
-            if not _checkpoint_name(name) or name in finals:
-                raise InterruptedSaveError(f"the save journal asks to delete {name!r}, which "
-                                           "weightplan never does", file=str(path))
-
-
-def _checkpoint_name(name: str) -> bool:
-    plain = bool(name) and "/" not in name and "\\" not in name and not name.startswith(".")
-    return plain and name.endswith((".safetensors", ".safetensors.index.json"))
+            mode = os.lstat(directory / name).st_mode
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(mode):
+            raise SaveError(f"{directory / name} is a directory, where the save puts (or "
+                            "removes) a checkpoint file; move it away and save again. Nothing "
+                            "was changed")
 
 
 def fsync_dir(directory: Path) -> None:
@@ -100,21 +70,9 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_synced(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0),
-                 0o644)
-    try:
-        view, done = memoryview(data), 0
-        while done < len(data):
-            done += os.write(fd, view[done:])
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_journal(directory: Path, journal: Journal) -> None:
+def write_journal(directory: Path, journal: Journal, token: str) -> None:
     """Step 1: after this returns, the directory is marked as holding an unfinished commit."""
-    tmp = directory / temp_name(JOURNAL_NAME.lstrip("."))
+    tmp = directory / temp_name(JOURNAL_NAME.lstrip("."), token)
     write_synced(tmp, journal.to_bytes())
     step("journal written")
     os.replace(tmp, directory / JOURNAL_NAME)
@@ -124,11 +82,12 @@ def write_journal(directory: Path, journal: Journal) -> None:
 
 def apply(directory: Path, journal: Journal) -> None:
     """Steps 2-3 (idempotent, so :func:`recover` can run them again after a crash)."""
+    _refuse_blocked(directory, journal)
     for temp, final in journal.renames:
-        if (directory / temp).exists():
+        if os.path.lexists(directory / temp):
             step(f"rename {final}")
             os.replace(directory / temp, directory / final)
-        elif not (directory / final).exists():
+        elif not os.path.lexists(directory / final):
             raise InterruptedSaveError(
                 f"can't complete the interrupted save: neither {temp} nor {final} exists. The "
                 "checkpoint here is incomplete: delete its files and the journal, then save "
@@ -143,20 +102,31 @@ def apply(directory: Path, journal: Journal) -> None:
     step("done")
 
 
-def commit(directory: Path, journal: Journal, abort: Callable[[], None]) -> None:
+def _refuse_blocked(directory: Path, journal: Journal) -> None:
+    """A directory where the journal renames or deletes a file: say so before any change."""
+    names = [final for _, final in journal.renames] + list(journal.deletes)
+    try:
+        refuse_directories(directory, names)
+    except SaveError as e:
+        raise InterruptedSaveError(f"{e}; then run `weightplan recover {directory}` to "
+                                   "complete the interrupted save", file=str(directory)) from e
+
+
+def commit(directory: Path, journal: Journal, abort: Callable[[], None], token: str) -> None:
     """Write the journal, apply it, remove it; typed errors saying what state is left.
 
     ``abort`` (delete the temporaries) runs when the journal could not be written: the
     directory is then unchanged. Once the journal is there, the temporaries are the new
-    checkpoint's only copy and are kept for :func:`recover`.
+    checkpoint's only copy and are kept for :func:`recover`. The caller holds the
+    directory's lock (:mod:`~weightplan.executor.dir_lock`) throughout.
     """
     try:
-        write_journal(directory, journal)
+        write_journal(directory, journal, token)
     except BaseException as e:
-        (directory / temp_name(JOURNAL_NAME.lstrip("."))).unlink(missing_ok=True)
+        (directory / temp_name(JOURNAL_NAME.lstrip("."), token)).unlink(missing_ok=True)
         (directory / JOURNAL_NAME).unlink(missing_ok=True)
         abort()
-        if not isinstance(e, OSError):
+        if not isinstance(e, OSError) or isinstance(e, SaveError):
             raise
         raise SaveError(f"{directory}: writing the commit journal failed ({e}); nothing was "
                         "changed, the old checkpoint (if any) is intact") from e
@@ -171,24 +141,42 @@ def commit(directory: Path, journal: Journal, abort: Callable[[], None]) -> None
 def recover(directory: str | os.PathLike) -> str:
     """Complete a save interrupted during its commit; else remove orphaned temporaries.
 
+    Holds the directory's lock while it works: a save running in the directory makes it
+    fail with :class:`ConcurrentSaveError` naming that save, and nothing is touched.
+
     Returns:
         What was done, in words.
     """
     path = Path(directory)
     if not path.is_dir():
         raise SaveError(f"{path}: not a directory")
-    if not (path / JOURNAL_NAME).exists():
-        orphans = sorted(p.name for p in path.glob(f".*{PARTIAL}"))
-        for name in orphans:
-            (path / name).unlink(missing_ok=True)
-        return (f"{path}: no interrupted save; removed {len(orphans)} orphaned temporary "
-                f"file(s)" if orphans else f"{path}: no interrupted save, nothing to do")
-    try:
-        journal = Journal.read(path)
-        apply(path, journal)
-    except WeightplanError:
-        raise
-    except OSError as e:
-        raise SaveError(f"{path}: completing the interrupted save failed: {e}") from e
+    with directory_lock(path, "recover"):
+        if not os.path.lexists(path / JOURNAL_NAME):
+            orphans = _remove_orphans(path)
+            return (f"{path}: no interrupted save; removed {orphans} orphaned temporary "
+                    f"file(s)" if orphans else f"{path}: no interrupted save, nothing to do")
+        try:
+            journal = Journal.read(path)
+            apply(path, journal)
+        except WeightplanError:
+            raise
+        except OSError as e:
+            raise SaveError(f"{path}: completing the interrupted save failed: {e}") from e
     return (f"{path}: completed the interrupted save ({len(journal.renames)} file(s) in "
             f"place, {len(journal.deletes)} stale file(s) removed)")
+
+
+def _remove_orphans(path: Path) -> int:
+    """Temporaries no save is writing (we hold the lock); never a directory."""
+    removed = 0
+    for orphan in sorted(path.glob(f".*{PARTIAL}")):
+        try:
+            if stat.S_ISDIR(os.lstat(orphan).st_mode):
+                continue
+            orphan.unlink()
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise SaveError(f"{orphan}: can't remove this orphaned temporary: {e}") from e
+        removed += 1
+    return removed

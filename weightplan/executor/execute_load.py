@@ -13,7 +13,9 @@ from weightplan.executor.atomic import GuardedSink, partial_load_errors
 from weightplan.executor.dtensors import check_output
 from weightplan.executor.report import LoadReport
 from weightplan.executor.run import run_plan
-from weightplan.executor.model_sink import ModelSink, check_unchanged
+from weightplan.executor.init_fit import check_allocations_fit, fresh_sizes
+from weightplan.executor.model_check import check_separate, check_unchanged
+from weightplan.executor.model_sink import ModelSink
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.pipelines.plan import LoadPlanData
 from weightplan.planner.write.record import attach_record, get_record, merge_records, record_of_conversions
@@ -27,6 +29,10 @@ def execute_plan(plan: LoadPlanData, *, strict: bool = False, progress: bool | N
     model, info = preflight(plan, strict)
     check_output(plan.sharding)
     fresh = sorted(plan.missing | plan.findings.ignored_missing)
+    # before a byte is read or allocated: see executor/init_fit.py
+    check_allocations_fit(fresh_sizes(model, info, fresh, plan.options.dtype),
+                          (d for p in plan.schedule.steps for d in p.destinations),
+                          plan.options.devices)
     inner = ModelSink(model, info, fresh, initialize=True, dtype=plan.options.dtype,
                       devices=plan.options.devices, sharding=plan.sharding)
     sink = GuardedSink(inner, atomic=atomic)  # see executor/atomic.py
@@ -68,9 +74,11 @@ def preflight(plan: LoadPlanData, strict: bool) -> tuple[nn.Module, ModelInfo]:
                               f"{len(plan.unexpected)} unexpected "
                               f"({', '.join(sorted(plan.unexpected)[:5])}); nothing was loaded")
     refuse_meta_buffers(plan)
-    for program in plan.schedule.steps:
+    info = plan.model_info
+    for program in plan.schedule.steps:  # as planned: see executor/model_check.py
         for dest in program.destinations:
-            check_unchanged(plan.model, dest)
+            check_unchanged(plan.model, dest, info.get(dest.key))
+    check_separate(plan.model, (d for p in plan.schedule.steps for d in p.destinations))
     return plan.model, plan.model_info
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 from weightplan.executor.gather import DiscardSink, barrier, gathering, has_dtensors, writer_rank
 from weightplan.executor.report import SaveReport
@@ -12,16 +13,19 @@ from weightplan.executor.writer import FileSink
 from weightplan.planner.pipelines.write_plan import WritePlanData
 
 
-def execute_write(plan: WritePlanData, *, progress: bool | None = None) -> SaveReport:
-    """Write ``plan``'s checkpoint; nothing is left behind if it fails. A tensor-parallel
-    model is gathered tensor by tensor on every rank and written by rank 0
+def execute_write(plan: WritePlanData, *, progress: bool | None = None,
+                  files: Mapping[str, bytes] | None = None) -> SaveReport:
+    """Write ``plan``'s checkpoint, and ``files`` (the model's config, ``{name: bytes}``) in
+    the same commit; nothing is left behind if it fails. A tensor-parallel model is
+    gathered tensor by tensor on every rank and written by rank 0
     (:mod:`~weightplan.executor.gather`)."""
     schedule, checkpoint, writes = plan.schedule, plan.checkpoint, True
     sharded = has_dtensors(checkpoint)
     if sharded:  # same collectives in the same order on every rank
         _, writes = writer_rank()
         schedule, checkpoint = dataclasses.replace(schedule, threads=0), gathering(checkpoint)
-    sink: Sink = FileSink(plan.directory, plan.layout, plan.overwrite) if writes else DiscardSink()
+    sink: Sink = (FileSink(plan.directory, plan.layout, plan.overwrite, files) if writes
+                  else DiscardSink())
     stats = run_plan(schedule, checkpoint, sink, progress=progress, description="writing")
     if sharded and writer_rank()[0]:
         barrier()

@@ -12,8 +12,9 @@ page is touched after the file shrank.
 
 Where a lease can't be taken (another process already has the file open for writing, the
 file belongs to another user, not Linux, or ``execute()`` runs outside the main thread,
-where no signal handler can be installed) the load goes on unguarded, as before; the
-fingerprint checks before and after execution still catch any change.
+where no signal handler can be installed) the file is never mapped: the reader reads it
+with ``preadv`` (:mod:`~weightplan.executor.reader`), where a truncation is a short read,
+and the fingerprint checks before and after execution catch any other change.
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ class LeaseGuard:
     @property
     def guarded(self) -> bool:
         return bool(self._leased)
+
+    def holds(self, fd: int) -> bool:
+        """Whether ``fd`` is under this guard's lease (only such a file may be mapped)."""
+        return fd in self._leased
 
     def start(self, fds: Iterable[int]) -> None:
         """Lease every file that can be leased; install the SIGIO handler (main thread)."""

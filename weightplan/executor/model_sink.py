@@ -34,16 +34,6 @@ def current_tensor(model: nn.Module, name: str) -> torch.Tensor:
     return tensor
 
 
-def check_unchanged(model: nn.Module, dest: Destination) -> None:
-    """The model must still be as planned: meta where we allocate, real where we write."""
-    tensor = current_tensor(model, dest.key)
-    shape = dest.shard.global_shape if dest.shard is not None else dest.spec.shape
-    if tensor.is_meta != dest.allocates or tuple(tensor.shape) != shape:
-        state = "on meta" if tensor.is_meta else "allocated"
-        raise PlanError(f"the model changed since explain(): {dest.key} is now {state} with "
-                        f"shape {list(tensor.shape)}; call explain() again")
-
-
 def destination_tensor(model: nn.Module, dest: Destination,
                        devices: DeviceMap | None = None) -> torch.Tensor:
     """A fresh tensor for an allocating destination (on its device), else the model's own

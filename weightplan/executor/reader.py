@@ -15,6 +15,13 @@ Two ways to move bytes, chosen per file when the reader opens it:
   faults them in kernel context (measured on the 1.5 GB benchmark checkpoint: 1.2-1.6 s
   with ``pread``, 0.43-0.49 s mapped).
 
+Only a file under a read lease is ever mapped (:mod:`~weightplan.executor.lease`: a
+truncation then waits until the window is copied). A file without one (``execute()`` in a
+worker thread, where no ``SIGIO`` handler can be installed; a file another process has
+open for writing; not Linux) is read with ``preadv`` only: direct reads straight into the
+destination, other windows into a buffer of their own. A file truncated underneath then
+gives a short read and :class:`TruncatedCheckpointError`, never ``SIGBUS``, from any thread.
+
 A file is *warm* when a few probes (``preadv(..., RWF_NOWAIT)``, which fails instead of
 waiting for the disk) at its start, middle and end all find their bytes cached.
 """
@@ -30,7 +37,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from weightplan.errors import CheckpointError, StaleCheckpointError, TruncatedCheckpointError
+from weightplan.errors import (
+    CheckpointError, OpenFileLimitError, StaleCheckpointError, TruncatedCheckpointError,
+)
+from weightplan.executor.fd_limit import limit_hint, out_of_descriptors
 from weightplan.executor.lease import LeaseGuard
 from weightplan.planner.inputs.checkpoint import Checkpoint, FileStamp
 from weightplan.planner.inputs.fingerprint import check_unchanged
@@ -50,12 +60,14 @@ class Reader:
         self._stamps = {stamp.path: stamp for stamp in checkpoint.files}
         self._lease = LeaseGuard()  # no SIGBUS: see executor/lease.py
         self._cold: set[str] = set()
+        self._mappable: set[str] = set()  # leased files: the only ones ever mapped
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         try:
             for stamp in checkpoint.files:
                 self._open(stamp)
             self._lease.start(self._fds.values())
+            self._mappable = {p for p, fd in self._fds.items() if self._lease.holds(fd)}
             self.verify(when="since the plan was made")  # size, times, inode, header SHA-256
         except BaseException:
             self.close()
@@ -65,6 +77,11 @@ class Reader:
         try:
             fd = open_regular(stamp.path)
         except CheckpointError as e:
+            if out_of_descriptors(e.__cause__):  # not a change of the file: say which limit
+                assert isinstance(e.__cause__, OSError)
+                raise OpenFileLimitError(f"{stamp.path}: can't open this checkpoint file: "
+                                         + limit_hint(e.__cause__, len(self._stamps),
+                                                      "the load")) from e.__cause__
             reason = str(e).removeprefix(f"{stamp.path}: ")
             raise StaleCheckpointError(f"the file changed since the plan was made ({reason}); "
                                        "call explain() again", file=stamp.path) from e
@@ -77,6 +94,11 @@ class Reader:
     def is_cold(self, path: str) -> bool:
         """Whether ``path`` was (partly) missing from the page cache when opened."""
         return path in self._cold
+
+    def reads_straight(self, path: str) -> bool:
+        """Whether direct reads of ``path`` go straight into the destination
+        (:meth:`read_into`): a cold file, or one that may not be mapped (no lease)."""
+        return path in self._cold or path not in self._mappable
 
     def read_into(self, path: str, offset: int, dest: torch.Tensor) -> None:
         """Read ``dest.numel()`` bytes at ``offset`` of ``path`` into ``dest`` (a contiguous
@@ -118,6 +140,13 @@ class Reader:
         """A ``uint8`` tensor over bytes ``[offset, offset + nbytes)`` of ``path``, mapped
         for the duration of the block (copy out of it; don't keep it)."""
         fd = self._fds[path]
+        if path not in self._mappable:  # no lease: never an unguarded mapping
+            buffer = torch.empty(nbytes, dtype=torch.uint8)
+            if nbytes:
+                raw = memoryview(buffer.numpy()).cast("B")  # type: ignore[arg-type]  # numpy
+                self._request(path, fd, raw, offset, 0, nbytes)
+            yield buffer
+            return
         with self._lease.mapping(path):
             if offset + nbytes > os.fstat(fd).st_size:
                 raise TruncatedCheckpointError(f"bytes {offset}..{offset + nbytes} are past the "

@@ -177,11 +177,12 @@ def _read_task(run: _Execution, program: Step, step: _Step, task: ReadTask,
 
 def _read_straight(run: _Execution, program: Step, step: _Step, task: ReadTask,
                    piece: tuple[int, int]) -> bool:
-    """A direct read of a cold file goes from the file straight into the destination's
-    bytes (:meth:`Reader.read_into`); False when it can't (warm file, in-memory source,
-    a sink without CPU bytes to read into)."""
+    """A direct read of a cold (or unleased) file goes from the file straight into the
+    destination's bytes (:meth:`Reader.read_into`); False when it can't (warm leased file,
+    in-memory source, a sink without CPU bytes to read into)."""
     f, entry = task.fragment, task.entry
-    if not task.direct or f is None or entry.file is None or not run.reader.is_cold(entry.file):
+    if (not task.direct or f is None or entry.file is None
+            or not run.reader.reads_straight(entry.file)):
         return False
     dest = program.destinations[f.target]
     offset = f.view.offset * dest.spec.dtype.itemsize + piece[0]

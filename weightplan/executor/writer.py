@@ -2,28 +2,35 @@
 
 It follows the :class:`~weightplan.executor.sink.Sink` protocol.
 
-Every shard is written under a temporary name in the target directory: header first,
-then each tensor's bytes at its planned offset as steps complete (``pwrite``, straight
-from the source tensor's memory when the copy is direct). Only when every step succeeded
-are the shards and the index fsync'ed and committed through a journal
-(:mod:`weightplan.executor.commit`): renamed into place, the index last, and stale files
-of an overwritten checkpoint removed. A failure before the commit deletes the
-temporaries; a failure or a kill during it leaves the directory marked as an interrupted
-save, which loads refuse and ``weightplan recover DIR`` completes. Never a mix.
+It holds the directory's lock from its first temporary to the end of the commit (a second
+save or ``recover`` is refused, naming it). Every shard is written under a temporary name
+of this save's own in the target directory, created exclusively (never through a planted
+file or symlink): header first, then each tensor's bytes at its planned offset as steps
+complete (``pwrite``, straight from the source tensor's memory when the copy is direct).
+Only when every step succeeded are the shards, the model's config files (``files``) and
+the index fsync'ed and committed through a journal (:mod:`weightplan.executor.commit`):
+renamed into place, the index last, and stale files of an overwritten checkpoint
+removed. A failure before the commit deletes the temporaries; a failure or a kill during
+it leaves the directory marked as an interrupted save, which loads refuse and
+``weightplan recover DIR`` completes. Never a mix.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
-from weightplan.errors import SaveError
+from weightplan.errors import SaveError, WeightplanError
 from weightplan.executor.commit import (
-    PARTIAL, Journal, commit, step, temp_name, write_synced,
+    PARTIAL, Journal, commit, create_exclusive, new_token, refuse_directories, step, temp_name,
+    write_synced,
 )
+from weightplan.executor.dir_lock import DirectoryLock
+from weightplan.executor.fd_limit import limit_hint, out_of_descriptors
 from weightplan.executor.model_sink import flat_bytes, strided
 from weightplan.planner.inputs.paths import refuse_interrupted_save
 from weightplan.planner.tensors.ir.destination import Destination
@@ -45,31 +52,50 @@ def _pwrite_all(fd: int, data: torch.Tensor, offset: int, path: str) -> None:
 
 
 class FileSink:
-    """Writes destinations of kind FILE into the shards of ``layout`` under ``directory``."""
+    """Writes destinations of kind FILE into the shards of ``layout`` under ``directory``;
+    ``files`` (``{"config.json": bytes}``) are committed with them."""
 
-    def __init__(self, directory: str, layout: ShardLayout, overwrite: bool):
+    def __init__(self, directory: str, layout: ShardLayout, overwrite: bool,
+                 files: Mapping[str, bytes] | None = None):
         self.directory, self.layout, self.overwrite = Path(directory), layout, overwrite
+        self.files = dict(files or {})
+        self._token = new_token()
         self._fds: dict[str, int] = {}
         self._partial: dict[str, Path] = {}
-        refuse_interrupted_save(self.directory)
-        taken = [n for n in layout.names if (self.directory / n).exists()]
-        if taken and not overwrite:
-            raise SaveError(f"{self.directory} now holds {', '.join(taken)}; pass overwrite=True "
-                            "to replace it")
+        self._lock = DirectoryLock(self.directory, "save")
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
+            self._lock.acquire()
+            self._refuse_taken()
             for shard in layout.files:
                 self._create(shard.name, shard.header, shard.size)
             step("created")
         except BaseException as e:
             self.abort()
-            if isinstance(e, OSError) and not isinstance(e, SaveError):
-                raise SaveError(f"{self.directory}: can't create the output files: {e}") from e
+            if isinstance(e, OSError) and not isinstance(e, WeightplanError):
+                why = (limit_hint(e, len(layout.files), "the save") if out_of_descriptors(e)
+                       else str(e))
+                raise SaveError(f"{self.directory}: can't create the output files: {why}"
+                                ) from e
             raise
 
+    def _refuse_taken(self) -> None:
+        """Under the lock: no interrupted save here, no checkpoint unless ``overwrite``, no
+        directory where a file goes."""
+        refuse_interrupted_save(self.directory)
+        taken = [n for n in self.layout.names if (self.directory / n).exists()]
+        if taken and not self.overwrite:
+            raise SaveError(f"{self.directory} now holds {', '.join(taken)}; pass "
+                            "overwrite=True to replace it")
+        refuse_directories(self.directory, self._finals() + sorted(self._old_files()))
+
+    def _finals(self) -> list[str]:
+        index = [INDEX_NAME] if self.layout.index is not None else []
+        return [f.name for f in self.layout.files] + sorted(self.files) + index
+
     def _create(self, name: str, header: bytes, size: int) -> None:
-        path = self.directory / temp_name(name)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        path = self.directory / temp_name(name, self._token)
+        fd = create_exclusive(path)
         self._fds[name], self._partial[name] = fd, path
         os.ftruncate(fd, size)
         _pwrite_all(fd, torch.frombuffer(bytearray(header), dtype=torch.uint8), 0, str(path))
@@ -97,43 +123,54 @@ class FileSink:
 
     def commit(self) -> None:
         try:
-            for fd in self._fds.values():
-                os.fsync(fd)
-            self._close_all()
-            step("shards synced")
-            journal = self._journal()
-        except BaseException as e:
-            self.abort()
-            if not isinstance(e, OSError) or isinstance(e, SaveError):
-                raise
-            raise SaveError(f"{self.directory}: flushing the new files failed ({e}); nothing "
-                            "was changed") from e
-        commit(self.directory, journal, self.abort)
-        self._partial.clear()
+            try:
+                for fd in self._fds.values():
+                    os.fsync(fd)
+                self._close_all()
+                step("shards synced")
+                journal = self._journal()
+            except BaseException as e:
+                self.abort()
+                if not isinstance(e, OSError) or isinstance(e, SaveError):
+                    raise
+                raise SaveError(f"{self.directory}: flushing the new files failed ({e}); "
+                                "nothing was changed") from e
+            commit(self.directory, journal, self.abort, self._token)
+            self._partial.clear()
+        finally:
+            self._lock.release()
 
     def _journal(self) -> Journal:
-        """Write the index under its temporary name; the renames and deletes to commit."""
-        finals = list(self.layout.names)
-        if self.layout.index is not None:
-            tmp = self.directory / temp_name(INDEX_NAME)
-            self._partial[INDEX_NAME] = tmp
-            write_synced(tmp, self.layout.index)
-            step("index synced")
-            finals.append(INDEX_NAME)
-        renames = tuple((temp_name(n), n) for n in finals)
+        """Write the config files and the index under their temporary names; the renames
+        (the index last) and deletes to commit."""
+        for name, data in [*sorted(self.files.items()), (INDEX_NAME, self.layout.index)]:
+            if data is None:
+                continue
+            tmp = self.directory / temp_name(name, self._token)
+            write_synced(tmp, data)
+            self._partial[name] = tmp
+            step("index synced" if name == INDEX_NAME else f"{name} synced")
+        finals = self._finals()
+        refuse_directories(self.directory, finals + sorted(self._old_files()))
+        renames = tuple((temp_name(n, self._token), n) for n in finals)
+        for temp, _ in renames:  # the journal would skip a missing one: the old file stays
+            if not os.path.isfile(self.directory / temp):
+                raise SaveError(f"{self.directory / temp}: this save's temporary vanished (did "
+                                "another process remove it?); nothing was changed")
         return Journal(renames, tuple(sorted(self._old_files() - set(finals))))
 
     def _old_files(self) -> set[str]:
         """Checkpoint files an overwrite replaces: the old index, its shards, the single file."""
         old = {p.name for p in self.directory.glob("*.safetensors")}
         old = {n for n in old if n == SINGLE_NAME or n.startswith("model-")}
-        return old | ({INDEX_NAME} if (self.directory / INDEX_NAME).exists() else set())
+        return old | ({INDEX_NAME} if os.path.lexists(self.directory / INDEX_NAME) else set())
 
     def abort(self) -> None:
         self._close_all()
         for path in self._partial.values():
             path.unlink(missing_ok=True)
         self._partial.clear()
+        self._lock.release()
 
     def _close_all(self) -> None:
         for fd in self._fds.values():

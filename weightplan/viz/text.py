@@ -1,4 +1,8 @@
-"""The explanation as text: a grouped table, totals, the peak estimate, every problem."""
+"""The explanation as text: a grouped table, totals, the peak estimate, every problem.
+
+Keys, paths and messages come from strangers' files: every line goes through
+:func:`~weightplan.viz.style.terminal_text`, so no control or bidi character reaches the
+terminal (a key can't forge a line of the verdict); ordinary text is unchanged."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from weightplan.units import format_bytes
 from weightplan.viz.rows import Row
 from weightplan.viz.folding import fold_keys
 from weightplan.viz.rows import mapping_rows
+from weightplan.viz.style import terminal_text
 
 MAX_LIST = 12
 
@@ -37,7 +42,7 @@ def explain_text(plan: PlanData, width: int | None = None) -> str:
         width = shutil.get_terminal_size((120, 24)).columns if sys.stdout.isatty() else 120
     lines = header_lines(plan) + [""] + mapping_lines(plan, max(width, 80)) + [""]
     lines += total_lines(plan) + parallel_lines(plan) + problem_lines(plan) + note_lines(plan)
-    return "\n".join(lines) + "\n"
+    return "\n".join(map(terminal_text, lines)) + "\n"
 
 
 def _loaded_bytes(plan: LoadPlanData) -> int:

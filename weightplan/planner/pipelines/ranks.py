@@ -4,7 +4,8 @@
 ranks as that rank would (a dry run per rank: the same graph, shard nodes, push-down and
 schedule), so a cluster load can be checked on a laptop: how many bytes each rank reads,
 holds and holds replicated, its peak, and which conversions force whole reads. Nothing is
-read but the safetensors headers.
+read but the safetensors headers. At most :data:`weightplan.limits.MAX_PLANNED_RANKS` ranks
+are planned in one call (``--tp 1000000`` would plan for half an hour).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import dataclasses
 
 import torch
 
+from weightplan.errors import ParallelError
+from weightplan.limits import MAX_PLANNED_RANKS
 from weightplan.planner.core.sharding.config import TensorParallel
 from weightplan.planner.pipelines.plan import LoadPlanData
 from weightplan.units import format_bytes
@@ -24,8 +27,13 @@ def plan_ranks(model: torch.nn.Module, checkpoint: object, tp: TensorParallel, *
     from weightplan.planner.pipelines.load import explain_load
 
     world = tp.world_size if tp.world_size is not None else tp.ranks().world_size
+    planned = ranks if ranks is not None else range(world)
+    if MAX_PLANNED_RANKS.exceeded_by(len(planned)):  # each rank is a full plan: bound them
+        raise ParallelError(f"planning {len(planned)} ranks of a world of {world} in one "
+                            f"process (one full plan each) is refused: "
+                            f"{MAX_PLANNED_RANKS.hint()}, or plan some of them (ranks=range(...))")
     out = []
-    for rank in ranks if ranks is not None else range(world):
+    for rank in planned:
         one = dataclasses.replace(tp, mesh=None, world_size=world, rank=rank)
         out.append(explain_load(model, checkpoint, tp=one, **explain))  # type: ignore[arg-type]
     return tuple(out)
