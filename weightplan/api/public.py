@@ -4,6 +4,7 @@ a bare ``import weightplan`` (the command line) does not import torch yet."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -46,8 +47,8 @@ def save(model: torch.nn.Module, directory: str | os.PathLike[str], *, mapping: 
     plan = explain_save(model, directory, mapping=mapping, max_shard_size=max_shard_size,
                         overwrite=overwrite, threads=threads, quantize=quantize)
     report = plan.execute(progress=progress)
-    write_model_config(model, directory, fp8_written=plan.writes_fp8)
-    return report
+    written = write_model_config(model, directory, fp8_written=plan.writes_fp8)
+    return dataclasses.replace(report, files=report.files + tuple(written))
 
 
 # the public contract: typed arguments in, only WeightplanError out (see weightplan.api.guard)
