@@ -272,7 +272,7 @@ def _explain(args: argparse.Namespace) -> int:
     import weightplan
     from weightplan.viz.text import explain_text
 
-    from weightplan.api.pretrained import resolve_checkpoint
+    from weightplan.api.hub import resolve_checkpoint
 
     args.checkpoint = str(resolve_checkpoint(args.checkpoint))  # a repo id: its snapshot
     model, dtype = None, args.dtype

@@ -77,6 +77,13 @@ def resolve_sharding(model: nn.Module, tp: TensorParallel, world_size: int) -> S
     return _apply_rules(model, rules, source, issues, world_size)
 
 
+def plan_rules(model: nn.Module, tp: TensorParallel) -> dict[str, str]:
+    """The ``{name glob: style}`` rules ``tp`` takes for ``model`` (what
+    :func:`resolve_sharding` matches the parameters against; also what prepares the
+    modules' forwards for tensor parallelism)."""
+    return _auto_rules(model, tp.experts)[0] if tp.plan == "auto" else dict(tp.plan_entries())
+
+
 def _dtensor_plan(model: nn.Module) -> ShardingPlan | None:
     from torch.distributed.tensor import DTensor
 
