@@ -17,7 +17,7 @@ exit status:
     1    the plan has problems (missing or unexpected keys, shape mismatches, tensor-parallel
          problems): printed, nothing loaded; --allow-problems exits 0 anyway
     2    an error (one line on stderr; --debug adds the traceback), or bad arguments
-    120  stdout was closed early (``| head``)
+    120  stdout was closed early (| head)
     130  interrupted
 """
 
@@ -359,7 +359,11 @@ def _model_for(checkpoint: str, dtype: str | None) -> tuple[nn.Module | None, An
         print("weightplan: transformers is not installed: explaining the keys without a model",
               file=sys.stderr)
         return None, dtype
-    built = build_empty_model(checkpoint)
+    from weightplan.api.status import status
+
+    with status(f"building the model {config_path(checkpoint)} names (on meta)",
+                "built the model", None):
+        built = build_empty_model(checkpoint)
     return built.model, dtype if dtype is not None else "auto"
 
 
