@@ -140,3 +140,15 @@ def test_a_reader_that_leaves_early_is_not_an_error():
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 120
     assert err == ""
+
+
+def test_the_demo_says_its_temporary_checkpoint_is_gone(capsys):
+    from pathlib import Path
+
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    first = out.splitlines()[0]
+    assert "temporary directory" in first and "deleted" in first and "--dir" in first
+    shown = first.split(", ")[1]
+    assert not Path(shown).exists()  # it says so, and it is so
+    assert "temporary checkpoint is deleted" in out.splitlines()[-1]

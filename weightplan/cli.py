@@ -7,12 +7,20 @@
     weightplan explain CKPT --model-type mixtral --json
     weightplan explain CKPT --model-type mixtral --svg plan.svg --timeline mem.svg
     weightplan explain CKPT_DIR --tp 8 [--ep]        every rank's bytes read / held / peak
-    weightplan convert SRC DST --model-type mixtral [--reverse]   on disk, no model
-    weightplan mappings                              registered mappings and aliases
+    weightplan convert SRC DST [--reverse]           on disk, no model (mapping: config.json's
+                                                     model_type, or --model-type)
+    weightplan mappings [--json]                     registered mappings and aliases
     weightplan recover DIR                           complete a save interrupted in its commit
 
-Errors are one line on stderr and a non-zero exit; --debug adds the traceback. Keys,
-paths and messages are printed with control and bidi characters escaped.
+exit status:
+    0    done; the plan has no problems
+    1    the plan has problems (missing or unexpected keys, shape mismatches, tensor-parallel
+         problems): printed, nothing loaded; --allow-problems exits 0 anyway
+    2    an error (one line on stderr; --debug adds the traceback), or bad arguments
+    120  stdout was closed early (| head)
+    130  interrupted
+
+Keys, paths and messages are printed with control and bidi characters escaped.
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from weightplan import __version__
 from weightplan.errors import WeightplanError
+
+OK, PROBLEMS, ERROR, CLOSED, INTERRUPTED = 0, 1, 2, 120, 130  # the exit status (see above)
 
 if TYPE_CHECKING:
     from torch import nn
@@ -52,7 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    help="explain loading a checkpoint (headers only)"))
     _convert_parser(sub.add_parser("convert", parents=[common],
                                    help="convert a checkpoint on disk to another layout"))
-    sub.add_parser("mappings", parents=[common], help="list registered mappings")
+    mappings = sub.add_parser("mappings", parents=[common], help="list registered mappings")
+    mappings.add_argument("--json", action="store_true",
+                          help="print them as JSON: name, alias_of, source")
     rec = sub.add_parser("recover", parents=[common],
                          help="complete a save that was interrupted in its commit")
     rec.add_argument("directory", help="the checkpoint directory the save was writing")
@@ -79,24 +91,47 @@ def _explain_parser(exp: argparse.ArgumentParser) -> None:
                      help="graph detail (default: grouped; full with --only)")
     exp.add_argument("--only", metavar="GLOB",
                      help="draw only the keys matching GLOB, e.g. 'model.layers.0.*'")
-    exp.add_argument("--tp", type=int, metavar="N",
+    exp.add_argument("--tp", type=_ranks, metavar="N",
                      help="plan a tensor-parallel load over N ranks: one row per rank (read, "
                           "held, replicated, peak), from this process, with no GPU")
     exp.add_argument("--ep", action="store_true",
                      help="with --tp: whole experts per rank (the model's ep_plan)")
+    exp.add_argument("--tp-plan", metavar="JSON",
+                     help="with --tp: the plan as a JSON object {module glob: style} (or "
+                          "@FILE.json) instead of the model's tp_plan")
+    exp.add_argument("--allow-problems", action="store_true",
+                     help="exit 0 even when the plan has problems (default: exit 1)")
 
 
 def _convert_parser(conv: argparse.ArgumentParser) -> None:
     conv.add_argument("source", help="checkpoint file or directory")
-    conv.add_argument("destination", help="output directory")
-    conv.add_argument("--model-type", "--mapping", dest="mapping", required=True,
-                      help="registered mapping, e.g. mixtral")
+    conv.add_argument("destination", help="output directory (config.json and the generation "
+                      "config are copied along)")
+    conv.add_argument("--model-type", "--mapping", dest="mapping",
+                      help="registered mapping, e.g. mixtral (default: the model_type "
+                           "config.json names)")
     conv.add_argument("--reverse", action="store_true",
                       help="apply the inverse mapping (model layout back to the original)")
-    conv.add_argument("--max-shard-size", default="5GB", help="bytes per output shard")
-    conv.add_argument("--overwrite", action="store_true", help="replace a checkpoint in DST")
+    conv.add_argument("--max-shard-size", default="5GB", metavar="SIZE",
+                      help="largest output file: bytes or a size like 200KB, 5GB, 2GiB "
+                           "(default 5GB); a bigger tensor gets a file of its own")
+    conv.add_argument("--overwrite", action="store_true",
+                      help="replace a checkpoint (and config) in DST")
     conv.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
-    conv.add_argument("--threads", type=int, default=4)
+    conv.add_argument("--threads", type=int, default=4, metavar="N",
+                      help="threads reading and writing tensors (default 4; 0: all in this "
+                           "thread)")
+
+
+def _ranks(text: str) -> int:
+    """``--tp N``: a whole number of ranks, at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give the number of ranks, 1 or more")
+    return value
 
 
 # commands that only read and print: run as the program (not called by a caller), they run
@@ -127,7 +162,7 @@ def _exit_now(code: int) -> NoReturn:
     try:
         sys.stdout.flush()
     except (OSError, ValueError):  # a closed pipe: as Python's own exit reports it
-        code = code or 120
+        code = code or CLOSED
     try:
         sys.stderr.flush()
     except (OSError, ValueError):
@@ -140,10 +175,10 @@ def _run(args: argparse.Namespace) -> int:
         return _dispatch(args)
     except KeyboardInterrupt:
         print("weightplan: interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     except BrokenPipeError:  # the reader left (``| head``): nothing is wrong, stop quietly
         _drop_stdout()
-        return 120
+        return CLOSED
     except Exception as e:  # one line, whatever it is; --debug shows the traceback
         if args.debug:
             import traceback
@@ -152,9 +187,9 @@ def _run(args: argparse.Namespace) -> int:
         kind = type(e).__name__
         if not isinstance(e, WeightplanError):
             kind = f"unexpected {kind}"
-        message = " ".join(str(e).split())
+        message = cli_wording(" ".join(str(e).split()))
         print(f"weightplan: error: {kind}: {_safe(message)}", file=sys.stderr)
-        return 2
+        return ERROR
 
 
 def _safe(text: str) -> str:
@@ -184,28 +219,53 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return run_demo(args.dir)
     if args.command == "mappings":
-        return _mappings()
+        return _mappings(args)
     if args.command == "convert":
         return _convert(args)
     if args.command == "recover":
         from weightplan.executor.commit import recover
 
         print(_safe(recover(args.directory)))
-        return 0
+        return OK
     return _explain(args)
 
 
-def _mappings() -> int:
+def cli_wording(message: str) -> str:
+    """An error's or problem's advice in the command line's words (its flags)."""
+    from weightplan.planner.core.sharding.advice import cli_wording as tp_wording
+
+    message = message.replace("pass overwrite=True", "pass --overwrite")
+    return tp_wording(message)
+
+
+def _status(problems: object, args: argparse.Namespace) -> int:
+    """``PROBLEMS`` when the plan has problems (unless ``--allow-problems``), else ``OK``."""
+    if problems and not args.allow_problems:
+        print("weightplan: the plan has problems (exit status 1; --allow-problems exits 0)",
+              file=sys.stderr)
+        return PROBLEMS
+    return OK
+
+
+def _mappings(args: argparse.Namespace) -> int:
     from weightplan.bridge.names import bridged_names
     from weightplan.planner.keys.mappings import REGISTRY
 
+    rows = []
     for key in REGISTRY.keys():
         target = REGISTRY.resolve(key)
-        print(_safe(key if target == key else f"{key} -> {target}"))
-    for key in bridged_names():
-        if key not in REGISTRY:
-            print(_safe(f"{key} (transformers bridge)"))
-    return 0
+        rows.append({"name": key, "alias_of": None if target == key else target,
+                     "source": "registry"})
+    rows += [{"name": key, "alias_of": None, "source": "transformers bridge"}
+             for key in bridged_names() if key not in REGISTRY]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return OK
+    for row in rows:
+        alias = f" -> {row['alias_of']}" if row["alias_of"] else ""
+        bridged = " (transformers bridge)" if row["source"] != "registry" else ""
+        print(_safe(f"{row['name']}{alias}{bridged}"))
+    return OK
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -217,14 +277,14 @@ def _convert(args: argparse.Namespace) -> int:
     print(plan)
     if not args.dry_run:
         print(_safe(str(plan.execute())))
-    return 0
+    return OK
 
 
 def _explain(args: argparse.Namespace) -> int:
     import weightplan
     from weightplan.viz.text import explain_text
 
-    from weightplan.api.pretrained import resolve_checkpoint
+    from weightplan.api.hub import resolve_checkpoint
 
     args.checkpoint = str(resolve_checkpoint(args.checkpoint))  # a repo id: its snapshot
     model, dtype = None, args.dtype
@@ -239,24 +299,46 @@ def _explain(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(explain_text(plan, width=args.width))
     _pictures(plan, args)
-    return 0
+    return _status(plan.problems, args)
 
 
 def _explain_ranks(model: Any, dtype: Any, args: argparse.Namespace) -> int:
     """``--tp N [--ep]``: every rank planned in this process; a table, or JSON rows."""
     from weightplan.errors import ParallelError
     from weightplan.planner.core.sharding.config import TensorParallel
-    from weightplan.planner.pipelines.ranks import plan_ranks, rank_rows, rank_table
+    from weightplan.planner.pipelines.ranks import plan_ranks, rank_rows
+    from weightplan.viz.ranks import rank_table
 
     if model is None:
         raise ParallelError("--tp needs the model: a checkpoint directory with config.json "
                             "and transformers installed")
-    tp = TensorParallel(world_size=args.tp, rank=0, experts="ep" if args.ep else "tp",
-                        output="local")
+    tp = TensorParallel(plan=_tp_plan(args.tp_plan), world_size=args.tp, rank=0,
+                        experts="ep" if args.ep else "tp", output="local")
     plans = plan_ranks(model, args.checkpoint, tp, mapping=args.mapping, dtype=dtype,
                        budget=args.budget)
-    print(json.dumps(rank_rows(plans), indent=2) if args.json else _safe(rank_table(plans)))
-    return 0
+    print(json.dumps(rank_rows(plans), indent=2) if args.json
+          else _safe(rank_table(plans, wording=cli_wording)))
+    return _status([p for plan in plans for p in plan.problems], args)
+
+
+def _tp_plan(text: str | None) -> Any:
+    """``--tp-plan``: ``"auto"`` without it; a JSON object given inline or as ``@FILE``."""
+    from pathlib import Path
+
+    from weightplan.errors import ArgumentError
+
+    if text is None:
+        return "auto"
+    try:
+        raw = Path(text[1:]).read_text() if text.startswith("@") else text
+        plan = json.loads(raw)
+    except (OSError, ValueError) as e:
+        raise ArgumentError(f"--tp-plan {text!r}: not a JSON object {{module glob: style}} "
+                            f"({e})") from e
+    if not isinstance(plan, dict) or not all(isinstance(v, str) for v in plan.values()):
+        raise ArgumentError(f"--tp-plan {text!r}: give a JSON object {{module glob: style}} "
+                            "with style names as strings")
+    return plan
 
 
 def _pictures(plan: Plan, args: argparse.Namespace) -> None:
@@ -289,7 +371,11 @@ def _model_for(checkpoint: str, dtype: str | None) -> tuple[nn.Module | None, An
         print("weightplan: transformers is not installed: explaining the keys without a model",
               file=sys.stderr)
         return None, dtype
-    built = build_empty_model(checkpoint)
+    from weightplan.api.status import status
+
+    with status(f"building the model {config_path(checkpoint)} names (on meta)",
+                "built the model", None):
+        built = build_empty_model(checkpoint)
     return built.model, dtype if dtype is not None else "auto"
 
 

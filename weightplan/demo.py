@@ -134,7 +134,9 @@ def run_demo(directory: str | None = None) -> int:
         ckpt = Path(directory or tmp)
         ckpt.mkdir(parents=True, exist_ok=True)
         write_sharded(legacy_state_dict(source), ckpt)
-        print(f"wrote a legacy Mixtral-style checkpoint to {ckpt}\n")
+        where = (f"{ckpt}" if directory else
+                 f"a temporary directory, {ckpt}, deleted when the demo ends (--dir DIR keeps it)")
+        print(f"wrote a legacy Mixtral-style checkpoint to {where}\n")
         with weightplan.init_empty():
             model = TinyMoE(cfg).eval()
         plan = weightplan.explain(model, ckpt)
@@ -145,4 +147,6 @@ def run_demo(directory: str | None = None) -> int:
     with torch.no_grad():
         same = torch.equal(model(ids), source(ids))
     print(f"\nlogits of the loaded model equal the original's: {same}")
+    if not directory:
+        print("the temporary checkpoint is deleted; `weightplan demo --dir DIR` keeps it")
     return 0 if same else 1

@@ -30,6 +30,9 @@ escapes (they are wrapped and chained with ``from``). The tree::
     │   ├── BudgetError              no schedule fits the memory budget (or the tensors a
     │   │                            load would allocate don't fit this machine's memory)
     │   ├── ParallelError            a tensor-parallel configuration can't work (names the fix)
+    │   ├── LossyCastError           a checkpoint tensor would be cast to a dtype of another
+    │   │                            kind that loses values (complex → real, float → integer,
+    │   │                            integer → bool); names the file and key
     │   ├── GraphError               the plan graph or its lowering breaks an invariant
     │   │                            (``verify``; ``.problems`` lists every message)
     │   └── QuantizationError        a quantized checkpoint or model can't be loaded as asked
@@ -174,6 +177,11 @@ class BudgetError(PlanError):
 
 class ParallelError(PlanError):
     """A tensor/expert-parallel configuration can't work (mesh, ranks, plan, output)."""
+
+
+class LossyCastError(PlanError):
+    """Loading would cast a tensor to a dtype of another kind, losing values (the imaginary
+    part, the fraction, every integer but 0 and 1), unless the mapping converts it."""
 
 
 class GraphError(PlanError):

@@ -37,10 +37,16 @@ def parse_bytes(value: int | float | str, *, what: str = "size") -> int:
 
 
 def format_bytes(n: int | float) -> str:
-    """Binary units, 3 significant digits: ``1.52 GiB``."""
+    """Binary units, 3 significant digits: ``1.52 GiB``; whole bytes below 1 KiB.
+
+    A value that would round to 1000 of a unit (999.5 and up) is given in the next unit
+    (``0.977 MiB``, not ``1e+03 KiB``); past 999.5 TiB the TiB are whole numbers.
+    """
     n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{int(n)} B" if unit == "B" else f"{n:.3g} {unit}"
+    if abs(n) < 1024:
+        return f"{int(n)} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
         n /= 1024
-    raise AssertionError("unreachable")
+        if abs(n) < 999.5:
+            return f"{n:.3g} {unit}"
+    return f"{n:.0f} TiB"

@@ -83,3 +83,22 @@ def tp_loaded(tmp_path_factory, tp_checkpoints) -> Path:
         args = [f"{how}:{tp_checkpoints[n]}" for how, names in jobs for n in names]
         torchrun(world, LOADER, str(out), *args)
     return out
+
+
+PRETRAINED = Path(__file__).with_name("tp_pretrained_worker.py")
+# from_pretrained(tp=...) as a user runs it: dense and MoE, TP and EP, 2 and 4 ranks
+PRETRAINED_JOBS = {2: (("tp", ("llama", "qwen3moe", "mixtral", "dsv3")),
+                       ("ep", ("qwen3moe", "mixtral", "dsv3")), ("hand", ("mixtral",))),
+                   4: (("tp", ("llama4kv", "dsv3")), ("ep", ("dsv3",)))}
+
+
+@pytest.fixture(scope="session")
+def tp_pretrained(tmp_path_factory, tp_checkpoints) -> Path:
+    """``from_pretrained(dir, tp=...)`` under torchrun with no process group started first."""
+    out = tmp_path_factory.mktemp("tp_pretrained")
+    for world, jobs in PRETRAINED_JOBS.items():
+        args = [f"{how}:{tp_checkpoints[n]}" for how, names in jobs for n in names]
+        if world == 4:  # 2 key/value heads don't split over 4 ranks
+            args.append(f"refused:{tp_checkpoints['llama']}")
+        torchrun(world, PRETRAINED, str(out), *args)
+    return out

@@ -31,3 +31,29 @@ def test_explain_tp_needs_a_model(tmp_path, capsys):
     ckpt = write_checkpoint(tmp_path / "c", {"w": torch.zeros(2)})
     assert main(["explain", str(ckpt), "--tp", "2"]) == 2
     assert "--tp needs the model" in capsys.readouterr().err
+
+
+def test_repeated_tp_problems_fold_and_speak_in_flags(tp_checkpoints, capsys):
+    assert main(["explain", str(tp_checkpoints["qwen3moe"]), "--tp", "3", "--ep"]) == 1
+    out = capsys.readouterr().out
+    parallel = [line for line in out.splitlines() if line.startswith("  parallel:")]
+    assert len(parallel) == 1  # one line for both expert tensors
+    assert "experts.down_proj" in parallel[0] and "experts.gate_up_proj" in parallel[0]
+    assert "drop --ep, or give --tp a number dividing 4" in parallel[0]
+    assert "experts='tp'" not in out
+    assert main(["explain", str(tp_checkpoints["qwen3moe"]), "--tp", "3", "--ep",
+                 "--allow-problems"]) == 0
+
+
+def test_tp_says_what_every_rank_holds_whole_and_why(tp_checkpoints, capsys):
+    assert main(["explain", str(tp_checkpoints["dsv3"]), "--tp", "2"]) == 0
+    out = capsys.readouterr().out
+    head, _, rest = out.partition("replicated (whole on every rank, ")
+    assert rest, out
+    reasons = rest.split("\n  ")
+    assert reasons[1].startswith("no entry of model.tp_plan names them (")
+    assert "self_attn.kv_a_proj_with_mqa.weight" in rest and "mlp.gate.weight" in rest
+    assert main(["explain", str(tp_checkpoints["qwen3moe"]), "--tp", "2"]) == 0
+    out = capsys.readouterr().out
+    assert ("model.layers.*.self_attn.q_norm: replicated_with_grad_allreduce keeps them whole"
+            in out)

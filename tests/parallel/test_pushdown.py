@@ -11,10 +11,11 @@ from weightplan.ops import Chunk, Concatenate, MergeModulelist, PermuteForRope, 
 from weightplan.parallel import TensorParallel
 from weightplan.planner.core.sharding.placements import Placement
 from weightplan.planner.pipelines.ranks import (
-    plan_ranks, rank_table, read_bytes, whole_reads,
+    plan_ranks, read_bytes, whole_reads,
 )
 from weightplan.planner.inputs.parallel_plan import resolve_sharding
 from weightplan.planner.core.sharding.shard_math import slice_local
+from weightplan.viz.ranks import rank_table
 
 F32 = torch.float32
 
@@ -118,7 +119,9 @@ def test_rank_table_from_one_process(tmp_path):
     assert [read_bytes(r) for r in ranks] == [3 * 16 + 16] * 3 + [16 + 16]
     assert all(r.replicated_bytes == 16 for r in ranks)
     lines = rank_table(ranks).splitlines()
-    assert lines[0].startswith("tensor parallel over 4 ranks") and len(lines) == 6
+    assert lines[0].startswith("tensor parallel over 4 ranks") and len(lines) == 9
+    assert lines[6:] == ["replicated (whole on every rank, 16 B):",
+                         "  no entry of the plan given names them (1, 16 B):", "    norm.weight"]
     from weightplan import parallel
 
     assert parallel.rank_table(parallel.plan_ranks(model, ckpt, tp, mapping=[])) == rank_table(ranks)

@@ -19,6 +19,9 @@ def configs():
 
     return {
         "llama": (T.LlamaForCausalLM, T.LlamaConfig(**COMMON, intermediate_size=96, head_dim=16)),
+        # every head its own key/value head: its attention runs on 4 ranks (2 KV heads can't)
+        "llama4kv": (T.LlamaForCausalLM, T.LlamaConfig(**{**COMMON, "num_key_value_heads": 4},
+                                                       intermediate_size=96, head_dim=16)),
         "qwen3moe": (T.Qwen3MoeForCausalLM, T.Qwen3MoeConfig(
             **COMMON, intermediate_size=96, moe_intermediate_size=48, num_experts=4,
             num_experts_per_tok=2, head_dim=16, mlp_only_layers=[0])),
@@ -34,7 +37,7 @@ def configs():
 
 
 MOE = ("qwen3moe", "mixtral", "dsv3")
-FOUR_RANKS = ("llama", "mixtral")
+FOUR_RANKS = ("llama", "mixtral", "llama4kv")
 
 
 def build(root: Path) -> dict[str, Path]:

@@ -3,6 +3,7 @@ the transformers bridge plugged into the mapping lookup, returning user-facing p
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -10,6 +11,7 @@ import torch
 from weightplan.api.plans import Plan, WritePlan, promote
 from weightplan.bridge.names import named_choice
 from weightplan.bridge.transformers import TransformersFinder
+from weightplan.errors import MappingError
 from weightplan.planner.pipelines.load import explain_load
 from weightplan.planner.keys.lookup import Finder, is_transformers_class
 
@@ -98,17 +100,29 @@ def explain_save(model: torch.nn.Module, directory: str | os.PathLike[str], *,
     return promote(WritePlan, data)
 
 
-def explain_convert(source: object, directory: str | os.PathLike[str], *, mapping: object,
+def explain_convert(source: object, directory: str | os.PathLike[str], *, mapping: object = None,
                     reverse: bool = False, max_shard_size: int | str = "5GB",
                     overwrite: bool = False, threads: int = 4) -> WritePlan:
     """Plan converting a checkpoint on disk to another layout, without a model.
 
     Forward applies ``mapping`` (with the legacy renames) as a load would; ``reverse``
-    applies its inverse (a saved model's layout back to the original one).
+    applies its inverse (a saved model's layout back to the original one). ``mapping``
+    defaults to the ``model_type`` of the ``config.json`` next to ``source``; that config
+    and the generation config are copied next to the shards, so the output is a model
+    directory ``from_pretrained`` loads.
     """
+    from weightplan.api.model_config import check_companions, companion_files, config_model_type
     from weightplan.planner.pipelines.save import explain_convert_plan
 
+    if mapping is None:
+        mapping = config_model_type(source)
+        if mapping is None:
+            raise MappingError(f"{source}: converting needs a mapping, and no config.json next "
+                               "to it names a model_type; pass mapping= (a registered name or "
+                               "transforms)")
     data = explain_convert_plan(source, directory, mapping=by_name(mapping), reverse=reverse,
                                 max_shard_size=max_shard_size, overwrite=overwrite,
                                 threads=threads)
-    return promote(WritePlan, data)
+    companions = companion_files(source)
+    check_companions(companions, directory, overwrite)
+    return dataclasses.replace(promote(WritePlan, data), companions=companions)

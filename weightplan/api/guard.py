@@ -145,3 +145,15 @@ def check_tensors(bound: inspect.BoundArguments) -> None:
 def check_explain_convert(bound: inspect.BoundArguments) -> None:
     check_checkpoint(bound.arguments.get("source"))
     check_path_argument(bound.arguments.get("directory"), what="directory")
+
+
+def check_pretrained(bound: inspect.BoundArguments) -> None:
+    """``from_pretrained``: a path or repo id first (a model there means ``explain``)."""
+    name = bound.arguments.get("name_or_path")
+    if isinstance(name, torch.nn.Module):
+        raise ArgumentError("from_pretrained builds the model from the checkpoint's config.json;"
+                            " to load into a model you have: weightplan.load(model, path)")
+    check_path_argument(name, what="name_or_path")
+    for flag in ("strict", "return_report", "output_loading_info", "local_files_only"):
+        check_flag(bound.arguments.get(flag, False), flag)
+    check_flag(bound.arguments.get("progress"), "progress")

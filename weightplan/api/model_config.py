@@ -13,18 +13,25 @@ renamed into place with the shards, in one journal, never written in place. A
 ``config.json`` that is a symlink (a Hugging Face cache snapshot links it to a shared
 blob) is replaced by the new file, never written through; a failure (a full disk) leaves
 the old config and checkpoint as they were.
+
+A checkpoint converted on disk (``explain_convert``) takes its source's ``config.json``
+and generation config along, committed with the shards the same way
+(:func:`companion_files`, :func:`companion_bytes`), and its mapping defaults to the
+``model_type`` that config names.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from weightplan.errors import SaveError
+from weightplan.bridge.config_guard import read_config_bytes, read_config_json
+from weightplan.errors import ModelBuildError, SaveError
 from weightplan.planner.inputs.quant_config import QuantConfig, parse_quant_config
 from weightplan.planner.core.quant.blocks import FP8_DTYPES
 
@@ -81,3 +88,56 @@ def model_config_files(model: torch.nn.Module, *, fp8_written: bool = False
     except Exception as e:  # transformers raises ValueError / OSError by version
         raise SaveError(f"the model's config can't be written ({type(e).__name__}: {e}); "
                         "nothing was saved") from e
+
+
+COMPANIONS = ("config.json", "generation_config.json")  # what makes shards a model directory
+
+
+def source_directory(source: object) -> Path | None:
+    """The directory of a checkpoint on disk (a directory, a file, or a list of files)."""
+    if isinstance(source, (list, tuple)) and source:
+        source = source[0]
+    if not isinstance(source, (str, os.PathLike)):
+        return None  # an in-memory dict has no directory
+    path = Path(source)
+    return path if path.is_dir() else path.parent
+
+
+def companion_files(source: object) -> tuple[Path, ...]:
+    """The model's ``config.json`` and generation config next to a checkpoint on disk."""
+    directory = source_directory(source)
+    if directory is None:
+        return ()
+    return tuple(directory / name for name in COMPANIONS if (directory / name).is_file())
+
+
+def config_model_type(source: object) -> str | None:
+    """The ``model_type`` the ``config.json`` next to a checkpoint names, if any."""
+    path = next((p for p in companion_files(source) if p.name == "config.json"), None)
+    if path is None:
+        return None
+    try:
+        value = read_config_json(path).get("model_type")
+    except ModelBuildError:
+        return None  # unreadable: the caller asks for a mapping instead
+    return value if isinstance(value, str) and value else None
+
+
+def check_companions(companions: tuple[Path, ...], directory: str | os.PathLike[str],
+                     overwrite: bool) -> None:
+    """Refuse, before anything is written, to replace another config in ``directory``."""
+    for path in companions:
+        target = Path(directory) / path.name
+        if (target.exists() and not overwrite and target.resolve() != path.resolve()
+                and (not target.is_file() or read_config_bytes(target) != read_config_bytes(path))):
+            raise SaveError(f"{target} exists and differs from {path}; pass overwrite=True "
+                            "to replace it")
+
+
+def companion_bytes(companions: tuple[Path, ...]) -> dict[str, bytes]:
+    """The companions' bytes, ``{name: bytes}``, read like a config (a regular file of
+    bounded size), for the save's commit to rename into place with the shards."""
+    try:
+        return {path.name: read_config_bytes(path) for path in companions}
+    except ModelBuildError as e:
+        raise SaveError(f"can't copy the source's config: {e}; nothing was written") from e

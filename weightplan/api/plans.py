@@ -10,6 +10,7 @@ the executor (nor rich, its progress bar), the DOT, HTML and timeline renderers.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from weightplan.api.guard import call_typed
@@ -111,14 +112,19 @@ class WritePlan(WritePlanData):
     """What will be written where, decided before a byte is written.
 
     Build it with :func:`weightplan.explain_save` or :func:`weightplan.explain_convert`;
-    ``print(plan)`` shows it, ``plan.execute()`` writes.
+    ``print(plan)`` shows it, ``plan.execute()`` writes. ``companions``: the source's
+    ``config.json`` and generation config, committed next to the shards with them.
     """
+
+    companions: tuple[Path, ...] = ()
 
     def execute(self, *, progress: bool | None = None) -> SaveReport:
         """Write the checkpoint; a failure leaves no half-written file behind."""
+        from weightplan.api.model_config import companion_bytes
         from weightplan.executor.execute_write import execute_write
 
-        return call_typed("execute", execute_write, self, progress=progress)
+        files = call_typed("execute", companion_bytes, self.companions)
+        return call_typed("execute", execute_write, self, progress=progress, files=files)
 
     def to_dict(self) -> dict[str, Any]:
         from weightplan.viz.data import write_plan_to_dict
@@ -126,7 +132,12 @@ class WritePlan(WritePlanData):
         return write_plan_to_dict(self)
 
     def __str__(self) -> str:
-        return explain_text(self)
+        text = explain_text(self)
+        if self.companions:
+            names = ", ".join(p.name for p in self.companions)
+            text += terminal_text(f"copies {names} from {self.companions[0].parent} next to "
+                                  "the shards") + "\n"
+        return text
 
     def __repr__(self) -> str:
         return (f"<WritePlan {self.direction.value} ({self.inversion.value}) → "

@@ -1,108 +1,147 @@
 """``weightplan.from_pretrained``: a checkpoint directory or Hub repo id → a loaded model.
 
-1. resolve: a local path is used as it is; a repo id (``org/name``) goes through
-   ``huggingface_hub.snapshot_download`` for the safetensors and JSON files only: the
-   local cache first (offline), the Hub only when the cache lacks it and the Hub is not
-   disabled (``HF_HUB_OFFLINE=1``);
+1. resolve (:mod:`weightplan.api.hub`): a local path as it is; a repo id (``org/name``)
+   through the local Hugging Face cache, the Hub only when the cache lacks it;
 2. build: the transformers class ``config.json`` names, on meta (:func:`init_empty`);
    remote code never runs (no ``trust_remote_code``, nothing imported from the directory);
-3. explain with ``dtype="auto"`` (the config's dtype, else the checkpoint's), execute;
-4. like transformers: the model's generation config is read and it is put in eval mode.
+3. with ``tp=``: start the process group from torchrun's environment when none runs, and
+   prepare the model for tensor parallelism with transformers' own utilities
+   (:mod:`weightplan.bridge.distribute`), as ``tp_plan="auto"`` does;
+4. explain with ``dtype="auto"`` (the config's dtype, else the checkpoint's), execute;
+5. like transformers: the model's generation config is read and it is put in eval mode.
+
+transformers' other keywords (``torch_dtype``, ``device_map``, ``trust_remote_code``, ...)
+are taken or refused as :mod:`weightplan.api.keywords` says. A status line (on a terminal)
+says what is happening until the load's progress bar starts.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from weightplan.errors import CheckpointError, ModelBuildError
+from weightplan.api.hub import resolve_checkpoint
+from weightplan.api.keywords import device_from_map, fold_transformers_keywords
+from weightplan.api.status import status
+from weightplan.errors import ArgumentError, ModelBuildError, ParallelError
+from weightplan.planner.core.sharding.config import TensorParallel, as_tensor_parallel
 
-REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
-HUB_FILES = ["*.safetensors", "*.json"]
-
-
-def resolve_checkpoint(name_or_path: str | os.PathLike, *, revision: str | None = None,
-                       cache_dir: str | os.PathLike | None = None) -> Path:
-    """A local checkpoint path, or the local snapshot of a Hub repo id.
-
-    Raises:
-        CheckpointError: the path doesn't exist and isn't a repo id, or the repo can't
-            be found in the cache nor downloaded (the message says which and why).
-    """
-    path = Path(name_or_path)
-    if path.exists() or not REPO_ID.match(str(name_or_path)):
-        if not path.exists():
-            raise CheckpointError(f"{name_or_path}: no such file or directory, and not a "
-                                  "Hugging Face repo id (org/name)")
-        return path
-    try:
-        import huggingface_hub as hub
-    except ImportError as e:
-        raise CheckpointError(f"{name_or_path}: loading a repo id needs huggingface_hub "
-                              "(pip install huggingface_hub)") from e
-    return _snapshot(hub, str(name_or_path), revision, cache_dir)
+__all__ = ["from_pretrained", "resolve_checkpoint"]
 
 
-def _snapshot(hub: Any, repo_id: str, revision: str | None,
-              cache_dir: str | os.PathLike[str] | None) -> Path:
-    kwargs = dict(repo_id=repo_id, revision=revision, allow_patterns=HUB_FILES,
-                  cache_dir=None if cache_dir is None else str(cache_dir))
-    try:
-        return Path(hub.snapshot_download(**kwargs, local_files_only=True))
-    except Exception as cached_error:  # LocalEntryNotFoundError and the like
-        if os.environ.get("HF_HUB_OFFLINE", "").strip() not in ("", "0"):
-            raise CheckpointError(f"{repo_id}: not in the local Hugging Face cache and "
-                                  "HF_HUB_OFFLINE is set; download it first "
-                                  "(huggingface-cli download)") from cached_error
-    try:
-        return Path(hub.snapshot_download(**kwargs))
-    except Exception as e:  # network, authentication, unknown repo: all hub errors
-        raise CheckpointError(f"{repo_id}: can't get it from the Hugging Face Hub: "
-                              f"{type(e).__name__}: {e}") from e
-
-
-def from_pretrained(name_or_path: str | os.PathLike, *, dtype: torch.dtype | str | None = "auto",
-                    device: object = None, strict: bool = False, progress: bool | None = None,
-                    return_report: bool = False, revision: str | None = None,
-                    cache_dir: str | os.PathLike[str] | None = None, **explain_options: Any
-                    ) -> Any:
+def from_pretrained(name_or_path: str | os.PathLike[str], *,
+                    dtype: torch.dtype | str | None = "auto", device: object = None,
+                    device_map: object = None, tp: object = None, strict: bool = False,
+                    progress: bool | None = None, return_report: bool = False,
+                    output_loading_info: bool = False, mapping: object = None,
+                    budget: int | str | None = None, threads: int = 4,
+                    revision: str | None = None, cache_dir: str | os.PathLike[str] | None = None,
+                    local_files_only: bool = False, token: str | bool | None = None,
+                    subfolder: str | None = None, attn_implementation: str | None = None,
+                    experts_implementation: str | None = None, generation_config: Any = None,
+                    **transformers_only: Any) -> Any:
     """Build the model a checkpoint's ``config.json`` names and load the checkpoint into it.
 
     Args:
         name_or_path: a checkpoint directory or a Hub repo id (``"org/name"``).
-        dtype: ``"auto"`` (the config's dtype, else the checkpoint's), a torch dtype, or
-            ``None`` (float32, as the model is built).
-        device: where tensors go (see :func:`weightplan.explain`).
-        strict, progress: as :meth:`Plan.execute`.
-        return_report: also return the :class:`LoadReport`.
-        revision, cache_dir: for repo ids, as ``huggingface_hub.snapshot_download``.
-        **explain_options: ``mapping``, ``budget``, ``threads``, ...
-
-    Returns:
-        The model in eval mode, or ``(model, report)`` with ``return_report=True``.
+        dtype: ``"auto"`` (the config's, else the checkpoint's), a dtype, or ``None`` (fp32).
+        device, device_map: where tensors go (:func:`explain`'s ``device``; ``device_map``
+            is transformers' name for it: one device, or ``{module prefix: device}``).
+        tp: ``"auto"`` or a :class:`TensorParallel`: each rank loads its part of a model
+            prepared as transformers' ``tp_plan="auto"`` does (``experts="ep"``: EP), whose
+            forward runs across the ranks (under torchrun, the group is started if need be).
+        strict, progress: as :meth:`Plan.execute`; mapping, budget, threads: as :func:`explain`.
+        return_report / output_loading_info: also return the :class:`LoadReport` /
+            transformers' loading info dict (``missing_keys``, ``unexpected_keys``, ...).
+        revision, cache_dir, local_files_only, token, subfolder, attn_implementation,
+        experts_implementation, generation_config, torch_dtype (deprecated: ``dtype``):
+            as in transformers; its other keywords are refused, each saying what to do
+            instead (:mod:`weightplan.api.keywords`).
 
     Example:
         >>> model = weightplan.from_pretrained("org/tiny-llama")          # doctest: +SKIP
+        >>> model = weightplan.from_pretrained("ckpt/", tp="auto")        # doctest: +SKIP
     """
-    from weightplan.bridge.hub import build_empty_model
+    if return_report and output_loading_info:
+        raise ArgumentError("pass return_report=True or output_loading_info=True, not both")
+    dtype = fold_transformers_keywords(transformers_only, dtype)
+    device = device_from_map(device_map, device, tp)
+    tensor_parallel, mesh = _parallel(tp)
+    directory = resolve_checkpoint(name_or_path, revision=revision, cache_dir=cache_dir,
+                                   local_files_only=local_files_only, token=token,
+                                   subfolder=subfolder)
+    model = _built(directory, tensor_parallel, mesh, (attn_implementation,
+                                                      experts_implementation), progress)
+    with status(f"planning the load of {directory}", "planned the load", progress):
+        plan = _explain(model, directory, dtype=dtype, mapping=mapping, budget=budget,
+                        threads=threads, device=_rank_device(device, mesh), tp=tensor_parallel)
+    report = plan.execute(strict=strict, progress=progress)
+    _generation_config(model.eval(), directory, generation_config)
+    extra = loading_info(report) if output_loading_info else report if return_report else None
+    return model if extra is None else (model, extra)
+
+
+def _rank_device(device: object, mesh: Any) -> object:
+    """Under TP on GPUs, this rank's GPU (the one the process group bound it to)."""
+    if mesh is None or device is not None or mesh.device_type == "cpu":
+        return device
+    return torch.device(mesh.device_type, torch.accelerator.current_device_index())
+
+
+def _explain(model: torch.nn.Module, directory: Path, **options: Any) -> Any:
     from weightplan.api.entry import explain
 
-    directory = resolve_checkpoint(name_or_path, revision=revision, cache_dir=cache_dir)
-    built = build_empty_model(directory)
-    if device is not None:
-        explain_options["device"] = device
-    plan = explain(built.model, directory, dtype=dtype, **explain_options)
-    report = plan.execute(strict=strict, progress=progress)
-    model = built.model.eval()
-    _generation_config(model, directory)
-    return (model, report) if return_report else model
+    return explain(model, directory, **options)
 
 
-def _generation_config(model: torch.nn.Module, directory: Path) -> None:
+def _parallel(tp: object) -> tuple[TensorParallel | None, Any]:
+    """``tp`` checked for a model that runs, and this rank's mesh (the process group started
+    from torchrun's environment when none runs)."""
+    tensor_parallel = as_tensor_parallel(tp)
+    if tensor_parallel is None:
+        return None, None
+    if tensor_parallel.mesh is None and tensor_parallel.world_size is not None:
+        raise ParallelError("from_pretrained(tp=...) returns a model that runs across the ranks "
+                            "of a process group; world_size=/rank= plan one rank offline: for "
+                            "that, weightplan.explain(model, path, tp=TensorParallel("
+                            "world_size=..., rank=..., output='local'))")
+    if tensor_parallel.output != "dtensor":
+        raise ParallelError("from_pretrained(tp=...) needs output='dtensor': the prepared "
+                            "modules combine DTensor parameters; for plain local shards, "
+                            "weightplan.explain(model, path, tp=TensorParallel(output='local'))")
+    return tensor_parallel, tensor_parallel.ranks().mesh
+
+
+def _built(directory: Path, tp: TensorParallel | None, mesh: Any,
+           implementations: tuple[str | None, str | None], progress: bool | None
+           ) -> torch.nn.Module:
+    from weightplan.bridge.distribute import prepare_tensor_parallel
+    from weightplan.bridge.hub import build_empty_model
+
+    with status(f"building the model {directory / 'config.json'} names (on meta)",
+                "built the model", progress):
+        attn, experts = implementations
+        model = build_empty_model(directory, attn_implementation=attn,
+                                  experts_implementation=experts).model
+        if tp is not None:
+            prepare_tensor_parallel(model, tp, mesh)
+    return model
+
+
+def loading_info(report: Any) -> dict[str, Any]:
+    """transformers' ``output_loading_info`` dict from a load's report (shape mismatches
+    never load: they are refused before anything is written)."""
+    return {"missing_keys": set(report.missing), "unexpected_keys": set(report.unexpected),
+            "mismatched_keys": set(), "error_msgs": []}
+
+
+def _generation_config(model: torch.nn.Module, directory: Path, given: Any) -> None:
+    if given is not None:
+        model.generation_config = given
+        return
     path = (directory if directory.is_dir() else directory.parent) / "generation_config.json"
     current = getattr(model, "generation_config", None)
     if current is None or not os.path.lexists(path):

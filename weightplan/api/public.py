@@ -17,7 +17,7 @@ from weightplan.errors import WeightplanError  # noqa: F401 (public)
 from weightplan.executor.report import LoadReport, SaveReport
 from weightplan.meta import init_empty  # noqa: F401 (public)
 from weightplan.api.model_config import model_config_files
-from weightplan.api.pretrained import from_pretrained  # noqa: F401 (public)
+from weightplan.api.pretrained import from_pretrained
 from weightplan.planner.core.sharding.config import TensorParallel  # noqa: F401 (public)
 from weightplan.planner.keys.mappings import get_mapping, register_alias, register_mapping
 from weightplan.planner.keys.transforms import PrefixChange, WeightConverter, WeightRenaming  # noqa: F401 (public)
@@ -53,6 +53,7 @@ def save(model: torch.nn.Module, directory: str | os.PathLike[str], *, mapping: 
 
 # the public contract: typed arguments in, only WeightplanError out (see weightplan.api.guard)
 explain = _guard.public(explain, _guard.check_explain)
+from_pretrained = _guard.public(from_pretrained, _guard.check_pretrained)
 load = _guard.public(load, _guard.check_load)
 save = _guard.public(save, _guard.check_save)
 explain_save = _guard.public(explain_save, _guard.check_save)

@@ -19,10 +19,9 @@ from weightplan.planner.inputs.safetensors_format import strict_json
 
 
 
-def read_config_json(path: Path) -> dict:
-    """``config.json`` (or ``generation_config.json``) as a dict; :class:`ModelBuildError`
-    if it is not a regular file holding a JSON object of at most
-    :data:`weightplan.limits.MAX_CONFIG_BYTES`."""
+def read_config_bytes(path: Path) -> bytes:
+    """A config file's bytes, if it is a regular file of at most
+    :data:`weightplan.limits.MAX_CONFIG_BYTES` (:class:`ModelBuildError` otherwise)."""
     try:
         fd = open_regular(str(path))
         try:
@@ -30,13 +29,21 @@ def read_config_json(path: Path) -> dict:
             if MAX_CONFIG_BYTES.exceeded_by(size):
                 raise ModelBuildError(f"{path}: {size} bytes is too large for a model "
                                       f"config; {MAX_CONFIG_BYTES.hint()}")
-            raw = os.pread(fd, size, 0)
+            return os.pread(fd, size, 0)
         finally:
             os.close(fd)
+    except (CheckpointError, OSError) as e:
+        raise ModelBuildError(f"{path}: can't read this config: {e}") from e
+
+
+def read_config_json(path: Path) -> dict:
+    """``config.json`` (or ``generation_config.json``) as a dict; :class:`ModelBuildError`
+    if it is not a regular file holding a JSON object of at most
+    :data:`weightplan.limits.MAX_CONFIG_BYTES`."""
+    raw = read_config_bytes(path)
+    try:
         data = strict_json(raw, file=str(path), what="config")
     except CheckpointError as e:
-        raise ModelBuildError(f"{path}: can't read this config: {e}") from e
-    except OSError as e:
         raise ModelBuildError(f"{path}: can't read this config: {e}") from e
     if not isinstance(data, dict):
         raise ModelBuildError(f"{path}: config.json is not a JSON object")

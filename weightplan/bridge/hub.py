@@ -38,8 +38,10 @@ def config_path(checkpoint: str | Path) -> Path | None:
     return candidate if candidate.is_file() else None
 
 
-def build_empty_model(checkpoint: str | Path) -> BuiltModel:
-    """Build the model ``config.json`` describes, with its parameters on ``meta``.
+def build_empty_model(checkpoint: str | Path, *, attn_implementation: str | None = None,
+                      experts_implementation: str | None = None) -> BuiltModel:
+    """Build the model ``config.json`` describes, with its parameters on ``meta``
+    (``attn_implementation`` / ``experts_implementation``: as transformers' keywords).
 
     Raises:
         ModelBuildError: there is no ``config.json``, transformers is not installed, or
@@ -56,6 +58,10 @@ def build_empty_model(checkpoint: str | Path) -> BuiltModel:
                               "installed (pip install transformers), or pass --model-type"
                               ) from e
     config = _read_config(transformers, path)
+    if attn_implementation is not None:  # as from_pretrained(attn_implementation=...) does
+        config._attn_implementation = attn_implementation
+    if experts_implementation is not None:
+        config._experts_implementation = experts_implementation
     cls, name = _model_class(transformers, config, path)
     try:
         with init_empty():

@@ -7,7 +7,8 @@ import logging
 from torch import nn
 
 from weightplan.errors import (
-    MetaBufferError, PlanError, QuantizationError, ShapeMismatchError, StrictLoadError,
+    LossyCastError, MetaBufferError, PlanError, QuantizationError, ShapeMismatchError,
+    StrictLoadError,
 )
 from weightplan.executor.atomic import GuardedSink, partial_load_errors
 from weightplan.executor.dtensors import check_output
@@ -64,6 +65,10 @@ def preflight(plan: LoadPlanData, strict: bool) -> tuple[nn.Module, ModelInfo]:
         details = "; ".join(p.message for p in plan.problems if p.kind.value == "mismatch")
         raise ShapeMismatchError(f"{len(plan.mismatched)} tensor(s) don't fit the model, nothing "
                                  f"was loaded: {details}")
+    lossy = [p for p in plan.problems if p.kind.value == "lossy cast"]
+    if lossy:
+        raise LossyCastError(f"{len(lossy)} tensor(s) would lose values in a cast, nothing was "
+                             "loaded: " + "; ".join(p.message for p in lossy[:5]))
     fp8 = [p for p in plan.problems if p.kind.value == "quantization"]
     if fp8:
         raise QuantizationError(f"{len(fp8)} FP8 problem(s), nothing was loaded: "

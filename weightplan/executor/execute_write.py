@@ -29,6 +29,7 @@ def execute_write(plan: WritePlanData, *, progress: bool | None = None,
     stats = run_plan(schedule, checkpoint, sink, progress=progress, description="writing")
     if sharded and writer_rank()[0]:
         barrier()
-    return SaveReport(plan.directory, plan.layout.names, plan.layout.total_bytes,
-                      len(plan.layout.locations), stats.seconds, stats.peak_bytes,
-                      plan.peak_bytes, stats.rss_peak_bytes, stats.threads)
+    names = plan.layout.names + tuple(files or ())  # the configs are committed with them
+    return SaveReport(plan.directory, names, plan.layout.total_bytes, len(plan.layout.locations),
+                      stats.seconds, stats.peak_bytes, plan.peak_bytes, stats.rss_peak_bytes,
+                      stats.threads)

@@ -90,7 +90,8 @@ def write_header_lines(plan: WritePlanData) -> list[str]:
     layout = plan.layout
     what = f"{plan.direction.value} ({plan.inversion.description})"
     return [f"weightplan {what}: {plan.checkpoint.description} ({len(plan.checkpoint)} tensors) → "
-            f"{plan.directory} ({len(layout.files)} file(s), {len(layout.locations)} tensors, "
+            f"{plan.directory} ({len(layout.files)} file(s){' + index' if layout.index else ''}, "
+            f"{len(layout.locations)} tensors, "
             f"{format_bytes(layout.total_bytes)})",
             f"mapping: {plan.mapping.key or 'none'} — {plan.mapping.reason}"]
 
@@ -236,6 +237,8 @@ def _folded(items: Sequence[Problem | Note]) -> list[tuple[str, str]]:
     for item in items:
         kind = getattr(getattr(item, "kind", None), "value", "")
         template = item.message.replace(item.key, "\0") if item.key else item.message
+        if item.key and template == item.message and isinstance(item, Problem):
+            template = f"\0: {item.message}"  # a message that doesn't name its key
         groups.setdefault((kind, template), []).append(item.key)
     out = []
     for (kind, template), keys in groups.items():

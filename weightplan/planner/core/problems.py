@@ -17,6 +17,7 @@ class ProblemKind(Enum):
     MAPPING = "mapping"  # part of a (bridged) mapping weightplan can't run
     QUANTIZATION = "quantization"  # FP8 that can't load right (execute refuses the plan)
     PARALLEL = "parallel"  # a tensor-parallel plan entry: unknown style, matches nothing
+    LOSSY_CAST = "lossy cast"  # complex → real, float → integer, integer → bool (execute refuses)
 
 
 class Mismatch(NamedTuple):

@@ -24,6 +24,7 @@ from typing import Any
 
 from torch import nn
 
+from weightplan.planner.core.sharding.advice import NO_EP_PLAN, NO_TP_PLAN, UNEVEN_EXPERTS
 from weightplan.planner.core.sharding.config import TensorParallel
 from weightplan.planner.core.sharding import styles
 from weightplan.planner.core.sharding.placements import Placement
@@ -76,6 +77,13 @@ def resolve_sharding(model: nn.Module, tp: TensorParallel, world_size: int) -> S
     return _apply_rules(model, rules, source, issues, world_size)
 
 
+def plan_rules(model: nn.Module, tp: TensorParallel) -> dict[str, str]:
+    """The ``{name glob: style}`` rules ``tp`` takes for ``model`` (what
+    :func:`resolve_sharding` matches the parameters against; also what prepares the
+    modules' forwards for tensor parallelism)."""
+    return _auto_rules(model, tp.experts)[0] if tp.plan == "auto" else dict(tp.plan_entries())
+
+
 def _dtensor_plan(model: nn.Module) -> ShardingPlan | None:
     from torch.distributed.tensor import DTensor
 
@@ -105,15 +113,14 @@ def _auto_rules(model: nn.Module, experts: str) -> tuple[dict[str, str], str, li
     tp_plan = dict(getattr(model, "tp_plan", None) or getattr(model, "_tp_plan", None) or {})
     issues: list[PlanIssue] = []
     if not tp_plan:
-        issues.append(PlanIssue(type(model).__name__, "the model has no tp_plan: pass "
-                                "TensorParallel(plan={module glob: style})"))
+        issues.append(PlanIssue(type(model).__name__, f"the model has no tp_plan: {NO_TP_PLAN.python}"))
     tp_plan = _with_embedding_rule(model, tp_plan)
     if experts != "ep":
         return tp_plan, "model.tp_plan", issues
     ep_plan = dict(getattr(model, "ep_plan", None) or getattr(model, "_ep_plan", None) or {})
     if not ep_plan:
         issues.append(PlanIssue(type(model).__name__, "experts='ep' but the model has no "
-                                "ep_plan: use experts='tp', or pass plan= with grouped_gemm"))
+                                f"ep_plan: {NO_EP_PLAN.python}"))
     expert = re.compile(_alternation(ep_plan) + r"(?:\..+)?") if ep_plan else None
     kept = {k: v for k, v in tp_plan.items() if expert is None or not expert.fullmatch(k)}
     return {**ep_plan, **kept}, "model.tp_plan + model.ep_plan", issues
@@ -205,7 +212,7 @@ def _check_fit(name: str, style: str, shape: tuple[int, ...], placement: Placeme
                ) -> PlanIssue | None:
     if style in styles.EXPERT_PARALLEL and shape and shape[0] % world_size:
         return PlanIssue(name, f"{style}: {shape[0]} experts can't be split evenly over "
-                         f"{world_size} ranks; use experts='tp' or a world size dividing "
+                         f"{world_size} ranks; {UNEVEN_EXPERTS.python} "
                          f"{shape[0]}")
     if placement.is_sharded and placement.axis >= len(shape):
         return PlanIssue(name, f"{style} shards dim {placement.dim} of a {len(shape)}-d "

@@ -1,10 +1,13 @@
-"""What the plan found before reading a byte: missing, unexpected, mismatched, notes."""
+"""What the plan found before reading a byte: missing, unexpected, mismatched, lossy casts,
+notes."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
 from operator import attrgetter
+
+import torch
 
 from weightplan.planner.core.problems import Mismatch, Note, Problem, ProblemKind
 from weightplan.planner.tensors.ir.build import Conversion, Target, TargetStatus
@@ -35,6 +38,11 @@ def collect_findings(model: ModelInfo | None, routing: Routing,
         for t in conv.targets:
             if t.model is not None and t.status is not TargetStatus.UNEXPECTED:
                 produced.add(t.model.name)
+            if t.dtype is not t.produced.dtype and t.status is TargetStatus.LOAD:
+                lost = lossy_cast(t.produced.dtype, t.dtype)
+                if lost is not None:
+                    problems.append(Problem(ProblemKind.LOSSY_CAST, t.key,
+                                            _lossy_text(conv, t, lost)))
         if statuses == _LOADS:  # the usual case: nothing to report, the keys aren't listed
             continue
         keys = [e.key for e in conv.group.entries]
@@ -139,3 +147,33 @@ def _mismatch_text(conv: Conversion, t: Target) -> str:
     more = f" and {len(conv.group.entries) - 4} more" if len(conv.group.entries) > 4 else ""
     return (f"{t.key}: checkpoint gives {list(t.produced.shape)} but the model has "
             f"{list(t.expected.shape) if t.expected else '?'} (from {keys}{more}; ops: {chain})")
+
+
+def lossy_cast(produced: torch.dtype, written: torch.dtype) -> str | None:
+    """What casting ``produced`` to ``written`` loses when the two are of different kinds
+    (complex → real, float → integer, integer → bool), else ``None``. Casts within a kind
+    (bf16 → fp32, FP8 → bf16) and widening ones (bool → int, int → float) are allowed."""
+    if produced.is_complex and not written.is_complex:
+        return "the imaginary part"
+    if written.is_complex or written.is_floating_point:
+        return None
+    if produced.is_floating_point:
+        return "the fraction (and every value out of range)"
+    if written is torch.bool and produced is not torch.bool:
+        return "every value but 0 and 1"
+    return None
+
+
+def _lossy_text(conv: Conversion, t: Target, lost: str) -> str:
+    entries = conv.group.entries
+    where = ", ".join(f"{e.key} in {e.file or 'the dict given'}" for e in entries[:2])
+    more = f" and {len(entries) - 2} more" if len(entries) > 2 else ""
+    have, want = _name(t.produced.dtype), _name(t.dtype)
+    return (f"{t.key}: the checkpoint gives {have} ({where}{more}) but the model tensor is "
+            f"{want}; the cast would drop {lost} (torch does it silently), so it is refused: "
+            f"make the model tensor {have}, or convert it in the mapping (an op producing "
+            f"{want})")
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

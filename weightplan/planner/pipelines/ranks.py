@@ -5,7 +5,8 @@ ranks as that rank would (a dry run per rank: the same graph, shard nodes, push-
 schedule), so a cluster load can be checked on a laptop: how many bytes each rank reads,
 holds and holds replicated, its peak, and which conversions force whole reads. Nothing is
 read but the safetensors headers. At most :data:`weightplan.limits.MAX_PLANNED_RANKS` ranks
-are planned in one call (``--tp 1000000`` would plan for half an hour).
+are planned in one call (``--tp 1000000`` would plan for half an hour);
+:func:`weightplan.viz.ranks.rank_table` prints them.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from weightplan.errors import ParallelError
 from weightplan.limits import MAX_PLANNED_RANKS
 from weightplan.planner.core.sharding.config import TensorParallel
 from weightplan.planner.pipelines.plan import LoadPlanData
-from weightplan.units import format_bytes
 
 
 def plan_ranks(model: torch.nn.Module, checkpoint: object, tp: TensorParallel, *,
@@ -55,27 +55,3 @@ def rank_rows(plans: tuple[LoadPlanData, ...]) -> list[dict[str, int]]:
     return [{"rank": p.sharding.rank if p.sharding else 0, "read_bytes": read_bytes(p),
              "held_bytes": p.held_bytes, "replicated_bytes": p.replicated_bytes,
              "peak_bytes": p.peak_bytes} for p in plans]
-
-
-def rank_table(plans: tuple[LoadPlanData, ...]) -> str:
-    """A text table: one row per rank (read, held, replicated, peak, read / (total/N))."""
-    if not plans or plans[0].sharding is None:
-        return "no tensor-parallel ranks"
-    first = plans[0].sharding
-    world, total = first.world_size, plans[0].checkpoint.nbytes
-    head = (f"tensor parallel over {world} ranks ({first.plan.source}); checkpoint "
-            f"{format_bytes(total)}, 1/{world} = {format_bytes(total / world)}")
-    rows = [f"{'rank':>4}  {'read':>10}  {'held':>10}  {'replicated':>10}  {'peak':>10}  "
-            f"{'read/(total/N)':>14}"]
-    for p in plans:
-        assert p.sharding is not None
-        ratio = read_bytes(p) / (total / world) if total else 0.0
-        rows.append(f"{p.sharding.rank:>4}  {format_bytes(read_bytes(p)):>10}  "
-                    f"{format_bytes(p.held_bytes):>10}  {format_bytes(p.replicated_bytes):>10}  "
-                    f"{format_bytes(p.peak_bytes):>10}  {ratio:>14.3f}")
-    notes = [f"problem: {i.key}: {i.message}" for i in first.plan.issues]
-    whole = whole_reads(plans[0])
-    if whole:
-        notes.append(f"read whole (an op can't take a slice): {', '.join(whole[:5])}"
-                     f"{' ...' if len(whole) > 5 else ''}")
-    return "\n".join([head, *rows, *notes])

@@ -8,6 +8,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -91,15 +92,52 @@ class TensorParallel:
             return Ranks(self.world_size, self.rank, None)
         import torch.distributed as dist
 
-        if not (dist.is_available() and dist.is_initialized()):
-            raise ParallelError("tp= needs a process group (torch.distributed."
-                                "init_process_group, or torchrun), a mesh=, or world_size= and "
-                                "rank= for a dry run")
+        start_process_group()
         from torch.distributed.device_mesh import init_device_mesh
 
         world = dist.get_world_size()
         mesh = init_device_mesh(_device_type(), (world,))
         return Ranks(world, dist.get_rank(), mesh)
+
+
+TORCHRUN = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # what torchrun sets
+
+
+def start_process_group() -> None:
+    """The default process group: the one running, else one started from torchrun's
+    environment as transformers does (``gloo`` on CPU; ``nccl`` on GPUs, each process on
+    the GPU of its ``LOCAL_RANK``).
+
+    Raises:
+        ParallelError: no group runs and the environment is not torchrun's, or starting
+            the group failed (the message says why).
+    """
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise ParallelError("tp= needs torch.distributed, which this build of torch lacks")
+    if dist.is_initialized():
+        return
+    missing = [name for name in TORCHRUN if name not in os.environ]
+    if missing:
+        present = [name for name in TORCHRUN if name not in missing]
+        under = f" (torchrun's {', '.join(missing)} not set)" if present else ""
+        raise ParallelError("tp= needs a process group: run under torchrun (weightplan then "
+                            "starts it from the environment), call torch.distributed."
+                            "init_process_group first, pass mesh=, or world_size= and rank= "
+                            f"for a dry run{under}")
+    import torch
+
+    cuda = _device_type() == "cuda"
+    try:
+        if cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if cuda else "gloo", rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]))
+    except (RuntimeError, ValueError, OSError) as e:  # a bad address, a rank out of range, ...
+        raise ParallelError(f"starting the process group from torchrun's environment failed "
+                            f"(RANK={os.environ['RANK']}, WORLD_SIZE={os.environ['WORLD_SIZE']},"
+                            f" MASTER_ADDR={os.environ['MASTER_ADDR']}): {e}") from e
 
 
 def as_tensor_parallel(tp: object) -> TensorParallel | None:

@@ -1,0 +1,135 @@
+"""transformers' ``from_pretrained`` keywords: the ones with a meaning here do it, the others
+are an ArgumentError that says what to do (never a TypeError naming another function), and
+a status line covers the seconds before the progress bar."""
+
+import warnings
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import weightplan
+from weightplan.api.keywords import AUTOMATIC, REFUSED
+from weightplan.errors import ArgumentError, ModelBuildError
+
+from tests.interop.matrix import FAMILIES, output, pretrained
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("llama")
+    cls, cfg, inputs = FAMILIES["llama"]()
+    torch.manual_seed(0)
+    cls(cfg).save_pretrained(directory)
+    return directory, cls, inputs
+
+
+def test_torch_dtype_is_dtype_with_transformers_deprecation(llama):
+    directory, _, _ = llama
+    with pytest.warns(FutureWarning, match=r"torch_dtype=.*deprecated.*use dtype="):
+        model = weightplan.from_pretrained(directory, torch_dtype=torch.bfloat16)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    with pytest.warns(FutureWarning), pytest.raises(ArgumentError, match="pass dtype= only"):
+        weightplan.from_pretrained(directory, dtype=torch.float16, torch_dtype=torch.bfloat16)
+
+
+def test_device_map_is_the_device(llama):
+    directory, cls, inputs = llama
+    reference = output(pretrained(cls, directory), inputs)
+    for device_map in ("cpu", {"": "cpu"}, {"model.layers.0": "cpu", "": torch.device("cpu")}):
+        model = weightplan.from_pretrained(directory, device_map=device_map)
+        assert torch.equal(output(model, inputs), reference)
+        assert {p.device.type for p in model.parameters()} == {"cpu"}
+
+
+@pytest.mark.parametrize("strategy", AUTOMATIC)
+def test_automatic_placement_says_what_to_pass_before_building_anything(strategy):
+    # raised first: a checkpoint that doesn't exist is never looked for
+    with pytest.raises(ArgumentError) as caught:
+        weightplan.from_pretrained("no/such-checkpoint", device_map=strategy)
+    message = str(caught.value)
+    assert "automatic placement" in message and "not available yet" in message
+    assert "device_map='cuda:0'" in message and "{module prefix: device}" in message
+
+
+def test_device_map_that_cannot_mean_a_device(llama):
+    directory, _, _ = llama
+    with pytest.raises(ArgumentError, match="nothing is offloaded"):
+        weightplan.from_pretrained(directory, device_map={"model.layers.0": "disk", "": "cpu"})
+    with pytest.raises(ArgumentError, match="not both"):
+        weightplan.from_pretrained(directory, device_map="cpu", device="cpu")
+
+
+def test_remote_code_and_low_memory_keywords(llama):
+    directory, _, _ = llama
+    with pytest.raises(ArgumentError, match="remote code never runs"):
+        weightplan.from_pretrained(directory, trust_remote_code=True)
+    with pytest.raises(ArgumentError, match="always loads with low memory use.*drop it"):
+        weightplan.from_pretrained(directory, low_cpu_mem_usage=True)
+    # the values that ask for what weightplan does anyway are taken
+    weightplan.from_pretrained(directory, trust_remote_code=False, use_safetensors=True)
+
+
+@pytest.mark.parametrize("keyword", sorted(REFUSED))
+def test_every_refused_keyword_says_what_to_do(keyword):
+    with pytest.raises(ArgumentError) as caught:
+        weightplan.from_pretrained("no/such-checkpoint", **{keyword: object()})
+    assert f"from_pretrained({keyword}=" in str(caught.value)
+    assert REFUSED[keyword].advice in str(caught.value)
+
+
+def test_an_unknown_keyword_is_not_a_type_error_about_explain(llama):
+    directory, _, _ = llama
+    with pytest.raises(ArgumentError) as caught:
+        weightplan.from_pretrained(directory, output_hidden_states=True)
+    assert "output_hidden_states=True" in str(caught.value) and "explain()" not in str(caught.value)
+    assert "config overrides are not applied" in str(caught.value)
+    with pytest.raises(ArgumentError, match="weightplan.load"):
+        weightplan.from_pretrained(torch.nn.Linear(2, 2))
+    with pytest.raises(ArgumentError, match="not both"):
+        weightplan.from_pretrained(directory, return_report=True, output_loading_info=True)
+
+
+def test_attention_implementation_and_generation_config(llama):
+    directory, _, _ = llama
+    from transformers import GenerationConfig
+
+    model = weightplan.from_pretrained(directory, attn_implementation="eager",
+                                       generation_config=GenerationConfig(max_new_tokens=3))
+    assert model.config._attn_implementation == "eager"
+    assert model.generation_config.max_new_tokens == 3
+    with pytest.raises(ModelBuildError):
+        weightplan.from_pretrained(directory, attn_implementation="no-such-attention")
+
+
+def test_output_loading_info_is_transformers_dict(llama, tmp_path):
+    directory, _, _ = llama
+    tensors = load_file(str(directory / "model.safetensors"))
+    del tensors["model.norm.weight"]
+    tensors["extra.weight"] = torch.zeros(2)
+    (tmp_path / "c").mkdir()
+    save_file(tensors, str(tmp_path / "c" / "model.safetensors"), metadata={"format": "pt"})
+    (tmp_path / "c" / "config.json").write_bytes((directory / "config.json").read_bytes())
+    model, info = weightplan.from_pretrained(tmp_path / "c", output_loading_info=True)
+    assert info == {"missing_keys": {"model.norm.weight"}, "unexpected_keys": {"extra.weight"},
+                    "mismatched_keys": set(), "error_msgs": []}
+
+
+def test_a_subfolder_of_a_directory(llama, tmp_path):
+    directory, cls, inputs = llama
+    (tmp_path / "repo" / "sub").mkdir(parents=True)
+    for f in directory.iterdir():
+        (tmp_path / "repo" / "sub" / f.name).write_bytes(f.read_bytes())
+    model = weightplan.from_pretrained(tmp_path / "repo", subfolder="sub")
+    assert torch.equal(output(model, inputs), output(pretrained(cls, directory), inputs))
+
+
+def test_a_status_line_until_the_progress_bar(llama, capsys):
+    directory, _, _ = llama
+    weightplan.from_pretrained(directory, progress=True)
+    err = capsys.readouterr().err
+    built, planned = err.find("built the model in "), err.find("planned the load in ")
+    assert 0 <= built < planned < err.find("loading")
+    with warnings.catch_warnings():
+        weightplan.from_pretrained(directory, progress=False)
+    assert capsys.readouterr().err == ""

@@ -1,0 +1,26 @@
+"""Byte sizes as the plan prints them: three significant digits, never scientific notation."""
+
+import torch
+from hypothesis import given, strategies as st
+
+import weightplan
+from weightplan.units import format_bytes, parse_bytes
+
+from tests.conftest import module_with, write_checkpoint
+
+
+@given(st.integers(min_value=0, max_value=2**62))
+def test_a_size_reads_back_within_its_rounding(n):
+    text = format_bytes(n)
+    assert "e" not in text.split()[0], text
+    number, unit = text.split()
+    if unit != "B":
+        assert float(number) < 999.5 or unit == "TiB", text
+    assert abs(parse_bytes(text.replace(" ", "")) - n) <= max(0.005 * n, 1), text
+
+
+def test_a_plan_of_1000_kib_says_0_977_mib(tmp_path):
+    tensor = torch.zeros(256_000)  # 1,024,000 bytes: 1000 KiB, printed "1e+03 KiB" before
+    ckpt = write_checkpoint(tmp_path / "c", {"w": tensor})
+    text = str(weightplan.explain(module_with({"w": ((256_000,), torch.float32)}), ckpt))
+    assert "0.977 MiB" in text and "e+03" not in text

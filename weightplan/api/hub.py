@@ -1,0 +1,117 @@
+"""Where a checkpoint named by ``from_pretrained`` / ``weightplan explain`` is: a local path
+as it is, else a Hugging Face repo id's snapshot.
+
+A name that is not on disk but looks like ``org/name`` is tried as a repo id: the local
+cache first (offline), the Hub only when the cache lacks it and the Hub is not disabled
+(``HF_HUB_OFFLINE=1`` or ``local_files_only=True``); only safetensors and JSON files are
+fetched. When that fails too, the error says first that there is no local file or
+directory of that name (with the names nearby, for a typo), then what the Hub attempt
+found, then the offline way out, in weightplan's words.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from weightplan.errors import CheckpointError
+
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+HUB_FILES = ("*.safetensors", "*.json")
+
+
+def resolve_checkpoint(name_or_path: str | os.PathLike[str], *, revision: str | None = None,
+                       cache_dir: str | os.PathLike[str] | None = None,
+                       local_files_only: bool = False, token: str | bool | None = None,
+                       subfolder: str | None = None) -> Path:
+    """A local checkpoint path, or the local snapshot of a Hub repo id (``subfolder``: the
+    checkpoint inside it).
+
+    Raises:
+        CheckpointError: the path doesn't exist and isn't a repo id, or the repo can't
+            be found in the cache nor downloaded (the message says which and why).
+    """
+    path = Path(name_or_path)
+    if not path.exists() and REPO_ID.match(str(name_or_path)):
+        try:
+            import huggingface_hub as hub
+        except ImportError as e:
+            raise CheckpointError(f"{_not_local(path)}; as a Hugging Face repo id it needs "
+                                  "huggingface_hub (pip install huggingface_hub)") from e
+        path = _snapshot(hub, path, dict(revision=revision, token=token, cache_dir=None if
+                                         cache_dir is None else str(cache_dir)),
+                         local_files_only, subfolder)
+    elif subfolder:
+        path = path / subfolder
+    if not path.exists():
+        raise CheckpointError(f"{_not_local(path)}, and it is not a Hugging Face repo id "
+                              "(org/name)")
+    return path
+
+
+def _not_local(path: Path) -> str:
+    """'no local file or directory NAME', with the nearby names a typo may have meant."""
+    parent = path.parent if str(path.parent) else Path(".")
+    where = f"{path}: no local file or directory of that name"
+    if not parent.is_dir():
+        return f"{where} (nor {parent}/ under {Path.cwd()})" if not parent.is_absolute() else \
+            f"{where} (nor {parent}/)"
+    try:
+        names = sorted(p.name for p in parent.iterdir())
+    except OSError:
+        return where
+    close = difflib.get_close_matches(path.name, names, n=3, cutoff=0.6)
+    if close:
+        return f"{where} (did you mean {', '.join(str(parent / c) for c in close)}?)"
+    return f"{where} in {parent.resolve()}"
+
+
+def _snapshot(hub: Any, path: Path, options: dict[str, Any], local_only: bool,
+              subfolder: str | None) -> Path:
+    repo_id = str(path)
+    patterns = [f"{subfolder}/{p}" if subfolder else p for p in HUB_FILES]
+    kwargs = dict(repo_id=repo_id, allow_patterns=patterns, **options)
+    offline = local_only or os.environ.get("HF_HUB_OFFLINE", "").strip() not in ("", "0")
+    try:
+        found = Path(hub.snapshot_download(**kwargs, local_files_only=True))
+    except Exception as cached_error:  # LocalEntryNotFoundError and the like
+        if offline:
+            why = "local_files_only=True" if local_only else "HF_HUB_OFFLINE is set"
+            raise CheckpointError(f"{_not_local(path)}; as a Hugging Face repo id it is not in "
+                                  f"the local cache, and {why} so the Hub was not asked; "
+                                  f"{_way_out(repo_id, options)}") from cached_error
+        try:
+            found = Path(hub.snapshot_download(**kwargs))
+        except Exception as e:  # network, authentication, unknown repo: all hub errors
+            raise CheckpointError(f"{_not_local(path)}; as a Hugging Face repo id: "
+                                  f"{_hub_said(e, options)}; {_way_out(repo_id, options)}"
+                                  ) from e
+    return found / subfolder if subfolder else found
+
+
+def _hub_said(error: BaseException, options: dict[str, Any]) -> str:
+    """What the Hub attempt found, from huggingface_hub's error classes (by name: they moved
+    between versions)."""
+    names = {c.__name__ for c in type(error).__mro__}
+    if "GatedRepoError" in names:
+        return "the repo is gated: accept its terms on the Hub, then log in (hf auth login) or pass token="
+    if "RepositoryNotFoundError" in names:
+        return ("the Hub has no repo of that name (or it is private: log in with hf auth login, "
+                "or pass token=)")
+    if "RevisionNotFoundError" in names:
+        return f"the repo has no revision {options.get('revision')!r}"
+    cause = error.__cause__ or error.__context__
+    if "LocalEntryNotFoundError" in names or "OfflineModeIsEnabled" in names:
+        detail = f" ({type(cause).__name__}: {cause})" if cause is not None else ""
+        return f"it is not in the local cache and the Hub can't be reached{detail}"
+    return f"the Hub attempt failed: {type(error).__name__}: {' '.join(str(error).split())}"
+
+
+def _way_out(repo_id: str, options: dict[str, Any]) -> str:
+    cache = options.get("cache_dir") or "the default cache (HF_HUB_CACHE)"
+    return (f"to use it offline, download it once where the Hub is reachable (hf download "
+            f"{repo_id}) into {cache}, then pass local_files_only=True or set HF_HUB_OFFLINE=1; "
+            "or pass the path of a local checkpoint directory")

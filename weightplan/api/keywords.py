@@ -1,0 +1,168 @@
+"""transformers' ``from_pretrained`` keywords, as :func:`weightplan.from_pretrained` takes them.
+
+A user migrating from ``AutoModel.from_pretrained`` types transformers' words first. Those
+with a meaning here do it; the others are an :class:`ArgumentError` that says what to do:
+
+=================================  ==========================================================
+keyword                            here
+=================================  ==========================================================
+``dtype``, ``revision``,           as in transformers (``from_pretrained``'s own arguments;
+``cache_dir``, ``token``,          ``subfolder``: the checkpoint in a folder of the directory
+``local_files_only``,              or repo; ``generation_config`` replaces the model's)
+``subfolder``, ``attn_implementation``, ``experts_implementation``,
+``output_loading_info``, ``generation_config``
+``torch_dtype``                    ``dtype``, with transformers' deprecation (a FutureWarning)
+``device_map``                     ``device=``: one device, or ``{module prefix: device}``;
+                                   ``"auto"`` / ``"balanced"`` / ``"balanced_low_0"`` /
+                                   ``"sequential"`` (placement computed from free memory) are
+                                   not available yet: an ArgumentError naming what to pass
+``trust_remote_code``              ``False`` accepted; ``True`` refused: remote code never runs
+``use_safetensors``                ``True`` accepted; ``False`` refused: pickles are never read
+``low_cpu_mem_usage``, ``_fast_init``  refused: weightplan always loads that way
+``tp_plan``, ``tp_size``,          refused: ``tp="auto"`` or ``tp=TensorParallel(...)``
+``distributed_config``, ``device_mesh``
+``max_memory``, ``offload_*``      refused: no offloading; placement is ``device=``
+``quantization_config``            refused: the checkpoint's config decides (FP8 is
+                                   dequantized into a floating model, kept in an FP8 one)
+``config``, ``state_dict``,        refused, each naming weightplan's way (build the model and
+``key_mapping``, ``variant``, …    :func:`weightplan.load` it, ``mapping=``, a file path)
+anything else                      refused: config overrides (``output_hidden_states=True``)
+                                   are not applied; edit the config or build the model yourself
+=================================  ==========================================================
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from weightplan.errors import ArgumentError
+
+AUTOMATIC = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's strategies
+AVAILABLE_AUTOMATIC: tuple[str, ...] = ()  # strategies placement.automatic_device_map computes
+OWN_MODEL = ("build the model yourself (with weightplan.init_empty(): model = Cls(config)) "
+             "and load it: weightplan.load(model, path)")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A keyword transformers takes and weightplan doesn't (or only with ``harmless``
+    values, which ask for what weightplan does anyway)."""
+
+    advice: str
+    harmless: tuple[Any, ...] = ()
+
+
+REFUSED = {
+    "trust_remote_code": Refusal("remote code never runs: weightplan builds only the classes "
+                                 "transformers has; for a model defined in a repo's .py files, "
+                                 f"{OWN_MODEL}", (False, None)),
+    "use_safetensors": Refusal("only safetensors are read (pickle checkpoints are never "
+                               "unpickled); convert the checkpoint to safetensors", (True, None)),
+    "low_cpu_mem_usage": Refusal("weightplan always loads with low memory use (the model "
+                                 "built on meta, each tensor written in place): drop it"),
+    "_fast_init": Refusal("weightplan never initializes what the checkpoint loads: drop it"),
+    "tp_plan": Refusal("pass tp='auto' (the model's tp_plan) or "
+                       "tp=weightplan.TensorParallel(plan={module glob: style})"),
+    "tp_size": Refusal("the size is the process group's (torchrun --nproc-per-node N); pass "
+                       "tp='auto', or tp=weightplan.TensorParallel(mesh=...) for a sub-mesh"),
+    "distributed_config": Refusal("pass tp='auto', or tp=weightplan.TensorParallel("
+                                  "experts='ep') for expert parallelism"),
+    "device_mesh": Refusal("pass tp=weightplan.TensorParallel(mesh=device_mesh) (a 1-D mesh)"),
+    "max_memory": Refusal("it sizes automatic placement (device_map='auto'), which is not "
+                          "available yet; pass device= (a device or {module prefix: device})"),
+    "offload_folder": Refusal("nothing is offloaded to disk: place the model with device="),
+    "offload_state_dict": Refusal("nothing is offloaded: drop it", (False, None)),
+    "offload_buffers": Refusal("nothing is offloaded: drop it", (False, None)),
+    "quantization_config": Refusal("the checkpoint's config.json decides: FP8 weights are "
+                                   "dequantized into a floating model and kept in an FP8 one; "
+                                   "to quantize on save, weightplan.save(model, dir, "
+                                   "quantize='fp8')"),
+    "config": Refusal(f"the model is built from the checkpoint's config.json; to use another "
+                      f"config, {OWN_MODEL}"),
+    "state_dict": Refusal("to load a dict of tensors, build the model and pass the dict: "
+                          "weightplan.load(model, state_dict)"),
+    "key_mapping": Refusal("pass mapping=[weightplan.WeightRenaming(source, target), ...] "
+                           "(weightplan's transforms)"),
+    "variant": Refusal("variant files are not picked by name; pass the variant's files: "
+                       "weightplan.load(model, [paths])"),
+    "gguf_file": Refusal("only safetensors are read"),
+    "from_tf": Refusal("only safetensors are read", (False, None)),
+    "from_flax": Refusal("only safetensors are read", (False, None)),
+    "adapter_kwargs": Refusal("adapters are not loaded: load the base model, then the "
+                              "adapter with peft"),
+    "adapter_name": Refusal("adapters are not loaded: load the base model, then the "
+                            "adapter with peft"),
+    "use_kernels": Refusal("hub kernels are not loaded: drop it", (False, None)),
+    "kernel_config": Refusal("hub kernels are not loaded: drop it", (None,)),
+    "force_download": Refusal("the cached snapshot is used; to fetch it again, delete it "
+                              "(hf cache delete) first", (False, None)),
+    "proxies": Refusal("set HTTPS_PROXY in the environment instead", (None,)),
+    "resume_download": Refusal("drop it (downloads always resume)", (None, True)),
+}
+
+
+def fold_transformers_keywords(extra: Mapping[str, Any], dtype: Any) -> Any:
+    """The ``dtype`` to use after ``torch_dtype``; refuses every other keyword in ``extra``
+    (what ``from_pretrained`` got beyond its own arguments) that isn't harmless.
+
+    Raises:
+        ArgumentError: a refused keyword or value (the message says what to do instead), or
+            ``torch_dtype`` and ``dtype`` both given and different.
+    """
+    extra = dict(extra)
+    if "torch_dtype" in extra:
+        torch_dtype = extra.pop("torch_dtype")
+        warnings.warn("from_pretrained(torch_dtype=...) is deprecated, as in transformers: "
+                      "use dtype=", FutureWarning, stacklevel=5)
+        if dtype != "auto" and torch_dtype is not None and torch_dtype != dtype:
+            raise ArgumentError(f"from_pretrained got dtype={dtype!r} and torch_dtype="
+                                f"{torch_dtype!r}: pass dtype= only")
+        if torch_dtype is not None:
+            dtype = torch_dtype
+    for name, value in extra.items():
+        refusal = REFUSED.get(name)
+        if refusal is None:
+            raise ArgumentError(f"from_pretrained got {name}={value!r}, which weightplan "
+                                "doesn't take: config overrides are not applied (edit "
+                                f"config.json, or {OWN_MODEL}); weightplan's keywords are "
+                                "listed in help(weightplan.from_pretrained)")
+        if not any(value is h or (type(value) is type(h) and value == h)
+                   for h in refusal.harmless):
+            raise ArgumentError(f"from_pretrained({name}={value!r}): {refusal.advice}")
+    return dtype
+
+
+def device_from_map(device_map: object, device: object, tp: object) -> object:
+    """``device_map`` as ``device=`` (transformers' name for where tensors go).
+
+    Raises:
+        ArgumentError: both given; with ``tp=`` (exclusive, as in transformers); an automatic
+            strategy (not available yet: says what to pass); a ``"disk"`` entry (no offload).
+    """
+    if device_map is None:
+        return device
+    if device is not None:
+        raise ArgumentError("pass device= or device_map=, not both (device_map is "
+                            "transformers' name for device=)")
+    if tp is not None:
+        raise ArgumentError("tp= places each rank's part on its own device: drop device_map "
+                            "(tensor parallelism and device_map are exclusive, as in "
+                            "transformers)")
+    if isinstance(device_map, str) and device_map in AUTOMATIC:
+        if device_map not in AVAILABLE_AUTOMATIC:
+            raise ArgumentError(
+                f"device_map={device_map!r}: automatic placement (filling devices by free "
+                "memory) is not available yet; pass one device (device_map='cuda:0', or "
+                "device='cuda:0') or a dict {module prefix: device}, e.g. "
+                "{'model.layers.0': 'cuda:0', 'model.layers.1': 'cuda:1', '': 'cpu'}")
+        return device_map  # an automatic strategy: resolved once the model is built
+    if isinstance(device_map, Mapping):
+        offloaded = [k for k, v in device_map.items() if v == "disk"]
+        if offloaded:
+            raise ArgumentError(f"device_map puts {', '.join(map(repr, offloaded))} on 'disk': "
+                                "nothing is offloaded; give each prefix a device")
+        return dict(device_map)
+    return device_map  # one device: explain checks it (a string, an ordinal, torch.device)

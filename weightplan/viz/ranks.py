@@ -1,0 +1,72 @@
+"""Every rank of a tensor-parallel load as text: one row per rank (read, held, replicated,
+peak), what every rank holds whole and why, what is read whole, and the problems folded
+like a plan's (rank 0's: the ranks resolve one plan)."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Callable
+
+from weightplan.planner.pipelines.plan import LoadPlanData
+from weightplan.planner.pipelines.ranks import read_bytes, whole_reads
+from weightplan.units import format_bytes
+from weightplan.viz.folding import fold_keys
+from weightplan.viz.text import MAX_LIST, problem_lines
+
+WIDTH = 100  # the key lists wrap here
+
+
+def rank_table(plans: tuple[LoadPlanData, ...], *, wording: Callable[[str], str] = str) -> str:
+    """A text table: one row per rank (read, held, replicated, peak, read / (total/N)),
+    then the replicated tensors by reason, the whole reads and the problems; ``wording``
+    rewrites the advice of the messages (the command line gives its flags)."""
+    if not plans or plans[0].sharding is None:
+        return "no tensor-parallel ranks"
+    first = plans[0].sharding
+    world, total = first.world_size, plans[0].checkpoint.nbytes
+    head = (f"tensor parallel over {world} ranks ({first.plan.source}); checkpoint "
+            f"{format_bytes(total)}, 1/{world} = {format_bytes(total / world)}")
+    rows = [f"{'rank':>4}  {'read':>10}  {'held':>10}  {'replicated':>10}  {'peak':>10}  "
+            f"{'read/(total/N)':>14}"]
+    for p in plans:
+        assert p.sharding is not None
+        ratio = read_bytes(p) / (total / world) if total else 0.0
+        rows.append(f"{p.sharding.rank:>4}  {format_bytes(read_bytes(p)):>10}  "
+                     f"{format_bytes(p.held_bytes):>10}  {format_bytes(p.replicated_bytes):>10}  "
+                     f"{format_bytes(p.peak_bytes):>10}  {ratio:>14.3f}")
+    notes = replicated_lines(plans[0])
+    whole = whole_reads(plans[0])
+    if whole:
+        notes.append(f"read whole (an op can't take a slice): {_listed(fold_keys(whole))}")
+    problems = [wording(line) for line in problem_lines(plans[0])] if plans[0].problems else []
+    return "\n".join([head, *rows, *notes, *problems])
+
+
+def replicated_lines(plan: LoadPlanData) -> list[str]:
+    """What every rank holds whole, grouped by why: no plan entry names the tensor, or the
+    entry's style keeps it whole (``replicated_with_grad_allreduce``, a row-wise bias)."""
+    sharding = plan.sharding
+    if sharding is None or not plan.replicated_bytes:
+        return []
+    reasons: dict[str, list[str]] = {}
+    sizes: dict[str, int] = {}
+    for step in plan.schedule.steps:
+        for d in step.destinations:
+            if not d.written or (d.shard is not None and d.shard.placement.is_sharded):
+                continue
+            entry = sharding.plan.params.get(d.key)
+            why = (f"no entry of {sharding.plan.source} names them" if entry is None or
+                   entry.style is None else f"{entry.rule}: {entry.style} keeps them whole")
+            reasons.setdefault(why, []).append(d.key)
+            sizes[why] = sizes.get(why, 0) + d.spec.nbytes
+    lines = [f"replicated (whole on every rank, {format_bytes(plan.replicated_bytes)}):"]
+    for why, keys in reasons.items():
+        lines.append(f"  {why} ({len(keys)}, {format_bytes(sizes[why])}):")
+        lines += textwrap.wrap(_listed(fold_keys(keys)), WIDTH, initial_indent="    ",
+                               subsequent_indent="    ", break_on_hyphens=False)
+    return lines
+
+
+def _listed(folded: list[str]) -> str:
+    more = f", … {len(folded) - MAX_LIST} more" if len(folded) > MAX_LIST else ""
+    return ", ".join(folded[:MAX_LIST]) + more
