@@ -11,7 +11,7 @@ from weightplan.planner.tensors.ir.nodes import Node, NodeKind, QuantizeAttrs
 from weightplan.viz.boxes import quant_label
 from weightplan.planner.core.spec import short_dtype
 from weightplan.planner.keys.transforms import LEGACY
-from weightplan.viz.folding import fold_keys, fold_streams, split_numbers
+from weightplan.viz.folding import fold_keys, split_numbers
 
 _KIND, _KEY = attrgetter("kind"), attrgetter("key")
 
@@ -119,7 +119,7 @@ def mapping_rows(conversions: tuple[Conversion, ...]) -> list[Row]:
     rows = []
     for signature, convs in buckets.items():
         first = convs[0]
-        sources = fold_streams([*map(_KEY, stream)] for c in convs for stream in c.group.sources)
+        sources = fold_keys(*([*map(_KEY, s)] for c in convs for s in c.group.sources))
         targets = fold_keys(t.key for c in convs for t in c.targets)
         nbytes = sum(t.dest.nbytes for c in convs for t in c.targets
                      if t.status is TargetStatus.LOAD)
