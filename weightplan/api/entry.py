@@ -42,7 +42,8 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
             registered name, or a list of transforms. Legacy ``LayerNorm.gamma/beta``
             renames always apply.
         dtype: cast floating tensors of a meta model to this dtype; ``"auto"``: the
-            config's dtype, else the checkpoint's (as transformers does).
+            config's dtype, else the checkpoint's (modules transformers keeps in fp32 stay
+            fp32, as transformers does); ``None``: the model's own.
         budget: bytes (or ``"8GiB"``) the load may add at most; raises
             :class:`BudgetError` with the smallest budget that works when impossible.
         tp: ``None``, ``"auto"`` or a :class:`~weightplan.TensorParallel`: plan this rank's
@@ -103,8 +104,21 @@ def explain_convert(source: object, directory: str | os.PathLike[str], *, mappin
                     overwrite: bool = False, threads: int = 4) -> WritePlan:
     """Plan converting a checkpoint on disk to another layout, without a model.
 
-    Forward applies ``mapping`` (with the legacy renames) as a load would; ``reverse``
-    applies its inverse (a saved model's layout back to the original one).
+    Args:
+        source: the checkpoint: a ``.safetensors`` file, a directory, a list of files, or
+            a dict.
+        directory: where the shards and ``model.safetensors.index.json`` go.
+        mapping: a registered name or a list of transforms (required).
+        reverse: ``False`` applies ``mapping`` (with the legacy renames) as a load would;
+            ``True`` applies its inverse (a saved model's layout back to the original one).
+        max_shard_size: bytes per shard (``"5GB"``); a bigger tensor gets its own shard.
+        overwrite: replace checkpoint files already in ``directory``.
+        threads: writer threads (0: inline).
+
+    Raises:
+        MappingError: no mapping, or a converter finds only part of its sources.
+        NotInvertibleError: ``reverse`` and a transform has no unambiguous inverse.
+        SaveError: an unwritable or occupied directory, too little space.
     """
     from weightplan.planner.pipelines.save import explain_convert_plan
 

@@ -14,6 +14,7 @@ from weightplan.executor.dtensors import check_output
 from weightplan.executor.report import LoadReport
 from weightplan.executor.run import run_plan
 from weightplan.executor.model_sink import ModelSink, check_unchanged
+from weightplan.planner.core.problems import ProblemKind
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.pipelines.plan import LoadPlanData
 from weightplan.planner.write.record import attach_record, get_record, merge_records, record_of_conversions
@@ -55,10 +56,10 @@ def preflight(plan: LoadPlanData, strict: bool) -> tuple[nn.Module, ModelInfo]:
     if plan.model is None or plan.model_info is None:
         raise PlanError("this plan has no model to load into; pass one to explain()")
     if plan.mismatched:
-        details = "; ".join(p.message for p in plan.problems if p.kind.value == "mismatch")
+        details = "; ".join(p.message for p in plan.problems if p.kind is ProblemKind.MISMATCH)
         raise ShapeMismatchError(f"{len(plan.mismatched)} tensor(s) don't fit the model, nothing "
                                  f"was loaded: {details}")
-    fp8 = [p for p in plan.problems if p.kind.value == "quantization"]
+    fp8 = [p for p in plan.problems if p.kind is ProblemKind.QUANTIZATION]
     if fp8:
         raise QuantizationError(f"{len(fp8)} FP8 problem(s), nothing was loaded: "
                                 + "; ".join(p.message for p in fp8[:5]))
@@ -76,7 +77,7 @@ def preflight(plan: LoadPlanData, strict: bool) -> tuple[nn.Module, ModelInfo]:
 
 def refuse_meta_buffers(plan: LoadPlanData) -> None:
     """Buffers left on meta that nothing rebuilds would fail (or give NaN) later: refuse."""
-    stuck = [p.key for p in plan.problems if p.kind.value == "meta buffer"]
+    stuck = [p.key for p in plan.problems if p.kind is ProblemKind.META_BUFFER]
     if stuck:
         raise MetaBufferError(f"{len(stuck)} non-persistent buffer(s) are on the meta device and "
                               f"nothing can rebuild them: {', '.join(stuck[:8])}; build the model "
