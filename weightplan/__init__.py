@@ -36,11 +36,9 @@ if TYPE_CHECKING:
 def __getattr__(name: str) -> Any:
     import importlib.util
 
-    if name in __all__:
-        public = importlib.import_module("weightplan.api.public")
-        globals().update({n: getattr(public, n) for n in __all__})  # all at once
-        return globals()[name]
-    if not name.startswith("_") and importlib.util.find_spec(f"weightplan.{name}") is not None:
+    if name in __all__:  # (the public API imports what a load doesn't use on first use)
+        value = getattr(importlib.import_module("weightplan.api.public"), name)
+    elif not name.startswith("_") and importlib.util.find_spec(f"weightplan.{name}") is not None:
         value = importlib.import_module(f"weightplan.{name}")  # a submodule, as before
     else:
         raise AttributeError(f"module 'weightplan' has no attribute {name!r}")

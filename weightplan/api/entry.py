@@ -4,26 +4,34 @@ the transformers bridge plugged into the mapping lookup, returning user-facing p
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import torch
 
-from weightplan.api.plans import Plan, WritePlan, promote
-from weightplan.bridge.names import named_choice
-from weightplan.bridge.transformers import TransformersFinder
+from weightplan.api.plans import Plan, promote
 from weightplan.planner.pipelines.load import explain_load
 from weightplan.planner.keys.lookup import Finder, is_transformers_class
+
+if TYPE_CHECKING:
+    from weightplan.api.write_plans import WritePlan
 
 
 def bridge_for(model: torch.nn.Module | None) -> Finder | None:
     """transformers' own mappings, for transformers models whose family isn't built in."""
     if model is None or not any(is_transformers_class(m) for m in model.modules()):
         return None
+    from weightplan.bridge.transformers import TransformersFinder  # (a transformers model)
+
     return TransformersFinder()
 
 
 def by_name(mapping: object) -> object:
     """A mapping given by name: registered, else bridged from transformers (or a typo hint)."""
-    return named_choice(mapping) if isinstance(mapping, str) else mapping
+    if not isinstance(mapping, str):
+        return mapping
+    from weightplan.bridge.names import named_choice  # (a name: the bridge may know it)
+
+    return named_choice(mapping)
 
 
 def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: object = None,
@@ -91,6 +99,7 @@ def explain_save(model: torch.nn.Module, directory: str | os.PathLike[str], *,
         NotInvertibleError: a transform of the mapping has no unambiguous inverse.
         SaveError: meta tensors, an unwritable or occupied directory, too little space.
     """
+    from weightplan.api.write_plans import WritePlan
     from weightplan.planner.pipelines.save import explain_save_plan
 
     data = explain_save_plan(model, directory, mapping=by_name(mapping), max_shard_size=max_shard_size,
@@ -120,6 +129,7 @@ def explain_convert(source: object, directory: str | os.PathLike[str], *, mappin
         NotInvertibleError: ``reverse`` and a transform has no unambiguous inverse.
         SaveError: an unwritable or occupied directory, too little space.
     """
+    from weightplan.api.write_plans import WritePlan
     from weightplan.planner.pipelines.save import explain_convert_plan
 
     data = explain_convert_plan(source, directory, mapping=by_name(mapping), reverse=reverse,

@@ -7,8 +7,7 @@ from dataclasses import dataclass
 from operator import attrgetter, indexOf
 
 from weightplan.planner.tensors.ir.build import Conversion, TargetStatus
-from weightplan.planner.tensors.ir.nodes import Node, NodeKind, QuantizeAttrs
-from weightplan.viz.boxes import quant_label
+from weightplan.planner.tensors.ir.nodes import DequantizeAttrs, Node, NodeKind, QuantizeAttrs
 from weightplan.planner.core.spec import short_dtype
 from weightplan.planner.keys.transforms import LEGACY
 from weightplan.viz.folding import fold_keys, split_numbers
@@ -90,6 +89,17 @@ def _ops(conv: Conversion) -> str:
         if quantize is not None:
             chain.append(quant_label(quantize) + " + scale")
     return " → ".join(chain)
+
+
+def quant_label(node: Node) -> str:
+    """``dequantize 128×128 → bf16`` / ``quantize 128×128 → f8_e4m3`` / ``… → scale f32``."""
+    a = node.attrs
+    assert isinstance(a, (DequantizeAttrs, QuantizeAttrs)), node
+    block = "×".join(map(str, a.block))
+    if isinstance(a, DequantizeAttrs):
+        return f"dequantize {block} → {short_dtype(a.dtype)}"
+    what = "scale " if a.scale else ""
+    return f"quantize {block} → {what}{short_dtype(a.dtype)}"
 
 
 def _last_of(nodes: tuple[Node, ...], kind: NodeKind) -> Node | None:
