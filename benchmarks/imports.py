@@ -75,7 +75,7 @@ from weightplan.cli import main
 with contextlib.redirect_stdout(io.StringIO()):
     assert main(["demo"]) == 0
 load = [m for m in sys.modules if m.split(".")[0] == "weightplan"]
-print(json.dumps({"first": first, "load": load}))
+print(json.dumps({"first": first, "load": load, "rich": "rich" in sys.modules}))
 """
 # what a plain load should not import (tests/test_import_scope.py checks the same)
 NOT_FOR_A_LOAD = ("api.convert", "api.model_config", "api.pretrained", "api.write_plans",
@@ -111,7 +111,7 @@ def main() -> None:
     args = parser.parse_args()
     roots = [r.resolve() for r in args.root or [HERE.parent]]
     loads: dict[Path, list[str]] = {}
-    probes: dict[Path, dict[str, list[str]]] = {}
+    probes: dict[Path, dict] = {}
     for root in roots:
         if not compileall.compile_dir(str(root / "weightplan"), quiet=1):
             raise SystemExit(f"could not compile {root / 'weightplan'}")
@@ -134,6 +134,7 @@ def main() -> None:
         _row("  a plain load's weightplan modules", times[root, "load"])
         unneeded = [m for m in loads[root]
                     if m.removeprefix("weightplan.").startswith(NOT_FOR_A_LOAD)]
+        unneeded += ["rich (no bar drawn)"] if probes[root]["rich"] else []
         print(f"    weightplan modules after the first use: {len(probes[root]['first'])}; "
               f"after the demo's load: {len(probes[root]['load'])} (issue 20: fewer than 67)")
         print(f"    of those, not needed by a plain load: {', '.join(unneeded) or 'none'}")

@@ -1,14 +1,14 @@
 """A plain load imports only what it runs: nothing of saving, converting, resolving a
-tensor-parallel plan, the transformers bridge or the pictures (each is imported where it
-is used), so a user's first load doesn't pay for them. Probed in a fresh process, as the
-import cost is paid once per process."""
+tensor-parallel plan, the transformers bridge, the pictures or the progress bar (each is
+imported where it is used), so a user's first load doesn't pay for them. Probed in a
+fresh process, as the import cost is paid once per process."""
 
 import json
 import subprocess
 import sys
 
 # what only a save / a conversion, a tensor-parallel plan, a transformers model or a
-# mapping given by name, or a drawing needs
+# mapping given by name, or a drawing needs; rich, for a progress bar
 NOT_FOR_A_PLAIN_LOAD = (
     "weightplan.api.convert", "weightplan.api.model_config", "weightplan.api.pretrained",
     "weightplan.api.write_plans", "weightplan.planner.pipelines.save",
@@ -16,7 +16,7 @@ NOT_FOR_A_PLAIN_LOAD = (
     "weightplan.executor.execute_write", "weightplan.executor.writer",
     "weightplan.planner.inputs.parallel_plan", "weightplan.planner.core.sharding.styles",
     "weightplan.bridge", "weightplan.bridge.transformers", "weightplan.bridge.names",
-    "weightplan.viz.dot", "weightplan.viz.boxes",
+    "weightplan.viz.dot", "weightplan.viz.boxes", "rich",
 )
 # the load, then what a save and a tensor-parallel plan of the same model import (the
 # probe's control: the modules above exist and it sees them come in)
@@ -29,7 +29,7 @@ from torch import nn
 import weightplan
 
 def seen():
-    return sorted(m for m in sys.modules if m.startswith("weightplan"))
+    return sorted(m for m in sys.modules if m.startswith("weightplan") or m == "rich")
 
 directory, out = sys.argv[1], sys.argv[2]
 source = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
@@ -41,7 +41,7 @@ text = str(plan)
 plan.execute()
 assert torch.equal(model[0].weight, source[0].weight), "not loaded"
 load = seen()
-weightplan.save(model, out)
+weightplan.save(model, out, progress=True)
 tp = weightplan.TensorParallel({"0": "colwise"}, world_size=2, rank=0, output="local")
 with weightplan.init_empty():
     weightplan.explain(nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8)), directory, tp=tp)
@@ -61,5 +61,5 @@ def test_a_plain_load_imports_no_saving_parallel_or_fp8_module(tmp_path):
     control = {m for m in NOT_FOR_A_PLAIN_LOAD
                if m.startswith(("weightplan.api.write", "weightplan.planner.pipelines.save",
                                 "weightplan.executor.execute_write",
-                                "weightplan.planner.inputs.parallel_plan"))}
+                                "weightplan.planner.inputs.parallel_plan", "rich"))}
     assert control <= set(seen["after"])
