@@ -16,7 +16,8 @@ PACKAGE = ROOT / "weightplan"
 
 # lowest first; a module belongs to the floor of the longest prefix that names it
 FLOORS = (
-    ("ground", ("weightplan.errors", "weightplan.units", "weightplan.meta", "weightplan.limits")),
+    ("ground", ("weightplan.errors", "weightplan.units", "weightplan.meta", "weightplan.limits",
+                "weightplan.terminal")),
     ("planner.core", ("weightplan.planner", "weightplan.planner.core")),
     ("planner.inputs", ("weightplan.planner.inputs",)),
     ("planner.keys", ("weightplan.planner.keys",)),

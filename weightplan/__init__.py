@@ -36,16 +36,25 @@ if TYPE_CHECKING:
 def __getattr__(name: str) -> Any:
     import importlib.util
 
-    if name in __all__:
-        public = importlib.import_module("weightplan.api.public")
-        globals().update({n: getattr(public, n) for n in __all__})  # all at once
-        return globals()[name]
-    if not name.startswith("_") and importlib.util.find_spec(f"weightplan.{name}") is not None:
+    if name in __all__:  # (the public API imports what a load doesn't use on first use)
+        from weightplan.planner.core.paused_gc import paused_gc
+
+        value = paused_gc(_public)(name)
+    elif not name.startswith("_") and importlib.util.find_spec(f"weightplan.{name}") is not None:
         value = importlib.import_module(f"weightplan.{name}")  # a submodule, as before
     else:
         raise AttributeError(f"module 'weightplan' has no attribute {name!r}")
     globals()[name] = value  # once: later lookups don't come here
     return value
+
+
+def _public(name: str) -> Any:
+    """``weightplan.api.public.<name>``. Run with the collector paused: importing makes
+    modules, classes and functions, no garbage, and with torch and transformers loaded the
+    collections it would trigger cost about a sixth of weightplan's first-use import."""
+    import importlib
+
+    return getattr(importlib.import_module("weightplan.api.public"), name)
 
 
 def __dir__() -> list[str]:

@@ -72,3 +72,18 @@ def test_messages_go_through_the_weightplan_logger(moe_dir, caplog):
     with caplog.at_level(logging.WARNING):
         weightplan.load(model, directory, mapping="mixtral")
     assert [r.name for r in caplog.records] == ["weightplan"]
+
+
+def test_a_notebook_gets_the_bar_and_rich_is_imported_only_for_one(monkeypatch):
+    """Not a terminal: a notebook (IPython's kernel shell) still gets a bar; without
+    IPython, rich isn't asked (nor imported by a load without a bar)."""
+    import builtins
+    import types
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    ZMQInteractiveShell = type("ZMQInteractiveShell", (), {})
+    monkeypatch.setitem(sys.modules, "IPython", types.ModuleType("IPython"))
+    monkeypatch.setattr(builtins, "get_ipython", ZMQInteractiveShell, raising=False)
+    assert wants_progress(None)
+    monkeypatch.delitem(sys.modules, "IPython")
+    assert not wants_progress(None)

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import unicodedata
 
+import torch
+
 import weightplan
-from weightplan.viz.style import terminal_text
+from weightplan.executor.report import LoadReport, SaveReport
+from weightplan.terminal import terminal_text
 
 from .helpers import entry, raw_file, run_cli, write
 
@@ -73,3 +76,23 @@ def test_repr_of_a_plan_escapes_its_path(tmp_path):
     directory.mkdir()
     plan = weightplan.explain(None, _checkpoint(directory))
     assert _unseen(repr(plan)) == [] and "x\\x1b]0;owned\\x07" in repr(plan)
+
+
+def test_reports_and_the_load_warning_escape_names(tmp_path, caplog):
+    load = LoadReport(bytes_read=8, bytes_needed=8, seconds=1.0, peak_bytes=8,
+                      planned_peak_bytes=8, rss_peak_bytes=None, tensors_loaded=1, threads=1,
+                      initialized={HOSTILE[0]: "zeros\x1b[2K"})
+    save = SaveReport(directory=str(tmp_path / "d\x1b]0;x\x07"), files=("m\n.safetensors",),
+                      bytes_written=8, tensors_written=1, seconds=1.0, peak_bytes=8,
+                      planned_peak_bytes=8, rss_peak_bytes=None, threads=1)
+    assert _unseen(str(load)) == [] and _unseen(str(save)) == []
+    assert str(load).count("\n") == 2 and str(save).count("\n") == 1  # no forged line
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(2))
+
+    with caplog.at_level("WARNING", logger="weightplan"):
+        weightplan.explain(Model(), _checkpoint(tmp_path)).execute()
+    assert caplog.records and _unseen(caplog.text) == []

@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from weightplan.planner.keys.patterns import natural_key
 from weightplan.viz.folding import (
-    _one_number, fold_keys, fold_streams, fold_tuples, ranges, shapes_of, split_numbers,
+    _by_shape, _one_number, fold_keys, fold_tuples, ranges, shapes_of, split_numbers,
 )
 
 
@@ -90,20 +90,28 @@ stream_strategy = st.one_of(
 
 @settings(max_examples=600, deadline=None)
 @given(st.lists(stream_strategy, max_size=6))
-def test_fold_streams_matches_fold_keys(streams):
-    assert fold_streams(streams) == fold_keys(itertools.chain.from_iterable(streams))
-    assert fold_streams(streams) == one_at_a_time(list(itertools.chain.from_iterable(streams)))
+def test_fold_keys_of_streams_matches_one_key_at_a_time(streams):
+    """Both paths of fold_keys: a stream read whole (_one_number) or by the regex pass."""
+    keys = list(itertools.chain.from_iterable(streams))
+    assert fold_keys(*streams) == fold_keys(keys) == one_at_a_time(keys)
+    for stream in streams:
+        one = _one_number(stream)
+        if one is not None:  # read whole: the rows the regex pass finds, in its order
+            shape, block = one
+            assert _by_shape(stream) == {shape: (stream[0], block.rows())}
 
 
-def test_fold_streams_reads_stacks_whole_and_folds_them_as_fold_keys():
+def test_fold_keys_reads_stacks_whole_and_folds_them_as_the_regex_pass():
     streams = [[f"model.layers.{layer}.mlp.experts.{e}.{w}_proj.weight" for e in range(256)]
                for layer in range(3, 61) for w in ("gate", "up")]
     streams.append([f"model.layers.3.mlp.experts.{e}.gate_proj.weight" for e in range(300, 310)])
     keys = list(itertools.chain.from_iterable(streams))
-    assert _one_number(streams[0]) is not None
-    assert fold_streams(streams) == fold_keys(keys) == one_at_a_time(keys)
-    # one number of a stream not a whole component, or two varying: the regex pass decides
+    assert _one_number(streams[0]) is not None and _one_number(keys) is None
+    assert fold_keys(*streams) == fold_keys(keys) == one_at_a_time(keys)
+    # one number of a stream not a whole component, two varying, a newline, a short
+    # stream: the regex pass decides
     for odd in (["a.1b.w"] + [f"a.{i}.w" for i in range(9)],
-                [f"a.{i}.{i % 2}.w" for i in range(9)], [f"a.{i}\n" for i in range(9)]):
+                [f"a.{i}.{i % 2}.w" for i in range(9)], [f"a.{i}\n" for i in range(9)],
+                [f"a.{i}.w" for i in range(3)]):
         assert _one_number(odd) is None
-        assert fold_streams([odd]) == fold_keys(odd)
+        assert fold_keys(odd) == one_at_a_time(odd)

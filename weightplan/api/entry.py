@@ -5,27 +5,35 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import TYPE_CHECKING
 
 import torch
 
-from weightplan.api.plans import Plan, WritePlan, promote
-from weightplan.bridge.names import named_choice
-from weightplan.bridge.transformers import TransformersFinder
+from weightplan.api.plans import Plan, promote
 from weightplan.errors import MappingError
 from weightplan.planner.pipelines.load import explain_load
 from weightplan.planner.keys.lookup import Finder, is_transformers_class
+
+if TYPE_CHECKING:
+    from weightplan.api.write_plans import WritePlan
 
 
 def bridge_for(model: torch.nn.Module | None) -> Finder | None:
     """transformers' own mappings, for transformers models whose family isn't built in."""
     if model is None or not any(is_transformers_class(m) for m in model.modules()):
         return None
+    from weightplan.bridge.transformers import TransformersFinder  # (a transformers model)
+
     return TransformersFinder()
 
 
 def by_name(mapping: object) -> object:
     """A mapping given by name: registered, else bridged from transformers (or a typo hint)."""
-    return named_choice(mapping) if isinstance(mapping, str) else mapping
+    if not isinstance(mapping, str):
+        return mapping
+    from weightplan.bridge.names import named_choice  # (a name: the bridge may know it)
+
+    return named_choice(mapping)
 
 
 def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: object = None,
@@ -44,7 +52,8 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
             registered name, or a list of transforms. Legacy ``LayerNorm.gamma/beta``
             renames always apply.
         dtype: cast floating tensors of a meta model to this dtype; ``"auto"``: the
-            config's dtype, else the checkpoint's (as transformers does).
+            config's dtype, else the checkpoint's (modules transformers keeps in fp32 stay
+            fp32, as transformers does); ``None``: the model's own.
         budget: bytes (or ``"8GiB"``) the load may add at most; raises
             :class:`BudgetError` with the smallest budget that works when impossible.
         tp: ``None``, ``"auto"`` or a :class:`~weightplan.TensorParallel`: plan this rank's
@@ -92,6 +101,7 @@ def explain_save(model: torch.nn.Module, directory: str | os.PathLike[str], *,
         NotInvertibleError: a transform of the mapping has no unambiguous inverse.
         SaveError: meta tensors, an unwritable or occupied directory, too little space.
     """
+    from weightplan.api.write_plans import WritePlan
     from weightplan.planner.pipelines.save import explain_save_plan
 
     data = explain_save_plan(model, directory, mapping=by_name(mapping), max_shard_size=max_shard_size,
@@ -105,13 +115,27 @@ def explain_convert(source: object, directory: str | os.PathLike[str], *, mappin
                     overwrite: bool = False, threads: int = 4) -> WritePlan:
     """Plan converting a checkpoint on disk to another layout, without a model.
 
-    Forward applies ``mapping`` (with the legacy renames) as a load would; ``reverse``
-    applies its inverse (a saved model's layout back to the original one). ``mapping``
-    defaults to the ``model_type`` of the ``config.json`` next to ``source``; that config
-    and the generation config are copied next to the shards, so the output is a model
-    directory ``from_pretrained`` loads.
+    Args:
+        source: the checkpoint: a ``.safetensors`` file, a directory, a list of files, or
+            a dict.
+        directory: where the shards and ``model.safetensors.index.json`` go.
+        mapping: a registered name or a list of transforms; ``None``: the ``model_type``
+            of the ``config.json`` next to ``source``. That config and the generation
+            config are copied next to the shards, so the output is a model directory
+            ``from_pretrained`` loads.
+        reverse: ``False`` applies ``mapping`` (with the legacy renames) as a load would;
+            ``True`` applies its inverse (a saved model's layout back to the original one).
+        max_shard_size: bytes per shard (``"5GB"``); a bigger tensor gets its own shard.
+        overwrite: replace checkpoint files already in ``directory``.
+        threads: writer threads (0: inline).
+
+    Raises:
+        MappingError: no mapping, or a converter finds only part of its sources.
+        NotInvertibleError: ``reverse`` and a transform has no unambiguous inverse.
+        SaveError: an unwritable or occupied directory, too little space.
     """
     from weightplan.api.model_config import check_companions, companion_files, config_model_type
+    from weightplan.api.write_plans import WritePlan
     from weightplan.planner.pipelines.save import explain_convert_plan
 
     if mapping is None:

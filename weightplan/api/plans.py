@@ -1,26 +1,23 @@
-"""``Plan`` and ``WritePlan``: the planner's data plus running, printing and drawing.
+"""``Plan``: the planner's load plan data plus running, printing and drawing.
 
 The planner's plan types (:class:`~weightplan.planner.pipelines.plan.LoadPlanData`,
-:class:`~weightplan.planner.pipelines.write_plan.WritePlanData`) are data only; these
-subclasses add what needs the executor and viz, which the planner may not import. Those
-are imported by the methods that use them: explaining and printing a plan doesn't load
-the executor (nor rich, its progress bar), the DOT, HTML and timeline renderers.
+:class:`~weightplan.planner.pipelines.write_plan.WritePlanData`) are data only; ``Plan``
+and :class:`~weightplan.api.write_plans.WritePlan` add what needs the executor and viz,
+which the planner may not import. Those are imported by the methods that use them:
+explaining a plan loads neither the executor (nor rich, its progress bar) nor viz, and
+printing it only the text renderer, not the DOT, HTML and timeline ones.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from weightplan.api.guard import call_typed
 from weightplan.planner.pipelines.plan import LoadPlanData, PlanData
-from weightplan.planner.pipelines.write_plan import WritePlanData
-from weightplan.viz.style import terminal_text
-from weightplan.viz.text import explain_text
 
 if TYPE_CHECKING:
-    from weightplan.executor.report import LoadReport, SaveReport
+    from weightplan.executor.report import LoadReport
 
 P = TypeVar("P", bound=PlanData)
 
@@ -99,47 +96,13 @@ class Plan(LoadPlanData):
         return plan_html(self)
 
     def __str__(self) -> str:
+        from weightplan.viz.text import explain_text
+
         return explain_text(self)
 
     def __repr__(self) -> str:
+        from weightplan.terminal import terminal_text
+
         return (f"<Plan {terminal_text(self.checkpoint.description)}: "
                 f"{len(self.loaded_keys)} tensors, "
                 f"peak {self.peak_bytes} B, {len(self.problems)} problems>")
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class WritePlan(WritePlanData):
-    """What will be written where, decided before a byte is written.
-
-    Build it with :func:`weightplan.explain_save` or :func:`weightplan.explain_convert`;
-    ``print(plan)`` shows it, ``plan.execute()`` writes. ``companions``: the source's
-    ``config.json`` and generation config, committed next to the shards with them.
-    """
-
-    companions: tuple[Path, ...] = ()
-
-    def execute(self, *, progress: bool | None = None) -> SaveReport:
-        """Write the checkpoint; a failure leaves no half-written file behind."""
-        from weightplan.api.model_config import companion_bytes
-        from weightplan.executor.execute_write import execute_write
-
-        files = call_typed("execute", companion_bytes, self.companions)
-        return call_typed("execute", execute_write, self, progress=progress, files=files)
-
-    def to_dict(self) -> dict[str, Any]:
-        from weightplan.viz.data import write_plan_to_dict
-
-        return write_plan_to_dict(self)
-
-    def __str__(self) -> str:
-        text = explain_text(self)
-        if self.companions:
-            names = ", ".join(p.name for p in self.companions)
-            text += terminal_text(f"copies {names} from {self.companions[0].parent} next to "
-                                  "the shards") + "\n"
-        return text
-
-    def __repr__(self) -> str:
-        return (f"<WritePlan {self.direction.value} ({self.inversion.value}) → "
-                f"{terminal_text(str(self.directory))}: {len(self.layout.locations)} tensors in "
-                f"{len(self.layout.files)} file(s)>")

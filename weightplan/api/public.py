@@ -1,26 +1,53 @@
 """The public API, assembled: guarded entry points, ``load`` / ``save``, the built-in
 mappings registered. ``weightplan`` re-exports it lazily (see ``weightplan/__init__``), so
-a bare ``import weightplan`` (the command line) does not import torch yet."""
+a bare ``import weightplan`` (the command line) does not import torch yet. What a load
+does not use (the write side's plan type, ``convert`` / ``revert``, ``from_pretrained``,
+the reports) is imported here on first use, by :func:`__getattr__`."""
 
 from __future__ import annotations
 
+import importlib
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from weightplan.api.entry import explain, explain_convert, explain_save
-from weightplan.api.plans import Plan, WritePlan
+from weightplan.api.plans import Plan
 from weightplan.api import guard as _guard
-from weightplan.api.convert import convert, revert
 from weightplan.errors import WeightplanError  # noqa: F401 (public)
-from weightplan.executor.report import LoadReport, SaveReport
 from weightplan.meta import init_empty  # noqa: F401 (public)
-from weightplan.api.model_config import model_config_files
-from weightplan.api.pretrained import from_pretrained
 from weightplan.planner.core.sharding.config import TensorParallel  # noqa: F401 (public)
 from weightplan.planner.keys.mappings import get_mapping, register_alias, register_mapping
 from weightplan.planner.keys.transforms import PrefixChange, WeightConverter, WeightRenaming  # noqa: F401 (public)
+
+if TYPE_CHECKING:
+    from weightplan.api.convert import convert, revert  # noqa: F401 (public)
+    from weightplan.api.pretrained import from_pretrained  # noqa: F401 (public)
+    from weightplan.api.write_plans import WritePlan  # noqa: F401 (public)
+    from weightplan.executor.report import LoadReport, SaveReport
+
+# name → the module that defines it, and its argument check where the name is guarded
+_ON_FIRST_USE: dict[str, tuple[str, Any]] = {
+    "WritePlan": ("weightplan.api.write_plans", None),
+    "LoadReport": ("weightplan.executor.report", None),
+    "SaveReport": ("weightplan.executor.report", None),
+    "from_pretrained": ("weightplan.api.pretrained", _guard.check_pretrained),
+    "convert": ("weightplan.api.convert", _guard.check_tensors),
+    "revert": ("weightplan.api.convert", _guard.check_tensors),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A public name a load doesn't use, imported (and guarded) on its first use."""
+    if name not in _ON_FIRST_USE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, check = _ON_FIRST_USE[name]
+    value = getattr(importlib.import_module(module), name)
+    if check is not None:
+        value = _guard.public(value, check)
+    globals()[name] = value  # once: later lookups don't come here
+    return value
 
 
 def load(model: torch.nn.Module, checkpoint: object, *, strict: bool = False,
@@ -43,6 +70,7 @@ def save(model: torch.nn.Module, directory: str | os.PathLike[str], *, mapping: 
     generation config) is written too, in the same commit as the shards, so
     ``from_pretrained(directory)`` gives the model back.
     """
+    from weightplan.api.model_config import model_config_files
     from weightplan.executor.execute_write import execute_write
 
     plan = explain_save(model, directory, mapping=mapping, max_shard_size=max_shard_size,
@@ -53,16 +81,12 @@ def save(model: torch.nn.Module, directory: str | os.PathLike[str], *, mapping: 
 
 # the public contract: typed arguments in, only WeightplanError out (see weightplan.api.guard)
 explain = _guard.public(explain, _guard.check_explain)
-from_pretrained = _guard.public(from_pretrained, _guard.check_pretrained)
 load = _guard.public(load, _guard.check_load)
 save = _guard.public(save, _guard.check_save)
 explain_save = _guard.public(explain_save, _guard.check_save)
 explain_convert = _guard.public(explain_convert, _guard.check_explain_convert)
-convert = _guard.public(convert, _guard.check_tensors)
-revert = _guard.public(revert, _guard.check_tensors)
 register_mapping = _guard.public(register_mapping, _guard.check_names)
 register_alias = _guard.public(register_alias, _guard.check_names)
 get_mapping = _guard.public(get_mapping, _guard.check_names)
 _guard.guard_methods(Plan, {"render": _guard.check_path, "render_timeline": _guard.check_path,
                             "to_dict": None})
-_guard.guard_methods(WritePlan, {"to_dict": None})

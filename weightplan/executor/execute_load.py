@@ -17,8 +17,10 @@ from weightplan.executor.run import run_plan
 from weightplan.executor.init_fit import check_allocations_fit, fresh_sizes
 from weightplan.executor.model_check import check_separate, check_unchanged
 from weightplan.executor.model_sink import ModelSink
+from weightplan.planner.core.problems import ProblemKind
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.pipelines.plan import LoadPlanData
+from weightplan.terminal import terminal_text
 from weightplan.planner.write.record import attach_record, get_record, merge_records, record_of_conversions
 
 log = logging.getLogger("weightplan")
@@ -62,14 +64,14 @@ def preflight(plan: LoadPlanData, strict: bool) -> tuple[nn.Module, ModelInfo]:
     if plan.model is None or plan.model_info is None:
         raise PlanError("this plan has no model to load into; pass one to explain()")
     if plan.mismatched:
-        details = "; ".join(p.message for p in plan.problems if p.kind.value == "mismatch")
+        details = "; ".join(p.message for p in plan.problems if p.kind is ProblemKind.MISMATCH)
         raise ShapeMismatchError(f"{len(plan.mismatched)} tensor(s) don't fit the model, nothing "
                                  f"was loaded: {details}")
-    lossy = [p for p in plan.problems if p.kind.value == "lossy cast"]
+    lossy = [p for p in plan.problems if p.kind is ProblemKind.LOSSY_CAST]
     if lossy:
         raise LossyCastError(f"{len(lossy)} tensor(s) would lose values in a cast, nothing was "
                              "loaded: " + "; ".join(p.message for p in lossy[:5]))
-    fp8 = [p for p in plan.problems if p.kind.value == "quantization"]
+    fp8 = [p for p in plan.problems if p.kind is ProblemKind.QUANTIZATION]
     if fp8:
         raise QuantizationError(f"{len(fp8)} FP8 problem(s), nothing was loaded: "
                                 + "; ".join(p.message for p in fp8[:5]))
@@ -89,7 +91,7 @@ def preflight(plan: LoadPlanData, strict: bool) -> tuple[nn.Module, ModelInfo]:
 
 def refuse_meta_buffers(plan: LoadPlanData) -> None:
     """Buffers left on meta that nothing rebuilds would fail (or give NaN) later: refuse."""
-    stuck = [p.key for p in plan.problems if p.kind.value == "meta buffer"]
+    stuck = [p.key for p in plan.problems if p.kind is ProblemKind.META_BUFFER]
     if stuck:
         raise MetaBufferError(f"{len(stuck)} non-persistent buffer(s) are on the meta device and "
                               f"nothing can rebuild them: {', '.join(stuck[:8])}; build the model "
@@ -98,5 +100,5 @@ def refuse_meta_buffers(plan: LoadPlanData) -> None:
 
 
 def _some(names: frozenset[str]) -> str:
-    shown = sorted(names)[:3]
+    shown = [terminal_text(n) for n in sorted(names)[:3]]  # (keys come from the file)
     return f"[{', '.join(shown)}{', ...' if len(names) > 3 else ''}]" if names else ""

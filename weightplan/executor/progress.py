@@ -1,23 +1,27 @@
 """A progress bar (bytes, GB/s, ETA) on a terminal or in a notebook; silent otherwise.
 
 rich draws it (a live bar on terminals, a widget in Jupyter); it advances after every
-read, from the reader threads (rich's progress is thread-safe).
+read, from the reader threads (rich's progress is thread-safe). rich is imported only
+when a bar is drawn or a notebook may want one: importing it costs a load without a bar
+about as much as weightplan's own modules.
 """
 
 from __future__ import annotations
 
 import sys
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn,
-)
-
 
 def wants_progress(progress: bool | None) -> bool:
-    """``None`` means: only when stderr is a terminal, or in a Jupyter notebook."""
+    """``None`` means: only when stderr is a terminal, or in a Jupyter notebook (which
+    runs inside IPython: only then is rich asked whether this is one)."""
     if progress is None:
-        return sys.stderr.isatty() or Console().is_jupyter
+        if sys.stderr.isatty():
+            return True
+        if "IPython" not in sys.modules:
+            return False
+        from rich.console import Console
+
+        return Console().is_jupyter
     return bool(progress)
 
 
@@ -27,6 +31,12 @@ class LoadProgress:
     def __init__(self, total_bytes: int, enabled: bool, description: str = "loading"):
         self._progress = None
         if enabled:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                TransferSpeedColumn,
+            )
+
             self._progress = Progress(
                 TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
                 TransferSpeedColumn(), TimeRemainingColumn(),

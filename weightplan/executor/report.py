@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from weightplan.planner.write.shards import INDEX_NAME
+from weightplan.terminal import terminal_text
 from weightplan.units import format_bytes
 
 
@@ -65,7 +65,7 @@ class LoadReport:
         if self.unexpected:
             lines.append(f"unexpected: {len(self.unexpected)} checkpoint keys (not loaded)")
         for name, how in sorted(self.initialized.items()):
-            lines.append(f"initialized {name} by {how}")
+            lines.append(terminal_text(f"initialized {name} by {how}"))
         return "\n".join(lines)
 
 
@@ -95,11 +95,13 @@ class SaveReport:
                 "rss_peak_bytes": self.rss_peak_bytes, "threads": self.threads}
 
     def __str__(self) -> str:
+        from weightplan.planner.write.shards import INDEX_NAME  # (a load's report doesn't need it)
+
         rss = "n/a" if self.rss_peak_bytes is None else format_bytes(self.rss_peak_bytes)
         shards = [f for f in self.files if f.endswith(".safetensors")]  # as the plan counts
         others = [("index" if f == INDEX_NAME else f) for f in self.files if f not in shards]
         files = " + ".join([f"{len(shards)} file(s)", *others])
         return (f"wrote {self.tensors_written} tensors ({format_bytes(self.bytes_written)}) to "
-                f"{self.directory} in {files} in {self.seconds:.2f}s "
+                f"{terminal_text(self.directory)} in {terminal_text(files)} in {self.seconds:.2f}s "
                 f"({self.gb_per_s:.2f} GB/s)\npeak held {format_bytes(self.peak_bytes)} (planned "
                 f"{format_bytes(self.planned_peak_bytes)}), process peak RSS +{rss}")

@@ -21,6 +21,7 @@ from weightplan.planner.tensors.ir.nodes import (
 from weightplan.planner.core.spec import short_dtype
 from weightplan.units import format_bytes
 from weightplan.viz.folding import fold_keys, ranges, split_numbers
+from weightplan.viz.rows import quant_label
 from weightplan.viz.style import KIND_COLOURS, PROBLEM_FILL, op_colour
 
 MAX_KEY_LINES = 3
@@ -102,17 +103,6 @@ def make_box(kind: NodeKind, rep: Sequence[Node], every: Sequence[Node], ctx: Bo
         return Box(kind, (f"shard {a.placement} · rank {a.rank}/{a.world_size}", size),
                    KIND_COLOURS[kind])
     return _assign_box(rep, every, size, ctx)
-
-
-def quant_label(node: Node) -> str:
-    """``dequantize 128×128 → bf16`` / ``quantize 128×128 → f8_e4m3`` / ``… → scale f32``."""
-    a = node.attrs
-    assert isinstance(a, (DequantizeAttrs, QuantizeAttrs)), node
-    block = "×".join(map(str, a.block))
-    if isinstance(a, DequantizeAttrs):
-        return f"dequantize {block} → {short_dtype(a.dtype)}"
-    what = "scale " if a.scale else ""
-    return f"quantize {block} → {what}{short_dtype(a.dtype)}"
 
 
 def _assign_box(rep: Sequence[Node], every: Sequence[Node], size: str, ctx: BoxContext) -> Box:

@@ -136,9 +136,41 @@ def _fold_unique(rows: set[tuple[int, ...]]) -> list[tuple[str, ...]]:
     return whole if whole is not None else fold_tuples(sorted(rows))
 
 
-def fold_keys(keys: Iterable[str]) -> list[str]:
-    """Fold keys that differ only in numeric components; order follows the first key."""
-    return _fold(_by_shape(list(keys)))
+def fold_keys(*streams: Iterable[str]) -> list[str]:
+    """Fold keys that differ only in numeric components into ranges, exactly.
+
+    Args:
+        *streams: the keys, in one or more streams, folded as if they were one list. A
+            stream of keys alike but for one numeric component (a stack's sources:
+            ``….experts.N.w``) is read whole, from its common prefix and suffix, when
+            :func:`_one_number` finds it so; every other key goes through one regex pass
+            (:func:`_by_shape`) with its neighbours. Both give the same rows.
+
+    Returns:
+        One line per key template and set of ranges, templates ordered by their first key.
+
+    Example:
+        >>> fold_keys([f"m.layers.{i}.w" for i in range(4)], ["lm_head.weight"])
+        ['lm_head.weight', 'm.layers.{0..3}.w']
+    """
+    by: _Shapes = {}
+    blocks: dict[str, list[_Block]] = {}
+    pending: list[str] = []
+    for stream in streams:
+        keys = stream if isinstance(stream, (list, tuple)) else list(stream)
+        one = _one_number(keys)
+        if one is None:  # the regex pass, with the neighbouring streams (one batch)
+            pending += keys
+            continue
+        if pending:
+            _merge(by, _by_shape(pending))
+            pending = []
+        shape, block = one
+        by.setdefault(shape, (keys[0], []))
+        blocks.setdefault(shape, []).append(block)
+    if pending:
+        _merge(by, _by_shape(pending))
+    return _fold(by, blocks)
 
 
 # a stream this long is worth reading as prefix + number + suffix before the regex pass
@@ -161,31 +193,6 @@ class _Block:
                         *[repeat(v, n) for v in self.after], strict=True))
 
 
-def fold_streams(streams: Iterable[Sequence[str]]) -> list[str]:
-    """:func:`fold_keys` of the streams' keys, one stream after another. A stream whose
-    keys differ in one numeric component only (a stack's experts: ``….experts.N.w``) is
-    split from its common prefix and suffix, without the regex pass over each of its keys,
-    and its rows kept as one :class:`_Block`; any other stream goes through
-    :func:`_by_shape` with its neighbours, as one batch."""
-    by: _Shapes = {}
-    blocks: dict[str, list[_Block]] = {}
-    pending: list[str] = []
-    for keys in streams:
-        one = _one_number(keys) if len(keys) >= _RUN else None
-        if one is None:
-            pending += keys
-            continue
-        if pending:
-            _merge(by, _by_shape(pending))
-            pending = []
-        shape, block = one
-        by.setdefault(shape, (keys[0], []))
-        blocks.setdefault(shape, []).append(block)
-    if pending:
-        _merge(by, _by_shape(pending))
-    return _fold(by, blocks)
-
-
 def _merge(by: _Shapes, more: _Shapes) -> None:
     """``by`` then ``more`` as :func:`_by_shape` of their keys one after the other gives."""
     for shape, (first, rows) in more.items():
@@ -199,15 +206,20 @@ def _merge(by: _Shapes, more: _Shapes) -> None:
 def _one_number(keys: Sequence[str]) -> tuple[str, _Block] | None:
     """The shape and rows of ``keys`` (as :func:`_by_shape` has them) when each is ``prefix
     + N + suffix``, ``N`` a whole numeric component (``prefix`` ends at a dot or is empty,
-    ``suffix`` starts with one or is empty); ``None``: not so (or a key holds a newline,
-    which the regex's ``$`` treats apart, or the separator)."""
+    ``suffix`` starts with one or is empty); ``None``: not so, or fewer than :data:`_RUN`
+    keys (the regex pass is cheaper), or a key holds a newline (which the regex's ``$``
+    treats apart) or the separator."""
+    if len(keys) < _RUN:
+        return None
     first, n = keys[0], len(keys)
     common = os.path.commonprefix([first, keys[-1]])  # (any two: all are checked below)
     prefix = common[:common.rfind(".") + 1]
     middle, dot, rest = first[len(prefix):].partition(".")
     suffix = dot + rest
+    if "\n" in first or not keys[-1].endswith(suffix):  # (a cheap no, before the join)
+        return None
     joined = _SEP.join(keys)
-    if "\n" in first or joined.count(_SEP) != n - 1 or not joined.endswith(suffix):
+    if joined.count(_SEP) != n - 1 or not joined.endswith(suffix):
         return None
     # every key is prefix + N + suffix exactly when the text between the first prefix and
     # the last suffix splits, at suffix + separator + prefix, into n non-empty digit runs
@@ -249,11 +261,12 @@ def _block_product(blocks: list[_Block]) -> list[tuple[str, ...]] | None:
     return [tuple(ranges(c) for c in columns)]
 
 
-def _fold(by_shape: _Shapes, blocks: dict[str, list[_Block]] | None = None) -> list[str]:
+def _fold(by_shape: _Shapes, blocks: dict[str, list[_Block]]) -> list[str]:
+    """Each shape's rows and blocks folded into its template, shapes by their first key."""
     folded = []
     for shape in sorted(by_shape, key=lambda s: natural_key(by_shape[s][0])):
         template = _template(shape[1:])
-        rows, alike = by_shape[shape][1], (blocks or {}).get(shape, [])
+        rows, alike = by_shape[shape][1], blocks.get(shape, [])
         labels = _block_product(alike) if alike and not rows else None
         if labels is None:
             labels = _fold_unique(set(rows).union(*(b.rows() for b in alike)))

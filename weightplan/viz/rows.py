@@ -7,11 +7,10 @@ from dataclasses import dataclass
 from operator import attrgetter, indexOf
 
 from weightplan.planner.tensors.ir.build import Conversion, TargetStatus
-from weightplan.planner.tensors.ir.nodes import Node, NodeKind, QuantizeAttrs
-from weightplan.viz.boxes import quant_label
+from weightplan.planner.tensors.ir.nodes import DequantizeAttrs, Node, NodeKind, QuantizeAttrs
 from weightplan.planner.core.spec import short_dtype
 from weightplan.planner.keys.transforms import LEGACY
-from weightplan.viz.folding import fold_keys, fold_streams, split_numbers
+from weightplan.viz.folding import fold_keys, split_numbers
 
 _KIND, _KEY = attrgetter("kind"), attrgetter("key")
 
@@ -92,6 +91,17 @@ def _ops(conv: Conversion) -> str:
     return " → ".join(chain)
 
 
+def quant_label(node: Node) -> str:
+    """``dequantize 128×128 → bf16`` / ``quantize 128×128 → f8_e4m3`` / ``… → scale f32``."""
+    a = node.attrs
+    assert isinstance(a, (DequantizeAttrs, QuantizeAttrs)), node
+    block = "×".join(map(str, a.block))
+    if isinstance(a, DequantizeAttrs):
+        return f"dequantize {block} → {short_dtype(a.dtype)}"
+    what = "scale " if a.scale else ""
+    return f"quantize {block} → {what}{short_dtype(a.dtype)}"
+
+
 def _last_of(nodes: tuple[Node, ...], kind: NodeKind) -> Node | None:
     """The last node of ``kind``, looked for from the end in one C-level pass (a stack's
     last dequantize is a few nodes from it)."""
@@ -119,7 +129,7 @@ def mapping_rows(conversions: tuple[Conversion, ...]) -> list[Row]:
     rows = []
     for signature, convs in buckets.items():
         first = convs[0]
-        sources = fold_streams([*map(_KEY, stream)] for c in convs for stream in c.group.sources)
+        sources = fold_keys(*([*map(_KEY, s)] for c in convs for s in c.group.sources))
         targets = fold_keys(t.key for c in convs for t in c.targets)
         nbytes = sum(t.dest.nbytes for c in convs for t in c.targets
                      if t.status is TargetStatus.LOAD)

@@ -9,11 +9,11 @@ from __future__ import annotations
 import shutil
 from collections.abc import Sequence
 import sys
+from typing import TYPE_CHECKING, cast
 
 from weightplan.planner.inputs.device import STAGING_BUFFERS, STAGING_CHUNK
 from weightplan.planner.core.problems import Note, Problem, ProblemKind
 from weightplan.planner.pipelines.plan import Direction, LoadPlanData, PlanData
-from weightplan.planner.pipelines.write_plan import WritePlanData
 from weightplan.planner.core.paused_gc import paused_gc
 from weightplan.planner.tensors.schedule.budget import machine_fit
 from weightplan.planner.tensors.lower.placement import Step
@@ -22,6 +22,9 @@ from weightplan.viz.rows import Row
 from weightplan.viz.folding import fold_keys
 from weightplan.viz.rows import mapping_rows
 from weightplan.viz.style import terminal_text
+
+if TYPE_CHECKING:  # (a load's text imports none of the write side)
+    from weightplan.planner.pipelines.write_plan import WritePlanData
 
 MAX_LIST = 12
 
@@ -67,9 +70,8 @@ def _dtype_text(plan: PlanData) -> str:
 
 
 def header_lines(plan: PlanData) -> list[str]:
-    if isinstance(plan, WritePlanData):
-        return write_header_lines(plan)
-    assert isinstance(plan, LoadPlanData)
+    if not isinstance(plan, LoadPlanData):
+        return write_header_lines(cast("WritePlanData", plan))
     ckpt = plan.checkpoint
     files = f"{len(ckpt.files)} file(s), " if ckpt.files else ""
     model = "no model" if plan.model_info is None else (
@@ -106,7 +108,7 @@ def mapping_lines(plan: PlanData, width: int) -> list[str]:
             lines.append(f"#{n:<3} {rule}")
         previous = rule
         count = f" ×{row.count}" if row.count > 1 else ""
-        writes = isinstance(plan, WritePlanData)
+        writes = plan.direction is not Direction.LOAD
         status = row.status.replace("load", "write") if writes else row.status
         info = f"{row.dtype}{row.shape}{count}  {format_bytes(row.nbytes)}  {status}"
         targets = list(row.targets)
@@ -249,7 +251,7 @@ def _folded(items: Sequence[Problem | Note]) -> list[tuple[str, str]]:
 
 
 def note_lines(plan: PlanData) -> list[str]:
-    notes = plan.notes if isinstance(plan, (LoadPlanData, WritePlanData)) else ()
+    notes: tuple[Note, ...] = getattr(plan, "notes", ())  # (both directions' plans have them)
     if not notes:
         return []
     lines = [f"notes: {len(notes)}"]

@@ -50,27 +50,9 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
                  device: object = None, finder: Finder | None = None) -> LoadPlanData:
     """Plan loading ``checkpoint`` into ``model`` from headers only; nothing is read or written.
 
-    Args:
-        model: a ``torch.nn.Module`` (usually on ``meta``), or ``None`` to see what the
-            keys become under ``mapping`` without a model.
-        checkpoint: a ``.safetensors`` file, a directory, a list of files, or a dict.
-        mapping: ``None`` (look the model's submodules up in the registry, depth first,
-            each mapping scoped to its submodule; transformers models whose family isn't
-            built in get transformers' own mapping through :mod:`weightplan.bridge`), a
-            registered name, or a list of transforms. Legacy ``LayerNorm.gamma/beta``
-            renames always apply.
-        dtype: cast floating tensors of a meta model to this; ``"auto"``: the config's, else
-            the checkpoint's (fp32-kept modules stay fp32, as transformers); ``None``: the model's.
-        budget: bytes (or ``"8GiB"``) the load may add at most; raises
-            :class:`BudgetError` with the smallest budget that works when impossible.
-        tp: ``None``, ``"auto"`` or a ``TensorParallel``: plan this rank's shards only.
-        threads: reader threads (``0``, or ``WEIGHTPLAN_SYNC_LOAD=1``, reads inline).
-        device: where meta tensors go: ``"cuda:1"``, ``{module prefix: device}``, ...
-        finder: the mapping lookup's second source (the transformers bridge).
-
-    Returns:
-        A :class:`LoadPlanData`. Missing / unexpected / mismatched keys are reported on it;
-        configuration errors (conflicting converters, index gaps, unreadable files) raise.
+    The arguments are :func:`weightplan.explain`'s (documented there), ``mapping`` given by
+    name already resolved; ``finder`` is the mapping lookup's second source (the
+    transformers bridge). Returns the plan's data, which :class:`weightplan.Plan` wraps.
     """
     _refuse_quantization_option(quantization)
     sharding = _sharding(model, tp)

@@ -52,22 +52,9 @@ def explain_save_plan(model: torch.nn.Module, directory: str | os.PathLike[str],
                       quantize: str | None = None) -> WritePlanData:
     """Plan writing ``model`` to ``directory`` in its checkpoint's original layout.
 
-    Args:
-        model: a model with real (not meta) tensors.
-        directory: where the shards and ``model.safetensors.index.json`` go.
-        mapping: ``None`` uses the record of the model's last weightplan load (exact),
-            else the registry's mapping for the model; a name or a list of transforms
-            derives the inverse from that mapping instead.
-        max_shard_size: bytes per shard (``"5GB"``); a bigger tensor gets its own shard.
-        overwrite: replace checkpoint files already in ``directory``.
-        threads: writer threads (0: inline).
-        finder: the mapping lookup's second source (the transformers bridge).
-        quantize: ``"fp8"`` writes the tensors that were FP8 (or, without a record, the
-            linear weights) as block FP8 with ``weight_scale_inv`` (:mod:`.fp8_save`).
-
-    Raises:
-        NotInvertibleError: a transform of the mapping has no unambiguous inverse.
-        SaveError: meta tensors, an unwritable or occupied directory, too little space.
+    The arguments are :func:`weightplan.explain_save`'s (documented there; ``quantize`` is
+    :mod:`.fp8_save`'s work), ``mapping`` given by name already resolved; ``finder`` is the
+    mapping lookup's second source (the transformers bridge).
     """
     check_quantize(quantize)
     record = get_record(model) if mapping is None else None
@@ -111,11 +98,8 @@ def _fp8_save(quantize: str | None, conversions: tuple[Conversion, ...],
 def explain_convert_plan(source: object, directory: str | os.PathLike[str], *, mapping: object,
                          reverse: bool = False, max_shard_size: int | str = "5GB",
                          overwrite: bool = False, threads: int = 4) -> WritePlanData:
-    """Plan converting a checkpoint on disk to another layout, without a model.
-
-    Forward applies ``mapping`` (with the legacy renames) as a load would; ``reverse``
-    applies its inverse (a saved model's layout back to the original one).
-    """
+    """Plan converting a checkpoint on disk to another layout, without a model: the
+    arguments are :func:`weightplan.explain_convert`'s (documented there)."""
     if mapping is None:
         raise MappingError("converting needs a mapping: a registered name or transforms")
     ckpt = open_checkpoint(source)

@@ -13,15 +13,17 @@ its bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from weightplan.planner.tensors.ir.destination import Destination, DestKind
 from weightplan.planner.core.geometry import Fragment, View, row_major_strides
 from weightplan.planner.tensors.ir.nodes import Node, NodeKind, ShardAttrs
 from weightplan.planner.core.sharding.placements import DestShard, Placement, PlacementKind
-from weightplan.planner.inputs.parallel_plan import ShardingPlan
 from weightplan.planner.core.sharding.shard_math import pieces
 from weightplan.planner.core.spec import TensorSpec
+
+if TYPE_CHECKING:  # (resolving a tensor-parallel plan is imported where tp= asks for it)
+    from weightplan.planner.inputs.parallel_plan import ShardingPlan
 
 
 @dataclass(frozen=True)
