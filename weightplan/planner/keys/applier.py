@@ -17,9 +17,9 @@ group (:func:`~.routing.bucket_of`) and the claimed routes cut into :class:`Run`
 from __future__ import annotations
 
 import sys
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from bisect import bisect_right
 from itertools import chain, groupby, repeat
 from operator import itemgetter
 
@@ -137,12 +137,11 @@ class Applier:
     def _decide(self, template: str) -> Decision:
         matched, fires, name = [], [], template
         for r in self.renamings:
-            pattern = isinstance(r, PatternTransform)
-            if pattern and r.first_match(name) is None:
+            if isinstance(r, PatternTransform) and r.first_match(name) is None:
                 continue  # (it misses the template: it misses every key of it)
             new = r.rename(name)
-            if pattern or new is not None:  # (a prefix change fires on a key iff on its template)
-                matched.append(r)
+            if new is not None or isinstance(r, PatternTransform):  # (a prefix change
+                matched.append(r)  # fires on a key if and only if it fires on its template)
             if new is not None:
                 fires.append(r)
                 name = new
@@ -217,15 +216,18 @@ def _by_head(names: list[str], shape: MatchShape, template: str, tail: str
              ) -> tuple[list, list[str], list[int | None]]:
     """Runs, heads and indices of ``names`` (in string order) where the head alone tells
     groups apart (no captured group, no digit after the match): a head's names are
-    consecutive, found by bisection (a few slices per group, not one per key). Where
-    they differ only in the index, their indices rise one by one when the last is the
-    first plus their count less one (names of one template write their numbers with the
-    same count of digits: their string order is the indices' order)."""
+    consecutive, found by a galloping search (a few slices per group, not one per key).
+    Where they differ only in the index, their indices rise one by one when the last is
+    the first plus their count less one (names of one template write their numbers with
+    the same count of digits: their string order is the indices' order)."""
     head_of, count = itemgetter(slice(None, shape.start)), len(names)
     runs_at, begin = [], 0
     while begin < count:
-        head = sys.intern(head_of(names[begin]))
-        stop = bisect_right(names, head, begin + 1, count, key=head_of)
+        head, step = sys.intern(head_of(names[begin])), 1
+        while begin + step < count and head_of(names[begin + step]) == head:
+            step *= 2  # (the head's last name is before begin + step)
+        stop = bisect_right(names, head, begin + step // 2 + 1, min(begin + step, count),
+                            key=head_of)
         runs_at.append((head, tail, (), begin, stop))
         begin = stop
     heads = list(chain.from_iterable(repeat(h, stop - begin) for h, _, _, begin, stop in runs_at))

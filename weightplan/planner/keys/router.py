@@ -3,7 +3,9 @@ with the base-model-prefix fix-ups, in natural key order.
 
 The keys are sorted into their templates (:func:`~.templates.templates_of`: keys without
 one form a batch of their own) and each template's keys are routed together, in string
-order (within a template, the natural one), by the mapping's :class:`~.applier.Applier`.
+order (within a template, the natural one), by the mapping's :class:`~.applier.Applier`;
+a key alone in its template is routed by itself (a decision would not be reused).
+The routes are then put in natural key order (:func:`~.templates.natural_order`).
 When a model is known, a key whose route doesn't land (:func:`~.applier.lands`) tries the
 fix-ups in turn: the model's ``base_model_prefix`` removed, then added, each after and
 then before the renamings, each with its own applier; the first whose route fires the
@@ -15,12 +17,12 @@ for templates where one may land (:meth:`Router.viable`) or some key is a model 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import chain, compress
+from itertools import compress
 from operator import not_
 
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.keys.applier import Applier, Batch, Decision, Run, cut, lands
-from weightplan.planner.keys.routing import Route
+from weightplan.planner.keys.routing import Route, bucket_of
 from weightplan.planner.keys.templates import natural_order, templates_of
 from weightplan.planner.keys.transforms import PrefixChange, Renaming, WeightConverter
 
@@ -78,13 +80,17 @@ class Router:
                 members.sort()
         # (deciding once per template pays where the decision is reused: a key alone in
         # its template is routed by itself)
-        batches = [self.batch(t if len(members) > 1 else None, members)
-                   for t, members in by_template.items()]
+        routes: list[Route] = []
+        idents: list[object] = []
+        runs: list[Run] = []
+        for template, members in by_template.items():
+            made = self.batch(template if len(members) > 1 else None, members)
+            routes += made.routes
+            idents += made.idents
+            runs += made.runs
         order = natural_order(list(by_template.items()))
-        routes = list(chain.from_iterable(b.routes for b in batches))
-        idents = list(chain.from_iterable(b.idents for b in batches))
         return Routed(list(map(routes.__getitem__, order)), list(map(idents.__getitem__, order)),
-                      list(chain.from_iterable(b.runs for b in batches)))
+                      runs)
 
     def batch(self, template: str | None, keys: list[str]) -> Batch:
         """The routes of ``keys`` (all of ``template``), fixed up where they don't land."""
@@ -117,8 +123,7 @@ class Router:
         assert self.model is not None  # only asked when routing against a model
         if route.converter is None:
             return route.renamed in self.model
-        m = route.match
-        ident = (id(route.converter), m.head, m.tail, m.match.groups)
+        ident = bucket_of(route)
         landed = self.landed.get(ident)
         if landed is None:
             landed = self.landed[ident] = lands(route, self.model)

@@ -39,7 +39,7 @@ class Route:
         return self.claim
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Group:
     """Keys consumed together: one converter application, or one renamed key."""
 
