@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from weightplan.errors import MappingError
 from weightplan.planner.inputs.checkpoint import TensorEntry
 from weightplan.planner.keys.transforms import (
     ConverterMatch, Renaming, WeightConverter,
@@ -94,6 +95,12 @@ class Routing:
     routes: tuple[Route, ...]
     groups: tuple[Group, ...]
     incomplete: tuple[Incomplete, ...]
+
+    def require_complete(self, what: str = "") -> None:
+        """Raise :class:`MappingError` for the first group lacking a source pattern, where
+        one can't be skipped (saves); ``what`` leads the message (``"inverse "``)."""
+        if self.incomplete:
+            raise MappingError(what + self.incomplete[0].describe())
 
 
 def bucket_of(route: Route) -> object:

@@ -170,3 +170,10 @@ class MatchShape:
                        for g in source.user_groups)
         return cls(i, base, base + m.start(), base + m.end(),
                    None if index is None else (base + index[0], base + index[1]), groups)
+
+    def only_index(self, template: str) -> bool:
+        """Whether the keys of ``template`` differ inside the match only in the index."""
+        if self.index_span is None:
+            return False
+        inside = template[self.start:self.index_span[0]] + template[self.index_span[1]:self.end]
+        return "1" not in inside
