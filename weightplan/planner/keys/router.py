@@ -21,7 +21,7 @@ from itertools import compress
 from operator import not_
 
 from weightplan.planner.inputs.model_info import ModelInfo
-from weightplan.planner.keys.applier import Applier, Batch, Decision, Run, cut, lands
+from weightplan.planner.keys.applier import Applier, Batch, Decision, Run, batch_of, lands
 from weightplan.planner.keys.routing import Route, bucket_of
 from weightplan.planner.keys.templates import natural_order, templates_of
 from weightplan.planner.keys.transforms import PrefixChange, Renaming, WeightConverter
@@ -116,7 +116,7 @@ class Router:
             if keys[i] in model and (routes[i].fired or routes[i].converter):
                 routes[i] = Route(keys[i], keys[i], (), note=_KEPT)
                 changed = True
-        return cut(routes) if changed else made
+        return batch_of(routes) if changed else made
 
     def lands(self, route: Route) -> bool:
         """:func:`~.applier.lands` in the model, once per converter group."""

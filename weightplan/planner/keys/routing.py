@@ -92,6 +92,9 @@ class Incomplete:
 
 @dataclass(frozen=True)
 class Routing:
+    """Phase 1's result: every key's route (in natural key order), the groups (in the
+    order of their first key), the converter groups lacking a source pattern."""
+
     routes: tuple[Route, ...]
     groups: tuple[Group, ...]
     incomplete: tuple[Incomplete, ...]
