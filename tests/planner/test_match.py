@@ -5,7 +5,7 @@ import torch
 
 import weightplan
 from weightplan import PrefixChange, WeightConverter, WeightRenaming
-from weightplan.errors import ConflictingTransformError, IndexGapError
+from weightplan.errors import ConflictingTransformError, IndexGapError, MappingError
 from weightplan.ops import Concatenate, MergeModulelist, Transpose
 from weightplan.planner.inputs.checkpoint import open_checkpoint
 from weightplan.planner.keys.route import route_checkpoint
@@ -78,6 +78,12 @@ def test_incomplete_group_is_reported_not_raised():
     conv = WeightConverter(["e.*.w1", "e.*.w3"], "gu", [MergeModulelist(0), Concatenate(1)])
     routing = routes(ones(*keys), [conv])
     assert routing.groups == () and routing.incomplete[0].missing_patterns == ("e.*.w3",)
+    said = f"{conv.describe()}: found e.0.w1, e.1.w1 but nothing for e.*.w3"
+    assert routing.incomplete[0].describe() == said
+    with pytest.raises(MappingError) as error:
+        routing.require_complete("inverse ")  # where a group can't be skipped (saves)
+    assert str(error.value) == "inverse " + said
+    routes(ones(*keys, "e.0.w3", "e.1.w3"), [conv]).require_complete()
 
 
 def test_scoped_converter_only_sees_its_subtree():

@@ -1,4 +1,5 @@
-"""Routing once per key template gives exactly the routes of routing every key."""
+"""Key templates: digit-blindness, natural order from sort texts, and routing once per
+template giving exactly the routes of routing every key by itself."""
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from weightplan.planner.keys import route, router
 from weightplan.planner.keys.mappings import REGISTRY
 from weightplan.planner.keys.patterns import natural_key
 from weightplan.planner.keys.templates import (
-    digit_blind, sort_text, sortable, template_of, templates_of,
+    digit_blind, natural_order, sort_texts, template_of, templates_of,
 )
 from weightplan.planner.keys.transforms import LEGACY
 
@@ -42,8 +43,7 @@ def test_digit_blindness(transform, blind):
 def _both(checkpoint, transforms, model, monkeypatch):
     fast = route.route_checkpoint(checkpoint, transforms, model)
     with monkeypatch.context() as m:
-        m.setattr(router, "template_of", lambda key: None)  # every key the slow way
-        m.setattr(router, "templates_of", lambda keys: [None] * len(keys))
+        m.setattr(router, "templates_of", lambda keys: [None] * len(keys))  # key by key
         slow = route.route_checkpoint(checkpoint, transforms, model)
     return fast, slow
 
@@ -104,12 +104,28 @@ _PARTS = st.sampled_from(["a", "w1", "1x", "0", "7", "10", "99", "100", "", "%s"
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.lists(_PARTS, min_size=1, max_size=5).map(".".join), max_size=30,
                 unique=True))
-def test_bulk_templates_and_sort_texts_agree_with_the_per_key_ones(keys):
+def test_bulk_templates_and_natural_order_agree_with_the_per_key_ones(keys):
+    # both ways natural_order sorts (sort texts; natural_key where some key can't have
+    # one) give natural_key's order, ties kept in the order the batches came
     templates = templates_of(keys)
     assert templates == [template_of(k) for k in keys]
-    if sortable(keys, templates):
-        text = {k: sort_text(t)(k) for k, t in zip(keys, templates, strict=True) if t is not None}
-        assert sorted(keys, key=text.__getitem__) == sorted(keys, key=natural_key)
+    batches: dict = {}
+    for key, template in zip(keys, templates, strict=True):
+        batches.setdefault(template, []).append(key)
+    for template, members in batches.items():
+        if template is not None:
+            members.sort()
+    flat = [k for members in batches.values() for k in members]
+    order = natural_order(list(batches.items()))
+    assert [flat[i] for i in order] == sorted(flat, key=natural_key)
+
+
+def test_sort_texts_order_numbers_by_value_and_shorter_keys_first():
+    keys = ["e.10.w", "e.99.w", "e.11.w"]
+    texts = sort_texts("e.11.w", keys)
+    assert sorted(keys, key=dict(zip(keys, texts, strict=True)).__getitem__) == [
+        "e.10.w", "e.11.w", "e.99.w"]
+    assert sort_texts("a", ["a"]) < sort_texts("a.b", ["a.b"])
 
 
 def test_routes_come_in_natural_key_order():

@@ -1,26 +1,25 @@
-"""Phase 1: route every checkpoint key through renamings to at most one converter.
+"""Phase 1's results: each key's :class:`Route`, the :class:`Group` objects they form.
 
 For each key (natural order): every matching renaming fires, in list order, chained;
-then the first matching converter claims the key. Keys claimed by one converter with
-the same surroundings (text before and after the match, captured groups) form a
-:class:`Group`; an unclaimed key is a group of its own. When a model is known, two
-fix-ups keep real checkpoints loading: the model's ``base_model_prefix`` is added or
-removed (after the renamings, or before them so mappings scoped to a submodule path see
-the key) when that makes the key exist, and a key whose transformed name is unknown but
-whose original name exists keeps its original name. Both are recorded on the route.
+then the first matching converter claims the key (:mod:`~.applier`). Keys claimed by
+one converter with the same surroundings (text before and after the match, captured
+groups: :func:`bucket_of`) form a :class:`Group` (:mod:`~.groups`); an unclaimed key is
+a group of its own. When a model is known, two fix-ups keep real checkpoints loading
+(:mod:`~.router`): the model's ``base_model_prefix`` is added or removed (after the
+renamings, or before them so mappings scoped to a submodule path see the key) when that
+makes the key exist, and a key whose transformed name is unknown but whose original name
+exists keeps its original name. Both are recorded on the route's ``note``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-from weightplan.errors import ConflictingTransformError, IndexGapError
+from weightplan.errors import MappingError
 from weightplan.planner.core.ops.base import ConversionOp
-from weightplan.planner.inputs.checkpoint import Checkpoint, TensorEntry
-from weightplan.planner.inputs.model_info import ModelInfo
+from weightplan.planner.inputs.checkpoint import TensorEntry
 from weightplan.planner.keys.transforms import (
-    ConverterMatch, Renaming, WeightConverter, WeightRenaming,
+    ConverterMatch, Renaming, WeightConverter,
 )
 
 
@@ -42,7 +41,7 @@ class Route:
         return self.claim
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Group:
     """Keys consumed together: one converter application, one renamed key, or (saving) one
     loaded conversion read backwards, its inverse op chain given as ``operations``."""
@@ -93,156 +92,31 @@ class Incomplete:
     present: tuple[str, ...]  # checkpoint keys found
     missing_patterns: tuple[str, ...]
 
+    def describe(self) -> str:
+        """What is wrong, for errors and findings: the converter, the keys found, what's missing."""
+        return (f"{self.converter.describe()}: found {', '.join(self.present)} "
+                f"but nothing for {', '.join(self.missing_patterns)}")
+
 
 @dataclass(frozen=True)
 class Routing:
+    """Phase 1's result: every key's route (in natural key order), the groups (in the
+    order of their first key), the converter groups lacking a source pattern."""
+
     routes: tuple[Route, ...]
     groups: tuple[Group, ...]
     incomplete: tuple[Incomplete, ...]
 
-
-def _apply(key: str, renamings: Sequence[Renaming], converters: Sequence[WeightConverter]
-           ) -> Route:
-    name, fired = key, []
-    for r in renamings:
-        new = r.rename(name)
-        if new is not None:
-            fired.append(r)
-            name = new
-    for c in converters:
-        m = c.match(name)
-        if m is not None:
-            return Route(key, name, tuple(fired), c, m)
-    return Route(key, name, tuple(fired))
-
-
-def _lands(route: Route, model: ModelInfo | frozenset[str]) -> bool:
-    if route.converter is None:
-        return route.renamed in model
-    targets = route.converter.target_keys(route.match)
-    return any(t in model for t in targets if "*" not in t) or any("*" in t for t in targets)
+    def require_complete(self, what: str = "") -> None:
+        """Raise :class:`MappingError` for the first group lacking a source pattern, where
+        one can't be skipped (saves); ``what`` leads the message (``"inverse "``)."""
+        if self.incomplete:
+            raise MappingError(what + self.incomplete[0].describe())
 
 
 def bucket_of(route: Route) -> object:
-    """Which group ``route`` joins: a plain key is its own; a claimed one's is its
-    converter's (by identity: hashing a converter hashes its patterns and ops) with the
-    match's surroundings."""
+    """The group ``route`` belongs to: a plain key is a group of its own; a claimed key's
+    is its converter's (by identity: hashing a converter hashes its patterns and ops) with
+    the match's surroundings."""
     m = route.claim
     return route.key if m is None else (id(route.converter), m.head, m.tail, m.match.groups)
-
-
-def _group(routes: tuple[Route, ...], checkpoint: Checkpoint
-           ) -> tuple[tuple[Group, ...], tuple[Incomplete, ...]]:
-    buckets: dict[object, list[Route]] = {}
-    for r in routes:
-        m = r.claim
-        # (bucket_of inlined: this loop runs once per key)
-        ident = r.key if m is None else (id(r.converter), m.head, m.tail, m.match.groups)
-        bucket = buckets.get(ident)
-        if bucket is None:
-            buckets[ident] = [r]
-        else:
-            bucket.append(r)
-    groups: list[Group] = []
-    incomplete: list[Incomplete] = []
-    entries = checkpoint.entries
-    for members in buckets.values():
-        first = members[0]
-        if first.converter is None:
-            groups.append(Group(None, ((entries[first.key],),), ((first,),), (first.renamed,)))
-            continue
-        group = _converter_group(first.converter, members, checkpoint)
-        if isinstance(group, Group):
-            groups.append(group)
-        else:
-            incomplete.append(group)
-    return tuple(groups), tuple(incomplete)
-
-
-def _converter_group(converter: WeightConverter, members: list[Route], checkpoint: Checkpoint
-                     ) -> Group | Incomplete:
-    targets = converter.target_keys(members[0].match)
-    streams: list[list[Route]] = [[] for _ in converter.source_patterns]
-    indices: list[list[int | None]] = [[] for _ in converter.source_patterns]
-    for r in members:
-        m = r.claim
-        assert m is not None, r.key  # a converter's bucket holds the keys it claimed
-        streams[m.source_index].append(r)
-        indices[m.source_index].append(m.match.index)
-    missing = tuple(p for p, s in zip(converter.source_patterns, streams, strict=True) if not s)
-    if missing:
-        return Incomplete(converter, targets, tuple(r.key for r in members), missing)
-    ordered = []
-    for pattern, source, stream, found in zip(converter.source_patterns, converter.sources,
-                                              streams, indices, strict=True):
-        ordered.append(_ordered_stream(converter, pattern, source.has_index, stream, found,
-                                       targets, checkpoint))
-    _check_counts(converter, ordered, targets)
-    entries = checkpoint.entries
-    sources = tuple(tuple([entries[r.key] for r in s]) for s in ordered)
-    return Group(converter, sources, tuple(tuple(s) for s in ordered), targets)
-
-
-def _index(route: Route) -> int:
-    index = route.match.match.index
-    assert index is not None, route.key  # only sources with an index wildcard are ordered
-    return index
-
-
-def _ordered_stream(converter: WeightConverter, pattern: str, has_index: bool,
-                    stream: list[Route], found: list[int | None], targets: tuple[str, ...],
-                    checkpoint: Checkpoint) -> list[Route]:
-    if not has_index:
-        if len(stream) > 1:
-            raise ConflictingTransformError(
-                f"{converter.describe()}: source {pattern!r} matched several keys for one "
-                f"group ({', '.join(r.key for r in stream)}); anchor the pattern or use `*`")
-        return stream
-    if found == list(range(len(stream))):
-        return stream  # routes come in natural key order: usually sorted by index already
-    stream = sorted(stream, key=_index)
-    indices = [_index(r) for r in stream]
-    if indices != list(range(len(indices))):
-        present = set(indices)
-        gaps = [i for i in range(max(indices) + 1) if i not in present]
-        dupes = sorted({i for i in indices if indices.count(i) > 1})
-        what = f"indices {gaps} are missing" if gaps else f"indices {dupes} appear twice"
-        raise IndexGapError(f"{converter.describe()}: for {targets[0]}, source {pattern!r} "
-                            f"collected {len(indices)} tensors but {what} (e.g. near "
-                            f"{stream[0].key} in "
-                            f"{checkpoint.entries[stream[0].key].file or '<memory>'})")
-    return stream
-
-
-def _check_counts(converter: WeightConverter, ordered: list[list[Route]],
-                  targets: tuple[str, ...]) -> None:
-    counts = {len(s) for s, src in zip(ordered, converter.sources, strict=True) if src.has_index}
-    if len(counts) > 1:
-        sizes = {p: len(s) for p, s in zip(converter.source_patterns, ordered, strict=True)}
-        raise IndexGapError(f"{converter.describe()}: for {targets[0]} the source patterns "
-                            f"collected different counts {sizes}; an index is missing")
-
-
-def check_conflicts(renamings: Sequence[Renaming], converters: Sequence[WeightConverter]) -> None:
-    """Two converters claiming one pattern, or a renaming that rewrites a converter's output."""
-    seen: dict[tuple[str | None, str], WeightConverter] = {}
-    for c in converters:
-        for pattern in c.source_patterns:
-            other = seen.setdefault((c.scope_prefix, pattern), c)
-            if other is not c:
-                raise ConflictingTransformError(
-                    f"two converters claim source pattern {pattern!r}: {other.describe()} and "
-                    f"{c.describe()}")
-    for r in renamings:
-        if not isinstance(r, WeightRenaming):
-            continue
-        for c in converters:
-            for t in c._targets:
-                sample = t.expand(("0",) * t.max_group, "0")
-                scoped = f"{c.scope_prefix}.{sample}" if c.scope_prefix else sample
-                if r.rename(scoped) is not None:
-                    raise ConflictingTransformError(
-                        f"renaming ({r.describe()}) rewrites {sample!r}, the output of "
-                        f"converter ({c.describe()}); renamings run before converters, so it "
-                        "would never see that key. Rename the converter's sources or change "
-                        "its target instead.")

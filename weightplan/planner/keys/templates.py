@@ -11,23 +11,22 @@ which transforms *match* is decided once per template; whether a matching renami
 really changes the key, and what it captures, is still computed on the real key.
 
 :func:`templates_of` computes every key's template in one pass over the keys' joined
-text, and :func:`sort_text` sorts keys as :func:`~.patterns.natural_key` does from a
-string per key that a template turns out cheaply (see :func:`sort_text`).
+text, and :func:`natural_order` sorts keys as :func:`~.patterns.natural_key` does from a
+string per key that a template turns out cheaply (see :func:`sort_texts`).
 """
 
 from __future__ import annotations
 
 import functools
 import re
-import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from operator import itemgetter
 
-from weightplan.planner.keys.patterns import _INDEX_GROUP, PatternMatch
+from weightplan.planner.keys.patterns import _INDEX_GROUP, natural_key
 from weightplan.planner.keys.transforms import (
-    ConverterMatch, PatternTransform, PrefixChange, WeightConverter, WeightRenaming,
+    PatternTransform, PrefixChange, WeightConverter, WeightRenaming,
     WeightTransform,
 )
 
@@ -49,38 +48,49 @@ def template_of(key: str) -> str | None:
 
 def templates_of(keys: Sequence[str]) -> list[str | None]:
     """:func:`template_of` of every key, in bulk: one translation of the joined keys (ASCII
-    digits never occur inside a UTF-8 multi-byte sequence); per key when a number has a
-    leading zero or a key holds a newline."""
+    digits never occur inside a UTF-8 multi-byte sequence), then ``None`` for each key
+    holding a leading zero; key by key where a key holds a newline."""
     text = "\n".join(keys).encode("utf-8", "surrogatepass")
-    if _BYTES_LEADING_ZERO.search(text):
-        return [template_of(k) for k in keys]
     templates: list[str | None] = []
     templates += text.translate(_BYTES_TO_ONE).decode("utf-8", "surrogatepass").split("\n")
     if len(templates) != len(keys):  # a key holds a newline
         return [template_of(k) for k in keys]
+    index = last = 0
+    for found in _BYTES_LEADING_ZERO.finditer(text):  # (the key it is in: newlines before it)
+        index += text.count(b"\n", last, found.start())
+        last = found.start()
+        templates[index] = None
     return templates
 
 
-def sortable(keys: Sequence[str], templates: Sequence[str | None]) -> bool:
-    """Whether :func:`sort_text` orders ``keys`` (ASCII, every one with a template, no
-    character below ``\\x03``)."""
+def natural_order(batches: Sequence[tuple[str | None, Sequence[str]]]) -> list[int]:
+    """The keys of ``batches`` (each a template and its keys; the keys taken one batch
+    after another) in natural key order (:func:`~.patterns.natural_key`, ties kept in
+    that order): their positions, sorted. Sorted by a string per key that its template
+    turns out cheaply (:func:`sort_texts`) where every key has a template and its text
+    is ASCII without a character below ``\\x03``; else by ``natural_key`` itself."""
+    keys: list[str] = []
+    for _, members in batches:
+        keys += members
     text = "".join(keys)
-    return (text.isascii() and not any(c in text for c in "\x00\x01\x02")
-            and all(templates))  # (no None; an empty key's "" only costs the slow path)
+    if (text.isascii() and not any(c in text for c in "\x00\x01\x02")
+            and all(template for template, _ in batches)):  # ("": an empty key, rare)
+        texts: list[str] = []
+        for template, members in batches:
+            assert template is not None  # (just checked: every batch has one)
+            texts += sort_texts(template, members)
+        return sorted(range(len(keys)), key=texts.__getitem__)
+    natural = list(map(natural_key, keys))
+    return sorted(range(len(keys)), key=natural.__getitem__)
 
 
-def sort_text(template: str) -> Callable[[str], str]:
-    """For the keys of ``template`` (ASCII, no leading zeros, no character below
-    ``\\x03``): a string whose order is :func:`natural_key`'s. Components are joined by
-    ``\\x00`` (a shorter key sorts first); a number is ``\\x01``, its length, its digits;
-    any other component ``\\x02`` and its text. Which components hold digits, and how
-    many, is the template's: a key gives only their text."""
-    return lambda key: sort_texts(template, [key])[0]
-
-
-def sort_texts(template: str, keys: list[str]) -> list[str]:
-    """:func:`sort_text` of each of ``keys`` (all of ``template``), in C-level passes: the
-    template's fixed pieces joined with the slices of each key that hold its digits."""
+def sort_texts(template: str, keys: Sequence[str]) -> list[str]:
+    """For each of ``keys`` (all of ``template``: ASCII, no leading zeros, no character
+    below ``\\x03``), a string whose order is :func:`~.patterns.natural_key`'s. Components
+    are joined by ``\\x00`` (a shorter key sorts first); a number is ``\\x01``, its length,
+    its digits; any other component ``\\x02`` and its text. Which components hold digits,
+    and how many, is the template's: a key gives only their text, sliced out in C-level
+    passes and joined with the template's fixed pieces."""
     pieces, spans = _sort_pieces(template)
     if not spans:
         return [pieces[0]] * len(keys)
@@ -161,11 +171,9 @@ class MatchShape:
         return cls(i, base, base + m.start(), base + m.end(),
                    None if index is None else (base + index[0], base + index[1]), groups)
 
-    def rebuild(self, name: str) -> ConverterMatch:
-        """The :class:`ConverterMatch` ``converter.match(name)`` would return."""
-        index = None if self.index_span is None else int(name[slice(*self.index_span)])
-        groups = tuple(None if s is None else name[s[0]:s[1]] for s in self.group_spans)
-        match = PatternMatch(self.start - self.scope, self.end - self.scope, index, groups)
-        # every key of a converter group shares its head and tail: keep one copy of each
-        return ConverterMatch(self.source_index, sys.intern(name[:self.start]),
-                              sys.intern(name[self.end:]), match)
+    def only_index(self, template: str) -> bool:
+        """Whether the keys of ``template`` differ inside the match only in the index."""
+        if self.index_span is None:
+            return False
+        inside = template[self.start:self.index_span[0]] + template[self.index_span[1]:self.end]
+        return "1" not in inside

@@ -1,5 +1,5 @@
-"""Groups made from runs of keys routed in bulk equal the ones made key by key, and every
-input the bulk path can't vouch for goes the exact way, failing the same way."""
+"""Groups made from runs of keys routed together equal the ones made from keys routed one
+by one (in checkpoint order, where runs interleave), and fail the same way."""
 
 import pytest
 import torch
@@ -9,7 +9,7 @@ from weightplan.errors import ConflictingTransformError, IndexGapError
 from weightplan.ops import Concatenate, MergeModulelist
 from weightplan.planner.inputs.checkpoint import open_checkpoint
 from weightplan.planner.inputs.model_info import inspect_model
-from weightplan.planner.keys import bulk_groups, route, router
+from weightplan.planner.keys import groups, route, router
 
 from tests.conftest import module_with
 
@@ -27,36 +27,38 @@ def _experts(layers=(0, 1, 12), experts=12, parts=("gate", "down", "up")):
 
 
 def _exact(checkpoint, transforms, model, monkeypatch):
-    """Routing with every key the per-key way, grouped by routing._group."""
+    """Routing with every key routed by itself (no template), in checkpoint order."""
     with monkeypatch.context() as m:
-        m.setattr(router, "template_of", lambda key: None)
         m.setattr(router, "templates_of", lambda keys: [None] * len(keys))
         return route.route_checkpoint(checkpoint, transforms, model)
 
 
-def _vouched(monkeypatch):
-    said = []
-    real = bulk_groups.bulk_group
+def _one_by_one(monkeypatch):
+    """Counts the streams ordered run by run and one by one (:func:`groups._ordered`)."""
+    said = {"runs": 0, "one by one": 0}
+    real = groups._ordered
 
-    def spy(routed, checkpoint):
-        said.append(real(routed, checkpoint) is not None)
-        return real(routed, checkpoint)
-    monkeypatch.setattr(route, "bulk_group", spy)
+    def spy(converter, pattern, has_index, runs, *rest):
+        joined = [i for run in sorted(runs, key=groups._first_index) for i in run.indices]
+        if has_index:
+            said["runs" if joined == list(range(len(joined))) else "one by one"] += 1
+        return real(converter, pattern, has_index, runs, *rest)
+    monkeypatch.setattr(groups, "_ordered", spy)
     return said
 
 
 def _same(names, transforms, monkeypatch, model=None):
-    said = _vouched(monkeypatch)
     bulk = route.route_checkpoint(_keys(*names), transforms, model)
     exact = _exact(_keys(*names), transforms, model, monkeypatch)
     assert bulk == exact
-    return bulk, said
+    return bulk
 
 
 def test_groups_from_runs_equal_the_exact_ones(monkeypatch):
     names = _experts() + ["layers.0.norm", "embed", "layers.12.norm"]
-    bulk, said = _same(names, [_MERGE, _STACK], monkeypatch)
-    assert said == [True]
+    said = _one_by_one(monkeypatch)
+    bulk = _same(names, [_MERGE, _STACK], monkeypatch)
+    assert said["runs"] > 0
     sizes = [tuple(len(s) for s in g.sources) for g in bulk.groups]
     assert sizes.count((12, 12)) == 3 and sizes.count((12,)) == 3
 
@@ -66,8 +68,7 @@ def test_groups_with_keys_routed_one_by_one_equal_the_exact_ones(monkeypatch):
     rename = WeightRenaming(r"\.upper$", ".up")
     names = [n.replace(".up", ".upper") if n.startswith("layers.1.") else n
              for n in _experts()]
-    bulk, said = _same(names, [rename, _MERGE, _STACK], monkeypatch)
-    assert said == [False]  # layer 1's merge group mixes runs and single routes
+    bulk = _same(names, [rename, _MERGE, _STACK], monkeypatch)
     assert len(bulk.groups) == 6
 
 
@@ -104,18 +105,18 @@ def test_repeated_index_and_index_less_sources_fail_the_same_way(monkeypatch):
 
 def test_incomplete_groups_equal_the_exact_ones(monkeypatch):
     names = [n for n in _experts() if not (n.startswith("layers.12.") and n.endswith("up"))]
-    bulk, said = _same(names, [_MERGE, _STACK], monkeypatch)
-    assert said == [False]
+    bulk = _same(names, [_MERGE, _STACK], monkeypatch)
     assert [i.targets for i in bulk.incomplete] == [("layers.12.experts.gate_up",)]
+    assert bulk.incomplete[0].present == tuple(
+        f"layers.12.experts.{e}.gate" for e in range(12))  # in natural order
 
 
 def test_groups_that_do_not_land_equal_the_exact_ones(monkeypatch):
     # layer 12 is not in the model (an extra layer)
     specs = {f"layers.{i}.experts.{w}": ((12, 1, 1), torch.float32)
              for i in (0, 1) for w in ("gate_up", "down")}
-    bulk, said = _same(_experts(), [_MERGE, _STACK], monkeypatch,
-                       inspect_model(module_with(specs)))
-    assert said == [True] and not any(r.note for r in bulk.routes)
+    bulk = _same(_experts(), [_MERGE, _STACK], monkeypatch, inspect_model(module_with(specs)))
+    assert not any(r.note for r in bulk.routes)
     # ... and one of its keys is a model key: it keeps its name, leaving a gap in its group
     specs["layers.12.experts.3.down"] = ((1,), torch.float32)
     info = inspect_model(module_with(specs))
@@ -135,6 +136,18 @@ def test_a_group_split_between_runs_and_single_routes_is_grouped_the_exact_way(m
     names = [n.replace(".up", ".upper").replace(".gate", ".gateper")
              if n.startswith(("layers.1.experts.10.", "layers.1.experts.11.")) else n
              for n in _experts()]
-    bulk, said = _same(names, [rename, _MERGE, _STACK], monkeypatch)
-    assert said == [False]
+    bulk = _same(names, [rename, _MERGE, _STACK], monkeypatch)
     assert len(bulk.groups) == 6
+
+
+def test_a_stream_whose_runs_interleave_is_ordered_one_by_one(monkeypatch):
+    # routed one by one in checkpoint order (reversed here), a stream's keys come as one
+    # run 11, 10, ..., 0: not 0..n-1 once joined, so they are sorted one by one
+    names = _experts(parts=("down",))[::-1]
+    said = _one_by_one(monkeypatch)
+    exact = _exact(_keys(*names), [_STACK], None, monkeypatch)
+    assert said == {"runs": 0, "one by one": 3}
+    assert exact == route.route_checkpoint(_keys(*names), [_STACK], None)
+    assert said == {"runs": 3, "one by one": 3}
+    assert [[e.key for e in g.sources[0]] for g in exact.groups][0] == [
+        f"layers.0.experts.{e}.down" for e in range(12)]
