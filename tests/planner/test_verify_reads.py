@@ -142,5 +142,5 @@ def test_a_task_of_no_read_node_is_refused():
     conv, step, ckpt = stack()
     task = step.reads[MIDDLE]
     op = next(n for n in conv.nodes if n.kind is NodeKind.OP)
-    (problem,) = problems(conv, with_read(step, MIDDLE, dataclasses.replace(task, node=op)), ckpt)
-    assert "a read task lowers a read node, or a dequantize of two" in problem
+    found = problems(conv, with_read(step, MIDDLE, dataclasses.replace(task, node=op)), ckpt)
+    assert any("a read task lowers a read node, or a dequantize of two" in p for p in found)

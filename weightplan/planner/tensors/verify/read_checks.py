@@ -9,7 +9,9 @@ dequantize, the fragment it lands in):
    reads, inside the scale's bytes);
 3. its pieces split the range back to back, without gaps;
 4. a placed read lands the region it reads; a direct one (a plain byte copy) fills a
-   contiguous view of exactly its bytes.
+   contiguous view of exactly its bytes. Where each lands is gathered, a
+   :class:`~weightplan.planner.tensors.verify.coverage.Landing` at a time, for the
+   coverage check.
 
 What a read's geometry decides (its layout, region, entry spec, scale, view shape and
 stride, destination) is the same for the items of a stack: it is judged once for each
@@ -27,6 +29,7 @@ from weightplan.planner.core.geometry import Fragment, Region, _is_contiguous
 from weightplan.planner.core.sharding.fp8_slices import scale_region
 from weightplan.planner.inputs.checkpoint import Checkpoint, TensorEntry
 from weightplan.planner.tensors.ir.destination import Destination
+from weightplan.planner.tensors.verify.coverage import Landing
 from weightplan.planner.tensors.ir.nodes import DequantizeAttrs, Node, NodeKind
 from weightplan.planner.tensors.lower.placement import Step
 from weightplan.planner.tensors.lower.read_tasks import ReadLayout, ReadTask
@@ -74,13 +77,15 @@ class _Geometry:
         return section[0] - self.scale_first, section[1] - self.scale_first - self.scale_length
 
 
-def read_problems(step: Step, where: Sections) -> list[str]:
-    """Every broken read invariant of ``step`` (see the module docstring), in read order."""
+def read_problems(step: Step, where: Sections) -> tuple[list[str], list[Landing]]:
+    """Every broken read invariant of ``step`` (see the module docstring), in read order,
+    and where its reads land (for the coverage check)."""
     problems: list[str] = []
-    layout = region = spec = scale_spec = attrs = view_shape = view_stride = target = None
+    landed: list[Landing] = []
+    layout = region = spec = scale_spec = attrs = None
     geometry, file, scale_file = _NOTHING, cast(object, _NOTHING), cast(object, _NOTHING)
     low = high = scale_low = scale_high = 0  # (where a read's / its scale's first byte may be)
-    landing: str | None = None
+    landing, misplaced = _nowhere(), cast("str | None", None)
     for task in step.reads:
         node = task.node
         try:
@@ -97,20 +102,18 @@ def read_problems(step: Step, where: Sections) -> list[str]:
         if task.layout is not layout or task.region is not region or entry.spec is not spec:
             layout, region, spec = task.layout, task.region, entry.spec
             geometry = _judge(task, entry, scale)
-            view_shape, file, scale_file = None, _NOTHING, _NOTHING
+            file, scale_file, landing = _NOTHING, _NOTHING, _nowhere()
         fragment = task.fragment
         if fragment is not None:
-            if fragment.region is not region and fragment.region != region:
-                problems.append(f"read of {entry.key}: it reads the region {_box(region)} but "
-                                f"lands {_box(fragment.region)}; land the region read")
-            if layout.direct:
-                view = fragment.view
-                if view.shape is not view_shape or view.stride is not view_stride \
-                        or fragment.target != target:
-                    view_shape, view_stride, target = view.shape, view.stride, fragment.target
-                    landing = _landing_problem(fragment, layout, step.destinations)
-                if landing is not None:
-                    problems.append(f"read of {entry.key}: {landing}")
+            view = fragment.view
+            if view.shape is not landing.shape or view.stride is not landing.stride or \
+                    fragment.region is not landing.region or fragment.target != landing.target:
+                landing = Landing(fragment.target, fragment.region, view.shape, view.stride)
+                landed.append(landing)
+                misplaced = _landing_problem(task, fragment, step.destinations)
+            landing.offsets.append(view.offset)
+            if misplaced is not None:
+                problems.append(f"read of {entry.key}: {misplaced}")
         if entry.file is not file:
             file = entry.file
             low, high = geometry.bounds(_section(where, file))
@@ -122,7 +125,11 @@ def read_problems(step: Step, where: Sections) -> list[str]:
                 scale_low, scale_high = geometry.scale_bounds(_section(where, scale_file))
             if not scale_low <= scale.offset <= scale_high:
                 problems.append(_scale_problem(scale, geometry, where))
-    return problems
+    return problems, landed
+
+
+def _nowhere() -> Landing:
+    return Landing(-1, Region((), ()), (), ())  # (no fragment lands like it)
 
 
 def _not_a_read(step: Step, node: Node) -> str:
@@ -170,12 +177,16 @@ def _pieces_problem(layout: ReadLayout) -> str | None:
     return None
 
 
-def _landing_problem(fragment: Fragment, layout: ReadLayout, dests: tuple[Destination, ...]
+def _landing_problem(task: ReadTask, fragment: Fragment, dests: tuple[Destination, ...]
                      ) -> str | None:
-    """A direct read copies exactly the bytes of a contiguous view (the executor writes its
-    byte range at the view's first byte)."""
-    if not 0 <= fragment.target < len(dests):
-        return None  # (the coverage check names it)
+    """A placed read lands the region it reads; a direct one copies exactly the bytes of a
+    contiguous view (the executor writes its byte range at the view's first byte)."""
+    if fragment.region is not task.region and fragment.region != task.region:
+        return (f"it reads the region {_box(task.region)} but lands {_box(fragment.region)}; "
+                "land the region read")
+    layout = task.layout
+    if not layout.direct or not 0 <= fragment.target < len(dests):
+        return None  # (a target out of range: the coverage check names it)
     view, dest = fragment.view, dests[fragment.target]
     nbytes = view.numel * dest.spec.dtype.itemsize
     if nbytes != layout.length or not _is_contiguous(view.shape, view.stride):

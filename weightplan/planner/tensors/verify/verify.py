@@ -58,8 +58,8 @@ def check(graph: PlanGraph, steps: Sequence[Step] = (), checkpoint: Checkpoint |
         check_release(graph, steps)
     where = sections(checkpoint)
     for step in steps:
-        problems += check_coverage(step)
-        problems += read_problems(step, where)
+        found, landed = read_problems(step, where)
+        problems += check_coverage(step, landed) + found
     return problems
 
 
