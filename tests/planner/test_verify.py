@@ -160,20 +160,18 @@ def test_every_step_is_submitted_then_finalized_once():
     assert "submitted twice" in check_events(1, [Event(s, 0), Event(s, 0), Event(f, 0)])[0]
 
 
-def test_a_sound_plan_is_proven_in_bulk():
-    """The identity passes of verify_bulk prove a sound plan (the per-node pass only runs
-    to word problems)."""
-    from weightplan.planner.tensors.verify.verify import _ARITY, check_node
-    from weightplan.planner.tensors.verify.verify_bulk import (
-        graph_is_sound, node_positions, release_is_sound,
-    )
+def test_a_sound_plan_is_proven_a_segment_at_a_time():
+    """``graph_holds`` proves a sound plan (the per-node pass only runs to word problems);
+    its steps' nodes are found in their segments, and a step run twice is refused."""
+    from weightplan.planner.tensors.verify.graph_checks import graph_holds
+    from weightplan.planner.tensors.verify.verify import release_holds
 
     conv, step, _ = merged()
     graph = plan_graph([conv])
-    position = node_positions(graph.nodes)
-    assert graph_is_sound(graph.nodes, position, _ARITY, check_node)
-    assert release_is_sound(position, [step])
-    assert not release_is_sound(position, [step, step])
+    segments = graph_holds(graph.nodes)
+    assert segments is not None and segments.ends == [len(graph.nodes)]
+    assert release_holds(segments, [step])
+    assert not release_holds(segments, [step, step])
 
 
 def broken_graphs() -> list[tuple[Node, ...]]:
@@ -188,18 +186,21 @@ def broken_graphs() -> list[tuple[Node, ...]]:
             (a, b, sink(a, "w"), sink(b, "w")), (r, read_node("x", 24), sink(r))]
 
 
-def test_the_bulk_proof_fails_on_every_broken_graph():
-    from weightplan.planner.tensors.verify.verify import _ARITY, check_node
-    from weightplan.planner.tensors.verify.verify_bulk import graph_is_sound, node_positions
+def test_the_graph_proof_refuses_every_broken_graph():
+    from weightplan.planner.tensors.verify.graph_checks import graph_holds
 
     for nodes in broken_graphs():
-        assert not graph_is_sound(nodes, node_positions(nodes), _ARITY, check_node), nodes
+        assert graph_holds(nodes) is None, nodes
+        assert check(PlanGraph(nodes)), nodes
 
 
 def test_an_equal_node_that_is_another_object_is_judged_exactly():
     """Identity is stronger than equality: a consumer whose input is an equal copy of an
-    earlier node fails the bulk proof, and the exact pass accepts it."""
+    earlier node is not proven, and the per-node pass accepts it."""
+    from weightplan.planner.tensors.verify.graph_checks import graph_holds
+
     r = read_node()
     copy = Node(r.kind, r.spec, r.inputs, r.attrs)
     assert copy == r and copy is not r
+    assert graph_holds((r, sink(copy))) is None
     assert check(PlanGraph((r, sink(copy)))) == []

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Iterator
 
 
 class Tracker:
@@ -23,14 +21,6 @@ class Tracker:
     def sub(self, nbytes: int) -> None:
         with self._lock:
             self.now -= nbytes
-
-    @contextlib.contextmanager
-    def holding(self, nbytes: int) -> Iterator[None]:
-        self.add(nbytes)
-        try:
-            yield
-        finally:
-            self.sub(nbytes)
 
 
 def _status_kib(field: str) -> int | None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain
-from operator import attrgetter
 
 from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.tensors.schedule.budget import schedule_within
@@ -20,7 +19,6 @@ from weightplan.errors import GraphError
 from weightplan.planner.tensors.verify.verify import check_events, verify
 
 StepOrder = Callable[[Iterable[Step]], tuple[Step, ...]]
-_NODES = attrgetter("nodes")
 
 
 
@@ -51,7 +49,7 @@ def lower(conversions: Sequence[Conversion], checkpoint: Checkpoint, *, order: S
     drawn = [c for c in conversions if c.in_graph]
     graph = plan_graph(drawn)
     steps = order(_lowered(conversions, piece_bytes))
-    verify(graph, steps, checkpoint, runs=list(map(len, map(_NODES, drawn))))
+    verify(graph, steps, checkpoint)
     schedule = schedule_within(steps, threads=threads, budget=budget)
     problems = check_events(len(schedule.steps), schedule.events)
     if problems:

@@ -1,130 +1,183 @@
-"""Does a set of fragments cover a destination exactly once? (element-offset arithmetic)
+"""Is every destination element written exactly once? (element-offset arithmetic)
 
-A view's elements are a set of storage offsets. Its innermost dims that are laid out
-back to back form runs of consecutive offsets; the fragments cover the destination
-exactly once when their runs, sorted, never overlap and merge into the destination's own
-runs. Views with more than ``MAX_RUNS`` runs (a transposed write into a big tensor) are
-checked by element count and bounds only.
+A view's elements are a set of storage offsets. Its innermost dims laid out back to back
+form runs of consecutive offsets. The fragments a step writes into a destination (its
+reads', its materialized ops' outputs', its quantized values') cover it exactly once when
+they hold as many elements as it does and their runs, sorted, neither overlap nor leave
+the destination's own runs. Fragments are taken a :class:`Landing` at a time: the
+consecutive fragments of one geometry (a stack's items share their region, view shape and
+stride), whose runs are one shape of runs shifted by each fragment's offset. Views of
+more than ``MAX_RUNS`` runs (a transposed write into a big tensor) are checked by
+element count only.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from itertools import accumulate
-from operator import attrgetter, itemgetter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from itertools import chain, compress, repeat
+from operator import add, itemgetter, lt, ne
 
 import torch
 
-from weightplan.planner.core.geometry import Fragment, View, _is_contiguous
+from weightplan.planner.core.geometry import Fragment, Region, View
+from weightplan.planner.tensors.ir.destination import Destination
+from weightplan.planner.tensors.lower.placement import Step
+from weightplan.planner.tensors.lower.quant_steps import quantize_fragments
 
 MAX_RUNS = 1 << 20
-_OFFSET = attrgetter("view.offset")
-_VIEW, _SHAPE, _STRIDE, _OFFSET_OF = (attrgetter("view"), attrgetter("shape"), attrgetter("stride"),
-                                      attrgetter("offset"))
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 
-def runs(view: View) -> tuple[torch.Tensor, int] | None:
-    """``(starts, length)``: the view's runs of consecutive offsets, or ``None`` if too many."""
-    dims = [(n, s) for n, s in zip(view.shape, view.stride, strict=True) if n != 1]
-    length = 1
-    while dims and dims[-1][1] == length:
-        length *= dims.pop()[0]
-    count = math.prod(n for n, _ in dims)
-    if count > MAX_RUNS:
-        return None
-    starts = torch.full((1,), view.offset, dtype=torch.int64)
-    for n, s in dims:
-        starts = (starts[:, None] + torch.arange(n, dtype=torch.int64) * s).reshape(-1)
-    return starts, length
+@dataclass(slots=True)
+class Landing:
+    """Consecutive fragments of one geometry, landing in destination ``target``: their
+    region, their views' shape and stride, and each view's offset."""
+
+    target: int
+    region: Region
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offsets: list[int] = field(default_factory=list)
 
 
-def _merged(starts: torch.Tensor, ends: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    breaks = torch.ones_like(starts, dtype=torch.bool)
-    breaks[1:] = starts[1:] != ends[:-1]
-    first = breaks.nonzero().reshape(-1)
-    last = torch.cat([first[1:] - 1, torch.tensor([len(starts) - 1])])
-    return starts[first], ends[last]
+def landings(fragments: Iterable[Fragment]) -> list[Landing]:
+    """``fragments`` as landings (a new one wherever the geometry changes, as objects)."""
+    out: list[Landing] = []
+    last = Landing(-1, Region((), ()), (), ())
+    for f in fragments:
+        view = f.view
+        if view.shape is not last.shape or view.stride is not last.stride or \
+                f.region is not last.region or f.target != last.target:
+            last = Landing(f.target, f.region, view.shape, view.stride)
+            out.append(last)
+        last.offsets.append(view.offset)
+    return out
 
 
-def coverage_problem(universe: View, fragments: Sequence[Fragment]) -> str | None:
-    """``None`` when ``fragments`` cover ``universe`` exactly once, else what is wrong."""
-    sizes, total, same, contiguous = _sizes(fragments)
+def check_coverage(step: Step, landed: list[Landing]) -> list[str]:
+    """Each destination of ``step`` is covered exactly once by what lands in it: ``landed``
+    (its reads', as :func:`~weightplan.planner.tensors.verify.read_checks.read_problems`
+    found them), its op outputs' and its quantized values' fragments."""
+    dests = step.destinations
+    if step.outputs or step.quantized:
+        quantized = (quantize_fragments(q, dests) for q in step.quantized)
+        landed = landed + landings(chain(chain.from_iterable(chain.from_iterable(step.outputs)),
+                                         chain.from_iterable(quantized)))
+    into: list[list[Landing]] = [[] for _ in dests]
+    for landing in landed:
+        if not 0 <= landing.target < len(dests):
+            return [f"step {step.label}: a fragment lands in destination #{landing.target}, but "
+                    f"the step writes {len(dests)}; lower the step again"]
+        into[landing.target].append(landing)
+    problems = []
+    for dest, found in zip(dests, into, strict=True):
+        problem = coverage_problem(dest_view(dest), found)
+        if problem is not None:
+            problems.append(f"destination {dest.key} of step {step.label}: {problem}; the "
+                            "op's place() must map each output element to exactly one input")
+    return problems
+
+
+def dest_view(dest: Destination) -> View:
+    return View(dest.spec.shape, dest.stride)
+
+
+def coverage_problem(universe: View, landed: list[Landing]) -> str | None:
+    """``None`` when the ``landed`` fragments cover ``universe`` exactly once, else what
+    is wrong."""
+    sizes = [math.prod(landing.shape) for landing in landed]
+    total = sum(n * len(landing.offsets) for n, landing in zip(sizes, landed, strict=True))
     if total != universe.numel:
         return f"fragments cover {total} of its {universe.numel} elements"
-    if not same:
+    if any(landing.region.numel != n for n, landing in zip(sizes, landed, strict=True)):
         return "a fragment's region and view differ in size"
-    if len(fragments) == 1 and fragments[0].view == universe:
-        return None  # the common case: one read or op output fills the whole tensor
-    if contiguous and universe.is_contiguous():
-        return _contiguous_problem(universe, fragments, sizes)
-    if _interleaved(universe, fragments):
-        return None
-    parts = [runs(f.view) for f in fragments]
-    whole = runs(universe)
-    if whole is None or any(p is None for p in parts) or not parts:
+    whole = _shape_runs(tuple(universe.shape), tuple(universe.stride))
+    runs = [(_shape_runs(tuple(landing.shape), tuple(landing.stride)), landing.offsets)
+            for landing in landed]
+    if whole is None or any(found is None for found, _ in runs):
         return None  # counted above; too many runs to compare exactly
-    starts = torch.cat([p[0] for p in parts if p is not None])
-    ends = torch.cat([p[0] + p[1] for p in parts if p is not None])
-    order = torch.argsort(starts)
-    starts, ends = starts[order], ends[order]
-    if len(starts) > 1 and bool((starts[1:] < ends[:-1]).any()):
-        at = int(starts[1:][starts[1:] < ends[:-1]][0])
-        return f"two fragments both write element offset {at}"
-    got, want = _merged(starts, ends), _merged(whole[0], whole[0] + whole[1])
-    if not (torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])):
+    if len(whole[0]) == 1:  # a contiguous destination
+        return _contiguous_problem(universe.offset, runs)  # type: ignore[arg-type]
+    starts, ends = _spans(runs)  # type: ignore[arg-type]
+    overlap = next(compress(starts[1:], map(lt, starts[1:], ends[:-1])), None)
+    if overlap is not None:
+        return f"two fragments both write element offset {overlap}"
+    if _merged(starts, ends) != _merged(*_spans([(whole, [universe.offset])])):
         return "fragments write outside the destination or leave holes in it"
     return None
 
 
-def _sizes(fragments: Sequence[Fragment]) -> tuple[list[int], int, bool, bool]:
-    """Each fragment's element count, their total, whether every region has its view's
-    size and whether every view is contiguous. The fragments of a stack share their
-    shape, stride and region objects: each run of fragments sharing them is measured once."""
-    sizes: list[int] = []
-    same = contiguous = True
-    shape = stride = region = None
-    n = 0
-    for f in fragments:
-        v, r = f.view, f.region
-        if v.shape is not shape or v.stride is not stride or r is not region:
-            shape, stride, region = v.shape, v.stride, r
-            n = math.prod(shape)
-            same = same and r.numel == n
-            contiguous = contiguous and v.is_contiguous()
-        sizes.append(n)
-    return sizes, sum(sizes), same, contiguous
+@lru_cache(maxsize=1 << 12)
+def _shape_runs(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[tuple[int, ...], int] | None:
+    """The runs of a view of ``shape`` and ``stride`` at offset 0: their starts and their
+    common length (``None``: more than ``MAX_RUNS`` of them)."""
+    dims = [(n, s) for n, s in zip(shape, stride, strict=True) if n != 1]
+    length = 1
+    while dims and dims[-1][1] == length:
+        length *= dims.pop()[0]
+    if math.prod(n for n, _ in dims) > MAX_RUNS:
+        return None
+    starts = torch.zeros(1, dtype=torch.int64)
+    for n, s in dims:
+        starts = (starts[:, None] + torch.arange(n, dtype=torch.int64) * s).reshape(-1)
+    return tuple(starts.tolist()), length
 
 
-def _interleaved(universe: View, fragments: Sequence[Fragment]) -> bool:
-    """``J`` fragments, each ``n`` items of ``m`` contiguous elements ``J * m`` apart, the
-    ``j``-th starting ``j * m`` into a contiguous ``universe`` of ``n * J * m`` elements
-    (the stacks of a fused gate/up pair): they tile it exactly (the total is checked)."""
-    first = fragments[0].view
-    shape, stride = first.shape, first.stride
-    if not shape or not universe.is_contiguous() or not _is_contiguous(shape[1:], stride[1:]):
-        return False
-    m = math.prod(shape[1:])
-    views = list(map(_VIEW, fragments))
-    if list(map(_SHAPE, views)).count(shape) != len(views) or \
-            list(map(_STRIDE, views)).count(stride) != len(views) or \
-            (shape[0] > 1 and stride[0] != len(views) * m):
-        return False
-    return sorted(map(_OFFSET_OF, views)) == list(range(universe.offset, universe.offset
-                                                          + len(views) * m, m or 1))
+Runs = list[tuple[tuple[tuple[int, ...], int], list[int]]]  # (relative runs, length), offsets
 
 
-def _contiguous_problem(universe: View, fragments: Sequence[Fragment], sizes: list[int]
-                        ) -> str | None:
-    offsets = list(map(_OFFSET, fragments))
-    if offsets == list(accumulate(sizes[:-1], initial=universe.offset)):
-        return None  # listed in order, back to back (a stack's): the walk below finds nothing
-    end = universe.offset
-    runs = sorted(zip(offsets, sizes, strict=True), key=itemgetter(0))
-    for offset, n in runs:
-        if offset < end:
-            return f"two fragments both write element offset {offset}"
-        if offset > end:
-            return f"no fragment writes element offset {end}"
-        end += n
-    return None
+def _starts(rel: tuple[int, ...], offsets: list[int]) -> list[int]:
+    """The starts of the runs of views of one geometry (``rel`` from each's offset)."""
+    if rel == (0,):
+        return offsets
+    if len(rel) <= len(offsets):
+        return list(chain.from_iterable(map(add, offsets, repeat(r)) for r in rel))
+    return list(chain.from_iterable(map(add, rel, repeat(o)) for o in offsets))
+
+
+def _contiguous_problem(first: int, runs: Runs) -> str | None:
+    """What is wrong with runs of as many elements as a contiguous destination starting
+    at ``first``: walking them sorted, the first one that doesn't start where the last
+    ended (runs of one length, as a stack's: their sorted starts compared at once)."""
+    lengths = {length for (_, length), _ in runs if length}
+    if len(lengths) == 1:
+        (length,) = lengths
+        starts = sorted(chain.from_iterable(_starts(rel, offsets)
+                                            for (rel, n), offsets in runs if n))
+        if starts == list(range(first, first + length * len(starts), length)):
+            return None
+        ends = list(map(add, starts, repeat(length)))
+    else:
+        starts, ends = _spans(runs)
+    at = next(compress(range(len(starts)), map(ne, starts, [first, *ends[:-1]])), None)
+    if at is None:
+        return None
+    end = first if at == 0 else ends[at - 1]
+    if starts[at] < end:
+        return f"two fragments both write element offset {starts[at]}"
+    return f"no fragment writes element offset {end}"
+
+
+def _spans(runs: Runs) -> tuple[list[int], list[int]]:
+    """The starts and ends of every run, sorted (empty runs left out)."""
+    spans: list[tuple[int, int]] = []
+    for (rel, length), offsets in runs:
+        if length:
+            starts = _starts(rel, offsets)
+            spans += zip(starts, map(add, starts, repeat(length)), strict=True)
+    spans.sort()
+    return list(map(_FIRST, spans)), list(map(_SECOND, spans))
+
+
+def _merged(starts: list[int], ends: list[int]) -> list[tuple[int, int]]:
+    """Back-to-back runs joined."""
+    out: list[tuple[int, int]] = []
+    for s, e in zip(starts, ends, strict=True):
+        if out and out[-1][1] == s:
+            out[-1] = (out[-1][0], e)
+        else:
+            out.append((s, e))
+    return out

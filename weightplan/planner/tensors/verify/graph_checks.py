@@ -1,0 +1,240 @@
+"""``verify``'s invariants of the graph alone, over every node and every edge.
+
+1. topological order: every input is a node of the graph (or equal to one) listed
+   before its consumer, so there is no cycle and nothing dangles;
+2. each node kind has its arity and its attrs type; shapes and dtypes agree along every
+   edge (a cast changes only the dtype, a sink takes its input's spec, a shard's output
+   is its region, ...);
+3. every intermediate has a consumer, and each model tensor has at most one producer.
+
+:func:`graph_holds` decides them for the whole graph in C-level passes over columns of
+nodes (kinds, attrs types, inputs, specs), a *segment* at a time. The nodes are cut into
+segments where a sink is followed by a read (where one conversion ends and the next
+begins); each input must be a node of its own segment, listed before its consumer. The
+first segment of each sequence of kinds is checked with a map of its nodes' places, which
+gives each input's place in it; every later segment of those kinds is checked by
+comparing each of its inputs with its own node at that place (identity, or equality).
+When anything is not shown so (an input in another segment included),
+:func:`graph_problems` walks the nodes one by one and words each problem.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from itertools import chain, compress, repeat
+from operator import and_, attrgetter, eq, is_, itemgetter, lt
+
+from weightplan.planner.tensors.ir.graph import PlanGraph
+from weightplan.planner.tensors.ir.nodes import (
+    ATTRS_OF, CastAttrs, DequantizeAttrs, Node, NodeKind, QuantizeAttrs, ShardAttrs, SinkAttrs,
+)
+
+ARITY = {NodeKind.READ: 0, NodeKind.CAST: 1, NodeKind.SINK: 1, NodeKind.SHARD: 1,
+         NodeKind.QUANTIZE: 1, NodeKind.DEQUANTIZE: 2}  # (an op's: any, but not none)
+_SPEC_RULED = frozenset((NodeKind.CAST, NodeKind.SINK, NodeKind.SHARD, NodeKind.QUANTIZE))
+_INPUTS, _KIND, _ATTRS_TYPE = attrgetter("inputs"), attrgetter("kind"), attrgetter("attrs.__class__")
+_SHAPE, _DTYPE, _ATTRS_DTYPE = (attrgetter("spec.shape"), attrgetter("spec.dtype"),
+                                attrgetter("attrs.dtype"))
+_FIRST = itemgetter(0)
+Picker = Callable[[Sequence[Node]], tuple[Node, ...]]  # a segment → its nodes at some places
+
+
+def picker(places: Sequence[int]) -> Picker:
+    """``segment`` → the tuple of its nodes at ``places`` (one C call)."""
+    if len(places) > 1:
+        return itemgetter(*places)
+    if places:
+        only = places[0]
+        return lambda segment: (segment[only],)
+    return lambda segment: ()
+
+
+@dataclass(frozen=True, slots=True)
+class Segments:
+    """The graph's nodes cut where a sink is followed by a read, as :func:`graph_holds`
+    proved them."""
+
+    nodes: Sequence[Node]
+    ends: list[int]  # segment k is nodes[ends[k - 1]:ends[k]] (from 0)
+    proofs: list[int]  # per segment: which proof it shares (segments of one kind sequence)
+    home: dict[int, int]  # id(sink) → its segment
+
+    def segment(self, k: int) -> Sequence[Node]:
+        return self.nodes[self.ends[k - 1] if k else 0:self.ends[k]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Proof:
+    """What the first segment of a kind sequence showed, for every segment of it."""
+
+    index: int
+    arities: list[int]
+    classes: tuple[type, ...]  # the nodes' attrs types
+    sources: Picker  # each node's inputs, in order: the nodes at these places
+    dequantizes: Picker  # (their spec rule is judged for all of them at once)
+    weights: Picker  # the dequantizes' first inputs
+    ruled: Picker  # the casts, sinks, shards and quantizes (spec rules judged one by one)
+    sinks: Picker
+
+
+def check_graph(graph: PlanGraph) -> tuple[list[str], Segments | None]:
+    """Invariants 1-3, each broken one as a message in node order (empty: none), and the
+    segments the graph was proven in (``None``: not proven so)."""
+    segments = graph_holds(graph.nodes)
+    return ([], segments) if segments is not None else (graph_problems(graph), None)
+
+
+def graph_holds(nodes: Sequence[Node]) -> Segments | None:
+    """The segments of ``nodes`` when invariants 1-3 hold (see the module docstring);
+    ``None`` when that isn't shown."""
+    kinds = tuple(map(_KIND, nodes))
+    inputs = tuple(map(_INPUTS, nodes))
+    count = len(nodes)
+    # a segment ends where a sink is followed by a read (where one conversion ends), and at
+    # the end of the nodes
+    ends = [i + 1 for i in compress(range(count), map(is_, kinds, repeat(NodeKind.SINK)))
+            if i + 1 < count and kinds[i + 1] is NodeKind.READ]
+    ends.append(count)
+    proofs: dict[tuple[NodeKind, ...], _Proof] = {}
+    shared: list[int] = []
+    home: dict[int, int] = {}
+    dequantizes: list[Node] = []
+    weights: list[Node] = []
+    ruled: list[Node] = []
+    start = 0
+    for end in ends:
+        segment, key, fed = nodes[start:end], kinds[start:end], inputs[start:end]
+        arities = list(map(len, fed))
+        flat = tuple(chain.from_iterable(fed))
+        classes = tuple(map(_ATTRS_TYPE, segment))
+        proof = proofs.get(key)
+        if proof is None or proof.arities != arities or proof.classes != classes or \
+                proof.sources(segment) != flat:
+            proof = _proven(segment, key, classes, flat, arities, len(proofs))
+            if proof is None:
+                return None
+            proofs[key] = proof
+        home.update(zip(map(id, proof.sinks(segment)), repeat(len(shared))))
+        shared.append(proof.index)
+        dequantizes += proof.dequantizes(segment)
+        weights += proof.weights(segment)
+        ruled += proof.ruled(segment)
+        start = end
+    if not _specs_hold(dequantizes, weights, ruled) or any(_second_producers(ruled)):
+        return None
+    return Segments(nodes, ends, shared, home)
+
+
+def _proven(segment: Sequence[Node], kinds: tuple[NodeKind, ...], classes: tuple[type, ...],
+            flat: tuple[Node, ...], arities: list[int], index: int) -> _Proof | None:
+    """The proof of one segment: every (kind, attrs type, arity) well formed, every input
+    a node of the segment (as an object) listed before its consumer, every node but the
+    sinks an input; ``None``: not so."""
+    if not all(_well_formed(*row) for row in set(zip(kinds, classes, arities, strict=True))):
+        return None
+    count = len(segment)
+    place = dict(zip(map(id, segment), range(count), strict=True))
+    at = list(map(place.get, map(id, flat), repeat(count)))
+    consumers = list(chain.from_iterable(map(repeat, range(count), arities)))
+    if not all(map(lt, at, consumers)):
+        return None
+    sinks = [i for i, k in enumerate(kinds) if k is NodeKind.SINK]
+    if len(set(at).union(sinks)) != count:
+        return None  # (a node that is neither consumed nor a sink)
+    dequantizes = [i for i, k in enumerate(kinds) if k is NodeKind.DEQUANTIZE]
+    first = dict(zip(reversed(consumers), reversed(at), strict=True))  # (each one's first)
+    return _Proof(index, arities, classes, picker(at), picker(dequantizes),
+                  picker([first[i] for i in dequantizes]),
+                  picker([i for i, k in enumerate(kinds) if k in _SPEC_RULED]), picker(sinks))
+
+
+def _specs_hold(dequantizes: list[Node], weights: list[Node], ruled: list[Node]) -> bool:
+    """Every node's spec rule: the many dequantizes' at once (shape kept, dtype the
+    attrs'); casts, sinks, shards and quantizes one by one (ops and reads have none)."""
+    kept = map(eq, map(_SHAPE, dequantizes), map(_SHAPE, weights))
+    typed = map(eq, map(_DTYPE, dequantizes), map(_ATTRS_DTYPE, dequantizes))
+    return all(map(and_, kept, typed)) and not any(map(_spec_problems, ruled))
+
+
+def _well_formed(kind: NodeKind, attrs: type, arity: int) -> bool:
+    """A node of ``kind`` may have attrs of type ``attrs`` and ``arity`` inputs."""
+    want = ARITY.get(kind)
+    return issubclass(attrs, ATTRS_OF[kind]) and (arity == want if want is not None
+                                                  else arity > 0)
+
+
+def graph_problems(graph: PlanGraph) -> list[str]:
+    """Invariants 1-3 node by node: each node's problems in order, then the unconsumed."""
+    problems: list[str] = []
+    seen: set[Node] = set()
+    twice = _second_producers(graph.nodes)
+    for node, again in zip(graph.nodes, twice, strict=True):
+        for source in node.inputs:
+            if source not in seen:
+                where = "later in the graph (a cycle, or out of order)" if source in graph \
+                    else "not in the graph"
+                problems.append(f"{node!r}: its input {source!r} is {where}; build nodes "
+                                "after their inputs and add every input to the graph")
+        seen.add(node)
+        problems += check_node(node) + again
+    consumed = {source for node in graph.nodes for source in node.inputs}
+    return problems + [f"{node!r} has no consumer and would never be released; feed it to a "
+                       "sink (a DISCARD sink drops it) or leave it out of the graph"
+                       for node in graph.nodes
+                       if node.kind is not NodeKind.SINK and node not in consumed]
+
+
+def _second_producers(nodes: Sequence[Node]) -> list[list[str]]:
+    """For each node, the model tensors it writes that a node before it writes too."""
+    producers: dict[str, Node] = {}
+    twice: list[list[str]] = []
+    for node in nodes:
+        found: list[str] = []
+        dest = node.attrs.dest if isinstance(node.attrs, SinkAttrs) else None
+        if dest is not None and dest.written:
+            for alias in dest.aliases:
+                other = producers.setdefault(alias, node)
+                if other is not node:
+                    found.append(f"{node!r}: model tensor {alias} also comes from {other!r}; "
+                                 "keep one producer (tied names load once)")
+        twice.append(found)
+    return twice
+
+
+def check_node(node: Node) -> list[str]:
+    """Arity, attrs type and the spec rules of one node's kind."""
+    if not isinstance(node.attrs, ATTRS_OF[node.kind]):
+        return [f"{node!r}: a {node.kind.value} node needs {ATTRS_OF[node.kind].__name__}, has "
+                f"{type(node.attrs).__name__}; build it with its kind's attrs"]
+    arity = ARITY.get(node.kind)
+    if arity is not None and len(node.inputs) != arity:
+        return [f"{node!r}: a {node.kind.value} node takes {arity} input(s), has "
+                f"{len(node.inputs)}; rewire it"]
+    if node.kind is NodeKind.OP and not node.inputs:
+        return [f"{node!r}: an op output with no inputs; wire it to the values it is made of"]
+    return _spec_problems(node)
+
+
+def _spec_problems(node: Node) -> list[str]:
+    a, spec = node.attrs, node.spec
+    first = node.inputs[0].spec if node.inputs else None
+    wrong: str | None = None
+    if isinstance(a, CastAttrs) and first is not None:
+        if first.shape != spec.shape or spec.dtype != a.dtype:
+            wrong = f"a cast keeps the shape {list(first.shape)} and yields {a.dtype}"
+    elif isinstance(a, SinkAttrs) and first is not None:
+        if first != spec or (a.dest.written and a.dest.spec != spec):
+            wrong = (f"a sink takes its input's spec {first} and its destination's "
+                     f"{a.dest.spec}; insert a cast node or fix the destination")
+    elif isinstance(a, ShardAttrs) and first is not None:
+        inside = all(0 <= s and e <= n for p in a.pieces
+                     for s, e, n in zip(p.starts, p.stops, first.shape, strict=True))
+        if a.local_shape != spec.shape or first.dtype != spec.dtype or not inside:
+            wrong = (f"a shard yields its pieces {list(a.local_shape)} (inside the input "
+                     f"{list(first.shape)}) in {first.dtype}")
+    elif isinstance(a, (DequantizeAttrs, QuantizeAttrs)) and first is not None:
+        scale = isinstance(a, QuantizeAttrs) and a.scale
+        if not scale and (first.shape != spec.shape or spec.dtype != a.dtype):
+            wrong = f"a {node.kind.value} keeps the shape {list(first.shape)} and yields {a.dtype}"
+    return [] if wrong is None else [f"{node!r}: {wrong}, has {spec}"]
