@@ -249,7 +249,7 @@ def _stack_geometry(stream: tuple[Node, ...], frags: tuple[tuple[Fragment, ...],
         return None
     parts, entries = alike
     n = len(stream)
-    if isinstance(frags, StackFragments):
+    if isinstance(frags, StackFragments) and len(frags) == n:
         return (*parts, frags.region, frags.shape, frags.stride), entries, frags.fragments, \
             frags.region, frags.target
     if list(map(len, frags)).count(1) != n:
