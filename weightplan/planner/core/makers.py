@@ -52,12 +52,6 @@ def slot_setters(cls: type, names: Iterable[str]) -> tuple[Callable[[Any, Any], 
     return tuple(getattr(cls, name).__set__ for name in names)
 
 
-def maker(cls: type[T]) -> type[T]:
-    """The class itself: one object at a time, its constructor is as quick as any (kept
-    for the callers in ``planner/keys`` and ``planner/inputs``, whose owners drop it)."""
-    return cls
-
-
 _NEW, _FEW = object.__new__, 4
 
 
