@@ -81,6 +81,10 @@ def _explain_parser(exp: argparse.ArgumentParser) -> None:
                           "(model_type or class name), e.g. mixtral")
     exp.add_argument("--dtype", help="cast floating tensors to this dtype (e.g. bf16); "
                      "'auto' (the default with a model): the config's, else the checkpoint's")
+    exp.add_argument("--dequantize", action="store_true",
+                     help="plan a quantized checkpoint (block FP8) dequantized into a model of "
+                          "the config's dtype (also when --dtype names one); without it, the "
+                          "model keeps the quantized weights and their scales, as serving does")
     exp.add_argument("--budget", help="memory the load may add at most, e.g. 8GiB")
     exp.add_argument("--json", action="store_true", help="print plan.to_dict() as JSON")
     exp.add_argument("--width", type=int, default=None, help="text width")
@@ -289,7 +293,7 @@ def _explain(args: argparse.Namespace) -> int:
     args.checkpoint = str(resolve_checkpoint(args.checkpoint))  # a repo id: its snapshot
     model, dtype = None, args.dtype
     if args.mapping is None:
-        model, dtype = _model_for(args.checkpoint, args.dtype)
+        model, dtype = _model_for(args.checkpoint, args.dtype, args.dequantize)
     if args.tp is not None:
         return _explain_ranks(model, dtype, args)
     plan = weightplan.explain(model, args.checkpoint, mapping=args.mapping, dtype=dtype,
@@ -356,9 +360,11 @@ def _pictures(plan: Plan, args: argparse.Namespace) -> None:
         print(_safe(f"weightplan: wrote {plan.render_timeline(args.timeline)}"), file=sys.stderr)
 
 
-def _model_for(checkpoint: str, dtype: str | None) -> tuple[nn.Module | None, Any]:
-    """The model config.json names, built on meta; ``None`` when there is no config.json
-    or no transformers (then the keys are explained as they are)."""
+def _model_for(checkpoint: str, dtype: str | None, dequantize: bool = False
+               ) -> tuple[nn.Module | None, Any]:
+    """The model config.json names, built on meta (holding a quantized checkpoint's format
+    unless ``--dequantize`` or ``--dtype`` asks for a dequantized model); ``None`` when there
+    is no config.json or no transformers (then the keys are explained as they are)."""
     from weightplan.bridge.hub import build_empty_model, config_path
 
     if config_path(checkpoint) is None:
@@ -375,7 +381,8 @@ def _model_for(checkpoint: str, dtype: str | None) -> tuple[nn.Module | None, An
 
     with status(f"building the model {config_path(checkpoint)} names (on meta)",
                 "built the model", None):
-        built = build_empty_model(checkpoint)
+        built = build_empty_model(checkpoint, keep_quantized=not dequantize
+                                  and dtype in (None, "auto"))
     return built.model, dtype if dtype is not None else "auto"
 
 

@@ -11,7 +11,7 @@ from weightplan.planner.pipelines.plan import LoadPlanData
 from weightplan.planner.pipelines.ranks import read_bytes, whole_reads
 from weightplan.units import format_bytes
 from weightplan.viz.folding import fold_keys
-from weightplan.viz.text import MAX_LIST, problem_lines
+from weightplan.viz.text import MAX_LIST, problem_lines, quantized_text
 
 WIDTH = 100  # the key lists wrap here
 
@@ -26,6 +26,9 @@ def rank_table(plans: tuple[LoadPlanData, ...], *, wording: Callable[[str], str]
     world, total = first.world_size, plans[0].checkpoint.nbytes
     head = (f"tensor parallel over {world} ranks ({first.plan.source}); checkpoint "
             f"{format_bytes(total)}, 1/{world} = {format_bytes(total / world)}")
+    quantized = quantized_text(plans[0])
+    if quantized:
+        head += f"\nquantized checkpoint: {quantized} (rank 0)"
     rows = [f"{'rank':>4}  {'read':>10}  {'held':>10}  {'replicated':>10}  {'peak':>10}  "
             f"{'read/(total/N)':>14}"]
     for p in plans:
