@@ -192,9 +192,7 @@ def total_lines(plan: PlanData) -> list[str]:
     direct = sum(map(direct_bytes, steps))
     peak = plan.schedule.peak
     at = f" at step {peak.event.step + 1}/{len(steps)} ({peak.label})" if peak else ""
-    threads = plan.options.threads or "inline"
-    if plan.options.threads and plan.schedule.threads != plan.options.threads:
-        threads = f"{plan.options.threads} ({plan.schedule.threads} used: one per CPU)"
+    threads = threads_text(plan)
     lines = [
         f"reads: {format_bytes(read)} in {sum(len(p.reads) for p in steps)} reads, "
         f"{100 * direct / read if read else 100:.0f}% straight into {_sink_text(plan)}; "
@@ -212,6 +210,16 @@ def total_lines(plan: PlanData) -> list[str]:
     if isinstance(plan, LoadPlanData):  # loads land in this machine's memory; saves don't
         lines.append(machine_fit(plan.schedule, plan.model_bytes).describe())
     return lines + device_lines(plan)
+
+
+def threads_text(plan: PlanData) -> str:
+    """The reading threads asked for, and how many run when that is fewer (one per CPU)."""
+    threads = plan.options.threads
+    if not threads:
+        return "inline"
+    if plan.schedule.threads != threads:
+        return f"{threads} ({plan.schedule.threads} used: one per CPU)"
+    return str(threads)
 
 
 def _into_model(plan: PlanData) -> bool:
