@@ -93,6 +93,10 @@ def _explain_parser(exp: argparse.ArgumentParser) -> None:
     exp.add_argument("--timeline", metavar="PATH", help="draw the memory timeline (.svg)")
     exp.add_argument("--detail", choices=("grouped", "full"), default=None,
                      help="graph detail (default: grouped; full with --only)")
+    exp.add_argument("--fold", action=argparse.BooleanOptionalAction, default=None,
+                     help="graph: draw the plain 1:1 copies (read and assigned under the same "
+                          "name) as one counted box (default: for plans of 200+ conversions, "
+                          "without --only)")
     exp.add_argument("--only", metavar="GLOB",
                      help="draw only the keys matching GLOB, e.g. 'model.layers.0.*'")
     exp.add_argument("--tp", type=_ranks, metavar="N",
@@ -352,7 +356,7 @@ def _pictures(plan: Plan, args: argparse.Namespace) -> None:
     if args.svg:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            written = plan.render(args.svg, detail=args.detail, only=args.only)
+            written = plan.render(args.svg, detail=args.detail, only=args.only, fold=args.fold)
         for w in caught:
             print(_safe(f"weightplan: {w.message}"), file=sys.stderr)
         print(_safe(f"weightplan: wrote {written}"), file=sys.stderr)
