@@ -325,7 +325,7 @@ def _explain_ranks(model: Any, dtype: Any, args: argparse.Namespace) -> int:
     plans = plan_ranks(model, args.checkpoint, tp, mapping=args.mapping, dtype=dtype,
                        budget=args.budget)
     print(json.dumps(rank_rows(plans), indent=2) if args.json
-          else _safe(rank_table(plans, wording=cli_wording)))
+          else _safe(rank_table(plans, wording=cli_wording, width=args.width)))
     return _status([p for plan in plans for p in plan.problems], args)
 
 

@@ -107,3 +107,10 @@ def test_dequantize_keyword_is_checked(fp8_checkpoints):
         weightplan.from_pretrained(fp8_dir, dequantize="yes")
     with pytest.raises(ParallelError, match="dequantize=False"):
         weightplan.from_pretrained(fp8_dir, tp="auto", dequantize=False)
+
+
+def test_the_rank_table_takes_the_width(frontier_fp8, capsys):
+    main(["explain", str(frontier_fp8), "--tp", "8", "--ep", "--allow-problems", "--width", "60"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) > 12 and any("FP8 kept" in line for line in lines)
+    assert all(len(line) <= 60 or len(line.split()) == 1 for line in lines)  # a key stays whole
