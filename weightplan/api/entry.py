@@ -39,7 +39,8 @@ def by_name(mapping: object) -> object:
 def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: object = None,
             dtype: torch.dtype | str | None = None, budget: int | str | None = None,
             tp: object = None, quantization: object = None, threads: int = 4,
-            device: object = None) -> Plan:
+            device: object = None, device_map: object = None, max_memory: object = None,
+            offload_folder: object = None) -> Plan:
     """Plan loading ``checkpoint`` into ``model`` from headers only; nothing is read or written.
 
     Args:
@@ -63,6 +64,16 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
         threads: reader threads (``0``, or ``WEIGHTPLAN_SYNC_LOAD=1``, reads inline).
         device: where meta tensors are allocated: ``"cpu"``, ``"cuda:1"``, a
             ``torch.device``, or ``{module prefix: device}``.
+        device_map: transformers' name for ``device``, which also takes ``"auto"``,
+            ``"balanced"``, ``"balanced_low_0"``, ``"sequential"``: modules placed on the
+            devices of ``max_memory`` in order, each device's planned peak within its
+            budget, the rest on ``"cpu"``, then ``"disk"`` (see ``plan.device_map``,
+            ``plan.device_peaks``). Devices this machine lacks may be named: a dry run.
+        max_memory: ``{device: size}`` for an automatic ``device_map``
+            (``{"cuda:0": "80GiB", 1: "80GiB", "cpu": "200GiB"}``); default: this
+            machine's free memory.
+        offload_folder: where modules placed on ``"disk"`` are written (safetensors); the
+            forward reads them back through accelerate's hooks.
 
     Returns:
         A :class:`Plan`. Missing / unexpected / mismatched keys are reported on it;
@@ -72,11 +83,19 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
         >>> plan = explain(model, "ckpt_dir/")          # doctest: +SKIP
         >>> print(plan); plan.execute()                 # doctest: +SKIP
     """
+    from weightplan.api.keywords import device_from_map
+
     finder = bridge_for(model) if mapping is None else None
+    device = device_from_map(device_map, device, tp, caller="explain")
     data = explain_load(model, checkpoint, mapping=by_name(mapping), dtype=dtype, budget=budget,
                         tp=tp, quantization=quantization, threads=threads, device=device,
-                        finder=finder)
-    return promote(Plan, data)
+                        finder=finder, max_memory=max_memory, offload_folder=offload_folder)
+    plan = promote(Plan, data)
+    if plan.options.placement is not None and plan.options.placement.device_map:
+        from weightplan.bridge.offload import check_dispatchable
+
+        check_dispatchable(plan.options.placement)
+    return plan
 
 
 def explain_save(model: torch.nn.Module, directory: str | os.PathLike[str], *,

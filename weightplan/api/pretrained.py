@@ -34,7 +34,9 @@ __all__ = ["from_pretrained", "resolve_checkpoint"]
 
 def from_pretrained(name_or_path: str | os.PathLike[str], *,
                     dtype: torch.dtype | str | None = "auto", device: object = None,
-                    device_map: object = None, tp: object = None, strict: bool = False,
+                    device_map: object = None, max_memory: object = None,
+                    offload_folder: str | os.PathLike[str] | None = None,
+                    tp: object = None, strict: bool = False,
                     progress: bool | None = None, return_report: bool = False,
                     output_loading_info: bool = False, mapping: object = None,
                     budget: int | str | None = None, threads: int = 4,
@@ -49,7 +51,11 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
         name_or_path: a checkpoint directory or a Hub repo id (``"org/name"``).
         dtype: ``"auto"`` (the config's, else the checkpoint's), a dtype, or ``None`` (fp32).
         device, device_map: where tensors go (:func:`explain`'s ``device``; ``device_map``
-            is transformers' name for it: one device, or ``{module prefix: device}``).
+            is transformers' name for it: one device, or ``{module prefix: device}``, or
+            ``"auto"`` / ``"balanced"`` / ``"balanced_low_0"`` / ``"sequential"``).
+        max_memory, offload_folder: as :func:`explain` (an automatic ``device_map``): the
+            budget of each device; where ``"disk"`` modules are written. A model placed on
+            several devices (or the disk) runs through accelerate's hooks, as transformers'.
         tp: ``"auto"`` or a :class:`TensorParallel`: each rank loads its part of a model
             prepared as transformers' ``tp_plan="auto"`` does (``experts="ep"``: EP), whose
             forward runs across the ranks (under torchrun, the group is started if need be).
@@ -77,7 +83,8 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
                                                       experts_implementation), progress)
     with status(f"planning the load of {directory}", "planned the load", progress):
         plan = _explain(model, directory, dtype=dtype, mapping=mapping, budget=budget,
-                        threads=threads, device=_rank_device(device, mesh), tp=tensor_parallel)
+                        threads=threads, device=_rank_device(device, mesh), tp=tensor_parallel,
+                        max_memory=max_memory, offload_folder=offload_folder)
     report = plan.execute(strict=strict, progress=progress)
     _generation_config(model.eval(), directory, generation_config)
     extra = loading_info(report) if output_loading_info else report if return_report else None

@@ -31,6 +31,7 @@ class LoadReport:
     missing: frozenset[str] = frozenset()
     unexpected: frozenset[str] = frozenset()
     initialized: Mapping[str, str] = field(default_factory=dict)
+    offloaded: Mapping[str, str] = field(default_factory=dict)  # name → file (disk offload)
 
     @property
     def gb_per_s(self) -> float:
@@ -45,6 +46,7 @@ class LoadReport:
             "tensors_loaded": self.tensors_loaded, "threads": self.threads,
             "stage_seconds": dict(self.stage_seconds), "missing": sorted(self.missing),
             "unexpected": sorted(self.unexpected), "initialized": dict(self.initialized),
+            "offloaded": dict(self.offloaded),
         }
 
     def __str__(self) -> str:

@@ -11,6 +11,7 @@ from weightplan.planner.pipelines.write_plan import WritePlanData
 
 from weightplan.planner.core.paused_gc import paused_gc
 from weightplan.planner.tensors.schedule.budget import machine_fit
+from weightplan.viz.devices import placement_dict
 from weightplan.viz.rows import mapping_rows
 
 
@@ -50,6 +51,10 @@ def plan_to_dict(plan: LoadPlanData) -> dict[str, Any]:
                       "resident": p.resident, "in_flight": p.in_flight,
                       "intermediate": p.intermediate} for p in plan.schedule.timeline],
         "tensor_parallel": parallel_to_dict(plan),
+        "device_map": plan.device_map,
+        "device_peaks": plan.device_peaks,
+        "devices": None if plan.options.placement is None else placement_dict(
+            plan.options.placement),
     }
 
 
