@@ -25,11 +25,15 @@ from weightplan.planner.inputs.device import (
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.inputs.module_tree import module_tree
 from weightplan.planner.pipelines.plan import PlanOptions
-from weightplan.planner.tensors.schedule.device_budgets import DeviceBudget, parse_max_memory
+from weightplan.planner.tensors.schedule.device_budgets import (
+    CPU, DeviceBudget, parse_max_memory,
+)
 from weightplan.planner.tensors.schedule.device_plan import (
     STRATEGIES, HostCosts, place_devices,
 )
-from weightplan.planner.tensors.schedule.schedule import Schedule
+from weightplan.planner.tensors.schedule.schedule import Schedule, make_schedule
+
+WINDOW_SHARE = 8  # the read-ahead window is at most 1/8 of the CPU's max_memory
 
 
 @dataclass(frozen=True)
@@ -41,15 +45,26 @@ class AutomaticRequest:
     offload_folder: str | None
 
     def placed(self, options: PlanOptions, model: torch.nn.Module, info: ModelInfo | None,
-               schedule: Schedule) -> PlanOptions:
-        """``options`` with the placement and the device map made from it."""
+               schedule: Schedule) -> tuple[PlanOptions, Schedule]:
+        """``options`` with the placement and the device map made from it, and the
+        schedule (its read-ahead window bounded by the CPU's budget)."""
         if info is None:
             raise PlanError("automatic placement needs a model")
+        schedule = self.windowed(schedule)
         placement = place_devices(self.strategy, self.budgets, module_tree(model), info,
                                   schedule, options.dtype, host_costs(schedule),
                                   self.offload_folder)
         devices = placed_map(placement.device_map, self.offload_folder)
-        return dataclasses.replace(options, devices=devices, placement=placement)
+        return dataclasses.replace(options, devices=devices, placement=placement), schedule
+
+    def windowed(self, schedule: Schedule) -> Schedule:
+        """Reads in flight (and tensors on their way to the disk) take host memory: the
+        window is at most :data:`WINDOW_SHARE` of the CPU's ``max_memory``."""
+        cpu = next((b.budget for b in self.budgets if b.device == CPU), None)
+        if cpu is None or cpu // WINDOW_SHARE >= schedule.window_bytes:
+            return schedule
+        return make_schedule(schedule.steps, threads=schedule.threads,
+                             window_bytes=cpu // WINDOW_SHARE)
 
 
 def host_costs(schedule: Schedule) -> HostCosts:

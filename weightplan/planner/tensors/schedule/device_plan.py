@@ -37,6 +37,7 @@ from weightplan.planner.tensors.schedule.schedule import Schedule
 from weightplan.units import format_bytes
 
 STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+PASSES = 4  # fills before the room kept for offloading is taken at its bound
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,15 +112,7 @@ def place_devices(strategy: str, budgets: Sequence[DeviceBudget], tree: ModuleTr
                         f"{', '.join(map(repr, STRATEGIES))}")
     inp = fill_input(tree, info, schedule.steps, dtype, schedule.threads)
     block, window = largest_whole(inp), host.window + _largest_step(schedule.steps)
-    reserved: tuple[bool, bool] = (False, False)  # (room for a block, disk writes) kept
-    while True:  # each pass keeps more room; what was offloaded stays offloaded: ≤ 3 passes
-        slots = _slots(strategy, budgets, inp, host, kept=block if reserved[0] else 0,
-                       disk=window if reserved[1] else 0)
-        result = fill(inp, slots)
-        needed = (reserved[0] or _offloads(result, budgets), reserved[1] or DISK in result.values())
-        if needed == reserved:
-            break
-        reserved = needed
+    result, slots = _converged(strategy, budgets, inp, host, block, window)
     if DISK in result.values() and not offload_folder:
         raise PlanError("device_map: the devices in max_memory can't hold the model, the rest "
                         f"({', '.join(u for u, d in result.items() if d == DISK)[:200]}) goes "
@@ -128,6 +121,28 @@ def place_devices(strategy: str, budgets: Sequence[DeviceBudget], tree: ModuleTr
     uses = _uses(inp, result, slots, budgets)
     pinned = host.pinned if any(u.weights for u in uses if u.device not in (CPU, DISK)) else 0
     return DevicePlacement(strategy, tuple(result.items()), uses, offload_folder, pinned)
+
+
+def _converged(strategy: str, budgets: Sequence[DeviceBudget], inp: FillInput,
+               host: HostCosts, block: int, window: int
+               ) -> tuple[dict[str, str], list[Slot]]:
+    """Fill, keeping room for what the fill offloads: a block on the main device, and on
+    the CPU the tensors on their way to the disk (at most a read window of them, at most
+    what goes there). Each pass keeps at least as much as the last, so it settles; after
+    a few passes the window's worth is kept whole."""
+    keep_block, disk = False, 0
+    for _ in range(PASSES):
+        slots = _slots(strategy, budgets, inp, host, kept=block if keep_block else 0,
+                       disk=disk)
+        result = fill(inp, slots)
+        on_disk = inp.bytes_of(frozenset().union(
+            *(inp.tensors(u) for u, d in result.items() if d == DISK)))
+        needed = (keep_block or _offloads(result, budgets), max(disk, min(window, on_disk)))
+        if needed == (keep_block, disk):
+            return result, slots
+        keep_block, disk = needed
+    slots = _slots(strategy, budgets, inp, host, kept=block, disk=window)
+    return fill(inp, slots), slots
 
 
 def fill_input(tree: ModuleTree, info: ModelInfo, steps: Iterable[Step],
