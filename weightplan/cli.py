@@ -99,6 +99,14 @@ def _explain_parser(exp: argparse.ArgumentParser) -> None:
     exp.add_argument("--tp-plan", metavar="JSON",
                      help="with --tp: the plan as a JSON object {module glob: style} (or "
                           "@FILE.json) instead of the model's tp_plan")
+    exp.add_argument("--device-map", metavar="STRATEGY",
+                     choices=("auto", "balanced", "balanced_low_0", "sequential"),
+                     help="place the modules automatically (a per-device table: weights, "
+                          "staging, peak, budget); devices this machine lacks may be named")
+    exp.add_argument("--max-memory", metavar="DEV=SIZE,...", type=_max_memory,
+                     help="with --device-map: budgets, e.g. cuda:0=80GiB,cuda:1=80GiB,cpu=200GiB")
+    exp.add_argument("--offload-folder", metavar="DIR",
+                     help="with --device-map: where modules placed on the disk would go")
     exp.add_argument("--allow-problems", action="store_true",
                      help="exit 0 even when the plan has problems (default: exit 1)")
 
@@ -280,6 +288,14 @@ def _convert(args: argparse.Namespace) -> int:
     return OK
 
 
+def _max_memory(text: str) -> dict[str, str]:
+    """``cuda:0=80GiB,cpu=200GiB`` → ``{"cuda:0": "80GiB", "cpu": "200GiB"}``."""
+    pairs = [p.partition("=") for p in text.split(",") if p.strip()]
+    if not pairs or any(not sep or not k.strip() or not v.strip() for k, sep, v in pairs):
+        raise argparse.ArgumentTypeError(f"expected DEVICE=SIZE[,DEVICE=SIZE...], got {text!r}")
+    return {k.strip(): v.strip() for k, _, v in pairs}
+
+
 def _explain(args: argparse.Namespace) -> int:
     import weightplan
     from weightplan.viz.text import explain_text
@@ -293,7 +309,8 @@ def _explain(args: argparse.Namespace) -> int:
     if args.tp is not None:
         return _explain_ranks(model, dtype, args)
     plan = weightplan.explain(model, args.checkpoint, mapping=args.mapping, dtype=dtype,
-                              budget=args.budget)
+                              budget=args.budget, device_map=args.device_map,
+                              max_memory=args.max_memory, offload_folder=args.offload_folder)
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
     else:

@@ -56,7 +56,7 @@ def dispatch(model: torch.nn.Module, placement: DevicePlacement,
                     "dtype": str(_dtype(model, name)).removeprefix("torch.")}
              for name, path in offloaded.items()}
     try:
-        dispatch_model(model, device_map=device_map,
+        dispatch_model(model, device_map=device_map, main_device=placement.main_device,
                        offload_dir=placement.offload_folder if index else None,
                        offload_index=index or None)
     except (ValueError, RuntimeError, KeyError) as e:

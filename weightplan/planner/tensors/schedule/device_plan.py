@@ -84,6 +84,12 @@ class DevicePlacement:
         return tuple(u.device for u in self.uses if not u.present and u.device in used)
 
     @property
+    def main_device(self) -> str:
+        """Where offloaded modules run: the first accelerator holding weights, else the CPU."""
+        return next((u.device for u in self.uses if u.weights and u.device not in (CPU, DISK)),
+                    CPU)
+
+    @property
     def peaks(self) -> dict[str, int]:
         return {u.device: u.peak for u in self.uses if u.weights or u.staging}
 
@@ -235,7 +241,8 @@ def _uses(inp: FillInput, result: Mapping[str, str], slots: Sequence[Slot],
             if slot.accelerator else 0
         if slot.device == CPU:
             staging = slot.fixed - slot.kept  # the load's host side
-        uses.append(DeviceUse(slot.device, b.budget, weights, staging, slot.kept,
+        kept = slot.kept if weights else 0  # (a device given nothing runs nothing)
+        uses.append(DeviceUse(slot.device, b.budget, weights, staging, kept,
                               counts.get(slot.device, 0), b.present))
     for u in uses:
         if u.budget is not None and u.peak + u.kept > u.budget:
