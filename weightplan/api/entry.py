@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from weightplan.api.keywords import device_from_map
 from weightplan.api.plans import Plan, promote
 from weightplan.errors import MappingError
 from weightplan.planner.pipelines.load import explain_load
@@ -64,16 +65,12 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
         threads: reader threads (``0``, or ``WEIGHTPLAN_SYNC_LOAD=1``, reads inline).
         device: where meta tensors are allocated: ``"cpu"``, ``"cuda:1"``, a
             ``torch.device``, or ``{module prefix: device}``.
-        device_map: transformers' name for ``device``, which also takes ``"auto"``,
-            ``"balanced"``, ``"balanced_low_0"``, ``"sequential"``: modules placed on the
-            devices of ``max_memory`` in order, each device's planned peak within its
-            budget, the rest on ``"cpu"``, then ``"disk"`` (see ``plan.device_map``,
-            ``plan.device_peaks``). Devices this machine lacks may be named: a dry run.
-        max_memory: ``{device: size}`` for an automatic ``device_map``
-            (``{"cuda:0": "80GiB", 1: "80GiB", "cpu": "200GiB"}``); default: this
-            machine's free memory.
-        offload_folder: where modules placed on ``"disk"`` are written (safetensors); the
-            forward reads them back through accelerate's hooks.
+        device_map, max_memory, offload_folder: transformers' words. ``device_map`` is
+            ``device``, or ``"auto"`` / ``"balanced"`` / ``"balanced_low_0"`` /
+            ``"sequential"``: modules placed on the devices of ``max_memory``
+            (``{"cuda:0": "80GiB", "cpu": "200GiB"}``; default: free memory here, absent
+            devices: a dry run) each within its budget, the rest on ``"disk"`` in
+            ``offload_folder`` (see ``plan.device_map``, ``plan.device_peaks``).
 
     Returns:
         A :class:`Plan`. Missing / unexpected / mismatched keys are reported on it;
@@ -83,15 +80,17 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
         >>> plan = explain(model, "ckpt_dir/")          # doctest: +SKIP
         >>> print(plan); plan.execute()                 # doctest: +SKIP
     """
-    from weightplan.api.keywords import device_from_map
-
     finder = bridge_for(model) if mapping is None else None
     device = device_from_map(device_map, device, tp, caller="explain")
     data = explain_load(model, checkpoint, mapping=by_name(mapping), dtype=dtype, budget=budget,
                         tp=tp, quantization=quantization, threads=threads, device=device,
                         finder=finder, max_memory=max_memory, offload_folder=offload_folder)
-    plan = promote(Plan, data)
-    if plan.options.placement is not None and plan.options.placement.device_map:
+    return _dispatchable(promote(Plan, data))
+
+
+def _dispatchable(plan: Plan) -> Plan:
+    """A placement over several devices runs through accelerate: checked at plan time."""
+    if plan.options.placement is not None:
         from weightplan.bridge.offload import check_dispatchable
 
         check_dispatchable(plan.options.placement)

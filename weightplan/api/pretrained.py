@@ -35,11 +35,10 @@ __all__ = ["from_pretrained", "resolve_checkpoint"]
 def from_pretrained(name_or_path: str | os.PathLike[str], *,
                     dtype: torch.dtype | str | None = "auto", device: object = None,
                     device_map: object = None, max_memory: object = None,
-                    offload_folder: str | os.PathLike[str] | None = None,
-                    tp: object = None, strict: bool = False,
-                    progress: bool | None = None, return_report: bool = False,
-                    output_loading_info: bool = False, mapping: object = None,
-                    budget: int | str | None = None, threads: int = 4,
+                    offload_folder: str | os.PathLike[str] | None = None, tp: object = None,
+                    strict: bool = False, progress: bool | None = None,
+                    return_report: bool = False, output_loading_info: bool = False,
+                    mapping: object = None, budget: int | str | None = None, threads: int = 4,
                     revision: str | None = None, cache_dir: str | os.PathLike[str] | None = None,
                     local_files_only: bool = False, token: str | bool | None = None,
                     subfolder: str | None = None, attn_implementation: str | None = None,
@@ -50,12 +49,8 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
     Args:
         name_or_path: a checkpoint directory or a Hub repo id (``"org/name"``).
         dtype: ``"auto"`` (the config's, else the checkpoint's), a dtype, or ``None`` (fp32).
-        device, device_map: where tensors go (:func:`explain`'s ``device``; ``device_map``
-            is transformers' name for it: one device, or ``{module prefix: device}``, or
-            ``"auto"`` / ``"balanced"`` / ``"balanced_low_0"`` / ``"sequential"``).
-        max_memory, offload_folder: as :func:`explain` (an automatic ``device_map``): the
-            budget of each device; where ``"disk"`` modules are written. A model placed on
-            several devices (or the disk) runs through accelerate's hooks, as transformers'.
+        device, device_map, max_memory, offload_folder: as :func:`explain` (placed on
+            several devices or the disk, the model runs through accelerate's hooks).
         tp: ``"auto"`` or a :class:`TensorParallel`: each rank loads its part of a model
             prepared as transformers' ``tp_plan="auto"`` does (``experts="ep"``: EP), whose
             forward runs across the ranks (under torchrun, the group is started if need be).
@@ -68,11 +63,9 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
             instead (:mod:`weightplan.api.keywords`).
 
     Example:
-        >>> model = weightplan.from_pretrained("org/tiny-llama")          # doctest: +SKIP
-        >>> model = weightplan.from_pretrained("ckpt/", tp="auto")        # doctest: +SKIP
+        >>> model = weightplan.from_pretrained("org/tiny-llama", tp="auto")  # doctest: +SKIP
     """
-    if return_report and output_loading_info:
-        raise ArgumentError("pass return_report=True or output_loading_info=True, not both")
+    _one_return(return_report, output_loading_info)
     dtype = fold_transformers_keywords(transformers_only, dtype)
     device = device_from_map(device_map, device, tp)
     tensor_parallel, mesh = _parallel(tp)
@@ -89,6 +82,11 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
     _generation_config(model.eval(), directory, generation_config)
     extra = loading_info(report) if output_loading_info else report if return_report else None
     return model if extra is None else (model, extra)
+
+
+def _one_return(return_report: bool, output_loading_info: bool) -> None:
+    if return_report and output_loading_info:
+        raise ArgumentError("pass return_report=True or output_loading_info=True, not both")
 
 
 def _rank_device(device: object, mesh: Any) -> object:

@@ -78,7 +78,7 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     findings = _with_mapping_findings(findings, choice,
                                       looked_up=mapping is None and model is not None)
     findings = _with_parallel_findings(findings, sharding)
-    if automatic is not None:
+    if automatic is not None and model is not None:
         options, schedule = automatic.placed(options, model, info, schedule)
     return LoadPlanData(Direction.LOAD, ckpt, choice, transforms, conversions, graph, schedule,
                         options, model, info, routing, findings, sharding)

@@ -172,7 +172,8 @@ def fill_input(tree: ModuleTree, info: ModelInfo, steps: Iterable[Step],
         if t.name not in size:
             cast = dtype is not None and t.on_meta and t.spec.dtype.is_floating_point \
                 and not t.keep_dtype
-            size[t.name] = t.spec.numel * (dtype.itemsize if cast else t.spec.dtype.itemsize)
+            size[t.name] = t.spec.numel * (dtype.itemsize if cast and dtype is not None
+                                           else t.spec.dtype.itemsize)
     for name, nbytes in tree.extra_bytes.items():
         size.setdefault(canon.get(name, name), nbytes)
     return FillInput(tree, canon, size, temp, concurrent=max(1, threads))
@@ -232,7 +233,8 @@ def _uses(inp: FillInput, result: Mapping[str, str], slots: Sequence[Slot],
     for unit, device in result.items():
         per.setdefault(device, set()).update(inp.tensors(unit))
         counts[device] = counts.get(device, 0) + 1
-    uses, seen = [], set()
+    uses: list[DeviceUse] = []
+    seen: set[str] = set()
     for slot, b in zip(slots, budgets, strict=True):
         tensors = per.get(slot.device, set()) - seen
         seen |= tensors
