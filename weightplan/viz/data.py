@@ -51,11 +51,18 @@ def plan_to_dict(plan: LoadPlanData) -> dict[str, Any]:
                       "resident": p.resident, "in_flight": p.in_flight,
                       "intermediate": p.intermediate} for p in plan.schedule.timeline],
         "tensor_parallel": parallel_to_dict(plan),
-        "device_map": plan.device_map,
-        "device_peaks": plan.device_peaks,
-        "devices": None if plan.options.placement is None else placement_dict(
-            plan.options.placement),
+        **placement_entries(plan),
     }
+
+
+def placement_entries(plan: LoadPlanData) -> dict[str, Any]:
+    """With an automatic ``device_map``: the map, the peaks and the table (else nothing:
+    other plans' data stays as it was)."""
+    placement = plan.options.placement
+    if placement is None:
+        return {}
+    return {"device_map": plan.device_map, "device_peaks": plan.device_peaks,
+            "devices": placement_dict(placement)}
 
 
 def parallel_to_dict(plan: LoadPlanData) -> dict[str, Any] | None:
