@@ -8,10 +8,10 @@ from __future__ import annotations
 import os
 
 import torch
-from safetensors.torch import save_file
-
-from weightplan.errors import ExecutionError
+from weightplan.errors import ExecutionError, SaveError
+from weightplan.planner.core.spec import TensorSpec
 from weightplan.planner.inputs.device import offload_file
+from weightplan.planner.write.shards import encode_header
 
 
 def write_offloaded(folder: str, key: str, tensor: torch.Tensor) -> str:
@@ -21,9 +21,13 @@ def write_offloaded(folder: str, key: str, tensor: torch.Tensor) -> str:
         ExecutionError: the folder can't be made or the file written (names both).
     """
     path = offload_file(folder, key)
+    tensor = tensor.detach().contiguous()
+    header, _ = encode_header([(key, TensorSpec(tuple(tensor.shape), tensor.dtype))], {})
     try:
         os.makedirs(folder, exist_ok=True)
-        save_file({key: tensor.detach().contiguous()}, path)
-    except (OSError, RuntimeError, ValueError) as e:
+        with open(path, "wb") as f:  # the header, then the bytes straight from the tensor
+            f.write(header)
+            f.write(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
+    except (OSError, RuntimeError, ValueError, SaveError) as e:
         raise ExecutionError(f"offloading {key} to {path} failed: {e}") from e
     return path
