@@ -130,6 +130,11 @@ def test_disk_offload_runs_like_transformers(saved, tmp_path):
     for name, p in model.named_parameters():  # offloaded weights are not resident
         assert p.is_meta == (plan.options.placement.device_of(name) == "disk"), name
     assert report.offloaded and all(os.path.isfile(f) for f in report.offloaded.values())
+    planned = {u.device: u.weights for u in plan.options.placement.uses if u.weights}
+    assert set(report.device_bytes) == set(planned)  # the estimate, device by device
+    for device, nbytes in report.device_bytes.items():
+        assert abs(nbytes - planned[device]) <= 0.05 * planned[device], device
+    assert report.staging_bytes == 0 and "on devices: cpu" in str(report)
     reference = pretrained(cls, directory, device_map=plan.device_map,
                            offload_folder=str(tmp_path / "theirs"))
     assert torch.equal(output(model, inputs), output(reference, inputs))
@@ -141,6 +146,18 @@ def test_from_pretrained_takes_the_words(saved, tmp_path):
                                        max_memory={"cpu": "400KiB"}, offload_folder=tmp_path)
     assert any(p.is_meta for p in model.parameters())
     assert torch.equal(output(model, inputs), output(pretrained(cls, directory), inputs))
+
+
+def test_without_max_memory_this_machine_decides(saved):
+    cls, cfg, _, directory = saved["llama"]
+    plan = weightplan.explain(empty(cls, cfg), directory, device_map="auto")
+    assert plan.device_map == {"": "cpu"} and not plan.options.placement.absent
+
+
+def test_automatic_placement_and_tp_are_exclusive(saved):
+    cls, cfg, _, directory = saved["llama"]
+    with pytest.raises(ArgumentError, match="exclusive"):
+        weightplan.explain(empty(cls, cfg), directory, device_map="auto", tp="auto")
 
 
 def test_disk_needs_a_folder_and_words_need_a_strategy(saved):

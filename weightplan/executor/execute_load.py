@@ -57,7 +57,8 @@ def execute_plan(plan: LoadPlanData, *, strict: bool = False, progress: bool | N
         stage_seconds={"read": stats.read_seconds, "convert": stats.convert_seconds,
                        "assign": stats.commit_seconds},
         missing=plan.missing, unexpected=plan.unexpected, initialized=sink.initialized,
-        offloaded=inner.offloaded)
+        offloaded=inner.offloaded, device_bytes=inner.device_bytes(),
+        staging_bytes=inner.staging_bytes)
 
 
 def preflight(plan: LoadPlanData, strict: bool) -> tuple[nn.Module, ModelInfo]:

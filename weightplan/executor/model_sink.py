@@ -95,6 +95,7 @@ class ModelSink:
         self.results: dict[str, tuple[Destination, torch.Tensor]] = {}
         self.initialized: dict[str, str] = {}
         self.offloaded: dict[str, str] = {}  # name (every alias) → its file on the disk
+        self.disk_bytes = 0  # bytes written to the offload folder
 
     def open(self, dest: Destination) -> torch.Tensor:
         return destination_tensor(self.model, dest, self.devices)
@@ -137,6 +138,7 @@ class ModelSink:
     def _offload(self, key: str, aliases: tuple[str, ...], tensor: torch.Tensor) -> None:
         assert self.devices is not None and self.devices.offload_folder is not None
         path = write_offloaded(self.devices.offload_folder, key, tensor)
+        self.disk_bytes += tensor.nbytes
         for alias in aliases or (key,):
             self.offloaded[alias] = path
 
@@ -156,6 +158,20 @@ class ModelSink:
                                                     requires_grad=tensor.requires_grad)
         for dest, tensor in self.results.values():
             install(self.model, dest, tensor, self.info.get(dest.key), self.sharding)
+
+    def device_bytes(self) -> dict[str, int]:
+        """Bytes the load put on each device (``"disk"``: written to the offload folder)."""
+        per: dict[str, int] = {}
+        for _, tensor in self.results.values():
+            per[str(tensor.device)] = per.get(str(tensor.device), 0) + tensor.nbytes
+        if self.disk_bytes:
+            per["disk"] = self.disk_bytes
+        return per
+
+    @property
+    def staging_bytes(self) -> int:
+        """Pinned host memory the device copies went through."""
+        return self.stager.staged_bytes if self.stager is not None else 0
 
     def abort(self) -> None:
         if self.stager is not None:
