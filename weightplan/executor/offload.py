@@ -11,7 +11,6 @@ import torch
 from weightplan.errors import ExecutionError, SaveError
 from weightplan.planner.core.spec import TensorSpec
 from weightplan.planner.inputs.device import offload_file
-from weightplan.planner.write.shards import encode_header
 
 
 def write_offloaded(folder: str, key: str, tensor: torch.Tensor) -> str:
@@ -20,6 +19,8 @@ def write_offloaded(folder: str, key: str, tensor: torch.Tensor) -> str:
     Raises:
         ExecutionError: the folder can't be made or the file written (names both).
     """
+    from weightplan.planner.write.shards import encode_header  # (only a load that offloads)
+
     path = offload_file(folder, key)
     tensor = tensor.detach().contiguous()
     header, _ = encode_header([(key, TensorSpec(tuple(tensor.shape), tensor.dtype))], {})
