@@ -28,7 +28,7 @@ def write_offloaded(folder: str, key: str, tensor: torch.Tensor) -> str:
         os.makedirs(folder, exist_ok=True)
         with open(path, "wb") as f:  # the header, then the bytes straight from the tensor
             f.write(header)
-            f.write(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
+            f.write(tensor.reshape(-1).view(torch.uint8).numpy().data)
     except (OSError, RuntimeError, ValueError, SaveError) as e:
         raise ExecutionError(f"offloading {key} to {path} failed: {e}") from e
     return path
