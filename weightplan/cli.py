@@ -1,27 +1,5 @@
-"""The ``weightplan`` command line.
-
-    weightplan demo                                  build, explain and load a small checkpoint
-    weightplan explain CKPT_DIR                      the full plan for the model config.json names
-    weightplan explain ORG/NAME                      the same for a Hugging Face repo id
-    weightplan explain CKPT --model-type mixtral     what the keys become, with shapes (no model)
-    weightplan explain CKPT --model-type mixtral --json
-    weightplan explain CKPT --model-type mixtral --svg plan.svg --timeline mem.svg
-    weightplan explain CKPT_DIR --tp 8 [--ep]        every rank's bytes read / held / peak
-    weightplan convert SRC DST [--reverse]           on disk, no model (mapping: config.json's
-                                                     model_type, or --model-type)
-    weightplan mappings [--json]                     registered mappings and aliases
-    weightplan recover DIR                           complete a save interrupted in its commit
-
-exit status:
-    0    done; the plan has no problems
-    1    the plan has problems (missing or unexpected keys, shape mismatches, tensor-parallel
-         problems): printed, nothing loaded; --allow-problems exits 0 anyway
-    2    an error (one line on stderr; --debug adds the traceback), or bad arguments
-    120  stdout was closed early (| head)
-    130  interrupted
-
-Keys, paths and messages are printed with control and bidi characters escaped.
-"""
+"""The ``weightplan`` command line: runs the commands :mod:`weightplan.cli_parser` reads
+(its docstring is the usage text and the exit statuses ``--help`` prints)."""
 
 from __future__ import annotations
 
@@ -32,7 +10,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from weightplan import __version__
+from weightplan.cli_parser import build_parser
 from weightplan.errors import WeightplanError
 
 OK, PROBLEMS, ERROR, CLOSED, INTERRUPTED = 0, 1, 2, 120, 130  # the exit status (see above)
@@ -41,105 +19,6 @@ if TYPE_CHECKING:
     from torch import nn
 
     from weightplan.api.plans import Plan
-
-
-def build_parser() -> argparse.ArgumentParser:
-    lines = __doc__.splitlines()
-    parser = argparse.ArgumentParser(
-        prog="weightplan", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Load model checkpoints by an explicit plan: explain, convert, list "
-                    "mappings.", epilog="examples:\n" + "\n".join(lines[2:]).rstrip())
-    parser.add_argument("--version", action="version", version=f"weightplan {__version__}")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    sub = parser.add_subparsers(dest="command", required=True)
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                        help="show tracebacks on errors")
-    demo = sub.add_parser("demo", parents=[common],
-                          help="build a small legacy checkpoint, explain and load it")
-    demo.add_argument("--dir", help="write the demo checkpoint here (default: a temp dir)")
-    _explain_parser(sub.add_parser("explain", parents=[common],
-                                   help="explain loading a checkpoint (headers only)"))
-    _convert_parser(sub.add_parser("convert", parents=[common],
-                                   help="convert a checkpoint on disk to another layout"))
-    mappings = sub.add_parser("mappings", parents=[common], help="list registered mappings")
-    mappings.add_argument("--json", action="store_true",
-                          help="print them as JSON: name, alias_of, source")
-    rec = sub.add_parser("recover", parents=[common],
-                         help="complete a save that was interrupted in its commit")
-    rec.add_argument("directory", help="the checkpoint directory the save was writing")
-    return parser
-
-
-def _explain_parser(exp: argparse.ArgumentParser) -> None:
-    exp.add_argument("checkpoint", help=".safetensors file, checkpoint directory or Hub repo "
-                     "id (org/name, local cache first); with a "
-                     "config.json and transformers installed, the model it names is built "
-                     "on meta and the full plan explained")
-    exp.add_argument("--model-type", "--mapping", dest="mapping",
-                     help="explain without a model, under this registered mapping "
-                          "(model_type or class name), e.g. mixtral")
-    exp.add_argument("--dtype", help="cast floating tensors to this dtype (e.g. bf16); "
-                     "'auto' (the default with a model): the config's, else the checkpoint's")
-    exp.add_argument("--dequantize", action="store_true",
-                     help="plan a quantized checkpoint (block FP8) dequantized into a model of "
-                          "the config's dtype (also when --dtype names one); without it, the "
-                          "model keeps the quantized weights and their scales, as serving does")
-    exp.add_argument("--budget", help="memory the load may add at most, e.g. 8GiB")
-    exp.add_argument("--json", action="store_true", help="print plan.to_dict() as JSON")
-    exp.add_argument("--width", type=int, default=None, help="text width")
-    exp.add_argument("--svg", metavar="PATH",
-                     help="draw the plan graph (.svg/.png/.pdf with graphviz, or .dot)")
-    exp.add_argument("--timeline", metavar="PATH", help="draw the memory timeline (.svg)")
-    exp.add_argument("--detail", choices=("grouped", "full"), default=None,
-                     help="graph detail (default: grouped; full with --only)")
-    exp.add_argument("--fold", action=argparse.BooleanOptionalAction, default=None,
-                     help="graph: draw the plain 1:1 copies (read and assigned under the same "
-                          "name) as one counted box (default: for plans of 200+ conversions, "
-                          "without --only)")
-    exp.add_argument("--only", metavar="GLOB",
-                     help="draw only the keys matching GLOB, e.g. 'model.layers.0.*'")
-    exp.add_argument("--tp", type=_ranks, metavar="N",
-                     help="plan a tensor-parallel load over N ranks: one row per rank (read, "
-                          "held, replicated, peak), from this process, with no GPU")
-    exp.add_argument("--ep", action="store_true",
-                     help="with --tp: whole experts per rank (the model's ep_plan)")
-    exp.add_argument("--tp-plan", metavar="JSON",
-                     help="with --tp: the plan as a JSON object {module glob: style} (or "
-                          "@FILE.json) instead of the model's tp_plan")
-    exp.add_argument("--allow-problems", action="store_true",
-                     help="exit 0 even when the plan has problems (default: exit 1)")
-
-
-def _convert_parser(conv: argparse.ArgumentParser) -> None:
-    conv.add_argument("source", help="checkpoint file or directory")
-    conv.add_argument("destination", help="output directory (config.json and the generation "
-                      "config are copied along)")
-    conv.add_argument("--model-type", "--mapping", dest="mapping",
-                      help="registered mapping, e.g. mixtral (default: the model_type "
-                           "config.json names)")
-    conv.add_argument("--reverse", action="store_true",
-                      help="apply the inverse mapping (model layout back to the original)")
-    conv.add_argument("--max-shard-size", default="5GB", metavar="SIZE",
-                      help="largest output file: bytes or a size like 200KB, 5GB, 2GiB "
-                           "(default 5GB); a bigger tensor gets a file of its own")
-    conv.add_argument("--overwrite", action="store_true",
-                      help="replace a checkpoint (and config) in DST")
-    conv.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
-    conv.add_argument("--threads", type=int, default=4, metavar="N",
-                      help="threads reading and writing tensors (default 4; 0: all in this "
-                           "thread)")
-
-
-def _ranks(text: str) -> int:
-    """``--tp N``: a whole number of ranks, at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give the number of ranks, 1 or more")
-    return value
 
 
 # commands that only read and print: run as the program (not called by a caller), they run
@@ -301,7 +180,8 @@ def _explain(args: argparse.Namespace) -> int:
     if args.tp is not None:
         return _explain_ranks(model, dtype, args)
     plan = weightplan.explain(model, args.checkpoint, mapping=args.mapping, dtype=dtype,
-                              budget=args.budget)
+                              budget=args.budget, device_map=args.device_map,
+                              max_memory=args.max_memory, offload_folder=args.offload_folder)
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
     else:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from weightplan.api.keywords import device_from_map
 from weightplan.api.plans import Plan, promote
 from weightplan.errors import MappingError
 from weightplan.planner.pipelines.load import explain_load
@@ -39,7 +40,8 @@ def by_name(mapping: object) -> object:
 def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: object = None,
             dtype: torch.dtype | str | None = None, budget: int | str | None = None,
             tp: object = None, quantization: object = None, threads: int = 4,
-            device: object = None) -> Plan:
+            device: object = None, device_map: object = None, max_memory: object = None,
+            offload_folder: object = None) -> Plan:
     """Plan loading ``checkpoint`` into ``model`` from headers only; nothing is read or written.
 
     Args:
@@ -63,6 +65,12 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
         threads: reader threads (``0``, or ``WEIGHTPLAN_SYNC_LOAD=1``, reads inline).
         device: where meta tensors are allocated: ``"cpu"``, ``"cuda:1"``, a
             ``torch.device``, or ``{module prefix: device}``.
+        device_map, max_memory, offload_folder: transformers' words. ``device_map`` is
+            ``device``, or ``"auto"`` / ``"balanced"`` / ``"balanced_low_0"`` /
+            ``"sequential"``: modules placed on the devices of ``max_memory``
+            (``{"cuda:0": "80GiB", "cpu": "200GiB"}``; default: free memory here, absent
+            devices: a dry run) each within its budget, the rest on ``"disk"`` in
+            ``offload_folder`` (see ``plan.device_map``, ``plan.device_peaks``).
 
     Returns:
         A :class:`Plan`. Missing / unexpected / mismatched keys are reported on it;
@@ -73,10 +81,20 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
         >>> print(plan); plan.execute()                 # doctest: +SKIP
     """
     finder = bridge_for(model) if mapping is None else None
+    device = device_from_map(device_map, device, tp, caller="explain")
     data = explain_load(model, checkpoint, mapping=by_name(mapping), dtype=dtype, budget=budget,
                         tp=tp, quantization=quantization, threads=threads, device=device,
-                        finder=finder)
-    return promote(Plan, data)
+                        finder=finder, max_memory=max_memory, offload_folder=offload_folder)
+    return _dispatchable(promote(Plan, data))
+
+
+def _dispatchable(plan: Plan) -> Plan:
+    """A placement over several devices runs through accelerate: checked at plan time."""
+    if plan.options.placement is not None:
+        from weightplan.bridge.offload import check_dispatchable
+
+        check_dispatchable(plan.options.placement)
+    return plan
 
 
 def explain_save(model: torch.nn.Module, directory: str | os.PathLike[str], *,

@@ -14,14 +14,16 @@ keyword                            here
 ``torch_dtype``                    ``dtype``, with transformers' deprecation (a FutureWarning)
 ``device_map``                     ``device=``: one device, or ``{module prefix: device}``;
                                    ``"auto"`` / ``"balanced"`` / ``"balanced_low_0"`` /
-                                   ``"sequential"`` (placement computed from free memory) are
-                                   not available yet: an ArgumentError naming what to pass
+                                   ``"sequential"``: placed by the plan under ``max_memory``,
+                                   the rest on ``"disk"`` in ``offload_folder``
+``max_memory``, ``offload_folder`` as in transformers, with an automatic ``device_map``
 ``trust_remote_code``              ``False`` accepted; ``True`` refused: remote code never runs
 ``use_safetensors``                ``True`` accepted; ``False`` refused: pickles are never read
 ``low_cpu_mem_usage``, ``_fast_init``  refused: weightplan always loads that way
 ``tp_plan``, ``tp_size``,          refused: ``tp="auto"`` or ``tp=TensorParallel(...)``
 ``distributed_config``, ``device_mesh``
-``max_memory``, ``offload_*``      refused: no offloading; placement is ``device=``
+``offload_state_dict``, ``offload_buffers``  refused (``False`` accepted): buffers stay on
+                                   the execution device, the state dict is never staged whole
 ``quantization_config``            refused: the checkpoint's config decides (FP8 is kept;
                                    ``dequantize=True`` or a dtype dequantizes it)
 ``config``, ``state_dict``,        refused, each naming weightplan's way (build the model and
@@ -41,7 +43,7 @@ from typing import Any
 from weightplan.errors import ArgumentError
 
 AUTOMATIC = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's strategies
-AVAILABLE_AUTOMATIC: tuple[str, ...] = ()  # strategies placement.automatic_device_map computes
+AVAILABLE_AUTOMATIC: tuple[str, ...] = AUTOMATIC  # all of them: see tensors/schedule/device_plan
 OWN_MODEL = ("build the model yourself (with weightplan.init_empty(): model = Cls(config)) "
              "and load it: weightplan.load(model, path)")
 
@@ -71,11 +73,10 @@ REFUSED = {
     "distributed_config": Refusal("pass tp='auto', or tp=weightplan.TensorParallel("
                                   "experts='ep') for expert parallelism"),
     "device_mesh": Refusal("pass tp=weightplan.TensorParallel(mesh=device_mesh) (a 1-D mesh)"),
-    "max_memory": Refusal("it sizes automatic placement (device_map='auto'), which is not "
-                          "available yet; pass device= (a device or {module prefix: device})"),
-    "offload_folder": Refusal("nothing is offloaded to disk: place the model with device="),
-    "offload_state_dict": Refusal("nothing is offloaded: drop it", (False, None)),
-    "offload_buffers": Refusal("nothing is offloaded: drop it", (False, None)),
+    "offload_state_dict": Refusal("the state dict is never staged whole: drop it",
+                                  (False, None)),
+    "offload_buffers": Refusal("buffers stay on the execution device (offload_buffers=False, "
+                               "transformers' default): drop it", (False, None)),
     "quantization_config": Refusal("the checkpoint's config.json decides: its FP8 weights are "
                                    "kept (pass dequantize=True, or a dtype, for a floating "
                                    "model); to quantize on save, weightplan.save(model, dir, "
@@ -135,12 +136,14 @@ def fold_transformers_keywords(extra: Mapping[str, Any], dtype: Any) -> Any:
     return dtype
 
 
-def device_from_map(device_map: object, device: object, tp: object) -> object:
-    """``device_map`` as ``device=`` (transformers' name for where tensors go).
+def device_from_map(device_map: object, device: object, tp: object,
+                    caller: str = "from_pretrained") -> object:
+    """``device_map`` as ``device=`` (transformers' name for where tensors go); an automatic
+    strategy passes as its name (placed once the model is built).
 
     Raises:
-        ArgumentError: both given; with ``tp=`` (exclusive, as in transformers); an automatic
-            strategy (not available yet: says what to pass); a ``"disk"`` entry (no offload).
+        ArgumentError: both given; with ``tp=`` (exclusive, as in transformers); a
+            ``"disk"`` entry in a dict (offloading comes with an automatic strategy).
     """
     if device_map is None:
         return device
@@ -162,7 +165,9 @@ def device_from_map(device_map: object, device: object, tp: object) -> object:
     if isinstance(device_map, Mapping):
         offloaded = [k for k, v in device_map.items() if v == "disk"]
         if offloaded:
-            raise ArgumentError(f"device_map puts {', '.join(map(repr, offloaded))} on 'disk': "
-                                "nothing is offloaded; give each prefix a device")
+            raise ArgumentError(f"{caller}: device_map puts {', '.join(map(repr, offloaded))} "
+                                "on 'disk': a dict map gives each prefix a device; for disk "
+                                "offload pass device_map='auto' with max_memory= and "
+                                "offload_folder=")
         return dict(device_map)
     return device_map  # one device: explain checks it (a string, an ordinal, torch.device)

@@ -50,11 +50,20 @@ class Plan(LoadPlanData):
 
         Returns:
             A :class:`LoadReport` with bytes read, seconds, GB/s and the peak held.
+
+        With an automatic ``device_map`` spanning several devices (or the disk), the model
+        is then dispatched with accelerate's hooks, as transformers does.
         """
         from weightplan.executor.execute_load import execute_plan
 
-        return call_typed("execute", execute_plan, self, strict=strict, progress=progress,
-                          atomic=atomic)
+        report = call_typed("execute", execute_plan, self, strict=strict, progress=progress,
+                            atomic=atomic)
+        placement = self.options.placement
+        if placement is not None and self.model is not None:
+            from weightplan.bridge.offload import dispatch  # (device_map="auto": the hooks)
+
+            call_typed("execute", dispatch, self.model, placement, report.offloaded)
+        return report
 
     def to_dict(self) -> dict[str, Any]:
         """The explanation as plain data (JSON-serializable)."""

@@ -38,10 +38,11 @@ __all__ = ["from_pretrained", "keeps_quantized", "resolve_checkpoint"]
 
 def from_pretrained(name_or_path: str | os.PathLike[str], *,
                     dtype: torch.dtype | str | None = "auto", device: object = None,
-                    device_map: object = None, tp: object = None, strict: bool = False,
-                    progress: bool | None = None, return_report: bool = False,
-                    output_loading_info: bool = False, mapping: object = None,
-                    budget: int | str | None = None, threads: int = 4,
+                    device_map: object = None, max_memory: object = None,
+                    offload_folder: str | os.PathLike[str] | None = None, tp: object = None,
+                    strict: bool = False, progress: bool | None = None,
+                    return_report: bool = False, output_loading_info: bool = False,
+                    mapping: object = None, budget: int | str | None = None, threads: int = 4,
                     revision: str | None = None, cache_dir: str | os.PathLike[str] | None = None,
                     local_files_only: bool = False, token: str | bool | None = None,
                     subfolder: str | None = None, attn_implementation: str | None = None,
@@ -53,8 +54,8 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
         name_or_path: a checkpoint directory or a Hub repo id (``"org/name"``).
         dtype: ``"auto"`` (the config's, else the checkpoint's), a dtype, or ``None`` (fp32).
         dequantize: whether a quantized (block FP8) checkpoint loads dequantized (:func:`keeps_quantized`).
-        device, device_map: where tensors go (:func:`explain`'s ``device``; ``device_map``
-            is transformers' name for it: one device, or ``{module prefix: device}``).
+        device, device_map, max_memory, offload_folder: as :func:`explain` (placed on
+            several devices or the disk, the model runs through accelerate's hooks).
         tp: ``"auto"`` or a :class:`TensorParallel`: each rank loads its part of a model
             prepared as transformers' ``tp_plan="auto"`` does (``experts="ep"``: EP), whose
             forward runs across the ranks (under torchrun, the group is started if need be).
@@ -66,11 +67,9 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
             instead (:mod:`weightplan.api.keywords`).
 
     Example:
-        >>> model = weightplan.from_pretrained("org/tiny-llama")          # doctest: +SKIP
-        >>> model = weightplan.from_pretrained("ckpt/", tp="auto")        # doctest: +SKIP
+        >>> model = weightplan.from_pretrained("org/tiny-llama", tp="auto")  # doctest: +SKIP
     """
-    if return_report and output_loading_info:
-        raise ArgumentError("pass return_report=True or output_loading_info=True, not both")
+    _one_return(return_report, output_loading_info)
     dtype = fold_transformers_keywords(transformers_only, dtype)
     device, keep, (tensor_parallel, mesh) = (device_from_map(device_map, device, tp),
                                              keeps_quantized(dequantize, dtype, tp), _parallel(tp))
@@ -81,7 +80,8 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
                                                       experts_implementation), progress, keep)
     with status(f"planning the load of {directory}", "planned the load", progress):
         plan = _explain(model, directory, dtype=dtype, mapping=mapping, budget=budget,
-                        threads=threads, device=_rank_device(device, mesh), tp=tensor_parallel)
+                        threads=threads, device=_rank_device(device, mesh), tp=tensor_parallel,
+                        max_memory=max_memory, offload_folder=offload_folder)
     report = plan.execute(strict=strict, progress=progress)
     _generation_config(_finish_quantized(model).eval(), directory, generation_config)
     extra = loading_info(report) if output_loading_info else report if return_report else None
@@ -112,6 +112,11 @@ def keeps_quantized(dequantize: bool | None, dtype: object, tp: object) -> bool:
     if dequantize is not None:
         return not dequantize
     return tp is None and (dtype is None or dtype == "auto")
+
+
+def _one_return(return_report: bool, output_loading_info: bool) -> None:
+    if return_report and output_loading_info:
+        raise ArgumentError("pass return_report=True or output_loading_info=True, not both")
 
 
 def _rank_device(device: object, mesh: Any) -> object:

@@ -56,13 +56,20 @@ def execute_plan(plan: LoadPlanData, *, strict: bool = False, progress: bool | N
         threads=stats.threads,
         stage_seconds={"read": stats.read_seconds, "convert": stats.convert_seconds,
                        "assign": stats.commit_seconds},
-        missing=plan.missing, unexpected=plan.unexpected, initialized=sink.initialized)
+        missing=plan.missing, unexpected=plan.unexpected, initialized=sink.initialized,
+        offloaded=inner.offloaded, device_bytes=inner.device_bytes(),
+        staging_bytes=inner.staging_bytes)
 
 
 def preflight(plan: LoadPlanData, strict: bool) -> tuple[nn.Module, ModelInfo]:
     """Everything that can fail before a byte is written fails here."""
     if plan.model is None or plan.model_info is None:
         raise PlanError("this plan has no model to load into; pass one to explain()")
+    placement = plan.options.placement
+    if placement is not None and placement.absent:
+        raise PlanError(f"this plan places tensors on {', '.join(placement.absent)}, which "
+                        "this machine doesn't have (a dry run: it explains, it doesn't load); "
+                        "explain() again with this machine's devices in max_memory")
     if plan.mismatched:
         details = "; ".join(p.message for p in plan.problems if p.kind is ProblemKind.MISMATCH)
         raise ShapeMismatchError(f"{len(plan.mismatched)} tensor(s) don't fit the model, nothing "

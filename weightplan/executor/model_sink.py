@@ -11,6 +11,7 @@ from torch import nn
 from weightplan.errors import PlanError
 from weightplan.planner.inputs.device import DeviceMap
 from weightplan.executor.init import initialize_fresh
+from weightplan.executor.offload import write_offloaded
 from weightplan.executor.staging import Stager
 from weightplan.executor.dtensors import as_model_tensor
 from weightplan.planner.inputs.model_info import ModelInfo, ModelTensor
@@ -93,6 +94,8 @@ class ModelSink:
         self.missing, self.initialize = missing, initialize
         self.results: dict[str, tuple[Destination, torch.Tensor]] = {}
         self.initialized: dict[str, str] = {}
+        self.offloaded: dict[str, str] = {}  # name (every alias) → its file on the disk
+        self.disk_bytes = 0  # bytes written to the offload folder
 
     def open(self, dest: Destination) -> torch.Tensor:
         return destination_tensor(self.model, dest, self.devices)
@@ -122,7 +125,22 @@ class ModelSink:
                 strided(handle, view).copy_(src.reshape(view.shape))
 
     def close(self, dest: Destination, handle: torch.Tensor) -> None:
+        if self._to_disk(dest.key):  # written now, never kept (the model's stays on meta)
+            self._offload(dest.key, dest.aliases, handle)
+            return
         self.results[dest.key] = (dest, handle)
+
+    def _to_disk(self, name: str) -> bool:
+        info = self.info.get(name)
+        return (self.devices is not None and self.devices.offload_folder is not None
+                and self.devices.offloads(name) and not (info is not None and info.is_buffer))
+
+    def _offload(self, key: str, aliases: tuple[str, ...], tensor: torch.Tensor) -> None:
+        assert self.devices is not None and self.devices.offload_folder is not None
+        path = write_offloaded(self.devices.offload_folder, key, tensor)
+        self.disk_bytes += tensor.nbytes
+        for alias in aliases or (key,):
+            self.offloaded[alias] = path
 
     def commit(self) -> None:
         # before installing: loaded tensors are still on meta, so the init can't touch them
@@ -131,8 +149,29 @@ class ModelSink:
         names = self.missing if self.initialize else []
         self.initialized = initialize_fresh(self.model, self.info, names, dtype=self.dtype,
                                             devices=self.devices)
+        for name in [n for n in self.initialized if self._to_disk(n)]:  # (fresh ones too)
+            tensor = current_tensor(self.model, name)
+            info = self.info.get(name)
+            self._offload(name, info.aliases if info is not None else (name,), tensor)
+            module, attr = module_and_attr(self.model, name)
+            module._parameters[attr] = nn.Parameter(tensor.to("meta"),
+                                                    requires_grad=tensor.requires_grad)
         for dest, tensor in self.results.values():
             install(self.model, dest, tensor, self.info.get(dest.key), self.sharding)
+
+    def device_bytes(self) -> dict[str, int]:
+        """Bytes the load put on each device (``"disk"``: written to the offload folder)."""
+        per: dict[str, int] = {}
+        for _, tensor in self.results.values():
+            per[str(tensor.device)] = per.get(str(tensor.device), 0) + tensor.nbytes
+        if self.disk_bytes:
+            per["disk"] = self.disk_bytes
+        return per
+
+    @property
+    def staging_bytes(self) -> int:
+        """Pinned host memory the device copies went through."""
+        return self.stager.staged_bytes if self.stager is not None else 0
 
     def abort(self) -> None:
         if self.stager is not None:

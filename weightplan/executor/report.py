@@ -31,6 +31,9 @@ class LoadReport:
     missing: frozenset[str] = frozenset()
     unexpected: frozenset[str] = frozenset()
     initialized: Mapping[str, str] = field(default_factory=dict)
+    offloaded: Mapping[str, str] = field(default_factory=dict)  # name → file (disk offload)
+    device_bytes: Mapping[str, int] = field(default_factory=dict)  # loaded bytes per device
+    staging_bytes: int = 0  # pinned host buffers device copies went through
 
     @property
     def gb_per_s(self) -> float:
@@ -45,6 +48,8 @@ class LoadReport:
             "tensors_loaded": self.tensors_loaded, "threads": self.threads,
             "stage_seconds": dict(self.stage_seconds), "missing": sorted(self.missing),
             "unexpected": sorted(self.unexpected), "initialized": dict(self.initialized),
+            "offloaded": dict(self.offloaded), "device_bytes": dict(self.device_bytes),
+            "staging_bytes": self.staging_bytes,
         }
 
     def __str__(self) -> str:
@@ -66,6 +71,11 @@ class LoadReport:
             lines.append(f"unexpected: {len(self.unexpected)} checkpoint keys (not loaded)")
         for name, how in sorted(self.initialized.items()):
             lines.append(terminal_text(f"initialized {name} by {how}"))
+        if set(self.device_bytes) - {"cpu"}:  # (several devices, or the disk)
+            per = ", ".join(f"{d} {format_bytes(n)}" for d, n in self.device_bytes.items())
+            pinned = f"; pinned host staging {format_bytes(self.staging_bytes)}" \
+                if self.staging_bytes else ""
+            lines.append(f"on devices: {per}{pinned}")
         return "\n".join(lines)
 
 

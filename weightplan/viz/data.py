@@ -11,6 +11,7 @@ from weightplan.planner.pipelines.write_plan import WritePlanData
 
 from weightplan.planner.core.paused_gc import paused_gc
 from weightplan.planner.tensors.schedule.budget import machine_fit
+from weightplan.viz.devices import placement_dict
 from weightplan.viz.rows import mapping_rows
 
 
@@ -50,7 +51,18 @@ def plan_to_dict(plan: LoadPlanData) -> dict[str, Any]:
                       "resident": p.resident, "in_flight": p.in_flight,
                       "intermediate": p.intermediate} for p in plan.schedule.timeline],
         "tensor_parallel": parallel_to_dict(plan),
+        **placement_entries(plan),
     }
+
+
+def placement_entries(plan: LoadPlanData) -> dict[str, Any]:
+    """With an automatic ``device_map``: the map, the peaks and the table (else nothing:
+    other plans' data stays as it was)."""
+    placement = plan.options.placement
+    if placement is None:
+        return {}
+    return {"device_map": plan.device_map, "device_peaks": plan.device_peaks,
+            "devices": placement_dict(placement)}
 
 
 def parallel_to_dict(plan: LoadPlanData) -> dict[str, Any] | None:

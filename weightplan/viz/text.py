@@ -240,6 +240,10 @@ def direct_bytes(step: Step) -> int:
 
 def device_lines(plan: PlanData) -> list[str]:
     """With ``device=``: bytes per device, and the host staging CUDA copies go through."""
+    if plan.options.placement is not None:
+        from weightplan.viz.devices import placement_lines  # (device_map="auto" & co.)
+
+        return placement_lines(plan.options.placement)
     devices = plan.options.devices
     if devices is None:
         return []

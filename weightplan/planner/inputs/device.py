@@ -9,6 +9,7 @@ tensors, and an allocated tensor is written where it already is).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -26,12 +27,21 @@ class DeviceMap:
     """Devices by module prefix (``""``: everything else)."""
 
     prefixes: tuple[tuple[str, torch.device], ...]  # longest first
+    disk: frozenset[str] = frozenset()  # prefixes offloaded to the disk (loaded via the CPU)
+    offload_folder: str | None = None  # where their tensors are written
 
     def device_for(self, name: str) -> torch.device:
         for prefix, device in self.prefixes:
             if not prefix or name == prefix or name.startswith(prefix + "."):
                 return device
         return CPU
+
+    def offloads(self, name: str) -> bool:
+        """``name`` is offloaded to the disk (written to ``offload_folder``, not kept)."""
+        for prefix, _ in self.prefixes:
+            if not prefix or name == prefix or name.startswith(prefix + "."):
+                return prefix in self.disk
+        return False
 
     @property
     def devices(self) -> frozenset[torch.device]:
@@ -56,6 +66,21 @@ def parse_device(device: object) -> DeviceMap | None:
     else:
         pairs = [("", _one(device, "device"))]
     return DeviceMap(tuple(sorted(pairs, key=lambda p: -len(p[0]))))
+
+
+def placed_map(pairs: tuple[tuple[str, str], ...], offload_folder: str | None) -> DeviceMap:
+    """An automatic placement's ``(prefix, device)`` pairs as a :class:`DeviceMap`: not
+    checked against this machine (a dry run may name devices it lacks); ``"disk"``
+    prefixes load through the CPU and are written to ``offload_folder``."""
+    disk = frozenset(p for p, d in pairs if d == "disk")
+    devices = [(p, CPU if d == "disk" else torch.device(d)) for p, d in pairs]
+    return DeviceMap(tuple(sorted(devices, key=lambda p: -len(p[0]))), disk, offload_folder)
+
+
+def offload_file(folder: str, key: str) -> str:
+    """The safetensors file an offloaded tensor is written to (one per tensor, named by it:
+    model names are dotted identifiers)."""
+    return os.path.join(folder, f"{key}.safetensors")
 
 
 def _prefix(key: object) -> str:

@@ -30,6 +30,7 @@ from weightplan.planner.keys.route import route_checkpoint
 from weightplan.planner.keys.routing import Routing
 from weightplan.planner.inputs.dtype import keep_fp32, resolve_dtype
 from weightplan.planner.keys.transforms import WeightTransform, with_legacy
+from weightplan.planner.pipelines.devices import automatic_request
 from weightplan.planner.pipelines.plan import Direction, LoadPlanData, PlanOptions
 from weightplan.planner.tensors.ir.build import Conversion, SinkKind, build_conversions
 from weightplan.planner.pipelines.lower import StepOrder, lower
@@ -47,19 +48,23 @@ SYNC_ENV = "WEIGHTPLAN_SYNC_LOAD"
 def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: object = None,
                  dtype: torch.dtype | str | None = None, budget: int | str | None = None,
                  tp: object = None, quantization: object = None, threads: int = 4,
-                 device: object = None, finder: Finder | None = None) -> LoadPlanData:
+                 device: object = None, finder: Finder | None = None,
+                 max_memory: object = None, offload_folder: object = None) -> LoadPlanData:
     """Plan loading ``checkpoint`` into ``model`` from headers only; nothing is read or written.
 
     The arguments are :func:`weightplan.explain`'s (documented there), ``mapping`` given by
     name already resolved; ``finder`` is the mapping lookup's second source (the
-    transformers bridge). Returns the plan's data, which :class:`weightplan.Plan` wraps.
+    transformers bridge). ``device`` may be an automatic strategy (``"auto"``, ...), placed
+    under ``max_memory`` (:mod:`~weightplan.planner.pipelines.devices`). Returns the plan's
+    data, which :class:`weightplan.Plan` wraps.
     """
     _refuse_quantization_option(quantization)
+    automatic = automatic_request(device, max_memory, offload_folder, model, tp)
     sharding = _sharding(model, tp)
     ckpt = open_checkpoint(checkpoint)
     options = PlanOptions(resolve_dtype(dtype, model, ckpt), parse_threads(threads),
                           None if budget is None else parse_bytes(budget, what="budget"),
-                          parse_device(device))
+                          None if automatic is not None else parse_device(device))
     info = keep_fp32(model, inspect_model(model) if model is not None else None, options.dtype)
     choice = choose_mapping(mapping, model, finder)
     transforms = with_legacy(choice.transforms)
@@ -73,6 +78,8 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     findings = _with_mapping_findings(findings, choice,
                                       looked_up=mapping is None and model is not None)
     findings = _with_parallel_findings(findings, sharding)
+    if automatic is not None and model is not None:
+        options, schedule = automatic.placed(options, model, info, schedule)
     return LoadPlanData(Direction.LOAD, ckpt, choice, transforms, conversions, graph, schedule,
                         options, model, info, routing, findings, sharding)
 

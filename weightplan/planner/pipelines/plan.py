@@ -25,6 +25,7 @@ from weightplan.planner.keys.routing import Routing
 from weightplan.planner.keys.transforms import WeightTransform
 from weightplan.planner.tensors.ir.build import Conversion, TargetStatus
 from weightplan.planner.tensors.ir.graph import PlanGraph
+from weightplan.planner.tensors.schedule.device_plan import DevicePlacement
 from weightplan.planner.tensors.schedule.schedule import MemoryPoint, Schedule
 from weightplan.planner.tensors.ir.shard_nodes import Sharding
 
@@ -45,6 +46,7 @@ class PlanOptions:
     threads: int
     budget: int | None
     devices: DeviceMap | None = None  # where meta tensors are loaded (None: the CPU)
+    placement: DevicePlacement | None = None  # device_map="auto" & co.: the placement made
 
 
 @dataclass(frozen=True, eq=False)
@@ -128,6 +130,20 @@ class LoadPlanData(PlanData):
     def loaded_keys(self) -> tuple[str, ...]:
         return tuple(t.key for c in self.conversions for t in c.targets
                      if t.status is TargetStatus.LOAD)
+
+    @property
+    def device_map(self) -> dict[str, str] | None:
+        """``{module: device}`` of an automatic placement (``device_map="auto"``), as
+        accelerate's ``dispatch_model`` takes it; ``None`` without one."""
+        placement = self.options.placement
+        return None if placement is None else dict(placement.device_map)
+
+    @property
+    def device_peaks(self) -> dict[str, int] | None:
+        """``{device: planned peak bytes}`` of an automatic placement (weights + the
+        load's staging and temporaries there); ``None`` without one."""
+        placement = self.options.placement
+        return None if placement is None else placement.peaks
 
     @property
     def atomic_bytes(self) -> int:

@@ -1,0 +1,182 @@
+"""``device_map="auto"`` end to end: dry runs for GPUs this machine lacks (checked against
+accelerate's ``infer_auto_device_map``), disk offload that runs (logits equal to
+transformers' own offloaded load), the keywords, the CLI."""
+
+import json
+import os
+
+import pytest
+import torch
+from accelerate import infer_auto_device_map
+from accelerate.utils import get_balanced_memory
+
+import weightplan
+from weightplan.cli import main
+from weightplan.errors import ArgumentError, PlanError
+from weightplan.units import parse_bytes
+
+from tests.interop.matrix import FAMILIES, output, pretrained
+
+KIB = 1024
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """family → (class, config, inputs, checkpoint directory)."""
+    out = {}
+    for family in ("llama", "mixtral", "gemma2"):
+        cls, cfg, inputs = FAMILIES[family]()
+        words = {k: v for k, v in cfg.to_dict().items() if k != "layer_types"}
+        cfg = type(cfg)(**{**words, "num_hidden_layers": 6})
+        directory = tmp_path_factory.mktemp(family)
+        torch.manual_seed(0)
+        cls(cfg).save_pretrained(directory)
+        out[family] = cls, cfg, inputs, directory
+    return out
+
+
+def empty(cls, cfg):
+    with weightplan.init_empty():
+        return cls(cfg).eval()
+
+
+def device_weights(model, device_map) -> dict[str, int]:
+    """Bytes per device of a map (each tensor once, by its longest mapped prefix)."""
+    per: dict[str, int] = {}
+    seen = set()
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        prefix = max((p for p in device_map if not p or name == p or name.startswith(p + ".")),
+                     key=len)
+        device = str(device_map[prefix])
+        per[device] = per.get(device, 0) + t.numel() * t.element_size()
+    return per
+
+
+def accelerate_words(max_memory):
+    return {int(k.split(":")[1]) if k.startswith("cuda") else k: parse_bytes(v)
+            for k, v in max_memory.items()}
+
+
+@pytest.mark.parametrize("family", ["llama", "mixtral", "gemma2"])
+@pytest.mark.parametrize("gpu", ["40KiB", "90KiB", "400KiB"])
+@pytest.mark.parametrize("strategy", ["auto", "sequential"])
+def test_dry_run_stays_in_budget_where_accelerate_does(saved, family, gpu, strategy):
+    cls, cfg, _, directory = saved[family]
+    max_memory = {"cuda:0": gpu, "cuda:1": gpu, "cpu": "2GiB"}
+    model = empty(cls, cfg)
+    plan = weightplan.explain(model, directory, device_map=strategy, max_memory=max_memory)
+    assert all(p.is_meta for p in model.parameters())  # nothing allocated
+    ours = device_weights(model, plan.device_map)
+    budgets = {k: parse_bytes(v) for k, v in max_memory.items()}
+    for use in plan.options.placement.uses:  # peak (weights + staging) + room kept
+        if use.budget is not None:
+            assert use.peak + use.kept <= use.budget, use
+    for device, nbytes in ours.items():
+        assert device == "disk" or nbytes <= budgets[device]
+        assert plan.device_peaks[device] >= nbytes
+    words = accelerate_words(max_memory)
+    no_split = model._no_split_modules
+    if strategy == "auto":
+        words = get_balanced_memory(model, max_memory=words, no_split_module_classes=no_split)
+    theirs = device_weights(model, infer_auto_device_map(model, max_memory=dict(words),
+                                                         no_split_module_classes=no_split))
+    for device, nbytes in theirs.items():  # where accelerate stays in budget, so do we
+        name = f"cuda:{device}" if isinstance(device, int) or device.isdigit() else device
+        if name != "disk" and nbytes <= budgets[name]:
+            assert ours.get(name, 0) <= budgets[name]
+    # whole blocks: no map entry lies strictly inside a no-split module
+    for name, module in model.named_modules():
+        if type(module).__name__ in no_split:
+            assert not any(k.startswith(name + ".") for k in plan.device_map), name
+
+
+def test_ties_share_a_device(saved):
+    cls, cfg, _, directory = saved["gemma2"]  # tie_word_embeddings=True
+    model = empty(cls, cfg)
+    plan = weightplan.explain(model, directory, device_map="sequential",
+                              max_memory={"cuda:0": "20KiB", "cuda:1": "2MiB", "cpu": "2GiB"})
+    placement = plan.options.placement
+    assert placement.device_of("lm_head.weight") == placement.device_of(
+        "model.embed_tokens.weight")
+
+
+def test_the_plan_shows_the_table_and_the_map(saved):
+    cls, cfg, _, directory = saved["llama"]
+    plan = weightplan.explain(empty(cls, cfg), directory, device_map="auto",
+                              max_memory={"cuda:0": "60KiB", "cuda:1": "60KiB", "cpu": "1GiB"})
+    text = str(plan)
+    assert "device_map='auto'" in text and "cuda:0 (absent)" in text and "device map:" in text
+    assert "dry run: this machine has no cuda:0, cuda:1" in text
+    data = plan.to_dict()
+    assert data["device_map"] == plan.device_map and data["device_peaks"] == plan.device_peaks
+    assert [row["device"] for row in data["devices"]["table"]] == ["cuda:0", "cuda:1", "cpu",
+                                                                    "disk"]
+    json.dumps(data)
+    with pytest.raises(PlanError, match="dry run"):  # nothing runs on devices it lacks
+        plan.execute()
+
+
+def test_disk_offload_runs_like_transformers(saved, tmp_path):
+    cls, cfg, inputs, directory = saved["llama"]
+    model = empty(cls, cfg)
+    plan = weightplan.explain(model, directory, device_map="auto", max_memory={"cpu": "200KiB"},
+                              offload_folder=tmp_path / "ours")
+    on_disk = [m for m, d in plan.device_map.items() if d == "disk"]
+    assert on_disk and "cpu" in plan.device_map.values()
+    report = plan.execute()
+    for name, p in model.named_parameters():  # offloaded weights are not resident
+        assert p.is_meta == (plan.options.placement.device_of(name) == "disk"), name
+    assert report.offloaded and all(os.path.isfile(f) for f in report.offloaded.values())
+    planned = {u.device: u.weights for u in plan.options.placement.uses if u.weights}
+    assert set(report.device_bytes) == set(planned)  # the estimate, device by device
+    for device, nbytes in report.device_bytes.items():
+        assert abs(nbytes - planned[device]) <= 0.05 * planned[device], device
+    assert report.staging_bytes == 0 and "on devices: cpu" in str(report)
+    reference = pretrained(cls, directory, device_map=plan.device_map,
+                           offload_folder=str(tmp_path / "theirs"))
+    assert torch.equal(output(model, inputs), output(reference, inputs))
+
+
+def test_from_pretrained_takes_the_words(saved, tmp_path):
+    cls, cfg, inputs, directory = saved["mixtral"]
+    model = weightplan.from_pretrained(directory, device_map="sequential",
+                                       max_memory={"cpu": "400KiB"}, offload_folder=tmp_path)
+    assert any(p.is_meta for p in model.parameters())
+    assert torch.equal(output(model, inputs), output(pretrained(cls, directory), inputs))
+
+
+def test_without_max_memory_this_machine_decides(saved):
+    cls, cfg, _, directory = saved["llama"]
+    plan = weightplan.explain(empty(cls, cfg), directory, device_map="auto")
+    assert plan.device_map == {"": "cpu"} and not plan.options.placement.absent
+
+
+def test_automatic_placement_and_tp_are_exclusive(saved):
+    cls, cfg, _, directory = saved["llama"]
+    with pytest.raises(ArgumentError, match="exclusive"):
+        weightplan.explain(empty(cls, cfg), directory, device_map="auto", tp="auto")
+
+
+def test_disk_needs_a_folder_and_words_need_a_strategy(saved):
+    cls, cfg, _, directory = saved["llama"]
+    with pytest.raises(PlanError, match="offload_folder"):
+        weightplan.explain(empty(cls, cfg), directory, device_map="auto",
+                           max_memory={"cpu": "100KiB"})
+    with pytest.raises(PlanError, match="automatic placement"):
+        weightplan.explain(empty(cls, cfg), directory, max_memory={"cpu": "1GiB"})
+    with pytest.raises(ArgumentError, match="disk"):
+        weightplan.from_pretrained(directory, device_map={"": "disk"})
+
+
+def test_cli_dry_run(saved, capsys):
+    _, _, _, directory = saved["mixtral"]
+    assert main(["explain", str(directory), "--device-map", "auto", "--max-memory",
+                 "cuda:0=80KiB,cuda:1=80KiB,cpu=200GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "cuda:1 (absent)" in out and "device map:" in out
+    assert main(["explain", str(directory), "--device-map", "auto", "--json",
+                 "--max-memory", "cuda:0=80GiB"]) == 0
+    assert json.loads(capsys.readouterr().out)["device_map"] == {"": "cuda:0"}

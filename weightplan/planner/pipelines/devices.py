@@ -1,0 +1,114 @@
+"""Automatic placement in the load pipeline: ``device="auto"`` (transformers' ``device_map``
+words) with ``max_memory`` and ``offload_folder``.
+
+The graph and the schedule don't depend on where tensors land (reads, ops and casts run
+on the host; only the last copy goes to a device), so the load is planned first and
+placed after, from its own sizes (:mod:`~weightplan.planner.tensors.schedule.device_plan`).
+The placement becomes the plan's :class:`~weightplan.planner.inputs.device.DeviceMap`:
+the executor allocates by it, and ``"disk"`` prefixes load through the CPU into
+``offload_folder``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from weightplan.errors import ParallelError, PlanError
+from weightplan.planner.inputs.device import (
+    STAGING_BUFFERS, STAGING_CHUNK, placed_map,
+)
+from weightplan.planner.inputs.model_info import ModelInfo
+from weightplan.planner.inputs.module_tree import module_tree
+from weightplan.planner.pipelines.plan import PlanOptions
+from weightplan.planner.tensors.schedule.device_budgets import (
+    CPU, DeviceBudget, parse_max_memory,
+)
+from weightplan.planner.tensors.schedule.device_plan import (
+    STRATEGIES, HostCosts, place_devices,
+)
+from weightplan.planner.tensors.schedule.schedule import Schedule, make_schedule
+
+WINDOW_SHARE = 8  # the read-ahead window is at most 1/8 of the CPU's max_memory
+
+
+@dataclass(frozen=True)
+class AutomaticRequest:
+    """``device="auto"`` & co., checked before anything is planned."""
+
+    strategy: str
+    budgets: tuple[DeviceBudget, ...]
+    offload_folder: str | None
+
+    def placed(self, options: PlanOptions, model: torch.nn.Module, info: ModelInfo | None,
+               schedule: Schedule) -> tuple[PlanOptions, Schedule]:
+        """``options`` with the placement and the device map made from it, and the
+        schedule (its read-ahead window bounded by the CPU's budget)."""
+        if info is None:
+            raise PlanError("automatic placement needs a model")
+        schedule = self.windowed(schedule)
+        placement = place_devices(self.strategy, self.budgets, module_tree(model), info,
+                                  schedule, options.dtype, host_costs(schedule),
+                                  self.offload_folder)
+        devices = placed_map(placement.device_map, self.offload_folder)
+        return dataclasses.replace(options, devices=devices, placement=placement), schedule
+
+    def windowed(self, schedule: Schedule) -> Schedule:
+        """Reads in flight (and tensors on their way to the disk) take host memory: the
+        window is at most :data:`WINDOW_SHARE` of the CPU's ``max_memory``."""
+        cpu = next((b.budget for b in self.budgets if b.device == CPU), None)
+        if cpu is None or cpu // WINDOW_SHARE >= schedule.window_bytes:
+            return schedule
+        return make_schedule(schedule.steps, threads=schedule.threads,
+                             window_bytes=cpu // WINDOW_SHARE)
+
+
+def host_costs(schedule: Schedule) -> HostCosts:
+    """The schedule's host temporaries, its read window and the pinned staging pool."""
+    temporaries = max((p.in_flight + p.intermediate for p in schedule.timeline), default=0)
+    return HostCosts(temporaries, schedule.window_bytes, STAGING_BUFFERS * STAGING_CHUNK)
+
+
+def automatic_request(device: object, max_memory: object, offload_folder: object,
+                      model: torch.nn.Module | None, tp: object) -> AutomaticRequest | None:
+    """The request when ``device`` names a strategy, else ``None``.
+
+    Raises:
+        PlanError: ``max_memory`` / ``offload_folder`` without a strategy, no model, a
+            model with allocated tensors, a folder that is a file.
+        ParallelError: with ``tp=`` (exclusive, as in transformers).
+    """
+    if not (isinstance(device, str) and device in STRATEGIES):
+        if max_memory is not None or offload_folder is not None:
+            raise PlanError("max_memory= and offload_folder= size an automatic placement: pass "
+                            "device_map='auto' (or 'balanced', 'balanced_low_0', 'sequential')")
+        return None
+    if tp is not None:
+        raise ParallelError("tp= places each rank's part on its own device: drop "
+                            f"device_map={device!r} (exclusive, as in transformers)")
+    if model is None:
+        raise PlanError(f"device_map={device!r} places a model's modules: pass the model")
+    allocated = [n for n, t in model.state_dict(keep_vars=True).items() if not t.is_meta]
+    if allocated:
+        raise PlanError(f"device_map={device!r} places a model built on meta (weightplan."
+                        f"init_empty()); {allocated[0]} is already allocated on "
+                        f"{model.state_dict(keep_vars=True)[allocated[0]].device}")
+    folder = _folder(offload_folder)
+    if max_memory is not None and not isinstance(max_memory, Mapping):
+        raise PlanError(f"max_memory must be a dict {{device: size}}, got {max_memory!r}")
+    return AutomaticRequest(device, parse_max_memory(max_memory), folder)
+
+
+def _folder(offload_folder: object) -> str | None:
+    if offload_folder is None:
+        return None
+    if not isinstance(offload_folder, (str, os.PathLike)):
+        raise PlanError(f"offload_folder must be a path, got {offload_folder!r}")
+    folder = os.fspath(offload_folder)
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise PlanError(f"offload_folder {folder} exists and is not a directory")
+    return str(folder)

@@ -1,0 +1,254 @@
+"""``device_map="auto" | "balanced" | "balanced_low_0" | "sequential"``: the placement, and
+what each device holds at its peak, from the plan's own sizes.
+
+Per device, the planned peak is
+
+- on an accelerator: the weights placed there + its staging copies (a tensor whose bytes
+  are not copied straight into place lands in a temporary on the device first: a cast or
+  a strided write; ``concurrent`` of them at once, the largest counted);
+- on the CPU: the weights placed there + the load's host side: the schedule's temporaries
+  (reads in flight, op intermediates), the pinned staging buffers device copies go
+  through, and the tensors on their way to the disk (a window of them);
+- on the disk: the bytes written to ``offload_folder``.
+
+When anything is offloaded, room for the largest whole block is also kept on the main
+device (and on the CPU when the disk is used): an offloaded block runs there. ``"auto"``
+and ``"balanced"`` first cap each accelerator but the last at an even share of the model
+(plus a block), as transformers does; ``"balanced_low_0"`` keeps the first one as empty as
+the others allow; ``"sequential"`` fills each to its budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from weightplan.errors import BudgetError, PlanError
+from weightplan.planner.inputs.module_tree import ModuleTree
+from weightplan.planner.inputs.model_info import ModelInfo
+from weightplan.planner.tensors.lower.placement import Step
+from weightplan.planner.tensors.schedule.auto_map import (
+    FillInput, Slot, fill, largest_whole,
+)
+from weightplan.planner.tensors.schedule.device_budgets import CPU, DISK, DeviceBudget
+from weightplan.planner.tensors.schedule.schedule import Schedule
+from weightplan.units import format_bytes
+
+STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+PASSES = 4  # fills before the room kept for offloading is taken at its bound
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceUse:
+    """One device of an automatic placement: bytes, peak, budget."""
+
+    device: str
+    budget: int | None
+    weights: int  # bytes of the tensors placed there
+    staging: int  # accelerator: staging copies; CPU: the load's host temporaries
+    kept: int  # room kept for an offloaded block
+    modules: int  # entries of the device map on it
+    present: bool  # this machine has it
+
+    @property
+    def peak(self) -> int:
+        """Planned bytes at the load's peak (weights + staging)."""
+        return self.weights + self.staging
+
+
+@dataclass(frozen=True)
+class DevicePlacement:
+    """An automatic placement: the map, and what each device holds."""
+
+    strategy: str
+    device_map: tuple[tuple[str, str], ...]  # (module or tensor, device), in module order
+    uses: tuple[DeviceUse, ...]
+    offload_folder: str | None = None
+    pinned_bytes: int = 0  # host staging for device copies (pinned buffers)
+
+    def device_of(self, name: str) -> str:
+        """The device of a tensor or module ``name`` (its longest mapped prefix)."""
+        best, device = -1, CPU
+        for prefix, d in self.device_map:
+            if (not prefix or name == prefix or name.startswith(prefix + ".")) \
+                    and len(prefix) > best:
+                best, device = len(prefix), d
+        return device
+
+    @property
+    def absent(self) -> tuple[str, ...]:
+        """Devices the map uses that this machine doesn't have (a dry run)."""
+        used = {d for _, d in self.device_map}
+        return tuple(u.device for u in self.uses if not u.present and u.device in used)
+
+    @property
+    def main_device(self) -> str:
+        """Where offloaded modules run: the first accelerator holding weights, else the CPU."""
+        return next((u.device for u in self.uses if u.weights and u.device not in (CPU, DISK)),
+                    CPU)
+
+    @property
+    def peaks(self) -> dict[str, int]:
+        return {u.device: u.peak for u in self.uses if u.weights or u.staging}
+
+
+@dataclass(frozen=True, slots=True)
+class HostCosts:
+    """The load's host side, known from the schedule before placement."""
+
+    temporaries: int  # the schedule's largest reads-in-flight + intermediates
+    window: int  # bytes of reads in flight at most
+    pinned: int  # pinned staging buffers, when anything goes to an accelerator
+
+
+def place_devices(strategy: str, budgets: Sequence[DeviceBudget], tree: ModuleTree,
+                  info: ModelInfo, schedule: Schedule, dtype: torch.dtype | None,
+                  host: HostCosts, offload_folder: str | None = None) -> DevicePlacement:
+    """The placement for ``strategy`` (see the module docstring).
+
+    Raises:
+        PlanError: an unknown strategy, or the map puts tensors on the disk with no
+            ``offload_folder``.
+        BudgetError: the devices together can't hold the model.
+    """
+    if strategy not in STRATEGIES:
+        raise PlanError(f"device_map={strategy!r}: automatic strategies are "
+                        f"{', '.join(map(repr, STRATEGIES))}")
+    inp = fill_input(tree, info, schedule.steps, dtype, schedule.threads)
+    block, window = largest_whole(inp), host.window + _largest_step(schedule.steps)
+    result, slots = _converged(strategy, budgets, inp, host, block, window)
+    if DISK in result.values() and not offload_folder:
+        raise PlanError("device_map: the devices in max_memory can't hold the model, the rest "
+                        f"({', '.join(u for u, d in result.items() if d == DISK)[:200]}) goes "
+                        "to the disk: pass offload_folder= (a directory), or give the devices "
+                        "more memory")
+    uses = _uses(inp, result, slots, budgets)
+    pinned = host.pinned if any(u.weights for u in uses if u.device not in (CPU, DISK)) else 0
+    return DevicePlacement(strategy, tuple(result.items()), uses, offload_folder, pinned)
+
+
+def _converged(strategy: str, budgets: Sequence[DeviceBudget], inp: FillInput,
+               host: HostCosts, block: int, window: int
+               ) -> tuple[dict[str, str], list[Slot]]:
+    """Fill, keeping room for what the fill offloads: a block on the main device, and on
+    the CPU the tensors on their way to the disk (at most a read window of them, at most
+    what goes there). Each pass keeps at least as much as the last, so it settles; after
+    a few passes the window's worth is kept whole."""
+    keep_block, disk = False, 0
+    for _ in range(PASSES):
+        slots = _slots(strategy, budgets, inp, host, kept=block if keep_block else 0,
+                       disk=disk)
+        result = fill(inp, slots)
+        on_disk = inp.bytes_of(frozenset().union(
+            *(inp.tensors(u) for u, d in result.items() if d == DISK)))
+        needed = (keep_block or _offloads(result, budgets), max(disk, min(window, on_disk)))
+        if needed == (keep_block, disk):
+            return result, slots
+        keep_block, disk = needed
+    slots = _slots(strategy, budgets, inp, host, kept=block, disk=window)
+    return fill(inp, slots), slots
+
+
+def fill_input(tree: ModuleTree, info: ModelInfo, steps: Iterable[Step],
+               dtype: torch.dtype | None, threads: int) -> FillInput:
+    """Per canonical tensor: its planned bytes (what the plan writes; the model's own init
+    for the tensors the checkpoint lacks) and its staging copy on an accelerator."""
+    canon = {name: t.name for name, t in info.tensors.items()}
+    size: dict[str, int] = {}
+    temp: dict[str, int] = {}
+    for step in steps:
+        direct = not step.materialize and not step.quantized and all(r.direct for r in step.reads)
+        widest = max((n.spec.dtype.itemsize for s in step.sources for n in s), default=1)
+        for d in step.destinations:
+            if not d.written:
+                continue
+            name = canon.get(d.key, d.key)
+            size[name] = d.spec.nbytes
+            if not direct:
+                temp[name] = d.spec.numel * max(widest, d.spec.dtype.itemsize)
+    for t in info.unique():
+        if t.name not in size:
+            cast = dtype is not None and t.on_meta and t.spec.dtype.is_floating_point \
+                and not t.keep_dtype
+            size[t.name] = t.spec.numel * (dtype.itemsize if cast and dtype is not None
+                                           else t.spec.dtype.itemsize)
+    for name, nbytes in tree.extra_bytes.items():
+        size.setdefault(canon.get(name, name), nbytes)
+    return FillInput(tree, canon, size, temp, concurrent=max(1, threads))
+
+
+def _slots(strategy: str, budgets: Sequence[DeviceBudget], inp: FillInput, host: HostCosts,
+           kept: int, disk: int = 0) -> list[Slot]:
+    caps = _balanced(strategy, budgets, inp)
+    accelerators = [b for b in budgets if b.is_accelerator]
+    slots = []
+    for b in budgets:
+        fixed, room = 0, 0
+        if b.device == CPU:
+            room = kept if disk else 0  # (a disk block runs from the CPU's memory)
+            fixed = host.temporaries + (host.pinned if accelerators else 0) + disk
+        elif accelerators and b is accelerators[0]:
+            room = kept
+        slots.append(Slot(b.device, caps.get(b.device, b.budget), fixed + room,
+                          b.is_accelerator, room))
+    return slots
+
+
+def _balanced(strategy: str, budgets: Sequence[DeviceBudget], inp: FillInput
+              ) -> dict[str, int | None]:
+    """Accelerator capacities for the balanced strategies (all but the last capped)."""
+    accelerators = [b for b in budgets if b.is_accelerator and b.budget]
+    if strategy == "sequential" or len(accelerators) < 2:
+        return {}
+    total = inp.bytes_of(inp.tensors(""))
+    low0 = strategy == "balanced_low_0"
+    shared = accelerators[1:] if low0 else accelerators
+    share = -(-total // len(shared)) + largest_whole(inp) + sum(
+        sorted(inp.temp.values())[-inp.concurrent:])
+    caps: dict[str, int | None] = {b.device: min(share, b.budget or 0) for b in shared[:-1]}
+    if low0:
+        rest = sum(caps.values()) + (shared[-1].budget or 0)  # type: ignore[arg-type]
+        first = accelerators[0]
+        caps[first.device] = min(first.budget or 0, max(0, total - rest))
+    return caps
+
+
+def _offloads(result: Mapping[str, str], budgets: Sequence[DeviceBudget]) -> bool:
+    """Anything off the accelerators (when there are some), or on the disk."""
+    used = set(result.values())
+    return DISK in used or (CPU in used and any(b.is_accelerator for b in budgets))
+
+
+def _largest_step(steps: Iterable[Step]) -> int:
+    return max((sum(d.spec.nbytes for d in s.destinations if d.allocates) for s in steps),
+               default=0)
+
+
+def _uses(inp: FillInput, result: Mapping[str, str], slots: Sequence[Slot],
+          budgets: Sequence[DeviceBudget]) -> tuple[DeviceUse, ...]:
+    per: dict[str, set[str]] = {}
+    counts: dict[str, int] = {}
+    for unit, device in result.items():
+        per.setdefault(device, set()).update(inp.tensors(unit))
+        counts[device] = counts.get(device, 0) + 1
+    uses: list[DeviceUse] = []
+    seen: set[str] = set()
+    for slot, b in zip(slots, budgets, strict=True):
+        tensors = per.get(slot.device, set()) - seen
+        seen |= tensors
+        weights = inp.bytes_of(frozenset(tensors))
+        staging = sum(sorted(inp.temp.get(t, 0) for t in tensors)[-inp.concurrent:]) \
+            if slot.accelerator else 0
+        if slot.device == CPU:
+            staging = slot.fixed - slot.kept  # the load's host side
+        kept = slot.kept if weights else 0  # (a device given nothing runs nothing)
+        uses.append(DeviceUse(slot.device, b.budget, weights, staging, kept,
+                              counts.get(slot.device, 0), b.present))
+    for u in uses:
+        if u.budget is not None and u.peak + u.kept > u.budget:
+            raise BudgetError(f"automatic placement: {u.device} would hold "
+                              f"{format_bytes(u.peak + u.kept)} > its max_memory "
+                              f"{format_bytes(u.budget)}", minimum_bytes=u.peak + u.kept)
+    return tuple(uses)
