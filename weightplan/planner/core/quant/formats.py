@@ -27,7 +27,7 @@ compressed-tensors computes in it, then to the destination's.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -175,21 +175,43 @@ def write_chunk(scheme: Scheme, matrix: torch.Tensor, o0: int, o1: int, x: torch
 
 
 def chunks(scheme: Scheme, parts: Sequence[torch.Tensor], shape: tuple[int, ...],
-           out_rows: tuple[int, int] | None = None, chunk_bytes: int = CHUNK_BYTES
+           out_rows: tuple[int, int] | None = None, chunk_bytes: int = CHUNK_BYTES,
+           leads: Iterable[tuple[int, ...]] | None = None
            ) -> Iterator[tuple[tuple[int, ...], int, int, torch.Tensor]]:
     """Yield ``(index, o0, o1, x)``: ``x`` (fp32 ``[o1 − o0, in]``, valid until the next
     step) is output rows ``[o0, o1)`` of matrix ``index`` of the weight of logical
-    ``shape``, in the scale's precision (``out_rows``: only those rows)."""
+    ``shape``, in the scale's precision (``out_rows``, ``leads``: only those)."""
     nat = natural(scheme, shape)
     out, n = nat[-2], nat[-1]
     lo, hi = out_rows or (0, out)
     step = rows_per_chunk(n, hi - lo, chunk_bytes)
     decode = _DECODERS[scheme.format]
     extras = _prepared(scheme, parts, nat)
-    for idx in _leading(nat):
+    for idx in (_leading(nat) if leads is None else leads):
         for o0 in range(lo, hi, step):
             o1 = min(hi, o0 + step)
             yield idx, o0, o1, decode(scheme, parts, extras, idx, o0, o1, n)
+
+
+def region_chunks(scheme: Scheme, parts: Sequence[torch.Tensor], shape: tuple[int, ...],
+                  starts: tuple[int, ...], stops: tuple[int, ...],
+                  chunk_bytes: int = CHUNK_BYTES
+                  ) -> Iterator[tuple[tuple[int, ...], tuple[int, int], tuple[int, int], torch.Tensor]]:
+    """The box ``[starts, stops)`` of the logical tensor, chunk by chunk: ``(index, rows,
+    cols, x)`` with ``index``, ``rows``, ``cols`` relative to the box and ``x`` fp32 of
+    ``(rows, cols)``'s extent (a rank's slice decodes only its own rows)."""
+    import itertools
+
+    (r0, c0), (r1, c1) = starts[-2:], stops[-2:]
+    leads = list(itertools.product(*(range(a, b) for a, b in zip(starts[:-2], stops[:-2]))))
+    out_rows, in_cols = ((c0, c1), (r0, r1)) if scheme.transpose else ((r0, r1), (c0, c1))
+    for idx, o0, o1, x in chunks(scheme, parts, shape, out_rows, chunk_bytes, leads):
+        local = tuple(i - a for i, a in zip(idx, starts, strict=False))
+        part = x[:, in_cols[0]:in_cols[1]]
+        if scheme.transpose:
+            yield local, (0, r1 - r0), (o0 - c0, o1 - c0), part.T
+        else:
+            yield local, (o0 - r0, o1 - r0), (0, c1 - c0), part
 
 
 def _leading(shape: tuple[int, ...]) -> Iterator[tuple[int, ...]]:

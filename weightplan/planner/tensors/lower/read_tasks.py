@@ -20,6 +20,7 @@ import torch
 from weightplan.planner.inputs.checkpoint import TensorEntry
 from weightplan.planner.core.makers import columns, maker
 from weightplan.planner.core.quant.blocks import DEQUANTIZE_BYTES, workspace_bytes
+from weightplan.planner.core.quant.formats import workspace_bytes as packed_workspace
 from weightplan.planner.tensors.ir.destination import Destination
 from weightplan.planner.core.geometry import (
     CACHE_SIZE, Fragment, Region, StackFragments, StackRecord, _is_contiguous,
@@ -109,7 +110,7 @@ class ReadTask:
     def scale_region(self) -> Region | None:
         """The scale tiles a dequantize reads: those covering ``region`` (a rank's slice
         reads only its own), or the whole scale when it is per-tensor."""
-        if self.dequantize is None or self.scale is None:
+        if self.dequantize is None or self.scale is None or self.dequantize.scheme is not None:
             return None
         return scale_region(self.entry.spec.shape, self.scale.spec.shape, self.region,
                             self.dequantize.block)
@@ -119,6 +120,8 @@ class ReadTask:
         """Besides the window: a dequantize's scales and its fp32 chunk workspace."""
         if self.dequantize is None or self.scale is None:
             return 0
+        if self.dequantize.scheme is not None:  # a packed format: its parts, its workspace
+            return self.scale_bytes + packed_workspace(self.dequantize.scheme, self.node.spec.shape)
         return self.scale_bytes + workspace_bytes(self.region.shape, self.dequantize.block,
                                                    per_element=DEQUANTIZE_BYTES)
 
@@ -143,6 +146,8 @@ def read_task(node: Node, region: Region, fragment: Fragment | None, direct: boo
               piece_bytes: int = PIECE_BYTES) -> ReadTask:
     """The byte range of ``region`` of ``node``'s entry; direct reads over ``piece_bytes``
     are split into pieces so that they run in parallel (each piece is one mapped window)."""
+    if node.kind is NodeKind.DEQUANTIZE and node.attrs.scheme is not None:  # type: ignore[union-attr]
+        return ReadTask(node, region, fragment, packed_layout(node))
     entry, scale, block = _read_parts(node)
     return ReadTask(node, region, fragment, _task_layout(entry.spec, entry.file is not None,
                                                          scale, block, region, direct,
@@ -192,6 +197,19 @@ def _layout(shape: tuple[int, ...], size: int, in_file: bool,
                       window + math.prod(scale_shape) * scale_size + work, tiles)
 
 
+def packed_layout(node: Node) -> ReadLayout:
+    """A packed dequantize reads its whole stored weight (one window) and its parts,
+    whatever region it lands: the codes of a row are only whole with its scales."""
+    weight = read_attrs(node.inputs[0]).entry
+    parts = sum(read_attrs(p).entry.nbytes for p in node.inputs[1:])
+    a = node.attrs
+    assert isinstance(a, DequantizeAttrs)
+    work = packed_workspace(a.scheme, node.spec.shape)  # type: ignore[arg-type]
+    total = weight.nbytes
+    window = total if weight.file is not None else 0
+    return ReadLayout(False, 0, total, ((0, total),), window + parts + work, parts)
+
+
 def placed_reads(sources: Streams[Node], frags: Streams[tuple[Fragment, ...]],
                  dests: tuple[Destination, ...], piece_bytes: int,
                  alike: Sequence[AlikeReads | None] = ()
@@ -223,6 +241,10 @@ def _each_read(tasks: list[ReadTask], stream: tuple[Node, ...],
     last: tuple = ()
     layout: ReadLayout | None = None
     for j, node in enumerate(stream):
+        if node.kind is NodeKind.DEQUANTIZE and node.attrs.scheme is not None:  # type: ignore[union-attr]
+            tasks += [_task(node, f.region, f, packed_layout(node)) for f in frags[j]
+                      if f.region.numel]
+            continue
         entry, scale, block = _read_parts(node)
         spec = entry.spec
         scale_shape, scale_dtype = (None, None) if scale is None else (scale.shape,
