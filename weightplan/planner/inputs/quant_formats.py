@@ -111,7 +111,7 @@ def parse_format_config(data: Mapping, *, source: str = "config") -> FormatConfi
     """Parse a packed-format ``quantization_config`` (see the module docstring)."""
     method = packed_method(data)
     if method == "mxfp4":
-        ignore = tuple(data.get("modules_to_not_convert") or ())
+        ignore = tuple(_glob(p) for p in data.get("modules_to_not_convert") or ())
         return FormatConfig("mxfp4", (FormatGroup(("Linear",), Scheme("mxfp4", source="mxfp4")),),
                             ignore, source)
     if method == "modelopt":
