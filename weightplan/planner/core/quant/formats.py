@@ -38,7 +38,7 @@ from weightplan.units import format_bytes
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 FORMATS = ("mxfp4", "fp8", "int", "nvfp4")
 STRATEGIES = ("tensor", "channel", "group", "block")
-WORK_PER_ELEMENT = 12  # fp32 values, their int32 codes and one more fp32 product
+WORK_PER_ELEMENT = 16  # fp32 values, int32 codes and unpacking temporaries, per element
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,8 +292,8 @@ def _per_group(x: torch.Tensor, per: torch.Tensor, group: int, how) -> torch.Ten
 
 
 def _codes(packed: torch.Tensor) -> torch.Tensor:
-    """E2M1 codes of bytes, low nibble first: ``[..., k]`` → int64 ``[..., 2k]``."""
-    b = packed.to(torch.int64)
+    """E2M1 codes of bytes, low nibble first: ``[..., k]`` → int32 ``[..., 2k]``."""
+    b = packed.to(torch.int32)
     return torch.stack((b & 0xF, b >> 4), dim=-1).flatten(-2)
 
 
