@@ -24,13 +24,14 @@ read (``weight_shape``'s few bytes are read: the exact ``in`` is only there).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from weightplan.planner.core.entry import TensorEntry
 from weightplan.planner.core.quant.formats import Scheme, companion_shapes, logical_shape
 from weightplan.planner.core.spec import TensorSpec, short_dtype
+from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.inputs.quant_formats import FormatConfig, matches
 
 F8 = torch.float8_e4m3fn
@@ -229,6 +230,22 @@ def _strays(config: FormatConfig, entries: Mapping[str, TensorEntry], used: set[
         out.append(PackedProblem(key, f"{key} belongs to no {config.method} weight of the "
                                  "checkpoint (its weight is missing): it is not applied"))
     return out
+
+
+def routed_entries(ckpt: Checkpoint, pairing: PackedPairing | None) -> Checkpoint | None:
+    """The checkpoint routing sees (``None``: unchanged): each stored weight under its
+    logical key, in its place; its parts left out."""
+    if pairing is None or not (pairing.weights or pairing.companions):
+        return None
+    first_part = {w.parts[0].key: key for key, w in pairing.weights.items()}
+    entries: dict[str, TensorEntry] = {}
+    for key, entry in ckpt.entries.items():
+        logical = first_part.get(key)
+        if logical is not None:
+            entries[logical] = pairing.entry(logical)
+        elif key not in pairing.companions:
+            entries[key] = entry
+    return replace(ckpt, entries=entries)
 
 
 def small_reader(tensors: Mapping[str, torch.Tensor] | None) -> ReadSmall:

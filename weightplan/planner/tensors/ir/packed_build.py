@@ -14,28 +14,34 @@ from collections.abc import Sequence
 import torch
 
 from weightplan.planner.core.entry import TensorEntry
+from weightplan.planner.core.ops.base import Streams, stream_positions
 from weightplan.planner.core.spec import TensorSpec
-from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.inputs.packed_pairs import PackedPairing
+from weightplan.planner.keys.routing import Group
+from weightplan.planner.tensors.ir.alike import AlikeReads
 from weightplan.planner.tensors.ir.nodes import DequantizeAttrs, Node, NodeKind, read_nodes
+from weightplan.planner.tensors.ir.quant_build import QuantContext, dequantized_dtype
 
 
-def routed_entries(ckpt: Checkpoint, pairing: PackedPairing | None) -> Checkpoint | None:
-    """The checkpoint routing sees (``None``: unchanged): each stored weight under its
-    logical key, in its place; its parts left out."""
-    if pairing is None or not (pairing.weights or pairing.companions):
+def packed_source_streams(group: Group, quant: QuantContext | None, expected: object,
+                          dtype: torch.dtype | None
+                          ) -> tuple[Streams[Node], list[Node], tuple[AlikeReads | None, ...]] | None:
+    """:func:`~weightplan.planner.tensors.ir.quant_build.source_streams` of a group with
+    packed weights (``None``: it has none): each stream's packed sources behind their
+    dequantize nodes, the rest plain reads."""
+    pairing = quant.packed if quant is not None else None
+    if pairing is None or not any(e.key in pairing.weights for s in group.sources for e in s):
         return None
-    from dataclasses import replace
-
-    first_part = {w.parts[0].key: key for key, w in pairing.weights.items()}
-    entries: dict[str, TensorEntry] = {}
-    for key, entry in ckpt.entries.items():
-        logical = first_part.get(key)
-        if logical is not None:
-            entries[logical] = pairing.entry(logical)
-        elif key not in pairing.companions:
-            entries[key] = entry
-    return replace(ckpt, entries=entries)
+    out = dequantized_dtype(group, expected, dtype)
+    streams, reads, added = [], [], []
+    for i, entries in enumerate(group.sources):
+        made = packed_stream(entries, stream_positions(i, len(entries)), pairing, out)
+        values = made[0] if made is not None else tuple(
+            read_nodes(entries, stream_positions(i, len(entries))))
+        streams.append(values)
+        reads += made[1] if made is not None else list(values)
+        added += made[2] if made is not None else []
+    return tuple(streams), reads + added, (None,) * len(streams)
 
 
 def packed_stream(entries: Sequence[TensorEntry], sources: Sequence[tuple[int, int]],

@@ -47,8 +47,9 @@ from weightplan.planner.tensors.ir.nodes import (
 )
 from weightplan.planner.core.ops.base import ConversionOp, Streams, stream_positions
 from weightplan.planner.tensors.ir.alike import AlikeReads, alike_reads
-from weightplan.planner.tensors.ir.packed_build import packed_stream, routed_entries
-from weightplan.planner.inputs.packed_pairs import PackedPairing, pair_packed, small_reader
+from weightplan.planner.inputs.packed_pairs import (
+    PackedPairing, pair_packed, routed_entries, small_reader,
+)
 from weightplan.planner.inputs.quant_formats import read_format_config
 from weightplan.planner.core.spec import TensorSpec
 
@@ -152,17 +153,8 @@ def source_streams(group: Group, quant: QuantContext | None, expected: object,
     added: list[Node] = []
     streams = []
     alike: list[AlikeReads | None] = []
-    packed = quant.packed if quant is not None else None
-    packed_dtype = dequantized_dtype(group, expected, dtype) if packed is not None else out_dtype
     for i, entries in enumerate(group.sources):
         sources = stream_positions(i, len(entries))
-        made_packed = packed_stream(entries, sources, packed, packed_dtype) if packed else None
-        if made_packed is not None:
-            streams.append(made_packed[0])
-            reads += made_packed[1]
-            added += made_packed[2]
-            alike.append(None)
-            continue
         row = read_nodes(entries, sources)
         reads += row
         found = _scales(scales_of, entries) if scales_of else []
