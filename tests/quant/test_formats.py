@@ -40,7 +40,7 @@ def test_pack_quantized_matches_compressed_tensors(bits, strategy, group, symmet
     roles = {"packed": "weight_packed", "scale": "weight_scale", "zero": "weight_zero_point"}
     parts = [packed[roles[r]] for r in scheme.roles]
     shapes = companion_shapes(scheme, (37, 96))
-    assert {r: tuple(p.shape) for r, p in zip(scheme.roles, parts)} == shapes
+    assert {r: tuple(p.shape) for r, p in zip(scheme.roles, parts, strict=True)} == shapes
     assert logical_shape(scheme, tuple(parts[0].shape), packed["weight_shape"].tolist()) == (37, 96)
     got = dequantize(scheme, parts, (37, 96), torch.bfloat16, )
     assert torch.equal(got, oracle.to(torch.bfloat16))

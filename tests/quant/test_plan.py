@@ -1,11 +1,9 @@
 """Packed plans: header inconsistencies refused before a byte is read (naming file, key
 and expected shape), odd widths, and the memory estimate against what the executor held."""
 
-import json
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 import weightplan
 from tests.conftest import module_with

@@ -27,7 +27,7 @@ compressed-tensors computes in it, then to the destination's.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -203,7 +203,7 @@ def region_chunks(scheme: Scheme, parts: Sequence[torch.Tensor], shape: tuple[in
     import itertools
 
     (r0, c0), (r1, c1) = starts[-2:], stops[-2:]
-    leads = list(itertools.product(*(range(a, b) for a, b in zip(starts[:-2], stops[:-2]))))
+    leads = list(itertools.product(*(range(a, b) for a, b in zip(starts[:-2], stops[:-2], strict=True))))
     out_rows, in_cols = ((c0, c1), (r0, r1)) if scheme.transpose else ((r0, r1), (c0, c1))
     for idx, o0, o1, x in chunks(scheme, parts, shape, out_rows, chunk_bytes, leads):
         local = tuple(i - a for i, a in zip(idx, starts, strict=False))
@@ -279,7 +279,8 @@ def _scaled(scheme: Scheme, x: torch.Tensor, scale: torch.Tensor, idx: tuple[int
     return x
 
 
-def _per_group(x: torch.Tensor, per: torch.Tensor, group: int, how) -> torch.Tensor:
+def _per_group(x: torch.Tensor, per: torch.Tensor, group: int,
+               how: Callable[..., torch.Tensor]) -> torch.Tensor:
     """``how(x, per[:, c // group])`` in place: full groups as a broadcast view, the
     partial last group on its own."""
     full, rem = divmod(x.shape[-1], group)

@@ -121,7 +121,8 @@ class ReadTask:
         if self.dequantize is None or self.scale is None:
             return 0
         if self.dequantize.scheme is not None:  # a packed format: its parts, its workspace
-            return self.scale_bytes + packed_workspace(self.dequantize.scheme, self.node.spec.shape)
+            return self.scale_bytes + packed_workspace(
+                self.dequantize.scheme, self.node.spec.shape)  # type: ignore[arg-type]
         return self.scale_bytes + workspace_bytes(self.region.shape, self.dequantize.block,
                                                    per_element=DEQUANTIZE_BYTES)
 
