@@ -23,8 +23,10 @@ read (``weight_shape``'s few bytes are read: the exact ``in`` is only there).
 
 from __future__ import annotations
 
+import os
+import struct
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -75,6 +77,7 @@ class PackedPairing:
     problems: tuple[PackedProblem, ...]
     companions: frozenset[str]
     config: FormatConfig
+    routed: dict = field(default_factory=dict, compare=False, repr=False)  # see routed_entries
 
     def entry(self, key: str) -> TensorEntry:
         """The logical entry routing sees: the logical key and shape (nominally bf16:
@@ -91,6 +94,7 @@ def pair_packed(entries: Mapping[str, TensorEntry], config: FormatConfig,
     weights: dict[str, PackedWeight] = {}
     problems: list[PackedProblem] = []
     used: set[str] = set()
+    verdicts: dict[tuple, tuple[int, ...]] = {}
     for key, entry in entries.items():
         found = _stored(key, entry, config, entries)
         if found is None:
@@ -101,7 +105,7 @@ def pair_packed(entries: Mapping[str, TensorEntry], config: FormatConfig,
             continue
         if scheme.format == "mxfp4" and entry.spec.dtype == torch.uint8 and len(entry.spec.shape) == 4:
             scheme = Scheme("mxfp4", transpose=True, source="mxfp4")  # fused experts: [E, in, out]
-        made = _pair(logical, scheme, names, entries, read_small, file_of)
+        made = _pair_cached(logical, scheme, names, entries, read_small, file_of, verdicts)
         if isinstance(made, PackedProblem):
             problems.append(made)
             used.update(n for n in names.values() if n in entries)
@@ -135,6 +139,29 @@ def _stored(key: str, entry: TensorEntry, config: FormatConfig, entries: Mapping
     if key.endswith(".weight") and entry.spec.dtype == F8 and module + ".weight_scale" in entries:
         return key, module, {"weight": key, "scale": module + ".weight_scale"}
     return None
+
+
+def _pair_cached(logical: str, scheme: Scheme, names: dict[str, str],
+                 entries: Mapping[str, TensorEntry], read_small: ReadSmall,
+                 file_of: Callable[[TensorEntry], str], verdicts: dict[tuple, tuple[int, ...]]
+                 ) -> PackedWeight | PackedProblem:
+    """:func:`_pair`, its checks run once per layout (the experts of a stack share one):
+    keyed by the scheme, every part's spec and the ``weight_shape`` values."""
+    parts = tuple(entries.get(names[r]) for r in scheme.roles)
+    stored = entries.get(names.get("shape", ""))
+    if None in parts or (scheme.format == "int" and (
+            stored is None or names.get("g_idx") in entries
+            or stored.spec.dtype not in _STRUCT or len(stored.spec.shape) != 1)):
+        return _pair(logical, scheme, names, entries, read_small, file_of)
+    values = tuple(read_small(stored)) if stored is not None and scheme.format == "int" else ()
+    key = (scheme, tuple(p.spec for p in parts), values)  # type: ignore[union-attr]
+    shape = verdicts.get(key)
+    if shape is not None:
+        return PackedWeight(logical, scheme, parts, shape)  # type: ignore[arg-type]
+    made = _pair(logical, scheme, names, entries, lambda _: list(values), file_of)
+    if isinstance(made, PackedWeight):
+        verdicts[key] = made.shape
+    return made
 
 
 def _pair(logical: str, scheme: Scheme, names: dict[str, str], entries: Mapping[str, TensorEntry],
@@ -237,6 +264,9 @@ def routed_entries(ckpt: Checkpoint, pairing: PackedPairing | None) -> Checkpoin
     logical key, in its place; its parts left out."""
     if pairing is None or not (pairing.weights or pairing.companions):
         return None
+    done = pairing.routed.get(id(ckpt))
+    if done is not None and done[0] is ckpt:  # (quant_context and routing both ask)
+        return done[1]
     first_part = {w.parts[0].key: key for key, w in pairing.weights.items()}
     entries: dict[str, TensorEntry] = {}
     for key, entry in ckpt.entries.items():
@@ -245,22 +275,40 @@ def routed_entries(ckpt: Checkpoint, pairing: PackedPairing | None) -> Checkpoin
             entries[logical] = pairing.entry(logical)
         elif key not in pairing.companions:
             entries[key] = entry
-    return replace(ckpt, entries=entries)
+    pairing.routed[id(ckpt)] = (ckpt, replace(ckpt, entries=entries))
+    return pairing.routed[id(ckpt)][1]
 
 
-def small_reader(tensors: Mapping[str, torch.Tensor] | None) -> ReadSmall:
-    """Reads a tiny integer tensor (``weight_shape``: 2–3 values) at plan time, from its
-    file's bytes or the in-memory dict."""
-    def read(entry: TensorEntry) -> list[int]:
+_STRUCT = {torch.int64: "q", torch.int32: "i", torch.int16: "h", torch.int8: "b",
+           torch.uint8: "B"}
+
+
+class SmallReader:
+    """Reads tiny integer tensors (``weight_shape``: 2–3 values) at plan time, from the
+    in-memory dict or their files' bytes, each file opened once (Kimi-K2 has ~70k)."""
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor] | None) -> None:
+        self.tensors, self.handles = tensors, {}  # type: dict
+
+    def __call__(self, entry: TensorEntry) -> list[int]:
         if entry.file is None:
-            assert tensors is not None
-            return [int(v) for v in tensors[entry.key].reshape(-1).tolist()]
-        with open(entry.file, "rb") as f:
-            f.seek(entry.offset)
-            data = f.read(entry.nbytes)
-        if len(data) != entry.nbytes:
+            assert self.tensors is not None
+            return [int(v) for v in self.tensors[entry.key].reshape(-1).tolist()]
+        fd = self.handles.get(entry.file)
+        if fd is None:
+            fd = self.handles[entry.file] = os.open(entry.file, os.O_RDONLY)
+        data = os.pread(fd, entry.nbytes, entry.offset)
+        code = _STRUCT.get(entry.spec.dtype)
+        if len(data) != entry.nbytes or code is None:
             from weightplan.errors import QuantizationError
-            raise QuantizationError(f"{entry.key} is cut short ({len(data)} of {entry.nbytes} "
-                                    "bytes)", file=entry.file, key=entry.key)
-        return [int(v) for v in torch.frombuffer(bytearray(data), dtype=entry.spec.dtype).tolist()]
-    return read
+            raise QuantizationError(f"{entry.key} is cut short or not an integer tensor "
+                                    f"({entry.spec})", file=entry.file, key=entry.key)
+        return list(struct.unpack(f"<{entry.spec.numel}{code}", data))
+
+    def __enter__(self) -> "SmallReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for fd in self.handles.values():
+            os.close(fd)
+        self.handles.clear()

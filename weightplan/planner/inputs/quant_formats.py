@@ -21,6 +21,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from weightplan.errors import QuantizationError
@@ -55,15 +56,40 @@ class FormatConfig:
         target matches it, else the first group targeting a class name (headers don't
         say a module's class; a quantized weight is taken as a ``Linear``'s); ``None``:
         ignored."""
-        if any(matches(p, module) for p in self.ignore):
+        ignored, targeted, fallback = self._matchers
+        if ignored is not None and ignored.fullmatch(module):
             return None
-        for group in self.groups:
-            if any(t.startswith("re:") and matches(t, module) for t in group.targets):
-                return group.scheme
-        for group in self.groups:
-            if any(not t.startswith("re:") for t in group.targets):
-                return group.scheme
-        return None
+        for regex, scheme in targeted:
+            if regex.fullmatch(module):
+                return scheme
+        return fallback
+
+    @cached_property
+    def _matchers(self) -> tuple[re.Pattern | None, list[tuple[re.Pattern, Scheme]], Scheme | None]:
+        """The ignore list as one regex, each group's ``re:`` targets as one, and the
+        class-name group's scheme (a module name is matched once per pattern set, not once
+        per pattern: Kimi-K2 has 69k expert weights)."""
+        targeted = [(r, g.scheme) for g in self.groups
+                    if (r := _combined([t for t in g.targets if t.startswith("re:")])) is not None]
+        fallback = next((g.scheme for g in self.groups
+                         if any(not t.startswith("re:") for t in g.targets)), None)
+        return _combined(list(self.ignore)), targeted, fallback
+
+
+def _combined(patterns: list[str]) -> re.Pattern | None:
+    """One regex that fully matches what :func:`matches` matches for any of ``patterns``."""
+    parts = []
+    for p in patterns:
+        if p.startswith("re:"):
+            try:
+                re.compile(p[3:])
+            except re.error:
+                continue
+            parts.append(f"(?:{p[3:]}).*")
+        else:
+            name = re.escape(p)
+            parts.append(f"{name}(?:\\..*)?|.*\\.{name}")
+    return re.compile("|".join(f"(?:{x})" for x in parts), re.DOTALL) if parts else None
 
 
 def matches(pattern: str, module: str) -> bool:

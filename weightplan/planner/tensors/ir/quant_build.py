@@ -48,7 +48,7 @@ from weightplan.planner.tensors.ir.nodes import (
 from weightplan.planner.core.ops.base import ConversionOp, Streams, stream_positions
 from weightplan.planner.tensors.ir.alike import AlikeReads, alike_reads
 from weightplan.planner.inputs.packed_pairs import (
-    PackedPairing, pair_packed, routed_entries, small_reader,
+    PackedPairing, SmallReader, pair_packed, routed_entries,
 )
 from weightplan.planner.inputs.quant_formats import read_format_config
 from weightplan.planner.core.spec import TensorSpec
@@ -101,7 +101,8 @@ def packed_pairing(source: object, ckpt: Checkpoint) -> PackedPairing | None:
     fconfig = read_format_config(path if path.is_dir() else path.parent)
     if fconfig is None:
         return None
-    return pair_packed(ckpt.entries, fconfig, small_reader(ckpt.tensors))
+    with SmallReader(ckpt.tensors) as read_small:
+        return pair_packed(ckpt.entries, fconfig, read_small)
 
 
 def _checkpoint_config(source: object) -> QuantConfig | None:

@@ -203,11 +203,16 @@ def packed_layout(node: Node) -> ReadLayout:
     whatever region it lands: the codes of a row are only whole with its scales."""
     weight = read_attrs(node.inputs[0]).entry
     parts = sum(read_attrs(p).entry.nbytes for p in node.inputs[1:])
-    a = node.attrs
-    assert isinstance(a, DequantizeAttrs)
-    work = packed_workspace(a.scheme, node.spec.shape)  # type: ignore[arg-type]
-    total = weight.nbytes
-    window = total if weight.file is not None else 0
+    return _packed_layout(weight.nbytes, weight.file is not None, parts,
+                          node.attrs.scheme, node.spec.shape)  # type: ignore[union-attr]
+
+
+@lru_cache(maxsize=CACHE_SIZE)
+def _packed_layout(total: int, in_file: bool, parts: int, scheme: object,
+                   shape: tuple[int, ...]) -> ReadLayout:
+    """One layout per geometry (the experts of a stack share it)."""
+    work = packed_workspace(scheme, shape)  # type: ignore[arg-type]
+    window = total if in_file else 0
     return ReadLayout(False, 0, total, ((0, total),), window + parts + work, parts)
 
 
