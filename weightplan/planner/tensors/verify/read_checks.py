@@ -89,7 +89,9 @@ def read_problems(step: Step, where: Sections) -> tuple[list[str], list[Landing]
     for task in step.reads:
         node = task.node
         try:
-            if node.kind is _DEQUANTIZE:
+            if node.kind is _DEQUANTIZE and node.attrs.scheme is not None:  # type: ignore[union-attr]
+                entry, scale = _ENTRY(node.inputs[0]), None  # a packed weight: read whole
+            elif node.kind is _DEQUANTIZE:
                 weight, scale_node = node.inputs
                 entry, scale = _ENTRY(weight), _ENTRY(scale_node)
             else:
@@ -146,7 +148,10 @@ def _judge(task: ReadTask, entry: TensorEntry, scale: TensorEntry | None) -> _Ge
     for every read sharing it."""
     layout, spec = task.layout, entry.spec
     size = spec.dtype.itemsize
-    first, count = task.region.element_span(tuple(spec.shape))
+    if isinstance(task.node.attrs, DequantizeAttrs) and task.node.attrs.scheme is not None:
+        first, count = 0, spec.numel  # a packed weight is read whole, whatever it lands
+    else:
+        first, count = task.region.element_span(tuple(spec.shape))
     inside = layout.first >= 0 and layout.first + layout.length <= spec.nbytes
     scale_first, scale_length = _scale_window(task, entry, scale)
     scale_inside = scale is None or (scale_first >= 0
