@@ -288,7 +288,8 @@ class SmallReader:
     in-memory dict or their files' bytes, each file opened once (Kimi-K2 has ~70k)."""
 
     def __init__(self, tensors: Mapping[str, torch.Tensor] | None) -> None:
-        self.tensors, self.handles = tensors, {}  # type: dict
+        self.tensors = tensors
+        self.handles: dict[str, int] = {}  # file → descriptor
 
     def __call__(self, entry: TensorEntry) -> list[int]:
         if entry.file is None:
