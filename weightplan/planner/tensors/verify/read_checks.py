@@ -89,13 +89,7 @@ def read_problems(step: Step, where: Sections) -> tuple[list[str], list[Landing]
     for task in step.reads:
         node = task.node
         try:
-            if node.kind is _DEQUANTIZE and node.attrs.scheme is not None:  # type: ignore[union-attr]
-                entry, scale = _ENTRY(node.inputs[0]), None  # a packed weight: read whole
-            elif node.kind is _DEQUANTIZE:
-                weight, scale_node = node.inputs
-                entry, scale = _ENTRY(weight), _ENTRY(scale_node)
-            else:
-                entry, scale = _ENTRY(node), None
+            entry, scale = _read_entries(node)
         except (AttributeError, ValueError):  # (its attrs hold no entry; not two inputs)
             problems.append(_not_a_read(step, node))
             continue
@@ -128,6 +122,17 @@ def read_problems(step: Step, where: Sections) -> tuple[list[str], list[Landing]
             if not scale_low <= scale.offset <= scale_high:
                 problems.append(_scale_problem(scale, geometry, where))
     return problems, landed
+
+
+def _read_entries(node: Node) -> tuple[TensorEntry, TensorEntry | None]:
+    """The entry a read task reads and a dequantize's scale (a packed weight is read
+    whole; its parts are no tiles)."""
+    if node.kind is not _DEQUANTIZE:
+        return _ENTRY(node), None
+    if node.attrs.scheme is not None:  # type: ignore[union-attr]
+        return _ENTRY(node.inputs[0]), None
+    weight, scale_node = node.inputs
+    return _ENTRY(weight), _ENTRY(scale_node)
 
 
 def _nowhere() -> Landing:

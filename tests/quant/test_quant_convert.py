@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from tests.fp8.test_fp8_interop import same
 from tests.quant.checkpoints import quantized_checkpoint
-from tests.quant.test_mxfp4 import gptoss  # noqa: F401 (fixture)
+from tests.quant.test_quant_mxfp4 import gptoss  # noqa: F401 (fixture)
 from weightplan.cli import main
 
 pytest.importorskip("compressed_tensors")
