@@ -141,3 +141,29 @@ def test_op_nodes_over_a_whole_stream_take_the_stream():
     assert whole is values[0]
     assert _wired(values, tuple((0, j) for j in range(6))) == whole
     assert _wired(values, ((0, 2), (0, 1))) == (values[0][2], values[0][1])
+
+
+def test_make_nodes_are_the_constructors_nodes_for_any_count():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from weightplan.planner.tensors.ir.nodes import make_nodes, read_nodes
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.integers(0, 9), st.booleans())
+    def check(count, shared):
+        entries = [_entry(f"k.{0 if shared else j}", (4, 2 + j % 3), FP8, j) for j in range(count)]
+        sources = [(0, j) for j in range(count)]
+        reads = read_nodes(entries, sources)
+        want = [Node(NodeKind.READ, e.spec, (), ReadAttrs(e, s))
+                for e, s in zip(entries, sources, strict=True)]
+        assert reads == want and list(map(hash, reads)) == list(map(hash, want))
+        scales = read_nodes(entries[::-1], sources)
+        attrs = [DequantizeAttrs(torch.bfloat16, (2, 1 + j % 2)) for j in range(count)]
+        specs = [TensorSpec((4, 2), torch.bfloat16)] * count
+        pairs = list(zip(reads, scales, strict=True))
+        made = make_nodes(NodeKind.DEQUANTIZE, specs, pairs, attrs)
+        want = [Node(NodeKind.DEQUANTIZE, *row) for row in zip(specs, pairs, attrs, strict=True)]
+        assert made == want and list(map(hash, made)) == list(map(hash, want))
+
+    check()

@@ -1,22 +1,23 @@
-"""maker(): the fast constructor equals the dataclass's own."""
+"""columns(): objects made slot by slot, a column at a time, equal the dataclass's own."""
 
 from dataclasses import FrozenInstanceError, dataclass
+from itertools import repeat
 
 import pytest
 
+from weightplan.planner.core.makers import columns, fill, slot_setters
 from weightplan.planner.keys.patterns import PatternMatch
-from weightplan.planner.core.makers import maker
 
 
-def test_maker_builds_what_the_constructor_builds():
-    made = maker(PatternMatch)(3, 9, 7, ("a",))
-    assert made == PatternMatch(3, 9, 7, ("a",))
-    assert hash(made) == hash(PatternMatch(3, 9, 7, ("a",)))
+def test_columns_build_what_the_constructor_builds():
+    made = columns(PatternMatch)(3, range(3), repeat(9), [7, 8, 9], repeat(("a",)))
+    assert made == [PatternMatch(j, 9, 7 + j, ("a",)) for j in range(3)]
+    assert [hash(m) for m in made] == [hash(PatternMatch(j, 9, 7 + j, ("a",))) for j in range(3)]
     with pytest.raises(FrozenInstanceError):
-        made.start = 4  # type: ignore[misc]
+        made[0].start = 4  # type: ignore[misc]
 
 
-def test_maker_refuses_classes_whose_init_does_more():
+def test_columns_refuse_classes_whose_init_does_more():
     @dataclass(frozen=True, slots=True)
     class Checked:
         n: int
@@ -29,21 +30,11 @@ def test_maker_refuses_classes_whose_init_does_more():
         n: int
 
     for cls in (Checked, Plain):
-        with pytest.raises(TypeError, match="slotted dataclass"):
-            maker(cls)
+        with pytest.raises(TypeError, match="columns\\(\\) needs a slotted dataclass"):
+            columns(cls)
 
 
-def test_columns_build_what_the_constructor_builds():
-    from itertools import repeat
-
-    from weightplan.planner.core.makers import columns
-
-    made = columns(PatternMatch)(3, range(3), repeat(9), [7, 8, 9], repeat(("a",)))
-    assert made == [PatternMatch(j, 9, 7 + j, ("a",)) for j in range(3)]
-    with pytest.raises(FrozenInstanceError):
-        made[0].start = 4  # type: ignore[misc]
-    with pytest.raises(TypeError, match="columns\\(\\) needs a slotted dataclass"):
-        @dataclass(frozen=True)
-        class Plain:
-            n: int
-        columns(Plain)
+def test_fill_needs_a_column_for_every_setter():
+    made = [object.__new__(PatternMatch) for _ in range(2)]
+    with pytest.raises(ValueError):
+        fill(made, slot_setters(PatternMatch, ("start", "end")), ([1, 2],))

@@ -39,7 +39,7 @@ def test_problems_are_folded_too():
     assert "unexpected (10): extra.{0..9}.w" in str(plan)
 
 
-def test_direct_bytes_by_runs_are_the_sum_over_reads():
+def test_direct_bytes_are_the_plain_copies():
     from weightplan.viz.text import direct_bytes
 
     layers, experts = 2, 8
@@ -47,7 +47,5 @@ def test_direct_bytes_by_runs_are_the_sum_over_reads():
         plan = weightplan.explain(moe_model(layers=layers, experts=experts, inter=4, hidden=4),
                                   moe_checkpoint(layers=layers, experts=experts, inter=4,
                                                  hidden=4), mapping="mixtral", dtype=dtype)
-        steps = plan.schedule.steps
-        assert any(p.runs for p in steps)
-        for p in steps:
-            assert direct_bytes(p) == sum(r.nbytes for r in p.reads if r.direct)
+        direct = sum(direct_bytes(p) for p in plan.schedule.steps)
+        assert direct == (plan.read_bytes if dtype is None else 0) and plan.read_bytes > 0

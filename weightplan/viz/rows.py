@@ -77,13 +77,10 @@ def _ops(conv: Conversion) -> str:
     """The op chain as the mapping wrote it (resolved sizes are an implementation detail)."""
     written = conv.group.ops
     chain = [repr(o) for o in written]
-    nodes, built = conv.nodes, conv.built
-    dequantize = _last_of(nodes, NodeKind.DEQUANTIZE)
+    dequantize = _last_of(conv.nodes, NodeKind.DEQUANTIZE)
     if dequantize is not None:
         chain.insert(0, quant_label(dequantize) + " (per source, with its scale)")
-    # quantizes follow the stages, when the builder says where they end (as lowering has it)
-    tail = built.tail if built is not None and built.nodes is nodes else 0
-    if NodeKind.QUANTIZE in map(_KIND, nodes[tail:]):
+    if conv.quantizes:
         quantize = _last(conv, lambda n: n.kind is NodeKind.QUANTIZE
                          and isinstance(n.attrs, QuantizeAttrs) and not n.attrs.scale)
         if quantize is not None:

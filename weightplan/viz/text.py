@@ -155,10 +155,8 @@ def total_lines(plan: PlanData) -> list[str]:
 
 
 def direct_bytes(step: Step) -> int:
-    """Bytes of ``step``'s reads that are plain copies (``sum(r.nbytes for r in step.reads if
-    r.direct)``), a run of reads (one layout) taken whole."""
-    runs = sum(run.count * run.layout.length for run in step.runs if run.layout.direct)
-    return runs + sum(r.layout.length for r in step.loose_reads if r.layout.direct)
+    """Bytes of ``step``'s reads that are plain copies."""
+    return sum(r.layout.length for r in step.reads if r.layout.direct)
 
 
 def device_lines(plan: PlanData) -> list[str]:

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from itertools import repeat
 from operator import attrgetter
 
-from weightplan.planner.core.makers import filled
+from weightplan.planner.core.makers import fill, slot_setters
 from weightplan.planner.core.spec import TensorSpec
 
 __all__ = ["FrozenEntryError", "StridedEntry", "TensorEntry", "build_entries"]
@@ -92,13 +92,14 @@ class StridedEntry(TensorEntry):
         return False
 
 
-_SET_KEY, _SET_SPEC, _SET_FILE, _SET_OFFSET = (
-    getattr(TensorEntry, name).__set__ for name in _FIELDS)  # slot setters: no __setattr__
+_SETTERS = slot_setters(TensorEntry, _FIELDS)  # (past the refusing __setattr__)
+_SET_KEY, _SET_SPEC, _SET_FILE, _SET_OFFSET = _SETTERS
 _ROW = attrgetter(*_FIELDS)
 
 
 def build_entries(keys: list[str], specs: Iterable[TensorSpec], file: str,
                   offsets: Iterable[int]) -> list[TensorEntry]:
     """``TensorEntry(key, spec, file, offset)`` for each row, built column by column."""
-    return filled(TensorEntry, len(keys), ((_SET_KEY, keys), (_SET_SPEC, specs),
-                                           (_SET_FILE, repeat(file)), (_SET_OFFSET, offsets)))
+    made = list(map(object.__new__, repeat(TensorEntry, len(keys))))
+    fill(made, _SETTERS, (keys, specs, repeat(file), offsets))
+    return made

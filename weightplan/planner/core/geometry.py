@@ -205,21 +205,6 @@ def stacked_fragments(region: Region, target: int, shape: tuple[int, ...],
     return _fragments(count, repeat(region), repeat(target), views)
 
 
-@dataclass(frozen=True, slots=True)
-class StackRecord:
-    """What a :class:`StackFragments` says of its items (without its per-item tuples):
-    item ``k`` lands as ``fragments[k]``, ``region`` in a view of ``shape`` and ``stride``
-    at ``offset + k * step`` of destination ``target``."""
-
-    fragments: list[Fragment]
-    region: Region
-    target: int
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-    offset: int
-    step: int
-
-
 class StackFragments(tuple[tuple[Fragment, ...], ...]):
     """A stream's fragments as ``place`` returns them (one tuple per item), for the items
     of a stack landing one fragment each: item ``k``'s is ``fragments[k]``, and every one
@@ -234,10 +219,6 @@ class StackFragments(tuple[tuple[Fragment, ...], ...]):
     stride: tuple[int, ...]
     offset: int  # item k's view starts at offset + k * step
     step: int
-
-    def record(self) -> StackRecord:
-        return StackRecord(self.fragments, self.region, self.target, self.shape, self.stride,
-                           self.offset, self.step)
 
 
 def stack_fragments(region: Region, target: int, shape: tuple[int, ...],

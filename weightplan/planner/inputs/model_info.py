@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from weightplan.planner.core.makers import maker
 from weightplan.planner.inputs.model_init import ignore_patterns, rebuildable
 from weightplan.planner.inputs.ties import tie_groups
 from weightplan.planner.core.geometry import row_major_strides
@@ -30,9 +29,6 @@ class ModelTensor:
     @property
     def allocates(self) -> bool:
         return self.on_meta
-
-
-_model_tensor = maker(ModelTensor)  # a thousand per big model: without the frozen __init__
 
 
 @dataclass(frozen=True)
@@ -80,7 +76,7 @@ def inspect_model(model: torch.nn.Module) -> ModelInfo:
     for names in groups:
         tensor = state[names[0]]
         shape, on_meta = tuple(tensor.shape), tensor.is_meta
-        entry = _model_tensor(  # (name, spec, aliases, is_buffer, on_meta, stride, ...)
+        entry = ModelTensor(  # (name, spec, aliases, is_buffer, on_meta, stride, ...)
             names[0], TensorSpec(shape, tensor.dtype), tuple(names), names[0] in buffers,
             on_meta, row_major_strides(shape) if on_meta else tuple(tensor.stride()),
             bool(getattr(tensor, "requires_grad", False)), False)

@@ -14,7 +14,7 @@ the converter, the keys and the op chain.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from enum import Enum
 from itertools import chain
 from operator import attrgetter
@@ -27,15 +27,15 @@ from weightplan.planner.keys.routing import Group
 from weightplan.planner.tensors.ir.destination import Destination, DestKind
 from weightplan.planner.core.geometry import row_major_strides
 from weightplan.planner.tensors.ir.nodes import (
-    CastAttrs, Node, NodeKind, OpAttrs, SinkAttrs, op_attrs, read_attrs, sink_attrs,
+    CastAttrs, Node, NodeKind, OpAttrs, SinkAttrs, op_attrs, sink_attrs,
 )
 from weightplan.planner.core.ops.base import (
     ConversionOp, OpContext, Streams, Wiring, stream_positions,
 )
 from weightplan.planner.tensors.ir.quant_build import QuantContext, quantize_nodes, source_streams
 from weightplan.planner.tensors.ir.packed_build import packed_source_streams
-from weightplan.planner.tensors.ir.alike import AlikeReads
 from weightplan.planner.tensors.ir.shard_nodes import Sharding, shard_target
+from weightplan.planner.tensors.ir.stages import read_stages, stage_specs
 from weightplan.planner.core.spec import TensorSpec
 from weightplan.planner.core.quant.blocks import FP8_DTYPES
 
@@ -86,25 +86,12 @@ class Target:
 
 
 @dataclass(frozen=True)
-class Built:
-    """What :func:`build_conversion` knew as it made a conversion's nodes, which lowering
-    would otherwise read back from them (only while they are ``nodes``, the very tuple)."""
-
-    nodes: tuple[Node, ...]
-    stages: tuple[Streams[Node], ...]  # what stages() reads back from the nodes
-    tail: int  # nodes[tail:] follow the stages (casts, shards, quantizes, sinks)
-    alike: tuple[AlikeReads | None, ...]  # by stage-0 stream: what all its reads share
-
-
-@dataclass(frozen=True)
 class Conversion:
     """A routed group with its targets and its graph nodes (reads … sinks)."""
 
     group: Group
     targets: tuple[Target, ...]
     nodes: tuple[Node, ...]  # topological order
-    # how build_conversion made the nodes (None, or other nodes: the nodes alone say it)
-    built: Built | None = field(default=None, compare=False, repr=False)
 
     @property
     def loads(self) -> bool:
@@ -129,37 +116,20 @@ class Conversion:
         return tuple(n for n in self.nodes if n.kind is NodeKind.SINK)
 
     @property
+    def quantizes(self) -> bool:
+        return any(n.kind is NodeKind.QUANTIZE for n in self.nodes)
+
+    @property
     def label(self) -> str:
         return self.targets[0].key if self.targets else self.group.targets[0]
 
 
-def stages(conv: Conversion) -> tuple[Streams[Node], ...]:
-    """Stage 0: the reads by source position; stage k: the outputs of op k-1."""
-    rows: list[dict[tuple[int, int], Node]] = [{} for _ in range(len(conv.ops) + 1)]
-    for n in conv.nodes:
-        if n.kind is NodeKind.READ:  # a scale's read sits behind its weight's dequantize
-            rows[0].setdefault(read_attrs(n).source, n)
-        elif n.kind is NodeKind.DEQUANTIZE:  # the op chain's input in place of the read
-            rows[0][read_attrs(n.inputs[0]).source] = n
-        elif n.kind is NodeKind.OP:
-            a = op_attrs(n)
-            rows[a.stage + 1][a.position] = n
-    return tuple(_streams(row) for row in rows)
-
-
-def _streams(row: dict[tuple[int, int], Node]) -> Streams[Node]:
-    count = 1 + max((i for i, _ in row), default=-1)
-    return tuple(tuple(row[(i, j)] for j in range(1 + max(j for a, j in row if a == i)))
-                 for i in range(count))
-
-
-def stage_op(stage: Streams[Node]) -> ConversionOp:
-    """The op whose outputs stage ``stage`` holds."""
-    return op_attrs(next(n for stream in stage for n in stream)).op
-
-
-def stage_specs(stage: Streams[Node]) -> Streams[TensorSpec]:
-    return tuple(tuple(map(_SPEC, stream)) for stream in stage)
+def stages(conv: Conversion, kinds: list[NodeKind] | None = None
+           ) -> tuple[Streams[Node], ...]:
+    """Stage 0: the reads by source position, a dequantize in place of its weight's read;
+    stage k: the outputs of op k-1 (see :func:`~weightplan.planner.tensors.ir.stages.read_stages`;
+    ``kinds``: the nodes' kinds, when the caller has them)."""
+    return read_stages(conv.nodes, tuple(map(len, conv.group.sources)), conv.label, kinds)
 
 
 def build_conversions(groups: Sequence[Group], expected: Expected, dtype: torch.dtype | None,
@@ -174,18 +144,15 @@ def build_conversions(groups: Sequence[Group], expected: Expected, dtype: torch.
 def build_conversion(group: Group, expected: Expected, dtype: torch.dtype | None,
                      sink: SinkKind, quant: QuantContext | None = None,
                      sharding: Sharding | None = None) -> Conversion:
-    values, nodes, alike = (packed_source_streams(group, quant, expected, dtype)
-                            or source_streams(group, quant, expected, dtype))
+    values, nodes = (packed_source_streams(group, quant, expected, dtype)
+                     or source_streams(group, quant, expected, dtype))
     ops = group.ops
     ctx = _context(group, expected) if ops else None
-    built = [values]
     for k, op in enumerate(ops):
         assert ctx is not None
         resolved, out_specs, wiring = _apply_op(op, ctx, stage_specs(values), group, k)
         values = _op_nodes(resolved, k, out_specs, wiring, values)
         nodes += chain.from_iterable(values)
-        built.append(values)
-    tail = len(nodes)
     targets = list(_targets(group, stage_specs(values), expected, dtype))
     for t in tuple(targets):
         value = values[t.position[0]][t.position[1]]
@@ -214,8 +181,7 @@ def build_conversion(group: Group, expected: Expected, dtype: torch.dtype | None
                 value = shard
                 nodes.append(value)
         nodes.append(Node(NodeKind.SINK, value.spec, (value,), SinkAttrs(dest)))
-    made = tuple(nodes)
-    return Conversion(group, tuple(targets), made, Built(made, tuple(built), tail, alike))
+    return Conversion(group, tuple(targets), tuple(nodes))
 
 
 def _quantized_target(t: Target, quantized: tuple[Node, Node, str], expected: Expected) -> Target:

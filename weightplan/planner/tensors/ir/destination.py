@@ -16,8 +16,6 @@ class DestKind(Enum):
     MEMORY = "memory"  # a new tensor returned to the caller (in-memory convert / revert)
     DISCARD = "discard"  # computed by a shared op but not kept (unexpected, tied, mismatched)
 
-    __hash__ = object.__hash__  # members are singletons; Enum's hashes the name in Python
-
 
 @dataclass(frozen=True, slots=True)
 class Destination:

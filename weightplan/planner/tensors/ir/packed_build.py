@@ -18,14 +18,13 @@ from weightplan.planner.core.ops.base import Streams, stream_positions
 from weightplan.planner.core.spec import TensorSpec
 from weightplan.planner.inputs.packed_pairs import PackedPairing
 from weightplan.planner.keys.routing import Group
-from weightplan.planner.tensors.ir.alike import AlikeReads
 from weightplan.planner.tensors.ir.nodes import DequantizeAttrs, Node, NodeKind, read_nodes
 from weightplan.planner.tensors.ir.quant_build import QuantContext, dequantized_dtype
 
 
 def packed_source_streams(group: Group, quant: QuantContext | None, expected: object,
                           dtype: torch.dtype | None
-                          ) -> tuple[Streams[Node], list[Node], tuple[AlikeReads | None, ...]] | None:
+                          ) -> tuple[Streams[Node], list[Node]] | None:
     """:func:`~weightplan.planner.tensors.ir.quant_build.source_streams` of a group with
     packed weights (``None``: it has none): each stream's packed sources behind their
     dequantize nodes, the rest plain reads."""
@@ -41,7 +40,7 @@ def packed_source_streams(group: Group, quant: QuantContext | None, expected: ob
         streams.append(values)
         reads += made[1] if made is not None else list(values)
         added += made[2] if made is not None else []
-    return tuple(streams), reads + added, (None,) * len(streams)
+    return tuple(streams), reads + added
 
 
 def packed_stream(entries: Sequence[TensorEntry], sources: Sequence[tuple[int, int]],

@@ -20,9 +20,9 @@ Whatever can't be done right is a problem on the plan (:func:`quant_problems`), 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from itertools import compress, repeat
+from itertools import chain, compress, repeat
 from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import cast
@@ -42,11 +42,9 @@ from weightplan.planner.keys.routing import Group
 from weightplan.planner.core.quant.blocks import FP8_DTYPES, E8M0, Block, block_of
 from weightplan.planner.core.quant.kinds import Dequantize, Quantize
 from weightplan.planner.tensors.ir.nodes import (
-    DequantizeAttrs, Node, NodeKind, QuantizeAttrs, dequantize_nodes, dequantize_stack,
-    read_attrs, read_nodes,
+    DequantizeAttrs, Node, NodeKind, QuantizeAttrs, make_nodes, read_attrs, read_nodes,
 )
 from weightplan.planner.core.ops.base import ConversionOp, Streams, stream_positions
-from weightplan.planner.tensors.ir.alike import AlikeReads, alike_reads
 from weightplan.planner.inputs.packed_pairs import (
     PackedPairing, SmallReader, pair_packed, routed_entries,
 )
@@ -55,6 +53,7 @@ from weightplan.planner.core.spec import TensorSpec
 
 
 _KEY, _SPEC = attrgetter("key"), attrgetter("spec")
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 
 @dataclass(frozen=True)
@@ -135,15 +134,11 @@ def _in_order(pairing: Fp8Pairing) -> Iterable[str]:
 
 
 def source_streams(group: Group, quant: QuantContext | None, expected: object,
-                   dtype: torch.dtype | None
-                   ) -> tuple[Streams[Node], list[Node], tuple[AlikeReads | None, ...]]:
+                   dtype: torch.dtype | None) -> tuple[Streams[Node], list[Node]]:
     """The op chain's inputs: a read per source, each paired FP8 one behind a
-    ``DEQUANTIZE`` node unless the conversion keeps FP8. Returns the values, the nodes
-    made, in topological order (every read, then each dequantize after its scale's read),
-    and for each stream the parts all its reads share when they are alike
-    (:func:`~weightplan.planner.tensors.lower.read_tasks.alike_reads`; ``None``: not known),
-    told while the stream's entries are at hand. A stream's nodes are made in bulk
-    (:func:`~weightplan.planner.tensors.ir.nodes.read_nodes`)."""
+    ``DEQUANTIZE`` node unless the conversion keeps FP8. Returns the values and the nodes
+    made, in topological order: every read, then each dequantize after its scale's read.
+    A stream's nodes are made in columns (:func:`~weightplan.planner.tensors.ir.nodes.make_nodes`)."""
     scales_of: Mapping[str, TensorEntry] = {}
     out_dtype = torch.bfloat16  # unused unless something dequantizes
     if quant is not None and not _keeps(group, quant):
@@ -153,84 +148,64 @@ def source_streams(group: Group, quant: QuantContext | None, expected: object,
     reads: list[Node] = []
     added: list[Node] = []
     streams = []
-    alike: list[AlikeReads | None] = []
     for i, entries in enumerate(group.sources):
-        sources = stream_positions(i, len(entries))
+        sources: Sequence[tuple[int, int]] = stream_positions(i, len(entries))
         row = read_nodes(entries, sources)
         reads += row
-        found = _scales(scales_of, entries) if scales_of else []
+        found = list(map(scales_of.get, map(_KEY, entries))) if scales_of else []
         if not any(found):
             streams.append(tuple(row))
-            alike.append(alike_reads(entries, None, None))
             continue
-        mixed = not all(found)  # some sources are not scaled FP8 weights: they stay reads
-        places = list(compress(range(len(found)), found)) if mixed else []
-        paired = cast(list[TensorEntry], [found[j] for j in places] if mixed else found)
-        weights, sub = ([row[j] for j in places], [sources[j] for j in places]) if mixed \
-            else (row, sources)
-        scales = read_nodes(paired, sub)
         assert quant is not None  # scales_of is empty without it
-        dequantized, block = _dequantize(weights, scales, quant.pairing, made, out_dtype)
-        pairs: list[Node] = [*scales, *dequantized]  # interleaved in place: no tuple per pair
-        pairs[::2], pairs[1::2] = scales, dequantized
-        added += pairs
+        weights, scaled, at = row, cast(list[TensorEntry], found), sources
+        mixed = not all(found)  # some sources are not scaled FP8 weights: they stay reads
         if mixed:
-            by_place = dict(zip(places, dequantized, strict=True))
-            dequantized = [by_place.get(j, read) for j, read in enumerate(row)]
-        streams.append(tuple(dequantized))
-        # one block for the whole stack (alike_reads checks the weights' specs; the
-        # scales' are all equal when _dequantize infers once: the first stands for them)
-        alike.append(None if mixed or block is None
-                     else alike_reads(entries, [paired[0].spec] * len(paired), block))
-    return tuple(streams), reads + added, tuple(alike)
-
-
-def _scales(scales_of: Mapping[str, TensorEntry], entries: tuple[TensorEntry, ...]
-            ) -> list[TensorEntry | None]:
-    """Each entry's scale (``None``: not a scaled FP8 weight): a stack's in one look-up
-    pass when all of them have one (the usual case), else one by one."""
-    if len(entries) > 1:
-        try:
-            return list(itemgetter(*map(_KEY, entries))(scales_of))
-        except KeyError:
-            pass
-    return list(map(scales_of.get, map(_KEY, entries)))
+            places = list(compress(range(len(found)), found))
+            weights, at = list(map(row.__getitem__, places)), list(map(sources.__getitem__, places))
+            scaled = list(filter(None, found))
+        scales = read_nodes(scaled, at)
+        dequantized = _dequantize(weights, scales, quant.pairing, made, out_dtype)
+        added += chain.from_iterable(zip(scales, dequantized, strict=True))
+        value = list(row) if mixed else dequantized
+        if mixed:
+            for j, node in zip(places, dequantized, strict=True):
+                value[j] = node
+        streams.append(tuple(value))
+    return tuple(streams), reads + added
 
 
 def _dequantize(weights: list[Node], scales: list[Node], pairing: Fp8Pairing,
                 made: dict[tuple[int, int, int], tuple[TensorSpec, DequantizeAttrs]],
-                dtype: torch.dtype) -> tuple[list[Node], tuple[int, ...] | None]:
-    """The dequantize nodes of a stream's paired weights, and their one (resolved) block
-    when a stack whose weights share one spec, scales one spec and pairs one block
-    (DeepSeek-V3's 256 experts) was inferred once (``None``: inferred per combination)."""
+                dtype: torch.dtype) -> list[Node]:
+    """The dequantize nodes of a stream's paired weights, each spec and attrs inferred
+    once per (weight spec, scale spec, block), first to last (the first failing weight is
+    named): once for a whole stack when its weights share one spec, its scales one spec
+    and the pairing one block (DeepSeek-V3's 256 experts)."""
     wspecs, sspecs = list(map(_SPEC, weights)), list(map(_SPEC, scales))
-    single, count = pairing.single_block, len(weights)
-    if single is not None and wspecs.count(wspecs[0]) == count \
-            and sspecs.count(sspecs[0]) == count:  # identity first: C speed when shared
-        key = (id(wspecs[0]), id(sspecs[0]), id(single[0]))
-        if key not in made:
-            made[key] = _dequantized(wspecs[0], sspecs[0], single[0], dtype,
-                                     read_attrs(weights[0]).entry.key)
-        return dequantize_stack(weights, scales, *made[key]), made[key][1].block
+    inputs = list(zip(weights, scales, strict=True))
+    single = pairing.single_block
+    # (the specs are shared objects, all alive while the group is built: ids are safe)
+    if single is not None and wspecs.count(wspecs[0]) == len(wspecs) \
+            and sspecs.count(sspecs[0]) == len(sspecs):  # (identity first: C speed)
+        spec, attrs = _inferred(made, weights, wspecs, sspecs, [single[0]], 0, dtype)
+        return make_nodes(NodeKind.DEQUANTIZE, repeat(spec), inputs, [attrs] * len(inputs))
     blocks = [pairing.pairs[read_attrs(w).entry.key].block for w in weights]
-    hows = _dequantize_hows(weights, wspecs, sspecs, blocks, made, dtype)
-    return dequantize_nodes(weights, scales, map(itemgetter(0), hows),
-                            list(map(itemgetter(1), hows))), None
-
-
-def _dequantize_hows(weights: list[Node], wspecs: list[TensorSpec], sspecs: list[TensorSpec],
-                     blocks: list[Block],
-                     made: dict[tuple[int, int, int], tuple[TensorSpec, DequantizeAttrs]],
-                     dtype: torch.dtype) -> list[tuple[TensorSpec, DequantizeAttrs]]:
-    """Each weight's dequantized spec and attrs, inferred once per (weight spec, scale
-    spec, block) combination, first to last (the first failing weight is named)."""
     seen = list(zip(map(id, wspecs), map(id, sspecs), map(id, blocks), strict=True))
-    first = dict(zip(reversed(seen), range(len(seen) - 1, -1, -1), strict=True))  # → first place
-    for j in sorted(first.values()):
-        if seen[j] not in made:  # (all alive while the group is built: the ids are safe)
-            made[seen[j]] = _dequantized(wspecs[j], sspecs[j], blocks[j], dtype,
-                                         read_attrs(weights[j]).entry.key)
-    return list(map(made.__getitem__, seen))
+    for key in dict.fromkeys(seen):  # each combination, in order of its first weight
+        _inferred(made, weights, wspecs, sspecs, blocks, seen.index(key), dtype)
+    hows = list(map(made.__getitem__, seen))
+    return make_nodes(NodeKind.DEQUANTIZE, map(_FIRST, hows), inputs, list(map(_SECOND, hows)))
+
+
+def _inferred(made: dict[tuple[int, int, int], tuple[TensorSpec, DequantizeAttrs]],
+              weights: list[Node], wspecs: list[TensorSpec], sspecs: list[TensorSpec],
+              blocks: list[Block], j: int, dtype: torch.dtype) -> tuple[TensorSpec, DequantizeAttrs]:
+    """Weight ``j``'s dequantized spec and attrs, inferred unless its combination was."""
+    key = (id(wspecs[j]), id(sspecs[j]), id(blocks[j]))
+    if key not in made:
+        made[key] = _dequantized(wspecs[j], sspecs[j], blocks[j], dtype,
+                                 read_attrs(weights[j]).entry.key)
+    return made[key]
 
 
 def _dequantized(weight: TensorSpec, scale: TensorSpec, block: Block, dtype: torch.dtype,

@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from weightplan.errors import QuantizationError
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.tensors.ir.build import (
-    Conversion, SinkKind, build_conversion, stage_specs, stages,
+    Conversion, SinkKind, build_conversion, stages,
 )
+from weightplan.planner.tensors.ir.stages import stage_specs
 from weightplan.planner.tensors.ir.nodes import NodeKind
 from weightplan.planner.tensors.ir.shard_nodes import Sharding
 from weightplan.planner.tensors.ir.build import TargetStatus

@@ -9,7 +9,7 @@ that geometry: the 256 experts of a stack hold one layout, one region and one vi
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import repeat
@@ -18,14 +18,13 @@ from operator import attrgetter, itemgetter
 import torch
 
 from weightplan.planner.inputs.checkpoint import TensorEntry
-from weightplan.planner.core.makers import columns, maker
+from weightplan.planner.core.makers import columns
 from weightplan.planner.core.quant.blocks import DEQUANTIZE_BYTES, workspace_bytes
 from weightplan.planner.core.quant.formats import workspace_bytes as packed_workspace
 from weightplan.planner.tensors.ir.destination import Destination
 from weightplan.planner.core.geometry import (
-    CACHE_SIZE, Fragment, Region, StackFragments, StackRecord, _is_contiguous,
+    CACHE_SIZE, Fragment, Region, StackFragments, _is_contiguous,
 )
-from weightplan.planner.tensors.ir.alike import AlikeReads, ReadParts, same as _same
 from weightplan.planner.tensors.ir.nodes import DequantizeAttrs, Node, NodeKind, read_attrs
 from weightplan.planner.core.ops.base import Streams
 from weightplan.planner.core.sharding.fp8_slices import scale_region
@@ -53,10 +52,11 @@ class ReadTask:
 
     ``byte_range`` is (absolute file offset, length); ``pieces`` are (offset within the
     range, length) windows read in parallel. Built by :func:`read_task`; everything but
-    the node, region and fragment is in ``layout``, one object per geometry.
+    the node, its entry, region and fragment is in ``layout``, one object per geometry.
     """
 
     node: Node  # the READ node this task lowers (or the DEQUANTIZE node behind a read)
+    entry: TensorEntry  # the READ node's (the one the schedule's order and the executor read)
     region: Region
     fragment: Fragment | None  # None: kept as an input of the materialized ops
     layout: ReadLayout
@@ -86,11 +86,6 @@ class ReadTask:
         """The READ node of the bytes (a dequantize's weight input)."""
         node = self.node
         return node.inputs[0] if node.kind is NodeKind.DEQUANTIZE else node
-
-    @property
-    def entry(self) -> TensorEntry:
-        node = self.node  # (self.read, inline: the schedule asks once per read)
-        return read_attrs(node.inputs[0] if node.kind is NodeKind.DEQUANTIZE else node).entry
 
     @property
     def source(self) -> tuple[int, int]:
@@ -140,30 +135,28 @@ class ReadTask:
         return self.nbytes if self.entry.file is not None else 0
 
 
-_task = maker(ReadTask)  # (~45k tasks in a DeepSeek-V3 plan)
-
-
 def read_task(node: Node, region: Region, fragment: Fragment | None, direct: bool,
               piece_bytes: int = PIECE_BYTES) -> ReadTask:
     """The byte range of ``region`` of ``node``'s entry; direct reads over ``piece_bytes``
     are split into pieces so that they run in parallel (each piece is one mapped window)."""
     if node.kind is NodeKind.DEQUANTIZE and node.attrs.scheme is not None:  # type: ignore[union-attr]
-        return ReadTask(node, region, fragment, packed_layout(node))
+        return ReadTask(node, read_attrs(node.inputs[0]).entry, region, fragment,
+                        packed_layout(node))
     entry, scale, block = _read_parts(node)
-    return ReadTask(node, region, fragment, _task_layout(entry.spec, entry.file is not None,
-                                                         scale, block, region, direct,
-                                                         piece_bytes))
+    layout = _task_layout(entry.spec, entry.file is not None, scale, block, region, direct,
+                          piece_bytes)
+    return ReadTask(node, entry, region, fragment, layout)
 
 
 def _read_parts(node: Node) -> tuple[TensorEntry, TensorSpec | None, tuple[int, ...] | None]:
     """The entry ``node`` reads, and for a dequantize its scale's spec and block."""
     if node.kind is not NodeKind.DEQUANTIZE:
-        return node.attrs.entry, None, None  # type: ignore[union-attr]
-    entry: TensorEntry = node.inputs[0].attrs.entry  # type: ignore[union-attr]
+        return read_attrs(node).entry, None, None
+    entry = read_attrs(node.inputs[0]).entry
     a = node.attrs
     if not isinstance(a, DequantizeAttrs):
         return entry, None, None
-    return entry, node.inputs[1].attrs.entry.spec, a.block  # type: ignore[union-attr]
+    return entry, read_attrs(node.inputs[1]).entry.spec, a.block
 
 
 def _task_layout(spec: TensorSpec, in_file: bool, scale: TensorSpec | None,
@@ -217,39 +210,39 @@ def _packed_layout(total: int, in_file: bool, parts: int, scheme: object,
 
 
 def placed_reads(sources: Streams[Node], frags: Streams[tuple[Fragment, ...]],
-                 dests: tuple[Destination, ...], piece_bytes: int,
-                 alike: Sequence[AlikeReads | None] = ()
-                 ) -> tuple[tuple[ReadTask, ...], tuple[ReadRun, ...]]:
-    """A read task for each non-empty fragment each source lands in: one read at a time,
-    or a stack's stream in columns (:func:`stack_reads`, a :class:`ReadRun` of the tasks)
-    when ``alike`` (by stream, from where the nodes were made) tells what its reads share."""
+                 dests: tuple[Destination, ...], piece_bytes: int) -> tuple[ReadTask, ...]:
+    """A read task for each non-empty fragment each source lands in, with the layout of
+    its geometry (:func:`_geometry`). A stream whose reads all share one geometry (a
+    stack: :func:`_stack_geometry` says so from the nodes and fragments, in columns) is
+    made in columns with that one layout; any other read by read. Either way, the same
+    tasks."""
     tasks: list[ReadTask] = []
-    runs: list[ReadRun] = []
     dtypes = [d.spec.dtype for d in dests]
-    for i, stream in enumerate(sources):
-        same = alike[i] if i < len(alike) else None
-        made = None if same is None else stack_reads(stream, frags[i], same.parts, dtypes,
-                                                     piece_bytes)
-        if made is None:
-            _each_read(tasks, stream, frags[i], dtypes, piece_bytes)
-        elif made[0] is not None and same is not None:
-            whole = frags[i]
-            stack = whole.record() if isinstance(whole, StackFragments) else None
-            runs.append(_run(len(tasks), len(made[1]), made[0], same.entries, stack))
-            tasks += made[1]
-    return tuple(tasks), tuple(runs)
+    for stream, placed in zip(sources, frags, strict=True):
+        stack = _stack_geometry(stream, placed) if len(stream) >= _STACK else None
+        if stack is None:
+            _each_read(tasks, stream, placed, dtypes, piece_bytes)
+            continue
+        parts, entries, landed, region, target = stack
+        layout = _geometry(*parts, dtypes[target], piece_bytes)
+        if layout is not None:
+            tasks += _tasks(len(stream), stream, entries, repeat(region), landed, repeat(layout))
+    return tuple(tasks)
+
+
+_STACK = 8  # fewer reads in a stream: telling whether they are alike costs what it saves
 
 
 def _each_read(tasks: list[ReadTask], stream: tuple[Node, ...],
                frags: tuple[tuple[Fragment, ...], ...], dtypes: list[torch.dtype],
                piece_bytes: int) -> None:
-    """The read tasks of one stream, node by node, fragment by fragment (the exact way)."""
+    """The read tasks of one stream, node by node, fragment by fragment."""
     last: tuple = ()
     layout: ReadLayout | None = None
     for j, node in enumerate(stream):
         if node.kind is NodeKind.DEQUANTIZE and node.attrs.scheme is not None:  # type: ignore[union-attr]
-            tasks += [_task(node, f.region, f, packed_layout(node)) for f in frags[j]
-                      if f.region.numel]
+            tasks += [ReadTask(node, read_attrs(node.inputs[0]).entry, f.region, f,
+                               packed_layout(node)) for f in frags[j] if f.region.numel]
             continue
         entry, scale, block = _read_parts(node)
         spec = entry.spec
@@ -265,55 +258,79 @@ def _each_read(tasks: list[ReadTask], stream: tuple[Node, ...],
             if key != last:
                 last, layout = key, _geometry(*key)
             if layout is not None:
-                tasks.append(_task(node, f.region, f, layout))
+                tasks.append(ReadTask(node, entry, f.region, f, layout))
 
 
-_tasks = columns(ReadTask)
-
-@dataclass(frozen=True, slots=True)
-class ReadRun:
-    """Tasks ``start .. start + count - 1`` of a step, made in columns by
-    :func:`stack_reads`: all of ``layout``, all placed, reading ``entries`` in order."""
-
-    start: int
-    count: int
-    layout: ReadLayout
-    entries: Sequence[TensorEntry]
-    stack: StackRecord | None = None  # where its reads land, when placement recorded it
+_tasks = columns(ReadTask)  # (~45k tasks in a DeepSeek-V3 plan)
 
 
-_run = maker(ReadRun)
-
-
-def stack_reads(stream: tuple[Node, ...], frags: tuple[tuple[Fragment, ...], ...],
-                parts: ReadParts, dtypes: list[torch.dtype], piece_bytes: int
-                ) -> tuple[ReadLayout | None, list[ReadTask]] | None:
-    """The read tasks of a stack's stream whose reads share ``parts``, made in columns
-    with one layout when each lands in exactly one fragment, all of one region, view
-    shape, stride and target (as a stack's are: :class:`StackFragments` says so without
-    looking): their layout and the tasks, the same ones :func:`_each_read` makes; ``None``:
-    not so."""
+def _stack_geometry(stream: tuple[Node, ...], frags: tuple[tuple[Fragment, ...], ...]
+                    ) -> tuple[tuple, list[TensorEntry], Sequence[Fragment], Region, int] | None:
+    """What every read of ``stream`` shares when it is a stack's, told in columns: each
+    read of the same entry spec, placement (file or memory), contiguity and, for
+    dequantizes, scale spec and attrs; each landing in exactly one fragment, all of one
+    region, view shape, stride and target (as a stack's are: :class:`StackFragments`
+    says so without looking). Returns the geometry's parts up to the destination dtype
+    (:func:`_geometry`'s first arguments), the entries read, the fragments, their region
+    and target; ``None``: not so (read by read, then)."""
+    alike = _alike_reads(stream)
+    if alike is None:
+        return None
+    parts, entries = alike
     n = len(stream)
     if isinstance(frags, StackFragments) and len(frags) == n:
-        fs, region, target = frags.fragments, frags.region, frags.target
-        shape, stride = frags.shape, frags.stride
-        regions: Iterable[Region] = repeat(region)
-    else:
-        if list(map(len, frags)).count(1) != n:
+        return (*parts, frags.region, frags.shape, frags.stride), entries, frags.fragments, \
+            frags.region, frags.target
+    if list(map(len, frags)).count(1) != n:
+        return None
+    fs = list(map(_FIRST, frags))
+    regions, views, targets = list(map(_REGION, fs)), list(map(_VIEW, fs)), list(map(_TARGET, fs))
+    shapes, strides = list(map(_SHAPE, views)), list(map(_STRIDE, views))
+    if not (_same(regions) and _same(shapes) and _same(strides) and _same(targets)):
+        return None
+    return (*parts, regions[0], shapes[0], strides[0]), entries, fs, regions[0], targets[0]
+
+
+def _alike_reads(stream: tuple[Node, ...]) -> tuple[tuple, list[TensorEntry]] | None:
+    """The entry spec's shape and dtype, whether in memory, whether contiguous, and the
+    scale spec's shape, dtype and block (``None`` unless dequantized) that every node of
+    ``stream`` reads with, and the entries it reads (``None``: they differ). Node by node:
+    :func:`_read_parts`."""
+    kinds = list(map(_KIND_ATTRS, stream))  # (kind, attrs): one of each for dequantizes
+    kind, attrs = kinds[0]
+    scale: tuple = (None, None, None)
+    if kind is NodeKind.DEQUANTIZE:
+        if not _same(kinds) or not isinstance(attrs, DequantizeAttrs) or attrs.scheme is not None:
+            return None  # (a packed format's reads: read by read)
+        inputs = list(map(_INPUTS, stream))
+        scales = list(map(_ENTRY_SPEC, map(_SECOND, inputs)))
+        if not _same(scales):
             return None
-        fs = list(map(_FIRST, frags))
-        regions, views, targets = (list(map(_REGION, fs)), list(map(_VIEW, fs)),
-                                   list(map(_TARGET, fs)))
-        shapes, strides = list(map(_SHAPE, views)), list(map(_STRIDE, views))
-        if not (_same(regions) and _same(shapes) and _same(strides) and _same(targets)):
-            return None
-        region, target, shape, stride = regions[0], targets[0], shapes[0], strides[0]
-    layout = _geometry(*parts, region, shape, stride, dtypes[target], piece_bytes)
-    return layout, [] if layout is None else _tasks(n, stream, regions, fs, repeat(layout))
+        scale = (scales[0].shape, scales[0].dtype, attrs.block)
+        stream = tuple(map(_FIRST, inputs))
+    elif list(map(_FIRST, kinds)).count(kind) != len(kinds):
+        return None
+    entries = list(map(_ENTRY, stream))
+    # one spec, and one class of entry: one contiguity (a StridedEntry's is False)
+    alike, files = list(map(_SPEC_CLASS, entries)), list(map(_FILE, entries))
+    memory = files.count(None)
+    if not (_same(alike) and memory in (0, len(files))):
+        return None
+    spec = alike[0][0]
+    return (spec.shape, spec.dtype, memory > 0, entries[0].contiguous, *scale), entries
+
+
+def _same(column: Sequence[object]) -> bool:
+    """Every item of a non-empty ``column`` equals the first (compared by identity first)."""
+    return column.count(column[0]) == len(column)
 
 
 _REGION, _VIEW, _TARGET = attrgetter("region"), attrgetter("view"), attrgetter("target")
-_SHAPE, _STRIDE, _FIRST = attrgetter("shape"), attrgetter("stride"), itemgetter(0)
+_SHAPE, _STRIDE = attrgetter("shape"), attrgetter("stride")
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
+_KIND_ATTRS, _INPUTS = attrgetter("kind", "attrs"), attrgetter("inputs")
+_ENTRY, _ENTRY_SPEC = attrgetter("attrs.entry"), attrgetter("attrs.entry.spec")
+_SPEC_CLASS, _FILE = attrgetter("spec", "__class__"), attrgetter("file")
 
 
 @lru_cache(maxsize=CACHE_SIZE)

@@ -19,17 +19,14 @@ from __future__ import annotations
 import bisect
 import os
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from itertools import compress
-from operator import attrgetter, itemgetter
+from operator import add, attrgetter, itemgetter
 
-from weightplan.planner.core.makers import maker
 from weightplan.planner.tensors.schedule.machine import default_window_bytes
-from weightplan.planner.tensors.ir.nodes import NodeKind
 from weightplan.planner.tensors.lower.placement import Step
-from weightplan.planner.tensors.lower.read_tasks import ReadRun
 
 
 class EventKind(Enum):
@@ -61,8 +58,7 @@ class MemoryPoint:
         return self.resident + self.in_flight + self.intermediate
 
 
-_event, _point = maker(Event), maker(MemoryPoint)  # two per step: without the frozen __init__
-
+_event, _point = Event, MemoryPoint
 
 @dataclass(frozen=True)
 class Schedule:
@@ -90,27 +86,18 @@ def order_steps(programs: Iterable[Step], file_order: Sequence[str]) -> tuple[St
     Each step's key is taken as it comes (``programs`` may be the steps as they are
     made: their reads are still in the CPU cache then)."""
     rank = {f: i for i, f in enumerate(file_order)}
-    rank_of = rank.get
-    dequantize = NodeKind.DEQUANTIZE
 
     def key(p: Step) -> tuple[int, int]:
-        # (file rank, entry.offset + layout.first) of each read, its smallest: one pass,
-        # each read's node and entry touched once (ReadTask.entry / byte_range, inline);
-        # a run's (one layout) from its entries' columns
-        best: tuple[int, int] | None = None
-        for run in p.runs:
-            first = _run_first(run, rank_of)
-            if best is None or first < best:
-                best = first
-        for r in p.loose_reads:
-            node = r.node
-            if node.kind is dequantize:
-                node = node.inputs[0]
-            entry = node.attrs.entry  # type: ignore[union-attr]
-            first = (rank_of(entry.file or "", -1), entry.offset + r.layout.first)
-            if best is None or first < best:
-                best = first
-        return (-1, 0) if best is None else best
+        # the lowest rank of the files its reads are in (a read in memory, or in a file
+        # not in the order: -1), then the smallest first byte of its reads in those
+        reads = p.reads
+        files = list(map(_FILE, reads))
+        ranks = {f: rank.get(f, -1) for f in set(files)}  # (a step's files are a few)
+        lowest = min(ranks.values(), default=-1)
+        starts: Iterable[int] = map(add, map(_OFFSET, reads), map(_FIRST, reads))
+        if len(ranks) > 1:
+            starts = compress(starts, map(lowest.__eq__, map(ranks.__getitem__, files)))
+        return lowest, min(starts, default=0)
 
     keyed = [(key(p), p) for p in programs]
     keyed.sort(key=_KEY)  # stable, as sorted(programs, key=key)
@@ -118,27 +105,8 @@ def order_steps(programs: Iterable[Step], file_order: Sequence[str]) -> tuple[St
 
 
 _KEY, _STEP = itemgetter(0), itemgetter(1)
-_FILE, _OFFSET = attrgetter("file"), attrgetter("offset")
-
-
-def _run_first(run: ReadRun, rank_of: Callable[[str, int], int]) -> tuple[int, int]:
-    """The smallest (file rank, first byte) of a run's reads (they share ``layout.first``):
-    the lowest rank of the run's files (a stack's are a few), then the smallest offset of
-    the entries in a file of that rank."""
-    entries = run.entries
-    files = list(map(_FILE, entries))
-    ranks = {f: rank_of(f or "", -1) for f in set(files)}  # (in memory: ranked as "")
-    rank = min(ranks.values())
-    offsets: Iterable[int] = map(_OFFSET, entries)
-    if len(ranks) > 1:
-        lowest = {f for f, r in ranks.items() if r == rank}
-        one = next(iter(lowest))
-        at, count = files.index(one), files.count(one)
-        if len(lowest) == 1 and files[at:at + count].count(one) == count:
-            offsets = map(_OFFSET, entries[at:at + count])  # (a stack's: side by side)
-        else:
-            offsets = compress(offsets, map(lowest.__contains__, files))
-    return rank, min(offsets) + run.layout.first
+_FILE, _OFFSET = attrgetter("entry.file"), attrgetter("entry.offset")
+_FIRST = attrgetter("layout.first")
 
 
 def effective_threads(threads: int) -> int:

@@ -1,0 +1,108 @@
+"""A conversion's stages, read back from its nodes: the values by position, stage by stage.
+
+Stage 0 holds the op chain's inputs by source position (stream, index): each source's
+read, or the dequantize in place of its weight's read (the scale's read, of the same
+source, sits behind it); stage k holds the outputs of op k-1 by their position. The
+nodes are the one description of a conversion, so lowering asks this module for the
+stages instead of being told them. One algorithm, with one shortcut chosen by one test:
+where the nodes lie as the builder lays them out (:func:`_as_built`), stage 0 is cut
+straight from them; anywhere else it is looked up by source (:func:`_by_source`).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from itertools import accumulate, chain, compress, repeat
+from operator import attrgetter, is_, itemgetter
+
+from weightplan.errors import PlanError
+from weightplan.planner.core.ops.base import ConversionOp, Streams, stream_positions
+from weightplan.planner.core.spec import TensorSpec
+from weightplan.planner.tensors.ir.nodes import Node, NodeKind, op_attrs
+
+_KIND, _SPEC = attrgetter("kind"), attrgetter("spec")
+_INPUTS, _SOURCE, _FIRST = attrgetter("inputs"), attrgetter("attrs.source"), itemgetter(0)
+
+
+def read_stages(nodes: tuple[Node, ...], counts: tuple[int, ...], label: str,
+                kinds: list[NodeKind] | None = None) -> tuple[Streams[Node], ...]:
+    """The stages of a conversion's ``nodes`` (``counts``: its sources per stream; ``kinds``:
+    the nodes' kinds, when the caller has them), in C-level passes: an FP8 stack has ~800.
+
+    Raises:
+        PlanError: a stage misses a position (nodes dropped from a built conversion).
+    """
+    kinds = list(map(_KIND, nodes)) if kinds is None else kinds
+    first = _as_built(nodes, counts, kinds)
+    if first is None:  # nodes in any other order
+        first = _streams(label, 0, _by_source(nodes, kinds))
+    rows: list[dict[tuple[int, int], Node]] = []
+    for n in compress(nodes, map(is_, kinds, repeat(NodeKind.OP))):
+        a = op_attrs(n)
+        rows += ({} for _ in range(a.stage + 1 - len(rows)))
+        rows[a.stage][a.position] = n
+    return (first, *(_streams(label, k + 1, row) for k, row in enumerate(rows)))
+
+
+def _as_built(nodes: tuple[Node, ...], counts: tuple[int, ...], kinds: list[NodeKind]
+              ) -> Streams[Node] | None:
+    """Stage 0 cut straight from ``nodes`` when they lie as
+    :func:`~weightplan.planner.tensors.ir.build.build_conversion` lays them out: every
+    source's read, in source order, then, when every source is dequantized, each one's
+    (scale read, dequantize) pair, in the same order, and no other read or dequantize.
+    ``None``: they lie otherwise (a stream partly dequantized, nodes made elsewhere)."""
+    total = sum(counts)
+    dequantized = kinds.count(NodeKind.DEQUANTIZE)
+    if dequantized not in (0, total) or kinds[:total].count(NodeKind.READ) != total or \
+            kinds.count(NodeKind.READ) != (2 * total if dequantized else total):
+        return None
+    reads = nodes[:total]
+    if list(map(_SOURCE, reads)) != dense_sources(counts):
+        return None
+    values = reads
+    if dequantized:
+        values = nodes[total + 1:3 * total:2]
+        if kinds[total + 1:3 * total:2].count(NodeKind.DEQUANTIZE) != total or \
+                tuple(map(_FIRST, map(_INPUTS, values))) != reads:
+            return None
+    ends = accumulate(counts)
+    return tuple(values[end - n:end] for n, end in zip(counts, ends, strict=True))
+
+
+def _by_source(nodes: tuple[Node, ...], kinds: list[NodeKind]) -> dict[tuple[int, int], Node]:
+    """Stage 0 by source position, from nodes in any order."""
+    reads = list(compress(nodes, map(is_, kinds, repeat(NodeKind.READ))))
+    reads.reverse()  # the first read of a source wins: a weight's, before its scale's
+    first = dict(zip(map(_SOURCE, reads), reads, strict=True))
+    dequantized = list(compress(nodes, map(is_, kinds, repeat(NodeKind.DEQUANTIZE))))
+    first.update(zip(map(_SOURCE, map(_FIRST, map(_INPUTS, dequantized))), dequantized,
+                     strict=True))
+    return first
+
+
+@lru_cache(maxsize=256)
+def dense_sources(counts: tuple[int, ...]) -> list[tuple[int, int]]:
+    """(stream, index) of ``counts[i]`` sources in each stream ``i``, in order (shared
+    between calls: not to be changed)."""
+    return list(chain.from_iterable(map(stream_positions, range(len(counts)), counts)))
+
+
+def _streams(label: str, stage: int, row: dict[tuple[int, int], Node]) -> Streams[Node]:
+    """``row`` by (stream, index): every stream, and every index of it, from 0 on."""
+    streams: list[list[Node]] = []
+    for i, j in sorted(row):
+        streams += ([] for _ in range(i + 1 - len(streams)))
+        if j != len(streams[i]):
+            raise PlanError(f"{label}: stage {stage} of its graph has no node at "
+                            f"{(i, len(streams[i]))}; every position of a stage must have one")
+        streams[i].append(row[(i, j)])
+    return tuple(map(tuple, streams))
+
+
+def stage_op(stage: Streams[Node]) -> ConversionOp:
+    """The op whose outputs stage ``stage`` holds."""
+    return op_attrs(next(n for stream in stage for n in stream)).op
+
+
+def stage_specs(stage: Streams[Node]) -> Streams[TensorSpec]:
+    return tuple(tuple(map(_SPEC, stream)) for stream in stage)
