@@ -121,6 +121,10 @@ def _convert_parser(conv: argparse.ArgumentParser) -> None:
     conv.add_argument("--overwrite", action="store_true",
                       help="replace a checkpoint (and config) in DST")
     conv.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
+    conv.add_argument("--dequantize", action="store_true",
+                      help="write the quantized weights (FP8, MXFP4, compressed-tensors, "
+                           "ModelOpt NVFP4) dequantized to bf16, keys as they are (unless "
+                           "--mapping), config.json without quantization_config")
     conv.add_argument("--threads", type=int, default=4, metavar="N",
                       help="threads reading and writing tensors (default 4; 0: all in this "
                            "thread)")

@@ -112,6 +112,10 @@ def explain_save(model: torch.nn.Module, directory: str | os.PathLike[str], *,
         max_shard_size: bytes per shard (``"5GB"``); a bigger tensor gets its own shard.
         overwrite: replace checkpoint files already in ``directory``.
         threads: writer threads (0: inline).
+        dequantize: write every quantized weight (block FP8, MXFP4, compressed-tensors,
+            ModelOpt NVFP4) dequantized to bf16 under its plain key, without its scales;
+            the mapping defaults to none (keys as they are), and the copied config.json
+            loses its ``quantization_config``.
         quantize: ``"fp8"`` re-quantizes what a dequantizing load widened (or, without a
             load record, the linear weights) into block FP8 + ``weight_scale_inv``.
 
@@ -130,7 +134,8 @@ def explain_save(model: torch.nn.Module, directory: str | os.PathLike[str], *,
 
 def explain_convert(source: object, directory: str | os.PathLike[str], *, mapping: object = None,
                     reverse: bool = False, max_shard_size: int | str = "5GB",
-                    overwrite: bool = False, threads: int = 4) -> WritePlan:
+                    overwrite: bool = False, threads: int = 4, dequantize: bool = False
+                    ) -> WritePlan:
     """Plan converting a checkpoint on disk to another layout, without a model.
 
     Args:
@@ -146,6 +151,10 @@ def explain_convert(source: object, directory: str | os.PathLike[str], *, mappin
         max_shard_size: bytes per shard (``"5GB"``); a bigger tensor gets its own shard.
         overwrite: replace checkpoint files already in ``directory``.
         threads: writer threads (0: inline).
+        dequantize: write every quantized weight (block FP8, MXFP4, compressed-tensors,
+            ModelOpt NVFP4) dequantized to bf16 under its plain key, without its scales;
+            the mapping defaults to none (keys as they are), and the copied config.json
+            loses its ``quantization_config``.
 
     Raises:
         MappingError: no mapping, or a converter finds only part of its sources.
@@ -157,14 +166,15 @@ def explain_convert(source: object, directory: str | os.PathLike[str], *, mappin
     from weightplan.planner.pipelines.save import explain_convert_plan
 
     if mapping is None:
-        mapping = config_model_type(source)
+        mapping = [] if dequantize else config_model_type(source)
         if mapping is None:
             raise MappingError(f"{source}: converting needs a mapping, and no config.json next "
                                "to it names a model_type; pass mapping= (a registered name or "
                                "transforms)")
     data = explain_convert_plan(source, directory, mapping=by_name(mapping), reverse=reverse,
                                 max_shard_size=max_shard_size, overwrite=overwrite,
-                                threads=threads)
+                                threads=threads, dequantize=dequantize)
     companions = companion_files(source)
     check_companions(companions, directory, overwrite)
-    return dataclasses.replace(promote(WritePlan, data), companions=companions)
+    return dataclasses.replace(promote(WritePlan, data), companions=companions,
+                               dequantized=dequantize)

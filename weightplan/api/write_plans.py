@@ -26,6 +26,7 @@ class WritePlan(WritePlanData):
     """
 
     companions: tuple[Path, ...] = ()
+    dequantized: bool = False  # the copy is floating: its config.json loses quantization_config
 
     def execute(self, *, progress: bool | None = None) -> SaveReport:
         """Write the checkpoint; a failure leaves no half-written file behind."""
@@ -33,6 +34,10 @@ class WritePlan(WritePlanData):
         from weightplan.executor.execute_write import execute_write
 
         files = call_typed("execute", companion_bytes, self.companions)
+        if self.dequantized and "config.json" in files:
+            from weightplan.planner.pipelines.dequantize import dequantized_config
+
+            files["config.json"] = dequantized_config(files["config.json"])
         return call_typed("execute", execute_write, self, progress=progress, files=files)
 
     def to_dict(self) -> dict[str, Any]:

@@ -25,6 +25,7 @@ import torch
 
 from weightplan.errors import ExecutionError, WeightplanError
 from weightplan.executor.dequant import dequantize_read, quantize_write
+from weightplan.executor.packed import packed_read
 from weightplan.executor.memory import RssMeter, Tracker
 from weightplan.executor.progress import LoadProgress, wants_progress
 from weightplan.executor.reader import Reader
@@ -157,6 +158,9 @@ def _run_ops(program: Step, step: _Step) -> Streams[torch.Tensor]:
 def _read_task(run: _Execution, program: Step, step: _Step, task: ReadTask,
                piece: tuple[int, int]) -> None:
     if _read_straight(run, program, step, task, piece):
+        return
+    if task.dequantize is not None and task.dequantize.scheme is not None:
+        packed_read(run, program, step, task)  # a packed format: its own windows
         return
     with _source(run, task, piece) as src:
         if task.dequantize is not None:

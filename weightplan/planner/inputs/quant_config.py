@@ -1,8 +1,9 @@
 """``quantization_config`` (config.json, or a model's config) → :class:`QuantConfig`.
 
-Only fine-grained FP8 (``quant_method: "fp8"``, DeepSeek-V3 / transformers'
-``FineGrainedFP8Config``) is understood; any other method is refused with a
-:class:`QuantizationError` naming it. Fields, as checkpoints spell them::
+Fine-grained FP8 (``quant_method: "fp8"``, DeepSeek-V3 / transformers'
+``FineGrainedFP8Config``) is parsed here; the packed methods (MXFP4, compressed-tensors,
+ModelOpt) give ``None`` here and are read by :mod:`.quant_formats`; any other method is
+refused with a :class:`QuantizationError` naming it. Fields, as checkpoints spell them::
 
     {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
      "weight_block_size": [128, 128], "scale_fmt": "float" | "ue8m0",
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from weightplan.errors import QuantizationError
+from weightplan.planner.inputs.quant_formats import PACKED_METHODS
 
 DEFAULT_BLOCK = (128, 128)
 _MISSING = object()
@@ -66,6 +68,8 @@ def parse_quant_config(raw: object, *, source: str = "config") -> QuantConfig | 
         return None
     data = _as_dict(raw, source)
     method = _text(data.get("quant_method", "")).lower()
+    if method in PACKED_METHODS:  # MXFP4, compressed-tensors, ModelOpt: see quant_formats
+        return None
     if method != "fp8":
         raise QuantizationError(
             f"quant_method {data.get('quant_method')!r} is not supported: weightplan loads "

@@ -15,6 +15,7 @@ from operator import attrgetter
 
 from weightplan.planner.core.problems import Note, Problem, ProblemKind
 from weightplan.planner.pipelines.findings import Findings
+from weightplan.planner.pipelines.packed_findings import packed_findings
 from weightplan.planner.inputs.fp8_pairs import Fp8ProblemKind
 from weightplan.planner.core.quant.blocks import FP8_DTYPES
 from weightplan.planner.tensors.ir.build import Conversion, TargetStatus
@@ -45,7 +46,12 @@ def with_fp8_findings(findings: Findings, quant: QuantContext | None,
                              f"({name}_scale_inv); weightplan can't fill it correctly")
                      for name in quant.model.unscaled
                      if name in loaded and name not in plain_targets]
-    notes.append(Note("<fp8>", summary(quant, conversions)))
+    packed_problems, packed_notes = packed_findings(quant, conversions)
+    problems += packed_problems
+    notes += packed_notes
+    if quant.pairing.quantized or quant.pairing.problems or quant.model is not None \
+            and (quant.model.params or quant.model.unscaled):
+        notes.append(Note("<fp8>", summary(quant, conversions)))
     return dataclasses.replace(findings, problems=findings.problems + tuple(problems),
                                notes=findings.notes + tuple(notes))
 

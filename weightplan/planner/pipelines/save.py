@@ -97,18 +97,39 @@ def _fp8_save(quantize: str | None, conversions: tuple[Conversion, ...],
 
 def explain_convert_plan(source: object, directory: str | os.PathLike[str], *, mapping: object,
                          reverse: bool = False, max_shard_size: int | str = "5GB",
-                         overwrite: bool = False, threads: int = 4) -> WritePlanData:
+                         overwrite: bool = False, threads: int = 4, dequantize: bool = False
+                         ) -> WritePlanData:
     """Plan converting a checkpoint on disk to another layout, without a model: the
     arguments are :func:`weightplan.explain_convert`'s (documented there)."""
     if mapping is None:
         raise MappingError("converting needs a mapping: a registered name or transforms")
     ckpt = open_checkpoint(source)
     choice = choose_mapping(mapping, None)
+    if dequantize:
+        return _dequantized_copy(source, ckpt, choice, directory, max_shard_size, overwrite,
+                                 threads)
     groups = derived_groups(choice.transforms, ckpt) if reverse else forward_groups(choice, ckpt)
     order = tuple(e.key for e in sorted(ckpt.entries.values(),
                                         key=lambda e: (e.file or "", e.offset)))
     how = Inversion.REVERSE if reverse else Inversion.FORWARD
     return make_write_plan(directory, ckpt, build(groups), groups.notes, choice, how,
+                           order=order, metadata=dict(ckpt.metadata) or {"format": "pt"},
+                           max_shard_size=max_shard_size, overwrite=overwrite, threads=threads)
+
+
+def _dequantized_copy(source: object, ckpt: Checkpoint, choice: MappingChoice,
+                      directory: str | os.PathLike[str], max_shard_size: int | str,
+                      overwrite: bool, threads: int) -> WritePlanData:
+    """The conversion with every quantized weight dequantized (see :mod:`.dequantize`)."""
+    from weightplan.planner.pipelines.dequantize import dequantize_context
+    from weightplan.planner.tensors.ir.quant_build import routed_checkpoint
+
+    quant = dequantize_context(source, ckpt)
+    groups = forward_groups(choice, routed_checkpoint(ckpt, quant))
+    conversions = build_conversions(groups.groups, groups.outputs, None, SinkKind.FILE, quant)
+    order = tuple(e.key for e in sorted(ckpt.entries.values(),
+                                        key=lambda e: (e.file or "", e.offset)))
+    return make_write_plan(directory, ckpt, conversions, groups.notes, choice, Inversion.FORWARD,
                            order=order, metadata=dict(ckpt.metadata) or {"format": "pt"},
                            max_shard_size=max_shard_size, overwrite=overwrite, threads=threads)
 

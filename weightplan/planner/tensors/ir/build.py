@@ -33,6 +33,7 @@ from weightplan.planner.core.ops.base import (
     ConversionOp, OpContext, Streams, Wiring, stream_positions,
 )
 from weightplan.planner.tensors.ir.quant_build import QuantContext, quantize_nodes, source_streams
+from weightplan.planner.tensors.ir.packed_build import packed_source_streams
 from weightplan.planner.tensors.ir.shard_nodes import Sharding, shard_target
 from weightplan.planner.tensors.ir.stages import read_stages, stage_specs
 from weightplan.planner.core.spec import TensorSpec
@@ -143,7 +144,8 @@ def build_conversions(groups: Sequence[Group], expected: Expected, dtype: torch.
 def build_conversion(group: Group, expected: Expected, dtype: torch.dtype | None,
                      sink: SinkKind, quant: QuantContext | None = None,
                      sharding: Sharding | None = None) -> Conversion:
-    values, nodes = source_streams(group, quant, expected, dtype)
+    values, nodes = (packed_source_streams(group, quant, expected, dtype)
+                     or source_streams(group, quant, expected, dtype))
     ops = group.ops
     ctx = _context(group, expected) if ops else None
     for k, op in enumerate(ops):

@@ -63,10 +63,13 @@ class CastAttrs:
 
 @dataclass(frozen=True, slots=True)
 class DequantizeAttrs:
-    """Inputs: (weight, scale). ``block``: elements per scale along each dim."""
+    """Inputs: (weight, scale). ``block``: elements per scale along each dim. A packed
+    format (``scheme``, a :class:`~weightplan.planner.core.quant.formats.Scheme`) takes
+    its stored parts in ``scheme.roles`` order instead, and yields the logical shape."""
 
     dtype: torch.dtype
     block: tuple[int, ...]
+    scheme: object = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,6 +45,10 @@ from weightplan.planner.tensors.ir.nodes import (
     DequantizeAttrs, Node, NodeKind, QuantizeAttrs, make_nodes, read_attrs, read_nodes,
 )
 from weightplan.planner.core.ops.base import ConversionOp, Streams, stream_positions
+from weightplan.planner.inputs.packed_pairs import (
+    PackedPairing, SmallReader, pair_packed, routed_entries,
+)
+from weightplan.planner.inputs.quant_formats import read_format_config
 from weightplan.planner.core.spec import TensorSpec
 
 
@@ -60,6 +64,7 @@ class QuantContext:
     model: Fp8Model | None
     config: QuantConfig | None  # the checkpoint's quantization_config
     keep_all: bool = False  # no model (convert / revert): FP8 stays FP8, scales follow
+    packed: PackedPairing | None = None  # packed formats (MXFP4, compressed-tensors, NVFP4)
 
     def keeps(self, name: str) -> bool:
         return self.keep_all or (self.model is not None and name in self.model.params)
@@ -77,12 +82,26 @@ def quant_context(source: object, ckpt: Checkpoint, info: ModelInfo | None,
     """The checkpoint's pairs and the model's FP8 parameters (``None``: nothing FP8)."""
     model_config = quant_config_of_model(model) if model is not None else None
     config = _checkpoint_config(source) or model_config
-    pairing = pair_scales(ckpt.entries, config)
+    packed = packed_pairing(source, ckpt)
+    plain = routed_entries(ckpt, packed)
+    pairing = pair_scales((plain or ckpt).entries, config)
     fp8_model = fp8_params(info, model_config or config) if info is not None else None
     has_model_fp8 = fp8_model is not None and (fp8_model.params or fp8_model.unscaled)
-    if not pairing.quantized and not pairing.problems and not has_model_fp8:
+    if not pairing.quantized and not pairing.problems and not has_model_fp8 and packed is None:
         return None
-    return QuantContext(pairing, fp8_model, config)
+    return QuantContext(pairing, fp8_model, config, packed=packed)
+
+
+def packed_pairing(source: object, ckpt: Checkpoint) -> PackedPairing | None:
+    """The packed-format pairs of a checkpoint directory with such a config."""
+    if not isinstance(source, (str, Path)):
+        return None
+    path = Path(source)
+    fconfig = read_format_config(path if path.is_dir() else path.parent)
+    if fconfig is None:
+        return None
+    with SmallReader(ckpt.tensors) as read_small:
+        return pair_packed(ckpt.entries, fconfig, read_small)
 
 
 def _checkpoint_config(source: object) -> QuantConfig | None:
@@ -94,6 +113,8 @@ def _checkpoint_config(source: object) -> QuantConfig | None:
 
 def routed_checkpoint(ckpt: Checkpoint, quant: QuantContext | None) -> Checkpoint:
     """The checkpoint routing sees: scales travel with their weights, not on their own."""
+    if quant is not None and quant.packed is not None:
+        ckpt = routed_entries(ckpt, quant.packed) or ckpt
     if quant is None or not quant.pairing.companions:
         return ckpt
     entries = dict(ckpt.entries)  # a copy keeps the order; deleting ~half is C-level

@@ -20,6 +20,7 @@ import torch
 from weightplan.planner.inputs.checkpoint import TensorEntry
 from weightplan.planner.core.makers import columns
 from weightplan.planner.core.quant.blocks import DEQUANTIZE_BYTES, workspace_bytes
+from weightplan.planner.core.quant.formats import workspace_bytes as packed_workspace
 from weightplan.planner.tensors.ir.destination import Destination
 from weightplan.planner.core.geometry import (
     CACHE_SIZE, Fragment, Region, StackFragments, _is_contiguous,
@@ -104,7 +105,7 @@ class ReadTask:
     def scale_region(self) -> Region | None:
         """The scale tiles a dequantize reads: those covering ``region`` (a rank's slice
         reads only its own), or the whole scale when it is per-tensor."""
-        if self.dequantize is None or self.scale is None:
+        if self.dequantize is None or self.scale is None or self.dequantize.scheme is not None:
             return None
         return scale_region(self.entry.spec.shape, self.scale.spec.shape, self.region,
                             self.dequantize.block)
@@ -114,6 +115,9 @@ class ReadTask:
         """Besides the window: a dequantize's scales and its fp32 chunk workspace."""
         if self.dequantize is None or self.scale is None:
             return 0
+        if self.dequantize.scheme is not None:  # a packed format: its parts, its workspace
+            return self.scale_bytes + packed_workspace(
+                self.dequantize.scheme, self.node.spec.shape)  # type: ignore[arg-type]
         return self.scale_bytes + workspace_bytes(self.region.shape, self.dequantize.block,
                                                    per_element=DEQUANTIZE_BYTES)
 
@@ -135,6 +139,9 @@ def read_task(node: Node, region: Region, fragment: Fragment | None, direct: boo
               piece_bytes: int = PIECE_BYTES) -> ReadTask:
     """The byte range of ``region`` of ``node``'s entry; direct reads over ``piece_bytes``
     are split into pieces so that they run in parallel (each piece is one mapped window)."""
+    if node.kind is NodeKind.DEQUANTIZE and node.attrs.scheme is not None:  # type: ignore[union-attr]
+        return ReadTask(node, read_attrs(node.inputs[0]).entry, region, fragment,
+                        packed_layout(node))
     entry, scale, block = _read_parts(node)
     layout = _task_layout(entry.spec, entry.file is not None, scale, block, region, direct,
                           piece_bytes)
@@ -184,6 +191,24 @@ def _layout(shape: tuple[int, ...], size: int, in_file: bool,
                       window + math.prod(scale_shape) * scale_size + work, tiles)
 
 
+def packed_layout(node: Node) -> ReadLayout:
+    """A packed dequantize reads its whole stored weight (one window) and its parts,
+    whatever region it lands: the codes of a row are only whole with its scales."""
+    weight = read_attrs(node.inputs[0]).entry
+    parts = sum(read_attrs(p).entry.nbytes for p in node.inputs[1:])
+    return _packed_layout(weight.nbytes, weight.file is not None, parts,
+                          node.attrs.scheme, node.spec.shape)  # type: ignore[union-attr]
+
+
+@lru_cache(maxsize=CACHE_SIZE)
+def _packed_layout(total: int, in_file: bool, parts: int, scheme: object,
+                   shape: tuple[int, ...]) -> ReadLayout:
+    """One layout per geometry (the experts of a stack share it)."""
+    work = packed_workspace(scheme, shape)  # type: ignore[arg-type]
+    window = total if in_file else 0
+    return ReadLayout(False, 0, total, ((0, total),), window + parts + work, parts)
+
+
 def placed_reads(sources: Streams[Node], frags: Streams[tuple[Fragment, ...]],
                  dests: tuple[Destination, ...], piece_bytes: int) -> tuple[ReadTask, ...]:
     """A read task for each non-empty fragment each source lands in, with the layout of
@@ -215,6 +240,10 @@ def _each_read(tasks: list[ReadTask], stream: tuple[Node, ...],
     last: tuple = ()
     layout: ReadLayout | None = None
     for j, node in enumerate(stream):
+        if node.kind is NodeKind.DEQUANTIZE and node.attrs.scheme is not None:  # type: ignore[union-attr]
+            tasks += [ReadTask(node, read_attrs(node.inputs[0]).entry, f.region, f,
+                               packed_layout(node)) for f in frags[j] if f.region.numel]
+            continue
         entry, scale, block = _read_parts(node)
         spec = entry.spec
         scale_shape, scale_dtype = (None, None) if scale is None else (scale.shape,
@@ -271,8 +300,8 @@ def _alike_reads(stream: tuple[Node, ...]) -> tuple[tuple, list[TensorEntry]] | 
     kind, attrs = kinds[0]
     scale: tuple = (None, None, None)
     if kind is NodeKind.DEQUANTIZE:
-        if not _same(kinds) or not isinstance(attrs, DequantizeAttrs):
-            return None
+        if not _same(kinds) or not isinstance(attrs, DequantizeAttrs) or attrs.scheme is not None:
+            return None  # (a packed format's reads: read by read)
         inputs = list(map(_INPUTS, stream))
         scales = list(map(_ENTRY_SPEC, map(_SECOND, inputs)))
         if not _same(scales):

@@ -154,12 +154,16 @@ def _specs_hold(dequantizes: list[Node], weights: list[Node], ruled: list[Node])
     attrs'); casts, sinks, shards and quantizes one by one (ops and reads have none)."""
     kept = map(eq, map(_SHAPE, dequantizes), map(_SHAPE, weights))
     typed = map(eq, map(_DTYPE, dequantizes), map(_ATTRS_DTYPE, dequantizes))
-    return all(map(and_, kept, typed)) and not any(map(_spec_problems, ruled))
+    if not all(map(and_, kept, typed)):  # packed formats: judged node by node
+        return not any(map(_spec_problems, dequantizes)) and not any(map(_spec_problems, ruled))
+    return not any(map(_spec_problems, ruled))
 
 
 def _well_formed(kind: NodeKind, attrs: type, arity: int) -> bool:
     """A node of ``kind`` may have attrs of type ``attrs`` and ``arity`` inputs."""
     want = ARITY.get(kind)
+    if kind is NodeKind.DEQUANTIZE and arity != want:  # a packed format: its parts
+        return issubclass(attrs, ATTRS_OF[kind]) and 2 <= arity <= 4
     return issubclass(attrs, ATTRS_OF[kind]) and (arity == want if want is not None
                                                   else arity > 0)
 
@@ -208,6 +212,8 @@ def check_node(node: Node) -> list[str]:
         return [f"{node!r}: a {node.kind.value} node needs {ATTRS_OF[node.kind].__name__}, has "
                 f"{type(node.attrs).__name__}; build it with its kind's attrs"]
     arity = ARITY.get(node.kind)
+    if isinstance(node.attrs, DequantizeAttrs) and node.attrs.scheme is not None:
+        arity = len(node.attrs.scheme.roles)  # type: ignore[attr-defined]  # a packed format's parts
     if arity is not None and len(node.inputs) != arity:
         return [f"{node!r}: a {node.kind.value} node takes {arity} input(s), has "
                 f"{len(node.inputs)}; rewire it"]
@@ -235,6 +241,9 @@ def _spec_problems(node: Node) -> list[str]:
                      f"{list(first.shape)}) in {first.dtype}")
     elif isinstance(a, (DequantizeAttrs, QuantizeAttrs)) and first is not None:
         scale = isinstance(a, QuantizeAttrs) and a.scale
-        if not scale and (first.shape != spec.shape or spec.dtype != a.dtype):
+        packed = isinstance(a, DequantizeAttrs) and a.scheme is not None  # logical shape
+        if packed and len(node.inputs) != len(a.scheme.roles):  # type: ignore[union-attr]
+            wrong = f"a packed dequantize takes its parts {a.scheme.roles}"  # type: ignore[union-attr]
+        elif not scale and ((first.shape != spec.shape and not packed) or spec.dtype != a.dtype):
             wrong = f"a {node.kind.value} keeps the shape {list(first.shape)} and yields {a.dtype}"
     return [] if wrong is None else [f"{node!r}: {wrong}, has {spec}"]

@@ -89,11 +89,7 @@ def read_problems(step: Step, where: Sections) -> tuple[list[str], list[Landing]
     for task in step.reads:
         node = task.node
         try:
-            if node.kind is _DEQUANTIZE:
-                weight, scale_node = node.inputs
-                entry, scale = _ENTRY(weight), _ENTRY(scale_node)
-            else:
-                entry, scale = _ENTRY(node), None
+            entry, scale = _read_entries(node)
         except (AttributeError, ValueError):  # (its attrs hold no entry; not two inputs)
             problems.append(_not_a_read(step, node))
             continue
@@ -128,6 +124,17 @@ def read_problems(step: Step, where: Sections) -> tuple[list[str], list[Landing]
     return problems, landed
 
 
+def _read_entries(node: Node) -> tuple[TensorEntry, TensorEntry | None]:
+    """The entry a read task reads and a dequantize's scale (a packed weight is read
+    whole; its parts are no tiles)."""
+    if node.kind is not _DEQUANTIZE:
+        return _ENTRY(node), None
+    if node.attrs.scheme is not None:  # type: ignore[union-attr]
+        return _ENTRY(node.inputs[0]), None
+    weight, scale_node = node.inputs
+    return _ENTRY(weight), _ENTRY(scale_node)
+
+
 def _nowhere() -> Landing:
     return Landing(-1, Region((), ()), (), ())  # (no fragment lands like it)
 
@@ -146,7 +153,10 @@ def _judge(task: ReadTask, entry: TensorEntry, scale: TensorEntry | None) -> _Ge
     for every read sharing it."""
     layout, spec = task.layout, entry.spec
     size = spec.dtype.itemsize
-    first, count = task.region.element_span(tuple(spec.shape))
+    if isinstance(task.node.attrs, DequantizeAttrs) and task.node.attrs.scheme is not None:
+        first, count = 0, spec.numel  # a packed weight is read whole, whatever it lands
+    else:
+        first, count = task.region.element_span(tuple(spec.shape))
     inside = layout.first >= 0 and layout.first + layout.length <= spec.nbytes
     scale_first, scale_length = _scale_window(task, entry, scale)
     scale_inside = scale is None or (scale_first >= 0

@@ -1,0 +1,152 @@
+"""Packed plans: header inconsistencies refused before a byte is read (naming file, key
+and expected shape), odd widths, and the memory estimate against what the executor held."""
+
+
+import pytest
+import torch
+
+import weightplan
+from tests.conftest import module_with
+from tests.quant.makers import ct_compress, modelopt_nvfp4, write_checkpoint
+from weightplan.errors import QuantizationError
+from weightplan.planner.core.quant.formats import Scheme, dequantize
+
+pytest.importorskip("compressed_tensors")
+
+INT4 = {"quant_method": "compressed-tensors", "format": "pack-quantized",
+        "config_groups": {"g": {"targets": ["Linear"], "weights": {
+            "num_bits": 4, "type": "int", "strategy": "group", "group_size": 32,
+            "symmetric": True}}}}
+
+
+def _int4_dir(tmp_path, change=None, config=INT4, name="c"):
+    torch.manual_seed(0)
+    packed, oracle, _ = ct_compress(torch.randn(40, 96, dtype=torch.bfloat16), "int", "group",
+                                    group=32)
+    tensors = {f"a.{k}": v for k, v in packed.items()} | {"head.weight": torch.ones(4, 96)}
+    if change is not None:
+        change(tensors)
+    return write_checkpoint(tmp_path / name, tensors, {"quantization_config": config}), oracle
+
+
+def _target():
+    return module_with({"a.weight": ((40, 96), torch.bfloat16),
+                        "head.weight": ((4, 96), torch.float32)})
+
+
+def _refused(directory, *phrases):
+    model = _target()
+    plan = weightplan.explain(model, directory)
+    problems = [p for p in plan.problems if p.kind.value == "quantization"]
+    assert problems, str(plan)
+    text = " ".join(p.message for p in problems)
+    for phrase in phrases:
+        assert phrase in text, text
+    with pytest.raises(QuantizationError):
+        plan.execute()
+    assert all(p.is_meta for p in model.parameters())  # refused before a byte was written
+
+
+def test_loads_and_names_the_format(tmp_path):
+    directory, oracle = _int4_dir(tmp_path)
+    model = _target()
+    plan = weightplan.explain(model, directory)
+    assert not plan.problems and not plan.unexpected and not plan.missing, str(plan)
+    plan.execute()
+    assert torch.equal(model.a.weight, oracle)
+
+
+def test_scale_grid_that_does_not_cover_the_weight(tmp_path):
+    def cut(t):
+        t["a.weight_scale"] = t["a.weight_scale"][:, :2].contiguous()
+    directory, _ = _int4_dir(tmp_path, cut)
+    _refused(directory, "model.safetensors", "a.weight_scale is [40, 2]", "needs [40, 3]")
+
+
+def test_packed_width_against_weight_shape(tmp_path):
+    def widen(t):
+        t["a.weight_shape"] = torch.tensor([40, 200])
+    directory, _ = _int4_dir(tmp_path, widen)
+    _refused(directory, "a.weight_packed is [40, 12]", "needs [40, 25]")
+
+
+def test_forbidden_scale_dtype_and_missing_part(tmp_path):
+    def bad(t):
+        t["a.weight_scale"] = t["a.weight_scale"].to(torch.int32)
+    directory, _ = _int4_dir(tmp_path, bad)
+    _refused(directory, "a.weight_scale is i32", "f32, bf16, f16")
+
+    def drop(t):
+        del t["a.weight_shape"]
+    directory, _ = _int4_dir(tmp_path, drop, name="d")
+    _refused(directory, "needs a.weight_shape")
+
+
+def test_ignore_naming_nothing(tmp_path):
+    directory, _ = _int4_dir(tmp_path, config={**INT4, "ignore": ["lm_haed"]})
+    _refused(directory, "ignore entry 'lm_haed' names no module")
+
+
+def test_unsupported_configs_are_typed_errors(tmp_path):
+    for weights, phrase in (({"num_bits": 3, "type": "int", "strategy": "group", "group_size": 32},
+                             "int4 and int8"),
+                            ({"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32,
+                              "actorder": "group"}, "act-order")):
+        config = {**INT4, "config_groups": {"g": {"targets": ["Linear"], "weights": weights}}}
+        directory, _ = _int4_dir(tmp_path, config=config, name=phrase[:3])
+        with pytest.raises(QuantizationError, match=phrase) as info:
+            weightplan.explain(_target(), directory)
+        assert "config.json" in str(info.value)
+
+
+def test_odd_widths(tmp_path):
+    """in = 72 (int4, group 32: a partial last group) and in = 40 (NVFP4: 16 + 16 + 8)."""
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+
+    torch.manual_seed(1)
+    q = torch.randint(-8, 8, (5, 72), dtype=torch.int8)
+    s = (torch.rand(5, 3) + 0.5).to(torch.bfloat16)
+    nv = modelopt_nvfp4(torch.randn(6, 40))
+    tensors = {"a.weight_packed": pack_to_int32(q, 4), "a.weight_scale": s,
+               "a.weight_shape": torch.tensor([5, 72])}
+    directory = write_checkpoint(tmp_path / "int", tensors, {"quantization_config": INT4})
+    model = module_with({"a.weight": ((5, 72), torch.bfloat16)})
+    weightplan.load(model, directory)
+    want = (q.float() * s.float().repeat_interleave(32, 1)[:, :72]).to(torch.bfloat16)
+    assert torch.equal(model.a.weight, want)
+    nvdir = write_checkpoint(tmp_path / "nv", {f"b.{k}": v for k, v in nv.items()},
+                             {}, {"hf_quant_config.json": {"quantization": {"quant_algo": "NVFP4",
+                                                                            "group_size": 16}}})
+    model = module_with({"b.weight": ((6, 40), torch.float32)})
+    weightplan.load(model, nvdir)
+    parts = [nv["weight"], nv["weight_scale"], nv["weight_scale_2"]]
+    assert torch.equal(model.b.weight, dequantize(Scheme("nvfp4", global_divides=False), parts,
+                                                  (6, 40), torch.float32))
+
+
+def _experts_dir(tmp_path, experts=8, rows=512, cols=768):
+    tensors = {}
+    g = torch.Generator().manual_seed(0)
+    for e in range(experts):
+        for w in ("w1", "w2", "w3"):
+            shape = (rows, cols) if w != "w2" else (cols, rows)
+            packed, _, _ = ct_compress(torch.randn(shape, generator=g).to(torch.bfloat16), "int",
+                                       "group", group=32)
+            for k, v in packed.items():
+                tensors[f"model.layers.0.block_sparse_moe.experts.{e}.{w}.{k}"] = v
+    return write_checkpoint(tmp_path / "moe", tensors, {"quantization_config": INT4})
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_memory_estimate_matches_what_the_executor_holds(tmp_path, threads):
+    directory = _experts_dir(tmp_path)
+    target = lambda: module_with({  # noqa: E731
+        "model.layers.0.mlp.experts.gate_up_proj": ((8, 1024, 768), torch.bfloat16),
+        "model.layers.0.mlp.experts.down_proj": ((8, 768, 512), torch.bfloat16)})
+    plan = weightplan.explain(target(), directory, mapping="mixtral", threads=threads)
+    assert not plan.problems and not plan.unexpected, str(plan)
+    report = plan.execute()
+    assert report.peak_bytes <= plan.peak_bytes <= 1.05 * report.peak_bytes
+    model_bytes = 8 * (1024 * 768 + 768 * 512) * 2
+    # above the model: per reader, one expert's packed window, its scales and a chunk
+    assert plan.peak_bytes - model_bytes <= max(threads, 1) * (512 * 768 // 2 + 5 * 2 ** 20)

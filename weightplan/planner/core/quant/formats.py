@@ -1,0 +1,319 @@
+"""Packed and scaled weight formats besides block FP8: the math, as pure torch.
+
+A :class:`Scheme` says how one stored weight becomes a floating tensor; its tensors come
+in a fixed order (:attr:`Scheme.roles`):
+
+- ``mxfp4`` (gpt-oss): ``blocks`` U8 ``[..., rows, G, 16]`` (32 E2M1 codes per 16 bytes,
+  value ``2j`` in the low nibble of byte ``j``) and ``scales`` U8 ``[..., rows, G]``
+  (E8M0: ``2**(byte − 127)``). Rows are the output dim; ``transpose`` gives
+  ``[..., in, out]`` (gpt-oss's fused experts).
+- ``fp8`` (compressed-tensors ``float-quantized``): ``weight`` F8 and ``weight_scale``,
+  a multiplier per tensor ``(1,)``, channel ``(out, 1)``, group ``(out, ⌈in/g⌉)`` or block
+  ``(⌈out/b0⌉, ⌈in/b1⌉)``.
+- ``int`` (compressed-tensors ``pack-quantized``): ``weight_packed`` I32 ``(out, ⌈in·b/32⌉)``
+  (element ``i`` at bits ``[b·i, b·i + b)`` of the little-endian bit stream, stored
+  ``+2**(b−1)``), ``weight_scale`` ``(out, ⌈in/g⌉)`` and, asymmetric, ``weight_zero_point``
+  packed the same way along ``out``. ``W = (q − z) · s``.
+- ``nvfp4``: ``weight_packed`` U8 ``(out, in/2)`` (E2M1, low nibble first),
+  ``weight_scale`` F8_E4M3 ``(out, ⌈in/16⌉)`` and a global scale: compressed-tensors
+  divides by ``weight_global_scale``, ModelOpt multiplies by ``weight_scale_2``
+  (``global_divides``).
+
+Every format dequantizes in row chunks of the output dim through one fp32 workspace: the
+product is formed in fp32 (exact for these operands), rounded to the scale's dtype where
+compressed-tensors computes in it, then to the destination's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from weightplan.planner.core.quant.blocks import CHUNK_BYTES, block_of, expand_rows, scale_columns_
+from weightplan.units import format_bytes
+
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+FORMATS = ("mxfp4", "fp8", "int", "nvfp4")
+STRATEGIES = ("tensor", "channel", "group", "block")
+WORK_PER_ELEMENT = 16  # fp32 values, int32 codes and unpacking temporaries, per element
+
+
+@dataclass(frozen=True, slots=True)
+class Scheme:
+    """How one stored weight dequantizes (hashable: one object per layout in a plan)."""
+
+    format: str  # one of FORMATS
+    strategy: str = "group"  # one of STRATEGIES (mxfp4 / nvfp4: group)
+    group: int | None = None  # elements of ``in`` per scale (group strategy)
+    block: tuple[int, int] | None = None  # (rows, cols) per scale (block strategy)
+    bits: int = 4
+    symmetric: bool = True
+    transpose: bool = False  # the logical tensor is ``[..., in, out]`` (gpt-oss experts)
+    global_divides: bool = True  # nvfp4: compressed-tensors' ``/ global`` (else ``· scale_2``)
+    source: str = "compressed-tensors"
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The stored tensors, in the order a dequantize node takes them."""
+        if self.format == "mxfp4":
+            return ("blocks", "scales")
+        if self.format == "nvfp4":
+            return ("packed", "scale", "global")
+        if self.format == "int" and not self.symmetric:
+            return ("packed", "scale", "zero")
+        return ("weight" if self.format == "fp8" else "packed", "scale")
+
+    def describe(self) -> str:
+        """One phrase for the printed plan: format, group, scale kind."""
+        if self.format == "mxfp4":
+            return "MXFP4 (E2M1, 32 per E8M0 scale)"
+        if self.format == "nvfp4":
+            glob = "÷ weight_global_scale" if self.global_divides else "· weight_scale_2"
+            return f"NVFP4 {self.source} (E2M1, 16 per F8 scale, {glob})"
+        what = {"tensor": "per tensor", "channel": "per channel",
+                "group": f"group {self.group}",
+                "block": f"block {self.block[0]}×{self.block[1]}" if self.block else "block"}
+        if self.format == "fp8":
+            return f"FP8 compressed-tensors ({what[self.strategy]} scales)"
+        sym = "symmetric" if self.symmetric else "asymmetric, zero points"
+        return f"INT{self.bits} pack-quantized ({what[self.strategy]}, {sym})"
+
+
+def logical_shape(scheme: Scheme, packed: tuple[int, ...], stored: Sequence[int] | None = None
+                  ) -> tuple[int, ...]:
+    """The dequantized shape of a stored weight of shape ``packed`` (``stored``: the
+    ``weight_shape`` values, for ``int``)."""
+    if scheme.format == "mxfp4":
+        shape = packed[:-2] + (packed[-2] * packed[-1] * 2,)
+        return shape[:-2] + (shape[-1], shape[-2]) if scheme.transpose else shape
+    if scheme.format == "nvfp4":
+        return packed[:-1] + (packed[-1] * 2,)
+    if scheme.format == "int":
+        assert stored is not None
+        return tuple(int(v) for v in stored)
+    return tuple(packed)
+
+
+def natural(scheme: Scheme, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """``[..., out, in]`` of a logical shape (undoes ``transpose``)."""
+    return shape[:-2] + (shape[-1], shape[-2]) if scheme.transpose else shape
+
+
+def companion_shapes(scheme: Scheme, shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+    """The stored shape of each role for a logical ``shape`` (what the headers must say)."""
+    lead, (out, n) = natural(scheme, shape)[:-2], natural(scheme, shape)[-2:]
+    if scheme.format == "mxfp4":
+        return {"blocks": lead + (out, n // 32, 16), "scales": lead + (out, n // 32)}
+    if scheme.format == "nvfp4":
+        return {"packed": lead + (out, n // 2), "scale": lead + (out, -(-n // 16)),
+                "global": (1,)}
+    if scheme.format == "int":
+        words = -(-n * scheme.bits // 32)
+        shapes = {"packed": lead + (out, words), "scale": lead + scale_grid(scheme, out, n)}
+        if not scheme.symmetric:
+            shapes["zero"] = lead + (-(-out * scheme.bits // 32), scale_grid(scheme, out, n)[1])
+        return shapes
+    return {"weight": tuple(shape), "scale": scale_grid(scheme, out, n, lead)}
+
+
+def scale_grid(scheme: Scheme, out: int, n: int, lead: tuple[int, ...] = ()) -> tuple[int, ...]:
+    """The scale shape of an ``[out, n]`` matrix under ``scheme``'s strategy."""
+    if scheme.strategy == "tensor":
+        return (1,)
+    if scheme.strategy == "channel":
+        return lead + (out, 1)
+    if scheme.strategy == "block":
+        b0, b1 = scheme.block or (128, 128)
+        return lead + (-(-out // b0), -(-n // b1))
+    return lead + (out, -(-n // (scheme.group or n or 1)))
+
+
+def stored_bytes(specs: Sequence[tuple[tuple[int, ...], torch.dtype]]) -> int:
+    return sum(math.prod(s) * d.itemsize for s, d in specs)
+
+
+def summary(scheme: Scheme, count: int, before: int, after: int, dtype: torch.dtype) -> str:
+    """``format: N tensors, X packed → Y <dtype>`` for the printed plan."""
+    name = str(dtype).removeprefix("torch.")
+    return (f"{scheme.describe()}: {count} tensor(s), {format_bytes(before)} stored → "
+            f"{format_bytes(after)} {name}")
+
+
+def rows_per_chunk(n: int, rows: int, chunk_bytes: int = CHUNK_BYTES) -> int:
+    """Output rows decoded at once (a multiple of the block rows is not needed: scales
+    are looked up per row)."""
+    return max(1, min(rows, chunk_bytes // max(1, WORK_PER_ELEMENT * n)))
+
+
+def workspace_bytes(scheme: Scheme, shape: tuple[int, ...], chunk_bytes: int = CHUNK_BYTES) -> int:
+    """Bytes a dequantize of a logical ``shape`` holds besides its inputs and output."""
+    nat = natural(scheme, shape)
+    if len(nat) < 2 or 0 in nat:
+        return 0
+    n = nat[-1]
+    return WORK_PER_ELEMENT * rows_per_chunk(n, nat[-2], chunk_bytes) * n
+
+
+def dequantize(scheme: Scheme, parts: Sequence[torch.Tensor], shape: tuple[int, ...],
+               dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """A fresh ``dtype`` tensor of logical ``shape`` from the stored ``parts``."""
+    out = torch.empty(shape, dtype=dtype)
+    for idx, o0, o1, x in chunks(scheme, parts, shape):
+        write_chunk(scheme, out[idx], o0, o1, x)
+    return out
+
+
+def write_chunk(scheme: Scheme, matrix: torch.Tensor, o0: int, o1: int, x: torch.Tensor) -> None:
+    """Write decoded output rows ``[o0, o1)`` (``x``: ``[o1 − o0, in]``) into a logical matrix."""
+    if scheme.transpose:
+        matrix[:, o0:o1].copy_(x.T)
+    else:
+        matrix[o0:o1].copy_(x)
+
+
+def chunks(scheme: Scheme, parts: Sequence[torch.Tensor], shape: tuple[int, ...],
+           out_rows: tuple[int, int] | None = None, chunk_bytes: int = CHUNK_BYTES,
+           leads: Iterable[tuple[int, ...]] | None = None
+           ) -> Iterator[tuple[tuple[int, ...], int, int, torch.Tensor]]:
+    """Yield ``(index, o0, o1, x)``: ``x`` (fp32 ``[o1 − o0, in]``, valid until the next
+    step) is output rows ``[o0, o1)`` of matrix ``index`` of the weight of logical
+    ``shape``, in the scale's precision (``out_rows``, ``leads``: only those)."""
+    nat = natural(scheme, shape)
+    out, n = nat[-2], nat[-1]
+    lo, hi = out_rows or (0, out)
+    step = rows_per_chunk(n, hi - lo, chunk_bytes)
+    decode = _DECODERS[scheme.format]
+    extras = _prepared(scheme, parts, nat)
+    for idx in (_leading(nat) if leads is None else leads):
+        for o0 in range(lo, hi, step):
+            o1 = min(hi, o0 + step)
+            yield idx, o0, o1, decode(scheme, parts, extras, idx, o0, o1, n)
+
+
+def region_chunks(scheme: Scheme, parts: Sequence[torch.Tensor], shape: tuple[int, ...],
+                  starts: tuple[int, ...], stops: tuple[int, ...],
+                  chunk_bytes: int = CHUNK_BYTES
+                  ) -> Iterator[tuple[tuple[int, ...], tuple[int, int], tuple[int, int], torch.Tensor]]:
+    """The box ``[starts, stops)`` of the logical tensor, chunk by chunk: ``(index, rows,
+    cols, x)`` with ``index``, ``rows``, ``cols`` relative to the box and ``x`` fp32 of
+    ``(rows, cols)``'s extent (a rank's slice decodes only its own rows)."""
+    import itertools
+
+    (r0, c0), (r1, c1) = starts[-2:], stops[-2:]
+    leads = list(itertools.product(*(range(a, b) for a, b in zip(starts[:-2], stops[:-2], strict=True))))
+    out_rows, in_cols = ((c0, c1), (r0, r1)) if scheme.transpose else ((r0, r1), (c0, c1))
+    for idx, o0, o1, x in chunks(scheme, parts, shape, out_rows, chunk_bytes, leads):
+        local = tuple(i - a for i, a in zip(idx, starts, strict=False))
+        part = x[:, in_cols[0]:in_cols[1]]
+        if scheme.transpose:
+            yield local, (0, r1 - r0), (o0 - c0, o1 - c0), part.T
+        else:
+            yield local, (o0 - r0, o1 - r0), (0, c1 - c0), part
+
+
+def _leading(shape: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+    import itertools
+    return itertools.product(*(range(d) for d in shape[:-2]))
+
+
+def _prepared(scheme: Scheme, parts: Sequence[torch.Tensor], nat: tuple[int, ...]) -> dict:
+    """Per-call constants: decoded scales and zero points (small next to the weight)."""
+    extras: dict = {}
+    if scheme.format in ("mxfp4", "nvfp4"):
+        extras["lut"] = torch.tensor(E2M1, dtype=torch.float32)
+    if scheme.format == "int" and not scheme.symmetric:
+        zero = parts[2]
+        lead, out = nat[:-2], nat[-2]
+        groups = parts[1].shape[-1]
+        flat = zero.reshape(-1, *zero.shape[-2:])
+        unpacked = [unpack_ints(m.T.contiguous(), scheme.bits, out).T for m in flat]
+        extras["zero"] = torch.stack(unpacked).reshape(*lead, out, groups).to(torch.float32)
+    return extras
+
+
+def unpack_ints(words: torch.Tensor, bits: int, count: int) -> torch.Tensor:
+    """Signed ints from int32 words ``[rows, w]``: ``count`` per row, ``bits`` each
+    (LSB-first bit stream over little-endian words, stored ``+2**(bits−1)``) → int32."""
+    raw = words.contiguous().view(torch.uint8).to(torch.int32)
+    if bits == 8:
+        values = raw
+    else:  # 4
+        values = torch.stack((raw & 0xF, raw >> 4), dim=-1).flatten(-2)
+    return values[..., :count] - (1 << (bits - 1))
+
+
+def _decode_int(scheme: Scheme, parts: Sequence[torch.Tensor], extras: dict,
+                idx: tuple[int, ...], o0: int, o1: int, n: int) -> torch.Tensor:
+    q = unpack_ints(parts[0][idx][o0:o1], scheme.bits, n).to(torch.float32)
+    if "zero" in extras:
+        zero = extras["zero"][idx][o0:o1]
+        q = _per_group(q, zero, scheme.group or n, torch.sub)
+    return _scaled(scheme, q, parts[1], idx, o0, o1)
+
+
+def _decode_fp8(scheme: Scheme, parts: Sequence[torch.Tensor], extras: dict,
+                idx: tuple[int, ...], o0: int, o1: int, n: int) -> torch.Tensor:
+    return _scaled(scheme, parts[0][idx][o0:o1].to(torch.float32), parts[1], idx, o0, o1)
+
+
+def _scaled(scheme: Scheme, x: torch.Tensor, scale: torch.Tensor, idx: tuple[int, ...],
+            o0: int, o1: int) -> torch.Tensor:
+    """``x · s`` by the strategy, in fp32, rounded to the scale's dtype as
+    compressed-tensors computes it."""
+    if scheme.strategy == "tensor":
+        x.mul_(scale.reshape(-1)[0].to(torch.float32))
+    elif scheme.strategy == "channel":
+        x.mul_(scale[idx][o0:o1].to(torch.float32))
+    elif scheme.strategy == "block":
+        b0, b1 = block_of(x.shape, scheme.block)
+        s = scale[idx].to(torch.float32)
+        scale_columns_(x, expand_rows(s, b0, o1 - o0, o0), b1)
+    else:
+        x = _per_group(x, scale[idx][o0:o1].to(torch.float32), scheme.group or x.shape[-1],
+                       torch.mul)
+    if scale.dtype in (torch.bfloat16, torch.float16):
+        x = x.to(scale.dtype).to(torch.float32)
+    return x
+
+
+def _per_group(x: torch.Tensor, per: torch.Tensor, group: int,
+               how: Callable[..., torch.Tensor]) -> torch.Tensor:
+    """``how(x, per[:, c // group])`` in place: full groups as a broadcast view, the
+    partial last group on its own."""
+    full, rem = divmod(x.shape[-1], group)
+    if full:
+        how(x[:, : full * group].unflatten(-1, (full, group)), per[:, :full, None],
+            out=x[:, : full * group].unflatten(-1, (full, group)))
+    if rem:
+        how(x[:, full * group:], per[:, full:full + 1], out=x[:, full * group:])
+    return x
+
+
+def _codes(packed: torch.Tensor) -> torch.Tensor:
+    """E2M1 codes of bytes, low nibble first: ``[..., k]`` → int32 ``[..., 2k]``."""
+    b = packed.to(torch.int32)
+    return torch.stack((b & 0xF, b >> 4), dim=-1).flatten(-2)
+
+
+def _decode_mxfp4(scheme: Scheme, parts: Sequence[torch.Tensor], extras: dict,
+                  idx: tuple[int, ...], o0: int, o1: int, n: int) -> torch.Tensor:
+    blocks, scales = parts[0][idx][o0:o1], parts[1][idx][o0:o1]
+    values = extras["lut"][_codes(blocks)]  # [rows, G, 32]
+    exp = (scales.to(torch.float32) - 127.0).exp2()
+    return values.mul_(exp[..., None]).reshape(o1 - o0, n)
+
+
+def _decode_nvfp4(scheme: Scheme, parts: Sequence[torch.Tensor], extras: dict,
+                  idx: tuple[int, ...], o0: int, o1: int, n: int) -> torch.Tensor:
+    values = extras["lut"][_codes(parts[0][idx][o0:o1])]
+    glob = parts[2].reshape(-1)[0].to(torch.float32)
+    s = parts[1][idx][o0:o1].to(torch.float32)
+    s = s / glob if scheme.global_divides else s * glob
+    return _per_group(values, s, 16, torch.mul)
+
+
+_DECODERS = {"mxfp4": _decode_mxfp4, "fp8": _decode_fp8, "int": _decode_int,
+             "nvfp4": _decode_nvfp4}

@@ -1,0 +1,52 @@
+"""Packed-format findings: the pairing's problems, and one note per format.
+
+Each problem (a missing part, a grid that doesn't cover its weight, a packed width that
+doesn't match ``weight_shape``, a forbidden dtype, an ``ignore`` entry naming nothing) is
+of kind ``quantization``: ``execute`` refuses the plan before a byte is read. The note
+names each format once: its group size and scale kind, how many weights, and the bytes
+stored and dequantized.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from weightplan.planner.core.problems import Note, Problem, ProblemKind
+from weightplan.planner.core.quant.formats import Scheme, summary
+from weightplan.planner.tensors.ir.build import Conversion
+from weightplan.planner.tensors.ir.nodes import DequantizeAttrs, NodeKind
+from weightplan.planner.tensors.ir.quant_build import QuantContext
+
+
+def packed_findings(quant: QuantContext | None, conversions: Sequence[Conversion]
+                    ) -> tuple[list[Problem], list[Note]]:
+    """``(problems, notes)`` of a plan's packed formats (none without a packed pairing)."""
+    if quant is None or quant.packed is None:
+        return [], []
+    problems = [Problem(ProblemKind.QUANTIZATION, p.key, p.message)
+                for p in quant.packed.problems]
+    return problems, [Note(f"<{s.format}>", line) for s, line in _lines(quant, conversions)]
+
+
+def _lines(quant: QuantContext, conversions: Sequence[Conversion]) -> list[tuple[Scheme, str]]:
+    """One summary per scheme, in first-seen order: stored bytes → dequantized bytes."""
+    assert quant.packed is not None
+    seen: dict[Scheme, list[int]] = {}
+    dtypes: dict[Scheme, torch.dtype] = {}
+    for conv in conversions:
+        for n in conv.nodes:
+            a = n.attrs
+            if n.kind is not NodeKind.DEQUANTIZE or not isinstance(a, DequantizeAttrs) \
+                    or not isinstance(a.scheme, Scheme):
+                continue
+            row = seen.setdefault(a.scheme, [0, 0, 0])
+            row[0] += 1
+            row[1] += sum(i.spec.nbytes for i in n.inputs)
+            row[2] += n.spec.nbytes
+            dtypes[a.scheme] = a.dtype
+    if not seen:
+        return [(w.scheme, f"{w.scheme.describe()}: {len(quant.packed.weights)} stored "
+                 "weight(s), none loaded") for w in list(quant.packed.weights.values())[:1]]
+    return [(s, summary(s, c, before, after, dtypes[s])) for s, (c, before, after) in seen.items()]
