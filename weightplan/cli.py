@@ -6,7 +6,8 @@
     weightplan explain CKPT --model-type mixtral     what the keys become, with shapes (no model)
     weightplan explain CKPT --model-type mixtral --json
     weightplan explain CKPT --model-type mixtral --svg plan.svg --timeline mem.svg
-    weightplan explain CKPT_DIR --tp 8 [--ep]        every rank's bytes read / held / peak
+    weightplan explain CKPT_DIR --tp 8 [--ep] [--cooperative]
+                                                  every rank's storage / network / held / peak
     weightplan convert SRC DST [--reverse]           on disk, no model (mapping: config.json's
                                                      model_type, or --model-type)
     weightplan mappings [--json]                     registered mappings and aliases
@@ -96,6 +97,9 @@ def _explain_parser(exp: argparse.ArgumentParser) -> None:
                           "held, replicated, peak), from this process, with no GPU")
     exp.add_argument("--ep", action="store_true",
                      help="with --tp: whole experts per rank (the model's ep_plan)")
+    exp.add_argument("--cooperative", action="store_true",
+                     help="with --tp: each replicated tensor read by one rank and broadcast "
+                          "(storage vs network bytes per rank)")
     exp.add_argument("--tp-plan", metavar="JSON",
                      help="with --tp: the plan as a JSON object {module glob: style} (or "
                           "@FILE.json) instead of the model's tp_plan")
@@ -313,7 +317,8 @@ def _explain_ranks(model: Any, dtype: Any, args: argparse.Namespace) -> int:
         raise ParallelError("--tp needs the model: a checkpoint directory with config.json "
                             "and transformers installed")
     tp = TensorParallel(plan=_tp_plan(args.tp_plan), world_size=args.tp, rank=0,
-                        experts="ep" if args.ep else "tp", output="local")
+                        experts="ep" if args.ep else "tp", output="local",
+                        cooperative=args.cooperative)
     plans = plan_ranks(model, args.checkpoint, tp, mapping=args.mapping, dtype=dtype,
                        budget=args.budget)
     print(json.dumps(rank_rows(plans), indent=2) if args.json

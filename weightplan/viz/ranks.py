@@ -1,6 +1,7 @@
-"""Every rank of a tensor-parallel load as text: one row per rank (read, held, replicated,
-peak), what every rank holds whole and why, what is read whole, and the problems folded
-like a plan's (rank 0's: the ranks resolve one plan)."""
+"""Every rank of a tensor-parallel load as text: one row per rank (bytes read from storage,
+bytes over the network, held, replicated, peak), the totals, what every rank holds whole
+and why, what is read whole, and the problems folded like a plan's (rank 0's: the ranks
+resolve one plan)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import textwrap
 from collections.abc import Callable
 
 from weightplan.planner.pipelines.plan import LoadPlanData
-from weightplan.planner.pipelines.ranks import read_bytes, whole_reads
+from weightplan.planner.pipelines.ranks import network_bytes, whole_reads
 from weightplan.units import format_bytes
 from weightplan.viz.folding import fold_keys
 from weightplan.viz.text import MAX_LIST, problem_lines
@@ -17,29 +18,43 @@ WIDTH = 100  # the key lists wrap here
 
 
 def rank_table(plans: tuple[LoadPlanData, ...], *, wording: Callable[[str], str] = str) -> str:
-    """A text table: one row per rank (read, held, replicated, peak, read / (total/N)),
-    then the replicated tensors by reason, the whole reads and the problems; ``wording``
-    rewrites the advice of the messages (the command line gives its flags)."""
+    """A text table: one row per rank (storage, network, held, replicated, peak, storage /
+    (total/N)), the totals over the ranks, then the replicated tensors by reason, the
+    whole reads and the problems; ``wording`` rewrites the advice of the messages (the
+    command line gives its flags)."""
     if not plans or plans[0].sharding is None:
         return "no tensor-parallel ranks"
     first = plans[0].sharding
     world, total = first.world_size, plans[0].checkpoint.nbytes
     head = (f"tensor parallel over {world} ranks ({first.plan.source}); checkpoint "
             f"{format_bytes(total)}, 1/{world} = {format_bytes(total / world)}")
-    rows = [f"{'rank':>4}  {'read':>10}  {'held':>10}  {'replicated':>10}  {'peak':>10}  "
-            f"{'read/(total/N)':>14}"]
+    rows = [f"{'rank':>4}  {'storage':>10}  {'network':>10}  {'held':>10}  "
+            f"{'replicated':>10}  {'peak':>10}  {'storage/(total/N)':>17}"]
     for p in plans:
         assert p.sharding is not None
-        ratio = read_bytes(p) / (total / world) if total else 0.0
-        rows.append(f"{p.sharding.rank:>4}  {format_bytes(read_bytes(p)):>10}  "
-                     f"{format_bytes(p.held_bytes):>10}  {format_bytes(p.replicated_bytes):>10}  "
-                     f"{format_bytes(p.peak_bytes):>10}  {ratio:>14.3f}")
+        ratio = p.read_bytes / (total / world) if total else 0.0
+        rows.append(f"{p.sharding.rank:>4}  {format_bytes(p.read_bytes):>10}  "
+                    f"{format_bytes(network_bytes(p)):>10}  {format_bytes(p.held_bytes):>10}  "
+                    f"{format_bytes(p.replicated_bytes):>10}  {format_bytes(p.peak_bytes):>10}  "
+                    f"{ratio:>17.3f}")
+    rows.append(totals_line(plans, total))
     notes = replicated_lines(plans[0])
     whole = whole_reads(plans[0])
     if whole:
         notes.append(f"read whole (an op can't take a slice): {_listed(fold_keys(whole))}")
     problems = [wording(line) for line in problem_lines(plans[0])] if plans[0].problems else []
     return "\n".join([head, *rows, *notes, *problems])
+
+
+def totals_line(plans: tuple[LoadPlanData, ...], total: int) -> str:
+    """All the ranks planned: storage bytes against the checkpoint's, and the network."""
+    storage = sum(p.read_bytes for p in plans)
+    how = ("each replicated tensor read by one rank and broadcast" if plans[0].exchange
+           is not None else "replicated tensors read by every rank")
+    return (f"{len(plans)} ranks: storage {format_bytes(storage)} = "
+            f"{storage / total if total else 0.0:.3f}× the checkpoint, network "
+            f"{format_bytes(sum(map(network_bytes, plans)))} ({how}); peak includes the "
+            "receive buffers (the replicated tensors' own memory)")
 
 
 def replicated_lines(plan: LoadPlanData) -> list[str]:

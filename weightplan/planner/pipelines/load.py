@@ -17,6 +17,7 @@ import torch
 from weightplan.errors import MappingError, ParallelError, PlanError
 from weightplan.planner.core.paused_gc import paused_gc
 from weightplan.planner.core.problems import Problem, ProblemKind
+from weightplan.planner.pipelines.cooperative import sharer
 from weightplan.planner.pipelines.findings import Findings, collect_findings
 from weightplan.planner.pipelines.fp8_findings import with_fp8_findings
 from weightplan.planner.core.sharding.config import as_tensor_parallel
@@ -66,15 +67,17 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     quant = quant_context(checkpoint, ckpt, info, model)
     routing, conversions, kept_problems = _convert(ckpt, transforms, info, options, quant,
                                                    sharding)
+    share = sharer(sharding)
     graph, schedule = lower(conversions, ckpt, order=_checkpoint_order(ckpt),
-                            threads=options.threads, budget=options.budget)
+                            threads=options.threads, budget=options.budget, share=share)
     findings = with_fp8_findings(collect_findings(info, routing, conversions), quant,
                                  conversions, kept_problems)
     findings = _with_mapping_findings(findings, choice,
                                       looked_up=mapping is None and model is not None)
     findings = _with_parallel_findings(findings, sharding)
     return LoadPlanData(Direction.LOAD, ckpt, choice, transforms, conversions, graph, schedule,
-                        options, model, info, routing, findings, sharding)
+                        options, model, info, routing, findings, sharding,
+                        None if share is None else share.exchange)
 
 
 def _refuse_quantization_option(quantization: object) -> None:

@@ -50,6 +50,10 @@ class TensorParallel:
             whole experts (``grouped_gemm``).
         output: ``"dtensor"`` (parameters become ``DTensor``\\ s with transformers'
             placements) or ``"local"`` (plain local tensors).
+        cooperative: each tensor every rank holds whole (norms, routers, what the plan
+            doesn't shard) is read from storage by one rank, balanced by bytes, and
+            broadcast to the others over the process group: the ranks together read each
+            byte of the checkpoint about once.
 
     Raises:
         ParallelError: an argument that can't work, naming it and the fix.
@@ -61,11 +65,15 @@ class TensorParallel:
     rank: int | None = None
     experts: str = "tp"
     output: str = "dtensor"
+    cooperative: bool = False
 
     def __post_init__(self) -> None:
         _check_choice("experts", self.experts, EXPERTS)
         _check_choice("output", self.output, OUTPUTS)
         _check_plan(self.plan)
+        if not isinstance(self.cooperative, bool):
+            raise ParallelError(f"TensorParallel(cooperative={self.cooperative!r}): use True "
+                                "or False")
         if isinstance(self.plan, Mapping):
             object.__setattr__(self, "plan", MappingProxyType(dict(self.plan)))
         if (self.world_size is None) != (self.rank is None):
@@ -78,7 +86,8 @@ class TensorParallel:
 
     def __hash__(self) -> int:
         plan = self.plan if isinstance(self.plan, str) else tuple(self.plan.items())
-        return hash((plan, self.world_size, self.rank, self.experts, self.output))
+        return hash((plan, self.world_size, self.rank, self.experts, self.output,
+                     self.cooperative))
 
     def plan_entries(self) -> dict[str, str]:
         """The plan's ``{name: style}`` entries (empty for ``"auto"``)."""

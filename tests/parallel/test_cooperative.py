@@ -1,0 +1,56 @@
+"""Cooperative reads on gloo (torchrun, 2 and 4 ranks): each replicated tensor is read from
+storage by one rank and broadcast; the ranks together read the checkpoint about once
+(≤ 1.05×), and every rank's tensors equal the plain TP load's bit for bit. Plain loads of
+the same hidden-512 checkpoints request ≤ 1.05× the bytes each rank needs (strided reads).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.parallel.conftest import torchrun
+from tests.parallel.strided_fixtures import build
+
+WORKER = Path(__file__).with_name("coop_worker.py")
+FIXTURES = {2: (("mixtral", 1),), 4: (("dsv3", 0),)}  # 1: FP8, 0: bf16
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("coop")
+    out = root / "out"
+    out.mkdir()
+    names = {}
+    for world, fixtures in FIXTURES.items():
+        dirs = [build(name, root / "ckpt")[fp8] for name, fp8 in fixtures]
+        torchrun(world, WORKER, str(out), *map(str, dirs), timeout=600)
+        names[world] = [d.name for d in dirs]
+    return out, names
+
+
+def dumps(out: Path, name: str, way: str, world: int) -> list[dict]:
+    return [torch.load(out / f"{name}.{way}{world}.rank{r}.pt") for r in range(world)]
+
+
+@pytest.mark.parametrize("world", sorted(FIXTURES))
+def test_cooperative_ranks_read_the_checkpoint_once_and_equal_the_plain_load(loaded, world):
+    out, names = loaded
+    for name in names[world]:
+        plain, coop = dumps(out, name, "plain", world), dumps(out, name, "coop", world)
+        total = plain[0]["checkpoint_bytes"]
+        for p, c in zip(plain, coop, strict=True):
+            assert p["tensors"].keys() == c["tensors"].keys()
+            for key, tensor in p["tensors"].items():
+                assert torch.equal(tensor, c["tensors"][key]), (name, key)
+            assert p["bytes_read"] <= 1.05 * p["bytes_needed"], name  # strided reads
+            assert p["network_bytes"] == 0 and c["network_bytes"] > 0
+        # plain: every rank reads the replicated tensors (DeepSeek-V3's MLA: 1.4× on 4)
+        assert sum(c["bytes_read"] for c in coop) < sum(p["bytes_read"] for p in plain)
+        if name.startswith("dsv3"):
+            assert sum(p["bytes_read"] for p in plain) > 1.2 * total
+        assert sum(c["bytes_read"] for c in coop) <= 1.05 * total, name
+        # balanced: no rank reads more than its share plus the largest replicated step
+        assert max(c["bytes_read"] for c in coop) <= 1.5 * total / world, name
