@@ -54,3 +54,26 @@ def test_cooperative_ranks_read_the_checkpoint_once_and_equal_the_plain_load(loa
         assert sum(c["bytes_read"] for c in coop) <= 1.05 * total, name
         # balanced: no rank reads more than its share plus the largest replicated step
         assert max(c["bytes_read"] for c in coop) <= 1.5 * total / world, name
+
+
+def test_a_cooperative_dry_run_plans_and_shows_its_exchange_but_does_not_execute(tmp_path):
+    import weightplan
+    from tests.parallel.test_strided_reads import meta
+    from weightplan.errors import ParallelError
+    from weightplan.parallel import TensorParallel
+
+    directory = build("dsv3", tmp_path)[0]
+    tp = TensorParallel(world_size=2, rank=1, output="local")
+    plain = weightplan.explain(meta("dsv3"), directory, tp=tp)
+    plan = weightplan.explain(meta("dsv3"), directory, tp=tp, cooperative=True)
+    exchange = plan.exchange
+    assert plain.exchange is None and exchange is not None and exchange.rank == 1
+    assert {i.owner for i in exchange.items} == {0, 1}
+    assert plan.read_bytes < plain.read_bytes  # what rank 0 reads, rank 1 receives
+    assert exchange.received_bytes == sum(i.nbytes for i in exchange.items if i.owner == 0)
+    assert plan.peak_bytes >= plan.held_bytes  # received tensors land in their own memory
+    assert "cooperative rank 1 of 2: storage" in str(plan)
+    with pytest.raises(ParallelError, match="needs a process group"):
+        plan.execute()
+    with pytest.raises(ParallelError, match="pass tp= too"):
+        weightplan.explain(meta("dsv3"), directory, cooperative=True)

@@ -39,7 +39,7 @@ def by_name(mapping: object) -> object:
 def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: object = None,
             dtype: torch.dtype | str | None = None, budget: int | str | None = None,
             tp: object = None, quantization: object = None, threads: int = 4,
-            device: object = None) -> Plan:
+            device: object = None, cooperative: bool = False) -> Plan:
     """Plan loading ``checkpoint`` into ``model`` from headers only; nothing is read or written.
 
     Args:
@@ -63,6 +63,8 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
         threads: reader threads (``0``, or ``WEIGHTPLAN_SYNC_LOAD=1``, reads inline).
         device: where meta tensors are allocated: ``"cpu"``, ``"cuda:1"``, a
             ``torch.device``, or ``{module prefix: device}``.
+        cooperative: with ``tp``, each tensor every rank holds whole is read by one rank
+            and broadcast to the others (``TensorParallel(cooperative=True)``).
 
     Returns:
         A :class:`Plan`. Missing / unexpected / mismatched keys are reported on it;
@@ -75,7 +77,7 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
     finder = bridge_for(model) if mapping is None else None
     data = explain_load(model, checkpoint, mapping=by_name(mapping), dtype=dtype, budget=budget,
                         tp=tp, quantization=quantization, threads=threads, device=device,
-                        finder=finder)
+                        finder=finder, cooperative=cooperative)
     return promote(Plan, data)
 
 

@@ -48,7 +48,8 @@ SYNC_ENV = "WEIGHTPLAN_SYNC_LOAD"
 def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: object = None,
                  dtype: torch.dtype | str | None = None, budget: int | str | None = None,
                  tp: object = None, quantization: object = None, threads: int = 4,
-                 device: object = None, finder: Finder | None = None) -> LoadPlanData:
+                 device: object = None, finder: Finder | None = None,
+                 cooperative: bool = False) -> LoadPlanData:
     """Plan loading ``checkpoint`` into ``model`` from headers only; nothing is read or written.
 
     The arguments are :func:`weightplan.explain`'s (documented there), ``mapping`` given by
@@ -56,7 +57,7 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     transformers bridge). Returns the plan's data, which :class:`weightplan.Plan` wraps.
     """
     _refuse_quantization_option(quantization)
-    sharding = _sharding(model, tp)
+    sharding = _sharding(model, tp, cooperative)
     ckpt = open_checkpoint(checkpoint)
     options = PlanOptions(resolve_dtype(dtype, model, ckpt), parse_threads(threads),
                           None if budget is None else parse_bytes(budget, what="budget"),
@@ -87,10 +88,16 @@ def _refuse_quantization_option(quantization: object) -> None:
                         "in FP8 parameters, and are quantized for FP8 models)")
 
 
-def _sharding(model: torch.nn.Module | None, tp: object) -> Sharding | None:
+def _sharding(model: torch.nn.Module | None, tp: object, cooperative: bool = False
+              ) -> Sharding | None:
     tensor_parallel = as_tensor_parallel(tp)
     if tensor_parallel is None:
+        if cooperative:
+            raise ParallelError("cooperative=True shares the reads of the ranks of a "
+                                "tensor-parallel load: pass tp= too")
         return None
+    if cooperative:
+        tensor_parallel = dataclasses.replace(tensor_parallel, cooperative=True)
     if model is None:
         raise ParallelError("tp= needs a model: its tp_plan (or the plan given) names what "
                             "is sharded; pass the model built on meta")
