@@ -6,7 +6,7 @@
     weightplan explain CKPT --model-type mixtral     what the keys become, with shapes (no model)
     weightplan explain CKPT --model-type mixtral --json
     weightplan explain CKPT --model-type mixtral --svg plan.svg --timeline mem.svg
-    weightplan explain CKPT_DIR --tp 8 [--ep] [--cooperative]
+    weightplan explain CKPT_DIR --tp 8 [--ep] [--cooperative] [--nodes 2 --storage node]
                                                   every rank's storage / network / held / peak
     weightplan convert SRC DST [--reverse]           on disk, no model (mapping: config.json's
                                                      model_type, or --model-type)
@@ -100,6 +100,11 @@ def _explain_parser(exp: argparse.ArgumentParser) -> None:
     exp.add_argument("--cooperative", action="store_true",
                      help="with --tp: each replicated tensor read by one rank and broadcast "
                           "(storage vs network bytes per rank)")
+    exp.add_argument("--nodes", type=_ranks, metavar="N",
+                     help="with --tp: the ranks make N nodes (numbered node by node)")
+    exp.add_argument("--storage", choices=("shared", "node"), default="shared",
+                     help="with --cooperative: one file system for all nodes (default), or a "
+                          "copy of the checkpoint on each node")
     exp.add_argument("--tp-plan", metavar="JSON",
                      help="with --tp: the plan as a JSON object {module glob: style} (or "
                           "@FILE.json) instead of the model's tp_plan")
@@ -318,12 +323,25 @@ def _explain_ranks(model: Any, dtype: Any, args: argparse.Namespace) -> int:
                             "and transformers installed")
     tp = TensorParallel(plan=_tp_plan(args.tp_plan), world_size=args.tp, rank=0,
                         experts="ep" if args.ep else "tp", output="local",
-                        cooperative=args.cooperative)
+                        cooperative=args.cooperative, storage=args.storage,
+                        local_world_size=_per_node(args.tp, args.nodes))
     plans = plan_ranks(model, args.checkpoint, tp, mapping=args.mapping, dtype=dtype,
                        budget=args.budget)
     print(json.dumps(rank_rows(plans), indent=2) if args.json
           else _safe(rank_table(plans, wording=cli_wording)))
     return _status([p for plan in plans for p in plan.problems], args)
+
+
+def _per_node(ranks: int, nodes: int | None) -> int | None:
+    """``--nodes N``: the ranks per node (``None``: one node)."""
+    from weightplan.errors import ArgumentError
+
+    if nodes is None:
+        return None
+    if ranks % nodes:
+        raise ArgumentError(f"--nodes {nodes}: the {ranks} ranks of --tp don't split into "
+                            f"{nodes} nodes of equal size")
+    return ranks // nodes
 
 
 def _tp_plan(text: str | None) -> Any:

@@ -67,15 +67,18 @@ class ExchangeSink:
         """Every shared destination, from the rank that read it to the others."""
         import torch.distributed as dist
 
-        group = self.mesh.get_group()
-        for item in self.exchange.items:
+        exchange, group = self.exchange, self.mesh.get_group()
+        ranks = [dist.get_global_rank(group, r) for r in range(exchange.world_size)]
+        if len(exchange.groups) > 1:  # one group per node: every rank makes every group
+            made = [dist.new_group([ranks[r] for r in g]) for g in exchange.groups]
+            group = made[exchange.groups.index(exchange.group)]
+        for item in exchange.items:
             tensor = self.handles.get(item.key)
             if tensor is None:
                 raise ExecutionError(f"{item.key}: a shared tensor was never opened on rank "
-                                     f"{self.exchange.rank}; explain() again on every rank")
+                                     f"{exchange.rank}; explain() again on every rank")
             flat = tensor if tensor.is_contiguous() else tensor.contiguous()
-            dist.broadcast(flat_bytes(flat), src=dist.get_global_rank(group, item.owner),
-                           group=group)
+            dist.broadcast(flat_bytes(flat), src=ranks[exchange.owner(item)], group=group)
             if flat is not tensor:
                 with torch.no_grad():
                     tensor.copy_(flat)

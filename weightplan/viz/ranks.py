@@ -49,8 +49,11 @@ def rank_table(plans: tuple[LoadPlanData, ...], *, wording: Callable[[str], str]
 def totals_line(plans: tuple[LoadPlanData, ...], total: int) -> str:
     """All the ranks planned: storage bytes against the checkpoint's, and the network."""
     storage = sum(p.read_bytes for p in plans)
-    how = ("each replicated tensor read by one rank and broadcast" if plans[0].exchange
-           is not None else "replicated tensors read by every rank")
+    exchange = plans[0].exchange
+    how = ("replicated tensors read by every rank" if exchange is None else
+           "each replicated tensor read by one rank and broadcast" if len(exchange.groups) == 1
+           else f"each replicated tensor read once per node of {len(exchange.group)} ranks "
+                "and broadcast within it")
     return (f"{len(plans)} ranks: storage {format_bytes(storage)} = "
             f"{storage / total if total else 0.0:.3f}× the checkpoint, network "
             f"{format_bytes(sum(map(network_bytes, plans)))} ({how}); peak includes the "

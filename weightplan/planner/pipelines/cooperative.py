@@ -27,29 +27,48 @@ from weightplan.planner.tensors.lower.placement import Step
 
 @dataclass(frozen=True, slots=True)
 class Shared:
-    """A whole destination read by ``owner`` and broadcast to every other rank."""
+    """A whole destination read by the ``slot``-th rank of each broadcast group and
+    broadcast to the group's other ranks."""
 
     key: str
-    owner: int
+    slot: int
     nbytes: int
 
 
 @dataclass(frozen=True)
 class Exchange:
-    """What this rank reads for the others and receives from them (same order everywhere)."""
+    """What this rank reads for the others and receives from them (same order everywhere).
+
+    ``groups`` partition the ranks: one group of all of them when the checkpoint is on a
+    file system every node shares, one per node when each node has its own copy.
+    """
 
     rank: int
     world_size: int
     items: tuple[Shared, ...]
+    groups: tuple[tuple[int, ...], ...]
+
+    @property
+    def group(self) -> tuple[int, ...]:
+        """This rank's broadcast group."""
+        return next(g for g in self.groups if self.rank in g)
+
+    @property
+    def slot(self) -> int:
+        return self.group.index(self.rank)
+
+    def owner(self, item: Shared) -> int:
+        """The rank of this rank's group that reads ``item``."""
+        return self.group[item.slot]
 
     @property
     def received_bytes(self) -> int:
-        return sum(i.nbytes for i in self.items if i.owner != self.rank)
+        return sum(i.nbytes for i in self.items if i.slot != self.slot)
 
     @property
     def sent_bytes(self) -> int:
         """Bytes this rank broadcasts, counted once per receiving rank."""
-        return (self.world_size - 1) * sum(i.nbytes for i in self.items if i.owner == self.rank)
+        return (len(self.group) - 1) * sum(i.nbytes for i in self.items if i.slot == self.slot)
 
     @property
     def network_bytes(self) -> int:
@@ -63,12 +82,13 @@ def is_whole(step: Step) -> bool:
                                  for d in written)
 
 
-def owners(steps: Sequence[Step], world_size: int) -> dict[str, int]:
-    """Step label → the rank that reads it, dealt by bytes (see the module docstring)."""
-    load = [0] * world_size
+def owners(steps: Sequence[Step], size: int) -> dict[str, int]:
+    """Step label → the slot (rank of a broadcast group) that reads it, dealt by bytes
+    (see the module docstring)."""
+    load = [0] * size
     out: dict[str, int] = {}
     for step in sorted(steps, key=lambda s: (-s.read_bytes, s.label)):
-        rank = min(range(world_size), key=lambda r: (load[r], r))
+        rank = min(range(size), key=lambda r: (load[r], r))
         load[rank] += step.read_bytes
         out[step.label] = rank
     return out
@@ -90,14 +110,17 @@ class Sharer:
         self.exchange: Exchange | None = None
 
     def __call__(self, steps: tuple[Step, ...]) -> tuple[Step, ...]:
-        rank, world = self.sharding.rank, self.sharding.world_size
+        sharding = self.sharding
+        world, local = sharding.world_size, sharding.local_world_size
+        size = local if sharding.storage == "node" else world
+        groups = tuple(tuple(range(b, b + size)) for b in range(0, world, size))
         whole = [s for s in steps if is_whole(s) and s.read_bytes]
-        owner = owners(whole, world)
-        items = sorted((Shared(d.key, owner[s.label], d.spec.nbytes) for s in whole
+        slot = owners(whole, size)
+        items = sorted((Shared(d.key, slot[s.label], d.spec.nbytes) for s in whole
                         for d in s.destinations if d.written), key=lambda i: i.key)
-        self.exchange = Exchange(rank, world, tuple(items))
-        return tuple(receive_step(s) if owner.get(s.label, rank) != rank else s
-                     for s in steps)
+        self.exchange = Exchange(sharding.rank, world, tuple(items), groups)
+        mine = self.exchange.slot
+        return tuple(receive_step(s) if slot.get(s.label, mine) != mine else s for s in steps)
 
 
 def sharer(sharding: Sharding | None) -> Sharer | None:
