@@ -97,14 +97,12 @@ def _explain_parser(exp: argparse.ArgumentParser) -> None:
                           "held, replicated, peak), from this process, with no GPU")
     exp.add_argument("--ep", action="store_true",
                      help="with --tp: whole experts per rank (the model's ep_plan)")
-    exp.add_argument("--cooperative", action="store_true",
-                     help="with --tp: each replicated tensor read by one rank and broadcast "
-                          "(storage vs network bytes per rank)")
+    exp.add_argument("--cooperative", action="store_true", help="with --tp: each "
+                     "replicated tensor read by one rank and broadcast (storage vs network)")
     exp.add_argument("--nodes", type=_ranks, metavar="N",
                      help="with --tp: the ranks make N nodes (numbered node by node)")
-    exp.add_argument("--storage", choices=("shared", "node"), default="shared",
-                     help="with --cooperative: one file system for all nodes (default), or a "
-                          "copy of the checkpoint on each node")
+    exp.add_argument("--storage", choices=("shared", "node"), default="shared", help="with "
+                     "--cooperative: one file system for all nodes, or a copy on each node")
     exp.add_argument("--tp-plan", metavar="JSON",
                      help="with --tp: the plan as a JSON object {module glob: style} (or "
                           "@FILE.json) instead of the model's tp_plan")
@@ -314,7 +312,7 @@ def _explain(args: argparse.Namespace) -> int:
 def _explain_ranks(model: Any, dtype: Any, args: argparse.Namespace) -> int:
     """``--tp N [--ep]``: every rank planned in this process; a table, or JSON rows."""
     from weightplan.errors import ParallelError
-    from weightplan.planner.core.sharding.config import TensorParallel
+    from weightplan.planner.core.sharding.config import TensorParallel, per_node
     from weightplan.planner.pipelines.ranks import plan_ranks, rank_rows
     from weightplan.viz.ranks import rank_table
 
@@ -324,24 +322,12 @@ def _explain_ranks(model: Any, dtype: Any, args: argparse.Namespace) -> int:
     tp = TensorParallel(plan=_tp_plan(args.tp_plan), world_size=args.tp, rank=0,
                         experts="ep" if args.ep else "tp", output="local",
                         cooperative=args.cooperative, storage=args.storage,
-                        local_world_size=_per_node(args.tp, args.nodes))
+                        local_world_size=per_node(args.tp, args.nodes))
     plans = plan_ranks(model, args.checkpoint, tp, mapping=args.mapping, dtype=dtype,
                        budget=args.budget)
     print(json.dumps(rank_rows(plans), indent=2) if args.json
           else _safe(rank_table(plans, wording=cli_wording)))
     return _status([p for plan in plans for p in plan.problems], args)
-
-
-def _per_node(ranks: int, nodes: int | None) -> int | None:
-    """``--nodes N``: the ranks per node (``None``: one node)."""
-    from weightplan.errors import ArgumentError
-
-    if nodes is None:
-        return None
-    if ranks % nodes:
-        raise ArgumentError(f"--nodes {nodes}: the {ranks} ranks of --tp don't split into "
-                            f"{nodes} nodes of equal size")
-    return ranks // nodes
 
 
 def _tp_plan(text: str | None) -> Any:

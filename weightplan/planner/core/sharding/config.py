@@ -177,6 +177,20 @@ def start_process_group() -> None:
                             f" MASTER_ADDR={os.environ['MASTER_ADDR']}): {e}") from e
 
 
+def per_node(ranks: int, nodes: int | None) -> int | None:
+    """The ranks per node of ``ranks`` split into ``nodes`` (``None``: one node).
+
+    Raises:
+        ParallelError: they don't split into nodes of equal size.
+    """
+    if nodes is None:
+        return None
+    if nodes < 1 or ranks % nodes:
+        raise ParallelError(f"{nodes} nodes: the {ranks} ranks don't split into {nodes} "
+                            "nodes of equal size")
+    return ranks // nodes
+
+
 def as_tensor_parallel(tp: object) -> TensorParallel | None:
     """``None``, ``"auto"`` or a :class:`TensorParallel` → a :class:`TensorParallel`."""
     if tp is None or isinstance(tp, TensorParallel):
