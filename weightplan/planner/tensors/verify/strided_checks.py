@@ -15,9 +15,13 @@ layout is judged once; the span checks of each read are the byte-range checks'.
 
 from __future__ import annotations
 
+from functools import lru_cache
+from itertools import compress
+from operator import attrgetter
+
 import numpy as np
 
-from weightplan.planner.core.geometry import Region
+from weightplan.planner.core.geometry import CACHE_SIZE, Region
 from weightplan.planner.core.sharding.fp8_slices import scale_region
 from weightplan.planner.tensors.lower.placement import Step
 from weightplan.planner.tensors.lower.read_tasks import ReadLayout, ReadTask
@@ -26,19 +30,25 @@ from weightplan.planner.tensors.lower.strided import ByteRuns
 
 def strided_problems(step: Step) -> list[str]:
     """What is wrong with the runs of ``step``'s strided reads (see the module docstring)."""
+    layouts = list(map(_LAYOUT, step.reads))  # (C-level passes: most steps have none)
+    if not any(map(_RUNS, layouts)) and not any(map(_SCALE_RUNS, layouts)):
+        return []
     problems: list[str] = []
-    judged: dict[tuple[int, int, int], str | None] = {}
-    for task in step.reads:
-        layout = task.layout
-        if layout.runs is None and layout.scale_runs is None:
-            continue
-        spec = task.entry.spec
-        key = (id(layout), id(task.region), id(spec))
-        if key not in judged:
-            judged[key] = _layout_problem(task, layout)
-        if judged[key] is not None:
-            problems.append(f"read of {task.entry.key}: {judged[key]}")
+    judged: dict[tuple[int, int], str | None] = {}
+    strided = [a is not None or b is not None
+               for a, b in zip(map(_RUNS, layouts), map(_SCALE_RUNS, layouts), strict=True)]
+    for task in compress(step.reads, strided):
+        key = (id(task.layout), id(task.region))  # (a stack's reads share both objects)
+        wrong = judged.get(key, _UNJUDGED)
+        if wrong is _UNJUDGED:
+            wrong = judged[key] = _layout_problem(task, task.layout)
+        if wrong is not None:
+            problems.append(f"read of {task.entry.key}: {wrong}")
     return problems
+
+
+_UNJUDGED = "?"
+_LAYOUT, _RUNS, _SCALE_RUNS = attrgetter("layout"), attrgetter("runs"), attrgetter("scale_runs")
 
 
 def _layout_problem(task: ReadTask, layout: ReadLayout) -> str | None:
@@ -62,6 +72,7 @@ def _layout_problem(task: ReadTask, layout: ReadLayout) -> str | None:
     return None
 
 
+@lru_cache(maxsize=CACHE_SIZE)  # (the layers' experts share a few geometries)
 def runs_problem(runs: ByteRuns, shape: tuple[int, ...], itemsize: int, region: Region,
                  span: tuple[int, int]) -> str | None:
     """What is wrong with ``runs`` as the reads of ``region`` of a row-major tensor of
