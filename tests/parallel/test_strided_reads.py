@@ -138,7 +138,7 @@ def test_verify_refuses_runs_that_miss_repeat_or_leave_the_region(wide):
         layout = dataclasses.replace(task.layout, runs=bad)
         reads = list(step.reads)
         reads[i] = dataclasses.replace(task, layout=layout)
-        broken = dataclasses.replace(step, reads=tuple(reads), runs=())
+        broken = dataclasses.replace(step, reads=tuple(reads))
         assert any(task.entry.key in p for p in strided_problems(broken)), what
 
 
