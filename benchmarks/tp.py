@@ -1,14 +1,20 @@
-"""Tensor-parallel benchmark: weightplan vs transformers ``tp_plan="auto"``, 2 and 4 gloo ranks.
+"""Tensor-parallel benchmark: weightplan (plain and cooperative) vs transformers
+``tp_plan="auto"``, 2 and 4 gloo ranks.
 
 Uses the ~1.5 GB Mixtral-style checkpoint of ``benchmarks/load.py`` (legacy per-expert
-layout, so the expert merges are sharded). For each world size, one torchrun launch runs
-on every rank, in alternating order: weightplan (``explain(model, dir, tp=TensorParallel())``
-+ ``execute`` into a model built under ``init_empty``) and transformers
-(``from_pretrained(dir, distributed_config=DistributedConfig(tp_plan="auto"))``). Per rank it
-reports the bytes weightplan read against 1/N of the checkpoint, the load seconds of both,
-and the growth of peak RSS during each load (each in its own fresh process).
+layout, so the expert merges are sharded). For each world size, one torchrun launch per
+contender runs on every rank, in alternating order, each on a cold page cache (the
+checkpoint's pages dropped first): weightplan (``explain(model, dir, tp=TensorParallel())``
++ ``execute`` into a model built under ``init_empty``), weightplan cooperative
+(``TensorParallel(cooperative=True)``: each replicated tensor read by one rank and
+broadcast) and transformers (``from_pretrained(dir, distributed_config=DistributedConfig(
+tp_plan="auto"))``). Per rank it reports the bytes weightplan requested from storage
+(``report.bytes_read``: read calls plus mapped windows) against 1/N of the checkpoint and
+against the bytes the rank needs, the load seconds of each, and the growth of peak RSS
+(each in its own fresh process); per world size, the storage bytes of all ranks against
+the checkpoint's.
 
-    python benchmarks/tp.py [--ranks 2 4] [--cache DIR]
+    python benchmarks/tp.py [--ranks 2 4] [--cache DIR] [--warm]
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _weightplan(directory: str) -> dict:
+def _weightplan(directory: str, cooperative: bool = False) -> dict:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -41,13 +47,14 @@ def _weightplan(directory: str) -> dict:
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(directory),
                                                  dtype=torch.bfloat16)
     before, start = _peak_rss(), time.perf_counter()
-    plan = weightplan.explain(model, directory, tp=weightplan.TensorParallel())
+    plan = weightplan.explain(model, directory,
+                              tp=weightplan.TensorParallel(cooperative=cooperative))
     report = plan.execute(progress=False)
     seconds = time.perf_counter() - start
     local = sum(p.to_local().nbytes if hasattr(p, "to_local") else p.nbytes
                 for p in model.parameters())
-    return {"seconds": seconds, "read": report.bytes_needed, "local": local,
-            "rss": _peak_rss() - before}
+    return {"seconds": seconds, "read": report.bytes_read, "needed": report.bytes_needed,
+            "local": local, "rss": _peak_rss() - before}
 
 
 def _transformers(directory: str) -> dict:
@@ -65,9 +72,9 @@ def worker(contender: str, directory: str) -> None:
     """One contender on this rank; prints one JSON line."""
     import torch.distributed as dist
 
-    if contender == "weightplan":
+    if contender in ("weightplan", "cooperative"):
         dist.init_process_group("gloo")
-        result = _weightplan(directory)
+        result = _weightplan(directory, cooperative=contender == "cooperative")
     else:
         result = _transformers(directory)
     result.update(rank=dist.get_rank(), contender=contender)
@@ -76,7 +83,12 @@ def worker(contender: str, directory: str) -> None:
     dist.destroy_process_group()
 
 
-def launch(world: int, contender: str, directory: Path) -> list[dict]:
+def launch(world: int, contender: str, directory: Path, cold: bool = True) -> list[dict]:
+    if cold:
+        from weightplan.executor.reader import evict
+
+        for path in directory.glob("*.safetensors"):
+            evict(path)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -92,21 +104,29 @@ def report(world: int, total: int, runs: list[dict]) -> None:
     gib = 1024 ** 3
     print(f"\n{world} ranks, checkpoint {total / gib:.2f} GiB, 1/{world} = "
           f"{total / world / gib:.3f} GiB")
-    print(f"{'rank':>4} {'wp read/(total/N)':>18} {'wp read/local':>14} {'wp s':>7} "
-          f"{'hf s':>7} {'wp peak RSS':>12} {'hf peak RSS':>12}")
-    wp = {r["rank"]: r for r in runs if r["contender"] == "weightplan"}
-    hf = {r["rank"]: r for r in runs if r["contender"] == "transformers"}
-    for rank in sorted(wp):
-        a, b = wp[rank], hf.get(rank, {"seconds": float("nan"), "rss": 0})
-        print(f"{rank:>4} {a['read'] / (total / world):>18.3f} {a['read'] / a['local']:>14.3f} "
-              f"{a['seconds']:>7.2f} {b['seconds']:>7.2f} {a['rss'] / gib:>10.2f} G "
-              f"{b['rss'] / gib:>10.2f} G")
+    print(f"{'rank':>4} {'storage/(total/N)':>18} {'coop':>6} {'storage/needed':>15} "
+          f"{'wp s':>7} {'coop s':>7} {'hf s':>7} {'wp peak RSS':>12} {'hf peak RSS':>12}")
+    by = {c: {r["rank"]: r for r in runs if r["contender"] == c}
+          for c in ("weightplan", "cooperative", "transformers")}
+    nan = {"seconds": float("nan"), "rss": 0, "read": float("nan")}
+    for rank in sorted(by["weightplan"]):
+        a, c = by["weightplan"][rank], by["cooperative"].get(rank, nan)
+        b = by["transformers"].get(rank, nan)
+        print(f"{rank:>4} {a['read'] / (total / world):>18.3f} "
+              f"{c['read'] / (total / world):>6.3f} {a['read'] / a['needed']:>15.3f} "
+              f"{a['seconds']:>7.2f} {c['seconds']:>7.2f} {b['seconds']:>7.2f} "
+              f"{a['rss'] / gib:>10.2f} G {b['rss'] / gib:>10.2f} G")
+    for contender in ("weightplan", "cooperative"):
+        storage = sum(r["read"] for r in by[contender].values())
+        print(f"{contender}: all ranks' storage bytes / checkpoint = {storage / total:.3f}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--cache", type=Path, default=None)
+    parser.add_argument("--warm", action="store_true", help="keep the page cache (default: "
+                        "each launch starts cold)")
     args = parser.parse_args()
     from benchmarks.load import DEFAULT_CACHE, build_checkpoint
 
@@ -115,9 +135,9 @@ def main() -> None:
     total = sum(f.stat().st_size for f in directory.glob("*.safetensors"))
     for world in args.ranks:
         runs = []
-        for contender in ("weightplan", "transformers", "weightplan", "transformers")[
-                :2 if world > 2 else 4]:
-            runs += launch(world, contender, directory)
+        order = ("weightplan", "cooperative", "transformers") * (1 if world > 2 else 2)
+        for contender in order:
+            runs += launch(world, contender, directory, cold=not args.warm)
         report(world, total, _best(runs))
 
 

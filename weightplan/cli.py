@@ -194,7 +194,7 @@ def _explain(args: argparse.Namespace) -> int:
 def _explain_ranks(model: Any, dtype: Any, args: argparse.Namespace) -> int:
     """``--tp N [--ep]``: every rank planned in this process; a table, or JSON rows."""
     from weightplan.errors import ParallelError
-    from weightplan.planner.core.sharding.config import TensorParallel
+    from weightplan.planner.core.sharding.config import TensorParallel, per_node
     from weightplan.planner.pipelines.ranks import plan_ranks, rank_rows
     from weightplan.viz.ranks import rank_table
 
@@ -202,7 +202,9 @@ def _explain_ranks(model: Any, dtype: Any, args: argparse.Namespace) -> int:
         raise ParallelError("--tp needs the model: a checkpoint directory with config.json "
                             "and transformers installed")
     tp = TensorParallel(plan=_tp_plan(args.tp_plan), world_size=args.tp, rank=0,
-                        experts="ep" if args.ep else "tp", output="local")
+                        experts="ep" if args.ep else "tp", output="local",
+                        cooperative=args.cooperative, storage=args.storage,
+                        local_world_size=per_node(args.tp, args.nodes))
     plans = plan_ranks(model, args.checkpoint, tp, mapping=args.mapping, dtype=dtype,
                        budget=args.budget)
     print(json.dumps(rank_rows(plans), indent=2) if args.json

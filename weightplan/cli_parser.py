@@ -6,7 +6,8 @@
     weightplan explain CKPT --model-type mixtral     what the keys become, with shapes (no model)
     weightplan explain CKPT --model-type mixtral --json
     weightplan explain CKPT --model-type mixtral --svg plan.svg --timeline mem.svg
-    weightplan explain CKPT_DIR --tp 8 [--ep]        every rank's bytes read / held / peak
+    weightplan explain CKPT_DIR --tp 8 [--ep] [--cooperative] [--nodes 2 --storage node]
+                                                  every rank's storage / network / held / peak
     weightplan convert SRC DST [--reverse]           on disk, no model (mapping: config.json's
                                                      model_type, or --model-type)
     weightplan mappings [--json]                     registered mappings and aliases
@@ -86,14 +87,7 @@ def _explain_parser(exp: argparse.ArgumentParser) -> None:
                           "without --only)")
     exp.add_argument("--only", metavar="GLOB",
                      help="draw only the keys matching GLOB, e.g. 'model.layers.0.*'")
-    exp.add_argument("--tp", type=_ranks, metavar="N",
-                     help="plan a tensor-parallel load over N ranks: one row per rank (read, "
-                          "held, replicated, peak), from this process, with no GPU")
-    exp.add_argument("--ep", action="store_true",
-                     help="with --tp: whole experts per rank (the model's ep_plan)")
-    exp.add_argument("--tp-plan", metavar="JSON",
-                     help="with --tp: the plan as a JSON object {module glob: style} (or "
-                          "@FILE.json) instead of the model's tp_plan")
+    _parallel_flags(exp)
     exp.add_argument("--device-map", metavar="STRATEGY",
                      choices=("auto", "balanced", "balanced_low_0", "sequential"),
                      help="place the modules automatically (a per-device table: weights, "
@@ -104,6 +98,24 @@ def _explain_parser(exp: argparse.ArgumentParser) -> None:
                      help="with --device-map: where modules placed on the disk would go")
     exp.add_argument("--allow-problems", action="store_true",
                      help="exit 0 even when the plan has problems (default: exit 1)")
+
+
+def _parallel_flags(exp: argparse.ArgumentParser) -> None:
+    """``explain``'s tensor-parallel flags: every rank planned from this process."""
+    exp.add_argument("--tp", type=_ranks, metavar="N",
+                     help="plan a tensor-parallel load over N ranks: one row per rank (read, "
+                          "held, replicated, peak), from this process, with no GPU")
+    exp.add_argument("--ep", action="store_true",
+                     help="with --tp: whole experts per rank (the model's ep_plan)")
+    exp.add_argument("--cooperative", action="store_true", help="with --tp: each "
+                     "replicated tensor read by one rank and broadcast (storage vs network)")
+    exp.add_argument("--nodes", type=_ranks, metavar="N",
+                     help="with --tp: the ranks make N nodes (numbered node by node)")
+    exp.add_argument("--storage", choices=("shared", "node"), default="shared", help="with "
+                     "--cooperative: one file system for all nodes, or a copy on each node")
+    exp.add_argument("--tp-plan", metavar="JSON",
+                     help="with --tp: the plan as a JSON object {module glob: style} (or "
+                          "@FILE.json) instead of the model's tp_plan")
 
 
 def _convert_parser(conv: argparse.ArgumentParser) -> None:

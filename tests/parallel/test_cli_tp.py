@@ -57,3 +57,25 @@ def test_tp_says_what_every_rank_holds_whole_and_why(tp_checkpoints, capsys):
     out = capsys.readouterr().out
     assert ("model.layers.*.self_attn.q_norm: replicated_with_grad_allreduce keeps them whole"
             in out)
+
+
+def test_explain_tp_cooperative_json_rows_read_the_checkpoint_about_once(tp_checkpoints, capsys):
+    directory = str(tp_checkpoints["dsv3"])  # its MLA attention is replicated
+    assert main(["explain", directory, "--tp", "4", "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(["explain", directory, "--tp", "4", "--cooperative", "--json"]) == 0
+    shared = json.loads(capsys.readouterr().out)
+    assert main(["explain", directory, "--tp", "4", "--cooperative", "--nodes", "2",
+                 "--storage", "node", "--json"]) == 0
+    nodes = json.loads(capsys.readouterr().out)
+    total = {way: sum(r["storage_bytes"] for r in rows)
+             for way, rows in (("plain", plain), ("shared", shared), ("nodes", nodes))}
+    assert total["shared"] < total["nodes"] < total["plain"]
+    assert all(r["network_bytes"] == 0 for r in plain)
+    assert all(r["network_bytes"] > 0 for r in shared + nodes)
+    assert [r["held_bytes"] for r in shared] == [r["held_bytes"] for r in plain]
+
+
+def test_explain_nodes_must_split_the_ranks(tp_checkpoints, capsys):
+    assert main(["explain", str(tp_checkpoints["llama"]), "--tp", "4", "--nodes", "3"]) == 2
+    assert "3 nodes: the 4 ranks" in capsys.readouterr().err

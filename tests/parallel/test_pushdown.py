@@ -1,5 +1,6 @@
 """Shards pushed down through conversion ops; plan resolution and its problems; rank table."""
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -119,12 +120,18 @@ def test_rank_table_from_one_process(tmp_path):
     assert [read_bytes(r) for r in ranks] == [3 * 16 + 16] * 3 + [16 + 16]
     assert all(r.replicated_bytes == 16 for r in ranks)
     lines = rank_table(ranks).splitlines()
-    assert lines[0].startswith("tensor parallel over 4 ranks") and len(lines) == 9
-    assert lines[6:] == ["replicated (whole on every rank, 16 B):",
+    assert lines[0].startswith("tensor parallel over 4 ranks") and len(lines) == 10
+    assert lines[6].startswith("4 ranks: storage 224 B = 1.273× the checkpoint, network 0 B")
+    assert lines[7:] == ["replicated (whole on every rank, 16 B):",
                          "  no entry of the plan given names them (1, 16 B):", "    norm.weight"]
     from weightplan import parallel
 
     assert parallel.rank_table(parallel.plan_ranks(model, ckpt, tp, mapping=[])) == rank_table(ranks)
+    # cooperative: norm.weight (the only whole step) is dealt to rank 0 and sent to 3
+    shared = plan_ranks(model, ckpt, dataclasses.replace(tp, cooperative=True), mapping=[])
+    assert [r.read_bytes for r in shared] == [3 * 16 + 16, 3 * 16, 3 * 16, 16]
+    assert [r.exchange.network_bytes for r in shared] == [3 * 16, 16, 16, 16]
+    assert "storage 176 B = 1.000× the checkpoint, network 96 B" in rank_table(shared)
 
 
 def test_dtensor_output_needs_a_mesh_and_sharding_needs_meta(tmp_path):

@@ -41,7 +41,7 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
             dtype: torch.dtype | str | None = None, budget: int | str | None = None,
             tp: object = None, quantization: object = None, threads: int = 4,
             device: object = None, device_map: object = None, max_memory: object = None,
-            offload_folder: object = None) -> Plan:
+            offload_folder: object = None, cooperative: bool = False) -> Plan:
     """Plan loading ``checkpoint`` into ``model`` from headers only; nothing is read or written.
 
     Args:
@@ -71,20 +71,21 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
             (``{"cuda:0": "80GiB", "cpu": "200GiB"}``; default: free memory here, absent
             devices: a dry run) each within its budget, the rest on ``"disk"`` in
             ``offload_folder`` (see ``plan.device_map``, ``plan.device_peaks``).
+        cooperative: with ``tp``: whole tensors read by one rank and broadcast.
 
     Returns:
         A :class:`Plan`. Missing / unexpected / mismatched keys are reported on it;
         configuration errors (conflicting converters, index gaps, unreadable files) raise.
 
     Example:
-        >>> plan = explain(model, "ckpt_dir/")          # doctest: +SKIP
-        >>> print(plan); plan.execute()                 # doctest: +SKIP
+        >>> plan = explain(model, "ckpt_dir/"); print(plan); plan.execute()  # doctest: +SKIP
     """
-    finder = bridge_for(model) if mapping is None else None
-    device = device_from_map(device_map, device, tp, caller="explain")
     data = explain_load(model, checkpoint, mapping=by_name(mapping), dtype=dtype, budget=budget,
-                        tp=tp, quantization=quantization, threads=threads, device=device,
-                        finder=finder, max_memory=max_memory, offload_folder=offload_folder)
+                        tp=tp, quantization=quantization, threads=threads,
+                        device=device_from_map(device_map, device, tp, caller="explain"),
+                        finder=bridge_for(model) if mapping is None else None,
+                        max_memory=max_memory, offload_folder=offload_folder,
+                        cooperative=cooperative)
     return _dispatchable(promote(Plan, data))
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from weightplan.executor.sink import Sink
+from weightplan.executor.strided_read import read_runs
 
 from weightplan.planner.core.quant.blocks import (
     dequantize_chunks, dequantize_into, rows_per_chunk, workspace,
@@ -80,6 +81,10 @@ def _scale(run: Any, task: ReadTask
         assert run.checkpoint.tensors is not None
         whole = run.checkpoint.tensors[entry.key]
         scale = whole[tuple(slice(a, b) for a, b in zip(tiles.starts, tiles.stops, strict=True))]
+    elif task.layout.scale_runs is not None:  # only the tiles' runs (a column slice's)
+        scale = torch.empty(task.layout.scale_runs.nbytes, dtype=torch.uint8)
+        read_runs(run.reader, entry.file, entry.offset, task.layout.scale_runs, scale)
+        scale = scale.view(entry.spec.dtype).view(tiles.shape)
     else:
         first, count = tiles.element_span(shape)
         size = entry.spec.dtype.itemsize

@@ -12,6 +12,7 @@ from weightplan.errors import (
 )
 from weightplan.executor.atomic import GuardedSink, partial_load_errors
 from weightplan.executor.dtensors import check_output
+from weightplan.executor.exchange import ExchangeSink, check_exchange
 from weightplan.executor.report import LoadReport
 from weightplan.executor.run import run_plan
 from weightplan.executor.init_fit import check_allocations_fit, fresh_sizes
@@ -31,6 +32,8 @@ def execute_plan(plan: LoadPlanData, *, strict: bool = False, progress: bool | N
     """Run a load plan (see :meth:`weightplan.Plan.execute`)."""
     model, info = preflight(plan, strict)
     check_output(plan.sharding)
+    mesh = plan.sharding.mesh if plan.sharding is not None else None
+    check_exchange(plan.exchange, mesh)
     fresh = sorted(plan.missing | plan.findings.ignored_missing)
     # before a byte is read or allocated: see executor/init_fit.py
     check_allocations_fit(fresh_sizes(model, info, fresh, plan.options.dtype),
@@ -40,7 +43,9 @@ def execute_plan(plan: LoadPlanData, *, strict: bool = False, progress: bool | N
                       devices=plan.options.devices, sharding=plan.sharding)
     sink = GuardedSink(inner, atomic=atomic)  # see executor/atomic.py
     with partial_load_errors(sink):
-        stats = run_plan(plan.schedule, plan.checkpoint, sink, progress=progress)
+        shared = ExchangeSink(sink, plan.exchange, mesh) if plan.exchange is not None \
+            and plan.exchange.items else sink  # cooperative: broadcast before the commit
+        stats = run_plan(plan.schedule, plan.checkpoint, shared, progress=progress)
     record = record_of_conversions(plan.conversions, plan.checkpoint, plan.unexpected)
     attach_record(model, merge_records(get_record(model), record))
     if plan.missing or plan.unexpected:

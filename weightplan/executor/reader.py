@@ -32,7 +32,7 @@ import contextlib
 import mmap
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -115,6 +115,18 @@ class Reader:
                                      min(nbytes, start + REQUEST_BYTES)) for start in starts]
         for future in futures:
             future.result()
+
+    def read_runs(self, path: str, offsets: Iterable[int], run: int, dest: torch.Tensor
+                  ) -> None:
+        """Read ``run`` bytes at each of ``offsets`` (ascending) of ``path`` into ``dest``
+        back to back (a contiguous ``uint8`` CPU tensor): a strided read's segments, one
+        ``preadv`` each, nothing between them requested."""
+        fd = self._fds[path]
+        buffer = memoryview(dest.numpy()).cast("B")  # type: ignore[arg-type]  # numpy buffer
+        at = 0
+        for offset in offsets:
+            self._request(path, fd, buffer[at:at + run], offset, 0, run)
+            at += run
 
     def _io(self) -> ThreadPoolExecutor:
         """The requests of one read run in parallel: the disk sees :data:`IO_DEPTH` of

@@ -30,6 +30,7 @@ from weightplan.executor.memory import RssMeter, Tracker
 from weightplan.executor.progress import LoadProgress, wants_progress
 from weightplan.executor.reader import Reader
 from weightplan.executor.sink import Sink
+from weightplan.executor.strided_read import runs_region, runs_straight
 from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.core.geometry import Region, row_major_strides
 from weightplan.planner.core.ops.base import Streams
@@ -120,7 +121,9 @@ class _Execution:
         finally:
             with self._lock:
                 self.read_seconds += time.perf_counter() - start
-        self.progress.advance(piece[1])  # per read, from the reader thread (thread-safe)
+        runs = task.layout.runs
+        # per read, from the reader thread (thread-safe)
+        self.progress.advance(piece[1] if runs is None else runs.nbytes)
 
     def _convert(self, program: Step, step: _Step) -> None:
         start = time.perf_counter()
@@ -157,7 +160,8 @@ def _run_ops(program: Step, step: _Step) -> Streams[torch.Tensor]:
 
 def _read_task(run: _Execution, program: Step, step: _Step, task: ReadTask,
                piece: tuple[int, int]) -> None:
-    if _read_straight(run, program, step, task, piece):
+    if _read_straight(run, program, step, task, piece) or runs_straight(run, program, step,
+                                                                         task):
         return
     if task.dequantize is not None and task.dequantize.scheme is not None:
         packed_read(run, program, step, task)  # a packed format: its own windows
@@ -204,6 +208,7 @@ class _source:
     def __init__(self, run: _Execution, task: ReadTask, piece: tuple[int, int]):
         self.run, self.task, self.piece = run, task, piece
         self._window: contextlib.AbstractContextManager[torch.Tensor] | None = None
+        self.held = 0  # a strided read's buffer
 
     def __enter__(self) -> torch.Tensor:
         task, (start, length) = self.task, self.piece
@@ -215,6 +220,10 @@ class _source:
                 return tensor[_slices(task.region)]
             first = task.byte_range[0] + start
             return _flat_bytes(tensor)[first:first + length]
+        if task.layout.runs is not None:  # a strided read: only its runs, into a buffer
+            self.held = task.layout.runs.nbytes
+            self.run.tracker.add(self.held)
+            return runs_region(self.run.reader, task)
         self._window = self.run.reader.window(entry.file, task.byte_range[0] + start, length)
         self.run.tracker.add(length)
         raw = self._window.__enter__()
@@ -224,6 +233,7 @@ class _source:
                                 row_major_strides(entry.spec.shape), 0)
 
     def __exit__(self, *exc: Any) -> None:
+        self.run.tracker.sub(self.held)
         if self._window is not None:
             self._window.__exit__(*exc)
             self.run.tracker.sub(self.piece[1])

@@ -1,6 +1,7 @@
-"""Every rank of a tensor-parallel load as text: one row per rank (read, held, replicated,
-peak), what every rank holds whole and why, what is read whole, and the problems folded
-like a plan's (rank 0's: the ranks resolve one plan)."""
+"""Every rank of a tensor-parallel load as text: one row per rank (bytes read from storage,
+bytes over the network, held, replicated, peak), the totals, what every rank holds whole
+and why, what is read whole, and the problems folded like a plan's (rank 0's: the ranks
+resolve one plan)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import textwrap
 from collections.abc import Callable
 
 from weightplan.planner.pipelines.plan import LoadPlanData
-from weightplan.planner.pipelines.ranks import read_bytes, whole_reads
+from weightplan.planner.pipelines.ranks import network_bytes, whole_reads
 from weightplan.units import format_bytes
 from weightplan.viz.folding import fold_keys
 from weightplan.viz.text import MAX_LIST, MIN_WIDTH, problem_lines, quantized_text, wrapped
@@ -18,10 +19,11 @@ WIDTH = 100  # the key lists wrap here
 
 def rank_table(plans: tuple[LoadPlanData, ...], *, wording: Callable[[str], str] = str,
                width: int | None = None) -> str:
-    """A text table: one row per rank (read, held, replicated, peak, read / (total/N)),
-    then the replicated tensors by reason, the whole reads and the problems; ``wording``
-    rewrites the advice of the messages (the command line gives its flags); ``width``:
-    every line wrapped at it (the key lists wrap at 100 without it)."""
+    """A text table: one row per rank (storage, network, held, replicated, peak, storage /
+    (total/N)), the totals over the ranks, then the replicated tensors by reason, the
+    whole reads and the problems; ``wording`` rewrites the advice of the messages (the
+    command line gives its flags); ``width``: every line wrapped at it (the key lists wrap
+    at 100 without it)."""
     if not plans or plans[0].sharding is None:
         return "no tensor-parallel ranks"
     first = plans[0].sharding
@@ -31,14 +33,16 @@ def rank_table(plans: tuple[LoadPlanData, ...], *, wording: Callable[[str], str]
     quantized = quantized_text(plans[0])
     if quantized:
         head += f"\nquantized checkpoint: {quantized} (rank 0)"
-    rows = [f"{'rank':>4}  {'read':>10}  {'held':>10}  {'replicated':>10}  {'peak':>10}  "
-            f"{'read/(total/N)':>14}"]
+    rows = [f"{'rank':>4}  {'storage':>10}  {'network':>10}  {'held':>10}  "
+            f"{'replicated':>10}  {'peak':>10}  {'storage/(total/N)':>17}"]
     for p in plans:
         assert p.sharding is not None
-        ratio = read_bytes(p) / (total / world) if total else 0.0
-        rows.append(f"{p.sharding.rank:>4}  {format_bytes(read_bytes(p)):>10}  "
-                     f"{format_bytes(p.held_bytes):>10}  {format_bytes(p.replicated_bytes):>10}  "
-                     f"{format_bytes(p.peak_bytes):>10}  {ratio:>14.3f}")
+        ratio = p.read_bytes / (total / world) if total else 0.0
+        rows.append(f"{p.sharding.rank:>4}  {format_bytes(p.read_bytes):>10}  "
+                    f"{format_bytes(network_bytes(p)):>10}  {format_bytes(p.held_bytes):>10}  "
+                    f"{format_bytes(p.replicated_bytes):>10}  {format_bytes(p.peak_bytes):>10}  "
+                    f"{ratio:>17.3f}")
+    rows.append(totals_line(plans, total))
     notes = replicated_lines(plans[0])
     whole = whole_reads(plans[0])
     if whole:
@@ -48,6 +52,20 @@ def rank_table(plans: tuple[LoadPlanData, ...], *, wording: Callable[[str], str]
     if width is not None:
         lines = [part for line in lines for part in wrapped(line, max(width, MIN_WIDTH))]
     return "\n".join(lines)
+
+
+def totals_line(plans: tuple[LoadPlanData, ...], total: int) -> str:
+    """All the ranks planned: storage bytes against the checkpoint's, and the network."""
+    storage = sum(p.read_bytes for p in plans)
+    exchange = plans[0].exchange
+    how = ("replicated tensors read by every rank" if exchange is None else
+           "each replicated tensor read by one rank and broadcast" if len(exchange.groups) == 1
+           else f"each replicated tensor read once per node of {len(exchange.group)} ranks "
+                "and broadcast within it")
+    return (f"{len(plans)} ranks: storage {format_bytes(storage)} = "
+            f"{storage / total if total else 0.0:.3f}× the checkpoint, network "
+            f"{format_bytes(sum(map(network_bytes, plans)))} ({how}); peak includes the "
+            "receive buffers (the replicated tensors' own memory)")
 
 
 def replicated_lines(plan: LoadPlanData) -> list[str]:

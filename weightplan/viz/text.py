@@ -24,6 +24,8 @@ from weightplan.units import format_bytes
 from weightplan.viz.rows import Row
 from weightplan.viz.folding import fold_keys
 from weightplan.viz.rows import mapping_rows
+from weightplan.viz.sharing import sharing_lines
+from weightplan.viz.strided import strided_lines
 from weightplan.viz.style import terminal_text
 
 if TYPE_CHECKING:  # (a load's text imports none of the write side)
@@ -202,6 +204,7 @@ def total_lines(plan: PlanData) -> list[str]:
         f"{format_bytes(plan.schedule.window_bytes)}, threads: {threads}"
         + (f", budget {format_bytes(plan.options.budget)}" if plan.options.budget else ""),
     ]
+    lines += strided_lines(steps) + sharing_lines(plan)
     staged = plan.atomic_bytes if isinstance(plan, LoadPlanData) else 0
     if staged:  # allocated model tensors are written in place
         lines.append(f"in place: {format_bytes(staged)} of allocated model tensors; "

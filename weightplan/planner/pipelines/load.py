@@ -17,6 +17,7 @@ import torch
 from weightplan.errors import MappingError, ParallelError, PlanError
 from weightplan.planner.core.paused_gc import paused_gc
 from weightplan.planner.core.problems import Problem, ProblemKind
+from weightplan.planner.pipelines.cooperative import sharer
 from weightplan.planner.pipelines.findings import Findings, collect_findings
 from weightplan.planner.pipelines.fp8_findings import with_fp8_findings
 from weightplan.planner.core.sharding.config import as_tensor_parallel
@@ -49,7 +50,8 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
                  dtype: torch.dtype | str | None = None, budget: int | str | None = None,
                  tp: object = None, quantization: object = None, threads: int = 4,
                  device: object = None, finder: Finder | None = None,
-                 max_memory: object = None, offload_folder: object = None) -> LoadPlanData:
+                 max_memory: object = None, offload_folder: object = None,
+                 cooperative: bool = False) -> LoadPlanData:
     """Plan loading ``checkpoint`` into ``model`` from headers only; nothing is read or written.
 
     The arguments are :func:`weightplan.explain`'s (documented there), ``mapping`` given by
@@ -60,7 +62,7 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     """
     _refuse_quantization_option(quantization)
     automatic = automatic_request(device, max_memory, offload_folder, model, tp)
-    sharding = _sharding(model, tp)
+    sharding = _sharding(model, tp, cooperative)
     ckpt = open_checkpoint(checkpoint)
     options = PlanOptions(resolve_dtype(dtype, model, ckpt), parse_threads(threads),
                           None if budget is None else parse_bytes(budget, what="budget"),
@@ -71,8 +73,9 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     quant = quant_context(checkpoint, ckpt, info, model)
     routing, conversions, kept_problems = _convert(ckpt, transforms, info, options, quant,
                                                    sharding)
+    share = sharer(sharding)
     graph, schedule = lower(conversions, ckpt, order=_checkpoint_order(ckpt),
-                            threads=options.threads, budget=options.budget)
+                            threads=options.threads, budget=options.budget, share=share)
     findings = with_fp8_findings(collect_findings(info, routing, conversions), quant,
                                  conversions, kept_problems)
     findings = _with_mapping_findings(findings, choice,
@@ -81,7 +84,8 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     if automatic is not None and model is not None:
         options, schedule = automatic.placed(options, model, info, schedule)
     return LoadPlanData(Direction.LOAD, ckpt, choice, transforms, conversions, graph, schedule,
-                        options, model, info, routing, findings, sharding)
+                        options, model, info, routing, findings, sharding,
+                        None if share is None else share.exchange)
 
 
 def _refuse_quantization_option(quantization: object) -> None:
@@ -91,10 +95,16 @@ def _refuse_quantization_option(quantization: object) -> None:
                         "in FP8 parameters, and are quantized for FP8 models)")
 
 
-def _sharding(model: torch.nn.Module | None, tp: object) -> Sharding | None:
+def _sharding(model: torch.nn.Module | None, tp: object, cooperative: bool = False
+              ) -> Sharding | None:
     tensor_parallel = as_tensor_parallel(tp)
     if tensor_parallel is None:
+        if cooperative:
+            raise ParallelError("cooperative=True shares the reads of the ranks of a "
+                                "tensor-parallel load: pass tp= too")
         return None
+    if cooperative:
+        tensor_parallel = dataclasses.replace(tensor_parallel, cooperative=True)
     if model is None:
         raise ParallelError("tp= needs a model: its tp_plan (or the plan given) names what "
                             "is sharded; pass the model built on meta")

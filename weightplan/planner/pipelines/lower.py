@@ -37,9 +37,12 @@ def _lowered(conversions: Sequence[Conversion], piece_bytes: int) -> Iterator[St
 
 
 def lower(conversions: Sequence[Conversion], checkpoint: Checkpoint, *, order: StepOrder,
-          threads: int, budget: int | None = None, piece_bytes: int = PIECE_BYTES
+          threads: int, budget: int | None = None, piece_bytes: int = PIECE_BYTES,
+          share: Callable[[tuple[Step, ...]], tuple[Step, ...]] | None = None
           ) -> tuple[PlanGraph, Schedule]:
     """Graph → steps (where bytes land) → :func:`verify` → schedule (order, window, peak).
+    ``share`` (a cooperative load's, :mod:`~weightplan.planner.pipelines.cooperative`)
+    turns the verified steps other ranks read into steps that receive.
 
     Raises:
         GraphError: the graph or a step breaks an invariant (a bug, or a user op's
@@ -50,6 +53,8 @@ def lower(conversions: Sequence[Conversion], checkpoint: Checkpoint, *, order: S
     graph = plan_graph(drawn)
     steps = order(_lowered(conversions, piece_bytes))
     verify(graph, steps, checkpoint)
+    if share is not None:
+        steps = share(steps)
     schedule = schedule_within(steps, threads=threads, budget=budget)
     problems = check_events(len(schedule.steps), schedule.events)
     if problems:

@@ -17,6 +17,7 @@ import torch
 
 from weightplan.planner.inputs.device import DeviceMap
 from weightplan.planner.core.problems import Mismatch, Note, Problem
+from weightplan.planner.pipelines.cooperative import Exchange
 from weightplan.planner.pipelines.findings import Findings
 from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.inputs.model_info import ModelInfo
@@ -90,6 +91,7 @@ class LoadPlanData(PlanData):
     routing: Routing
     findings: Findings
     sharding: Sharding | None = None  # tensor parallel: this rank's plan
+    exchange: Exchange | None = None  # cooperative reads: what is broadcast, by whom
 
     @property
     def held_bytes(self) -> int:

@@ -44,6 +44,11 @@ def read_bytes(plan: LoadPlanData) -> int:
     return sum(step.needed_bytes for step in plan.schedule.steps)
 
 
+def network_bytes(plan: LoadPlanData) -> int:
+    """Bytes a rank sends and receives in a cooperative load (0 otherwise)."""
+    return 0 if plan.exchange is None else plan.exchange.network_bytes
+
+
 def whole_reads(plan: LoadPlanData) -> tuple[str, ...]:
     """Conversions a rank reads whole because an op can't push its slice down."""
     return tuple(s.label for s in plan.schedule.steps if s.materialize and any(
@@ -53,5 +58,6 @@ def whole_reads(plan: LoadPlanData) -> tuple[str, ...]:
 def rank_rows(plans: tuple[LoadPlanData, ...]) -> list[dict[str, int]]:
     """The table's rows as data (``--json``)."""
     return [{"rank": p.sharding.rank if p.sharding else 0, "read_bytes": read_bytes(p),
+             "storage_bytes": p.read_bytes, "network_bytes": network_bytes(p),
              "held_bytes": p.held_bytes, "replicated_bytes": p.replicated_bytes,
              "peak_bytes": p.peak_bytes} for p in plans]

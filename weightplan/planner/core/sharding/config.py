@@ -18,6 +18,7 @@ from weightplan.errors import ParallelError
 
 EXPERTS = ("tp", "ep")
 OUTPUTS = ("dtensor", "local")
+STORAGES = ("shared", "node")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,16 @@ class TensorParallel:
             whole experts (``grouped_gemm``).
         output: ``"dtensor"`` (parameters become ``DTensor``\\ s with transformers'
             placements) or ``"local"`` (plain local tensors).
+        cooperative: each tensor every rank holds whole (norms, routers, what the plan
+            doesn't shard) is read from storage by one rank, balanced by bytes, and
+            broadcast to the others over the process group: the ranks together read each
+            byte of the checkpoint about once.
+        local_world_size: ranks per node (they are numbered node by node, as torchrun
+            does); default: torchrun's ``LOCAL_WORLD_SIZE`` under a process group, else
+            one node.
+        storage: with ``cooperative``: ``"shared"`` (one file system for every node: the
+            cluster reads each byte once) or ``"node"`` (a copy of the checkpoint on each
+            node: each node reads each byte once and broadcasts within itself).
 
     Raises:
         ParallelError: an argument that can't work, naming it and the fix.
@@ -61,11 +72,23 @@ class TensorParallel:
     rank: int | None = None
     experts: str = "tp"
     output: str = "dtensor"
+    cooperative: bool = False
+    local_world_size: int | None = None
+    storage: str = "shared"
 
     def __post_init__(self) -> None:
         _check_choice("experts", self.experts, EXPERTS)
         _check_choice("output", self.output, OUTPUTS)
+        _check_choice("storage", self.storage, STORAGES)
+        local = self.local_world_size
+        if local is not None and (isinstance(local, bool) or not isinstance(local, int)
+                                  or local < 1 or (self.world_size or local) % local):
+            raise ParallelError(f"TensorParallel(local_world_size={local!r}): give the ranks "
+                                "per node, a whole number that divides world_size")
         _check_plan(self.plan)
+        if not isinstance(self.cooperative, bool):
+            raise ParallelError(f"TensorParallel(cooperative={self.cooperative!r}): use True "
+                                "or False")
         if isinstance(self.plan, Mapping):
             object.__setattr__(self, "plan", MappingProxyType(dict(self.plan)))
         if (self.world_size is None) != (self.rank is None):
@@ -78,11 +101,25 @@ class TensorParallel:
 
     def __hash__(self) -> int:
         plan = self.plan if isinstance(self.plan, str) else tuple(self.plan.items())
-        return hash((plan, self.world_size, self.rank, self.experts, self.output))
+        return hash((plan, self.world_size, self.rank, self.experts, self.output,
+                     self.cooperative, self.local_world_size, self.storage))
 
     def plan_entries(self) -> dict[str, str]:
         """The plan's ``{name: style}`` entries (empty for ``"auto"``)."""
         return {} if isinstance(self.plan, str) else dict(self.plan)
+
+    def ranks_per_node(self, ranks: Ranks) -> int:
+        """Ranks per node: ``local_world_size``, else torchrun's ``LOCAL_WORLD_SIZE`` for a
+        load on a process group, else all of them (one node)."""
+        if self.local_world_size is not None:
+            local = self.local_world_size
+        else:
+            env = os.environ.get("LOCAL_WORLD_SIZE", "")
+            local = int(env) if env.isdigit() and not ranks.dry_run else ranks.world_size
+        if local < 1 or ranks.world_size % local:
+            raise ParallelError(f"{local} ranks per node don't divide a world of "
+                                f"{ranks.world_size}: pass TensorParallel(local_world_size=...)")
+        return local
 
     def ranks(self) -> Ranks:
         """This process's place: from ``mesh``, the default group, or world_size/rank."""
@@ -138,6 +175,20 @@ def start_process_group() -> None:
         raise ParallelError(f"starting the process group from torchrun's environment failed "
                             f"(RANK={os.environ['RANK']}, WORLD_SIZE={os.environ['WORLD_SIZE']},"
                             f" MASTER_ADDR={os.environ['MASTER_ADDR']}): {e}") from e
+
+
+def per_node(ranks: int, nodes: int | None) -> int | None:
+    """The ranks per node of ``ranks`` split into ``nodes`` (``None``: one node).
+
+    Raises:
+        ParallelError: they don't split into nodes of equal size.
+    """
+    if nodes is None:
+        return None
+    if nodes < 1 or ranks % nodes:
+        raise ParallelError(f"{nodes} nodes: the {ranks} ranks don't split into {nodes} "
+                            "nodes of equal size")
+    return ranks // nodes
 
 
 def as_tensor_parallel(tp: object) -> TensorParallel | None:

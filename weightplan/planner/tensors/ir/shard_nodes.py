@@ -35,6 +35,9 @@ class Sharding:
     rank: int
     output: str = "dtensor"
     mesh: Any = field(default=None, compare=False)
+    cooperative: bool = False  # replicated tensors: read by one rank, broadcast to the rest
+    local_world_size: int = 1  # ranks per node (numbered node by node)
+    storage: str = "shared"  # "shared": one file system; "node": a copy on each node
 
     def placement(self, key: str, ndim: int) -> Placement:
         return self.plan.placement(key).normalized(ndim)
@@ -96,4 +99,5 @@ def plan_sharding(model: Any, tp: Any) -> Sharding:
             raise ParallelError(f"{name} is already allocated; tensor-parallel loading "
                                 "allocates each rank's part: build the model on meta "
                                 "(weightplan.init_empty() or torch.device('meta'))")
-    return Sharding(plan, ranks.world_size, ranks.rank, tp.output, ranks.mesh)
+    return Sharding(plan, ranks.world_size, ranks.rank, tp.output, ranks.mesh,
+                    tp.cooperative, tp.ranks_per_node(ranks), tp.storage)

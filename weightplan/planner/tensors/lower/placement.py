@@ -35,8 +35,7 @@ from weightplan.planner.tensors.lower.read_tasks import (
 )
 from weightplan.planner.tensors.ir.shard_nodes import shard_fragments
 
-_LENGTH, _SCALE_BYTES, _WINDOW_BYTES = (attrgetter("layout.length"), attrgetter("layout.scale_bytes"),
-                                       attrgetter("layout.window_bytes"))
+_REQUESTED, _WINDOW_BYTES = attrgetter("layout.requested"), attrgetter("layout.window_bytes")
 _TMP_BYTES, _FRAGMENT, _KIND = attrgetter("tmp_bytes"), attrgetter("fragment"), attrgetter("kind")
 
 
@@ -60,7 +59,7 @@ class Step:
 
     @cached_property
     def read_bytes(self) -> int:
-        return sum(map(_LENGTH, self.reads)) + sum(map(_SCALE_BYTES, self.reads))
+        return sum(map(_REQUESTED, self.reads))  # (spans, or only their runs: strided.py)
 
     @cached_property
     def needed_bytes(self) -> int:

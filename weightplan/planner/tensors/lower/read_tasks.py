@@ -29,6 +29,7 @@ from weightplan.planner.tensors.ir.nodes import DequantizeAttrs, Node, NodeKind,
 from weightplan.planner.core.ops.base import Streams
 from weightplan.planner.core.sharding.fp8_slices import scale_region
 from weightplan.planner.core.spec import TensorSpec
+from weightplan.planner.tensors.lower.strided import ByteRuns, choose_runs
 
 PIECE_BYTES = 32 * 1024 * 1024  # direct reads larger than this are split into pieces
 
@@ -44,6 +45,9 @@ class ReadLayout:
     pieces: tuple[tuple[int, int], ...]  # (offset within the range, length) windows
     window_bytes: int  # the largest file window mapped at once (0 in memory), plus work_bytes
     scale_bytes: int  # the scale tiles a dequantize reads (see scale_region)
+    requested: int  # bytes requested from storage: the span or its runs, scale included
+    runs: ByteRuns | None = None  # set: only these runs of the span are read (strided.py)
+    scale_runs: ByteRuns | None = None  # likewise for the scale tiles of a dequantize
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +177,9 @@ def _layout(shape: tuple[int, ...], size: int, in_file: bool,
             scale_shape: tuple[int, ...] | None, scale_size: int, block: tuple[int, ...] | None,
             starts: tuple[int, ...], stops: tuple[int, ...], direct: bool, piece_bytes: int
             ) -> ReadLayout:
-    """The layout of a read: the same for every tensor of one shape read the same way."""
+    """The layout of a read: the same for every tensor of one shape read the same way.
+    A file read that isn't one run of bytes reads only its runs when they cost less than
+    its span (:func:`~weightplan.planner.tensors.lower.strided.choose_runs`)."""
     region = Region(starts, stops)
     first, count = region.element_span(shape)
     total = count * size
@@ -181,14 +187,23 @@ def _layout(shape: tuple[int, ...], size: int, in_file: bool,
         pieces = tuple((s, min(piece_bytes, total - s)) for s in range(0, total, piece_bytes))
     else:
         pieces = ((0, total),)
-    window = 0 if not in_file else pieces[0][1]  # the first piece is the largest
+    runs = None if direct or not in_file else choose_runs(shape, size, starts, stops)
+    # a strided read lands its runs in a buffer of the region's size (or straight in place)
+    window = 0 if not in_file else runs.nbytes if runs is not None else pieces[0][1]
+    asked = total if runs is None else runs.nbytes
     if scale_shape is None or block is None:
-        return ReadLayout(direct, first * size, total, pieces, window, 0)
+        return ReadLayout(direct, first * size, total, pieces, window, 0, asked, runs)
     # the window holds the whole scale; scale_bytes counts only its covering tiles
     work = workspace_bytes(region.shape, block, per_element=DEQUANTIZE_BYTES)
-    tiles = scale_region(shape, scale_shape, region, block).numel * scale_size
+    tiles = scale_region(shape, scale_shape, region, block)
+    tile_bytes = tiles.numel * scale_size
+    scale_runs = choose_runs(scale_shape, scale_size, tiles.starts, tiles.stops) if in_file \
+        else None
+    scale_asked = (tile_bytes if not in_file else scale_runs.nbytes if scale_runs is not None
+                   else tiles.element_span(scale_shape)[1] * scale_size)
     return ReadLayout(direct, first * size, total, pieces,
-                      window + math.prod(scale_shape) * scale_size + work, tiles)
+                      window + math.prod(scale_shape) * scale_size + work, tile_bytes,
+                      asked + scale_asked, runs, scale_runs)
 
 
 def packed_layout(node: Node) -> ReadLayout:
@@ -206,7 +221,7 @@ def _packed_layout(total: int, in_file: bool, parts: int, scheme: object,
     """One layout per geometry (the experts of a stack share it)."""
     work = packed_workspace(scheme, shape)  # type: ignore[arg-type]
     window = total if in_file else 0
-    return ReadLayout(False, 0, total, ((0, total),), window + parts + work, parts)
+    return ReadLayout(False, 0, total, ((0, total),), window + parts + work, parts, total + parts)
 
 
 def placed_reads(sources: Streams[Node], frags: Streams[tuple[Fragment, ...]],

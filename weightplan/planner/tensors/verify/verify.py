@@ -35,6 +35,7 @@ from weightplan.planner.tensors.schedule.schedule import Event, EventKind
 from weightplan.planner.tensors.verify.coverage import check_coverage
 from weightplan.planner.tensors.verify.graph_checks import Picker, Segments, check_graph, picker
 from weightplan.planner.tensors.verify.read_checks import read_problems, sections
+from weightplan.planner.tensors.verify.strided_checks import strided_problems
 
 _HASH = attrgetter("_hash")  # (Node's hash, kept on it: read without a call)
 
@@ -59,7 +60,7 @@ def check(graph: PlanGraph, steps: Sequence[Step] = (), checkpoint: Checkpoint |
     where = sections(checkpoint)
     for step in steps:
         found, landed = read_problems(step, where)
-        problems += check_coverage(step, landed) + found
+        problems += check_coverage(step, landed) + found + strided_problems(step)
     return problems
 
 

@@ -1,0 +1,84 @@
+"""Cooperative loads: the tensors one rank read, broadcast to the others before commit.
+
+:class:`ExchangeSink` wraps a load's sink. Writes go through; each closed destination's
+tensor is kept by key. At :meth:`ExchangeSink.commit`, every item of the plan's
+:class:`~weightplan.planner.pipelines.cooperative.Exchange` is broadcast from the rank
+that read it into the same destination on every other rank (``torch.distributed``
+broadcast of its bytes on the mesh's group: gloo here, NCCL on GPUs), in the exchange's
+order (the same on every rank), then the wrapped sink commits. A rank that fails before
+its broadcasts leaves the others waiting until the group's timeout.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from weightplan.errors import ExecutionError, ParallelError
+from weightplan.executor.model_sink import flat_bytes
+from weightplan.planner.core.geometry import View
+from weightplan.planner.pipelines.cooperative import Exchange
+from weightplan.planner.tensors.ir.destination import Destination
+
+
+def check_exchange(exchange: Exchange | None, mesh: Any) -> None:
+    """Fail before any byte is read when a cooperative load has no group to share over."""
+    if exchange is not None and exchange.items and mesh is None:
+        raise ParallelError("TensorParallel(cooperative=True) needs a process group to "
+                            "broadcast over (torchrun, or mesh=); a dry run (world_size=, "
+                            "rank=) can be explained, not executed: drop cooperative=True")
+
+
+class ExchangeSink:
+    """A sink that broadcasts the shared destinations before its inner sink commits."""
+
+    def __init__(self, inner: Any, exchange: Exchange, mesh: Any):
+        self.inner, self.exchange, self.mesh = inner, exchange, mesh
+        self.handles: dict[str, torch.Tensor] = {}
+
+    def open(self, dest: Destination) -> Any:
+        return self.inner.open(dest)
+
+    def write_bytes(self, handle: Any, dest: Destination, offset: int, data: torch.Tensor
+                    ) -> None:
+        self.inner.write_bytes(handle, dest, offset, data)
+
+    def byte_view(self, handle: Any, dest: Destination, offset: int, nbytes: int
+                  ) -> torch.Tensor | None:
+        return self.inner.byte_view(handle, dest, offset, nbytes)
+
+    def write_view(self, handle: Any, dest: Destination, view: View, src: torch.Tensor
+                   ) -> None:
+        self.inner.write_view(handle, dest, view, src)
+
+    def close(self, dest: Destination, handle: Any) -> None:
+        self.handles[dest.key] = handle
+        self.inner.close(dest, handle)
+
+    def commit(self) -> None:
+        self.broadcast()
+        self.inner.commit()
+
+    def abort(self) -> None:
+        self.inner.abort()
+
+    def broadcast(self) -> None:
+        """Every shared destination, from the rank that read it to the others."""
+        import torch.distributed as dist
+
+        exchange, group = self.exchange, self.mesh.get_group()
+        ranks = [dist.get_global_rank(group, r) for r in range(exchange.world_size)]
+        if len(exchange.groups) > 1:  # one group per node: every rank makes every group
+            made = [dist.new_group([ranks[r] for r in g]) for g in exchange.groups]
+            group = made[exchange.groups.index(exchange.group)]
+        for item in exchange.items:
+            tensor = self.handles.get(item.key)
+            if tensor is None:
+                raise ExecutionError(f"{item.key}: a shared tensor was never opened on rank "
+                                     f"{exchange.rank}; explain() again on every rank")
+            flat = tensor if tensor.is_contiguous() else tensor.contiguous()
+            dist.broadcast(flat_bytes(flat), src=ranks[exchange.owner(item)], group=group)
+            if flat is not tensor:
+                with torch.no_grad():
+                    tensor.copy_(flat)

@@ -1,0 +1,29 @@
+"""The plan's line about a cooperative load: storage bytes vs network bytes for this rank."""
+
+from __future__ import annotations
+
+from weightplan.planner.pipelines.cooperative import Exchange
+from weightplan.planner.pipelines.plan import LoadPlanData, PlanData
+from weightplan.units import format_bytes
+
+
+def sharing_lines(plan: PlanData) -> list[str]:
+    """One line for a cooperative rank's plan (what it reads, receives and sends; its
+    peak counts the tensors it receives, which land in their own memory); none otherwise."""
+    exchange = plan.exchange if isinstance(plan, LoadPlanData) else None
+    if exchange is None:
+        return []
+    mine = sum(1 for i in exchange.items if i.slot == exchange.slot)
+    return [f"cooperative rank {exchange.rank} of {exchange.world_size}: storage "
+            f"{format_bytes(plan.read_bytes)}, network {format_bytes(exchange.network_bytes)} "
+            f"(receives {format_bytes(exchange.received_bytes)} in "
+            f"{len(exchange.items) - mine} tensors, broadcasts {mine}{_nodes(exchange)}); peak "
+            f"{format_bytes(plan.peak_bytes)} includes the receive buffers (the tensors' own "
+            "memory)"]
+
+
+def _nodes(exchange: Exchange) -> str:
+    """Where the broadcasts go when the ranks are grouped by node."""
+    if len(exchange.groups) == 1:
+        return ""
+    return (f" within its node of {len(exchange.group)} ranks: each node reads its own copy")
