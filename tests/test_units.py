@@ -16,7 +16,9 @@ def test_a_size_reads_back_within_its_rounding(n):
     number, unit = text.split()
     if unit != "B":
         assert float(number) < 999.5 or unit == "TiB", text
-    assert abs(parse_bytes(text.replace(" ", "")) - n) <= max(0.005 * n, 1), text
+    # half a unit in the third digit (0.5% of n at most), plus the whole byte parse_bytes
+    # rounds to: 1152 B is 1.125 KiB, printed 1.12 KiB, read back as 1146 B
+    assert abs(parse_bytes(text.replace(" ", "")) - n) <= 0.005 * n + 1, text
 
 
 def test_a_plan_of_1000_kib_says_0_977_mib(tmp_path):
