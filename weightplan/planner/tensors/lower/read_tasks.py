@@ -311,27 +311,30 @@ def _alike_reads(stream: tuple[Node, ...]) -> tuple[tuple, list[TensorEntry]] | 
     scale spec's shape, dtype and block (``None`` unless dequantized) that every node of
     ``stream`` reads with, and the entries it reads (``None``: they differ). Node by node:
     :func:`_read_parts`."""
-    kinds = list(map(_KIND_ATTRS, stream))  # (kind, attrs): one of each for dequantizes
-    kind, attrs = kinds[0]
+    kinds = list(map(_KIND, stream))
+    kind = kinds[0]
+    if kinds.count(kind) != len(kinds):
+        return None
     scale: tuple = (None, None, None)
     if kind is NodeKind.DEQUANTIZE:
-        if not _same(kinds) or not isinstance(attrs, DequantizeAttrs) or attrs.scheme is not None:
+        attrs = list(map(_ATTRS, stream))  # (a stack's share one object: compared by identity)
+        if not _same(attrs) or not isinstance(attrs[0], DequantizeAttrs) \
+                or attrs[0].scheme is not None:
             return None  # (a packed format's reads: read by read)
         inputs = list(map(_INPUTS, stream))
         scales = list(map(_ENTRY_SPEC, map(_SECOND, inputs)))
         if not _same(scales):
             return None
-        scale = (scales[0].shape, scales[0].dtype, attrs.block)
+        scale = (scales[0].shape, scales[0].dtype, attrs[0].block)
         stream = tuple(map(_FIRST, inputs))
-    elif list(map(_FIRST, kinds)).count(kind) != len(kinds):
-        return None
     entries = list(map(_ENTRY, stream))
     # one spec, and one class of entry: one contiguity (a StridedEntry's is False)
-    alike, files = list(map(_SPEC_CLASS, entries)), list(map(_FILE, entries))
+    specs, classes, files = list(map(_SPEC, entries)), list(map(type, entries)), \
+        list(map(_FILE, entries))
     memory = files.count(None)
-    if not (_same(alike) and memory in (0, len(files))):
+    if not (_same(specs) and _same(classes) and memory in (0, len(files))):
         return None
-    spec = alike[0][0]
+    spec = specs[0]
     return (spec.shape, spec.dtype, memory > 0, entries[0].contiguous, *scale), entries
 
 
@@ -343,9 +346,9 @@ def _same(column: Sequence[object]) -> bool:
 _REGION, _VIEW, _TARGET = attrgetter("region"), attrgetter("view"), attrgetter("target")
 _SHAPE, _STRIDE = attrgetter("shape"), attrgetter("stride")
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
-_KIND_ATTRS, _INPUTS = attrgetter("kind", "attrs"), attrgetter("inputs")
+_KIND, _ATTRS, _INPUTS = attrgetter("kind"), attrgetter("attrs"), attrgetter("inputs")
 _ENTRY, _ENTRY_SPEC = attrgetter("attrs.entry"), attrgetter("attrs.entry.spec")
-_SPEC_CLASS, _FILE = attrgetter("spec", "__class__"), attrgetter("file")
+_SPEC, _FILE = attrgetter("spec"), attrgetter("file")
 
 
 @lru_cache(maxsize=CACHE_SIZE)

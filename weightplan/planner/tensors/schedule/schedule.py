@@ -91,13 +91,15 @@ def order_steps(programs: Iterable[Step], file_order: Sequence[str]) -> tuple[St
         # the lowest rank of the files its reads are in (a read in memory, or in a file
         # not in the order: -1), then the smallest first byte of its reads in those
         reads = p.reads
+        if not reads:
+            return -1, 0
         files = list(map(_FILE, reads))
-        ranks = {f: rank.get(f, -1) for f in set(files)}  # (a step's files are a few)
-        lowest = min(ranks.values(), default=-1)
         starts: Iterable[int] = map(add, map(_OFFSET, reads), map(_FIRST, reads))
-        if len(ranks) > 1:
-            starts = compress(starts, map(lowest.__eq__, map(ranks.__getitem__, files)))
-        return lowest, min(starts, default=0)
+        if files.count(files[0]) == len(files):  # (one file: most steps)
+            return rank.get(files[0], -1), min(starts)
+        ranks = {f: rank.get(f, -1) for f in set(files)}  # (a step's files are a few)
+        lowest = min(ranks.values())
+        return lowest, min(compress(starts, map(lowest.__eq__, map(ranks.__getitem__, files))))
 
     keyed = [(key(p), p) for p in programs]
     keyed.sort(key=_KEY)  # stable, as sorted(programs, key=key)
