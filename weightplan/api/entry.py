@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from weightplan.api.plans import Plan, promote
-from weightplan.errors import MappingError
+from weightplan.errors import AdapterError, MappingError
+from weightplan.planner.inputs.adapter import is_adapter_dir, read_adapter
+from weightplan.planner.pipelines.adapter_load import explain_adapter_load
 from weightplan.planner.pipelines.load import explain_load
 from weightplan.planner.keys.lookup import Finder, is_transformers_class
 
@@ -36,10 +38,17 @@ def by_name(mapping: object) -> object:
     return named_choice(mapping)
 
 
+def _adapter_dir(checkpoint: object) -> str:
+    if not isinstance(checkpoint, (str, os.PathLike)) or not os.path.isdir(checkpoint):
+        raise AdapterError(f"adapter_name= needs an adapter directory (adapter_config.json + "
+                           f"adapter_model.safetensors) as the checkpoint, got {checkpoint!r}")
+    return os.fspath(checkpoint)
+
+
 def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: object = None,
             dtype: torch.dtype | str | None = None, budget: int | str | None = None,
             tp: object = None, quantization: object = None, threads: int = 4,
-            device: object = None) -> Plan:
+            device: object = None, adapter_name: str | None = None) -> Plan:
     """Plan loading ``checkpoint`` into ``model`` from headers only; nothing is read or written.
 
     Args:
@@ -63,16 +72,28 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
         threads: reader threads (``0``, or ``WEIGHTPLAN_SYNC_LOAD=1``, reads inline).
         device: where meta tensors are allocated: ``"cpu"``, ``"cuda:1"``, a
             ``torch.device``, or ``{module prefix: device}``.
+        adapter_name: with an adapter directory (peft's ``adapter_config.json`` +
+            ``adapter_model.safetensors``) as ``checkpoint``, the injected adapter to load
+            into (default ``"default"``); only its tensors are planned, the base model's
+            mapping converting the adapter's keys and layouts.
 
     Returns:
         A :class:`Plan`. Missing / unexpected / mismatched keys are reported on it;
-        configuration errors (conflicting converters, index gaps, unreadable files) raise.
+        configuration errors (conflicting converters, index gaps, unreadable files) raise;
+        an adapter none of whose tensors has a place in the model raises
+        :class:`AdapterError`.
 
     Example:
         >>> plan = explain(model, "ckpt_dir/")          # doctest: +SKIP
         >>> print(plan); plan.execute()                 # doctest: +SKIP
     """
     finder = bridge_for(model) if mapping is None else None
+    if model is not None and (adapter_name is not None or is_adapter_dir(checkpoint)):
+        data = explain_adapter_load(model, read_adapter(_adapter_dir(checkpoint)),
+                                    name=adapter_name or "default", mapping=by_name(mapping),
+                                    finder=finder, tp=tp, dtype=dtype, budget=budget,
+                                    quantization=quantization, threads=threads, device=device)
+        return promote(Plan, data)
     data = explain_load(model, checkpoint, mapping=by_name(mapping), dtype=dtype, budget=budget,
                         tp=tp, quantization=quantization, threads=threads, device=device,
                         finder=finder)

@@ -17,6 +17,7 @@ import torch
 
 from weightplan.planner.inputs.device import DeviceMap
 from weightplan.planner.core.problems import Mismatch, Note, Problem
+from weightplan.planner.pipelines.adapter_summary import AdapterSummary
 from weightplan.planner.pipelines.findings import Findings
 from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.inputs.model_info import ModelInfo
@@ -88,6 +89,7 @@ class LoadPlanData(PlanData):
     routing: Routing
     findings: Findings
     sharding: Sharding | None = None  # tensor parallel: this rank's plan
+    adapter: AdapterSummary | None = None  # the adapter this plan loads, if any
 
     @property
     def held_bytes(self) -> int:

@@ -1,0 +1,167 @@
+"""``explain_adapter_load``: an adapter's file planned into a model with the adapter injected.
+
+The base mapping is looked up as for any load; :mod:`~weightplan.planner.keys.adapter_keys`
+derives the adapter's transforms from it; only the adapter's tensors of the model are
+planned (the base is left alone). Then the adapter's findings: its tensors with no place
+(an adapter silently loading nothing is the classic failure, so none landing at all
+raises), one half of a fused pair, scales the model changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+import torch
+
+from weightplan.errors import AdapterError, ParallelError
+from weightplan.planner.core.problems import Problem, ProblemKind
+from weightplan.planner.inputs.adapter import Adapter, AdapterConfig, scale_of
+from weightplan.planner.inputs.adapter_model import (
+    PEFT_PREFIX, InjectedAdapter, injected_adapters, inspect_adapter,
+)
+from weightplan.planner.inputs.checkpoint import open_checkpoint
+from weightplan.planner.keys.adapter_keys import FusedTarget, adapter_transforms
+from weightplan.planner.keys.lookup import Finder
+from weightplan.planner.keys.registry import MappingChoice
+from weightplan.planner.pipelines.adapter_summary import (
+    AdapterSummary, LayoutConversion, ScaleChange,
+)
+from weightplan.planner.pipelines.load import choose_mapping, explain_load
+from weightplan.planner.pipelines.plan import LoadPlanData
+
+_TOLERANCE = 1e-6
+
+
+def explain_adapter_load(model: torch.nn.Module, adapter: Adapter, *, name: str = "default",
+                         mapping: object = None, finder: Finder | None = None,
+                         tp: object = None, **options: object) -> LoadPlanData:
+    """Plan loading ``adapter``'s tensors into adapter ``name`` injected in ``model``.
+
+    Raises:
+        ParallelError: ``tp=`` (adapters are not sharded yet).
+        AdapterError: the model has no adapter ``name``, or none of the file's tensors has
+            a place in it.
+    """
+    if tp is not None:
+        raise ParallelError(f"{adapter.directory}: tp= with an adapter is not supported yet; "
+                            "load the adapter without tp= (its tensors are small)")
+    injected = inspect_adapter(model, name)
+    if not injected.layers and not injected.saved_modules:
+        found = injected_adapters(model)
+        raise AdapterError(f"{adapter.directory}: the model has no adapter {name!r} injected"
+                           f" (adapters found: {list(found) or 'none'}); inject it with "
+                           "peft (get_peft_model / inject_adapter_in_model) or use "
+                           "weightplan.from_pretrained(base, adapter=...)")
+    base = choose_mapping(mapping, model, finder)
+    transforms, fused = adapter_transforms(base.transforms, injected,
+                                           adapter.config.modules_to_save)
+    choice = MappingChoice(base.key, base.reason, transforms, base.submodules)
+    file_keys = _model_names(open_checkpoint(adapter.weights).entries, injected.prefix)
+    data = explain_load(model, adapter.weights, mapping=choice,
+                        only=lambda n: injected.owns(n) or n in file_keys, **options)
+    return with_adapter(data, adapter, injected, fused)
+
+
+def _model_names(keys: Iterable[str], prefix: str) -> frozenset[str]:
+    """File keys as the model would name them unchanged (a saved embedding's base layer)."""
+    return frozenset(prefix + k.removeprefix(PEFT_PREFIX) for k in keys)
+
+
+def with_adapter(data: LoadPlanData, adapter: Adapter, injected: InjectedAdapter,
+                 fused: tuple[FusedTarget, ...]) -> LoadPlanData:
+    """``data`` with the adapter's section and problems; raises when nothing lands."""
+    keys = list(data.checkpoint.entries)
+    loaded = {e.key for c in data.conversions if c.loads for e in c.group.entries}
+    if keys and not loaded:
+        example = sorted(keys)[0]
+        wanted = sorted(n for n in (data.model_info.tensors if data.model_info else ()))[:1]
+        raise AdapterError(f"{adapter.weights}: none of the adapter's {len(keys)} tensors has "
+                           f"a place in the model's adapter {injected.name!r} (e.g. "
+                           f"{example!r}; the model holds {wanted or 'no adapter tensors'}): "
+                           "is it the adapter of another base model?")
+    conversions = tuple(_layouts(adapter.config, injected, fused))
+    changes = tuple(_scale_changes(adapter.config, injected, fused))
+    problems = (*_unplaced(data, adapter), *_halves(data, adapter),
+                *(_scale_problem(c, adapter.config) for c in changes))
+    config = adapter.config
+    summary = AdapterSummary(
+        adapter.directory, injected.name, config.peft_type, config.r, config.lora_alpha,
+        scale_of(config.r, config.lora_alpha, config.use_rslora), config.use_rslora,
+        config.use_dora, _targets(config), config.modules_to_save, len(keys), len(loaded),
+        data.read_bytes, data.model_bytes, conversions, changes)
+    findings = dataclasses.replace(data.findings, problems=tuple(problems)
+                                   + data.findings.problems)
+    return dataclasses.replace(data, findings=findings, adapter=summary)
+
+
+def _targets(config: AdapterConfig) -> tuple[str, ...]:
+    modules = config.target_modules
+    named = (modules,) if isinstance(modules, str) else tuple(modules or ())
+    return named + config.target_parameters
+
+
+def _unplaced(data: LoadPlanData, adapter: Adapter) -> Iterable[Problem]:
+    for key in sorted(data.unexpected):
+        yield Problem(ProblemKind.ADAPTER, key, f"{key} (in {adapter.weights}) has no place "
+                      "in the model's adapter: it would be left out, and the adapted model "
+                      "would be silently wrong; inject the adapter with the same targets "
+                      "(target_modules / target_parameters) it was trained with")
+
+
+def _halves(data: LoadPlanData, adapter: Adapter) -> Iterable[Problem]:
+    """Fused-pair groups of the adapter with one half in the file and not the other."""
+    for inc in data.routing.incomplete:
+        sources = inc.converter.source_patterns
+        if not inc.present or len(sources) < 2 or not all(".lora_" in s for s in sources):
+            continue
+        parameter = inc.targets[0].split(".lora_", 1)[0]
+        yield Problem(ProblemKind.ADAPTER, inc.present[0], (
+            f"{adapter.weights} adapts only one half of the fused pair {parameter} (found "
+            f"{inc.present[0]}, nothing for {inc.missing_patterns[0]}): a LoRA on one half "
+            "of a fused weight can't be represented exactly in the fused layout; train the "
+            "adapter on both halves, or load it into a model with per-expert linears"))
+
+
+def _layouts(config: AdapterConfig, injected: InjectedAdapter,
+             fused: tuple[FusedTarget, ...]) -> Iterable[LayoutConversion]:
+    for f in fused:
+        layer = next((x for x in injected.layers.values() if x.parameter == f.parameter), None)
+        if layer is None:
+            continue
+        linear = f.sources[0].split(".*.", 1)[-1].rsplit(".", 1)[0]
+        r, alpha = config.rank_alpha(linear)
+        model_r = layer.r
+        model_alpha = layer.scaling * (model_r ** 0.5 if config.use_rslora else model_r)
+        names = ", ".join(s.split(".*.", 1)[-1].rsplit(".", 1)[0] for s in f.sources)
+        how = ("lora_A concatenated along the rank, lora_B block-diagonal" if f.pair
+               else "lora_A and lora_B stacked")
+        yield LayoutConversion(f.sources, f.parameter, (r, model_r), (alpha, model_alpha),
+                               f"per-expert {names} → {f.parameter}: {how}, packed as peft's "
+                               "ParamWrapper (lora_A (E·r, in) expert-slowest, lora_B "
+                               "(out, r·E) expert-fastest)")
+
+
+def _scale_changes(config: AdapterConfig, injected: InjectedAdapter,
+                   fused: tuple[FusedTarget, ...]) -> Iterable[ScaleChange]:
+    linears = {f.parameter: f.sources[0].split(".*.", 1)[-1].rsplit(".", 1)[0] for f in fused}
+    seen: set[tuple[str, float, float]] = set()
+    for layer in injected.layers.values():
+        module = layer.target.removeprefix(injected.prefix)
+        if layer.parameter is not None:
+            module = linears.get(layer.parameter, module)
+        trained = config.scale(module)
+        if abs(layer.scaling - trained) > _TOLERANCE * max(1.0, abs(trained)):
+            where = layer.parameter or module
+            if (where, trained, layer.scaling) not in seen:
+                seen.add((where, trained, layer.scaling))
+                yield ScaleChange(layer.target, trained, layer.scaling)
+
+
+def _scale_problem(change: ScaleChange, config: AdapterConfig) -> Problem:
+    why = (" (peft doubles alpha with the rank when it fuses a pair, which changes an rsLoRA "
+           "scale alpha/√r by √2; inject with alpha multiplied by √2 for the fused target)"
+           if config.use_rslora else "")
+    return Problem(ProblemKind.ADAPTER, change.target, (
+        f"the model scales {change.target}'s LoRA by {change.model:.6g}, the adapter was "
+        f"trained with {change.trained:.6g}{why}; its output would differ"))
