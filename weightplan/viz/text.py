@@ -18,6 +18,7 @@ from weightplan.planner.core.paused_gc import paused_gc
 from weightplan.planner.tensors.schedule.budget import machine_fit
 from weightplan.planner.tensors.lower.placement import Step
 from weightplan.units import format_bytes
+from weightplan.viz.adapter_text import adapter_lines
 from weightplan.viz.rows import Row
 from weightplan.viz.folding import fold_keys
 from weightplan.viz.rows import mapping_rows
@@ -43,7 +44,8 @@ def explain_text(plan: PlanData, width: int | None = None) -> str:
     """Render ``plan`` as the text ``print(plan)`` shows."""
     if width is None:
         width = shutil.get_terminal_size((120, 24)).columns if sys.stdout.isatty() else 120
-    lines = header_lines(plan) + [""] + mapping_lines(plan, max(width, 80)) + [""]
+    lines = header_lines(plan) + adapter_lines(plan) + [""] + mapping_lines(plan, max(width, 80))
+    lines += [""]
     lines += total_lines(plan) + parallel_lines(plan) + problem_lines(plan) + note_lines(plan)
     return "\n".join(map(terminal_text, lines)) + "\n"
 

@@ -46,6 +46,11 @@ class FusedTarget:
     def pair(self) -> bool:
         return len(self.sources) > 1
 
+    @property
+    def linears(self) -> tuple[str, ...]:
+        """The per-expert linears' names (``w1``, ``w3``)."""
+        return tuple(_WEIGHT.sub("", s).rsplit(".", 1)[-1] for s in self.sources)
+
 
 def adapter_transforms(base: Iterable[WeightTransform], injected: InjectedAdapter,
                        modules_to_save: tuple[str, ...] = ()
@@ -65,7 +70,7 @@ def adapter_transforms(base: Iterable[WeightTransform], injected: InjectedAdapte
         out.append(WeightRenaming(rf"^{re.escape(PEFT_PREFIX)}", ""))
     out += [t for t in base if isinstance(t, Renaming)]
     out += name_renames(name, modules_to_save)
-    fused = tuple(_fused_targets(base, injected))
+    fused = fused_targets(base, injected)
     for target in fused:
         out += _fused_converters(target, name)
     return tuple(out), fused
@@ -85,8 +90,15 @@ def name_renames(name: str, modules_to_save: tuple[str, ...] = ()) -> list[Weigh
     return renames
 
 
-def _fused_targets(base: tuple[WeightTransform, ...], injected: InjectedAdapter
-                   ) -> Iterable[FusedTarget]:
+def fused_targets(base: Iterable[WeightTransform], injected: InjectedAdapter | None = None
+                  ) -> tuple[FusedTarget, ...]:
+    """The base mapping's converters fusing per-expert linears (with the wrapper path each
+    fused parameter has in ``injected``, when given)."""
+    return tuple(_fused(base, injected))
+
+
+def _fused(base: Iterable[WeightTransform], injected: InjectedAdapter | None
+           ) -> Iterable[FusedTarget]:
     for t in base:
         if not isinstance(t, WeightConverter) or len(t.target_patterns) != 1:
             continue
@@ -96,8 +108,8 @@ def _fused_targets(base: tuple[WeightTransform, ...], injected: InjectedAdapter
         if not (pair or one) or not all(_WEIGHT.search(s) for s in t.source_patterns):
             continue
         module, _, parameter = t.target_patterns[0].rpartition(".")
-        yield FusedTarget(t.source_patterns, module, parameter, _wrapper(injected, parameter),
-                          t.scope_prefix)
+        wrapper = None if injected is None else _wrapper(injected, parameter)
+        yield FusedTarget(t.source_patterns, module, parameter, wrapper, t.scope_prefix)
 
 
 def _wrapper(injected: InjectedAdapter, parameter: str) -> str | None:

@@ -129,11 +129,10 @@ def _layouts(config: AdapterConfig, injected: InjectedAdapter,
         layer = next((x for x in injected.layers.values() if x.parameter == f.parameter), None)
         if layer is None:
             continue
-        linear = f.sources[0].split(".*.", 1)[-1].rsplit(".", 1)[0]
-        r, alpha = config.rank_alpha(linear)
+        r, alpha = config.rank_alpha(f.linears[0])
         model_r = layer.r
         model_alpha = layer.scaling * (model_r ** 0.5 if config.use_rslora else model_r)
-        names = ", ".join(s.split(".*.", 1)[-1].rsplit(".", 1)[0] for s in f.sources)
+        names = ", ".join(f.linears)
         how = ("lora_A concatenated along the rank, lora_B block-diagonal" if f.pair
                else "lora_A and lora_B stacked")
         yield LayoutConversion(f.sources, f.parameter, (r, model_r), (alpha, model_alpha),
@@ -144,7 +143,7 @@ def _layouts(config: AdapterConfig, injected: InjectedAdapter,
 
 def _scale_changes(config: AdapterConfig, injected: InjectedAdapter,
                    fused: tuple[FusedTarget, ...]) -> Iterable[ScaleChange]:
-    linears = {f.parameter: f.sources[0].split(".*.", 1)[-1].rsplit(".", 1)[0] for f in fused}
+    linears = {f.parameter: f.linears[0] for f in fused}
     seen: set[tuple[str, float, float]] = set()
     for layer in injected.layers.values():
         module = layer.target.removeprefix(injected.prefix)
