@@ -73,7 +73,8 @@ def with_adapter(data: LoadPlanData, adapter: Adapter, injected: InjectedAdapter
     """``data`` with the adapter's section and problems; raises when nothing lands."""
     keys = list(data.checkpoint.entries)
     loaded = {e.key for c in data.conversions if c.loads for e in c.group.entries}
-    if keys and not loaded:
+    placed = any(c.in_graph for c in data.conversions)  # (a shape mismatch has its place)
+    if keys and not placed:
         example = sorted(keys)[0]
         wanted = sorted(n for n in (data.model_info.tensors if data.model_info else ()))[:1]
         raise AdapterError(f"{adapter.weights}: none of the adapter's {len(keys)} tensors has "
