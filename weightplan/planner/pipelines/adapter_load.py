@@ -83,7 +83,7 @@ def with_adapter(data: LoadPlanData, adapter: Adapter, injected: InjectedAdapter
                            "is it the adapter of another base model?")
     conversions = tuple(_layouts(adapter.config, injected, fused))
     changes = tuple(_scale_changes(adapter.config, injected, fused))
-    problems = (*_unplaced(data, adapter), *_halves(data, adapter),
+    problems = (*_unplaced(data, adapter), *_halves(data, adapter, fused),
                 *(_scale_problem(c, adapter.config) for c in changes))
     config = adapter.config
     summary = AdapterSummary(
@@ -103,25 +103,30 @@ def _targets(config: AdapterConfig) -> tuple[str, ...]:
 
 
 def _unplaced(data: LoadPlanData, adapter: Adapter) -> Iterable[Problem]:
-    for key in sorted(data.unexpected):
+    halves = {k for inc in data.routing.incomplete for k in inc.present}  # (said once, below)
+    for key in sorted(data.unexpected - halves):
         yield Problem(ProblemKind.ADAPTER, key, f"{key} (in {adapter.weights}) has no place "
                       "in the model's adapter: it would be left out, and the adapted model "
                       "would be silently wrong; inject the adapter with the same targets "
                       "(target_modules / target_parameters) it was trained with")
 
 
-def _halves(data: LoadPlanData, adapter: Adapter) -> Iterable[Problem]:
+def _halves(data: LoadPlanData, adapter: Adapter, fused: tuple[FusedTarget, ...]
+            ) -> Iterable[Problem]:
     """Fused-pair groups of the adapter with one half in the file and not the other."""
     for inc in data.routing.incomplete:
         sources = inc.converter.source_patterns
-        if not inc.present or len(sources) < 2 or not all(".lora_" in s for s in sources):
+        pair = next((f for f in fused if f.pair and len(f.linears) == len(sources) and all(
+            f".{linear}.lora_" in s for linear, s in zip(f.linears, sources))), None)
+        if not inc.present or pair is None:
             continue
-        parameter = inc.targets[0].split(".lora_", 1)[0]
+        found = [linear for linear in pair.linears if any(f".{linear}.lora_" in k
+                                                          for k in inc.present)]
         yield Problem(ProblemKind.ADAPTER, inc.present[0], (
-            f"{adapter.weights} adapts only one half of the fused pair {parameter} (found "
-            f"{inc.present[0]}, nothing for {inc.missing_patterns[0]}): a LoRA on one half "
-            "of a fused weight can't be represented exactly in the fused layout; train the "
-            "adapter on both halves, or load it into a model with per-expert linears"))
+            f"{adapter.weights} adapts {found} but not the rest of {list(pair.linears)}, "
+            f"fused into {pair.parameter}: a LoRA on one half of a fused weight can't be "
+            "represented exactly in the fused layout; train the adapter on both halves, or "
+            "load it into a model with per-expert linears"))
 
 
 def _layouts(config: AdapterConfig, injected: InjectedAdapter,
