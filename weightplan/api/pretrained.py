@@ -42,6 +42,7 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
                     local_files_only: bool = False, token: str | bool | None = None,
                     subfolder: str | None = None, attn_implementation: str | None = None,
                     experts_implementation: str | None = None, generation_config: Any = None,
+                    adapter: str | os.PathLike[str] | None = None, adapter_name: str = "default",
                     **transformers_only: Any) -> Any:
     """Build the model a checkpoint's ``config.json`` names and load the checkpoint into it.
 
@@ -60,6 +61,11 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
         experts_implementation, generation_config, torch_dtype (deprecated: ``dtype``):
             as in transformers; its other keywords are refused, each saying what to do
             instead (:mod:`weightplan.api.keywords`).
+        adapter, adapter_name: a LoRA adapter directory (peft's format) injected with peft
+            (the ``adapters`` extra) into the model built on meta, as ``adapter_name``, and
+            loaded with the base in one plan and one schedule (its per-expert layout
+            converted to the model's fused experts); the model keeps its class, as after
+            transformers' ``load_adapter``.
 
     Example:
         >>> model = weightplan.from_pretrained("org/tiny-llama")          # doctest: +SKIP
@@ -76,8 +82,9 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
     model = _built(directory, tensor_parallel, mesh, (attn_implementation,
                                                       experts_implementation), progress)
     with status(f"planning the load of {directory}", "planned the load", progress):
-        plan = _explain(model, directory, dtype=dtype, mapping=mapping, budget=budget,
-                        threads=threads, device=_rank_device(device, mesh), tp=tensor_parallel)
+        plan = _explain(model, directory, adapter, adapter_name, dtype=dtype, mapping=mapping,
+                        budget=budget, threads=threads, device=_rank_device(device, mesh),
+                        tp=tensor_parallel)
     report = plan.execute(strict=strict, progress=progress)
     _generation_config(model.eval(), directory, generation_config)
     extra = loading_info(report) if output_loading_info else report if return_report else None
@@ -91,7 +98,13 @@ def _rank_device(device: object, mesh: Any) -> object:
     return torch.device(mesh.device_type, torch.accelerator.current_device_index())
 
 
-def _explain(model: torch.nn.Module, directory: Path, **options: Any) -> Any:
+def _explain(model: torch.nn.Module, directory: Path, adapter: Any, adapter_name: str,
+             **options: Any) -> Any:
+    if adapter is not None:
+        from weightplan.api.adapters import explain_with_adapter
+
+        return explain_with_adapter(model, directory, adapter, adapter_name=adapter_name,
+                                    **options)
     from weightplan.api.entry import explain
 
     return explain(model, directory, **options)

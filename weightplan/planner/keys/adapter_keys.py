@@ -65,29 +65,35 @@ def adapter_transforms(base: Iterable[WeightTransform], injected: InjectedAdapte
     if not _NAME.fullmatch(name):
         raise AdapterError(f"adapter name {name!r}: use letters, digits, '_' or '-'")
     base = tuple(base)
-    out: list[WeightTransform] = []
+    out: list[WeightTransform] = list(_saved_renames(name, modules_to_save))
     if not injected.prefix:  # a model with adapters injected in place: no PeftModel level
         out.append(WeightRenaming(rf"^{re.escape(PEFT_PREFIX)}", ""))
     out += [t for t in base if isinstance(t, Renaming)]
-    out += name_renames(name, modules_to_save)
+    out += name_renames(name)
     fused = fused_targets(base, injected)
     for target in fused:
         out += _fused_converters(target, name)
     return tuple(out), fused
 
 
-def name_renames(name: str, modules_to_save: tuple[str, ...] = ()) -> list[WeightRenaming]:
+def _saved_renames(name: str, modules_to_save: tuple[str, ...]) -> list[WeightRenaming]:
+    """The adapter's trained copies of whole modules → ``modules_to_save.<name>``; scoped
+    to peft's prefix, which only the adapter's keys carry (a base checkpoint's
+    ``lm_head.weight`` is the original module's)."""
+    if not modules_to_save:
+        return []
+    alternatives = "|".join(re.escape(m) for m in modules_to_save)
+    return [WeightRenaming(rf"((?:^|\.)(?:{alternatives}))\.(weight|bias)$",
+                           rf"\1.modules_to_save.{name}.\2", scope_prefix=PEFT_PREFIX[:-1])]
+
+
+def name_renames(name: str) -> list[WeightRenaming]:
     """peft's saved names → the injected ones: the adapter name goes in."""
-    renames = [
+    return [
         WeightRenaming(r"\.(lora_A|lora_B)\.(weight|bias)$", rf".\1.{name}.\2"),
         WeightRenaming(r"\.lora_magnitude_vector$", f".lora_magnitude_vector.{name}.weight"),
         WeightRenaming(r"\.(lora_embedding_A|lora_embedding_B)$", rf".\1.{name}"),
     ]
-    if modules_to_save:
-        alternatives = "|".join(re.escape(m) for m in modules_to_save)
-        renames.append(WeightRenaming(rf"((?:^|\.)(?:{alternatives}))\.(weight|bias)$",
-                                      rf"\1.modules_to_save.{name}.\2"))
-    return renames
 
 
 def fused_targets(base: Iterable[WeightTransform], injected: InjectedAdapter | None = None
@@ -137,3 +143,64 @@ def _ops(factor: str, pair: bool) -> list[ConversionOp]:
         return [MergeModulelist(0), *([Concatenate(1)] if pair else []), Flatten(0, 1)]
     return [MergeModulelist(0), *([BlockDiagonal()] if pair else []), Permute((1, 2, 0)),
             Flatten(1, 2)]
+
+
+def base_and_adapter_transforms(base: Iterable[WeightTransform], injected: InjectedAdapter,
+                                modules_to_save: tuple[str, ...] = ()
+                                ) -> tuple[tuple[WeightTransform, ...], tuple[FusedTarget, ...]]:
+    """The transforms of one plan loading a base checkpoint *and* an adapter's file into a
+    model with the adapter injected in place: the adapter's (:func:`adapter_transforms`),
+    then the base keys moved where the LoRA wrappers put the base tensors
+    (``q_proj.weight`` → ``q_proj.base_layer.weight``, a fused parameter one
+    ``base_layer`` deeper per wrapped parameter, ``lm_head.weight`` →
+    ``lm_head.original_module.weight``)."""
+    base = tuple(base)
+    adapter, fused = adapter_transforms(base, injected, modules_to_save)
+    plain = [layer.path for layer in injected.layers.values() if layer.parameter is None]
+    out: list[WeightTransform] = list(adapter)
+    for paths, target in ((plain, r"\1.base_layer.\2"),
+                          (injected.saved_modules, r"\1.original_module.\2")):
+        if paths:
+            alternatives = "|".join(re.escape(p) for p in sorted(paths))
+            out.append(WeightRenaming(rf"^({alternatives})\.(weight|bias)$", target))
+    out += _moved_parameters(injected)
+    for t in base:
+        if isinstance(t, WeightConverter):
+            out.append(_relocated(t, injected))
+    return tuple(out), fused
+
+
+def _depths(injected: InjectedAdapter) -> dict[str, int]:
+    """Wrapped module path → how many parameter wrappers nest around it."""
+    depths: dict[str, int] = {}
+    for layer in injected.layers.values():
+        if layer.parameter is not None:
+            owner = layer.target[:-len(layer.parameter) - 1]
+            depths[owner] = depths.get(owner, 0) + 1
+    return depths
+
+
+def _moved_parameters(injected: InjectedAdapter) -> list[WeightRenaming]:
+    """A fused parameter saved as it is (``experts.gate_up_proj``) → its inner module."""
+    moved = []
+    for layer in injected.layers.values():
+        if layer.parameter is not None:
+            owner = layer.target[:-len(layer.parameter) - 1]
+            inner = owner + ".base_layer" * _depths(injected)[owner]
+            moved.append(WeightRenaming(rf"^{re.escape(layer.target)}$",
+                                        f"{inner}.{layer.parameter}"))
+    return moved
+
+
+def _relocated(converter: WeightConverter, injected: InjectedAdapter) -> WeightConverter:
+    """A base converter whose fused output is wrapped, its target moved to the inner module."""
+    if len(converter.target_patterns) != 1:
+        return converter
+    module, _, parameter = converter.target_patterns[0].rpartition(".")
+    depths = {d for owner, d in _depths(injected).items() if any(
+        layer.target == f"{owner}.{parameter}" for layer in injected.layers.values())}
+    if len(depths) != 1:
+        return converter
+    target = f"{module}{'.base_layer' * depths.pop()}.{parameter}"
+    return WeightConverter(converter.source_patterns, target, converter.operations,
+                           scope_prefix=converter.scope_prefix)

@@ -21,7 +21,9 @@ from weightplan.planner.inputs.adapter_model import (
     PEFT_PREFIX, InjectedAdapter, injected_adapters, inspect_adapter,
 )
 from weightplan.planner.inputs.checkpoint import open_checkpoint
-from weightplan.planner.keys.adapter_keys import FusedTarget, adapter_transforms
+from weightplan.planner.keys.adapter_keys import (
+    FusedTarget, adapter_transforms, base_and_adapter_transforms,
+)
 from weightplan.planner.keys.lookup import Finder
 from weightplan.planner.keys.registry import MappingChoice
 from weightplan.planner.pipelines.adapter_summary import (
@@ -63,17 +65,37 @@ def explain_adapter_load(model: torch.nn.Module, adapter: Adapter, *, name: str 
     return with_adapter(data, adapter, injected, fused)
 
 
+def explain_base_and_adapter(model: torch.nn.Module, base_files: list[str], adapter: Adapter,
+                             base: MappingChoice, *, name: str = "default",
+                             **options: object) -> LoadPlanData:
+    """One plan (one schedule) loading a base checkpoint's files and an adapter's file into
+    ``model``, the adapter ``name`` injected in it in place (no PeftModel level)."""
+    if options.get("tp") is not None:
+        raise ParallelError(f"{adapter.directory}: tp= with an adapter is not supported yet")
+    injected = inspect_adapter(model, name)
+    transforms, fused = base_and_adapter_transforms(base.transforms, injected,
+                                                    adapter.config.modules_to_save)
+    choice = MappingChoice(base.key, base.reason, transforms, base.submodules)
+    data = explain_load(model, [*base_files, adapter.weights], mapping=choice, **options)
+    return with_adapter(data, adapter, injected, fused,
+                        keys=tuple(open_checkpoint(adapter.weights).entries))
+
+
 def _model_names(keys: Iterable[str], prefix: str) -> frozenset[str]:
     """File keys as the model would name them unchanged (a saved embedding's base layer)."""
     return frozenset(prefix + k.removeprefix(PEFT_PREFIX) for k in keys)
 
 
 def with_adapter(data: LoadPlanData, adapter: Adapter, injected: InjectedAdapter,
-                 fused: tuple[FusedTarget, ...]) -> LoadPlanData:
-    """``data`` with the adapter's section and problems; raises when nothing lands."""
-    keys = list(data.checkpoint.entries)
-    loaded = {e.key for c in data.conversions if c.loads for e in c.group.entries}
-    placed = any(c.in_graph for c in data.conversions)  # (a shape mismatch has its place)
+                 fused: tuple[FusedTarget, ...], keys: tuple[str, ...] | None = None
+                 ) -> LoadPlanData:
+    """``data`` with the adapter's section and problems; raises when nothing lands.
+    ``keys``: the adapter's (default: the plan's whole checkpoint)."""
+    keys = tuple(data.checkpoint.entries) if keys is None else keys
+    mine = set(keys)
+    loaded = {e.key for c in data.conversions if c.loads for e in c.group.entries} & mine
+    placed = any(c.in_graph and any(e.key in mine for e in c.group.entries)
+                 for c in data.conversions)  # (a shape mismatch has its place)
     if keys and not placed:
         example = sorted(keys)[0]
         wanted = sorted(n for n in (data.model_info.tensors if data.model_info else ()))[:1]
@@ -83,7 +105,7 @@ def with_adapter(data: LoadPlanData, adapter: Adapter, injected: InjectedAdapter
                            "is it the adapter of another base model?")
     conversions = tuple(_layouts(adapter.config, injected, fused))
     changes = tuple(_scale_changes(adapter.config, injected, fused))
-    problems = (*_unplaced(data, adapter), *_halves(data, adapter, fused),
+    problems = (*_unplaced(data, adapter, mine), *_halves(data, adapter, fused),
                 *(_scale_problem(c, adapter.config) for c in changes))
     config = adapter.config
     summary = AdapterSummary(
@@ -102,9 +124,9 @@ def _targets(config: AdapterConfig) -> tuple[str, ...]:
     return named + config.target_parameters
 
 
-def _unplaced(data: LoadPlanData, adapter: Adapter) -> Iterable[Problem]:
+def _unplaced(data: LoadPlanData, adapter: Adapter, mine: set[str]) -> Iterable[Problem]:
     halves = {k for inc in data.routing.incomplete for k in inc.present}  # (said once, below)
-    for key in sorted(data.unexpected - halves):
+    for key in sorted((data.unexpected & mine) - halves):
         yield Problem(ProblemKind.ADAPTER, key, f"{key} (in {adapter.weights}) has no place "
                       "in the model's adapter: it would be left out, and the adapted model "
                       "would be silently wrong; inject the adapter with the same targets "

@@ -1,0 +1,45 @@
+"""A base checkpoint and a LoRA adapter in one plan: the adapter injected with peft into
+the base built on meta, then base and adapter tensors planned and scheduled together."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from weightplan.api.entry import bridge_for, by_name
+from weightplan.api.plans import Plan, promote
+from weightplan.errors import AdapterError, ParallelError
+from weightplan.planner.inputs.adapter import is_adapter_dir, read_adapter
+from weightplan.planner.inputs.checkpoint import open_checkpoint
+from weightplan.planner.pipelines.adapter_load import explain_base_and_adapter
+from weightplan.planner.pipelines.load import choose_mapping
+
+
+def explain_with_adapter(model: torch.nn.Module, base: str | os.PathLike[str] | Path,
+                         adapter: str | os.PathLike[str], *, adapter_name: str = "default",
+                         mapping: object = None, tp: object = None, **options: Any) -> Plan:
+    """Inject ``adapter`` into ``model`` (in place, on meta) and plan loading ``base`` and
+    the adapter's tensors in one plan.
+
+    Raises:
+        AdapterError: ``adapter`` is not an adapter directory, peft is missing or refuses it.
+        ParallelError: ``tp=`` (not supported with an adapter yet).
+    """
+    from weightplan.bridge.peft import inject  # (peft: only when an adapter is asked for)
+
+    if tp is not None:
+        raise ParallelError(f"{adapter}: tp= with an adapter is not supported yet; load "
+                            "without tp=")
+    if not is_adapter_dir(adapter):
+        raise AdapterError(f"{adapter}: not an adapter directory (adapter_config.json + "
+                           "adapter_model.safetensors)")
+    spec = read_adapter(adapter)
+    mapping = by_name(mapping)
+    choice = choose_mapping(mapping, model, bridge_for(model) if mapping is None else None)
+    inject(model, spec, choice.transforms, name=adapter_name)
+    files = [f.path for f in open_checkpoint(base).files]
+    return promote(Plan, explain_base_and_adapter(model, files, spec, choice,
+                                                  name=adapter_name, **options))
