@@ -7,6 +7,7 @@
     weightplan explain CKPT --model-type mixtral --json
     weightplan explain CKPT --model-type mixtral --svg plan.svg --timeline mem.svg
     weightplan explain CKPT_DIR --tp 8 [--ep]        every rank's bytes read / held / peak
+    weightplan explain ADAPTER_DIR [--base BASE]     a LoRA adapter and its base in one plan
     weightplan convert SRC DST [--reverse]           on disk, no model (mapping: config.json's
                                                      model_type, or --model-type)
     weightplan mappings [--json]                     registered mappings and aliases
@@ -99,6 +100,8 @@ def _explain_parser(exp: argparse.ArgumentParser) -> None:
     exp.add_argument("--tp-plan", metavar="JSON",
                      help="with --tp: the plan as a JSON object {module glob: style} (or "
                           "@FILE.json) instead of the model's tp_plan")
+    exp.add_argument("--base", metavar="BASE_DIR", help="with an adapter directory: its base "
+                     "checkpoint (default: the adapter config's base_model_name_or_path)")
     exp.add_argument("--allow-problems", action="store_true",
                      help="exit 0 even when the plan has problems (default: exit 1)")
 
@@ -288,12 +291,19 @@ def _explain(args: argparse.Namespace) -> int:
 
     args.checkpoint = str(resolve_checkpoint(args.checkpoint))  # a repo id: its snapshot
     model, dtype = None, args.dtype
-    if args.mapping is None:
-        model, dtype = _model_for(args.checkpoint, args.dtype)
-    if args.tp is not None:
-        return _explain_ranks(model, dtype, args)
-    plan = weightplan.explain(model, args.checkpoint, mapping=args.mapping, dtype=dtype,
-                              budget=args.budget)
+    if args.base is not None or os.path.isfile(os.path.join(args.checkpoint,
+                                                            "adapter_config.json")):
+        from weightplan.api.adapters import explain_adapter_dir
+
+        plan = explain_adapter_dir(args.checkpoint, args.base, dtype=dtype or "auto",
+                                   budget=args.budget, tp=args.tp)
+    else:
+        if args.mapping is None:
+            model, dtype = _model_for(args.checkpoint, args.dtype)
+        if args.tp is not None:
+            return _explain_ranks(model, dtype, args)
+        plan = weightplan.explain(model, args.checkpoint, mapping=args.mapping, dtype=dtype,
+                                  budget=args.budget)
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
     else:

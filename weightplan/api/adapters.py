@@ -43,3 +43,30 @@ def explain_with_adapter(model: torch.nn.Module, base: str | os.PathLike[str] | 
     files = [f.path for f in open_checkpoint(base).files]
     return promote(Plan, explain_base_and_adapter(model, files, spec, choice,
                                                   name=adapter_name, **options))
+
+
+def explain_adapter_dir(adapter: str, base: str | None = None, **options: Any) -> Plan:
+    """``weightplan explain ADAPTER_DIR [--base BASE]``: the base (``base``, else the
+    config's ``base_model_name_or_path`` when it is a local path or in the Hub cache)
+    built on meta, the adapter injected, both planned in one plan.
+
+    Raises:
+        AdapterError: no base given and the config's can't be found locally.
+    """
+    from weightplan.api.hub import resolve_checkpoint
+    from weightplan.bridge.hub import build_empty_model
+
+    spec = read_adapter(adapter)
+    name = base or spec.config.base_model
+    if name is None:
+        raise AdapterError(f"{spec.config.file}: no base_model_name_or_path; pass the base "
+                           "model's checkpoint with --base BASE_DIR")
+    try:
+        directory = resolve_checkpoint(name, local_files_only=base is None)
+    except AdapterError:
+        raise
+    except Exception as e:  # (a CheckpointError: not local, not cached)
+        raise AdapterError(f"{adapter}: the base {name!r} is not here ({e}); pass its "
+                           "checkpoint with --base BASE_DIR") from e
+    model = build_empty_model(directory).model
+    return explain_with_adapter(model, directory, adapter, **options)

@@ -75,6 +75,9 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
         raise ArgumentError("pass return_report=True or output_loading_info=True, not both")
     dtype = fold_transformers_keywords(transformers_only, dtype)
     device = device_from_map(device_map, device, tp)
+    if adapter is not None and tp is not None:
+        raise ParallelError(f"{adapter}: tp= with an adapter is not supported yet; load "
+                            "without tp=")
     tensor_parallel, mesh = _parallel(tp)
     directory = resolve_checkpoint(name_or_path, revision=revision, cache_dir=cache_dir,
                                    local_files_only=local_files_only, token=token,

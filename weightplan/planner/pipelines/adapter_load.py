@@ -31,6 +31,7 @@ from weightplan.planner.pipelines.adapter_summary import (
 )
 from weightplan.planner.pipelines.load import choose_mapping, explain_load
 from weightplan.planner.pipelines.plan import LoadPlanData
+from weightplan.planner.tensors.ir.build import TargetStatus
 
 _TOLERANCE = 1e-6
 
@@ -112,10 +113,20 @@ def with_adapter(data: LoadPlanData, adapter: Adapter, injected: InjectedAdapter
         adapter.directory, injected.name, config.peft_type, config.r, config.lora_alpha,
         scale_of(config.r, config.lora_alpha, config.use_rslora), config.use_rslora,
         config.use_dora, _targets(config), config.modules_to_save, len(keys), len(loaded),
-        data.read_bytes, data.model_bytes, conversions, changes)
+        *_bytes(data, mine), conversions, changes)
     findings = dataclasses.replace(data.findings, problems=tuple(problems)
                                    + data.findings.problems)
     return dataclasses.replace(data, findings=findings, adapter=summary)
+
+
+def _bytes(data: LoadPlanData, mine: set[str]) -> tuple[int, int]:
+    """The adapter's bytes read and written (a plan with the base holds more)."""
+    entries = data.checkpoint.entries
+    read = sum(entries[k].nbytes for k in mine if k in entries)
+    written = sum(t.dest.nbytes for c in data.conversions if c.loads
+                  and any(e.key in mine for e in c.group.entries)
+                  for t in c.targets if t.status is TargetStatus.LOAD)
+    return read, written
 
 
 def _targets(config: AdapterConfig) -> tuple[str, ...]:
