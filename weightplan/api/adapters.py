@@ -70,3 +70,19 @@ def explain_adapter_dir(adapter: str, base: str | None = None, **options: Any) -
                            "checkpoint with --base BASE_DIR") from e
     model = build_empty_model(directory).model
     return explain_with_adapter(model, directory, adapter, **options)
+
+
+def save_adapter(model: torch.nn.Module, directory: str | os.PathLike[str], *,
+                 adapter_name: str = "default", overwrite: bool = False, threads: int = 4,
+                 progress: bool | None = None) -> Any:
+    """``save(model, directory, adapter_name=...)``: the adapter's file and config back, in
+    the layout it was loaded from (see :mod:`weightplan.planner.pipelines.adapter_save`)."""
+    from weightplan.executor.execute_write import execute_write
+    from weightplan.planner.pipelines.adapter_save import (
+        adapter_config_bytes, explain_adapter_save,
+    )
+
+    plan = explain_adapter_save(model, directory, name=adapter_name, overwrite=overwrite,
+                                threads=threads)
+    files = {"adapter_config.json": adapter_config_bytes(model, adapter_name)}
+    return execute_write(plan, progress=progress, files=files)

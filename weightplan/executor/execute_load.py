@@ -6,6 +6,7 @@ import logging
 
 from torch import nn
 
+from weightplan.planner.pipelines.adapter_save import remember_adapter
 from weightplan.errors import (
     AdapterError, LossyCastError, MetaBufferError, PlanError, QuantizationError, ShapeMismatchError,
     StrictLoadError,
@@ -43,6 +44,8 @@ def execute_plan(plan: LoadPlanData, *, strict: bool = False, progress: bool | N
         stats = run_plan(plan.schedule, plan.checkpoint, sink, progress=progress)
     record = record_of_conversions(plan.conversions, plan.checkpoint, plan.unexpected)
     attach_record(model, merge_records(get_record(model), record))
+    if plan.adapter is not None:  # (its config goes back with it when saved)
+        remember_adapter(model, plan.adapter)
     if plan.missing or plan.unexpected:
         log.warning("%d missing tensor(s) %s (%d initialized by the model's own init) and %d "
                     "unexpected checkpoint key(s) %s not loaded", len(plan.missing),

@@ -10,6 +10,7 @@ raises), one half of a fused pair, scales the model changed.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterable
 
 import torch
@@ -113,7 +114,8 @@ def with_adapter(data: LoadPlanData, adapter: Adapter, injected: InjectedAdapter
         adapter.directory, injected.name, config.peft_type, config.r, config.lora_alpha,
         scale_of(config.r, config.lora_alpha, config.use_rslora), config.use_rslora,
         config.use_dora, _targets(config), config.modules_to_save, len(keys), len(loaded),
-        *_bytes(data, mine), conversions, changes)
+        *_bytes(data, mine), conversions, changes,
+        json.dumps(dict(config.raw), indent=2, sort_keys=True) + "\n")
     findings = dataclasses.replace(data.findings, problems=tuple(problems)
                                    + data.findings.problems)
     return dataclasses.replace(data, findings=findings, adapter=summary)

@@ -45,3 +45,4 @@ class AdapterSummary:
     model_bytes: int
     conversions: tuple[LayoutConversion, ...] = ()
     scale_changes: tuple[ScaleChange, ...] = ()
+    config_json: str = ""  # the adapter_config.json as read (written back when saving)
