@@ -26,8 +26,8 @@ from tests.adapters.builders import (
 peft = pytest.importorskip("peft")
 
 
-def _injected(family: str, directory: str) -> torch.nn.Module:
-    model = tiny_model(family)
+def _injected(family: str, directory: str, **sizes) -> torch.nn.Module:
+    model = tiny_model(family, **sizes)
     base = choose_mapping(None, model, TransformersFinder()).transforms
     return inject(model, read_adapter(directory), base, low_cpu_mem_usage=False)
 

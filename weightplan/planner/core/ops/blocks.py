@@ -63,9 +63,7 @@ class BlockDiagonal(ConversionOp):
         return ((out,),)
 
     def inverse(self) -> "BlockDiagonalSplit":
-        if self.rows is None or self.cols is None:
-            raise OpError(f"{self!r} is not resolved: its inverse needs the blocks' sizes")
-        return BlockDiagonalSplit(rows=self.rows, cols=self.cols)
+        return BlockDiagonalSplit(rows=self.rows or (), cols=self.cols or ())
 
 
 @dataclass(frozen=True, repr=False)
@@ -74,7 +72,8 @@ class BlockDiagonalSplit(ConversionOp):
 
     Refuses (:class:`OpError`) when a value off the diagonal is not zero: such a tensor
     (a block-diagonal LoRA B trained after fusion) has no block form, and dropping those
-    values would lose them silently. Inverse: :class:`BlockDiagonal`.
+    values would lose them silently. Without sizes, equal blocks, one per target.
+    Inverse: :class:`BlockDiagonal`.
     """
 
     rows: tuple[int, ...] = ()
@@ -82,6 +81,12 @@ class BlockDiagonalSplit(ConversionOp):
 
     def resolve(self, ctx, inputs):
         spec = single_input(self, inputs)
+        if not self.rows and not self.cols and len(spec.shape) >= 2:
+            n, (r, c) = len(ctx.target_keys), spec.shape[-2:]
+            if n < 2 or r % n or c % n:
+                raise OpError(f"{self!r}: can't split {list(spec.shape)} into {n} equal "
+                              f"diagonal blocks for {list(ctx.target_keys)}")
+            return dataclasses.replace(self, rows=(r // n,) * n, cols=(c // n,) * n)
         if len(self.rows) != len(self.cols) or len(self.rows) < 2:
             raise OpError(f"{self!r}: rows and cols give one size per block, two or more")
         if len(spec.shape) < 2 or spec.shape[-2:] != (sum(self.rows), sum(self.cols)):

@@ -52,9 +52,10 @@ class Permute(TensorwiseOp):
 
 @dataclass(frozen=True, repr=False)
 class Flatten(TensorwiseOp):
-    """Merge dims ``start..end`` (inclusive) of every tensor into one.
+    """Merge dims ``start..end`` (inclusive) of every tensor into one (non-negative dims).
 
-    Inverse: :class:`Unflatten` with the merged sizes (recorded when the plan resolves).
+    Inverse: :class:`Unflatten` with the merged sizes (recorded when the plan resolves,
+    or pinned with ``sizes=``).
     """
 
     start: int = 0
@@ -67,7 +68,8 @@ class Flatten(TensorwiseOp):
             for spec in stream:
                 a, b = self._span(len(spec.shape))
                 sizes = spec.shape[a:b + 1]
-                if found is not None and sizes != found:
+                if (found is not None and sizes != found) or (
+                        self.sizes is not None and sizes != self.sizes):
                     raise OpError(f"{self!r}: inputs disagree on the merged sizes "
                                   f"({list(sizes)} vs {list(found)})")
                 found = sizes
