@@ -36,12 +36,12 @@ def test_block_diagonal_and_back(lead, blocks, dtype):
     assert op.infer(_specs(*tensors)) == ((TensorSpec.of(out),),)
     assert out.shape == (*lead, sum(r for r, _ in blocks), sum(c for _, c in blocks))
     r = c = 0
-    for t, (rows, cols) in zip(tensors, blocks):
+    for t, (rows, cols) in zip(tensors, blocks, strict=True):
         assert torch.equal(out[..., r:r + rows, c:c + cols], t)
         r, c = r + rows, c + cols
     assert int((out != 0).sum()) == sum(int((t != 0).sum()) for t in tensors)
     back = op.inverse().resolve(CTX, ((TensorSpec.of(out),),)).forward(((out,),))
-    assert all(torch.equal(b, t) for (b,), t in zip(back, tensors))
+    assert all(torch.equal(b, t) for (b,), t in zip(back, tensors, strict=True))
 
 
 def test_split_refuses_values_off_the_diagonal():

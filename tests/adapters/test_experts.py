@@ -42,7 +42,7 @@ def _check_math(model, tensors, fam, scale, *, layers=2, experts=4, prefix=""):
         for e in range(experts):
             key = f"{PREFIX}model.layers.{layer}.{fam.experts}.{e}."
 
-            def delta(linear):
+            def delta(linear, key=key):
                 return scale * tensors[f"{key}{linear}.lora_B.weight"].double() \
                     @ tensors[f"{key}{linear}.lora_A.weight"].double()
             want = torch.cat([delta(fam.gate), delta(fam.up)])

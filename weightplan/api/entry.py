@@ -12,7 +12,6 @@ import torch
 from weightplan.api.plans import Plan, promote
 from weightplan.errors import AdapterError, MappingError
 from weightplan.planner.inputs.adapter import is_adapter_dir, read_adapter
-from weightplan.planner.pipelines.adapter_load import explain_adapter_load
 from weightplan.planner.pipelines.load import explain_load
 from weightplan.planner.keys.lookup import Finder, is_transformers_class
 
@@ -36,6 +35,16 @@ def by_name(mapping: object) -> object:
     from weightplan.bridge.names import named_choice  # (a name: the bridge may know it)
 
     return named_choice(mapping)
+
+
+def _explain_adapter(model: torch.nn.Module, checkpoint: object, name: str, mapping: object,
+                     finder: Finder | None, **options: object) -> Plan:
+    """An adapter directory into the adapter ``name`` injected in ``model``."""
+    from weightplan.planner.pipelines.adapter_load import explain_adapter_load  # (adapters only)
+
+    adapter = read_adapter(_adapter_dir(checkpoint))
+    return promote(Plan, explain_adapter_load(model, adapter, name=name, mapping=by_name(mapping),
+                                              finder=finder, **options))
 
 
 def _adapter_dir(checkpoint: object) -> str:
@@ -72,10 +81,8 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
         threads: reader threads (``0``, or ``WEIGHTPLAN_SYNC_LOAD=1``, reads inline).
         device: where meta tensors are allocated: ``"cpu"``, ``"cuda:1"``, a
             ``torch.device``, or ``{module prefix: device}``.
-        adapter_name: with an adapter directory (peft's ``adapter_config.json`` +
-            ``adapter_model.safetensors``) as ``checkpoint``, the injected adapter to load
-            into (default ``"default"``); only its tensors are planned, the base model's
-            mapping converting the adapter's keys and layouts.
+        adapter_name: with a (peft) adapter directory as ``checkpoint``, the injected
+            adapter to load into (``"default"``); only its tensors are planned.
 
     Returns:
         A :class:`Plan`. Missing / unexpected / mismatched keys are reported on it;
@@ -89,11 +96,9 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
     """
     finder = bridge_for(model) if mapping is None else None
     if model is not None and (adapter_name is not None or is_adapter_dir(checkpoint)):
-        data = explain_adapter_load(model, read_adapter(_adapter_dir(checkpoint)),
-                                    name=adapter_name or "default", mapping=by_name(mapping),
-                                    finder=finder, tp=tp, dtype=dtype, budget=budget,
-                                    quantization=quantization, threads=threads, device=device)
-        return promote(Plan, data)
+        return _explain_adapter(model, checkpoint, adapter_name or "default", mapping, finder,
+                                tp=tp, dtype=dtype, budget=budget, quantization=quantization,
+                                threads=threads, device=device)
     data = explain_load(model, checkpoint, mapping=by_name(mapping), dtype=dtype, budget=budget,
                         tp=tp, quantization=quantization, threads=threads, device=device,
                         finder=finder)

@@ -58,14 +58,9 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
         return_report / output_loading_info: also return the :class:`LoadReport` /
             transformers' loading info dict (``missing_keys``, ``unexpected_keys``, ...).
         revision, cache_dir, local_files_only, token, subfolder, attn_implementation,
-        experts_implementation, generation_config, torch_dtype (deprecated: ``dtype``):
-            as in transformers; its other keywords are refused, each saying what to do
-            instead (:mod:`weightplan.api.keywords`).
-        adapter, adapter_name: a LoRA adapter directory (peft's format) injected with peft
-            (the ``adapters`` extra) into the model built on meta, as ``adapter_name``, and
-            loaded with the base in one plan and one schedule (its per-expert layout
-            converted to the model's fused experts); the model keeps its class, as after
-            transformers' ``load_adapter``.
+        experts_implementation, generation_config, torch_dtype (deprecated: ``dtype``): as
+            in transformers; others are refused, saying why (:mod:`weightplan.api.keywords`).
+        adapter, adapter_name: a LoRA adapter injected with peft, loaded in the same plan.
 
     Example:
         >>> model = weightplan.from_pretrained("org/tiny-llama")          # doctest: +SKIP
@@ -75,20 +70,24 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
         raise ArgumentError("pass return_report=True or output_loading_info=True, not both")
     dtype = fold_transformers_keywords(transformers_only, dtype)
     device = device_from_map(device_map, device, tp)
-    if adapter is not None and tp is not None:
-        raise ParallelError(f"{adapter}: tp= with an adapter is not supported yet; load "
-                            "without tp=")
-    tensor_parallel, mesh = _parallel(tp)
+    tensor_parallel, mesh = _parallel(tp, adapter)
     directory = resolve_checkpoint(name_or_path, revision=revision, cache_dir=cache_dir,
                                    local_files_only=local_files_only, token=token,
                                    subfolder=subfolder)
-    model = _built(directory, tensor_parallel, mesh, (attn_implementation,
-                                                      experts_implementation), progress)
+    model = _built(directory, tensor_parallel, mesh, (attn_implementation, experts_implementation),
+                   progress)
     with status(f"planning the load of {directory}", "planned the load", progress):
         plan = _explain(model, directory, adapter, adapter_name, dtype=dtype, mapping=mapping,
                         budget=budget, threads=threads, device=_rank_device(device, mesh),
                         tp=tensor_parallel)
     report = plan.execute(strict=strict, progress=progress)
+    return _finished(model, directory, generation_config, report, output_loading_info,
+                     return_report)
+
+
+def _finished(model: torch.nn.Module, directory: Path, generation_config: Any, report: Any,
+              output_loading_info: bool, return_report: bool) -> Any:
+    """Like transformers: the generation config read, eval mode, the extras asked for."""
     _generation_config(model.eval(), directory, generation_config)
     extra = loading_info(report) if output_loading_info else report if return_report else None
     return model if extra is None else (model, extra)
@@ -113,9 +112,12 @@ def _explain(model: torch.nn.Module, directory: Path, adapter: Any, adapter_name
     return explain(model, directory, **options)
 
 
-def _parallel(tp: object) -> tuple[TensorParallel | None, Any]:
+def _parallel(tp: object, adapter: object = None) -> tuple[TensorParallel | None, Any]:
     """``tp`` checked for a model that runs, and this rank's mesh (the process group started
     from torchrun's environment when none runs)."""
+    if adapter is not None and tp is not None:
+        raise ParallelError(f"{adapter}: tp= with an adapter is not supported yet; load "
+                            "without tp=")
     tensor_parallel = as_tensor_parallel(tp)
     if tensor_parallel is None:
         return None, None

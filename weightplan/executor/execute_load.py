@@ -6,7 +6,7 @@ import logging
 
 from torch import nn
 
-from weightplan.planner.pipelines.adapter_save import remember_adapter
+from weightplan.planner.pipelines.adapter_summary import remember_adapter
 from weightplan.errors import (
     AdapterError, LossyCastError, MetaBufferError, PlanError, QuantizationError, ShapeMismatchError,
     StrictLoadError,

@@ -109,11 +109,11 @@ def read_adapter_config(path: str) -> AdapterConfig:
                            "loads LoRA adapters (use peft's PeftModel.from_pretrained for "
                            f"{peft_type})")
     return AdapterConfig(
-        path, "LORA", _number(data, "r", path, int, 8), _number(data, "lora_alpha", path, float, 8),
+        path, "LORA", int(_number(data, "r", path, int, 8)), _number(data, "lora_alpha", path, float, 8),
         _flag(data, "use_rslora", path), _flag(data, "use_dora", path),
         _targets(data.get("target_modules"), path, "target_modules"),
         _names(data.get("target_parameters"), path, "target_parameters"),
-        _patterns(data, "rank_pattern", path, int), _patterns(data, "alpha_pattern", path, float),
+        _int_patterns(data, path), _patterns(data, "alpha_pattern", path, float),
         _names(data.get("modules_to_save"), path, "modules_to_save"),
         data.get("base_model_name_or_path") if isinstance(
             data.get("base_model_name_or_path"), str) else None,
@@ -169,6 +169,11 @@ def _targets(value: object, path: str, name: str) -> tuple[str, ...] | str | Non
     if value is None or isinstance(value, str):
         return value
     return _names(value, path, name)
+
+
+def _int_patterns(data: dict, path: str) -> Mapping[str, int]:
+    return MappingProxyType({k: int(v) for k, v in _patterns(data, "rank_pattern", path,
+                                                             int).items()})
 
 
 def _patterns(data: dict, name: str, path: str, kind: type) -> Mapping[str, float]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -39,7 +40,7 @@ _TOLERANCE = 1e-6
 
 def explain_adapter_load(model: torch.nn.Module, adapter: Adapter, *, name: str = "default",
                          mapping: object = None, finder: Finder | None = None,
-                         tp: object = None, **options: object) -> LoadPlanData:
+                         tp: object = None, **options: Any) -> LoadPlanData:
     """Plan loading ``adapter``'s tensors into adapter ``name`` injected in ``model``.
 
     Raises:
@@ -69,7 +70,7 @@ def explain_adapter_load(model: torch.nn.Module, adapter: Adapter, *, name: str 
 
 def explain_base_and_adapter(model: torch.nn.Module, base_files: list[str], adapter: Adapter,
                              base: MappingChoice, *, name: str = "default",
-                             **options: object) -> LoadPlanData:
+                             **options: Any) -> LoadPlanData:
     """One plan (one schedule) loading a base checkpoint's files and an adapter's file into
     ``model``, the adapter ``name`` injected in it in place (no PeftModel level)."""
     if options.get("tp") is not None:
@@ -152,7 +153,7 @@ def _halves(data: LoadPlanData, adapter: Adapter, fused: tuple[FusedTarget, ...]
     for inc in data.routing.incomplete:
         sources = inc.converter.source_patterns
         pair = next((f for f in fused if f.pair and len(f.linears) == len(sources) and all(
-            f".{linear}.lora_" in s for linear, s in zip(f.linears, sources))), None)
+            f".{linear}.lora_" in s for linear, s in zip(f.linears, sources, strict=True))), None)
         if not inc.present or pair is None:
             continue
         found = [linear for linear in pair.linears if any(f".{linear}.lora_" in k

@@ -19,23 +19,15 @@ from weightplan.planner.inputs.adapter import WEIGHTS_FILE
 from weightplan.planner.inputs.adapter_model import InjectedAdapter, inspect_adapter
 from weightplan.planner.inputs.checkpoint import open_checkpoint
 from weightplan.planner.keys.registry import MappingChoice
-from weightplan.planner.pipelines.adapter_summary import AdapterSummary
+from weightplan.planner.pipelines.adapter_summary import CONFIGS_ATTRIBUTE
 from weightplan.planner.pipelines.save import build, make_write_plan
 from weightplan.planner.pipelines.write_plan import Inversion, WritePlanData
 from weightplan.planner.write.record import LoadRecord, RecordedConversion, get_record
 from weightplan.planner.write.reverse import record_groups
 
-CONFIGS_ATTRIBUTE = "_weightplan_adapter_configs"  # adapter name → its adapter_config.json
-
-
-def remember_adapter(model: torch.nn.Module, summary: AdapterSummary) -> None:
-    """Keep the loaded adapter's config on the model, to write it back when saving."""
-    configs = dict(getattr(model, CONFIGS_ATTRIBUTE, {}))
-    configs[summary.name] = summary.config_json
-    object.__setattr__(model, CONFIGS_ATTRIBUTE, configs)
-
 
 def adapter_config_bytes(model: torch.nn.Module, name: str) -> bytes:
+    """The ``adapter_config.json`` the adapter was loaded with (kept by the executor)."""
     text = getattr(model, CONFIGS_ATTRIBUTE, {}).get(name)
     if text is None:
         raise SaveError(f"adapter {name!r} was not loaded by weightplan: no config to write")
@@ -88,7 +80,7 @@ def refuse_off_diagonal(conversions: tuple[RecordedConversion, ...],
         at = next((i for i, op in enumerate(c.ops) if isinstance(op, BlockDiagonal)), None)
         if at is None or len(c.targets) != 1:
             continue
-        streams = ((state[c.targets[0][0]],),)
+        streams: tuple[tuple[torch.Tensor, ...], ...] = ((state[c.targets[0][0]],),)
         for op in (op.inverse() for op in reversed(c.ops[at + 1:])):
             streams = op.forward(streams)
         block = c.ops[at]

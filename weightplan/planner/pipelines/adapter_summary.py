@@ -46,3 +46,14 @@ class AdapterSummary:
     conversions: tuple[LayoutConversion, ...] = ()
     scale_changes: tuple[ScaleChange, ...] = ()
     config_json: str = ""  # the adapter_config.json as read (written back when saving)
+
+
+CONFIGS_ATTRIBUTE = "_weightplan_adapter_configs"  # adapter name → its adapter_config.json
+
+
+def remember_adapter(model: object, summary: AdapterSummary) -> None:
+    """Keep a loaded adapter's config on the model (a plain attribute, not its state), to
+    write it back when the adapter is saved."""
+    configs = dict(getattr(model, CONFIGS_ATTRIBUTE, {}))
+    configs[summary.name] = summary.config_json
+    object.__setattr__(model, CONFIGS_ATTRIBUTE, configs)

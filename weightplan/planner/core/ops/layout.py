@@ -68,10 +68,10 @@ class Flatten(TensorwiseOp):
             for spec in stream:
                 a, b = self._span(len(spec.shape))
                 sizes = spec.shape[a:b + 1]
-                if (found is not None and sizes != found) or (
-                        self.sizes is not None and sizes != self.sizes):
+                want = found if found is not None else self.sizes
+                if want is not None and sizes != want:
                     raise OpError(f"{self!r}: inputs disagree on the merged sizes "
-                                  f"({list(sizes)} vs {list(found)})")
+                                  f"({list(sizes)} vs {list(want)})")
                 found = sizes
         return dataclasses.replace(self, sizes=found)
 
