@@ -10,6 +10,11 @@
 4. explain with ``dtype="auto"`` (the config's dtype, else the checkpoint's), execute;
 5. like transformers: the model's generation config is read and it is put in eval mode.
 
+``adapter=ADAPTER_DIR`` (``adapter_name="default"``): a LoRA adapter is injected with peft (the
+``adapters`` extra) into the model on meta and loaded with the base in one plan and one
+schedule (:mod:`weightplan.api.adapters`); the model keeps its class, as after
+transformers' ``load_adapter``.
+
 transformers' other keywords (``torch_dtype``, ``device_map``, ``trust_remote_code``, ...)
 are taken or refused as :mod:`weightplan.api.keywords` says. A status line (on a terminal)
 says what is happening until the load's progress bar starts.
@@ -60,7 +65,6 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
         revision, cache_dir, local_files_only, token, subfolder, attn_implementation,
         experts_implementation, generation_config, torch_dtype (deprecated: ``dtype``): as
             in transformers; others are refused, saying why (:mod:`weightplan.api.keywords`).
-        adapter, adapter_name: a LoRA adapter injected with peft, loaded in the same plan.
 
     Example:
         >>> model = weightplan.from_pretrained("org/tiny-llama")          # doctest: +SKIP
