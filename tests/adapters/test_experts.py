@@ -130,3 +130,15 @@ def test_one_half_of_a_fused_pair(tmp_path):
     plan = weightplan.explain(model, d)
     halves = [p for p in plan.problems if "one half" in p.message]
     assert halves and "w1" in halves[0].key and "gate_up_proj" in halves[0].message
+
+
+def test_target_modules_matching_only_shared_experts_is_a_note(tmp_path):
+    trained = peft.get_peft_model(tiny_model("qwen2_moe"), peft.LoraConfig(
+        r=2, lora_alpha=4, target_modules=["up_proj", "down_proj"], init_lora_weights=False))
+    trained.save_pretrained(tmp_path / "shared")
+    model = peft.get_peft_model(tiny_model("qwen2_moe"), peft.LoraConfig(
+        r=2, lora_alpha=4, target_modules=["up_proj", "down_proj"]))
+    plan = weightplan.explain(model, str(tmp_path / "shared"))
+    assert not plan.problems
+    notes = [n.message for n in plan.notes if "routed experts" in n.message]
+    assert any("gate_up_proj" in n for n in notes) and any("down_proj" in n for n in notes)

@@ -103,3 +103,21 @@ def test_cli_base_from_the_config(tmp_path, capsys):
 def test_cli_without_a_base_says_what_to_do(mixtral, capsys):
     assert main(["explain", str(mixtral / "v4")]) == 2
     assert "--base" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("convention", ["torch.device", "accelerate", "init_empty"])
+def test_models_built_on_meta_every_convention(mixtral, convention):
+    import accelerate
+    from transformers import AutoModelForCausalLM
+
+    from tests.adapters.builders import tiny_config
+
+    build = {"torch.device": lambda: torch.device("meta"),
+             "accelerate": accelerate.init_empty_weights,
+             "init_empty": weightplan.init_empty}[convention]
+    with build():
+        model = AutoModelForCausalLM.from_config(tiny_config("mixtral"))
+    explain_with_adapter(model, mixtral / "base", mixtral / "v4").execute()
+    oracle = peft.PeftModel.from_pretrained(tiny_model("mixtral"), str(mixtral / "v4"))
+    theirs, ours = _without_prefix(oracle), model.state_dict()
+    assert [k for k in ours if not torch.equal(ours[k], theirs[k])] == []

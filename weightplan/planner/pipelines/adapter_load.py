@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from weightplan.errors import AdapterError, ParallelError
-from weightplan.planner.core.problems import Problem, ProblemKind
+from weightplan.planner.core.problems import Note, Problem, ProblemKind
 from weightplan.planner.inputs.adapter import Adapter, AdapterConfig, scale_of
 from weightplan.planner.inputs.adapter_model import (
     PEFT_PREFIX, InjectedAdapter, injected_adapters, inspect_adapter,
@@ -118,7 +118,8 @@ def with_adapter(data: LoadPlanData, adapter: Adapter, injected: InjectedAdapter
         *_bytes(data, mine), conversions, changes,
         json.dumps(dict(config.raw), indent=2, sort_keys=True) + "\n")
     findings = dataclasses.replace(data.findings, problems=tuple(problems)
-                                   + data.findings.problems)
+                                   + data.findings.problems,
+                                   notes=data.findings.notes + tuple(_shared_only(config, fused)))
     return dataclasses.replace(data, findings=findings, adapter=summary)
 
 
@@ -130,6 +131,19 @@ def _bytes(data: LoadPlanData, mine: set[str]) -> tuple[int, int]:
                   and any(e.key in mine for e in c.group.entries)
                   for t in c.targets if t.status is TargetStatus.LOAD)
     return read, written
+
+
+def _shared_only(config: AdapterConfig, fused: tuple[FusedTarget, ...]) -> Iterable[Note]:
+    """``target_modules`` naming routed experts' linears the model fused and doesn't adapt:
+    only shared experts (or dense layers) of that name get a LoRA."""
+    named = config.target_modules if isinstance(config.target_modules, tuple) else ()
+    for f in fused:
+        hit = [linear for linear in f.linears if linear in named]
+        if hit and f.wrapper is None and f.parameter not in config.target_parameters:
+            yield Note(f.parameter, f"target_modules {hit} match only linears outside the "
+                       f"routed experts here (shared experts, dense layers): the routed "
+                       f"experts' fused {f.parameter} gets no LoRA; to adapt them, train with "
+                       f"target_parameters=['{f.parameter}']")
 
 
 def _targets(config: AdapterConfig) -> tuple[str, ...]:
