@@ -13,7 +13,7 @@ import weightplan
 from weightplan.api.adapters import explain_with_adapter
 from weightplan.bridge.hub import build_empty_model
 from weightplan.cli import main
-from weightplan.errors import ParallelError
+from weightplan.errors import AdapterError, ParallelError
 
 from tests.adapters.builders import (
     MIXTRAL, PREFIX, QWEN2_MOE, per_expert_adapter, tiny_model, write_config,
@@ -121,3 +121,18 @@ def test_models_built_on_meta_every_convention(mixtral, convention):
     oracle = peft.PeftModel.from_pretrained(tiny_model("mixtral"), str(mixtral / "v4"))
     theirs, ours = _without_prefix(oracle), model.state_dict()
     assert [k for k in ours if not torch.equal(ours[k], theirs[k])] == []
+
+
+def test_an_adapter_directory_loads_onto_its_configs_base(tmp_path):
+    tiny_model("mixtral").save_pretrained(tmp_path / "base")
+    per_expert_adapter(str(tmp_path / "v4"), MIXTRAL)
+    config = json.loads((tmp_path / "v4" / "adapter_config.json").read_text())
+    write_config(str(tmp_path / "v4"), **{**config,
+                                          "base_model_name_or_path": str(tmp_path / "base")})
+    model = weightplan.from_pretrained(tmp_path / "v4")
+    oracle = peft.PeftModel.from_pretrained(tiny_model("mixtral"), str(tmp_path / "v4"))
+    ids = torch.arange(12)[None]
+    assert torch.equal(oracle(ids).logits, model(ids).logits)
+    write_config(str(tmp_path / "v4"), **{**config, "base_model_name_or_path": None})
+    with pytest.raises(AdapterError, match=r"adapter=ADAPTER_DIR"):
+        weightplan.from_pretrained(tmp_path / "v4")

@@ -11,7 +11,7 @@ import torch
 
 from weightplan.api.entry import bridge_for, by_name
 from weightplan.api.plans import Plan, promote
-from weightplan.errors import AdapterError, ParallelError
+from weightplan.errors import AdapterError, ParallelError, WeightplanError
 from weightplan.planner.inputs.adapter import is_adapter_dir, read_adapter
 from weightplan.planner.inputs.checkpoint import open_checkpoint
 from weightplan.planner.pipelines.adapter_load import explain_base_and_adapter
@@ -56,18 +56,7 @@ def explain_adapter_dir(adapter: str, base: str | None = None, **options: Any) -
     from weightplan.api.hub import resolve_checkpoint
     from weightplan.bridge.hub import build_empty_model
 
-    spec = read_adapter(adapter)
-    name = base or spec.config.base_model
-    if name is None:
-        raise AdapterError(f"{spec.config.file}: no base_model_name_or_path; pass the base "
-                           "model's checkpoint with --base BASE_DIR")
-    try:
-        directory = resolve_checkpoint(name, local_files_only=base is None)
-    except AdapterError:
-        raise
-    except Exception as e:  # (a CheckpointError: not local, not cached)
-        raise AdapterError(f"{adapter}: the base {name!r} is not here ({e}); pass its "
-                           "checkpoint with --base BASE_DIR") from e
+    directory = adapter_base(adapter) if base is None else resolve_checkpoint(base)
     model = build_empty_model(directory).model
     return explain_with_adapter(model, directory, adapter, **options)
 
@@ -86,3 +75,24 @@ def save_adapter(model: torch.nn.Module, directory: str | os.PathLike[str], *,
                                 threads=threads)
     files = {"adapter_config.json": adapter_config_bytes(model, adapter_name)}
     return execute_write(plan, progress=progress, files=files)
+
+
+def adapter_base(adapter: str | os.PathLike[str]) -> Path:
+    """The local (or cached) base checkpoint an adapter's config names.
+
+    Raises:
+        AdapterError: the config names none, or it is neither local nor cached.
+    """
+    from weightplan.api.hub import resolve_checkpoint
+
+    spec = read_adapter(adapter)
+    if spec.config.base_model is None:
+        raise AdapterError(f"{spec.config.file}: no base_model_name_or_path; load it onto its "
+                           "base: from_pretrained(BASE, adapter=ADAPTER_DIR), or weightplan "
+                           "explain ADAPTER_DIR --base BASE_DIR")
+    try:
+        return resolve_checkpoint(spec.config.base_model, local_files_only=True)
+    except WeightplanError as e:
+        raise AdapterError(f"{adapter}: its base {spec.config.base_model!r} is not here ({e}); "
+                           "load it onto its base: from_pretrained(BASE, adapter=ADAPTER_DIR), "
+                           "or weightplan explain ADAPTER_DIR --base BASE_DIR") from e

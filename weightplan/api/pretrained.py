@@ -75,7 +75,7 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
     dtype = fold_transformers_keywords(transformers_only, dtype)
     device = device_from_map(device_map, device, tp)
     tensor_parallel, mesh = _parallel(tp, adapter)
-    directory = resolve_checkpoint(name_or_path, revision=revision, cache_dir=cache_dir,
+    directory, adapter = _resolved(name_or_path, adapter, revision=revision, cache_dir=cache_dir,
                                    local_files_only=local_files_only, token=token,
                                    subfolder=subfolder)
     model = _built(directory, tensor_parallel, mesh, (attn_implementation, experts_implementation),
@@ -95,6 +95,19 @@ def _finished(model: torch.nn.Module, directory: Path, generation_config: Any, r
     _generation_config(model.eval(), directory, generation_config)
     extra = loading_info(report) if output_loading_info else report if return_report else None
     return model if extra is None else (model, extra)
+
+
+def _resolved(name_or_path: str | os.PathLike[str], adapter: Any, **hub: Any
+              ) -> tuple[Path, Any]:
+    """The checkpoint directory, and the adapter: an adapter directory given as the model
+    loads onto its config's base (as peft's ``AutoPeftModel`` does)."""
+    directory = resolve_checkpoint(name_or_path, **hub)
+    if adapter is None and (directory / "adapter_config.json").is_file() and not (
+            directory / "config.json").is_file():
+        from weightplan.api.adapters import adapter_base
+
+        return adapter_base(directory), directory
+    return directory, adapter
 
 
 def _rank_device(device: object, mesh: Any) -> object:
