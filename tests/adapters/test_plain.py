@@ -125,3 +125,18 @@ def test_unknown_adapter_name_and_tp_are_refused(tmp_path):
         weightplan.explain(model, d, adapter_name="other")
     with pytest.raises(ParallelError, match="adapter"):
         weightplan.explain(model, d, tp="auto")
+
+
+def test_scale_changes_only_where_the_file_loads(tmp_path):
+    d = _saved(tmp_path, "lora", r=2, lora_alpha=4, target_modules=["q_proj"])
+    model = peft.get_peft_model(tiny_model("llama"), peft.LoraConfig(
+        r=2, lora_alpha=4, target_modules=["q_proj", "k_proj"],
+        alpha_pattern={"k_proj": 7}))  # k_proj: not in the file, its scale is not the file's
+    plan = weightplan.explain(model, d)
+    assert plan.adapter.scale_changes == ()
+    assert {p.kind for p in plan.problems} == {ProblemKind.MISSING}
+    assert len(plan.missing) == 4  # k_proj's A and B, two layers: reported, not refused
+    changed = peft.get_peft_model(tiny_model("llama"), peft.LoraConfig(
+        r=2, lora_alpha=6, target_modules=["q_proj"]))
+    changes = weightplan.explain(changed, d).adapter.scale_changes
+    assert [(c.trained, c.model) for c in changes] == [(2.0, 3.0)] * 2

@@ -107,7 +107,9 @@ def with_adapter(data: LoadPlanData, adapter: Adapter, injected: InjectedAdapter
                            f"{example!r}; the model holds {wanted or 'no adapter tensors'}): "
                            "is it the adapter of another base model?")
     conversions = tuple(_layouts(adapter.config, injected, fused))
-    changes = tuple(_scale_changes(adapter.config, injected, fused))
+    written = {t.key for c in data.conversions if c.loads for t in c.targets
+               if t.status is TargetStatus.LOAD}
+    changes = tuple(_scale_changes(adapter.config, injected, fused, written))
     problems = (*_unplaced(data, adapter, mine), *_halves(data, adapter, fused),
                 *(_scale_problem(c, adapter.config) for c in changes))
     config = adapter.config
@@ -198,12 +200,16 @@ def _layouts(config: AdapterConfig, injected: InjectedAdapter,
 
 
 def _scale_changes(config: AdapterConfig, injected: InjectedAdapter,
-                   fused: tuple[FusedTarget, ...]) -> Iterable[ScaleChange]:
+                   fused: tuple[FusedTarget, ...], written: set[str]) -> Iterable[ScaleChange]:
+    """Layers the file loads into whose model scale differs from the trained one (a fused
+    parameter saved per expert was trained with its linears' rank and alpha)."""
     linears = {f.parameter: f.linears[0] for f in fused}
     seen: set[tuple[str, float, float]] = set()
     for layer in injected.layers.values():
+        if not any(k.startswith(f"{layer.path}.lora_") for k in written):
+            continue
         module = layer.target.removeprefix(injected.prefix)
-        if layer.parameter is not None:
+        if layer.parameter is not None and layer.parameter not in config.target_parameters:
             module = linears.get(layer.parameter, module)
         trained = config.scale(module)
         if abs(layer.scaling - trained) > _TOLERANCE * max(1.0, abs(trained)):
