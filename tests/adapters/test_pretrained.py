@@ -136,3 +136,15 @@ def test_an_adapter_directory_loads_onto_its_configs_base(tmp_path):
     write_config(str(tmp_path / "v4"), **{**config, "base_model_name_or_path": None})
     with pytest.raises(AdapterError, match=r"adapter=ADAPTER_DIR"):
         weightplan.from_pretrained(tmp_path / "v4")
+
+
+def test_adapter_stays_float32_on_a_bf16_base_as_peft_keeps_it(mixtral):
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(mixtral / "base", dtype=torch.bfloat16)
+    oracle = peft.PeftModel.from_pretrained(base, str(mixtral / "v4"))
+    model = weightplan.from_pretrained(mixtral / "base", adapter=mixtral / "v4",
+                                       dtype=torch.bfloat16)
+    theirs, ours = _without_prefix(oracle), model.state_dict()
+    assert {v.dtype for k, v in ours.items() if ".lora_" in k} == {torch.float32}
+    assert [k for k in ours if not torch.equal(ours[k], theirs[k])] == []

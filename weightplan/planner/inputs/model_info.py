@@ -100,6 +100,14 @@ def restrict_model(info: ModelInfo, keep: Callable[[str], bool]) -> ModelInfo:
     return dataclasses.replace(info, tensors=tensors)
 
 
+def keep_dtype_of(info: ModelInfo, keep: Callable[[str], bool]) -> ModelInfo:
+    """``info`` with the tensors ``keep`` accepts kept in their dtype whatever is asked (a
+    LoRA adapter's weights stay float32 on a bf16 base, as peft keeps them)."""
+    tensors = {name: dataclasses.replace(t, keep_dtype=True) if keep(t.name) else t
+               for name, t in info.tensors.items()}
+    return dataclasses.replace(info, tensors=tensors)
+
+
 def _groups(model: torch.nn.Module, state: Mapping[str, torch.Tensor]
             ) -> tuple[list[list[str]], tuple[tuple[str, ...], ...]]:
     """Names by tensor object, then declared ties merged where both sides are on meta."""

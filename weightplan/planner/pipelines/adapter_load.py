@@ -23,6 +23,7 @@ from weightplan.planner.inputs.adapter_model import (
     PEFT_PREFIX, InjectedAdapter, injected_adapters, inspect_adapter,
 )
 from weightplan.planner.inputs.checkpoint import open_checkpoint
+from weightplan.planner.inputs.model_info import keep_dtype_of, restrict_model
 from weightplan.planner.keys.adapter_keys import (
     FusedTarget, adapter_transforms, base_and_adapter_transforms,
 )
@@ -64,7 +65,8 @@ def explain_adapter_load(model: torch.nn.Module, adapter: Adapter, *, name: str 
     choice = MappingChoice(base.key, base.reason, transforms, base.submodules)
     file_keys = _model_names(open_checkpoint(adapter.weights).entries, injected.prefix)
     data = explain_load(model, adapter.weights, mapping=choice,
-                        only=lambda n: injected.owns(n) or n in file_keys, **options)
+                        view=lambda info: restrict_model(
+                            info, lambda n: injected.owns(n) or n in file_keys), **options)
     return with_adapter(data, adapter, injected, fused)
 
 
@@ -79,7 +81,8 @@ def explain_base_and_adapter(model: torch.nn.Module, base_files: list[str], adap
     transforms, fused = base_and_adapter_transforms(base.transforms, injected,
                                                     adapter.config.modules_to_save)
     choice = MappingChoice(base.key, base.reason, transforms, base.submodules)
-    data = explain_load(model, [*base_files, adapter.weights], mapping=choice, **options)
+    data = explain_load(model, [*base_files, adapter.weights], mapping=choice,
+                        view=lambda info: keep_dtype_of(info, injected.owns), **options)
     return with_adapter(data, adapter, injected, fused,
                         keys=tuple(open_checkpoint(adapter.weights).entries))
 

@@ -22,7 +22,7 @@ from weightplan.planner.pipelines.fp8_findings import with_fp8_findings
 from weightplan.planner.core.sharding.config import as_tensor_parallel
 from weightplan.planner.inputs.checkpoint import Checkpoint, open_checkpoint
 from weightplan.planner.inputs.device import parse_device
-from weightplan.planner.inputs.model_info import ModelInfo, inspect_model, restrict_model
+from weightplan.planner.inputs.model_info import ModelInfo, inspect_model
 from weightplan.planner.keys.lookup import Finder, lookup_mapping, mapping_findings
 from weightplan.planner.keys.mappings import REGISTRY
 from weightplan.planner.keys.registry import MappingChoice
@@ -48,13 +48,13 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
                  dtype: torch.dtype | str | None = None, budget: int | str | None = None,
                  tp: object = None, quantization: object = None, threads: int = 4,
                  device: object = None, finder: Finder | None = None,
-                 only: Callable[[str], bool] | None = None) -> LoadPlanData:
+                 view: Callable[[ModelInfo], ModelInfo] | None = None) -> LoadPlanData:
     """Plan loading ``checkpoint`` into ``model`` from headers only; nothing is read or written.
 
     The arguments are :func:`weightplan.explain`'s (documented there), ``mapping`` given by
     name already resolved; ``finder`` is the mapping lookup's second source (the
-    transformers bridge); ``only`` keeps the model tensors it accepts (an adapter's), the
-    rest of the model is left alone. Returns the plan's data, which :class:`weightplan.Plan`
+    transformers bridge); ``view`` changes the model's view (an adapter's load: only its
+    tensors, or its tensors kept in their dtype). Returns the plan's data, which :class:`weightplan.Plan`
     wraps.
     """
     _refuse_quantization_option(quantization)
@@ -64,8 +64,8 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
                           None if budget is None else parse_bytes(budget, what="budget"),
                           parse_device(device))
     info = keep_fp32(model, inspect_model(model) if model is not None else None, options.dtype)
-    if info is not None and only is not None:
-        info = restrict_model(info, only)
+    if info is not None and view is not None:
+        info = view(info)
     choice = choose_mapping(mapping, model, finder)
     transforms = with_legacy(choice.transforms)
     quant = quant_context(checkpoint, ckpt, info, model)
