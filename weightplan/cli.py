@@ -7,7 +7,6 @@
     weightplan explain CKPT --model-type mixtral --json
     weightplan explain CKPT --model-type mixtral --svg plan.svg --timeline mem.svg
     weightplan explain CKPT_DIR --tp 8 [--ep]        every rank's bytes read / held / peak
-    weightplan explain ADAPTER_DIR [--base BASE]     a LoRA adapter and its base in one plan
     weightplan convert SRC DST [--reverse]           on disk, no model (mapping: config.json's
                                                      model_type, or --model-type)
     weightplan mappings [--json]                     registered mappings and aliases
@@ -82,6 +81,10 @@ def _explain_parser(exp: argparse.ArgumentParser) -> None:
                           "(model_type or class name), e.g. mixtral")
     exp.add_argument("--dtype", help="cast floating tensors to this dtype (e.g. bf16); "
                      "'auto' (the default with a model): the config's, else the checkpoint's")
+    exp.add_argument("--dequantize", action="store_true",
+                     help="plan a quantized checkpoint (block FP8) dequantized into a model of "
+                          "the config's dtype (also when --dtype names one); without it, the "
+                          "model keeps the quantized weights and their scales, as serving does")
     exp.add_argument("--budget", help="memory the load may add at most, e.g. 8GiB")
     exp.add_argument("--json", action="store_true", help="print plan.to_dict() as JSON")
     exp.add_argument("--width", type=int, default=None, help="text width")
@@ -90,6 +93,10 @@ def _explain_parser(exp: argparse.ArgumentParser) -> None:
     exp.add_argument("--timeline", metavar="PATH", help="draw the memory timeline (.svg)")
     exp.add_argument("--detail", choices=("grouped", "full"), default=None,
                      help="graph detail (default: grouped; full with --only)")
+    exp.add_argument("--fold", action=argparse.BooleanOptionalAction, default=None,
+                     help="graph: draw the plain 1:1 copies (read and assigned under the same "
+                          "name) as one counted box (default: for plans of 200+ conversions, "
+                          "without --only)")
     exp.add_argument("--only", metavar="GLOB",
                      help="draw only the keys matching GLOB, e.g. 'model.layers.0.*'")
     exp.add_argument("--tp", type=_ranks, metavar="N",
@@ -100,8 +107,7 @@ def _explain_parser(exp: argparse.ArgumentParser) -> None:
     exp.add_argument("--tp-plan", metavar="JSON",
                      help="with --tp: the plan as a JSON object {module glob: style} (or "
                           "@FILE.json) instead of the model's tp_plan")
-    exp.add_argument("--base", metavar="BASE_DIR", help="with an adapter directory: its base "
-                     "checkpoint (default: the adapter config's base_model_name_or_path)")
+    exp.add_argument("--base", metavar="BASE_DIR", help="a LoRA adapter directory's base")
     exp.add_argument("--allow-problems", action="store_true",
                      help="exit 0 even when the plan has problems (default: exit 1)")
 
@@ -291,15 +297,13 @@ def _explain(args: argparse.Namespace) -> int:
 
     args.checkpoint = str(resolve_checkpoint(args.checkpoint))  # a repo id: its snapshot
     model, dtype = None, args.dtype
-    if args.base is not None or os.path.isfile(os.path.join(args.checkpoint,
-                                                            "adapter_config.json")):
+    if args.base is not None or os.path.isfile(f"{args.checkpoint}/adapter_config.json"):
         from weightplan.api.adapters import explain_adapter_dir
-
         plan = explain_adapter_dir(args.checkpoint, args.base, dtype=dtype or "auto",
                                    budget=args.budget, tp=args.tp)
     else:
         if args.mapping is None:
-            model, dtype = _model_for(args.checkpoint, args.dtype)
+            model, dtype = _model_for(args.checkpoint, args.dtype, args.dequantize)
         if args.tp is not None:
             return _explain_ranks(model, dtype, args)
         plan = weightplan.explain(model, args.checkpoint, mapping=args.mapping, dtype=dtype,
@@ -327,7 +331,7 @@ def _explain_ranks(model: Any, dtype: Any, args: argparse.Namespace) -> int:
     plans = plan_ranks(model, args.checkpoint, tp, mapping=args.mapping, dtype=dtype,
                        budget=args.budget)
     print(json.dumps(rank_rows(plans), indent=2) if args.json
-          else _safe(rank_table(plans, wording=cli_wording)))
+          else _safe(rank_table(plans, wording=cli_wording, width=args.width)))
     return _status([p for plan in plans for p in plan.problems], args)
 
 
@@ -358,7 +362,7 @@ def _pictures(plan: Plan, args: argparse.Namespace) -> None:
     if args.svg:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            written = plan.render(args.svg, detail=args.detail, only=args.only)
+            written = plan.render(args.svg, detail=args.detail, only=args.only, fold=args.fold)
         for w in caught:
             print(_safe(f"weightplan: {w.message}"), file=sys.stderr)
         print(_safe(f"weightplan: wrote {written}"), file=sys.stderr)
@@ -366,9 +370,11 @@ def _pictures(plan: Plan, args: argparse.Namespace) -> None:
         print(_safe(f"weightplan: wrote {plan.render_timeline(args.timeline)}"), file=sys.stderr)
 
 
-def _model_for(checkpoint: str, dtype: str | None) -> tuple[nn.Module | None, Any]:
-    """The model config.json names, built on meta; ``None`` when there is no config.json
-    or no transformers (then the keys are explained as they are)."""
+def _model_for(checkpoint: str, dtype: str | None, dequantize: bool = False
+               ) -> tuple[nn.Module | None, Any]:
+    """The model config.json names, built on meta (holding a quantized checkpoint's format
+    unless ``--dequantize`` or ``--dtype`` asks for a dequantized model); ``None`` when there
+    is no config.json or no transformers (then the keys are explained as they are)."""
     from weightplan.bridge.hub import build_empty_model, config_path
 
     if config_path(checkpoint) is None:
@@ -385,7 +391,8 @@ def _model_for(checkpoint: str, dtype: str | None) -> tuple[nn.Module | None, An
 
     with status(f"building the model {config_path(checkpoint)} names (on meta)",
                 "built the model", None):
-        built = build_empty_model(checkpoint)
+        built = build_empty_model(checkpoint, keep_quantized=not dequantize
+                                  and dtype in (None, "auto"))
     return built.model, dtype if dtype is not None else "auto"
 
 

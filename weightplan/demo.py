@@ -125,6 +125,14 @@ def write_sharded(tensors: dict[str, torch.Tensor], directory: Path, shards: int
     (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
+TEMPORARY = "a temporary directory"
+
+
+def _shown(text: str, ckpt: Path, directory: str | None) -> str:
+    """``text`` with the temporary directory's path named as such: it is gone after the demo."""
+    return text if directory else text.replace(str(ckpt), f"<{TEMPORARY}>")
+
+
 def run_demo(directory: str | None = None) -> int:
     """Build, write, explain, load and check; returns a process exit code."""
     torch.manual_seed(0)
@@ -134,15 +142,14 @@ def run_demo(directory: str | None = None) -> int:
         ckpt = Path(directory or tmp)
         ckpt.mkdir(parents=True, exist_ok=True)
         write_sharded(legacy_state_dict(source), ckpt)
-        where = (f"{ckpt}" if directory else
-                 f"a temporary directory, {ckpt}, deleted when the demo ends (--dir DIR keeps it)")
+        where = f"{ckpt}" if directory else f"{TEMPORARY} (deleted when the demo ends)"
         print(f"wrote a legacy Mixtral-style checkpoint to {where}\n")
         with weightplan.init_empty():
             model = TinyMoE(cfg).eval()
         plan = weightplan.explain(model, ckpt)
-        print(plan)
+        print(_shown(str(plan), ckpt, directory))
         report = plan.execute(progress=False)
-        print(report)
+        print(_shown(str(report), ckpt, directory))
     ids = torch.randint(0, cfg.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         same = torch.equal(model(ids), source(ids))

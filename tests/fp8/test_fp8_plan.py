@@ -136,11 +136,15 @@ def test_memory_estimate_matches_what_the_executor_holds(tmp_path, threads):
 
 
 def test_command_line_explains_a_deepseek_fp8_checkpoint(fp8_checkpoints, capsys):
-    """What a new user runs first: every F8_E4M3 weight is dequantized with its scale,
-    no scale key is left over as unexpected."""
+    """What a new user runs first: every F8_E4M3 weight is kept with its scale (the model
+    built with its FP8 layers, as served); with --dequantize, every one is dequantized with
+    its scale, no scale key is left over as unexpected."""
     from weightplan.cli import main
     _, fp8_dir = fp8_checkpoints("dsv3")
     assert main(["explain", str(fp8_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "0 dequantized, 18 kept in FP8, 0 quantized" in out and "problems: none" in out
+    assert main(["explain", str(fp8_dir), "--dequantize"]) == 0
     out = capsys.readouterr().out
     assert "28 dequantized, 0 kept in FP8, 0 quantized" in out
     assert "problems: none" in out and "weight_scale_inv" not in out.split("notes:")[0]

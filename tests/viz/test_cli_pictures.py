@@ -48,3 +48,14 @@ def test_explain_svg_with_dot(ckpt_dir, tmp_path, capsys):
     assert main(["explain", str(ckpt_dir), "--model-type", "mixtral",
                  "--svg", str(tmp_path / "plan.svg")]) == 0
     assert ET.parse(tmp_path / "plan.svg").getroot().tag.endswith("svg")
+
+
+def test_fold_and_no_fold(ckpt_dir, tmp_path, capsys):
+    """``--fold`` folds the plain copies of even a small plan; ``--no-fold`` draws them."""
+    for flag, folded in (("--fold", True), ("--no-fold", False)):
+        out = tmp_path / f"{flag}.dot"
+        assert main(["explain", str(ckpt_dir), "--model-type", "mixtral", "--svg", str(out),
+                     flag]) == 0
+        text = out.read_text()
+        assert ("as is ×" in text) is folded
+        assert "model.embed_tokens.weight" in text

@@ -52,7 +52,8 @@ def test_timeline_shows_series_peak_and_cause(file_plan):
     peak = plan.schedule.peak
     lines = texts(svg)
     head = next(t for t in lines if t.startswith("peak "))
-    assert head == (f"peak {format_bytes(peak.total)}: {peak.event.kind.value} of step "
+    when = {"submit": "reading", "finalize": "assembling"}[peak.event.kind.value]
+    assert head == (f"peak {format_bytes(peak.total)}: {when} step "
                     f"{peak.event.step + 1}/{len(plan.schedule.steps)}")
     assert peak.label in lines
     assert any(t.startswith("resident ") and "in flight" in t for t in lines)
@@ -79,3 +80,28 @@ def test_render_timeline(tmp_path, file_plan):
     assert ET.parse(path).getroot().tag == f"{SVG}svg"
     with pytest.raises(RenderError, match="use a .svg path"):
         file_plan().render_timeline(tmp_path / "mem.png")
+
+
+def test_the_x_axis_is_bytes_read(file_plan):
+    from weightplan.viz.timeline import read_edges
+
+    plan = file_plan()
+    lines = texts(timeline_svg(plan))
+    assert any(t.startswith("bytes read from the checkpoint") for t in lines)
+    assert not any("events" in t for t in lines)
+    edges = read_edges(plan)
+    assert edges[0] == 0 and edges[-1] == plan.read_bytes
+    assert len(edges) == len(plan.schedule.timeline) + 1
+    assert all(a <= b for a, b in zip(edges, edges[1:], strict=False))
+    ticks = [t for t in lines if t.endswith(" KiB") and t[0].isdigit()]
+    assert "0 KiB" in ticks and len(ticks) >= 3  # byte labels along the x axis too
+
+
+def test_the_subtitle_says_the_threads_the_text_plan_says(file_plan):
+    import re
+
+    for threads in (4, 1, 0):
+        plan = file_plan(threads=threads)
+        said = re.search(r"threads: (.*)$", str(plan), re.M).group(1)
+        sub = next(t for t in texts(timeline_svg(plan)) if t.startswith("read-ahead window"))
+        assert f"threads {said}, no budget" in sub

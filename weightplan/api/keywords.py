@@ -22,8 +22,8 @@ keyword                            here
 ``tp_plan``, ``tp_size``,          refused: ``tp="auto"`` or ``tp=TensorParallel(...)``
 ``distributed_config``, ``device_mesh``
 ``max_memory``, ``offload_*``      refused: no offloading; placement is ``device=``
-``quantization_config``            refused: the checkpoint's config decides (FP8 is
-                                   dequantized into a floating model, kept in an FP8 one)
+``quantization_config``            refused: the checkpoint's config decides (FP8 is kept;
+                                   ``dequantize=True`` or a dtype dequantizes it)
 ``config``, ``state_dict``,        refused, each naming weightplan's way (build the model and
 ``key_mapping``, ``variant``, …    :func:`weightplan.load` it, ``mapping=``, a file path)
 anything else                      refused: config overrides (``output_hidden_states=True``)
@@ -76,9 +76,9 @@ REFUSED = {
     "offload_folder": Refusal("nothing is offloaded to disk: place the model with device="),
     "offload_state_dict": Refusal("nothing is offloaded: drop it", (False, None)),
     "offload_buffers": Refusal("nothing is offloaded: drop it", (False, None)),
-    "quantization_config": Refusal("the checkpoint's config.json decides: FP8 weights are "
-                                   "dequantized into a floating model and kept in an FP8 one; "
-                                   "to quantize on save, weightplan.save(model, dir, "
+    "quantization_config": Refusal("the checkpoint's config.json decides: its FP8 weights are "
+                                   "kept (pass dequantize=True, or a dtype, for a floating "
+                                   "model); to quantize on save, weightplan.save(model, dir, "
                                    "quantize='fp8')"),
     "config": Refusal(f"the model is built from the checkpoint's config.json; to use another "
                       f"config, {OWN_MODEL}"),

@@ -62,7 +62,8 @@ class Plan(LoadPlanData):
 
         return plan_to_dict(self)
 
-    def render(self, path: str, *, detail: str | None = None, only: str | None = None) -> str:
+    def render(self, path: str, *, detail: str | None = None, only: str | None = None,
+               fold: bool | None = None) -> str:
         """Draw the plan graph with graphviz; returns the file written.
 
         Args:
@@ -73,6 +74,9 @@ class Plan(LoadPlanData):
                 ``×N (layers 0..N-1)`` and each expert list as one node; ``"full"`` draws
                 every node (the default when ``only`` is given).
             only: a glob over checkpoint and model keys (``"model.layers.3.*"``).
+            fold: draw the plain 1:1 copies (one tensor read and assigned under its own
+                name) as one counted box; default: for plans of 200+ conversions, without
+                ``only``.
 
         Example:
             >>> plan.render("plan.svg")                                # doctest: +SKIP
@@ -80,7 +84,7 @@ class Plan(LoadPlanData):
         """
         from weightplan.viz.dot import render_plan
 
-        return render_plan(self, path, detail=detail, only=only)
+        return render_plan(self, path, detail=detail, only=only, fold=fold)
 
     def render_timeline(self, path: str) -> str:
         """Draw the planned memory per event (resident, in flight, intermediate, the budget,

@@ -4,6 +4,10 @@
    through the local Hugging Face cache, the Hub only when the cache lacks it;
 2. build: the transformers class ``config.json`` names, on meta (:func:`init_empty`);
    remote code never runs (no ``trust_remote_code``, nothing imported from the directory);
+   a quantized checkpoint (block FP8) gets transformers' quantized layers, so its weights
+   and scales are kept as they are on disk, as serving deployments keep them
+   (:mod:`weightplan.bridge.quantized`), unless ``dequantize=True`` or a ``dtype`` asks for
+   a dequantized model;
 3. with ``tp=``: start the process group from torchrun's environment when none runs, and
    prepare the model for tensor parallelism with transformers' own utilities
    (:mod:`weightplan.bridge.distribute`), as ``tp_plan="auto"`` does;
@@ -34,7 +38,7 @@ from weightplan.api.status import status
 from weightplan.errors import ArgumentError, ModelBuildError, ParallelError
 from weightplan.planner.core.sharding.config import TensorParallel, as_tensor_parallel
 
-__all__ = ["from_pretrained", "resolve_checkpoint"]
+__all__ = ["from_pretrained", "keeps_quantized", "resolve_checkpoint"]
 
 
 def from_pretrained(name_or_path: str | os.PathLike[str], *,
@@ -47,21 +51,21 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
                     local_files_only: bool = False, token: str | bool | None = None,
                     subfolder: str | None = None, attn_implementation: str | None = None,
                     experts_implementation: str | None = None, generation_config: Any = None,
-                    adapter: str | os.PathLike[str] | None = None, adapter_name: str = "default",
-                    **transformers_only: Any) -> Any:
+                    dequantize: bool | None = None, adapter: str | os.PathLike[str] | None = None,
+                    adapter_name: str = "default", **transformers_only: Any) -> Any:
     """Build the model a checkpoint's ``config.json`` names and load the checkpoint into it.
 
     Args:
         name_or_path: a checkpoint directory or a Hub repo id (``"org/name"``).
         dtype: ``"auto"`` (the config's, else the checkpoint's), a dtype, or ``None`` (fp32).
+        dequantize: whether a quantized (block FP8) checkpoint loads dequantized (:func:`keeps_quantized`).
         device, device_map: where tensors go (:func:`explain`'s ``device``; ``device_map``
             is transformers' name for it: one device, or ``{module prefix: device}``).
         tp: ``"auto"`` or a :class:`TensorParallel`: each rank loads its part of a model
             prepared as transformers' ``tp_plan="auto"`` does (``experts="ep"``: EP), whose
             forward runs across the ranks (under torchrun, the group is started if need be).
         strict, progress: as :meth:`Plan.execute`; mapping, budget, threads: as :func:`explain`.
-        return_report / output_loading_info: also return the :class:`LoadReport` /
-            transformers' loading info dict (``missing_keys``, ``unexpected_keys``, ...).
+        return_report / output_loading_info: also return the :class:`LoadReport` / transformers' loading info.
         revision, cache_dir, local_files_only, token, subfolder, attn_implementation,
         experts_implementation, generation_config, torch_dtype (deprecated: ``dtype``): as
             in transformers; others are refused, saying why (:mod:`weightplan.api.keywords`).
@@ -72,14 +76,14 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
     """
     if return_report and output_loading_info:
         raise ArgumentError("pass return_report=True or output_loading_info=True, not both")
-    dtype = fold_transformers_keywords(transformers_only, dtype)
-    device = device_from_map(device_map, device, tp)
-    tensor_parallel, mesh = _parallel(tp, adapter)
+    dtype, tp = fold_transformers_keywords(transformers_only, dtype), _alone(tp, adapter)
+    device, keep, (tensor_parallel, mesh) = (device_from_map(device_map, device, tp),
+                                             keeps_quantized(dequantize, dtype, tp), _parallel(tp))
     directory, adapter = _resolved(name_or_path, adapter, revision=revision, cache_dir=cache_dir,
                                    local_files_only=local_files_only, token=token,
                                    subfolder=subfolder)
-    model = _built(directory, tensor_parallel, mesh, (attn_implementation, experts_implementation),
-                   progress)
+    model = _built(directory, tensor_parallel, mesh, (attn_implementation,
+                                                      experts_implementation), progress, keep)
     with status(f"planning the load of {directory}", "planned the load", progress):
         plan = _explain(model, directory, adapter, adapter_name, dtype=dtype, mapping=mapping,
                         budget=budget, threads=threads, device=_rank_device(device, mesh),
@@ -92,9 +96,17 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
 def _finished(model: torch.nn.Module, directory: Path, generation_config: Any, report: Any,
               output_loading_info: bool, return_report: bool) -> Any:
     """Like transformers: the generation config read, eval mode, the extras asked for."""
-    _generation_config(model.eval(), directory, generation_config)
+    _generation_config(_finish_quantized(model).eval(), directory, generation_config)
     extra = loading_info(report) if output_loading_info else report if return_report else None
     return model if extra is None else (model, extra)
+
+
+def _alone(tp: object, adapter: object) -> object:
+    """``tp``, refused with an adapter (not supported yet)."""
+    if adapter is not None and tp is not None:
+        raise ParallelError(f"{adapter}: tp= with an adapter is not supported yet; load "
+                            "without tp=")
+    return tp
 
 
 def _resolved(name_or_path: str | os.PathLike[str], adapter: Any, **hub: Any
@@ -108,6 +120,32 @@ def _resolved(name_or_path: str | os.PathLike[str], adapter: Any, **hub: Any
 
         return adapter_base(directory), directory
     return directory, adapter
+
+
+def keeps_quantized(dequantize: bool | None, dtype: object, tp: object) -> bool:
+    """Whether ``from_pretrained`` builds a quantized checkpoint's model with its quantized
+    layers, keeping the weights and scales as they are: ``dequantize=True`` never,
+    ``False`` always, ``None`` (default) unless ``dtype`` names a dtype (a dequantized model
+    of that dtype) or ``tp`` is given (transformers runs FP8 layers under TP on local
+    tensors, not on the DTensors a ``tp`` load writes). FP8 matmuls need transformers' GPU
+    kernels: to run the model on a CPU, dequantize.
+
+    Raises:
+        ArgumentError: ``dequantize`` isn't a bool or ``None``.
+        ParallelError: ``dequantize=False`` with ``tp``.
+    """
+    if dequantize is not None and not isinstance(dequantize, bool):
+        raise ArgumentError(f"from_pretrained(dequantize={dequantize!r}): pass True, False or "
+                            "None")
+    if dequantize is False and tp is not None:
+        raise ParallelError("from_pretrained(tp=..., dequantize=False): FP8 layers under tensor "
+                            "parallelism run on local tensors in transformers, not on the "
+                            "DTensors this load writes; drop dequantize=False to load them "
+                            "dequantized, or plan the ranks offline (weightplan explain DIR "
+                            "--tp N)")
+    if dequantize is not None:
+        return not dequantize
+    return tp is None and (dtype is None or dtype == "auto")
 
 
 def _rank_device(device: object, mesh: Any) -> object:
@@ -129,12 +167,9 @@ def _explain(model: torch.nn.Module, directory: Path, adapter: Any, adapter_name
     return explain(model, directory, **options)
 
 
-def _parallel(tp: object, adapter: object = None) -> tuple[TensorParallel | None, Any]:
+def _parallel(tp: object) -> tuple[TensorParallel | None, Any]:
     """``tp`` checked for a model that runs, and this rank's mesh (the process group started
     from torchrun's environment when none runs)."""
-    if adapter is not None and tp is not None:
-        raise ParallelError(f"{adapter}: tp= with an adapter is not supported yet; load "
-                            "without tp=")
     tensor_parallel = as_tensor_parallel(tp)
     if tensor_parallel is None:
         return None, None
@@ -151,8 +186,8 @@ def _parallel(tp: object, adapter: object = None) -> tuple[TensorParallel | None
 
 
 def _built(directory: Path, tp: TensorParallel | None, mesh: Any,
-           implementations: tuple[str | None, str | None], progress: bool | None
-           ) -> torch.nn.Module:
+           implementations: tuple[str | None, str | None], progress: bool | None,
+           keep_quantized: bool) -> torch.nn.Module:
     from weightplan.bridge.distribute import prepare_tensor_parallel
     from weightplan.bridge.hub import build_empty_model
 
@@ -160,9 +195,24 @@ def _built(directory: Path, tp: TensorParallel | None, mesh: Any,
                 "built the model", progress):
         attn, experts = implementations
         model = build_empty_model(directory, attn_implementation=attn,
-                                  experts_implementation=experts).model
+                                  experts_implementation=experts,
+                                  keep_quantized=keep_quantized).model
         if tp is not None:
             prepare_tensor_parallel(model, tp, mesh)
+    return model
+
+
+def _finish_quantized(model: torch.nn.Module) -> torch.nn.Module:
+    """What transformers' quantizer does after a load (the model's config then carries its
+    quantization config object, and the modules are marked quantized)."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is None:
+        return model
+    try:
+        quantizer.postprocess_model(model)
+    except Exception as e:  # transformers' own post-processing, whatever it raises
+        raise ModelBuildError(f"transformers can't finish the quantized {type(model).__name__}"
+                              f": {type(e).__name__}: {e}") from e
     return model
 
 

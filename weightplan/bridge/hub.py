@@ -29,6 +29,7 @@ class BuiltModel:
     config_path: Path
     class_name: str
     dtype: torch.dtype | None  # the config's dtype: what from_pretrained would use
+    quantization: str | None = None  # what it holds quantized (``"FP8 128×128"``), if anything
 
 
 def config_path(checkpoint: str | Path) -> Path | None:
@@ -39,9 +40,13 @@ def config_path(checkpoint: str | Path) -> Path | None:
 
 
 def build_empty_model(checkpoint: str | Path, *, attn_implementation: str | None = None,
-                      experts_implementation: str | None = None) -> BuiltModel:
+                      experts_implementation: str | None = None,
+                      keep_quantized: bool = False) -> BuiltModel:
     """Build the model ``config.json`` describes, with its parameters on ``meta``
     (``attn_implementation`` / ``experts_implementation``: as transformers' keywords).
+    ``keep_quantized``: when the config says the checkpoint is quantized in a format the
+    model can hold (block FP8), build it with the quantized layers, as serving keeps them
+    (:mod:`weightplan.bridge.quantized`); else the model is the plain one, loaded dequantized.
 
     Raises:
         ModelBuildError: there is no ``config.json``, transformers is not installed, or
@@ -71,7 +76,12 @@ def build_empty_model(checkpoint: str | Path, *, attn_implementation: str | None
         raise ModelBuildError(f"{path}: transformers can't build {type(config).__name__} "
                               f"into {getattr(cls, '__name__', cls)}: "
                               f"{type(e).__name__}: {e}") from e
-    return BuiltModel(model, path, type(model).__name__, _dtype(config))
+    held = None
+    if keep_quantized:
+        from weightplan.bridge.quantized import hold_quantized
+
+        held = hold_quantized(model, config, path)
+    return BuiltModel(model, path, type(model).__name__, _dtype(config), held)
 
 
 def _read_config(transformers: Any, path: Path) -> Any:

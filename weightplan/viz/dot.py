@@ -40,7 +40,8 @@ _HEADER = (
 
 
 @paused_gc
-def to_dot(plan: LoadPlanData, *, detail: str | None = None, only: str | None = None) -> str:
+def to_dot(plan: LoadPlanData, *, detail: str | None = None, only: str | None = None,
+           fold: bool | None = None) -> str:
     """The plan's graph as DOT text (see :func:`~weightplan.viz.groups.plan_picture`).
 
     Args:
@@ -48,6 +49,8 @@ def to_dot(plan: LoadPlanData, *, detail: str | None = None, only: str | None = 
         detail: ``"grouped"`` (default) folds repeated layers and expert lists;
             ``"full"`` draws every node (the default when ``only`` is given).
         only: a glob over checkpoint and model keys, e.g. ``"model.layers.3.*"``.
+        fold: the plain 1:1 copies as one counted box (default: for big plans, without
+            ``only``; see :func:`~weightplan.viz.groups.plan_picture`).
 
     Returns:
         DOT text; equal plans give byte-identical text.
@@ -55,7 +58,7 @@ def to_dot(plan: LoadPlanData, *, detail: str | None = None, only: str | None = 
     Example:
         >>> print(to_dot(plan, only="model.layers.0.*"))   # doctest: +SKIP
     """
-    return picture_dot(plan_picture(plan, detail=detail, only=only))
+    return picture_dot(plan_picture(plan, detail=detail, only=only, fold=fold))
 
 
 def picture_dot(picture: Picture) -> str:
@@ -99,8 +102,17 @@ def _cluster_lines(cluster: Cluster, counter: int, edges: list[str]) -> tuple[li
                 colour = PEAK_COLOUR if box.peak else PROBLEM_COLOUR
                 attrs += [f'color="{colour}"', "penwidth=2.5"]
             lines.append(f"  {node_id} [{', '.join(attrs)}];")
-        edges += [f"  {ids[a]} -> {ids[b]};" for a, b in part.edges]
+        labels = part.labels or ("",) * len(part.edges)
+        edges += [f"  {ids[a]} -> {ids[b]}{_edge_attrs(label)};"
+                  for (a, b), label in zip(part.edges, labels, strict=True)]
     return lines, counter
+
+
+def _edge_attrs(label: str) -> str:
+    """An edge's renames as its label (nothing for an edge without)."""
+    if not label:
+        return ""
+    return f' [label={_label(tuple(label.splitlines()))}, fontsize=9, fontcolor="{EDGE_COLOUR}"]'
 
 
 def _label(lines: tuple[str, ...], *, left: bool = False) -> str:
@@ -133,7 +145,7 @@ def run_dot(text: str, fmt: str) -> bytes:
 
 
 def render_plan(plan: LoadPlanData, path: str | Path, *, detail: str | None = None,
-                only: str | None = None) -> str:
+                only: str | None = None, fold: bool | None = None) -> str:
     """Draw ``plan`` to ``path`` and return the file written (see :meth:`Plan.render`).
 
     ``.dot`` / ``.gv`` get DOT text; ``.svg`` / ``.png`` / ``.pdf`` are rendered by the
@@ -148,7 +160,7 @@ def render_plan(plan: LoadPlanData, path: str | Path, *, detail: str | None = No
     if fmt not in DOT_FORMATS + RENDERED_FORMATS:
         raise RenderError(f"can't draw a plan to {str(path)!r}: use a .svg, .png, .pdf or "
                           f".dot path")
-    text = to_dot(plan, detail=detail, only=only)
+    text = to_dot(plan, detail=detail, only=only, fold=fold)
     if fmt in DOT_FORMATS:
         path.write_text(text, encoding="utf-8")
         return str(path)

@@ -21,12 +21,16 @@ from dataclasses import dataclass
 
 from weightplan.errors import RenderError
 from weightplan.planner.tensors.ir.build import Conversion, TargetStatus
-from weightplan.planner.tensors.ir.nodes import Node, OpAttrs, ReadAttrs, SinkAttrs
+from weightplan.planner.tensors.ir.nodes import Node, NodeKind, OpAttrs, ReadAttrs, SinkAttrs
 from weightplan.planner.keys.patterns import natural_key
 from weightplan.planner.pipelines.plan import LoadPlanData
 from weightplan.units import format_bytes
 from weightplan.viz.boxes import Box, BoxContext, Slot, make_box, node_slots
+from weightplan.planner.tensors.schedule.schedule import EventKind
 from weightplan.viz.folding import fold_keys, ranges, shapes_of
+from weightplan.viz.plain import (
+    FOLD_AT, fold_plain, plain_box, stream_renames, target_renames, trivial_peak,
+)
 from weightplan.viz.style import checkpoint_name
 
 DETAILS = ("grouped", "full")
@@ -40,6 +44,7 @@ class Part:
     boxes: tuple[Box, ...]
     edges: tuple[tuple[int, int], ...]  # (input box, consumer box), indices into ``boxes``
     count: int
+    labels: tuple[str, ...] = ()  # per edge: the renames it carries ("" for none)
 
 
 @dataclass(frozen=True)
@@ -64,13 +69,16 @@ class Picture:
         return sum(len(p.boxes) for c in self.clusters for p in c.parts)
 
 
-def plan_picture(plan: LoadPlanData, *, detail: str | None = None, only: str | None = None) -> Picture:
+def plan_picture(plan: LoadPlanData, *, detail: str | None = None, only: str | None = None,
+                 fold: bool | None = None) -> Picture:
     """Fold ``plan`` into a :class:`Picture` (see the module docstring).
 
     Args:
         plan: a :class:`~weightplan.Plan`.
         detail: ``"grouped"`` or ``"full"``; default ``"grouped"``, or ``"full"`` with ``only``.
         only: a glob (``"model.layers.3.*"``) over checkpoint and model keys.
+        fold: draw the plain 1:1 copies (:mod:`weightplan.viz.plain`) as one counted box;
+            default: from :data:`~weightplan.viz.plain.FOLD_AT` conversions, without ``only``.
 
     Raises:
         RenderError: an unknown ``detail``, or an ``only`` glob that matches nothing.
@@ -80,12 +88,17 @@ def plan_picture(plan: LoadPlanData, *, detail: str | None = None, only: str | N
         raise RenderError(f"detail must be one of {', '.join(map(repr, DETAILS))}, "
                           f"got {detail!r}")
     convs = _select(plan, only)
+    fold = only is None and len(convs) >= FOLD_AT if fold is None else fold
+    plain, drawn_convs = fold_plain(convs) if fold else ([], convs)
     slots = _SlotCache(plan, convs, grouped=detail == "grouped")
-    buckets = _buckets(convs, slots)
-    clusters = _clusters(plan, buckets, slots)
+    clusters = _clusters(plan, _buckets(drawn_convs, slots), slots)
+    if plain:
+        box = plain_box(plain, _peak_line(plan, plain, slots))
+        clusters = (Cluster(None, (Part((box,), (), len(plain)),)), *clusters)
     drawn = sum(len(c.parts) for c in clusters)
     scope = f" · only {only}" if only else ""
-    title = (*_title(plan), f"{detail}: {len(convs)} conversions drawn as {drawn}{scope}")
+    folded = f" ({len(plain)} plain copies in one box)" if plain else ""
+    title = (*_title(plan), f"{detail}: {len(convs)} conversions drawn as {drawn}{folded}{scope}")
     return Picture(title, clusters, _notes(plan, only))
 
 
@@ -238,7 +251,40 @@ def _part(plan: LoadPlanData, bucket: list[Conversion], slots_of: _SlotCache, sp
     position = {s: i for i, s in enumerate(slots)}
     edges = dict.fromkeys((position[rep_slots[m]], position[rep_slots[n]])
                           for n in rep.nodes for m in n.inputs)
-    return Part(boxes, tuple(edges), len(bucket))
+    labels = _edge_labels(rep, rep_slots, position)
+    return Part(boxes, tuple(edges), len(bucket),
+                tuple(labels.get(e, "") for e in edges) if labels else ())
+
+
+def _edge_labels(conv: Conversion, slots: dict[Node, Slot], position: dict[Slot, int]
+                 ) -> dict[tuple[int, int], str]:
+    """The renames edges carry: a source stream's on the edge that leaves its reads, a
+    target's on the edge into its assign (see :mod:`weightplan.viz.plain`)."""
+    streams = {e.key: i for i, s in enumerate(conv.group.sources) for e in s}
+    targets = {t.key: i for i, t in enumerate(conv.targets)}
+    out: dict[tuple[int, int], str] = {}
+    for n in conv.nodes:
+        for m in n.inputs:
+            renames: list[str] = []
+            stream = streams.get(_read_key(m) or "")
+            if stream is not None and _read_key(n) is None and n.kind is not NodeKind.DEQUANTIZE:
+                renames = stream_renames(conv, stream)
+            if isinstance(n.attrs, SinkAttrs) and n.attrs.target in targets:
+                renames += [r for r in target_renames(conv, targets[n.attrs.target])
+                            if r not in renames]
+            edge = (position[slots[m]], position[slots[n]])
+            if renames and edge not in out:
+                out[edge] = "\n".join(renames)
+    return out
+
+
+def _read_key(node: Node) -> str | None:
+    """The checkpoint key a read (or the dequantize of a read) stands for."""
+    if isinstance(node.attrs, ReadAttrs):
+        return node.attrs.entry.key
+    if node.kind is NodeKind.DEQUANTIZE and isinstance(node.inputs[0].attrs, ReadAttrs):
+        return node.inputs[0].attrs.entry.key
+    return None
 
 
 def _materialized(plan: LoadPlanData, conv: Conversion, slots: _SlotCache) -> int:
@@ -247,11 +293,15 @@ def _materialized(plan: LoadPlanData, conv: Conversion, slots: _SlotCache) -> in
 
 
 def _peak_line(plan: LoadPlanData, bucket: list[Conversion], slots: _SlotCache) -> str | None:
+    """The peak's line on the part that causes it; none when the peak is just the model
+    itself (:func:`~weightplan.viz.plain.trivial_peak`: the title says so)."""
     peak = plan.schedule.peak
-    if peak is None or not slots.holds_peak(bucket):
+    if peak is None or trivial_peak(plan.schedule) or not slots.holds_peak(bucket):
         return None
+    when = ("while its reads are in flight" if peak.event.kind is EventKind.SUBMIT
+            else "while it is assembled")
     return (f"▲ peak {format_bytes(peak.total)} at step {peak.event.step + 1}/"
-            f"{len(plan.schedule.steps)} ({peak.event.kind.value} {peak.label})")
+            f"{len(plan.schedule.steps)}, {when}")
 
 
 def _title(plan: LoadPlanData) -> tuple[str, str]:
@@ -260,6 +310,10 @@ def _title(plan: LoadPlanData) -> tuple[str, str]:
     peak = plan.schedule.peak
     at = (f" at step {peak.event.step + 1}/{len(plan.schedule.steps)} ({peak.label})"
           if peak else "")
+    if peak is not None and trivial_peak(plan.schedule):  # no step's doing: what makes it
+        at = (f" at step {peak.event.step + 1}/{len(plan.schedule.steps)}: model tensors "
+              f"{format_bytes(peak.resident)} + in flight "
+              f"{format_bytes(peak.in_flight + peak.intermediate)}")
     budget = f" · budget {format_bytes(plan.options.budget)}" if plan.options.budget else ""
     return (f"weightplan plan: {name} → {model}",
             f"{format_bytes(plan.read_bytes)} read · {format_bytes(plan.model_bytes)} into "

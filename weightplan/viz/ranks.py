@@ -11,21 +11,26 @@ from weightplan.planner.pipelines.plan import LoadPlanData
 from weightplan.planner.pipelines.ranks import read_bytes, whole_reads
 from weightplan.units import format_bytes
 from weightplan.viz.folding import fold_keys
-from weightplan.viz.text import MAX_LIST, problem_lines
+from weightplan.viz.text import MAX_LIST, MIN_WIDTH, problem_lines, quantized_text, wrapped
 
 WIDTH = 100  # the key lists wrap here
 
 
-def rank_table(plans: tuple[LoadPlanData, ...], *, wording: Callable[[str], str] = str) -> str:
+def rank_table(plans: tuple[LoadPlanData, ...], *, wording: Callable[[str], str] = str,
+               width: int | None = None) -> str:
     """A text table: one row per rank (read, held, replicated, peak, read / (total/N)),
     then the replicated tensors by reason, the whole reads and the problems; ``wording``
-    rewrites the advice of the messages (the command line gives its flags)."""
+    rewrites the advice of the messages (the command line gives its flags); ``width``:
+    every line wrapped at it (the key lists wrap at 100 without it)."""
     if not plans or plans[0].sharding is None:
         return "no tensor-parallel ranks"
     first = plans[0].sharding
     world, total = first.world_size, plans[0].checkpoint.nbytes
     head = (f"tensor parallel over {world} ranks ({first.plan.source}); checkpoint "
             f"{format_bytes(total)}, 1/{world} = {format_bytes(total / world)}")
+    quantized = quantized_text(plans[0])
+    if quantized:
+        head += f"\nquantized checkpoint: {quantized} (rank 0)"
     rows = [f"{'rank':>4}  {'read':>10}  {'held':>10}  {'replicated':>10}  {'peak':>10}  "
             f"{'read/(total/N)':>14}"]
     for p in plans:
@@ -39,7 +44,10 @@ def rank_table(plans: tuple[LoadPlanData, ...], *, wording: Callable[[str], str]
     if whole:
         notes.append(f"read whole (an op can't take a slice): {_listed(fold_keys(whole))}")
     problems = [wording(line) for line in problem_lines(plans[0])] if plans[0].problems else []
-    return "\n".join([head, *rows, *notes, *problems])
+    lines = "\n".join([head, *rows, *notes, *problems]).splitlines()
+    if width is not None:
+        lines = [part for line in lines for part in wrapped(line, max(width, MIN_WIDTH))]
+    return "\n".join(lines)
 
 
 def replicated_lines(plan: LoadPlanData) -> list[str]:

@@ -7,11 +7,14 @@ terminal (a key can't forge a line of the verdict); ordinary text is unchanged."
 from __future__ import annotations
 
 import shutil
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Iterable, Sequence
 import sys
 from typing import TYPE_CHECKING, cast
 
+from weightplan.planner.core.quant.blocks import FP8_DTYPES
 from weightplan.planner.inputs.device import STAGING_BUFFERS, STAGING_CHUNK
+from weightplan.planner.tensors.ir.nodes import NodeKind
 from weightplan.planner.core.problems import Note, Problem, ProblemKind
 from weightplan.planner.pipelines.plan import Direction, LoadPlanData, PlanData
 from weightplan.planner.core.paused_gc import paused_gc
@@ -39,15 +42,36 @@ def _rule_text(row: Row) -> str:
     return row.ops if row.rule == "as is" else f"{row.rule}; {row.ops}"
 
 
+SIZES = " " * 10  # a row's sizes on their own line, under its key
+MIN_WIDTH = 40  # narrower than this, a key and its sizes don't fit on a line anyway
+
+
 @paused_gc
 def explain_text(plan: PlanData, width: int | None = None) -> str:
-    """Render ``plan`` as the text ``print(plan)`` shows."""
+    """Render ``plan`` as the text ``print(plan)`` shows: lines wrapped at ``width`` (or the
+    terminal's); printed to a file or a pipe without ``width``, long lines stay whole (one
+    line per fact, for grep) and rows choose their layout for 120 columns."""
+    wrap = width is not None or sys.stdout.isatty()
     if width is None:
         width = shutil.get_terminal_size((120, 24)).columns if sys.stdout.isatty() else 120
-    lines = header_lines(plan) + adapter_lines(plan) + [""] + mapping_lines(plan, max(width, 80))
-    lines += [""]
+    width = max(width, MIN_WIDTH)
+    lines = header_lines(plan) + adapter_lines(plan) + [""]
+    lines += mapping_lines(plan, width, fit=wrap) + [""]
     lines += total_lines(plan) + parallel_lines(plan) + problem_lines(plan) + note_lines(plan)
-    return "\n".join(map(terminal_text, lines)) + "\n"
+    out: Iterable[str] = map(terminal_text, lines)
+    if wrap:
+        out = (part for line in out for part in wrapped(line, width))
+    return "\n".join(out) + "\n"
+
+
+def wrapped(line: str, width: int) -> list[str]:
+    """``line`` cut at spaces into lines of at most ``width`` (a key longer than that stays
+    whole), continuation lines indented four past the line's own indent."""
+    if len(line) <= width:
+        return [line]
+    indent = " " * (len(line) - len(line.lstrip(" ")) + 4)
+    return textwrap.wrap(line, width, subsequent_indent=indent, break_long_words=False,
+                         break_on_hyphens=False) or [line]
 
 
 def _loaded_bytes(plan: LoadPlanData) -> int:
@@ -71,19 +95,50 @@ def _dtype_text(plan: PlanData) -> str:
     return "" if dtype is None else f" in {str(dtype).removeprefix('torch.')}"
 
 
+def quantized_text(plan: LoadPlanData) -> str:
+    """What the plan does with FP8 weights: kept with their scales (the model holds FP8),
+    dequantized into the model's dtype, or quantized; ``""`` when there are none."""
+    dequantized: dict[str, int] = {}
+    quantized = 0
+    for conv in plan.conversions:
+        for node in conv.nodes if conv.loads else ():
+            if node.kind is NodeKind.DEQUANTIZE:
+                name = str(node.spec.dtype).removeprefix("torch.")
+                dequantized[name] = dequantized.get(name, 0) + 1
+            elif node.kind is NodeKind.QUANTIZE and not getattr(node.attrs, "scale", False):
+                quantized += 1
+    held: dict[str, int] = {}
+    for step in plan.schedule.steps:
+        for d in step.destinations:
+            if d.written and d.spec.dtype in FP8_DTYPES:
+                name = str(d.spec.dtype).removeprefix("torch.")
+                held[name] = held.get(name, 0) + 1
+    kept = sum(held.values()) - quantized
+    parts = [f"FP8 kept ({kept} tensors in {'/'.join(held)}, with their scales)"] if kept > 0 \
+        else []
+    parts += [f"FP8 dequantized to {dtype} ({n} checkpoint weights)"
+              for dtype, n in dequantized.items()]
+    if quantized:
+        parts.append(f"quantized to FP8 ({quantized} tensors)")
+    return "; ".join(parts)
+
+
 def header_lines(plan: PlanData) -> list[str]:
     if not isinstance(plan, LoadPlanData):
         return write_header_lines(cast("WritePlanData", plan))
     ckpt = plan.checkpoint
     files = f"{len(ckpt.files)} file(s), " if ckpt.files else ""
+    quantized = "" if plan.model_info is None else quantized_text(plan)
     model = "no model" if plan.model_info is None else (
         f"{plan.model_info.class_name} ({len(plan.model_info.unique())} tensors, "
-        f"{format_bytes(_loaded_bytes(plan))}{_dtype_text(plan)})")
+        f"{format_bytes(_loaded_bytes(plan))}{_dtype_text(plan)}"
+        f"{'; ' + quantized if quantized else ''})")
     extra = len(plan.transforms) - len(plan.mapping.transforms)
     mapping = plan.mapping.key or "none"
+    reason = plan.mapping.reason.removesuffix(" (plus legacy renames)")  # counted next
     lines = [f"weightplan plan: {ckpt.description} ({files}{len(ckpt)} tensors, "
              f"{format_bytes(ckpt.nbytes)}) → {model}",
-             f"mapping: {mapping} — {plan.mapping.reason} (+{extra} legacy renames)"]
+             f"mapping: {mapping} — {reason} (+{extra} legacy renames)"]
     subs = plan.mapping.submodules  # which submodule got which mapping (SPEC §5)
     if len(subs) > 1 or any(s.path for s in subs):
         lines += [f"  {s.describe()}" for s in subs]
@@ -100,8 +155,9 @@ def write_header_lines(plan: WritePlanData) -> list[str]:
             f"mapping: {plan.mapping.key or 'none'} — {plan.mapping.reason}"]
 
 
-def mapping_lines(plan: PlanData, width: int) -> list[str]:
-    """One block per folded row: rule, checkpoint keys, then ``→ model key`` and sizes."""
+def mapping_lines(plan: PlanData, width: int, fit: bool = False) -> list[str]:
+    """One block per folded row: rule, checkpoint keys, then ``→ model key`` and sizes
+    (``fit``: the sizes on a line of their own where the key and they pass ``width``)."""
     lines, previous, n = [], None, 0
     for row in mapping_rows(plan.conversions):
         rule = _rule_text(row)
@@ -121,9 +177,14 @@ def mapping_lines(plan: PlanData, width: int) -> list[str]:
             if len(one) + len(info) + 2 <= width:
                 lines.append(f"{one}  {info}")
                 continue
+            if fit and row.sources[0] == targets[0]:  # as is: the key once, sizes under it
+                lines += [one, f"{SIZES}{info}"]
+                continue
         lines += [f"      {src}" for src in row.sources]
         lines += [f"    → {t}" for t in targets[:-1]]
-        lines.append(f"    → {targets[-1]}  {info}")
+        last = f"    → {targets[-1]}"
+        fits = not fit or len(last) + len(info) + 2 <= width
+        lines += [f"{last}  {info}"] if fits else [last, f"{SIZES}{info}"]
     return lines
 
 
@@ -133,14 +194,11 @@ def total_lines(plan: PlanData) -> list[str]:
     direct = sum(map(direct_bytes, steps))
     peak = plan.schedule.peak
     at = f" at step {peak.event.step + 1}/{len(steps)} ({peak.label})" if peak else ""
-    threads = plan.options.threads or "inline"
-    if plan.options.threads and plan.schedule.threads != plan.options.threads:
-        threads = f"{plan.options.threads} ({plan.schedule.threads} used: one per CPU)"
+    threads = threads_text(plan)
     lines = [
         f"reads: {format_bytes(read)} in {sum(len(p.reads) for p in steps)} reads, "
-        f"{100 * direct / read if read else 100:.0f}% straight into "
-        f"{'model memory' if plan.direction is Direction.LOAD else 'the output files'}; "
-        f"{'model tensors' if plan.direction is Direction.LOAD else 'tensors'} written: "
+        f"{100 * direct / read if read else 100:.0f}% straight into {_sink_text(plan)}; "
+        f"{'model tensors' if _into_model(plan) else 'tensors'} written: "
         f"{format_bytes(plan.model_bytes)}",
         f"peak estimate: {format_bytes(plan.peak_bytes)}{at}; read-ahead window "
         f"{format_bytes(plan.schedule.window_bytes)}, threads: {threads}"
@@ -154,6 +212,27 @@ def total_lines(plan: PlanData) -> list[str]:
     if isinstance(plan, LoadPlanData):  # loads land in this machine's memory; saves don't
         lines.append(machine_fit(plan.schedule, plan.model_bytes).describe())
     return lines + device_lines(plan)
+
+
+def threads_text(plan: PlanData) -> str:
+    """The reading threads asked for, and how many run when that is fewer (one per CPU)."""
+    threads = plan.options.threads
+    if not threads:
+        return "inline"
+    if plan.schedule.threads != threads:
+        return f"{threads} ({plan.schedule.threads} used: one per CPU)"
+    return str(threads)
+
+
+def _into_model(plan: PlanData) -> bool:
+    """A load into a model (not into the fresh tensors a plan without a model hands back)."""
+    return isinstance(plan, LoadPlanData) and plan.model is not None
+
+
+def _sink_text(plan: PlanData) -> str:
+    if plan.direction is not Direction.LOAD:
+        return "the output files"
+    return "model memory" if _into_model(plan) else "the returned tensors"
 
 
 def direct_bytes(step: Step) -> int:
@@ -252,6 +331,8 @@ def _folded(items: Sequence[Problem | Note]) -> list[tuple[str, str]]:
 
 def note_lines(plan: PlanData) -> list[str]:
     notes: tuple[Note, ...] = getattr(plan, "notes", ())  # (both directions' plans have them)
+    # the mapping lookup's note says what the header's mapping line says already
+    notes = tuple(n for n in notes if n.key or n.message != plan.mapping.reason)
     if not notes:
         return []
     lines = [f"notes: {len(notes)}"]

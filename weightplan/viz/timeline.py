@@ -3,8 +3,10 @@
 One stacked step area per event of the schedule: model tensors resident so far, reads in
 flight, intermediates of ops run on tensors (the terms of ``planner.schedule``'s memory
 model), the budget as a dashed line when one is set, and the peak marked and labelled
-with its cause: which event of which step, and how its bytes split. The output is
-plain text, deterministic for a given plan.
+with its cause: which step, and how its bytes split. The x axis is the bytes read from
+the checkpoint so far (each step's reads widen it by their bytes; a plan that reads
+nothing is drawn over its events). The output is plain text, deterministic for a given
+plan.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 from weightplan.errors import RenderError
 from weightplan.planner.pipelines.plan import LoadPlanData
-from weightplan.planner.tensors.schedule.schedule import MemoryPoint
+from weightplan.planner.tensors.schedule.schedule import EventKind, MemoryPoint
 from weightplan.units import format_bytes
 from weightplan.viz.style import PEAK_COLOUR, SERIES_COLOURS, checkpoint_name, xml_text
 
@@ -43,14 +45,41 @@ class Frame:
     top_bytes: float
     width: int
     height: int
+    edges: tuple[float, ...] = ()  # where each event starts on the x axis, and the end
+
+    @property
+    def span(self) -> float:
+        """The x axis' length: bytes read in all (events, without reads)."""
+        return self.edges[-1] if self.edges else float(self.events)
 
     def x(self, event: float) -> float:
-        """Horizontal position of the start of event number ``event``."""
-        return LEFT + (self.width - LEFT - RIGHT) * event / max(self.events, 1)
+        """Horizontal position of the start of event number ``event`` (between two
+        events' starts for a fraction)."""
+        if not self.edges:
+            return self.at(event)
+        whole = min(int(event), len(self.edges) - 1)
+        ahead = self.edges[min(whole + 1, len(self.edges) - 1)] - self.edges[whole]
+        return self.at(self.edges[whole] + (event - whole) * ahead)
+
+    def at(self, position: float) -> float:
+        """Horizontal position of ``position`` on the x axis (bytes read, or events)."""
+        return LEFT + (self.width - LEFT - RIGHT) * position / max(self.span, 1)
 
     def y(self, nbytes: float) -> float:
         """Vertical position of ``nbytes`` (0 at the axis, ``top_bytes`` at the top)."""
         return self.height - BOTTOM - (self.height - TOP - BOTTOM) * nbytes / self.top_bytes
+
+
+def read_edges(plan: LoadPlanData) -> tuple[float, ...]:
+    """Bytes read before each event of the timeline, then in all: a step's submit reads
+    its bytes, its finalize none; ``()`` when the plan reads nothing."""
+    steps = plan.schedule.steps
+    edges, done = [0.0], 0.0
+    for point in plan.schedule.timeline:
+        if point.event.kind is EventKind.SUBMIT:
+            done += steps[point.event.step].read_bytes
+        edges.append(done)
+    return tuple(edges) if done else ()
 
 
 def runs(timeline: Sequence[MemoryPoint]) -> list[Run]:
@@ -92,7 +121,7 @@ def timeline_svg(plan: LoadPlanData, *, width: int = WIDTH, height: int = HEIGHT
     timeline = plan.schedule.timeline
     budget = plan.options.budget
     top, ticks = byte_ticks(max(plan.peak_bytes, budget or 0, 1) * 1.12)
-    frame = Frame(len(timeline), top, width, height)
+    frame = Frame(len(timeline), top, width, height, read_edges(plan))
     body = _titles(plan, width) + _axes(frame, ticks)
     if timeline:
         body += _areas(frame, runs(timeline)) + _budget(frame, budget)
@@ -122,12 +151,13 @@ def _document(width: int, height: int, plan: LoadPlanData) -> list[str]:
 
 
 def _titles(plan: LoadPlanData, width: int) -> list[str]:
+    from weightplan.viz.text import threads_text
+
     sched = plan.schedule
-    head = (f"planned memory per event: {len(sched.events)} events over "
+    head = (f"planned memory as the checkpoint is read: {format_bytes(plan.read_bytes)} in "
             f"{len(sched.steps)} steps, peak {format_bytes(plan.peak_bytes)}")
     budget = plan.options.budget
-    sub = (f"read-ahead window {format_bytes(sched.window_bytes)}, threads "
-           f"{plan.options.threads or 'inline'}"
+    sub = (f"read-ahead window {format_bytes(sched.window_bytes)}, threads {threads_text(plan)}"
            + (f", budget {format_bytes(budget)}" if budget is not None else ", no budget"))
     return [_text(LEFT, 24, head, size=15, weight="bold"), _text(LEFT, 44, sub, fill="#4b5563")]
 
@@ -143,15 +173,23 @@ def _axes(frame: Frame, ticks: list[tuple[float, str]]) -> list[str]:
     base = frame.y(0)
     out.append(f'<line x1="{x0:.1f}" y1="{base:.1f}" x2="{x1:.1f}" y2="{base:.1f}" '
                f'stroke="#374151"/>')
-    for k in _event_ticks(frame.events):
-        x = frame.x(k)
+    for position, label in _x_ticks(frame):
+        x = frame.at(position)
         out.append(f'<line x1="{x:.1f}" y1="{base:.1f}" x2="{x:.1f}" y2="{base + 5:.1f}" '
                    f'stroke="#374151"/>')
-        out.append(_text(x, base + 18, str(k), anchor="middle", fill="#374151"))
-    out.append(_text((x0 + x1) / 2, frame.height - 10,
-                     "events in execution order (each step: submit reads, later finalize)",
-                     anchor="middle", fill="#374151"))
+        out.append(_text(x, base + 18, label, anchor="middle", fill="#374151"))
+    what = ("bytes read from the checkpoint (each step: its reads, then its tensors assembled)"
+            if frame.edges else "events in execution order (nothing is read)")
+    out.append(_text((x0 + x1) / 2, frame.height - 10, what, anchor="middle", fill="#374151"))
     return out
+
+
+def _x_ticks(frame: Frame) -> list[tuple[float, str]]:
+    """Round byte positions along a bytes-read axis (at most its end), else event numbers."""
+    if not frame.edges:
+        return [(float(k), str(k)) for k in _event_ticks(frame.events)]
+    _, ticks = byte_ticks(frame.span)
+    return [(value, label) for value, label in ticks if value <= frame.span]
 
 
 def _event_ticks(events: int) -> list[int]:
@@ -196,7 +234,8 @@ def _peak(frame: Frame, plan: LoadPlanData) -> list[str]:
         return []
     index = timeline.index(peak)
     x, y = frame.x(index + 0.5), frame.y(peak.total)
-    lines = [f"peak {format_bytes(peak.total)}: {peak.event.kind.value} of step "
+    when = "reading" if peak.event.kind is EventKind.SUBMIT else "assembling"
+    lines = [f"peak {format_bytes(peak.total)}: {when} step "
              f"{peak.event.step + 1}/{len(plan.schedule.steps)}",
              peak.label,
              f"resident {format_bytes(peak.resident)} + in flight "

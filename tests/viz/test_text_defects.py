@@ -1,0 +1,69 @@
+"""Small defects of the printed plan (issue 22, item 6), as a user meets them: the text
+honours ``--width``, a plan without a model doesn't speak of model memory, the mapping line
+is said once, with its legacy renames counted once."""
+
+import pytest
+import torch
+
+import weightplan
+from weightplan.cli import main
+from weightplan.viz.text import explain_text
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    import transformers
+
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2,
+                                      vocab_size=128)
+    torch.manual_seed(0)
+    directory = tmp_path_factory.mktemp("llama")
+    transformers.LlamaForCausalLM(config).save_pretrained(directory)
+    return directory
+
+
+def _explain(capsys, *argv):
+    assert main(["explain", *map(str, argv)]) == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("width", [60, 80])
+def test_width_is_honoured_by_every_line(llama_dir, capsys, width):
+    out = _explain(capsys, llama_dir, "--width", width)
+    assert max(map(len, out.splitlines())) <= width
+    default = _explain(capsys, llama_dir)
+    assert max(map(len, default.splitlines())) > width  # (printed to a pipe: lines stay whole)
+    # the same words, only the line breaks moved (up to the machine's free memory, which moves)
+    assert out.split("fits in memory")[0].split() == default.split("fits in memory")[0].split()
+
+
+def test_a_narrow_row_puts_its_sizes_under_its_key(llama_dir, capsys):
+    lines = _explain(capsys, llama_dir, "--width", 60).splitlines()
+    at = lines.index("      model.layers.{0,1}.post_attention_layernorm.weight")
+    assert lines[at + 1].strip() == "f32[64] ×2  512 B  load"
+    assert not any("→ model.layers" in line for line in lines)  # as-is rows name the key once
+
+
+def test_a_plan_without_a_model_writes_the_returned_tensors(llama_dir):
+    text = str(weightplan.explain(None, llama_dir))
+    assert "straight into the returned tensors; tensors written:" in text
+    assert "model memory" not in text and "model tensors written" not in text
+
+
+def test_the_mapping_is_said_once(llama_dir):
+    with weightplan.init_empty():
+        import transformers
+
+        model = transformers.AutoModelForCausalLM.from_config(
+            transformers.AutoConfig.from_pretrained(llama_dir))
+    from peft import LoraConfig, inject_adapter_in_model
+
+    model = inject_adapter_in_model(LoraConfig(target_modules=["q_proj", "v_proj"], r=4), model)
+    plan = weightplan.explain(model, llama_dir)
+    text = explain_text(plan)
+    assert text.count("no registered mapping") == 1
+    mapping = text.splitlines()[1]
+    assert mapping.count("legacy renames") == 1 and mapping.endswith("(+2 legacy renames)")
+    assert "notes:" not in text
+    assert any(n.message == plan.mapping.reason for n in plan.notes)  # still on the plan
