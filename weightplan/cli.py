@@ -176,13 +176,20 @@ def _explain(args: argparse.Namespace) -> int:
 
     args.checkpoint = str(resolve_checkpoint(args.checkpoint))  # a repo id: its snapshot
     model, dtype = None, args.dtype
-    if args.mapping is None:
-        model, dtype = _model_for(args.checkpoint, args.dtype, args.dequantize)
-    if args.tp is not None:
-        return _explain_ranks(model, dtype, args)
-    plan = weightplan.explain(model, args.checkpoint, mapping=args.mapping, dtype=dtype,
-                              budget=args.budget, device_map=args.device_map,
-                              max_memory=args.max_memory, offload_folder=args.offload_folder)
+    if args.base is not None or os.path.isfile(f"{args.checkpoint}/adapter_config.json"):
+        from weightplan.api.adapters import explain_adapter_dir
+
+        plan = explain_adapter_dir(args.checkpoint, args.base, dtype=dtype or "auto",
+                                   budget=args.budget, tp=args.tp)
+    else:
+        if args.mapping is None:
+            model, dtype = _model_for(args.checkpoint, args.dtype, args.dequantize)
+        if args.tp is not None:
+            return _explain_ranks(model, dtype, args)
+        plan = weightplan.explain(model, args.checkpoint, mapping=args.mapping, dtype=dtype,
+                                  budget=args.budget, device_map=args.device_map,
+                                  max_memory=args.max_memory,
+                                  offload_folder=args.offload_folder)
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
     else:

@@ -96,6 +96,7 @@ def _explain_parser(exp: argparse.ArgumentParser) -> None:
                      help="with --device-map: budgets, e.g. cuda:0=80GiB,cuda:1=80GiB,cpu=200GiB")
     exp.add_argument("--offload-folder", metavar="DIR",
                      help="with --device-map: where modules placed on the disk would go")
+    exp.add_argument("--base", metavar="BASE_DIR", help="a LoRA adapter directory's base")
     exp.add_argument("--allow-problems", action="store_true",
                      help="exit 0 even when the plan has problems (default: exit 1)")
 

@@ -162,6 +162,12 @@ class StrictLoadError(PlanError):
     """Missing or unexpected keys while loading with ``strict=True``."""
 
 
+class AdapterError(PlanError):
+    """An adapter (peft's ``adapter_config.json`` + ``adapter_model.safetensors``) that
+    can't load as asked: a type weightplan doesn't load, a malformed config, none of its
+    tensors landing in the model (names the file, the key and the reason)."""
+
+
 class MetaBufferError(PlanError):
     """Non-persistent buffers are on ``meta``, no checkpoint holds them and the model's own
     init can't rebuild them (names the buffers)."""

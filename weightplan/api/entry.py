@@ -11,7 +11,8 @@ import torch
 
 from weightplan.api.keywords import device_from_map
 from weightplan.api.plans import Plan, promote
-from weightplan.errors import MappingError
+from weightplan.errors import AdapterError, MappingError
+from weightplan.planner.inputs.adapter import is_adapter_dir, read_adapter
 from weightplan.planner.pipelines.load import explain_load
 from weightplan.planner.keys.lookup import Finder, is_transformers_class
 
@@ -37,49 +38,66 @@ def by_name(mapping: object) -> object:
     return named_choice(mapping)
 
 
+def _explain_adapter(model: torch.nn.Module, checkpoint: object, name: str, mapping: object,
+                     finder: Finder | None, **options: object) -> Plan:
+    """An adapter directory into the adapter ``name`` injected in ``model``."""
+    from weightplan.planner.pipelines.adapter_load import explain_adapter_load  # (adapters only)
+
+    adapter = read_adapter(_adapter_dir(checkpoint))
+    return promote(Plan, explain_adapter_load(model, adapter, name=name, mapping=by_name(mapping),
+                                              finder=finder, **options))
+
+
+def _adapter_dir(checkpoint: object) -> str:
+    if not isinstance(checkpoint, (str, os.PathLike)) or not os.path.isdir(checkpoint):
+        raise AdapterError(f"adapter_name= needs an adapter directory (adapter_config.json + "
+                           f"adapter_model.safetensors) as the checkpoint, got {checkpoint!r}")
+    return os.fspath(checkpoint)
+
+
 def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: object = None,
             dtype: torch.dtype | str | None = None, budget: int | str | None = None,
             tp: object = None, quantization: object = None, threads: int = 4,
             device: object = None, device_map: object = None, max_memory: object = None,
-            offload_folder: object = None, cooperative: bool = False) -> Plan:
+            offload_folder: object = None, cooperative: bool = False,
+            adapter_name: str | None = None) -> Plan:
     """Plan loading ``checkpoint`` into ``model`` from headers only; nothing is read or written.
 
     Args:
         model: a ``torch.nn.Module`` (usually on ``meta``), or ``None`` to see what the
             keys become under ``mapping`` without a model.
         checkpoint: a ``.safetensors`` file, a directory, a list of files, or a dict.
-        mapping: ``None`` (look the model's submodules up in the registry, depth first,
-            each mapping scoped to its submodule; transformers models whose family isn't
-            built in get transformers' own mapping through :mod:`weightplan.bridge`), a
-            registered name, or a list of transforms. Legacy ``LayerNorm.gamma/beta``
-            renames always apply.
+        mapping: ``None`` (the registry, looked up per submodule depth first; else
+            transformers' own mapping through :mod:`weightplan.bridge`), a registered
+            name, or a list of transforms. Legacy ``LayerNorm.gamma/beta`` renames apply.
         dtype: cast floating tensors of a meta model to this dtype; ``"auto"``: the
-            config's dtype, else the checkpoint's (modules transformers keeps in fp32 stay
-            fp32, as transformers does); ``None``: the model's own.
+            config's, else the checkpoint's (fp32 modules kept as transformers does).
         budget: bytes (or ``"8GiB"``) the load may add at most; raises
             :class:`BudgetError` with the smallest budget that works when impossible.
-        tp: ``None``, ``"auto"`` or a :class:`~weightplan.TensorParallel`: plan this rank's
-            part only (its shards, read as narrowly as the ops allow); parameters become
-            DTensors with transformers' placements, or local tensors.
+        tp: ``None``, ``"auto"`` or a :class:`~weightplan.TensorParallel`: this rank's
+            part only; parameters become DTensors (transformers' placements) or local.
         quantization: reserved for quantized loading.
         threads: reader threads (``0``, or ``WEIGHTPLAN_SYNC_LOAD=1``, reads inline).
         device: where meta tensors are allocated: ``"cpu"``, ``"cuda:1"``, a
             ``torch.device``, or ``{module prefix: device}``.
-        device_map, max_memory, offload_folder: transformers' words. ``device_map`` is
-            ``device``, or ``"auto"`` / ``"balanced"`` / ``"balanced_low_0"`` /
-            ``"sequential"``: modules placed on the devices of ``max_memory``
-            (``{"cuda:0": "80GiB", "cpu": "200GiB"}``; default: free memory here, absent
-            devices: a dry run) each within its budget, the rest on ``"disk"`` in
-            ``offload_folder`` (see ``plan.device_map``, ``plan.device_peaks``).
+        device_map, max_memory, offload_folder: transformers' words: ``device``, or
+            ``"auto"`` / ``"balanced"`` / ``"sequential"`` over ``max_memory``'s devices
+            (absent ones: a dry run), the rest on ``"disk"`` in ``offload_folder``.
         cooperative: with ``tp``: whole tensors read by one rank and broadcast.
+        adapter_name: the injected peft adapter a LoRA ``checkpoint`` loads into.
 
     Returns:
-        A :class:`Plan`. Missing / unexpected / mismatched keys are reported on it;
-        configuration errors (conflicting converters, index gaps, unreadable files) raise.
+        A :class:`Plan` reporting missing / unexpected / mismatched keys; configuration
+        errors raise (an adapter with no tensor in place: :class:`AdapterError`).
 
     Example:
         >>> plan = explain(model, "ckpt_dir/"); print(plan); plan.execute()  # doctest: +SKIP
     """
+    if model is not None and (adapter_name is not None or is_adapter_dir(checkpoint)):
+        return _explain_adapter(model, checkpoint, adapter_name or "default", mapping,
+                                bridge_for(model) if mapping is None else None, tp=tp,
+                                dtype=dtype, budget=budget, quantization=quantization,
+                                threads=threads, device=device)
     data = explain_load(model, checkpoint, mapping=by_name(mapping), dtype=dtype, budget=budget,
                         tp=tp, quantization=quantization, threads=threads,
                         device=device_from_map(device_map, device, tp, caller="explain"),

@@ -92,10 +92,8 @@ REFUSED = {
     "gguf_file": Refusal("only safetensors are read"),
     "from_tf": Refusal("only safetensors are read", (False, None)),
     "from_flax": Refusal("only safetensors are read", (False, None)),
-    "adapter_kwargs": Refusal("adapters are not loaded: load the base model, then the "
-                              "adapter with peft"),
-    "adapter_name": Refusal("adapters are not loaded: load the base model, then the "
-                            "adapter with peft"),
+    "adapter_kwargs": Refusal("pass the adapter directory: adapter=ADAPTER_DIR (and "
+                              "adapter_name=); its hub options are not taken"),
     "use_kernels": Refusal("hub kernels are not loaded: drop it", (False, None)),
     "kernel_config": Refusal("hub kernels are not loaded: drop it", (None,)),
     "force_download": Refusal("the cached snapshot is used; to fetch it again, delete it "

@@ -14,6 +14,11 @@
 4. explain with ``dtype="auto"`` (the config's dtype, else the checkpoint's), execute;
 5. like transformers: the model's generation config is read and it is put in eval mode.
 
+``adapter=ADAPTER_DIR`` (``adapter_name="default"``): a LoRA adapter is injected with peft (the
+``adapters`` extra) into the model on meta and loaded with the base in one plan and one
+schedule (:mod:`weightplan.api.adapters`); the model keeps its class, as after
+transformers' ``load_adapter``.
+
 transformers' other keywords (``torch_dtype``, ``device_map``, ``trust_remote_code``, ...)
 are taken or refused as :mod:`weightplan.api.keywords` says. A status line (on a terminal)
 says what is happening until the load's progress bar starts.
@@ -47,7 +52,8 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
                     local_files_only: bool = False, token: str | bool | None = None,
                     subfolder: str | None = None, attn_implementation: str | None = None,
                     experts_implementation: str | None = None, generation_config: Any = None,
-                    dequantize: bool | None = None, **transformers_only: Any) -> Any:
+                    dequantize: bool | None = None, adapter: str | os.PathLike[str] | None = None,
+                    adapter_name: str = "default", **transformers_only: Any) -> Any:
     """Build the model a checkpoint's ``config.json`` names and load the checkpoint into it.
 
     Args:
@@ -62,30 +68,57 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
         strict, progress: as :meth:`Plan.execute`; mapping, budget, threads: as :func:`explain`.
         return_report / output_loading_info: also return the :class:`LoadReport` / transformers' loading info.
         revision, cache_dir, local_files_only, token, subfolder, attn_implementation,
-        experts_implementation, generation_config, torch_dtype (deprecated: ``dtype``):
-            as in transformers; its other keywords are refused, each saying what to do
-            instead (:mod:`weightplan.api.keywords`).
+        experts_implementation, generation_config, torch_dtype (deprecated: ``dtype``): as
+            in transformers; others are refused, saying why (:mod:`weightplan.api.keywords`).
 
     Example:
         >>> model = weightplan.from_pretrained("org/tiny-llama", tp="auto")  # doctest: +SKIP
     """
     _one_return(return_report, output_loading_info)
-    dtype = fold_transformers_keywords(transformers_only, dtype)
+    dtype, tp = fold_transformers_keywords(transformers_only, dtype), _alone(tp, adapter)
     device, keep, (tensor_parallel, mesh) = (device_from_map(device_map, device, tp),
                                              keeps_quantized(dequantize, dtype, tp), _parallel(tp))
-    directory = resolve_checkpoint(name_or_path, revision=revision, cache_dir=cache_dir,
+    directory, adapter = _resolved(name_or_path, adapter, revision=revision, cache_dir=cache_dir,
                                    local_files_only=local_files_only, token=token,
                                    subfolder=subfolder)
     model = _built(directory, tensor_parallel, mesh, (attn_implementation,
                                                       experts_implementation), progress, keep)
     with status(f"planning the load of {directory}", "planned the load", progress):
-        plan = _explain(model, directory, dtype=dtype, mapping=mapping, budget=budget,
-                        threads=threads, device=_rank_device(device, mesh), tp=tensor_parallel,
-                        max_memory=max_memory, offload_folder=offload_folder)
+        plan = _explain(model, directory, adapter, adapter_name, dtype=dtype, mapping=mapping,
+                        budget=budget, threads=threads, device=_rank_device(device, mesh),
+                        tp=tensor_parallel, max_memory=max_memory, offload_folder=offload_folder)
     report = plan.execute(strict=strict, progress=progress)
+    return _finished(model, directory, generation_config, report, output_loading_info,
+                     return_report)
+
+
+def _finished(model: torch.nn.Module, directory: Path, generation_config: Any, report: Any,
+              output_loading_info: bool, return_report: bool) -> Any:
+    """Like transformers: the generation config read, eval mode, the extras asked for."""
     _generation_config(_finish_quantized(model).eval(), directory, generation_config)
     extra = loading_info(report) if output_loading_info else report if return_report else None
     return model if extra is None else (model, extra)
+
+
+def _alone(tp: object, adapter: object) -> object:
+    """``tp``, refused with an adapter (not supported yet)."""
+    if adapter is not None and tp is not None:
+        raise ParallelError(f"{adapter}: tp= with an adapter is not supported yet; load "
+                            "without tp=")
+    return tp
+
+
+def _resolved(name_or_path: str | os.PathLike[str], adapter: Any, **hub: Any
+              ) -> tuple[Path, Any]:
+    """The checkpoint directory, and the adapter: an adapter directory given as the model
+    loads onto its config's base (as peft's ``AutoPeftModel`` does)."""
+    directory = resolve_checkpoint(name_or_path, **hub)
+    if adapter is None and (directory / "adapter_config.json").is_file() and not (
+            directory / "config.json").is_file():
+        from weightplan.api.adapters import adapter_base
+
+        return adapter_base(directory), directory
+    return directory, adapter
 
 
 def keeps_quantized(dequantize: bool | None, dtype: object, tp: object) -> bool:
@@ -126,7 +159,13 @@ def _rank_device(device: object, mesh: Any) -> object:
     return torch.device(mesh.device_type, torch.accelerator.current_device_index())
 
 
-def _explain(model: torch.nn.Module, directory: Path, **options: Any) -> Any:
+def _explain(model: torch.nn.Module, directory: Path, adapter: Any, adapter_name: str,
+             **options: Any) -> Any:
+    if adapter is not None:
+        from weightplan.api.adapters import explain_with_adapter
+
+        return explain_with_adapter(model, directory, adapter, adapter_name=adapter_name,
+                                    **options)
     from weightplan.api.entry import explain
 
     return explain(model, directory, **options)

@@ -59,7 +59,8 @@ def load(model: torch.nn.Module, checkpoint: object, *, strict: bool = False,
 
 def save(model: torch.nn.Module, directory: str | os.PathLike[str], *, mapping: object = None,
          max_shard_size: int | str = "5GB", overwrite: bool = False, threads: int = 4,
-         progress: bool | None = None, quantize: str | None = None) -> SaveReport:
+         progress: bool | None = None, quantize: str | None = None,
+         adapter_name: str | None = None) -> SaveReport:
     """Write ``model`` to ``directory`` in its checkpoint's original layout.
 
     ``explain_save(model, directory, ...).execute(progress=...)``: a model loaded by
@@ -68,8 +69,15 @@ def save(model: torch.nn.Module, directory: str | os.PathLike[str], *, mapping: 
     as transformers does). ``quantize="fp8"`` writes block FP8 with ``weight_scale_inv``
     where the model was dequantized. A transformers model's ``config.json`` (and
     generation config) is written too, in the same commit as the shards, so
-    ``from_pretrained(directory)`` gives the model back.
+    ``from_pretrained(directory)`` gives the model back. ``adapter_name``: write only that
+    LoRA adapter (loaded by weightplan) as peft's ``adapter_model.safetensors`` +
+    ``adapter_config.json``, in the layout its file had (per-expert linears again).
     """
+    if adapter_name is not None:
+        from weightplan.api.adapters import save_adapter
+
+        return save_adapter(model, directory, adapter_name=adapter_name, overwrite=overwrite,
+                            threads=threads, progress=progress)
     from weightplan.api.model_config import model_config_files
     from weightplan.executor.execute_write import execute_write
 

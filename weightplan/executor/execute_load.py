@@ -6,8 +6,9 @@ import logging
 
 from torch import nn
 
+from weightplan.planner.pipelines.adapter_summary import remember_adapter
 from weightplan.errors import (
-    LossyCastError, MetaBufferError, PlanError, QuantizationError, ShapeMismatchError,
+    AdapterError, LossyCastError, MetaBufferError, PlanError, QuantizationError, ShapeMismatchError,
     StrictLoadError,
 )
 from weightplan.executor.atomic import GuardedSink, partial_load_errors
@@ -48,6 +49,8 @@ def execute_plan(plan: LoadPlanData, *, strict: bool = False, progress: bool | N
         stats = run_plan(plan.schedule, plan.checkpoint, shared, progress=progress)
     record = record_of_conversions(plan.conversions, plan.checkpoint, plan.unexpected)
     attach_record(model, merge_records(get_record(model), record))
+    if plan.adapter is not None:  # (its config goes back with it when saved)
+        remember_adapter(model, plan.adapter)
     if plan.missing or plan.unexpected:
         log.warning("%d missing tensor(s) %s (%d initialized by the model's own init) and %d "
                     "unexpected checkpoint key(s) %s not loaded", len(plan.missing),
@@ -83,6 +86,7 @@ def preflight(plan: LoadPlanData, strict: bool) -> tuple[nn.Module, ModelInfo]:
     if lossy:
         raise LossyCastError(f"{len(lossy)} tensor(s) would lose values in a cast, nothing was "
                              "loaded: " + "; ".join(p.message for p in lossy[:5]))
+    refuse_adapter_problems(plan)
     fp8 = [p for p in plan.problems if p.kind is ProblemKind.QUANTIZATION]
     if fp8:
         raise QuantizationError(f"{len(fp8)} FP8 problem(s), nothing was loaded: "
@@ -99,6 +103,14 @@ def preflight(plan: LoadPlanData, strict: bool) -> tuple[nn.Module, ModelInfo]:
             check_unchanged(plan.model, dest, info.get(dest.key))
     check_separate(plan.model, (d for p in plan.schedule.steps for d in p.destinations))
     return plan.model, plan.model_info
+
+
+def refuse_adapter_problems(plan: LoadPlanData) -> None:
+    """An adapter that would load partly, or scaled wrong, gives a silently wrong model."""
+    wrong = [p for p in plan.problems if p.kind is ProblemKind.ADAPTER]
+    if wrong:
+        raise AdapterError(f"{len(wrong)} adapter problem(s), nothing was loaded: "
+                           + "; ".join(p.message for p in wrong[:5]))
 
 
 def refuse_meta_buffers(plan: LoadPlanData) -> None:

@@ -12,6 +12,7 @@ from weightplan.planner.pipelines.write_plan import WritePlanData
 from weightplan.planner.core.paused_gc import paused_gc
 from weightplan.planner.tensors.schedule.budget import machine_fit
 from weightplan.viz.devices import placement_dict
+from weightplan.viz.adapter_text import adapter_dict
 from weightplan.viz.rows import mapping_rows
 
 
@@ -19,7 +20,7 @@ from weightplan.viz.rows import mapping_rows
 def plan_to_dict(plan: LoadPlanData) -> dict[str, Any]:
     peak = plan.schedule.peak
     info = plan.model_info
-    return {
+    data = {
         "checkpoint": {"description": plan.checkpoint.description,
                        "files": [f.path for f in plan.checkpoint.files],
                        "tensors": len(plan.checkpoint), "bytes": plan.checkpoint.nbytes},
@@ -53,6 +54,9 @@ def plan_to_dict(plan: LoadPlanData) -> dict[str, Any]:
         "tensor_parallel": parallel_to_dict(plan),
         **placement_entries(plan),
     }
+    if plan.adapter is not None:  # (only then: plans without one print as they did)
+        data["adapter"] = adapter_dict(plan.adapter)
+    return data
 
 
 def placement_entries(plan: LoadPlanData) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from weightplan.planner.core.paused_gc import paused_gc
 from weightplan.planner.tensors.schedule.budget import machine_fit
 from weightplan.planner.tensors.lower.placement import Step
 from weightplan.units import format_bytes
+from weightplan.viz.adapter_text import adapter_lines
 from weightplan.viz.rows import Row
 from weightplan.viz.folding import fold_keys
 from weightplan.viz.rows import mapping_rows
@@ -56,7 +57,8 @@ def explain_text(plan: PlanData, width: int | None = None) -> str:
     if width is None:
         width = shutil.get_terminal_size((120, 24)).columns if sys.stdout.isatty() else 120
     width = max(width, MIN_WIDTH)
-    lines = header_lines(plan) + [""] + mapping_lines(plan, width, fit=wrap) + [""]
+    lines = header_lines(plan) + adapter_lines(plan) + [""]
+    lines += mapping_lines(plan, width, fit=wrap) + [""]
     lines += total_lines(plan) + parallel_lines(plan) + problem_lines(plan) + note_lines(plan)
     out: Iterable[str] = map(terminal_text, lines)
     if wrap:

@@ -18,6 +18,7 @@ class ProblemKind(Enum):
     QUANTIZATION = "quantization"  # FP8 that can't load right (execute refuses the plan)
     PARALLEL = "parallel"  # a tensor-parallel plan entry: unknown style, matches nothing
     LOSSY_CAST = "lossy cast"  # complex → real, float → integer, integer → bool (execute refuses)
+    ADAPTER = "adapter"  # an adapter tensor or scale that would load wrong (execute refuses)
 
 
 class Mismatch(NamedTuple):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -90,6 +91,21 @@ def inspect_model(model: torch.nn.Module) -> ModelInfo:
                      getattr(config, "model_type", None),
                      getattr(model, "base_model_prefix", None) or None, meta_buffers,
                      rebuildable(model, meta_buffers), retied, missing, unexpected)
+
+
+def restrict_model(info: ModelInfo, keep: Callable[[str], bool]) -> ModelInfo:
+    """``info`` with only the tensors ``keep`` accepts (by canonical name): a load of part
+    of a model (an adapter) neither writes nor reports the rest."""
+    tensors = {name: t for name, t in info.tensors.items() if keep(t.name)}
+    return dataclasses.replace(info, tensors=tensors)
+
+
+def keep_dtype_of(info: ModelInfo, keep: Callable[[str], bool]) -> ModelInfo:
+    """``info`` with the tensors ``keep`` accepts kept in their dtype whatever is asked (a
+    LoRA adapter's weights stay float32 on a bf16 base, as peft keeps them)."""
+    tensors = {name: dataclasses.replace(t, keep_dtype=True) if keep(t.name) else t
+               for name, t in info.tensors.items()}
+    return dataclasses.replace(info, tensors=tensors)
 
 
 def _groups(model: torch.nn.Module, state: Mapping[str, torch.Tensor]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
@@ -51,14 +51,16 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
                  tp: object = None, quantization: object = None, threads: int = 4,
                  device: object = None, finder: Finder | None = None,
                  max_memory: object = None, offload_folder: object = None,
-                 cooperative: bool = False) -> LoadPlanData:
+                 cooperative: bool = False,
+                 view: Callable[[ModelInfo], ModelInfo] | None = None) -> LoadPlanData:
     """Plan loading ``checkpoint`` into ``model`` from headers only; nothing is read or written.
 
     The arguments are :func:`weightplan.explain`'s (documented there), ``mapping`` given by
     name already resolved; ``finder`` is the mapping lookup's second source (the
     transformers bridge). ``device`` may be an automatic strategy (``"auto"``, ...), placed
-    under ``max_memory`` (:mod:`~weightplan.planner.pipelines.devices`). Returns the plan's
-    data, which :class:`weightplan.Plan` wraps.
+    under ``max_memory`` (:mod:`~weightplan.planner.pipelines.devices`); ``view`` changes
+    the model's view (an adapter's load: only its tensors, or its tensors kept in their
+    dtype). Returns the plan's data, which :class:`weightplan.Plan` wraps.
     """
     _refuse_quantization_option(quantization)
     automatic = automatic_request(device, max_memory, offload_folder, model, tp)
@@ -68,6 +70,8 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
                           None if budget is None else parse_bytes(budget, what="budget"),
                           None if automatic is not None else parse_device(device))
     info = keep_fp32(model, inspect_model(model) if model is not None else None, options.dtype)
+    if info is not None and view is not None:
+        info = view(info)
     choice = choose_mapping(mapping, model, finder)
     transforms = with_legacy(choice.transforms)
     quant = quant_context(checkpoint, ckpt, info, model)

@@ -18,6 +18,7 @@ import torch
 from weightplan.planner.inputs.device import DeviceMap
 from weightplan.planner.core.problems import Mismatch, Note, Problem
 from weightplan.planner.pipelines.cooperative import Exchange
+from weightplan.planner.pipelines.adapter_summary import AdapterSummary
 from weightplan.planner.pipelines.findings import Findings
 from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.inputs.model_info import ModelInfo
@@ -92,6 +93,7 @@ class LoadPlanData(PlanData):
     findings: Findings
     sharding: Sharding | None = None  # tensor parallel: this rank's plan
     exchange: Exchange | None = None  # cooperative reads: what is broadcast, by whom
+    adapter: AdapterSummary | None = None  # the adapter this plan loads, if any
 
     @property
     def held_bytes(self) -> int:

@@ -42,7 +42,7 @@ from weightplan.planner.write.record import LoadRecord, get_record
 from weightplan.planner.write.reverse import (
     ReverseGroups, derived_groups, forward_groups, record_groups,
 )
-from weightplan.planner.write.shards import INDEX_NAME, ShardLayout, plan_layout
+from weightplan.planner.write.shards import INDEX_NAME, SINGLE_NAME, ShardLayout, plan_layout
 from weightplan.units import parse_bytes
 
 
@@ -151,11 +151,13 @@ def make_write_plan(directory: str | os.PathLike, source: Checkpoint,
                     conversions: tuple[Conversion, ...], notes: tuple[str, ...],
                     choice: MappingChoice, how: Inversion, *, order: tuple[str, ...],
                     metadata: dict[str, str], max_shard_size: int | str, overwrite: bool,
-                    threads: int) -> WritePlanData:
-    """Check the outputs, lay them out in shards, lower and schedule them."""
+                    threads: int, single_name: str = SINGLE_NAME) -> WritePlanData:
+    """Check the outputs, lay them out in shards (one: named ``single_name``), lower and
+    schedule them."""
     _check_outputs(conversions)
     layout = plan_layout(_ordered_specs(conversions, order),
-                         parse_bytes(max_shard_size, what="max_shard_size"), metadata)
+                         parse_bytes(max_shard_size, what="max_shard_size"), metadata,
+                         single_name=single_name)
     check_directory(Path(directory), layout, overwrite)
     options = PlanOptions(None, parse_threads(threads), None)
 

@@ -45,7 +45,8 @@ class ShardLayout:
 
 
 def plan_layout(tensors: Sequence[tuple[str, TensorSpec]], max_shard_size: int,
-                metadata: Mapping[str, str] | None = None) -> ShardLayout:
+                metadata: Mapping[str, str] | None = None, *,
+                single_name: str = SINGLE_NAME) -> ShardLayout:
     """Pack ``tensors`` (in the given order) into shards of at most ``max_shard_size`` bytes
     (a tensor larger than that gets a shard of its own)."""
     groups: list[list[tuple[str, TensorSpec]]] = [[]]
@@ -60,7 +61,7 @@ def plan_layout(tensors: Sequence[tuple[str, TensorSpec]], max_shard_size: int,
     n = len(groups)
     files, locations = [], {}
     for i, group in enumerate(groups):
-        name = SINGLE_NAME if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+        name = single_name if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
         header, offsets = encode_header(group, meta)
         files.append(ShardFile(name, tuple(k for k, _ in group), header,
                                len(header) + sum(s.nbytes for _, s in group)))

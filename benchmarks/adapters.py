@@ -1,0 +1,113 @@
+"""Adapter benchmark (issue 23): a Mixtral-style base plus a per-expert LoRA adapter on every
+expert, loaded by weightplan in one plan (``from_pretrained(BASE, adapter=DIR)``) beside the
+reference measured in the same run: transformers' ``from_pretrained`` then peft's
+``PeftModel.from_pretrained`` (which converts the per-expert adapter to the fused layout).
+
+Each contender runs in a fresh process, alternated (reference, weightplan, reference, ...);
+medians of ``--repeat`` are printed with the ratios and the issue's targets: wall ≤ 0.5× the
+reference, peak RSS added ≤ 1.05× the model's bytes. Both loads are checked to give equal
+adapted logits (else the numbers are refused).
+
+    python benchmarks/adapters.py [--gb 1.5] [--rank 16] [--repeat 3] [--dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+RUN = """
+import json, sys, time, torch
+import transformers, peft, weightplan
+torch.manual_seed(0)
+def hwm():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+before, wall = hwm(), time.perf_counter()
+base, adapter, which = sys.argv[1:4]
+if which == "reference":
+    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16)
+    model = peft.PeftModel.from_pretrained(model, adapter)
+else:
+    model = weightplan.from_pretrained(base, adapter=adapter, dtype=torch.bfloat16)
+seconds = time.perf_counter() - wall
+with torch.no_grad():
+    logits = model(torch.arange(16)[None]).logits.float()
+print(json.dumps({"seconds": seconds, "rss": hwm() - before,
+                  "logits": logits[0, -1, :8].tolist()}))
+"""
+
+
+def build(directory: Path, gb: float, rank: int) -> int:
+    """A bf16 Mixtral-style base of about ``gb`` GB and a per-expert adapter; its bytes."""
+    import torch
+    from transformers import AutoModelForCausalLM, MixtralConfig
+
+    sys.path.insert(0, str(ROOT))
+    from tests.adapters.builders import MIXTRAL, per_expert_adapter
+
+    hidden, inter, experts = 1024, 1536, 8
+    per_layer = experts * 3 * hidden * inter * 2
+    layers = max(1, round(gb * 1e9 / per_layer))
+    config = MixtralConfig(vocab_size=1024, hidden_size=hidden, intermediate_size=inter,
+                           num_hidden_layers=layers, num_attention_heads=8,
+                           num_key_value_heads=2, num_local_experts=experts,
+                           num_experts_per_tok=2)
+    if not (directory / "base" / "config.json").exists():
+        model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+        model.save_pretrained(directory / "base")
+        per_expert_adapter(str(directory / "adapter"), MIXTRAL, experts=experts,
+                           hidden=hidden, inter=inter, layers=layers, r=rank, alpha=2 * rank,
+                           attention=True)
+    return sum(f.stat().st_size for f in (directory / "base").glob("*.safetensors"))
+
+
+def run(directory: Path, which: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRANSFORMERS_VERBOSITY": "error",
+           "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run([sys.executable, "-c", RUN, str(directory / "base"),
+                           str(directory / "adapter"), which], capture_output=True,
+                          text=True, env=env, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gb", type=float, default=1.5)
+    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--dir", type=Path, default=None)
+    args = parser.parse_args()
+    directory = args.dir or Path(tempfile.mkdtemp(prefix="wp-adapters-"))
+    model_bytes = build(directory, args.gb, args.rank)
+    results: dict[str, list[dict]] = {"reference": [], "weightplan": []}
+    for _ in range(args.repeat):
+        for which in results:
+            results[which].append(run(directory, which))
+    ref, ours = results["reference"][0]["logits"], results["weightplan"][0]["logits"]
+    if ref != ours:
+        raise SystemExit(f"the adapted logits differ: {ref} vs {ours}")
+    wall = {k: statistics.median(r["seconds"] for r in v) for k, v in results.items()}
+    rss = {k: statistics.median(r["rss"] for r in v) for k, v in results.items()}
+    print(f"base {model_bytes / 1e9:.2f} GB, adapter rank {args.rank} on every expert, "
+          f"medians of {args.repeat}")
+    for k in results:
+        print(f"  {k:>10}: wall {wall[k]:.2f} s, peak RSS added {rss[k] / 1e9:.2f} GB "
+              f"({rss[k] / model_bytes:.2f}× the model)")
+    print(f"  wall ratio weightplan/reference: {wall['weightplan'] / wall['reference']:.2f} "
+          "(target ≤ 0.5)")
+    print(f"  weightplan peak RSS / model bytes: {rss['weightplan'] / model_bytes:.2f} "
+          "(target ≤ 1.05)")
+
+
+if __name__ == "__main__":
+    main()

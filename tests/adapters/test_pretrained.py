@@ -1,0 +1,150 @@
+"""``from_pretrained(BASE, adapter=...)`` (base on meta, adapter injected with peft, one
+plan) and ``weightplan explain ADAPTER_DIR [--base BASE]``."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import weightplan
+from weightplan.api.adapters import explain_with_adapter
+from weightplan.bridge.hub import build_empty_model
+from weightplan.cli import main
+from weightplan.errors import AdapterError, ParallelError
+
+from tests.adapters.builders import (
+    MIXTRAL, PREFIX, QWEN2_MOE, per_expert_adapter, tiny_model, write_config,
+)
+from tests.adapters.test_experts import _check_math
+
+peft = pytest.importorskip("peft")
+
+
+@pytest.fixture(scope="module")
+def mixtral(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mixtral")
+    tiny_model("mixtral").save_pretrained(root / "base")
+    per_expert_adapter(str(root / "v4"), MIXTRAL)
+    return root
+
+
+def _without_prefix(model):
+    return {k.removeprefix(PREFIX): v for k, v in model.state_dict().items()}
+
+
+def test_base_and_adapter_like_peft(mixtral):
+    oracle = peft.PeftModel.from_pretrained(tiny_model("mixtral"), str(mixtral / "v4"))
+    model = weightplan.from_pretrained(mixtral / "base", adapter=mixtral / "v4")
+    assert type(model).__name__ == "MixtralForCausalLM"
+    theirs, ours = _without_prefix(oracle), model.state_dict()
+    assert set(theirs) == set(ours)
+    assert [k for k in ours if not torch.equal(ours[k], theirs[k])] == []
+    ids = torch.arange(12)[None]
+    assert torch.equal(oracle(ids).logits, model(ids).logits)
+
+
+def test_one_plan_one_schedule(mixtral):
+    model = build_empty_model(mixtral / "base").model
+    plan = explain_with_adapter(model, mixtral / "base", mixtral / "v4")
+    assert len(plan.checkpoint.files) == 2 and not plan.problems
+    assert not plan.missing and not plan.unexpected
+    assert plan.adapter.loaded_tensors == plan.adapter.file_tensors == 52
+    assert len(plan.loaded_keys) == len(list(model.state_dict()))
+
+
+def test_qwen2_moe_rslora_keeps_the_trained_scale(tmp_path):
+    tiny_model("qwen2_moe").save_pretrained(tmp_path / "base")
+    tensors = per_expert_adapter(str(tmp_path / "v4"), QWEN2_MOE, rslora=True, r=4, alpha=4)
+    model = weightplan.from_pretrained(tmp_path / "base", adapter=tmp_path / "v4")
+    _check_math(model, tensors, QWEN2_MOE, 4 / math.sqrt(4))
+    base = tiny_model("qwen2_moe").state_dict()
+    experts = model.model.layers[0].mlp.experts.base_layer.base_layer
+    assert torch.equal(experts.gate_up_proj, base["model.layers.0.mlp.experts.gate_up_proj"])
+
+
+def test_plain_modules_with_modules_to_save(tmp_path):
+    tiny_model("llama").save_pretrained(tmp_path / "base")
+    trained = peft.get_peft_model(tiny_model("llama", seed=3), peft.LoraConfig(
+        r=2, lora_alpha=4, target_modules=["q_proj", "down_proj"], modules_to_save=["lm_head"],
+        init_lora_weights=False))
+    trained.save_pretrained(tmp_path / "lora")
+    oracle = peft.PeftModel.from_pretrained(tiny_model("llama"), str(tmp_path / "lora"))
+    model = weightplan.from_pretrained(tmp_path / "base", adapter=tmp_path / "lora")
+    theirs, ours = _without_prefix(oracle), model.state_dict()
+    assert set(theirs) == set(ours)
+    assert [k for k in ours if not torch.equal(ours[k], theirs[k])] == []
+
+
+def test_tp_with_an_adapter_is_refused(mixtral):
+    with pytest.raises(ParallelError, match="adapter"):
+        weightplan.from_pretrained(mixtral / "base", adapter=mixtral / "v4", tp="auto")
+
+
+def test_cli_explains_adapter_with_its_base(mixtral, capsys):
+    assert main(["explain", str(mixtral / "v4"), "--base", str(mixtral / "base")]) == 0
+    out = capsys.readouterr().out
+    assert "adapter: " in out and "loads 52 of the adapter's 52 tensors" in out
+    assert "→ gate_up_proj" in out
+
+
+def test_cli_base_from_the_config(tmp_path, capsys):
+    tiny_model("mixtral").save_pretrained(tmp_path / "base")
+    per_expert_adapter(str(tmp_path / "v4"), MIXTRAL)
+    config = json.loads((tmp_path / "v4" / "adapter_config.json").read_text())
+    write_config(str(tmp_path / "v4"), **{**config,
+                                          "base_model_name_or_path": str(tmp_path / "base")})
+    assert main(["explain", str(tmp_path / "v4"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["adapter"]["loaded_tensors"] == 52
+
+
+def test_cli_without_a_base_says_what_to_do(mixtral, capsys):
+    assert main(["explain", str(mixtral / "v4")]) == 2
+    assert "--base" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("convention", ["torch.device", "accelerate", "init_empty"])
+def test_models_built_on_meta_every_convention(mixtral, convention):
+    import accelerate
+    from transformers import AutoModelForCausalLM
+
+    from tests.adapters.builders import tiny_config
+
+    build = {"torch.device": lambda: torch.device("meta"),
+             "accelerate": accelerate.init_empty_weights,
+             "init_empty": weightplan.init_empty}[convention]
+    with build():
+        model = AutoModelForCausalLM.from_config(tiny_config("mixtral"))
+    explain_with_adapter(model, mixtral / "base", mixtral / "v4").execute()
+    oracle = peft.PeftModel.from_pretrained(tiny_model("mixtral"), str(mixtral / "v4"))
+    theirs, ours = _without_prefix(oracle), model.state_dict()
+    assert [k for k in ours if not torch.equal(ours[k], theirs[k])] == []
+
+
+def test_an_adapter_directory_loads_onto_its_configs_base(tmp_path):
+    tiny_model("mixtral").save_pretrained(tmp_path / "base")
+    per_expert_adapter(str(tmp_path / "v4"), MIXTRAL)
+    config = json.loads((tmp_path / "v4" / "adapter_config.json").read_text())
+    write_config(str(tmp_path / "v4"), **{**config,
+                                          "base_model_name_or_path": str(tmp_path / "base")})
+    model = weightplan.from_pretrained(tmp_path / "v4")
+    oracle = peft.PeftModel.from_pretrained(tiny_model("mixtral"), str(tmp_path / "v4"))
+    ids = torch.arange(12)[None]
+    assert torch.equal(oracle(ids).logits, model(ids).logits)
+    write_config(str(tmp_path / "v4"), **{**config, "base_model_name_or_path": None})
+    with pytest.raises(AdapterError, match=r"adapter=ADAPTER_DIR"):
+        weightplan.from_pretrained(tmp_path / "v4")
+
+
+def test_adapter_stays_float32_on_a_bf16_base_as_peft_keeps_it(mixtral):
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(mixtral / "base", dtype=torch.bfloat16)
+    oracle = peft.PeftModel.from_pretrained(base, str(mixtral / "v4"))
+    model = weightplan.from_pretrained(mixtral / "base", adapter=mixtral / "v4",
+                                       dtype=torch.bfloat16)
+    theirs, ours = _without_prefix(oracle), model.state_dict()
+    assert {v.dtype for k, v in ours.items() if ".lora_" in k} == {torch.float32}
+    assert [k for k in ours if not torch.equal(ours[k], theirs[k])] == []

@@ -1,0 +1,98 @@
+"""A base checkpoint and a LoRA adapter in one plan: the adapter injected with peft into
+the base built on meta, then base and adapter tensors planned and scheduled together."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from weightplan.api.entry import bridge_for, by_name
+from weightplan.api.plans import Plan, promote
+from weightplan.errors import AdapterError, ParallelError, WeightplanError
+from weightplan.planner.inputs.adapter import is_adapter_dir, read_adapter
+from weightplan.planner.inputs.checkpoint import open_checkpoint
+from weightplan.planner.pipelines.adapter_load import explain_base_and_adapter
+from weightplan.planner.pipelines.load import choose_mapping
+
+
+def explain_with_adapter(model: torch.nn.Module, base: str | os.PathLike[str] | Path,
+                         adapter: str | os.PathLike[str], *, adapter_name: str = "default",
+                         mapping: object = None, tp: object = None, **options: Any) -> Plan:
+    """Inject ``adapter`` into ``model`` (in place, on meta) and plan loading ``base`` and
+    the adapter's tensors in one plan.
+
+    Raises:
+        AdapterError: ``adapter`` is not an adapter directory, peft is missing or refuses it.
+        ParallelError: ``tp=`` (not supported with an adapter yet).
+    """
+    from weightplan.bridge.peft import inject  # (peft: only when an adapter is asked for)
+
+    if tp is not None:
+        raise ParallelError(f"{adapter}: tp= with an adapter is not supported yet; load "
+                            "without tp=")
+    if not is_adapter_dir(adapter):
+        raise AdapterError(f"{adapter}: not an adapter directory (adapter_config.json + "
+                           "adapter_model.safetensors)")
+    spec = read_adapter(adapter)
+    mapping = by_name(mapping)
+    choice = choose_mapping(mapping, model, bridge_for(model) if mapping is None else None)
+    inject(model, spec, choice.transforms, name=adapter_name)
+    files = [f.path for f in open_checkpoint(base).files]
+    return promote(Plan, explain_base_and_adapter(model, files, spec, choice,
+                                                  name=adapter_name, **options))
+
+
+def explain_adapter_dir(adapter: str, base: str | None = None, **options: Any) -> Plan:
+    """``weightplan explain ADAPTER_DIR [--base BASE]``: the base (``base``, else the
+    config's ``base_model_name_or_path`` when it is a local path or in the Hub cache)
+    built on meta, the adapter injected, both planned in one plan.
+
+    Raises:
+        AdapterError: no base given and the config's can't be found locally.
+    """
+    from weightplan.api.hub import resolve_checkpoint
+    from weightplan.bridge.hub import build_empty_model
+
+    directory = adapter_base(adapter) if base is None else resolve_checkpoint(base)
+    model = build_empty_model(directory).model
+    return explain_with_adapter(model, directory, adapter, **options)
+
+
+def save_adapter(model: torch.nn.Module, directory: str | os.PathLike[str], *,
+                 adapter_name: str = "default", overwrite: bool = False, threads: int = 4,
+                 progress: bool | None = None) -> Any:
+    """``save(model, directory, adapter_name=...)``: the adapter's file and config back, in
+    the layout it was loaded from (see :mod:`weightplan.planner.pipelines.adapter_save`)."""
+    from weightplan.executor.execute_write import execute_write
+    from weightplan.planner.pipelines.adapter_save import (
+        adapter_config_bytes, explain_adapter_save,
+    )
+
+    plan = explain_adapter_save(model, directory, name=adapter_name, overwrite=overwrite,
+                                threads=threads)
+    files = {"adapter_config.json": adapter_config_bytes(model, adapter_name)}
+    return execute_write(plan, progress=progress, files=files)
+
+
+def adapter_base(adapter: str | os.PathLike[str]) -> Path:
+    """The local (or cached) base checkpoint an adapter's config names.
+
+    Raises:
+        AdapterError: the config names none, or it is neither local nor cached.
+    """
+    from weightplan.api.hub import resolve_checkpoint
+
+    spec = read_adapter(adapter)
+    if spec.config.base_model is None:
+        raise AdapterError(f"{spec.config.file}: no base_model_name_or_path; load it onto its "
+                           "base: from_pretrained(BASE, adapter=ADAPTER_DIR), or weightplan "
+                           "explain ADAPTER_DIR --base BASE_DIR")
+    try:
+        return resolve_checkpoint(spec.config.base_model, local_files_only=True)
+    except WeightplanError as e:
+        raise AdapterError(f"{adapter}: its base {spec.config.base_model!r} is not here ({e}); "
+                           "load it onto its base: from_pretrained(BASE, adapter=ADAPTER_DIR), "
+                           "or weightplan explain ADAPTER_DIR --base BASE_DIR") from e

@@ -1,0 +1,96 @@
+"""Inject a LoRA adapter into a model with peft (an optional dependency: the ``adapters``
+extra), its config rewritten for the model's fused experts.
+
+An adapter saved with per-expert linears (``experts.{e}.w1``, transformers v4) targets
+modules the fused model no longer has. For each fused parameter of the model's mapping
+whose linears the adapter targets, the config gains the parameter in
+``target_parameters``, and for a fused pair the rank doubles (``rank_pattern``) with alpha
+rewritten so that the scale stays the trained one: ``2·alpha`` for ``alpha/r``, ``√2·alpha``
+with rsLoRA (``alpha/√r``; peft's own conversion doubles it, changing the scale by √2).
+Every model type whose mapping fuses experts gets this, ``qwen2_moe`` included (peft's
+alias table misses it and leaves its routed experts out).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from weightplan.errors import AdapterError
+from weightplan.planner.inputs.adapter import Adapter, AdapterConfig
+from weightplan.planner.keys.adapter_keys import FusedTarget, fused_targets
+from weightplan.planner.keys.transforms import WeightTransform
+
+
+def rewritten_config(config: AdapterConfig, model: torch.nn.Module,
+                     base: Iterable[WeightTransform]) -> dict[str, Any]:
+    """peft's config dict for ``model``: per-expert targets moved to the fused parameters.
+
+    Raises:
+        AdapterError: the adapter targets one half of a fused pair (can't be exact).
+    """
+    raw = dict(config.raw)
+    targets = config.target_modules
+    if not isinstance(targets, tuple):  # a regex (or nothing): peft matches it as it is
+        return raw
+    leaves = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    parameters = list(config.target_parameters)
+    ranks, alphas = dict(config.rank_pattern), dict(config.alpha_pattern)
+    for f in fused_targets(base):
+        hit = [linear for linear in f.linears if linear in targets]
+        if not hit:
+            continue
+        if len(hit) != len(f.linears):
+            raise AdapterError(one_half_message(config.file, hit, f))
+        r, alpha = config.rank_alpha(f.linears[0])
+        factor = len(f.linears)
+        key = rf".*\.{re.escape(f.parameter)}"
+        ranks[key] = r * factor
+        alphas[key] = alpha * (math.sqrt(factor) if config.use_rslora else factor)
+        parameters.append(f.parameter)
+    kept = [t for t in targets if t in leaves or not _is_fused_linear(t, base)]
+    raw.update(target_modules=kept or None, target_parameters=sorted(set(parameters)) or None,
+               rank_pattern=ranks, alpha_pattern=alphas)
+    return raw
+
+
+def one_half_message(file: str, hit: list[str], f: FusedTarget) -> str:
+    return (f"{file}: target_modules names {hit} but not {[x for x in f.linears if x not in hit]}"
+            f", fused into {f.parameter}: a LoRA on one half of a fused weight can't be "
+            "represented exactly in the fused layout; train the adapter on both halves, or "
+            "use a model with per-expert linears")
+
+
+def _is_fused_linear(name: str, base: Iterable[WeightTransform]) -> bool:
+    return any(name in f.linears for f in fused_targets(base))
+
+
+def inject(model: torch.nn.Module, adapter: Adapter, base: Iterable[WeightTransform], *,
+           name: str = "default", low_cpu_mem_usage: bool = True) -> torch.nn.Module:
+    """``model`` with the adapter's LoRA layers injected in place (peft's
+    ``inject_adapter_in_model``; on meta with ``low_cpu_mem_usage``), the config rewritten
+    by :func:`rewritten_config`. The model keeps its class, as transformers'
+    ``load_adapter`` does.
+
+    Raises:
+        AdapterError: peft is not installed, or it refuses the config (naming the file).
+    """
+    try:
+        from peft import LoraConfig, inject_adapter_in_model
+    except ImportError as e:
+        raise AdapterError(f"{adapter.directory}: loading an adapter into a base needs peft "
+                           "(pip install 'weightplan[adapters]')") from e
+    raw = rewritten_config(adapter.config, model, tuple(base))
+    fields = {f.name for f in dataclasses.fields(LoraConfig)}
+    try:
+        config = LoraConfig(**{k: v for k, v in raw.items() if k in fields})
+        config.inference_mode = True
+        return inject_adapter_in_model(config, model, adapter_name=name,
+                                       low_cpu_mem_usage=low_cpu_mem_usage)
+    except (ValueError, TypeError, KeyError, RuntimeError) as e:
+        raise AdapterError(f"{adapter.config.file}: peft can't inject this adapter: {e}") from e

@@ -1,0 +1,125 @@
+"""Ops that rearrange axes of one tensor at a time: Permute, Flatten, Unflatten.
+
+peft packs a fused expert parameter's LoRA factors into 2-d weights: ``lora_A`` as
+``(E·r, in)`` (expert axis slowest: ``Flatten(0, 1)`` of ``(E, r, in)``) and ``lora_B``
+as ``(out, r·E)`` (expert axis *fastest*: ``Permute((1, 2, 0))`` then ``Flatten(1, 2)``
+of ``(E, out, r)``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from weightplan.errors import OpError
+from weightplan.planner.core.ops.base import TensorwiseOp, normalize_dim
+from weightplan.planner.core.spec import TensorSpec
+
+
+@dataclass(frozen=True, repr=False)
+class Permute(TensorwiseOp):
+    """Reorder every tensor's dims (``torch.permute``). Inverse: the inverse permutation."""
+
+    allocates = False
+
+    dims: tuple[int, ...] = (0,)
+
+    def resolve(self, ctx, inputs):
+        for stream in inputs:
+            for spec in stream:
+                self._check(len(spec.shape))
+        return self
+
+    def _check(self, ndim: int) -> None:
+        if sorted(self.dims) != list(range(ndim)):
+            raise OpError(f"{self!r}: {list(self.dims)} is not a permutation of the "
+                          f"{ndim} dims of the tensor")
+
+    def forward_one(self, tensor, stream):
+        return tensor.permute(self.dims)
+
+    def infer_one(self, spec, stream):
+        self._check(len(spec.shape))
+        return TensorSpec(tuple(spec.shape[d] for d in self.dims), spec.dtype)
+
+    def inverse(self) -> "Permute":
+        back = [0] * len(self.dims)
+        for i, d in enumerate(self.dims):
+            back[d] = i
+        return Permute(tuple(back))
+
+
+@dataclass(frozen=True, repr=False)
+class Flatten(TensorwiseOp):
+    """Merge dims ``start..end`` (inclusive) of every tensor into one (non-negative dims).
+
+    Inverse: :class:`Unflatten` with the merged sizes (recorded when the plan resolves,
+    or pinned with ``sizes=``).
+    """
+
+    start: int = 0
+    end: int = 1
+    sizes: tuple[int, ...] | None = field(default=None, kw_only=True)
+
+    def resolve(self, ctx, inputs):
+        found = None
+        for stream in inputs:
+            for spec in stream:
+                a, b = self._span(len(spec.shape))
+                sizes = spec.shape[a:b + 1]
+                want = found if found is not None else self.sizes
+                if want is not None and sizes != want:
+                    raise OpError(f"{self!r}: inputs disagree on the merged sizes "
+                                  f"({list(sizes)} vs {list(want)})")
+                found = sizes
+        return dataclasses.replace(self, sizes=found)
+
+    def _span(self, ndim: int) -> tuple[int, int]:
+        a, b = normalize_dim(self, self.start, ndim), normalize_dim(self, self.end, ndim)
+        if a > b:
+            raise OpError(f"{self!r}: start must not come after end")
+        return a, b
+
+    def forward_one(self, tensor, stream):
+        return tensor.flatten(*self._span(tensor.dim()))
+
+    def infer_one(self, spec, stream):
+        a, b = self._span(len(spec.shape))
+        shape = (*spec.shape[:a], math.prod(spec.shape[a:b + 1]), *spec.shape[b + 1:])
+        return TensorSpec(shape, spec.dtype)
+
+    def inverse(self) -> "Unflatten":
+        if self.sizes is None:
+            raise OpError(f"{self!r} is not resolved: its inverse needs the merged sizes")
+        return Unflatten(self.start, self.sizes)
+
+
+@dataclass(frozen=True, repr=False)
+class Unflatten(TensorwiseOp):
+    """Split dim ``dim`` of every tensor into ``sizes``. Inverse: :class:`Flatten`."""
+
+    dim: int = 0
+    sizes: tuple[int, ...] = ()
+
+    def resolve(self, ctx, inputs):
+        for stream in inputs:
+            for spec in stream:
+                self.infer_one(spec, 0)
+        return self
+
+    def forward_one(self, tensor, stream):
+        return tensor.unflatten(normalize_dim(self, self.dim, tensor.dim()), self.sizes)
+
+    def infer_one(self, spec, stream):
+        d = normalize_dim(self, self.dim, len(spec.shape))
+        if math.prod(self.sizes) != spec.shape[d] or not self.sizes:
+            raise OpError(f"{self!r}: {list(self.sizes)} don't multiply to {spec.shape[d]}, "
+                          f"the size of dim {d} of {list(spec.shape)}")
+        return TensorSpec((*spec.shape[:d], *self.sizes, *spec.shape[d + 1:]), spec.dtype)
+
+    def inverse(self) -> Flatten:
+        d = self.dim
+        if d < 0:
+            raise OpError(f"{self!r}: its inverse needs a non-negative dim")
+        return Flatten(d, d + len(self.sizes) - 1, sizes=self.sizes)

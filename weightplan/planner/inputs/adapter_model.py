@@ -1,0 +1,94 @@
+"""What a model with injected LoRA adapters holds, read by duck typing (peft stays optional).
+
+peft's LoRA layers carry ``lora_A`` / ``lora_B`` (or ``lora_embedding_A`` / ``_B``)
+dicts by adapter name, a ``scaling`` and an ``r`` dict; a wrapped *parameter* (fused
+experts, ``target_parameters``) is a ``ParamWrapper`` with a ``parameter_name``, nested
+one ``base_layer`` deeper per wrapped parameter of the same module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import torch
+
+PEFT_PREFIX = "base_model.model."
+OWNED = (".lora_A.", ".lora_B.", ".lora_embedding_A.", ".lora_embedding_B.",
+         ".lora_magnitude_vector.", ".modules_to_save.")
+
+
+@dataclass(frozen=True)
+class LoraLayer:
+    """One injected LoRA layer of the adapter: where it sits and what the model uses."""
+
+    path: str  # the wrapper module's dotted path
+    target: str  # what it adapts: a module path, or ``<module>.<parameter>`` for a wrapper
+    r: int
+    scaling: float
+    parameter: str | None = None  # the wrapped parameter's name (fused experts)
+
+
+@dataclass(frozen=True)
+class InjectedAdapter:
+    """The adapter ``name`` as injected in a model."""
+
+    name: str
+    prefix: str  # ``"base_model.model."`` for a PeftModel, else ``""``
+    layers: Mapping[str, LoraLayer]  # by target
+    saved_modules: tuple[str, ...]  # paths of modules_to_save wrappers holding ``name``
+
+    def owns(self, tensor_name: str) -> bool:
+        """Whether a model tensor belongs to this adapter (its LoRA factors, DoRA
+        magnitudes and trained copies of modules_to_save)."""
+        return any(f"{part}{self.name}" in tensor_name for part in OWNED) and (
+            tensor_name.endswith(f".{self.name}") or f".{self.name}." in tensor_name)
+
+    def wrapper_of(self, module: str, parameter: str) -> str | None:
+        """The path of the wrapper module adapting ``module``'s ``parameter``, if any."""
+        layer = self.layers.get(f"{module}.{parameter}")
+        return None if layer is None else layer.path
+
+
+def injected_adapters(model: torch.nn.Module) -> tuple[str, ...]:
+    """Names of the LoRA adapters injected in ``model`` (first seen first)."""
+    names: dict[str, None] = {}
+    for _, module in model.named_modules():
+        for attr in ("lora_A", "lora_embedding_A"):
+            found = getattr(module, attr, None)
+            if isinstance(found, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
+                names.update(dict.fromkeys(found.keys()))
+    return tuple(names)
+
+
+def inspect_adapter(model: torch.nn.Module, name: str) -> InjectedAdapter:
+    """The layers of adapter ``name`` in ``model`` (empty when it isn't injected)."""
+    params = [n for n, _ in model.named_parameters(remove_duplicate=False)]
+    prefix = PEFT_PREFIX if params and all(n.startswith(PEFT_PREFIX) for n in params) else ""
+    layers: dict[str, LoraLayer] = {}
+    saved = []
+    for path, module in model.named_modules():
+        copies = getattr(module, "modules_to_save", None)
+        if isinstance(copies, torch.nn.ModuleDict) and name in copies:
+            saved.append(path)
+        layer = _lora_layer(path, module, name)
+        if layer is not None:
+            layers[layer.target] = layer
+    return InjectedAdapter(name, prefix, MappingProxyType(layers), tuple(saved))
+
+
+def _lora_layer(path: str, module: torch.nn.Module, name: str) -> LoraLayer | None:
+    held = [getattr(module, a, None) for a in ("lora_A", "lora_embedding_A")]
+    if not any(isinstance(h, (torch.nn.ModuleDict, torch.nn.ParameterDict)) and name in h
+               for h in held):
+        return None
+    r = int(getattr(module, "r", {}).get(name, 0))
+    scaling = float(getattr(module, "scaling", {}).get(name, 0.0))
+    parameter = getattr(module, "parameter_name", None)
+    if not isinstance(parameter, str):
+        return LoraLayer(path, path, r, scaling)
+    owner = path
+    while owner.endswith(".base_layer"):  # nested wrappers: the experts module's own path
+        owner = owner[:-len(".base_layer")]
+    return LoraLayer(path, f"{owner}.{parameter}", r, scaling, parameter)

@@ -1,0 +1,206 @@
+"""An adapter's keys, mapped onto a model with the adapter injected.
+
+peft saves ``base_model.model.<base key path>.lora_A.weight``; the injected model holds
+``<prefix><base path>.lora_A.<adapter name>.weight``. The base model's own renames apply
+to adapter keys as they are. Each fused-experts converter of the base mapping (per-expert
+``gate``/``up`` → ``gate_up_proj``, ``down`` → ``down_proj``) becomes two adapter
+converters, one per LoRA factor, in peft's packing of a wrapped parameter:
+
+* fused pair, ``lora_A``: ``MergeModulelist(0)`` → ``Concatenate(1)`` (rank axis) →
+  ``Flatten(0, 1)``: ``(E·2r, in)``, expert axis slowest;
+* fused pair, ``lora_B``: ``MergeModulelist(0)`` → ``BlockDiagonal`` → ``Permute(1, 2, 0)``
+  → ``Flatten(1, 2)``: ``(2·out, 2r·E)``, expert axis fastest (column ``k·E + e``);
+* one parameter (``down_proj``): the same without the concatenation / block diagonal.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from weightplan.errors import AdapterError
+from weightplan.planner.core.ops import (
+    BlockDiagonal, Concatenate, ConversionOp, Flatten, MergeModulelist, Permute,
+)
+from weightplan.planner.inputs.adapter_model import PEFT_PREFIX, InjectedAdapter
+from weightplan.planner.keys.transforms import (
+    Renaming, WeightConverter, WeightRenaming, WeightTransform,
+)
+
+_NAME = re.compile(r"[A-Za-z0-9_\-]+")
+_WEIGHT = re.compile(r"\\?\.weight\$?$")
+
+
+@dataclass(frozen=True)
+class FusedTarget:
+    """A base converter fusing per-expert linears, as the adapter converts it."""
+
+    sources: tuple[str, ...]  # the base converter's source patterns (one per fused linear)
+    module: str  # the target pattern's module part (``.experts``)
+    parameter: str  # the fused parameter's name (``gate_up_proj``)
+    wrapper: str | None  # the wrapper path suffix in the model (None: the model has no LoRA)
+    scope: str | None
+
+    @property
+    def pair(self) -> bool:
+        return len(self.sources) > 1
+
+    @property
+    def linears(self) -> tuple[str, ...]:
+        """The per-expert linears' names (``w1``, ``w3``)."""
+        return tuple(_WEIGHT.sub("", s).rsplit(".", 1)[-1] for s in self.sources)
+
+
+def adapter_transforms(base: Iterable[WeightTransform], injected: InjectedAdapter,
+                       modules_to_save: tuple[str, ...] = ()
+                       ) -> tuple[tuple[WeightTransform, ...], tuple[FusedTarget, ...]]:
+    """The transforms that load an adapter's file into ``injected``'s tensors, and the
+    fused-experts conversions among them.
+
+    Raises:
+        AdapterError: an adapter name weightplan can't put in a key pattern.
+    """
+    name = injected.name
+    if not _NAME.fullmatch(name):
+        raise AdapterError(f"adapter name {name!r}: use letters, digits, '_' or '-'")
+    base = tuple(base)
+    out: list[WeightTransform] = list(_saved_renames(name, modules_to_save))
+    if not injected.prefix:  # a model with adapters injected in place: no PeftModel level
+        out.append(WeightRenaming(rf"^{re.escape(PEFT_PREFIX)}", ""))
+    out += [t for t in base if isinstance(t, Renaming)]
+    out += name_renames(name)
+    fused = fused_targets(base, injected)
+    for target in fused:
+        out += _fused_converters(target, name)
+    return tuple(out), fused
+
+
+def _saved_renames(name: str, modules_to_save: tuple[str, ...]) -> list[WeightRenaming]:
+    """The adapter's trained copies of whole modules → ``modules_to_save.<name>``; scoped
+    to peft's prefix, which only the adapter's keys carry (a base checkpoint's
+    ``lm_head.weight`` is the original module's)."""
+    if not modules_to_save:
+        return []
+    alternatives = "|".join(re.escape(m) for m in modules_to_save)
+    return [WeightRenaming(rf"((?:^|\.)(?:{alternatives}))\.(weight|bias)$",
+                           rf"\1.modules_to_save.{name}.\2", scope_prefix=PEFT_PREFIX[:-1])]
+
+
+def name_renames(name: str) -> list[WeightRenaming]:
+    """peft's saved names → the injected ones: the adapter name goes in."""
+    return [
+        WeightRenaming(r"\.(lora_A|lora_B)\.(weight|bias)$", rf".\1.{name}.\2"),
+        WeightRenaming(r"\.lora_magnitude_vector$", f".lora_magnitude_vector.{name}.weight"),
+        WeightRenaming(r"\.(lora_embedding_A|lora_embedding_B)$", rf".\1.{name}"),
+    ]
+
+
+def fused_targets(base: Iterable[WeightTransform], injected: InjectedAdapter | None = None
+                  ) -> tuple[FusedTarget, ...]:
+    """The base mapping's converters fusing per-expert linears (with the wrapper path each
+    fused parameter has in ``injected``, when given)."""
+    return tuple(_fused(base, injected))
+
+
+def _fused(base: Iterable[WeightTransform], injected: InjectedAdapter | None
+           ) -> Iterable[FusedTarget]:
+    for t in base:
+        if not isinstance(t, WeightConverter) or len(t.target_patterns) != 1:
+            continue
+        kinds = [type(op) for op in t.operations]
+        pair = kinds == [MergeModulelist, Concatenate] and len(t.source_patterns) == 2
+        one = kinds == [MergeModulelist] and len(t.source_patterns) == 1
+        if not (pair or one) or not all(_WEIGHT.search(s) for s in t.source_patterns):
+            continue
+        module, _, parameter = t.target_patterns[0].rpartition(".")
+        wrapper = None if injected is None else _wrapper(injected, parameter)
+        yield FusedTarget(t.source_patterns, module, parameter, wrapper, t.scope_prefix)
+
+
+def _wrapper(injected: InjectedAdapter, parameter: str) -> str | None:
+    """The wrapper's path below the experts module (``""`` or ``".base_layer"``...), when
+    every layer wrapping ``parameter`` agrees."""
+    suffixes = {layer.path[len(layer.target) - len(parameter) - 1:]
+                for layer in injected.layers.values() if layer.parameter == parameter}
+    return suffixes.pop() if len(suffixes) == 1 else None
+
+
+def _fused_converters(target: FusedTarget, name: str) -> list[WeightConverter]:
+    if target.wrapper is None:
+        return []
+    converters = []
+    for factor in ("lora_A", "lora_B"):
+        sources = [_WEIGHT.sub(rf".{factor}.{name}.weight", s) for s in target.sources]
+        ops = _ops(factor, target.pair)
+        converters.append(WeightConverter(sources, f"{target.module}{target.wrapper}.{factor}."
+                                          f"{name}.weight", ops, scope_prefix=target.scope))
+    return converters
+
+
+def _ops(factor: str, pair: bool) -> list[ConversionOp]:
+    if factor == "lora_A":
+        return [MergeModulelist(0), *([Concatenate(1)] if pair else []), Flatten(0, 1)]
+    return [MergeModulelist(0), *([BlockDiagonal()] if pair else []), Permute((1, 2, 0)),
+            Flatten(1, 2)]
+
+
+def base_and_adapter_transforms(base: Iterable[WeightTransform], injected: InjectedAdapter,
+                                modules_to_save: tuple[str, ...] = ()
+                                ) -> tuple[tuple[WeightTransform, ...], tuple[FusedTarget, ...]]:
+    """The transforms of one plan loading a base checkpoint *and* an adapter's file into a
+    model with the adapter injected in place: the adapter's (:func:`adapter_transforms`),
+    then the base keys moved where the LoRA wrappers put the base tensors
+    (``q_proj.weight`` → ``q_proj.base_layer.weight``, a fused parameter one
+    ``base_layer`` deeper per wrapped parameter, ``lm_head.weight`` →
+    ``lm_head.original_module.weight``)."""
+    base = tuple(base)
+    adapter, fused = adapter_transforms(base, injected, modules_to_save)
+    plain = [layer.path for layer in injected.layers.values() if layer.parameter is None]
+    out: list[WeightTransform] = list(adapter)
+    for paths, target in ((plain, r"\1.base_layer.\2"),
+                          (injected.saved_modules, r"\1.original_module.\2")):
+        if paths:
+            alternatives = "|".join(re.escape(p) for p in sorted(paths))
+            out.append(WeightRenaming(rf"^({alternatives})\.(weight|bias)$", target))
+    out += _moved_parameters(injected)
+    for t in base:
+        if isinstance(t, WeightConverter):
+            out.append(_relocated(t, injected))
+    return tuple(out), fused
+
+
+def _depths(injected: InjectedAdapter) -> dict[str, int]:
+    """Wrapped module path → how many parameter wrappers nest around it."""
+    depths: dict[str, int] = {}
+    for layer in injected.layers.values():
+        if layer.parameter is not None:
+            owner = layer.target[:-len(layer.parameter) - 1]
+            depths[owner] = depths.get(owner, 0) + 1
+    return depths
+
+
+def _moved_parameters(injected: InjectedAdapter) -> list[WeightRenaming]:
+    """A fused parameter saved as it is (``experts.gate_up_proj``) → its inner module."""
+    moved = []
+    for layer in injected.layers.values():
+        if layer.parameter is not None:
+            owner = layer.target[:-len(layer.parameter) - 1]
+            inner = owner + ".base_layer" * _depths(injected)[owner]
+            moved.append(WeightRenaming(rf"^{re.escape(layer.target)}$",
+                                        f"{inner}.{layer.parameter}"))
+    return moved
+
+
+def _relocated(converter: WeightConverter, injected: InjectedAdapter) -> WeightConverter:
+    """A base converter whose fused output is wrapped, its target moved to the inner module."""
+    if len(converter.target_patterns) != 1:
+        return converter
+    module, _, parameter = converter.target_patterns[0].rpartition(".")
+    depths = {d for owner, d in _depths(injected).items() if any(
+        layer.target == f"{owner}.{parameter}" for layer in injected.layers.values())}
+    if len(depths) != 1:
+        return converter
+    target = f"{module}{'.base_layer' * depths.pop()}.{parameter}"
+    return WeightConverter(converter.source_patterns, target, converter.operations,
+                           scope_prefix=converter.scope_prefix)

@@ -1,0 +1,231 @@
+"""``explain_adapter_load``: an adapter's file planned into a model with the adapter injected.
+
+The base mapping is looked up as for any load; :mod:`~weightplan.planner.keys.adapter_keys`
+derives the adapter's transforms from it; only the adapter's tensors of the model are
+planned (the base is left alone). Then the adapter's findings: its tensors with no place
+(an adapter silently loading nothing is the classic failure, so none landing at all
+raises), one half of a fused pair, scales the model changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from weightplan.errors import AdapterError, ParallelError
+from weightplan.planner.core.problems import Note, Problem, ProblemKind
+from weightplan.planner.inputs.adapter import Adapter, AdapterConfig, scale_of
+from weightplan.planner.inputs.adapter_model import (
+    PEFT_PREFIX, InjectedAdapter, injected_adapters, inspect_adapter,
+)
+from weightplan.planner.inputs.checkpoint import open_checkpoint
+from weightplan.planner.inputs.model_info import keep_dtype_of, restrict_model
+from weightplan.planner.keys.adapter_keys import (
+    FusedTarget, adapter_transforms, base_and_adapter_transforms,
+)
+from weightplan.planner.keys.lookup import Finder
+from weightplan.planner.keys.registry import MappingChoice
+from weightplan.planner.pipelines.adapter_summary import (
+    AdapterSummary, LayoutConversion, ScaleChange,
+)
+from weightplan.planner.pipelines.load import choose_mapping, explain_load
+from weightplan.planner.pipelines.plan import LoadPlanData
+from weightplan.planner.tensors.ir.build import TargetStatus
+
+_TOLERANCE = 1e-6
+
+
+def explain_adapter_load(model: torch.nn.Module, adapter: Adapter, *, name: str = "default",
+                         mapping: object = None, finder: Finder | None = None,
+                         tp: object = None, **options: Any) -> LoadPlanData:
+    """Plan loading ``adapter``'s tensors into adapter ``name`` injected in ``model``.
+
+    Raises:
+        ParallelError: ``tp=`` (adapters are not sharded yet).
+        AdapterError: the model has no adapter ``name``, or none of the file's tensors has
+            a place in it.
+    """
+    if tp is not None:
+        raise ParallelError(f"{adapter.directory}: tp= with an adapter is not supported yet; "
+                            "load the adapter without tp= (its tensors are small)")
+    injected = inspect_adapter(model, name)
+    if not injected.layers and not injected.saved_modules:
+        found = injected_adapters(model)
+        raise AdapterError(f"{adapter.directory}: the model has no adapter {name!r} injected"
+                           f" (adapters found: {list(found) or 'none'}); inject it with "
+                           "peft (get_peft_model / inject_adapter_in_model) or use "
+                           "weightplan.from_pretrained(base, adapter=...)")
+    base = choose_mapping(mapping, model, finder)
+    transforms, fused = adapter_transforms(base.transforms, injected,
+                                           adapter.config.modules_to_save)
+    choice = MappingChoice(base.key, base.reason, transforms, base.submodules)
+    file_keys = _model_names(open_checkpoint(adapter.weights).entries, injected.prefix)
+    data = explain_load(model, adapter.weights, mapping=choice,
+                        view=lambda info: restrict_model(
+                            info, lambda n: injected.owns(n) or n in file_keys), **options)
+    return with_adapter(data, adapter, injected, fused)
+
+
+def explain_base_and_adapter(model: torch.nn.Module, base_files: list[str], adapter: Adapter,
+                             base: MappingChoice, *, name: str = "default",
+                             **options: Any) -> LoadPlanData:
+    """One plan (one schedule) loading a base checkpoint's files and an adapter's file into
+    ``model``, the adapter ``name`` injected in it in place (no PeftModel level)."""
+    if options.get("tp") is not None:
+        raise ParallelError(f"{adapter.directory}: tp= with an adapter is not supported yet")
+    injected = inspect_adapter(model, name)
+    transforms, fused = base_and_adapter_transforms(base.transforms, injected,
+                                                    adapter.config.modules_to_save)
+    choice = MappingChoice(base.key, base.reason, transforms, base.submodules)
+    data = explain_load(model, [*base_files, adapter.weights], mapping=choice,
+                        view=lambda info: keep_dtype_of(info, injected.owns), **options)
+    return with_adapter(data, adapter, injected, fused,
+                        keys=tuple(open_checkpoint(adapter.weights).entries))
+
+
+def _model_names(keys: Iterable[str], prefix: str) -> frozenset[str]:
+    """File keys as the model would name them unchanged (a saved embedding's base layer)."""
+    return frozenset(prefix + k.removeprefix(PEFT_PREFIX) for k in keys)
+
+
+def with_adapter(data: LoadPlanData, adapter: Adapter, injected: InjectedAdapter,
+                 fused: tuple[FusedTarget, ...], keys: tuple[str, ...] | None = None
+                 ) -> LoadPlanData:
+    """``data`` with the adapter's section and problems; raises when nothing lands.
+    ``keys``: the adapter's (default: the plan's whole checkpoint)."""
+    keys = tuple(data.checkpoint.entries) if keys is None else keys
+    mine = set(keys)
+    loaded = {e.key for c in data.conversions if c.loads for e in c.group.entries} & mine
+    placed = any(c.in_graph and any(e.key in mine for e in c.group.entries)
+                 for c in data.conversions)  # (a shape mismatch has its place)
+    if keys and not placed:
+        example = sorted(keys)[0]
+        wanted = sorted(n for n in (data.model_info.tensors if data.model_info else ()))[:1]
+        raise AdapterError(f"{adapter.weights}: none of the adapter's {len(keys)} tensors has "
+                           f"a place in the model's adapter {injected.name!r} (e.g. "
+                           f"{example!r}; the model holds {wanted or 'no adapter tensors'}): "
+                           "is it the adapter of another base model?")
+    conversions = tuple(_layouts(adapter.config, injected, fused))
+    written = {t.key for c in data.conversions if c.loads for t in c.targets
+               if t.status is TargetStatus.LOAD}
+    changes = tuple(_scale_changes(adapter.config, injected, fused, written))
+    problems = (*_unplaced(data, adapter, mine), *_halves(data, adapter, fused),
+                *(_scale_problem(c, adapter.config) for c in changes))
+    config = adapter.config
+    summary = AdapterSummary(
+        adapter.directory, injected.name, config.peft_type, config.r, config.lora_alpha,
+        scale_of(config.r, config.lora_alpha, config.use_rslora), config.use_rslora,
+        config.use_dora, _targets(config), config.modules_to_save, len(keys), len(loaded),
+        *_bytes(data, mine), conversions, changes,
+        json.dumps(dict(config.raw), indent=2, sort_keys=True) + "\n")
+    findings = dataclasses.replace(data.findings, problems=tuple(problems)
+                                   + data.findings.problems,
+                                   notes=data.findings.notes + tuple(_shared_only(config, fused)))
+    return dataclasses.replace(data, findings=findings, adapter=summary)
+
+
+def _bytes(data: LoadPlanData, mine: set[str]) -> tuple[int, int]:
+    """The adapter's bytes read and written (a plan with the base holds more)."""
+    entries = data.checkpoint.entries
+    read = sum(entries[k].nbytes for k in mine if k in entries)
+    written = sum(t.dest.nbytes for c in data.conversions if c.loads
+                  and any(e.key in mine for e in c.group.entries)
+                  for t in c.targets if t.status is TargetStatus.LOAD)
+    return read, written
+
+
+def _shared_only(config: AdapterConfig, fused: tuple[FusedTarget, ...]) -> Iterable[Note]:
+    """``target_modules`` naming routed experts' linears the model fused and doesn't adapt:
+    only shared experts (or dense layers) of that name get a LoRA."""
+    named = config.target_modules if isinstance(config.target_modules, tuple) else ()
+    for f in fused:
+        hit = [linear for linear in f.linears if linear in named]
+        if hit and f.wrapper is None and f.parameter not in config.target_parameters:
+            yield Note(f.parameter, f"target_modules {hit} match only linears outside the "
+                       f"routed experts here (shared experts, dense layers): the routed "
+                       f"experts' fused {f.parameter} gets no LoRA; to adapt them, train with "
+                       f"target_parameters=['{f.parameter}']")
+
+
+def _targets(config: AdapterConfig) -> tuple[str, ...]:
+    modules = config.target_modules
+    named = (modules,) if isinstance(modules, str) else tuple(modules or ())
+    return named + config.target_parameters
+
+
+def _unplaced(data: LoadPlanData, adapter: Adapter, mine: set[str]) -> Iterable[Problem]:
+    halves = {k for inc in data.routing.incomplete for k in inc.present}  # (said once, below)
+    for key in sorted((data.unexpected & mine) - halves):
+        yield Problem(ProblemKind.ADAPTER, key, f"{key} (in {adapter.weights}) has no place "
+                      "in the model's adapter: it would be left out, and the adapted model "
+                      "would be silently wrong; inject the adapter with the same targets "
+                      "(target_modules / target_parameters) it was trained with")
+
+
+def _halves(data: LoadPlanData, adapter: Adapter, fused: tuple[FusedTarget, ...]
+            ) -> Iterable[Problem]:
+    """Fused-pair groups of the adapter with one half in the file and not the other."""
+    for inc in data.routing.incomplete:
+        sources = inc.converter.source_patterns
+        pair = next((f for f in fused if f.pair and len(f.linears) == len(sources) and all(
+            f".{linear}.lora_" in s for linear, s in zip(f.linears, sources, strict=True))), None)
+        if not inc.present or pair is None:
+            continue
+        found = [linear for linear in pair.linears if any(f".{linear}.lora_" in k
+                                                          for k in inc.present)]
+        yield Problem(ProblemKind.ADAPTER, inc.present[0], (
+            f"{adapter.weights} adapts {found} but not the rest of {list(pair.linears)}, "
+            f"fused into {pair.parameter}: a LoRA on one half of a fused weight can't be "
+            "represented exactly in the fused layout; train the adapter on both halves, or "
+            "load it into a model with per-expert linears"))
+
+
+def _layouts(config: AdapterConfig, injected: InjectedAdapter,
+             fused: tuple[FusedTarget, ...]) -> Iterable[LayoutConversion]:
+    for f in fused:
+        layer = next((x for x in injected.layers.values() if x.parameter == f.parameter), None)
+        if layer is None:
+            continue
+        r, alpha = config.rank_alpha(f.linears[0])
+        model_r = layer.r
+        model_alpha = layer.scaling * (model_r ** 0.5 if config.use_rslora else model_r)
+        names = ", ".join(f.linears)
+        how = ("lora_A concatenated along the rank, lora_B block-diagonal" if f.pair
+               else "lora_A and lora_B stacked")
+        yield LayoutConversion(f.sources, f.parameter, (r, model_r), (alpha, model_alpha),
+                               f"per-expert {names} → {f.parameter}: {how}, packed as peft's "
+                               "ParamWrapper (lora_A (E·r, in) expert-slowest, lora_B "
+                               "(out, r·E) expert-fastest)")
+
+
+def _scale_changes(config: AdapterConfig, injected: InjectedAdapter,
+                   fused: tuple[FusedTarget, ...], written: set[str]) -> Iterable[ScaleChange]:
+    """Layers the file loads into whose model scale differs from the trained one (a fused
+    parameter saved per expert was trained with its linears' rank and alpha)."""
+    linears = {f.parameter: f.linears[0] for f in fused}
+    seen: set[tuple[str, float, float]] = set()
+    for layer in injected.layers.values():
+        if not any(k.startswith(f"{layer.path}.lora_") for k in written):
+            continue
+        module = layer.target.removeprefix(injected.prefix)
+        if layer.parameter is not None and layer.parameter not in config.target_parameters:
+            module = linears.get(layer.parameter, module)
+        trained = config.scale(module)
+        if abs(layer.scaling - trained) > _TOLERANCE * max(1.0, abs(trained)):
+            where = layer.parameter or module
+            if (where, trained, layer.scaling) not in seen:
+                seen.add((where, trained, layer.scaling))
+                yield ScaleChange(layer.target, trained, layer.scaling)
+
+
+def _scale_problem(change: ScaleChange, config: AdapterConfig) -> Problem:
+    why = (" (peft doubles alpha with the rank when it fuses a pair, which changes an rsLoRA "
+           "scale alpha/√r by √2; inject with alpha multiplied by √2 for the fused target)"
+           if config.use_rslora else "")
+    return Problem(ProblemKind.ADAPTER, change.target, (
+        f"the model scales {change.target}'s LoRA by {change.model:.6g}, the adapter was "
+        f"trained with {change.trained:.6g}{why}; its output would differ"))

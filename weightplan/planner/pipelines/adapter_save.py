@@ -1,0 +1,94 @@
+"""``explain_adapter_save``: an adapter loaded by weightplan, written back in the layout its
+file had (per-expert linears again, peft's saved names), bit for bit.
+
+The load record is read backwards, restricted to the adapter's conversions. A fused
+``lora_B`` whose blocks off the diagonal are not zero (trained after fusion) has no
+per-expert form: the plan refuses it, naming the tensor, rather than drop those values.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from weightplan.errors import SaveError
+from weightplan.planner.core.ops import BlockDiagonal
+from weightplan.planner.core.ops.blocks import off_diagonal_zero
+from weightplan.planner.inputs.adapter import WEIGHTS_FILE
+from weightplan.planner.inputs.adapter_model import InjectedAdapter, inspect_adapter
+from weightplan.planner.inputs.checkpoint import open_checkpoint
+from weightplan.planner.keys.registry import MappingChoice
+from weightplan.planner.pipelines.adapter_summary import CONFIGS_ATTRIBUTE
+from weightplan.planner.pipelines.save import build, make_write_plan
+from weightplan.planner.pipelines.write_plan import Inversion, WritePlanData
+from weightplan.planner.write.record import LoadRecord, RecordedConversion, get_record
+from weightplan.planner.write.reverse import record_groups
+
+
+def adapter_config_bytes(model: torch.nn.Module, name: str) -> bytes:
+    """The ``adapter_config.json`` the adapter was loaded with (kept by the executor)."""
+    text = getattr(model, CONFIGS_ATTRIBUTE, {}).get(name)
+    if text is None:
+        raise SaveError(f"adapter {name!r} was not loaded by weightplan: no config to write")
+    return text.encode()
+
+
+def explain_adapter_save(model: torch.nn.Module, directory: str | os.PathLike[str], *,
+                         name: str = "default", overwrite: bool = False, threads: int = 4
+                         ) -> WritePlanData:
+    """Plan writing adapter ``name`` of ``model`` to ``directory`` as its file was.
+
+    Raises:
+        SaveError: the adapter wasn't loaded by weightplan, is on meta, or a fused tensor
+            has no per-expert form (naming it).
+    """
+    injected = inspect_adapter(model, name)
+    record = _adapter_record(model, injected)
+    state = {k: v.detach() for k, v in model.state_dict().items()
+             if any(k == t for c in record.conversions for t, _ in c.targets)}
+    meta = sorted(k for k, v in state.items() if v.is_meta)
+    if meta:
+        raise SaveError(f"{len(meta)} adapter tensor(s) are on meta: {', '.join(meta[:5])}")
+    refuse_off_diagonal(record.conversions, state)
+    source = open_checkpoint(state)
+    reverse = record_groups(record, source)
+    choice = MappingChoice(None, f"the record of adapter {name!r}'s weightplan load", ())
+    return make_write_plan(directory, source, build(reverse), reverse.notes, choice,
+                           Inversion.RECORD, order=record.order, metadata=dict(record.metadata),
+                           max_shard_size=2 ** 62, overwrite=overwrite, threads=threads,
+                           single_name=WEIGHTS_FILE)
+
+
+def _adapter_record(model: torch.nn.Module, injected: InjectedAdapter) -> LoadRecord:
+    record = get_record(model)
+    mine = tuple(c for c in (record.conversions if record is not None else ())
+                 if c.targets and all(injected.owns(k) for k, _ in c.targets))
+    if record is None or not mine:
+        raise SaveError(f"the model's adapter {injected.name!r} was not loaded by weightplan, "
+                        "so its file's layout is unknown; load it with weightplan.explain("
+                        "model, ADAPTER_DIR).execute() or from_pretrained(base, adapter=...)")
+    keys = {k for c in mine for k in c.keys}
+    return LoadRecord(mine, (), record.metadata, tuple(k for k in record.order if k in keys))
+
+
+def refuse_off_diagonal(conversions: tuple[RecordedConversion, ...],
+                        state: dict[str, torch.Tensor]) -> None:
+    """Fused ``lora_B`` tensors whose off-diagonal blocks are not zero: refused by name."""
+    bad = []
+    for c in conversions:
+        at = next((i for i, op in enumerate(c.ops) if isinstance(op, BlockDiagonal)), None)
+        if at is None or len(c.targets) != 1:
+            continue
+        streams: tuple[tuple[torch.Tensor, ...], ...] = ((state[c.targets[0][0]],),)
+        for op in (op.inverse() for op in reversed(c.ops[at + 1:])):
+            streams = op.forward(streams)
+        block = c.ops[at]
+        assert isinstance(block, BlockDiagonal) and block.rows and block.cols
+        if not off_diagonal_zero(streams[0][0], block.rows, block.cols):
+            bad.append(c.targets[0][0])
+    if bad:
+        raise SaveError(f"{len(bad)} fused LoRA tensor(s) have non-zero values off their "
+                        f"diagonal blocks (trained after fusion?), so they have no per-expert "
+                        f"form and would lose those values: {', '.join(bad[:5])}; save the "
+                        "adapter with peft in its fused layout instead")

@@ -1,0 +1,59 @@
+"""What a plan says about the adapter it loads (its own section of the explanation)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ScaleChange:
+    """A LoRA layer the model scales differently from the adapter's training."""
+
+    target: str  # the model's LoRA layer (a module path, or ``<experts>.<parameter>``)
+    trained: float  # alpha / r (alpha / √r with rsLoRA) from ``adapter_config.json``
+    model: float  # the injected layer's ``scaling``
+
+
+@dataclass(frozen=True)
+class LayoutConversion:
+    """One layout change between the adapter's file and the model's LoRA tensors."""
+
+    sources: tuple[str, ...]  # the per-expert linears' patterns in the file
+    target: str  # the fused parameter (``gate_up_proj``)
+    rank: tuple[int, int]  # file rank → model rank
+    alpha: tuple[float, float]  # file alpha → the model's (scale · rank, or √rank)
+    description: str
+
+
+@dataclass(frozen=True)
+class AdapterSummary:
+    """The adapter's part of a plan: type, rank, alpha, scale, targets, conversions, bytes."""
+
+    directory: str
+    name: str  # the adapter name in the model (peft's ``adapter_name``)
+    peft_type: str
+    r: int
+    alpha: float
+    scale: float
+    use_rslora: bool
+    use_dora: bool
+    targets: tuple[str, ...]  # target_modules and target_parameters, as the config says
+    modules_to_save: tuple[str, ...]
+    file_tensors: int
+    loaded_tensors: int
+    read_bytes: int
+    model_bytes: int
+    conversions: tuple[LayoutConversion, ...] = ()
+    scale_changes: tuple[ScaleChange, ...] = ()
+    config_json: str = ""  # the adapter_config.json as read (written back when saving)
+
+
+CONFIGS_ATTRIBUTE = "_weightplan_adapter_configs"  # adapter name → its adapter_config.json
+
+
+def remember_adapter(model: object, summary: AdapterSummary) -> None:
+    """Keep a loaded adapter's config on the model (a plain attribute, not its state), to
+    write it back when the adapter is saved."""
+    configs = dict(getattr(model, CONFIGS_ATTRIBUTE, {}))
+    configs[summary.name] = summary.config_json
+    object.__setattr__(model, CONFIGS_ATTRIBUTE, configs)
