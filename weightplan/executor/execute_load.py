@@ -6,19 +6,17 @@ import logging
 
 from torch import nn
 
-from weightplan.planner.pipelines.adapter_summary import remember_adapter
 from weightplan.errors import (
     AdapterError, LossyCastError, MetaBufferError, PlanError, QuantizationError, ShapeMismatchError,
     StrictLoadError,
 )
 from weightplan.executor.atomic import GuardedSink, partial_load_errors
-from weightplan.executor.dtensors import check_output
-from weightplan.executor.exchange import ExchangeSink, check_exchange
 from weightplan.executor.report import LoadReport
 from weightplan.executor.run import run_plan
 from weightplan.executor.init_fit import check_allocations_fit, fresh_sizes
 from weightplan.executor.model_check import check_separate, check_unchanged
 from weightplan.executor.model_sink import ModelSink
+from weightplan.executor.sink import Sink
 from weightplan.planner.core.problems import ProblemKind
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.pipelines.plan import LoadPlanData
@@ -32,9 +30,14 @@ def execute_plan(plan: LoadPlanData, *, strict: bool = False, progress: bool | N
                  atomic: bool = False) -> LoadReport:
     """Run a load plan (see :meth:`weightplan.Plan.execute`)."""
     model, info = preflight(plan, strict)
-    check_output(plan.sharding)
-    mesh = plan.sharding.mesh if plan.sharding is not None else None
-    check_exchange(plan.exchange, mesh)
+    mesh = None
+    if plan.sharding is not None:  # (tensor parallel: its modules only then)
+        from weightplan.executor.dtensors import check_output
+        from weightplan.executor.exchange import check_exchange
+
+        check_output(plan.sharding)
+        mesh = plan.sharding.mesh
+        check_exchange(plan.exchange, mesh)
     fresh = sorted(plan.missing | plan.findings.ignored_missing)
     # before a byte is read or allocated: see executor/init_fit.py
     check_allocations_fit(fresh_sizes(model, info, fresh, plan.options.dtype),
@@ -44,12 +47,13 @@ def execute_plan(plan: LoadPlanData, *, strict: bool = False, progress: bool | N
                       devices=plan.options.devices, sharding=plan.sharding)
     sink = GuardedSink(inner, atomic=atomic)  # see executor/atomic.py
     with partial_load_errors(sink):
-        shared = ExchangeSink(sink, plan.exchange, mesh) if plan.exchange is not None \
-            and plan.exchange.items else sink  # cooperative: broadcast before the commit
+        shared = _exchanged(sink, plan, mesh)
         stats = run_plan(plan.schedule, plan.checkpoint, shared, progress=progress)
     record = record_of_conversions(plan.conversions, plan.checkpoint, plan.unexpected)
     attach_record(model, merge_records(get_record(model), record))
     if plan.adapter is not None:  # (its config goes back with it when saved)
+        from weightplan.planner.pipelines.adapter_summary import remember_adapter
+
         remember_adapter(model, plan.adapter)
     if plan.missing or plan.unexpected:
         log.warning("%d missing tensor(s) %s (%d initialized by the model's own init) and %d "
@@ -121,6 +125,15 @@ def refuse_meta_buffers(plan: LoadPlanData) -> None:
                               f"nothing can rebuild them: {', '.join(stuck[:8])}; build the model "
                               "under weightplan.init_empty() (buffers stay real) or give them "
                               "real values before execute(); nothing was loaded")
+
+
+def _exchanged(sink: Sink, plan: LoadPlanData, mesh: object) -> Sink:
+    """Cooperative reads: the sink that broadcasts before the commit, else ``sink``."""
+    if plan.exchange is None or not plan.exchange.items:
+        return sink
+    from weightplan.executor.exchange import ExchangeSink
+
+    return ExchangeSink(sink, plan.exchange, mesh)
 
 
 def _some(names: frozenset[str]) -> str:

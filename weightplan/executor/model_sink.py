@@ -11,7 +11,6 @@ from torch import nn
 from weightplan.errors import PlanError
 from weightplan.planner.inputs.device import DeviceMap
 from weightplan.executor.init import initialize_fresh
-from weightplan.executor.offload import write_offloaded
 from weightplan.executor.staging import Stager
 from weightplan.executor.dtensors import as_model_tensor
 from weightplan.planner.inputs.model_info import ModelInfo, ModelTensor
@@ -137,6 +136,8 @@ class ModelSink:
 
     def _offload(self, key: str, aliases: tuple[str, ...], tensor: torch.Tensor) -> None:
         assert self.devices is not None and self.devices.offload_folder is not None
+        from weightplan.executor.offload import write_offloaded  # (disk offload only)
+
         path = write_offloaded(self.devices.offload_folder, key, tensor)
         self.disk_bytes += tensor.nbytes
         for alias in aliases or (key,):

@@ -24,8 +24,6 @@ from typing import Any
 import torch
 
 from weightplan.errors import ExecutionError, WeightplanError
-from weightplan.executor.dequant import dequantize_read, quantize_write
-from weightplan.executor.packed import packed_read
 from weightplan.executor.memory import RssMeter, Tracker
 from weightplan.executor.progress import LoadProgress, wants_progress
 from weightplan.executor.reader import Reader
@@ -136,6 +134,8 @@ class _Execution:
                         src = streams[i][j][_slices(f.region)]
                         dest = program.destinations[f.target]
                         self.sink.write_view(step.handles[f.target], dest, f.view, src)
+            if program.quantized:  # (saving FP8: the quantize kernels only then)
+                from weightplan.executor.dequant import quantize_write
             for task in program.quantized:
                 quantize_write(self.sink, program, step.handles, task, streams)
         finally:
@@ -164,10 +164,14 @@ def _read_task(run: _Execution, program: Step, step: _Step, task: ReadTask,
                                                                          task):
         return
     if task.dequantize is not None and task.dequantize.scheme is not None:
+        from weightplan.executor.packed import packed_read
+
         packed_read(run, program, step, task)  # a packed format: its own windows
         return
     with _source(run, task, piece) as src:
-        if task.dequantize is not None:
+        if task.dequantize is not None:  # (FP8: its kernel imported only for FP8 reads)
+            from weightplan.executor.dequant import dequantize_read
+
             dequantize_read(run, program, step, task, src)
             return
         f = task.fragment

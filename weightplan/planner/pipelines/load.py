@@ -11,13 +11,13 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from weightplan.errors import MappingError, ParallelError, PlanError
 from weightplan.planner.core.paused_gc import paused_gc
 from weightplan.planner.core.problems import Problem, ProblemKind
-from weightplan.planner.pipelines.cooperative import sharer
 from weightplan.planner.pipelines.findings import Findings, collect_findings
 from weightplan.planner.pipelines.fp8_findings import with_fp8_findings
 from weightplan.planner.core.sharding.config import as_tensor_parallel
@@ -31,7 +31,6 @@ from weightplan.planner.keys.route import route_checkpoint
 from weightplan.planner.keys.routing import Routing
 from weightplan.planner.inputs.dtype import keep_fp32, resolve_dtype
 from weightplan.planner.keys.transforms import WeightTransform, with_legacy
-from weightplan.planner.pipelines.devices import automatic_request
 from weightplan.planner.pipelines.plan import Direction, LoadPlanData, PlanOptions
 from weightplan.planner.tensors.ir.build import Conversion, SinkKind, build_conversions
 from weightplan.planner.pipelines.lower import StepOrder, lower
@@ -41,6 +40,9 @@ from weightplan.planner.tensors.ir.quant_scales import add_scale_conversions
 from weightplan.planner.tensors.schedule.schedule import order_steps
 from weightplan.planner.tensors.ir.shard_nodes import Sharding, plan_sharding
 from weightplan.units import parse_bytes
+
+if TYPE_CHECKING:
+    from weightplan.planner.pipelines.devices import AutomaticRequest
 
 SYNC_ENV = "WEIGHTPLAN_SYNC_LOAD"
 
@@ -63,7 +65,7 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     dtype). Returns the plan's data, which :class:`weightplan.Plan` wraps.
     """
     _refuse_quantization_option(quantization)
-    automatic = automatic_request(device, max_memory, offload_folder, model, tp)
+    automatic = _automatic(device, max_memory, offload_folder, model, tp)
     sharding = _sharding(model, tp, cooperative)
     ckpt = open_checkpoint(checkpoint)
     options = PlanOptions(resolve_dtype(dtype, model, ckpt), parse_threads(threads),
@@ -77,7 +79,11 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     quant = quant_context(checkpoint, ckpt, info, model)
     routing, conversions, kept_problems = _convert(ckpt, transforms, info, options, quant,
                                                    sharding)
-    share = sharer(sharding)
+    share = None
+    if sharding is not None and sharding.cooperative:  # (its module only then)
+        from weightplan.planner.pipelines.cooperative import sharer
+
+        share = sharer(sharding)
     graph, schedule = lower(conversions, ckpt, order=_checkpoint_order(ckpt),
                             threads=options.threads, budget=options.budget, share=share)
     findings = with_fp8_findings(collect_findings(info, routing, conversions), quant,
@@ -90,6 +96,17 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     return LoadPlanData(Direction.LOAD, ckpt, choice, transforms, conversions, graph, schedule,
                         options, model, info, routing, findings, sharding,
                         None if share is None else share.exchange)
+
+
+def _automatic(device: object, max_memory: object, offload_folder: object,
+               model: torch.nn.Module | None, tp: object) -> AutomaticRequest | None:
+    """An automatic placement's request (a strategy named, or its keywords given; the
+    devices module judges), else ``None`` without importing it."""
+    if not isinstance(device, str) and max_memory is None and offload_folder is None:
+        return None
+    from weightplan.planner.pipelines.devices import automatic_request
+
+    return automatic_request(device, max_memory, offload_folder, model, tp)
 
 
 def _refuse_quantization_option(quantization: object) -> None:

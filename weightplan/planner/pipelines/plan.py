@@ -12,13 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
 import torch
 
 from weightplan.planner.inputs.device import DeviceMap
 from weightplan.planner.core.problems import Mismatch, Note, Problem
-from weightplan.planner.pipelines.cooperative import Exchange
-from weightplan.planner.pipelines.adapter_summary import AdapterSummary
 from weightplan.planner.pipelines.findings import Findings
 from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.inputs.model_info import ModelInfo
@@ -27,9 +26,13 @@ from weightplan.planner.keys.routing import Routing
 from weightplan.planner.keys.transforms import WeightTransform
 from weightplan.planner.tensors.ir.build import Conversion, TargetStatus
 from weightplan.planner.tensors.ir.graph import PlanGraph
-from weightplan.planner.tensors.schedule.device_plan import DevicePlacement
 from weightplan.planner.tensors.schedule.schedule import MemoryPoint, Schedule
 from weightplan.planner.tensors.ir.shard_nodes import Sharding
+
+if TYPE_CHECKING:  # (a plain load's plan imports no adapter, device-map or cooperative module)
+    from weightplan.planner.pipelines.adapter_summary import AdapterSummary
+    from weightplan.planner.pipelines.cooperative import Exchange
+    from weightplan.planner.tensors.schedule.device_plan import DevicePlacement
 
 
 class Direction(Enum):
