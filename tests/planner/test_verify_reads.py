@@ -144,3 +144,13 @@ def test_a_task_of_no_read_node_is_refused():
     op = next(n for n in conv.nodes if n.kind is NodeKind.OP)
     found = problems(conv, with_read(step, MIDDLE, dataclasses.replace(task, node=op)), ckpt)
     assert any("a read task lowers a read node, or a dequantize of two" in p for p in found)
+
+
+def test_a_task_whose_entry_is_not_its_nodes_is_refused():
+    # the executor reads the task's entry: it must be the read node's
+    conv, step, ckpt = stack()
+    task = step.reads[MIDDLE]
+    other = step.reads[MIDDLE + 1].entry
+    found = problems(conv, with_read(step, MIDDLE, dataclasses.replace(task, entry=other)), ckpt)
+    assert any(f"a read task of {task.entry.key} carries the entry of {other.key}" in p
+               for p in found)

@@ -93,6 +93,10 @@ def read_problems(step: Step, where: Sections) -> tuple[list[str], list[Landing]
         except (AttributeError, ValueError):  # (its attrs hold no entry; not two inputs)
             problems.append(_not_a_read(step, node))
             continue
+        if task.entry is not entry:  # (the executor reads the task's entry)
+            problems.append(f"step {step.label}: a read task of {entry.key} carries the entry "
+                            f"of {task.entry.key}; lower the step again")
+            continue
         if scale is not None and (scale.spec is not scale_spec or node.attrs is not attrs):
             scale_spec, attrs, layout = scale.spec, node.attrs, None
         if task.layout is not layout or task.region is not region or entry.spec is not spec:
