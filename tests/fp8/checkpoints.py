@@ -112,11 +112,12 @@ def write_fp8(bf16_dir: Path, fp8_dir: Path) -> Path:
     return fp8_dir
 
 
-def build(name: str, root: Path) -> tuple[Path, Path]:
-    """``(bf16 dir, fp8 dir)`` of a family under ``root`` (written once)."""
+def build(name: str, root: Path, families=None) -> tuple[Path, Path]:
+    """``(bf16 dir, fp8 dir)`` of a family under ``root`` (written once); ``families``:
+    name → (model class, config), :func:`family` unless given."""
     bf16_dir, fp8_dir = root / f"{name}-bf16", root / f"{name}-fp8"
     if not (fp8_dir / "config.json").exists():
-        cls, cfg = family(name)
+        cls, cfg = (families or family)(name)
         torch.manual_seed(0)
         model = cls(cfg).to(torch.bfloat16)
         if bf16_dir.exists():

@@ -8,12 +8,9 @@ every dimension a multiple of 128 and of 4 ranks, so that a rank's column slice 
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
-import torch
-
-from tests.fp8.checkpoints import write_fp8
+from tests.fp8.checkpoints import build as fp8_build
 
 COMMON = dict(hidden_size=512, num_hidden_layers=2, vocab_size=512, tie_word_embeddings=False,
               num_attention_heads=4, num_key_value_heads=4)
@@ -40,13 +37,4 @@ def family(name: str):
 
 def build(name: str, root: Path) -> tuple[Path, Path]:
     """``(bf16 dir, fp8 dir)`` of ``name`` under ``root`` (written once)."""
-    bf16_dir, fp8_dir = root / f"{name}-bf16", root / f"{name}-fp8"
-    if not (fp8_dir / "config.json").exists():
-        cls, cfg = family(name)
-        torch.manual_seed(0)
-        model = cls(cfg).to(torch.bfloat16)
-        if bf16_dir.exists():
-            shutil.rmtree(bf16_dir)
-        model.save_pretrained(bf16_dir)
-        write_fp8(bf16_dir, fp8_dir)
-    return bf16_dir, fp8_dir
+    return fp8_build(name, root, family)
