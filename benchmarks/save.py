@@ -73,7 +73,8 @@ def child(mode: str, directory: Path, out: Path) -> dict:
 
 
 def run_child(mode: str, directory: Path) -> dict:
-    with tempfile.TemporaryDirectory(dir=HERE / ".cache") as tmp:
+    # (next to the checkpoint: the same disk as the source, whatever --cache says)
+    with tempfile.TemporaryDirectory(dir=directory.parent) as tmp:
         out = Path(tmp) / "out"
         proc = subprocess.run([sys.executable, __file__, "--child", mode, "--cache",
                                str(directory), "--out", str(out)], check=True,
