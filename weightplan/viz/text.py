@@ -212,7 +212,9 @@ def total_lines(plan: PlanData) -> list[str]:
         lines.append(f"in place: {format_bytes(staged)} of allocated model tensors; "
                      f"execute(atomic=True) stages them (+{format_bytes(staged)}) so a "
                      "failure touches nothing")
-    if isinstance(plan, LoadPlanData):  # loads land in this machine's memory; saves don't
+    # loads land in this machine's memory (saves don't); a device map's table judges each
+    # device against its own budget instead
+    if isinstance(plan, LoadPlanData) and plan.options.placement is None:
         lines.append(machine_fit(plan.schedule, plan.model_bytes).describe())
     return lines + device_lines(plan)
 

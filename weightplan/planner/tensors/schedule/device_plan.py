@@ -120,10 +120,11 @@ def place_devices(strategy: str, budgets: Sequence[DeviceBudget], tree: ModuleTr
     block, window = largest_whole(inp), host.window + _largest_step(schedule.steps)
     result, slots = _converged(strategy, budgets, inp, host, block, window)
     if DISK in result.values() and not offload_folder:
+        rest = [u for u, d in result.items() if d == DISK]
+        shown = ", ".join(rest[:4]) + (f", ... ({len(rest)} modules)" if len(rest) > 4 else "")
         raise PlanError("device_map: the devices in max_memory can't hold the model, the rest "
-                        f"({', '.join(u for u, d in result.items() if d == DISK)[:200]}) goes "
-                        "to the disk: pass offload_folder= (a directory), or give the devices "
-                        "more memory")
+                        f"({shown}) goes to the disk: pass offload_folder= (a directory), or "
+                        "give the devices more memory")
     uses = _uses(inp, result, slots, budgets)
     pinned = host.pinned if any(u.weights for u in uses if u.device not in (CPU, DISK)) else 0
     return DevicePlacement(strategy, tuple(result.items()), uses, offload_folder, pinned)
