@@ -131,10 +131,6 @@ def explain_save(model: torch.nn.Module, directory: str | os.PathLike[str], *,
         max_shard_size: bytes per shard (``"5GB"``); a bigger tensor gets its own shard.
         overwrite: replace checkpoint files already in ``directory``.
         threads: writer threads (0: inline).
-        dequantize: write every quantized weight (block FP8, MXFP4, compressed-tensors,
-            ModelOpt NVFP4) dequantized to bf16 under its plain key, without its scales;
-            the mapping defaults to none (keys as they are), and the copied config.json
-            loses its ``quantization_config``.
         quantize: ``"fp8"`` re-quantizes what a dequantizing load widened (or, without a
             load record, the linear weights) into block FP8 + ``weight_scale_inv``.
 
