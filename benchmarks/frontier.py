@@ -137,16 +137,23 @@ def deepseek_v3_keys(c: dict, fp8: bool) -> Iterator[Entry]:
     yield "lm_head.weight", "BF16", (vocab, h)
 
 
+def attention_keys(p: str, h: int, q: int, kv: int, bias: bool = False) -> Iterator[Entry]:
+    """A decoder layer's two norms and its q/k/v/o projections (with biases: gpt-oss)."""
+    yield f"{p}.input_layernorm.weight", "BF16", (h,)
+    yield f"{p}.post_attention_layernorm.weight", "BF16", (h,)
+    for name, out, inp in (("q", q, h), ("k", kv, h), ("v", kv, h), ("o", h, q)):
+        yield f"{p}.self_attn.{name}_proj.weight", "BF16", (out, inp)
+        if bias:
+            yield f"{p}.self_attn.{name}_proj.bias", "BF16", (out,)
+
+
 def qwen3_moe_keys(c: dict) -> Iterator[Entry]:
     h, hd = c["hidden_size"], c["head_dim"]
     q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
     yield "model.embed_tokens.weight", "BF16", (c["vocab_size"], h)
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}"
-        yield f"{p}.input_layernorm.weight", "BF16", (h,)
-        yield f"{p}.post_attention_layernorm.weight", "BF16", (h,)
-        for name, out, inp in (("q", q, h), ("k", kv, h), ("v", kv, h), ("o", h, q)):
-            yield f"{p}.self_attn.{name}_proj.weight", "BF16", (out, inp)
+        yield from attention_keys(p, h, q, kv)
         yield f"{p}.self_attn.q_norm.weight", "BF16", (hd,)
         yield f"{p}.self_attn.k_norm.weight", "BF16", (hd,)
         yield f"{p}.mlp.gate.weight", "BF16", (c["num_experts"], h)
@@ -162,10 +169,7 @@ def llama_keys(c: dict) -> Iterator[Entry]:
     yield "model.embed_tokens.weight", "BF16", (c["vocab_size"], h)
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}"
-        yield f"{p}.input_layernorm.weight", "BF16", (h,)
-        yield f"{p}.post_attention_layernorm.weight", "BF16", (h,)
-        for name, out in (("q", h), ("k", kv), ("v", kv), ("o", h)):
-            yield f"{p}.self_attn.{name}_proj.weight", "BF16", (out, h)
+        yield from attention_keys(p, h, h, kv)
         yield from _mlp(f"{p}.mlp", h, c["intermediate_size"], False)
     yield "model.norm.weight", "BF16", (h,)
     yield "lm_head.weight", "BF16", (c["vocab_size"], h)

@@ -23,34 +23,18 @@ def build_checkpoint(directory: Path, layers: int) -> None:
     from transformers import MixtralConfig
 
     from device import MIXTRAL
+    from load import legacy_mixtral_tensors
     from weightplan.demo import write_sharded
 
     if (directory / "config.json").exists():
         return
     directory.mkdir(parents=True, exist_ok=True)
     cfg = MixtralConfig(**MIXTRAL, num_hidden_layers=layers)
-    h, i, e = cfg.hidden_size, cfg.intermediate_size, cfg.num_local_experts
-    kv = cfg.num_key_value_heads * (h // cfg.num_attention_heads)
 
     def full(*shape: int) -> torch.Tensor:
         return torch.full(shape, 0.01, dtype=torch.bfloat16)
 
-    tensors = {"model.embed_tokens.weight": full(cfg.vocab_size, h),
-               "lm_head.weight": full(cfg.vocab_size, h), "model.norm.weight": full(h)}
-    for layer in range(layers):
-        p = f"model.layers.{layer}"
-        tensors.update({f"{p}.self_attn.q_proj.weight": full(h, h),
-                        f"{p}.self_attn.k_proj.weight": full(kv, h),
-                        f"{p}.self_attn.v_proj.weight": full(kv, h),
-                        f"{p}.self_attn.o_proj.weight": full(h, h),
-                        f"{p}.input_layernorm.weight": full(h),
-                        f"{p}.post_attention_layernorm.weight": full(h),
-                        f"{p}.block_sparse_moe.gate.weight": full(e, h)})
-        for x in range(e):
-            q = f"{p}.block_sparse_moe.experts.{x}"
-            tensors.update({f"{q}.w1.weight": full(i, h), f"{q}.w2.weight": full(h, i),
-                            f"{q}.w3.weight": full(i, h)})
-    write_sharded(tensors, directory, shards=4 * layers)
+    write_sharded(legacy_mixtral_tensors(cfg, full), directory, shards=4 * layers)
     cfg.save_pretrained(directory)
 
 

@@ -40,6 +40,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -61,30 +63,36 @@ def build_checkpoint(directory: Path) -> None:
         return
     directory.mkdir(parents=True, exist_ok=True)
     cfg = MixtralConfig(**DIMS)
-    h, i, e = cfg.hidden_size, cfg.intermediate_size, cfg.num_local_experts
-    kv = cfg.num_key_value_heads * (h // cfg.num_attention_heads)
     g = torch.Generator().manual_seed(0)
 
     def rand(*shape):
         return (torch.randn(*shape, generator=g) * 0.02).to(torch.bfloat16)
 
-    tensors = {"model.embed_tokens.weight": rand(cfg.vocab_size, h),
-               "lm_head.weight": rand(cfg.vocab_size, h), "model.norm.weight": rand(h)}
+    write_sharded(legacy_mixtral_tensors(cfg, rand), directory, shards=4)
+    cfg.save_pretrained(directory)
+
+
+def legacy_mixtral_tensors(cfg: Any, make: Callable[..., Any]) -> dict[str, Any]:
+    """Every tensor of ``cfg``'s Mixtral in the legacy per-expert layout, made by
+    ``make(*shape)`` (the keys ``save_pretrained`` writes for Mixtral)."""
+    h, i, e = cfg.hidden_size, cfg.intermediate_size, cfg.num_local_experts
+    kv = cfg.num_key_value_heads * (h // cfg.num_attention_heads)
+    tensors = {"model.embed_tokens.weight": make(cfg.vocab_size, h),
+               "lm_head.weight": make(cfg.vocab_size, h), "model.norm.weight": make(h)}
     for layer in range(cfg.num_hidden_layers):
         p = f"model.layers.{layer}"
-        tensors.update({f"{p}.self_attn.q_proj.weight": rand(h, h),
-                        f"{p}.self_attn.k_proj.weight": rand(kv, h),
-                        f"{p}.self_attn.v_proj.weight": rand(kv, h),
-                        f"{p}.self_attn.o_proj.weight": rand(h, h),
-                        f"{p}.input_layernorm.weight": rand(h),
-                        f"{p}.post_attention_layernorm.weight": rand(h),
-                        f"{p}.block_sparse_moe.gate.weight": rand(e, h)})
+        tensors.update({f"{p}.self_attn.q_proj.weight": make(h, h),
+                        f"{p}.self_attn.k_proj.weight": make(kv, h),
+                        f"{p}.self_attn.v_proj.weight": make(kv, h),
+                        f"{p}.self_attn.o_proj.weight": make(h, h),
+                        f"{p}.input_layernorm.weight": make(h),
+                        f"{p}.post_attention_layernorm.weight": make(h),
+                        f"{p}.block_sparse_moe.gate.weight": make(e, h)})
         for x in range(e):
             q = f"{p}.block_sparse_moe.experts.{x}"
-            tensors.update({f"{q}.w1.weight": rand(i, h), f"{q}.w2.weight": rand(h, i),
-                            f"{q}.w3.weight": rand(i, h)})
-    write_sharded(tensors, directory, shards=4)
-    cfg.save_pretrained(directory)
+            tensors.update({f"{q}.w1.weight": make(i, h), f"{q}.w2.weight": make(h, i),
+                            f"{q}.w3.weight": make(i, h)})
+    return tensors
 
 
 def _rss(field: str) -> int:

@@ -63,11 +63,7 @@ def gpt_oss_keys(c: dict) -> Iterator[Entry]:
     yield "model.embed_tokens.weight", "BF16", (c["vocab_size"], h)
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}"
-        yield f"{p}.input_layernorm.weight", "BF16", (h,)
-        yield f"{p}.post_attention_layernorm.weight", "BF16", (h,)
-        for name, out, inp in (("q", q, h), ("k", kv, h), ("v", kv, h), ("o", h, q)):
-            yield f"{p}.self_attn.{name}_proj.weight", "BF16", (out, inp)
-            yield f"{p}.self_attn.{name}_proj.bias", "BF16", (out,)
+        yield from frontier.attention_keys(p, h, q, kv, bias=True)
         yield f"{p}.self_attn.sinks", "BF16", (c["num_attention_heads"],)
         yield f"{p}.mlp.router.weight", "BF16", (e, h)
         yield f"{p}.mlp.router.bias", "BF16", (e,)
