@@ -3,6 +3,7 @@ the base built on meta, then base and adapter tensors planned and scheduled toge
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 from typing import Any
@@ -15,14 +16,18 @@ from weightplan.errors import AdapterError, ParallelError, WeightplanError
 from weightplan.planner.inputs.adapter import is_adapter_dir, read_adapter
 from weightplan.planner.inputs.checkpoint import open_checkpoint
 from weightplan.planner.pipelines.adapter_load import explain_base_and_adapter
+from weightplan.planner.pipelines.adapter_merge import explain_merged_load
 from weightplan.planner.pipelines.load import choose_mapping
 
 
 def explain_with_adapter(model: torch.nn.Module, base: str | os.PathLike[str] | Path,
                          adapter: str | os.PathLike[str], *, adapter_name: str = "default",
-                         mapping: object = None, tp: object = None, **options: Any) -> Plan:
+                         mapping: object = None, tp: object = None, merge: bool = False,
+                         **options: Any) -> Plan:
     """Inject ``adapter`` into ``model`` (in place, on meta) and plan loading ``base`` and
-    the adapter's tensors in one plan.
+    the adapter's tensors in one plan; ``merge=True``: the adapter is folded into the base
+    weights inside the plan instead (``model`` stays the plain base model; a copy on meta
+    gets the injection, to tell where peft puts each factor and its scale).
 
     Raises:
         AdapterError: ``adapter`` is not an adapter directory, peft is missing or refuses it.
@@ -39,8 +44,12 @@ def explain_with_adapter(model: torch.nn.Module, base: str | os.PathLike[str] | 
     spec = read_adapter(adapter)
     mapping = by_name(mapping)
     choice = choose_mapping(mapping, model, bridge_for(model) if mapping is None else None)
-    inject(model, spec, choice.transforms, name=adapter_name)
     files = [f.path for f in open_checkpoint(base).files]
+    if merge:
+        injected = inject(copy.deepcopy(model), spec, choice.transforms, name=adapter_name)
+        return promote(Plan, explain_merged_load(model, injected, files, spec, choice,
+                                                 name=adapter_name, **options))
+    inject(model, spec, choice.transforms, name=adapter_name)
     return promote(Plan, explain_base_and_adapter(model, files, spec, choice,
                                                   name=adapter_name, **options))
 

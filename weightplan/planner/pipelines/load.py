@@ -54,7 +54,8 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
                  device: object = None, finder: Finder | None = None,
                  max_memory: object = None, offload_folder: object = None,
                  cooperative: bool = False,
-                 view: Callable[[ModelInfo], ModelInfo] | None = None) -> LoadPlanData:
+                 view: Callable[[ModelInfo], ModelInfo] | None = None,
+                 regroup: Callable[[Routing], Routing] | None = None) -> LoadPlanData:
     """Plan loading ``checkpoint`` into ``model`` from headers only; nothing is read or written.
 
     The arguments are :func:`weightplan.explain`'s (documented there), ``mapping`` given by
@@ -62,7 +63,8 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     transformers bridge). ``device`` may be an automatic strategy (``"auto"``, ...), placed
     under ``max_memory`` (:mod:`~weightplan.planner.pipelines.devices`); ``view`` changes
     the model's view (an adapter's load: only its tensors, or its tensors kept in their
-    dtype). Returns the plan's data, which :class:`weightplan.Plan` wraps.
+    dtype); ``regroup`` changes the routed groups (an adapter merged into its base).
+    Returns the plan's data, which :class:`weightplan.Plan` wraps.
     """
     _refuse_quantization_option(quantization)
     automatic = _automatic(device, max_memory, offload_folder, model, tp)
@@ -78,7 +80,7 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     transforms = with_legacy(choice.transforms)
     quant = quant_context(checkpoint, ckpt, info, model)
     routing, conversions, kept_problems = _convert(ckpt, transforms, info, options, quant,
-                                                   sharding)
+                                                   sharding, regroup)
     share = None
     if sharding is not None and sharding.cooperative:  # (its module only then)
         from weightplan.planner.pipelines.cooperative import sharer
@@ -146,10 +148,13 @@ def _with_parallel_findings(findings: Findings, sharding: Sharding | None) -> Fi
 
 
 def _convert(ckpt: Checkpoint, transforms: tuple[WeightTransform, ...], info: ModelInfo | None,
-             options: PlanOptions, quant: QuantContext | None, sharding: Sharding | None = None
+             options: PlanOptions, quant: QuantContext | None, sharding: Sharding | None = None,
+             regroup: Callable[[Routing], Routing] | None = None
              ) -> tuple[Routing, tuple[Conversion, ...], tuple[tuple[str, str], ...]]:
     """Routing and conversions; FP8 scales travel with their weights (see quant_build)."""
     routing = route_checkpoint(routed_checkpoint(ckpt, quant), transforms, info)
+    if regroup is not None:
+        routing = regroup(routing)
     conversions = build_conversions(routing.groups, info, options.dtype, SinkKind.MODEL, quant,
                                     sharding)
     conversions, kept_problems = add_scale_conversions(conversions, quant, info,

@@ -85,6 +85,10 @@ class ConversionOp:
     def inverse(self) -> "ConversionOp":
         raise NotInvertibleError(f"{self!r} has no inverse")
 
+    def workspace_bytes(self) -> int:
+        """Temporaries ``forward`` allocates besides its outputs (the schedule counts them)."""
+        return 0
+
     def __repr__(self) -> str:
         if not dataclasses.is_dataclass(self):
             return f"{type(self).__name__}()"
