@@ -165,3 +165,31 @@ def test_dora_and_a_merge_without_adapter_are_refused(tmp_path):
         explain_with_adapter(model, tmp_path / "base", tmp_path / "dora", merge=True)
     with pytest.raises(ArgumentError, match="adapter="):
         weightplan.from_pretrained(tmp_path / "base", merge=True)
+
+
+def test_fp8_base_dequantizes_to_float32_merges_and_rounds_once(tmp_path):
+    from tests.fp8.checkpoints import build, ref_dequant
+
+    _, fp8 = build("llama", tmp_path)
+    g = torch.Generator().manual_seed(5)
+    tensors = {}
+    for layer in range(2):
+        key = f"{PREFIX}model.layers.{layer}.self_attn.q_proj"
+        tensors[f"{key}.lora_A.weight"] = torch.randn(2, 256, generator=g) * 0.01
+        tensors[f"{key}.lora_B.weight"] = torch.randn(256, 2, generator=g) * 0.01
+    (tmp_path / "lora").mkdir()
+    save_file(tensors, str(tmp_path / "lora" / "adapter_model.safetensors"))
+    write_config(str(tmp_path / "lora"), target_modules=["q_proj"])
+    model = weightplan.from_pretrained(fp8, adapter=tmp_path / "lora", merge=True)
+    checkpoint = load_file(str(fp8 / "model.safetensors"))
+    for layer in range(2):
+        key = f"model.layers.{layer}.self_attn.q_proj"
+        w = ref_dequant(checkpoint[f"{key}.weight"], checkpoint[f"{key}.weight_scale_inv"],
+                        dtype=torch.float32)
+        a, b = (tensors[f"{PREFIX}{key}.lora_{f}.weight"] for f in "AB")
+        want = (w + (b @ a) * 4.0).to(BF16)
+        assert torch.equal(model.state_dict()[f"{key}.weight"], want)
+    weightplan.save(model, tmp_path / "requantized", quantize="fp8")
+    saved = load_file(str(tmp_path / "requantized" / "model.safetensors"))
+    assert saved["model.layers.0.self_attn.q_proj.weight"].dtype == torch.float8_e4m3fn
+    assert "model.layers.0.self_attn.q_proj.weight_scale_inv" in saved

@@ -18,7 +18,8 @@
 ``adapters`` extra) into the model on meta and loaded with the base in one plan and one
 schedule (:mod:`weightplan.api.adapters`); the model keeps its class, as after
 transformers' ``load_adapter``; with ``merge=True`` it is folded into the base weights inside
-the plan instead (the plain base model, savable in the base checkpoint's layout).
+the plan instead (the plain base model, savable in the base checkpoint's layout; an FP8
+base is dequantized, and re-quantized only when saved with ``quantize="fp8"``).
 
 transformers' other keywords (``torch_dtype``, ``device_map``, ``trust_remote_code``, ...)
 are taken or refused as :mod:`weightplan.api.keywords` says. A status line (on a terminal)
@@ -78,7 +79,7 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
     _one_return(return_report, output_loading_info)
     dtype, tp = fold_transformers_keywords(transformers_only, dtype), _alone(tp, adapter)
     device, keep, (tensor_parallel, mesh) = (device_from_map(device_map, device, tp),
-                                             keeps_quantized(dequantize, dtype, tp), _parallel(tp))
+                                             keeps_quantized(dequantize, dtype, tp) and not merge, _parallel(tp))
     directory, adapter = _resolved(name_or_path, adapter, revision=revision, cache_dir=cache_dir,
                                    local_files_only=local_files_only, token=token,
                                    subfolder=subfolder)

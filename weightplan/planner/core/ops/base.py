@@ -63,6 +63,7 @@ class ConversionOp:
 
     many_to_many: ClassVar[bool] = False
     allocates: ClassVar[bool] = True  # False: forward returns views of its inputs
+    compute_dtype: ClassVar[torch.dtype | None] = None  # FP8 inputs dequantize to it, when set
 
     def resolve(self, ctx: OpContext, inputs: Streams[TensorSpec]) -> "ConversionOp":
         return self

@@ -31,6 +31,8 @@ class MergeLora(ConversionOp):
     """``W + scale·B·A`` in float32 (see the module docstring). Not invertible: saving a
     merged model writes the base layout from the base chain alone (the load record keeps it)."""
 
+    compute_dtype = torch.float32  # (an FP8 base weight dequantizes straight to float32)
+
     scale: float
     counts: tuple[int, int, int]  # input streams of the base weight, lora_A, lora_B
     base: tuple[ConversionOp, ...] = ()
