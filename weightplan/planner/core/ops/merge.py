@@ -3,7 +3,9 @@
 Its inputs are the base weight's sources, then the adapter's ``lora_A`` and ``lora_B``
 sources (``counts`` streams each); each part first runs its own layout chain (the base
 mapping's fused experts, peft's packing of a wrapped parameter), then the delta is added
-in float32. The output is float32: the plan casts it once to the model's dtype.
+in float32, a block of rows at a time, into the base weight's own tensor: the output has
+the base weight's dtype (rounded once, there), and where that is not the model's (a float32
+checkpoint, an FP8 one dequantized to float32) the plan casts it once at the sink.
 
 Orientation (peft's ``get_delta_weight``): ``A (r, in)``, ``B (out, r)``, delta ``B·A``
 ``(out, in)``; transposed (``(in, out)``) for embeddings, ``fan_in_fan_out`` layers and
@@ -28,7 +30,7 @@ _PARTS = ("base", "lora_a", "lora_b")
 
 @dataclass(frozen=True, repr=False)
 class MergeLora(ConversionOp):
-    """``W + scale·B·A`` in float32 (see the module docstring). Not invertible: saving a
+    """``W + scale·B·A``, computed in float32 (see the module docstring). Not invertible: saving a
     merged model writes the base layout from the base chain alone (the load record keeps it)."""
 
     compute_dtype = torch.float32  # (an FP8 base weight dequantizes straight to float32)
@@ -58,6 +60,7 @@ class MergeLora(ConversionOp):
         (base, w), (a_ops, a), (b_ops, b) = chains
         self._check(w, a, b)
         work += 4 * (a.numel + b.numel + min(CHUNK_ELEMENTS, w.numel))
+        work += 0 if _owns(base) else w.nbytes  # (the copy the delta goes into)
         return dataclasses.replace(self, base=base, lora_a=a_ops, lora_b=b_ops, work=work)
 
     def _split(self, streams: tuple) -> tuple[tuple, ...]:
@@ -79,14 +82,15 @@ class MergeLora(ConversionOp):
 
     def infer(self, inputs: Streams[TensorSpec]) -> Streams[TensorSpec]:
         w = self._chain(self.base, self._split(inputs)[0], TensorSpec.meta)
-        return ((TensorSpec(tuple(w.shape), torch.float32),),)
+        return ((TensorSpec.of(w),),)
 
     def forward(self, streams: Streams[torch.Tensor]) -> Streams[torch.Tensor]:
         parts = self._split(streams)
-        w = self._chain(self.base, parts[0])
+        out = self._chain(self.base, parts[0])
+        if not _owns(self.base):  # (a read buffer, or a view of one: not ours to change)
+            out = out.clone()
         a = self._chain(self.lora_a, parts[1]).to(torch.float32)
         b = self._chain(self.lora_b, parts[2]).to(torch.float32)
-        out = w.to(torch.float32, copy=True)
         if self.experts > 1:
             a = a.reshape(self.experts, -1, a.shape[-1])  # (E, r, in): expert axis slowest
             b = b.reshape(b.shape[0], -1, self.experts).permute(2, 0, 1)  # (E, out, r)
@@ -128,17 +132,24 @@ def _one(op: MergeLora, name: str, specs: Streams[TensorSpec]) -> TensorSpec:
     return specs[0][0]
 
 
+def _owns(chain: tuple[ConversionOp, ...]) -> bool:
+    """Whether a chain's output is a fresh tensor (its last op allocates)."""
+    return bool(chain) and chain[-1].allocates
+
+
 def _add_delta(out: torch.Tensor, b: torch.Tensor, a: torch.Tensor, scale: float,
                transposed: bool) -> None:
-    """``out += (B·A)·scale`` (transposed: ``((B·A)·scale)ᵀ``), a block of rows of ``out``
-    at a time so the float32 delta stays small."""
+    """``out = W + (B·A)·scale`` in float32, rounded once to ``out``'s dtype (transposed:
+    ``((B·A)·scale)ᵀ``), a block of rows at a time so the float32 delta stays small."""
     rows = max(1, CHUNK_ELEMENTS // max(1, out.shape[-1]))
     for start in range(0, out.shape[0], rows):
         stop = min(start + rows, out.shape[0])
         if transposed:
-            out[start:stop] += (b @ a[:, start:stop]).mul_(scale).T
+            delta = (b @ a[:, start:stop]).mul_(scale).T
         else:
-            out[start:stop] += (b[start:stop] @ a).mul_(scale)
+            delta = (b[start:stop] @ a).mul_(scale)
+        block = out[start:stop]
+        block.copy_(delta.add_(block))  # (float32 + the weight: promoted, then rounded once)
 
 
 @dataclass(frozen=True, repr=False)
