@@ -59,6 +59,40 @@ def rewritten_config(config: AdapterConfig, model: torch.nn.Module,
     return raw
 
 
+def per_expert_config(config: AdapterConfig, base: Iterable[WeightTransform]) -> dict[str, Any]:
+    """The inverse of :func:`rewritten_config`: a fused parameter in ``target_parameters``
+    back to its per-expert linears in ``target_modules``, each with its share of the rank
+    and the alpha that keeps the scale (``alpha/n``; ``alpha/√n`` with rsLoRA).
+
+    Raises:
+        AdapterError: a fused pair's rank that its linears can't share equally.
+    """
+    raw = dict(config.raw)
+    parameters = list(config.target_parameters)
+    modules = list(config.target_modules) if isinstance(config.target_modules, tuple) else []
+    ranks, alphas = dict(config.rank_pattern), dict(config.alpha_pattern)
+    for f in fused_targets(base):
+        if f.parameter not in parameters:
+            continue
+        r, alpha = config.rank_alpha(f"{f.module.strip('.')}.{f.parameter}")  # (a dotted name)
+        n = len(f.linears)
+        if r % n:
+            raise AdapterError(f"{config.file}: {f.parameter}'s rank {r} can't be shared by "
+                               f"its {n} per-expert linears {list(f.linears)}")
+        parameters.remove(f.parameter)
+        for patterns in (ranks, alphas):
+            for key in [k for k in patterns if k.endswith(f.parameter)]:
+                del patterns[key]
+        share = (r // n, alpha / (math.sqrt(n) if config.use_rslora else n))
+        for linear in f.linears:
+            modules += [] if linear in modules else [linear]
+            if share != (config.r, config.lora_alpha):
+                ranks[linear], alphas[linear] = share
+    raw.update(target_modules=modules or None, target_parameters=parameters or None,
+               rank_pattern=ranks, alpha_pattern=alphas)
+    return raw
+
+
 def one_half_message(file: str, hit: list[str], f: FusedTarget) -> str:
     return (f"{file}: target_modules names {hit} but not {[x for x in f.linears if x not in hit]}"
             f", fused into {f.parameter}: a LoRA on one half of a fused weight can't be "
