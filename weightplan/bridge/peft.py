@@ -13,10 +13,11 @@ alias table misses it and leaves its routed experts out).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -36,6 +37,8 @@ def rewritten_config(config: AdapterConfig, model: torch.nn.Module,
     """
     raw = dict(config.raw)
     targets = config.target_modules
+    if targets is None and config.target_parameters:  # (None would get peft's defaults)
+        raw.update(target_modules=[])
     if not isinstance(targets, tuple):  # a regex (or nothing): peft matches it as it is
         return raw
     leaves = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
@@ -54,7 +57,8 @@ def rewritten_config(config: AdapterConfig, model: torch.nn.Module,
         alphas[key] = alpha * (math.sqrt(factor) if config.use_rslora else factor)
         parameters.append(f.parameter)
     kept = [t for t in targets if t in leaves or not _is_fused_linear(t, base)]
-    raw.update(target_modules=kept or None, target_parameters=sorted(set(parameters)) or None,
+    raw.update(target_modules=kept or ([] if parameters else None),
+               target_parameters=sorted(set(parameters)) or None,
                rank_pattern=ranks, alpha_pattern=alphas)
     return raw
 
@@ -124,7 +128,25 @@ def inject(model: torch.nn.Module, adapter: Adapter, base: Iterable[WeightTransf
     try:
         config = LoraConfig(**{k: v for k, v in raw.items() if k in fields})
         config.inference_mode = True
-        return inject_adapter_in_model(config, model, adapter_name=name,
-                                       low_cpu_mem_usage=low_cpu_mem_usage)
+        with _without_peft_conversion(model):
+            return inject_adapter_in_model(config, model, adapter_name=name,
+                                           low_cpu_mem_usage=low_cpu_mem_usage)
     except (ValueError, TypeError, KeyError, RuntimeError) as e:
         raise AdapterError(f"{adapter.config.file}: peft can't inject this adapter: {e}") from e
+
+
+@contextlib.contextmanager
+def _without_peft_conversion(model: torch.nn.Module) -> Iterator[None]:
+    """peft's own v4 → v5 rewrite of the config skipped (it keys on ``model_type``): the
+    config is rewritten already, and peft's would move a shared expert's ``gate_proj``
+    (DeepSeek-V3) to the routed experts' parameter, dropping its LoRA, and double an
+    rsLoRA alpha."""
+    config = getattr(model, "config", None)
+    if config is None or "model_type" in vars(config):
+        yield
+        return
+    config.model_type = ""
+    try:
+        yield
+    finally:
+        del config.model_type
