@@ -78,6 +78,7 @@ class PackedPairing:
     companions: frozenset[str]
     config: FormatConfig
     routed: dict = field(default_factory=dict, compare=False, repr=False)  # see routed_entries
+    kept: Mapping[str, PackedWeight] = field(default_factory=dict)  # see kept_by_model
 
     def entry(self, key: str) -> TensorEntry:
         """The logical entry routing sees: the logical key and shape (nominally bf16:
@@ -257,6 +258,31 @@ def _strays(config: FormatConfig, entries: Mapping[str, TensorEntry], used: set[
         out.append(PackedProblem(key, f"{key} belongs to no {config.method} weight of the "
                                  "checkpoint (its weight is missing): it is not applied"))
     return out
+
+
+def kept_by_model(pairing: PackedPairing | None,
+                  held: Callable[[str], torch.dtype | None]) -> PackedPairing | None:
+    """The pairing less the weights a model holds as stored (keep-quantized): a weight
+    whose stored weight tensor the model holds in its stored dtype (``held(key)``: the
+    model's dtype under the key, or the key with ``model.`` added or its first component
+    removed) is routed as its parts, plain reads of the bytes as they are; it moves to
+    :attr:`PackedPairing.kept` (the plan's note). A floating parameter under the same
+    key (compressed-tensors FP8's ``weight``) is a dequantize's target, not a keep."""
+    if pairing is None or not pairing.weights:
+        return pairing
+
+    def holds(entry: TensorEntry) -> bool:
+        key = entry.key
+        return entry.spec.dtype in (held(key), held(key.partition(".")[2]), held("model." + key))
+
+    kept = {k: w for k, w in pairing.weights.items() if holds(w.parts[0])}
+    if not kept:
+        return pairing
+    freed = {p.key for w in kept.values() for p in w.parts}
+    freed |= {w.parts[0].key.rsplit(".", 1)[0] + s for w in kept.values()
+              for s in (".weight_shape", ".weight_g_idx")}
+    return replace(pairing, weights={k: w for k, w in pairing.weights.items() if k not in kept},
+                   companions=pairing.companions - freed, routed={}, kept=kept)
 
 
 def routed_entries(ckpt: Checkpoint, pairing: PackedPairing | None) -> Checkpoint | None:
