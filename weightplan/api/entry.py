@@ -149,8 +149,8 @@ def explain_save(model: torch.nn.Module, directory: str | os.PathLike[str], *,
 
 def explain_convert(source: object, directory: str | os.PathLike[str], *, mapping: object = None,
                     reverse: bool = False, max_shard_size: int | str = "5GB",
-                    overwrite: bool = False, threads: int = 4, dequantize: bool = False
-                    ) -> WritePlan:
+                    overwrite: bool = False, threads: int = 4, dequantize: bool = False,
+                    to: str | None = None) -> WritePlan:
     """Plan converting a checkpoint on disk to another layout, without a model.
 
     Args:
@@ -170,6 +170,11 @@ def explain_convert(source: object, directory: str | os.PathLike[str], *, mappin
             ModelOpt NVFP4) dequantized to bf16 under its plain key, without its scales;
             the mapping defaults to none (keys as they are), and the copied config.json
             loses its ``quantization_config``.
+        to: ``"fp8"`` re-encodes every MXFP4 weight as 128×128 block FP8 (E4M3 +
+            float32 ``weight_scale_inv``, power-of-two scales) losslessly, under its plain
+            key and layout; a block whose values can't all be exact raises
+            :class:`QuantizationError` when written. The copied config.json gets a block
+            FP8 ``quantization_config``.
 
     Raises:
         MappingError: no mapping, or a converter finds only part of its sources.
@@ -181,15 +186,15 @@ def explain_convert(source: object, directory: str | os.PathLike[str], *, mappin
     from weightplan.planner.pipelines.save import explain_convert_plan
 
     if mapping is None:
-        mapping = [] if dequantize else config_model_type(source)
+        mapping = [] if dequantize or to is not None else config_model_type(source)
         if mapping is None:
             raise MappingError(f"{source}: converting needs a mapping, and no config.json next "
                                "to it names a model_type; pass mapping= (a registered name or "
                                "transforms)")
     data = explain_convert_plan(source, directory, mapping=by_name(mapping), reverse=reverse,
                                 max_shard_size=max_shard_size, overwrite=overwrite,
-                                threads=threads, dequantize=dequantize)
+                                threads=threads, dequantize=dequantize, to=to)
     companions = companion_files(source)
     check_companions(companions, directory, overwrite)
     return dataclasses.replace(promote(WritePlan, data), companions=companions,
-                               dequantized=dequantize)
+                               dequantized=dequantize, reencoded=to)

@@ -74,11 +74,14 @@ class DequantizeAttrs:
 
 @dataclass(frozen=True, slots=True)
 class QuantizeAttrs:
-    """Input: a floating tensor. ``scale``: True for the scale output, False for the weight."""
+    """Input: a floating tensor. ``scale``: True for the scale output, False for the weight.
+    ``exact``: a lossless re-encode (power-of-two float32 scales; an inexact tile is an
+    error), see :mod:`~weightplan.planner.core.quant.quantize`."""
 
     dtype: torch.dtype
     block: tuple[int, ...]
     scale: bool
+    exact: bool = False
 
 
 @dataclass(frozen=True, slots=True)

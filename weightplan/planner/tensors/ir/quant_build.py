@@ -264,13 +264,18 @@ def quantize_nodes(key: str, value: Node, quant: QuantContext | None
     param = quant.model.params[key]
     block = block_of(value.spec.shape, param.block)
     fmt = "ue8m0" if E8M0 is not None and param.scale_dtype == E8M0 else "float"
-    q_spec, s_spec = Quantize(param.block, fmt).infer(value.spec, key=key)
-    weight = Node(NodeKind.QUANTIZE, q_spec, (value,), QuantizeAttrs(q_spec.dtype, block, False))
-    scale = Node(NodeKind.QUANTIZE, s_spec, (value,), QuantizeAttrs(s_spec.dtype, block, True))
+    q_spec, s_spec = Quantize(param.block, "exact" if param.exact else fmt).infer(value.spec,
+                                                                                  key=key)
+    weight = Node(NodeKind.QUANTIZE, q_spec, (value,),
+                  QuantizeAttrs(q_spec.dtype, block, False, param.exact))
+    scale = Node(NodeKind.QUANTIZE, s_spec, (value,),
+                 QuantizeAttrs(s_spec.dtype, block, True, param.exact))
     return weight, scale, param.scale
 
 
 def scale_format(attrs: QuantizeAttrs) -> str:
+    if attrs.exact:
+        return "exact"
     return "ue8m0" if E8M0 is not None and attrs.dtype == E8M0 else "float"
 
 
