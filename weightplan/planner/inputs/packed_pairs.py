@@ -42,7 +42,8 @@ _SCALES = (torch.float32, torch.bfloat16, torch.float16)
 _DTYPES: dict[str, dict[str, tuple[torch.dtype, ...]]] = {
     "mxfp4": {"blocks": (torch.uint8,), "scales": (torch.uint8,)},
     "fp8": {"weight": (F8,), "scale": _SCALES},
-    "int": {"packed": (torch.int32,), "scale": _SCALES, "zero": (torch.int32,)},
+    "int": {"packed": (torch.int32,), "scale": _SCALES, "zero": (torch.int32,),
+            "g_idx": (torch.int32, torch.int64)},
     "nvfp4": {"packed": (torch.uint8,), "scale": (F8,), "global": (torch.float32,)},
 }
 ReadSmall = Callable[[TensorEntry], list[int]]
@@ -106,6 +107,8 @@ def pair_packed(entries: Mapping[str, TensorEntry], config: FormatConfig,
             continue
         if scheme.format == "mxfp4" and entry.spec.dtype == torch.uint8 and len(entry.spec.shape) == 4:
             scheme = Scheme("mxfp4", transpose=True, source="mxfp4")  # fused experts: [E, in, out]
+        if scheme.format == "int" and names.get("g_idx") in entries and not scheme.act_order:
+            scheme = replace(scheme, act_order=True)  # (the checkpoint says act-order)
         made = _pair_cached(logical, scheme, names, entries, read_small, file_of, verdicts)
         if isinstance(made, PackedProblem):
             problems.append(made)
@@ -170,8 +173,6 @@ def _pair(logical: str, scheme: Scheme, names: dict[str, str], entries: Mapping[
           ) -> PackedWeight | PackedProblem:
     first = entries[names[scheme.roles[0]]]
     where = f"{file_of(first)}: {logical}"
-    if scheme.format == "int" and names.get("g_idx") in entries:
-        return PackedProblem(logical, f"{where}: {names['g_idx']} (act-order) is not supported")
     if scheme.format == "int" and first.spec.dtype == torch.uint8:
         return PackedProblem(logical, f"{where}: {names['packed']} is u8 (NVFP4's packing) but "
                              "the config says pack-quantized (int32 words)")
