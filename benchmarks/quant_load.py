@@ -223,7 +223,7 @@ def report(fmt: str, results: dict[str, list[dict]]) -> None:
     print(f"{fmt:9s} bf16 model {model_bytes / 2**20:,.0f} MiB from {packed / 2**20:,.0f} MiB "
           f"packed: weightplan {med['weightplan']:.2f} s = {vs_tf}, "
           f"{med['weightplan'] / med['floor']:.2f}× floor ({med['floor']:.2f} s), "
-          f"peak RSS {rss:.3f}× the bf16 model  [targets ≤ 0.4×, ≤ 2.5×, ≤ 1.05×]")
+          f"peak RSS {rss:.3f}× the bf16 model  [targets ≤ 0.4×, ≤ 2.5×, ≤ 1.05×]", flush=True)
 
 
 def main() -> None:
@@ -242,9 +242,8 @@ def main() -> None:
         directory = args.cache / f"{fmt}-{args.size_mb}mb"
         build(directory, fmt, args.size_mb)
         warm_cache(directory)
-        print(report(fmt, alternating(["weightplan", "transformers", "floor"], args.repeat,
-                                      lambda m: run_child(m, directory, args.threads))) or "",
-              end="", flush=True)
+        report(fmt, alternating(["weightplan", "transformers", "floor"], args.repeat,
+                                lambda m, d=directory: run_child(m, d, args.threads)))
 
 
 if __name__ == "__main__":
