@@ -107,3 +107,64 @@ def test_keep_mxfp4_random_shapes(tmp_path_factory, experts, rows, groups, seed)
                                          "m.norm.weight": torch.randn(4).to(torch.bfloat16)},
                             {"quantization_config": {"quant_method": "mxfp4"}})
     keep_round_trip(qdir, root / "saved", "MXFP4")
+
+
+def _fused(stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What a model with fused experts holds of per-expert stored parts: each role stacked
+    over experts, ``gate``/``up`` concatenated along the output dim (dim 1)."""
+    import re
+
+    out: dict[str, torch.Tensor] = {}
+    experts: dict[tuple[str, str, str], dict[int, torch.Tensor]] = {}
+    for key, t in stored.items():
+        m = re.fullmatch(r"(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight(.*)", key)
+        if m is None:
+            out[key] = t
+            continue
+        experts.setdefault((m[1], m[3], m[4]), {})[int(m[2])] = t
+    for (prefix, proj, suffix), by in experts.items():
+        stack = torch.stack([by[e] for e in sorted(by)])
+        if proj == "down":
+            out[f"{prefix}.down_proj{suffix}"] = stack
+        elif proj == "gate":
+            up = experts[(prefix, "up", suffix)]
+            out[f"{prefix}.gate_up_proj{suffix}"] = torch.cat(
+                [stack, torch.stack([up[e] for e in sorted(up)])], dim=1)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["int", "int-asym", "fp8-channel", "fp8-block", "nvfp4"])
+def test_keep_quantized_through_merges(tmp_path, kind):
+    """Per-expert packed parts → a model with fused experts holding each role fused (the
+    qwen3_moe mapping: stack, then concatenate gate/up): every tensor bit-equal to the
+    stacked file tensors; save writes the per-expert file back bit for bit."""
+    qdir, _ = quantized_checkpoint(tmp_path, kind)
+    stored = _file_tensors(qdir)
+    fused = _fused(stored)
+    model = stored_model(fused)
+    plan = weightplan.explain(model, qdir, mapping="qwen3_moe")
+    text = str(plan)
+    assert not plan.problems and not plan.missing and not plan.unexpected, text
+    assert "dequantized" not in text.splitlines()[0], text
+    plan.execute()
+    state = model.state_dict()
+    for key, want in fused.items():
+        assert state[key].dtype == want.dtype and _bits(state[key]) == _bits(want), key
+    weightplan.save(model, tmp_path / "saved")
+    again = _file_tensors(tmp_path / "saved")
+    assert sorted(again) == sorted(stored)
+    for key, want in stored.items():
+        assert tuple(again[key].shape) == tuple(want.shape) and _bits(again[key]) == _bits(want), key
+
+
+def test_modelopt_scalar_scales_cannot_be_concatenated(tmp_path):
+    """ModelOpt's ``weight_scale_2`` is a scalar per weight: stacked over experts it is
+    ``[E]``, and gate/up can't be concatenated along an output dim it hasn't — a typed
+    error at plan time naming the target, not a guess."""
+    from weightplan.errors import OpError
+
+    qdir, _ = quantized_checkpoint(tmp_path, "modelopt")
+    stored = _file_tensors(qdir)
+    fused = _fused({k: v.reshape(1) if v.dim() == 0 else v for k, v in stored.items()})
+    with pytest.raises(OpError, match=r"gate_up_proj_scale_2 .*dim 1 is out of range"):
+        weightplan.explain(stored_model(fused), qdir, mapping="qwen3_moe")

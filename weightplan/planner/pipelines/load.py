@@ -155,11 +155,24 @@ def _convert(ckpt: Checkpoint, transforms: tuple[WeightTransform, ...], info: Mo
     routing = route_checkpoint(routed_checkpoint(ckpt, quant), transforms, info)
     if regroup is not None:
         routing = regroup(routing)
-    conversions = build_conversions(routing.groups, info, options.dtype, SinkKind.MODEL, quant,
+    groups = routing.groups
+    if quant is not None and quant.packed is not None and info is not None:
+        from weightplan.planner.tensors.ir.packed_keep import kept_groups  # (packed only)
+
+        groups = kept_groups(groups, quant.packed, _dtype_of(info), ckpt.entries.get)
+    conversions = build_conversions(groups, info, options.dtype, SinkKind.MODEL, quant,
                                     sharding)
     conversions, kept_problems = add_scale_conversions(conversions, quant, info,
                                                         sharding=sharding)
     return routing, conversions, kept_problems
+
+
+def _dtype_of(info: ModelInfo) -> Callable[[str], torch.dtype | None]:
+    """The model's dtype of a name (``None``: no such tensor)."""
+    def dtype(name: str) -> torch.dtype | None:
+        t = info.get(name)
+        return None if t is None else t.spec.dtype
+    return dtype
 
 
 def _checkpoint_order(ckpt: Checkpoint) -> StepOrder:
