@@ -170,11 +170,9 @@ def explain_convert(source: object, directory: str | os.PathLike[str], *, mappin
             ModelOpt NVFP4) dequantized to bf16 under its plain key, without its scales;
             the mapping defaults to none (keys as they are), and the copied config.json
             loses its ``quantization_config``.
-        to: ``"fp8"`` re-encodes every MXFP4 weight as 128×128 block FP8 (E4M3 +
-            float32 ``weight_scale_inv``, power-of-two scales) losslessly, under its plain
-            key and layout; a block whose values can't all be exact raises
-            :class:`QuantizationError` when written. The copied config.json gets a block
-            FP8 ``quantization_config``.
+        to: ``"fp8"``: each MXFP4 weight re-encoded losslessly as 128×128 block FP8 (float32
+            power-of-two ``weight_scale_inv``) under its plain key; an inexact block raises
+            :class:`QuantizationError`; config.json says block FP8.
 
     Raises:
         MappingError: no mapping, or a converter finds only part of its sources.

@@ -118,10 +118,11 @@ def quantized_text(plan: LoadPlanData) -> str:
                 name = str(d.spec.dtype).removeprefix("torch.")
                 held[name] = held.get(name, 0) + 1
     kept = sum(held.values()) - quantized
-    parts = [f"FP8 kept ({kept} tensors in {'/'.join(held)}, with their scales)"] if kept > 0 \
-        else []
+    packed = [n.message for n in plan.findings.notes if n.key == "<kept quantized>"]
+    parts = [f"FP8 kept ({kept} tensors in {'/'.join(held)}, with their scales)"] \
+        if kept > 0 and not packed else []  # (a packed format's F8 parts: said below)
     parts += [f"{what} ({n} checkpoint weights)" for what, n in dequantized.items()]
-    parts += [n.message for n in plan.findings.notes if n.key == "<kept quantized>"]
+    parts += packed
     if quantized:
         parts.append(f"quantized to FP8 ({quantized} tensors)")
     return "; ".join(parts)

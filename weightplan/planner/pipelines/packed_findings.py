@@ -32,14 +32,18 @@ def packed_findings(quant: QuantContext | None, conversions: Sequence[Conversion
     problems = [Problem(ProblemKind.QUANTIZATION, p.key, p.message)
                 for p in quant.packed.problems]
     notes = [Note(f"<{s.format}>", line) for s, line in _lines(quant, conversions)]
-    return problems, notes + _kept_notes(quant)
+    return problems, notes + _kept_notes(quant, conversions)
 
 
-def _kept_notes(quant: QuantContext) -> list[Note]:
-    """One note per scheme a model keeps as stored: weights and their bytes."""
+def _kept_notes(quant: QuantContext, conversions: Sequence[Conversion]) -> list[Note]:
+    """One note per scheme a model keeps as stored: weights and their bytes (held under
+    their own names, or read role by role into merged tensors: their stored weight
+    tensor is a conversion's own entry)."""
     assert quant.packed is not None
+    read = {id(e) for conv in conversions for e in conv.group.entries}
+    merged = [w for w in quant.packed.weights.values() if id(w.parts[0]) in read]
     seen: dict[Scheme, list[int]] = {}
-    for w in quant.packed.kept.values():
+    for w in [*quant.packed.kept.values(), *merged]:
         row = seen.setdefault(w.scheme, [0, 0])
         row[0] += 1
         row[1] += w.stored_bytes
