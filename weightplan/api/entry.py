@@ -12,7 +12,7 @@ import torch
 from weightplan.api.keywords import device_from_map
 from weightplan.api.plans import Plan, promote
 from weightplan.errors import AdapterError, MappingError
-from weightplan.planner.inputs.adapter import is_adapter_dir, read_adapter
+from weightplan.planner.inputs.paths import is_adapter_dir
 from weightplan.planner.pipelines.load import explain_load
 from weightplan.planner.keys.lookup import Finder, is_transformers_class
 
@@ -41,7 +41,8 @@ def by_name(mapping: object) -> object:
 def _explain_adapter(model: torch.nn.Module, checkpoint: object, name: str, mapping: object,
                      finder: Finder | None, **options: object) -> Plan:
     """An adapter directory into the adapter ``name`` injected in ``model``."""
-    from weightplan.planner.pipelines.adapter_load import explain_adapter_load  # (adapters only)
+    from weightplan.planner.inputs.adapter import read_adapter  # (adapters only)
+    from weightplan.planner.pipelines.adapter_load import explain_adapter_load
 
     adapter = read_adapter(_adapter_dir(checkpoint))
     return promote(Plan, explain_adapter_load(model, adapter, name=name, mapping=by_name(mapping),
