@@ -148,7 +148,12 @@ def build_conversions(groups: Sequence[Group], expected: Expected, dtype: torch.
 def build_conversion(group: Group, expected: Expected, dtype: torch.dtype | None,
                      sink: SinkKind, quant: QuantContext | None = None,
                      sharding: Sharding | None = None) -> Conversion:
-    values, nodes = _source_streams(group, quant, expected, dtype)
+    quant_build, packed_build = _quantized_phases() if quant is not None else (None, None)
+    if quant_build is None or packed_build is None:
+        values, nodes = read_streams(group.sources)
+    else:  # FP8 / packed weights behind their dequantize nodes, the rest plain reads
+        values, nodes = (packed_build.packed_source_streams(group, quant, expected, dtype)
+                         or quant_build.source_streams(group, quant, expected, dtype))
     ops = group.ops
     ctx = _context(group, expected) if ops else None
     for k, op in enumerate(ops):
@@ -159,7 +164,8 @@ def build_conversion(group: Group, expected: Expected, dtype: torch.dtype | None
     targets = list(_targets(group, stage_specs(values), expected, dtype))
     for t in tuple(targets):
         value = values[t.position[0]][t.position[1]]
-        quantized = _quantized(t, value, quant)
+        quantized = None if quant_build is None or t.status is not TargetStatus.LOAD \
+            else quant_build.quantize_nodes(t.key, value, quant)
         if quantized is not None:
             if sharding is not None:
                 raise ParallelError(f"{t.key}: quantizing a floating checkpoint to FP8 while "
@@ -185,23 +191,6 @@ def build_conversion(group: Group, expected: Expected, dtype: torch.dtype | None
                 nodes.append(value)
         nodes.append(Node(NodeKind.SINK, value.spec, (value,), SinkAttrs(dest)))
     return Conversion(group, tuple(targets), tuple(nodes))
-
-
-def _source_streams(group: Group, quant: QuantContext | None, expected: Expected,
-                    dtype: torch.dtype | None) -> tuple[Streams[Node], list[Node]]:
-    """The op chain's inputs and the nodes made: reads, FP8 / packed ones dequantized."""
-    if quant is None:
-        return read_streams(group.sources)
-    quant_build, packed_build = _quantized_phases()
-    return (packed_build.packed_source_streams(group, quant, expected, dtype)
-            or quant_build.source_streams(group, quant, expected, dtype))
-
-
-def _quantized(t: Target, value: Node, quant: QuantContext | None) -> tuple[Node, Node, str] | None:
-    """The quantize nodes of a loaded target headed for an FP8 parameter (see quant_build)."""
-    if quant is None or t.status is not TargetStatus.LOAD:
-        return None
-    return _quantized_phases()[0].quantize_nodes(t.key, value, quant)
 
 
 @cache
