@@ -33,6 +33,7 @@ NOT_FOR_A_PLAIN_LOAD = (
     "weightplan.planner.inputs.adapter", "weightplan.planner.pipelines.adapter_load",
     "weightplan.planner.core.sharding.config", "weightplan.planner.tensors.ir.shard_nodes",
     "weightplan.executor.dtensors", "weightplan.executor.strided_read",
+    "weightplan.planner.tensors.verify.strided_checks", "weightplan.api.keywords",
     "weightplan.planner.pipelines.cooperative", "weightplan.executor.exchange",
     "weightplan.planner.pipelines.devices", "weightplan.planner.tensors.schedule.device_plan",
     "weightplan.planner.core.ops.reshape", "weightplan.planner.core.ops.layout",

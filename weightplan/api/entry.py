@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from weightplan.api.keywords import device_from_map
 from weightplan.api.plans import Plan, promote
 from weightplan.errors import AdapterError, MappingError
 from weightplan.planner.inputs.paths import is_adapter_dir
@@ -101,11 +100,17 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
                                 threads=threads, device=device)
     data = explain_load(model, checkpoint, mapping=by_name(mapping), dtype=dtype, budget=budget,
                         tp=tp, quantization=quantization, threads=threads,
-                        device=device_from_map(device_map, device, tp, caller="explain"),
+                        device=device if device_map is None else _device_from_map(device_map, device, tp),
                         finder=bridge_for(model) if mapping is None else None,
                         max_memory=max_memory, offload_folder=offload_folder,
                         cooperative=cooperative)
     return _dispatchable(promote(Plan, data))
+
+
+def _device_from_map(device_map: object, device: object, tp: object) -> object:
+    from weightplan.api.keywords import device_from_map  # (transformers' word, given)
+
+    return device_from_map(device_map, device, tp, caller="explain")
 
 
 def _dispatchable(plan: Plan) -> Plan:
