@@ -40,6 +40,7 @@ import torch
 from weightplan.errors import (
     CheckpointError, OpenFileLimitError, StaleCheckpointError, TruncatedCheckpointError,
 )
+from weightplan.executor.fd_limit import limit_hint, out_of_descriptors  # (not lazily: no fd left)
 from weightplan.executor.lease import LeaseGuard
 from weightplan.planner.inputs.checkpoint import Checkpoint, FileStamp
 from weightplan.planner.inputs.fingerprint import check_unchanged
@@ -76,8 +77,6 @@ class Reader:
         try:
             fd = open_regular(stamp.path)
         except CheckpointError as e:
-            from weightplan.executor.fd_limit import limit_hint, out_of_descriptors  # (a failure)
-
             if out_of_descriptors(e.__cause__):  # not a change of the file: say which limit
                 assert isinstance(e.__cause__, OSError)
                 raise OpenFileLimitError(f"{stamp.path}: can't open this checkpoint file: "

@@ -21,7 +21,7 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cache
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,12 +29,14 @@ from weightplan.errors import ExecutionError, WeightplanError
 from weightplan.executor.memory import RssMeter, Tracker
 from weightplan.executor.progress import LoadProgress, wants_progress
 from weightplan.executor.reader import Reader
-from weightplan.executor.sink import Sink
 from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.core.geometry import Region, row_major_strides
 from weightplan.planner.core.ops.base import Streams
 from weightplan.planner.tensors.lower.placement import ReadTask, Step
 from weightplan.planner.tensors.schedule.schedule import EventKind, Schedule
+
+if TYPE_CHECKING:  # (a protocol: annotations only)
+    from weightplan.executor.sink import Sink
 
 
 class _InlinePool(Executor):
