@@ -52,20 +52,21 @@ sys.path.insert(0, str(HERE.parent))
 
 from benchmarks.frontier import FIXTURES, fixture_keys, write_fixture  # noqa: E402
 
-# (module, function) pairs explain() calls, each timed on its own (lower's parts inside it)
+# (module, function) pairs explain() calls, each timed on its own (lower's parts inside it;
+# the quantized phases in their own modules: load.py imports them only for a quantized input)
 PHASES = (("weightplan.planner.pipelines.load", "open_checkpoint"),
           ("weightplan.planner.pipelines.load", "inspect_model"),
           ("weightplan.planner.pipelines.load", "choose_mapping"),
-          ("weightplan.planner.pipelines.load", "quant_context"),
+          ("weightplan.planner.pipelines.load", "_quant_context"),  # (its gate included)
           ("weightplan.planner.pipelines.load", "route_checkpoint"),
           ("weightplan.planner.pipelines.load", "build_conversions"),
-          ("weightplan.planner.pipelines.load", "add_scale_conversions"),
+          ("weightplan.planner.tensors.ir.quant_scales", "add_scale_conversions"),
           ("weightplan.planner.pipelines.lower", "plan_graph"),
           ("weightplan.planner.pipelines.lower", "plan_step"),
           ("weightplan.planner.pipelines.lower", "verify"),
           ("weightplan.planner.pipelines.lower", "schedule_within"),
           ("weightplan.planner.pipelines.load", "collect_findings"),
-          ("weightplan.planner.pipelines.load", "with_fp8_findings"))
+          ("weightplan.planner.pipelines.fp8_findings", "with_fp8_findings"))
 
 
 def fixture(cache: Path, name: str, layers: int | None = None) -> Path:

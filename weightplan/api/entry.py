@@ -9,10 +9,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from weightplan.api.keywords import device_from_map
 from weightplan.api.plans import Plan, promote
 from weightplan.errors import AdapterError, MappingError
-from weightplan.planner.inputs.adapter import is_adapter_dir, read_adapter
+from weightplan.planner.inputs.paths import is_adapter_dir
 from weightplan.planner.pipelines.load import explain_load
 from weightplan.planner.keys.lookup import Finder, is_transformers_class
 
@@ -41,7 +40,8 @@ def by_name(mapping: object) -> object:
 def _explain_adapter(model: torch.nn.Module, checkpoint: object, name: str, mapping: object,
                      finder: Finder | None, **options: object) -> Plan:
     """An adapter directory into the adapter ``name`` injected in ``model``."""
-    from weightplan.planner.pipelines.adapter_load import explain_adapter_load  # (adapters only)
+    from weightplan.planner.inputs.adapter import read_adapter  # (adapters only)
+    from weightplan.planner.pipelines.adapter_load import explain_adapter_load
 
     adapter = read_adapter(_adapter_dir(checkpoint))
     return promote(Plan, explain_adapter_load(model, adapter, name=name, mapping=by_name(mapping),
@@ -100,11 +100,17 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
                                 threads=threads, device=device)
     data = explain_load(model, checkpoint, mapping=by_name(mapping), dtype=dtype, budget=budget,
                         tp=tp, quantization=quantization, threads=threads,
-                        device=device_from_map(device_map, device, tp, caller="explain"),
+                        device=device if device_map is None else _device_from_map(device_map, device, tp),
                         finder=bridge_for(model) if mapping is None else None,
                         max_memory=max_memory, offload_folder=offload_folder,
                         cooperative=cooperative)
     return _dispatchable(promote(Plan, data))
+
+
+def _device_from_map(device_map: object, device: object, tp: object) -> object:
+    from weightplan.api.keywords import device_from_map  # (transformers' word, given)
+
+    return device_from_map(device_map, device, tp, caller="explain")
 
 
 def _dispatchable(plan: Plan) -> Plan:

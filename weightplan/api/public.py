@@ -17,7 +17,6 @@ from weightplan.api.plans import Plan
 from weightplan.api import guard as _guard
 from weightplan.errors import SaveError, WeightplanError  # noqa: F401 (public)
 from weightplan.meta import init_empty  # noqa: F401 (public)
-from weightplan.planner.core.sharding.config import TensorParallel  # noqa: F401 (public)
 from weightplan.planner.keys.mappings import get_mapping, register_alias, register_mapping
 from weightplan.planner.keys.transforms import PrefixChange, WeightConverter, WeightRenaming  # noqa: F401 (public)
 
@@ -26,12 +25,14 @@ if TYPE_CHECKING:
     from weightplan.api.pretrained import from_pretrained  # noqa: F401 (public)
     from weightplan.api.write_plans import WritePlan  # noqa: F401 (public)
     from weightplan.executor.report import LoadReport, SaveReport
+    from weightplan.planner.core.sharding.config import TensorParallel  # noqa: F401 (public)
 
 # name → the module that defines it, and its argument check where the name is guarded
 _ON_FIRST_USE: dict[str, tuple[str, Any]] = {
     "WritePlan": ("weightplan.api.write_plans", None),
     "LoadReport": ("weightplan.executor.report", None),
     "SaveReport": ("weightplan.executor.report", None),
+    "TensorParallel": ("weightplan.planner.core.sharding.config", None),
     "from_pretrained": ("weightplan.api.pretrained", _guard.check_pretrained),
     "convert": ("weightplan.api.convert", _guard.check_tensors),
     "revert": ("weightplan.api.convert", _guard.check_tensors),

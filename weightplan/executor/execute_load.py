@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from torch import nn
 
@@ -16,12 +17,14 @@ from weightplan.executor.run import run_plan
 from weightplan.executor.init_fit import check_allocations_fit, fresh_sizes
 from weightplan.executor.model_check import check_separate, check_unchanged
 from weightplan.executor.model_sink import ModelSink
-from weightplan.executor.sink import Sink
 from weightplan.planner.core.problems import ProblemKind
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.pipelines.plan import LoadPlanData
 from weightplan.terminal import terminal_text
 from weightplan.planner.write.record import attach_record, get_record, merge_records, record_of_conversions
+
+if TYPE_CHECKING:  # (a protocol: annotations only)
+    from weightplan.executor.sink import Sink
 
 log = logging.getLogger("weightplan")
 

@@ -19,8 +19,6 @@ from weightplan.errors import MappingError, ParallelError, PlanError
 from weightplan.planner.core.paused_gc import paused_gc
 from weightplan.planner.core.problems import Problem, ProblemKind
 from weightplan.planner.pipelines.findings import Findings, collect_findings
-from weightplan.planner.pipelines.fp8_findings import with_fp8_findings
-from weightplan.planner.core.sharding.config import as_tensor_parallel
 from weightplan.planner.inputs.checkpoint import Checkpoint, open_checkpoint
 from weightplan.planner.inputs.device import parse_device
 from weightplan.planner.inputs.model_info import ModelInfo, inspect_model
@@ -29,20 +27,19 @@ from weightplan.planner.keys.mappings import REGISTRY
 from weightplan.planner.keys.registry import MappingChoice
 from weightplan.planner.keys.route import route_checkpoint
 from weightplan.planner.keys.routing import Routing
-from weightplan.planner.inputs.dtype import keep_fp32, resolve_dtype
+from weightplan.planner.inputs.dtype import keep_fp32, quantized_input, resolve_dtype
 from weightplan.planner.keys.transforms import WeightTransform, with_legacy
 from weightplan.planner.pipelines.plan import Direction, LoadPlanData, PlanOptions
 from weightplan.planner.tensors.ir.build import Conversion, SinkKind, build_conversions
 from weightplan.planner.pipelines.lower import StepOrder, lower
 from weightplan.planner.tensors.lower.placement import Step
-from weightplan.planner.tensors.ir.quant_build import QuantContext, quant_context, routed_checkpoint
-from weightplan.planner.tensors.ir.quant_scales import add_scale_conversions
 from weightplan.planner.tensors.schedule.schedule import order_steps
-from weightplan.planner.tensors.ir.shard_nodes import Sharding, plan_sharding
 from weightplan.units import parse_bytes
 
 if TYPE_CHECKING:
     from weightplan.planner.pipelines.devices import AutomaticRequest
+    from weightplan.planner.tensors.ir.quant_build import QuantContext
+    from weightplan.planner.tensors.ir.shard_nodes import Sharding
 
 SYNC_ENV = "WEIGHTPLAN_SYNC_LOAD"
 
@@ -78,7 +75,7 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
         info = view(info)
     choice = choose_mapping(mapping, model, finder)
     transforms = with_legacy(choice.transforms)
-    quant = quant_context(checkpoint, ckpt, info, model)
+    quant = _quant_context(checkpoint, ckpt, info, model)
     routing, conversions, kept_problems = _convert(ckpt, transforms, info, options, quant,
                                                    sharding, regroup)
     share = None
@@ -88,8 +85,8 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
         share = sharer(sharding)
     graph, schedule = lower(conversions, ckpt, order=_checkpoint_order(ckpt),
                             threads=options.threads, budget=options.budget, share=share)
-    findings = with_fp8_findings(collect_findings(info, routing, conversions), quant,
-                                 conversions, kept_problems)
+    findings = _with_quant_findings(collect_findings(info, routing, conversions), quant,
+                                    conversions, kept_problems)
     findings = _with_mapping_findings(findings, choice,
                                       looked_up=mapping is None and model is not None)
     findings = _with_parallel_findings(findings, sharding)
@@ -120,12 +117,16 @@ def _refuse_quantization_option(quantization: object) -> None:
 
 def _sharding(model: torch.nn.Module | None, tp: object, cooperative: bool = False
               ) -> Sharding | None:
-    tensor_parallel = as_tensor_parallel(tp)
-    if tensor_parallel is None:
+    if tp is None:  # (a load that isn't tensor parallel imports no sharding module)
         if cooperative:
             raise ParallelError("cooperative=True shares the reads of the ranks of a "
                                 "tensor-parallel load: pass tp= too")
         return None
+    from weightplan.planner.core.sharding.config import as_tensor_parallel
+    from weightplan.planner.tensors.ir.shard_nodes import plan_sharding
+
+    tensor_parallel = as_tensor_parallel(tp)
+    assert tensor_parallel is not None  # (tp is not None)
     if cooperative:
         tensor_parallel = dataclasses.replace(tensor_parallel, cooperative=True)
     if model is None:
@@ -152,7 +153,12 @@ def _convert(ckpt: Checkpoint, transforms: tuple[WeightTransform, ...], info: Mo
              regroup: Callable[[Routing], Routing] | None = None
              ) -> tuple[Routing, tuple[Conversion, ...], tuple[tuple[str, str], ...]]:
     """Routing and conversions; FP8 scales travel with their weights (see quant_build)."""
-    routing = route_checkpoint(routed_checkpoint(ckpt, quant), transforms, info)
+    routed = ckpt
+    if quant is not None:  # (a plain load has no scale to route with its weight)
+        from weightplan.planner.tensors.ir.quant_build import routed_checkpoint
+
+        routed = routed_checkpoint(ckpt, quant)
+    routing = route_checkpoint(routed, transforms, info)
     if regroup is not None:
         routing = regroup(routing)
     groups = routing.groups
@@ -162,6 +168,10 @@ def _convert(ckpt: Checkpoint, transforms: tuple[WeightTransform, ...], info: Mo
         groups = kept_groups(groups, quant.packed, _dtype_of(info), ckpt.entries.get)
     conversions = build_conversions(groups, info, options.dtype, SinkKind.MODEL, quant,
                                     sharding)
+    if quant is None:  # (nor a scale sibling)
+        return routing, conversions, ()
+    from weightplan.planner.tensors.ir.quant_scales import add_scale_conversions
+
     conversions, kept_problems = add_scale_conversions(conversions, quant, info,
                                                         sharding=sharding)
     return routing, conversions, kept_problems
@@ -173,6 +183,27 @@ def _dtype_of(info: ModelInfo) -> Callable[[str], torch.dtype | None]:
         t = info.get(name)
         return None if t is None else t.spec.dtype
     return dtype
+
+
+def _quant_context(checkpoint: object, ckpt: Checkpoint, info: ModelInfo | None,
+                   model: torch.nn.Module | None) -> QuantContext | None:
+    """The FP8 / packed context of a quantized input (:func:`quantized_input`, the one
+    test); ``None`` for a plain one, whose load doesn't import the quantized phases."""
+    if not quantized_input(checkpoint, ckpt, info, model):
+        return None
+    from weightplan.planner.tensors.ir.quant_build import quant_context
+
+    return quant_context(checkpoint, ckpt, info, model)
+
+
+def _with_quant_findings(findings: Findings, quant: QuantContext | None,
+                         conversions: tuple[Conversion, ...],
+                         kept_problems: tuple[tuple[str, str], ...]) -> Findings:
+    if quant is None:
+        return findings
+    from weightplan.planner.pipelines.fp8_findings import with_fp8_findings
+
+    return with_fp8_findings(findings, quant, conversions, kept_problems)
 
 
 def _checkpoint_order(ckpt: Checkpoint) -> StepOrder:

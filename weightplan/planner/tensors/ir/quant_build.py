@@ -43,6 +43,7 @@ from weightplan.planner.core.quant.blocks import FP8_DTYPES, E8M0, Block, block_
 from weightplan.planner.core.quant.kinds import Dequantize, Quantize
 from weightplan.planner.tensors.ir.nodes import (
     DequantizeAttrs, Node, NodeKind, QuantizeAttrs, make_nodes, read_attrs, read_nodes,
+    read_streams,
 )
 from weightplan.planner.core.ops.base import ConversionOp, Streams, stream_positions
 from weightplan.planner.inputs.packed_pairs import (
@@ -149,10 +150,10 @@ def source_streams(group: Group, quant: QuantContext | None, expected: object,
     ``DEQUANTIZE`` node unless the conversion keeps FP8. Returns the values and the nodes
     made, in topological order: every read, then each dequantize after its scale's read.
     A stream's nodes are made in columns (:func:`~weightplan.planner.tensors.ir.nodes.make_nodes`)."""
-    scales_of: Mapping[str, TensorEntry] = {}
-    out_dtype = torch.bfloat16  # unused unless something dequantizes
-    if quant is not None and not _keeps(group, quant):
-        scales_of, out_dtype = quant.pairing.scales, dequantized_dtype(group, expected, dtype)
+    if quant is None or _keeps(group, quant):
+        return read_streams(group.sources)
+    scales_of: Mapping[str, TensorEntry] = quant.pairing.scales
+    out_dtype = dequantized_dtype(group, expected, dtype)
     # the experts of a group share their specs and block: infer once per combination
     made: dict[tuple[int, int, int], tuple[TensorSpec, DequantizeAttrs]] = {}
     reads: list[Node] = []

@@ -20,7 +20,6 @@ import torch
 from weightplan.planner.inputs.checkpoint import TensorEntry
 from weightplan.planner.core.makers import columns
 from weightplan.planner.core.quant.blocks import DEQUANTIZE_BYTES, workspace_bytes
-from weightplan.planner.core.quant.formats import workspace_bytes as packed_workspace
 from weightplan.planner.tensors.ir.destination import Destination
 from weightplan.planner.core.geometry import (
     CACHE_SIZE, Fragment, Region, StackFragments, _is_contiguous,
@@ -120,6 +119,8 @@ class ReadTask:
         if self.dequantize is None or self.scale is None:
             return 0
         if self.dequantize.scheme is not None:  # a packed format: its parts, its workspace
+            from weightplan.planner.core.quant.formats import workspace_bytes as packed_workspace
+
             return self.scale_bytes + packed_workspace(
                 self.dequantize.scheme, self.node.spec.shape)  # type: ignore[arg-type]
         return self.scale_bytes + workspace_bytes(self.region.shape, self.dequantize.block,
@@ -219,6 +220,8 @@ def packed_layout(node: Node) -> ReadLayout:
 def _packed_layout(total: int, in_file: bool, parts: int, scheme: object,
                    shape: tuple[int, ...]) -> ReadLayout:
     """One layout per geometry (the experts of a stack share it)."""
+    from weightplan.planner.core.quant.formats import workspace_bytes as packed_workspace
+
     work = packed_workspace(scheme, shape)  # type: ignore[arg-type]
     window = total if in_file else 0
     return ReadLayout(False, 0, total, ((0, total),), window + parts + work, parts, total + parts)
