@@ -65,13 +65,25 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     transformers bridge). ``device`` may be an automatic strategy (``"auto"``, ...), placed
     under ``max_memory`` (:mod:`~weightplan.planner.pipelines.devices`); ``view`` changes
     the model's view (an adapter's load: only its tensors, or its tensors kept in their
-    dtype). Returns the plan's data, which :class:`weightplan.Plan` wraps.
+    dtype). Returns the plan's data, which :class:`weightplan.Plan` wraps. The ranks of a
+    cooperative load agree when they have planned (:mod:`.agreement`): one that failed
+    makes the others raise instead of waiting for it.
     """
-    common = prepare_load(model, checkpoint, mapping=mapping, dtype=dtype, budget=budget, tp=tp,
-                          quantization=quantization, threads=threads, device=device,
-                          finder=finder, max_memory=max_memory, offload_folder=offload_folder,
-                          cooperative=cooperative, view=view)
-    return rank_plan(common, common.sharding)
+    def planned() -> LoadPlanData:
+        common = prepare_load(model, checkpoint, mapping=mapping, dtype=dtype, budget=budget,
+                              tp=tp, quantization=quantization, threads=threads, device=device,
+                              finder=finder, max_memory=max_memory,
+                              offload_folder=offload_folder, cooperative=cooperative, view=view)
+        return rank_plan(common, common.sharding)
+
+    if tp is None:
+        return planned()
+    from weightplan.planner.pipelines.agreement import Agreement, planning_group
+
+    with Agreement(planning_group(tp, cooperative), "to plan") as agreement:
+        plan = planned()
+        agreement.agree()
+    return plan
 
 
 @dataclass(frozen=True, eq=False)
