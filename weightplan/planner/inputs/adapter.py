@@ -100,7 +100,11 @@ def read_adapter(directory: str | os.PathLike[str]) -> Adapter:
 
 def read_adapter_config(path: str) -> AdapterConfig:
     """``adapter_config.json`` parsed and checked; :class:`AdapterError` naming ``path``."""
-    data = _read_json(path)
+    return adapter_config_from(_read_json(path), path)
+
+
+def adapter_config_from(data: dict, path: str) -> AdapterConfig:
+    """An ``adapter_config.json``'s fields checked (``path`` names it in errors)."""
     peft_type = data.get("peft_type")
     if not isinstance(peft_type, str):
         raise AdapterError(f"{path}: no peft_type; is this a peft adapter_config.json?")

@@ -57,7 +57,8 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
                  device: object = None, finder: Finder | None = None,
                  max_memory: object = None, offload_folder: object = None,
                  cooperative: bool = False,
-                 view: Callable[[ModelInfo], ModelInfo] | None = None) -> LoadPlanData:
+                 view: Callable[[ModelInfo], ModelInfo] | None = None,
+                 regroup: Callable[[Routing], Routing] | None = None) -> LoadPlanData:
     """Plan loading ``checkpoint`` into ``model`` from headers only; nothing is read or written.
 
     The arguments are :func:`weightplan.explain`'s (documented there), ``mapping`` given by
@@ -65,7 +66,8 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     transformers bridge). ``device`` may be an automatic strategy (``"auto"``, ...), placed
     under ``max_memory`` (:mod:`~weightplan.planner.pipelines.devices`); ``view`` changes
     the model's view (an adapter's load: only its tensors, or its tensors kept in their
-    dtype). Returns the plan's data, which :class:`weightplan.Plan` wraps. The ranks of a
+    dtype); ``regroup`` changes the routed groups (an adapter merged into its base).
+    Returns the plan's data, which :class:`weightplan.Plan` wraps. The ranks of a
     cooperative load agree when they have planned (:mod:`.agreement`): one that failed
     makes the others raise instead of waiting for it.
     """
@@ -73,7 +75,8 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
         common = prepare_load(model, checkpoint, mapping=mapping, dtype=dtype, budget=budget,
                               tp=tp, quantization=quantization, threads=threads, device=device,
                               finder=finder, max_memory=max_memory,
-                              offload_folder=offload_folder, cooperative=cooperative, view=view)
+                              offload_folder=offload_folder, cooperative=cooperative, view=view,
+                              regroup=regroup)
         return rank_plan(common, common.sharding)
 
     if tp is None:
@@ -113,7 +116,8 @@ def prepare_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
                  device: object = None, finder: Finder | None = None,
                  max_memory: object = None, offload_folder: object = None,
                  cooperative: bool = False,
-                 view: Callable[[ModelInfo], ModelInfo] | None = None) -> Common:
+                 view: Callable[[ModelInfo], ModelInfo] | None = None,
+                 regroup: Callable[[Routing], Routing] | None = None) -> Common:
     """The part of :func:`explain_load` no rank changes (its arguments); each rank's plan
     is then :func:`rank_plan` of it."""
     _refuse_quantization_option(quantization)
@@ -130,7 +134,7 @@ def prepare_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     transforms = with_legacy(choice.transforms)
     quant = quant_context(checkpoint, ckpt, info, model)
     routing, conversions, kept_problems = _convert(ckpt, transforms, info, options, quant,
-                                                   sharding)
+                                                   sharding, regroup)
     findings = with_fp8_findings(collect_findings(info, routing, conversions), quant,
                                  conversions, kept_problems)
     findings = _with_mapping_findings(findings, choice,
@@ -215,11 +219,14 @@ def _with_parallel_findings(findings: Findings, sharding: Sharding | None) -> Fi
 
 
 def _convert(ckpt: Checkpoint, transforms: tuple[WeightTransform, ...], info: ModelInfo | None,
-             options: PlanOptions, quant: QuantContext | None, sharding: Sharding | None = None
+             options: PlanOptions, quant: QuantContext | None, sharding: Sharding | None = None,
+             regroup: Callable[[Routing], Routing] | None = None
              ) -> tuple[Routing, tuple[Conversion, ...], tuple[tuple[str, str], ...]]:
     """Routing and conversions, every rank's (``sharding``: its problems only); FP8
     scales travel with their weights (see quant_build)."""
     routing = route_checkpoint(routed_checkpoint(ckpt, quant), transforms, info)
+    if regroup is not None:
+        routing = regroup(routing)
     conversions = build_conversions(routing.groups, info, options.dtype, SinkKind.MODEL, quant,
                                     sharding)
     conversions, kept_problems = add_scale_conversions(conversions, quant, info,

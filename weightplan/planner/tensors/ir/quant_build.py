@@ -227,7 +227,11 @@ def _target_names(group: Group) -> tuple[str, ...]:
 def dequantized_dtype(group: Group, expected: object, requested: torch.dtype | None
                       ) -> torch.dtype:
     """The model's dtype for the group's targets (``requested`` for meta ones), else the
-    requested dtype, else bf16 (DeepSeek-V3's)."""
+    requested dtype, else bf16 (DeepSeek-V3's); the dtype the first op computes in, when it
+    says (a LoRA merge: float32, rounded once after it)."""
+    computes = group.ops[0].compute_dtype if group.ops else None
+    if computes is not None:
+        return computes
     if isinstance(expected, ModelInfo):
         for name in _target_names(group):
             mt = expected.get(name)

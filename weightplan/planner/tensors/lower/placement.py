@@ -91,6 +91,7 @@ class Step:
         """Upper bound of the tensors the materialized ops allocate."""
         ops = sum(sum(n.spec.nbytes for stream in stage for n in stream)
                   for stage in self.materialize if stage_op(stage).allocates)
+        ops += sum(stage_op(stage).workspace_bytes() for stage in self.materialize)
         return ops + sum(t.work_bytes for t in self.quantized)
 
 
