@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from dataclasses import dataclass, field
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -30,8 +31,10 @@ from weightplan.planner.keys.routing import Routing
 from weightplan.planner.inputs.dtype import keep_fp32, quantized_input, resolve_dtype
 from weightplan.planner.keys.transforms import WeightTransform, with_legacy
 from weightplan.planner.pipelines.plan import Direction, LoadPlanData, PlanOptions
-from weightplan.planner.tensors.ir.build import Conversion, SinkKind, build_conversions
-from weightplan.planner.pipelines.lower import StepOrder, lower
+from weightplan.planner.tensors.ir.build import (
+    Conversion, SinkKind, build_conversions, shard_conversion,
+)
+from weightplan.planner.pipelines.lower import Lowered, StepOrder, lower
 from weightplan.planner.tensors.lower.placement import Step
 from weightplan.planner.tensors.schedule.schedule import order_steps
 from weightplan.units import parse_bytes
@@ -61,8 +64,59 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     under ``max_memory`` (:mod:`~weightplan.planner.pipelines.devices`); ``view`` changes
     the model's view (an adapter's load: only its tensors, or its tensors kept in their
     dtype); ``regroup`` changes the routed groups (an adapter merged into its base).
-    Returns the plan's data, which :class:`weightplan.Plan` wraps.
+    Returns the plan's data, which :class:`weightplan.Plan` wraps. The ranks of a
+    cooperative load agree when they have planned (:mod:`.agreement`): one that failed
+    makes the others raise instead of waiting for it.
     """
+    def planned() -> LoadPlanData:
+        common = prepare_load(model, checkpoint, mapping=mapping, dtype=dtype, budget=budget,
+                              tp=tp, quantization=quantization, threads=threads, device=device,
+                              finder=finder, max_memory=max_memory,
+                              offload_folder=offload_folder, cooperative=cooperative, view=view,
+                              regroup=regroup)
+        return rank_plan(common, common.sharding)
+
+    if tp is None:
+        return planned()
+    from weightplan.planner.pipelines.agreement import Agreement, planning_group
+
+    with Agreement(planning_group(tp, cooperative), "to plan") as agreement:
+        plan = planned()
+        agreement.agree()
+    return plan
+
+
+@dataclass(frozen=True, eq=False)
+class Common:
+    """What a load plan holds that is the same on every rank: the sources, the routing,
+    the conversions before any rank keeps its part, the findings, and the sharding of the
+    rank asked for (another rank's differs only in ``rank``)."""
+
+    model: torch.nn.Module | None
+    checkpoint: Checkpoint
+    options: PlanOptions
+    info: ModelInfo | None
+    choice: MappingChoice
+    transforms: tuple[WeightTransform, ...]
+    routing: Routing
+    conversions: tuple[Conversion, ...]  # every rank's (no shard node yet)
+    findings: Findings
+    sharding: Sharding | None
+    automatic: AutomaticRequest | None
+    lowered: Lowered = field(default_factory=Lowered)  # the steps the ranks share
+
+
+@paused_gc
+def prepare_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: object = None,
+                 dtype: torch.dtype | str | None = None, budget: int | str | None = None,
+                 tp: object = None, quantization: object = None, threads: int = 4,
+                 device: object = None, finder: Finder | None = None,
+                 max_memory: object = None, offload_folder: object = None,
+                 cooperative: bool = False,
+                 view: Callable[[ModelInfo], ModelInfo] | None = None,
+                 regroup: Callable[[Routing], Routing] | None = None) -> Common:
+    """The part of :func:`explain_load` no rank changes (its arguments); each rank's plan
+    is then :func:`rank_plan` of it."""
     _refuse_quantization_option(quantization)
     automatic = _automatic(device, max_memory, offload_folder, model, tp)
     sharding = _sharding(model, tp, cooperative)
@@ -78,22 +132,39 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     quant = _quant_context(checkpoint, ckpt, info, model)
     routing, conversions, kept_problems = _convert(ckpt, transforms, info, options, quant,
                                                    sharding, regroup)
-    share = None
-    if sharding is not None and sharding.cooperative:  # (its module only then)
-        from weightplan.planner.pipelines.cooperative import sharer
-
-        share = sharer(sharding)
-    graph, schedule = lower(conversions, ckpt, order=_checkpoint_order(ckpt),
-                            threads=options.threads, budget=options.budget, share=share)
     findings = _with_quant_findings(collect_findings(info, routing, conversions), quant,
                                     conversions, kept_problems)
     findings = _with_mapping_findings(findings, choice,
                                       looked_up=mapping is None and model is not None)
     findings = _with_parallel_findings(findings, sharding)
-    if automatic is not None and model is not None:
-        options, schedule = automatic.placed(options, model, info, schedule)
-    return LoadPlanData(Direction.LOAD, ckpt, choice, transforms, conversions, graph, schedule,
-                        options, model, info, routing, findings, sharding,
+    return Common(model, ckpt, options, info, choice, transforms, routing, conversions,
+                  findings, sharding, automatic)
+
+
+@paused_gc
+def rank_plan(common: Common, sharding: Sharding | None) -> LoadPlanData:
+    """The plan of ``sharding``'s rank (``common.sharding`` or another rank of it): each
+    loaded target keeps that rank's part, then lowering, verify and the schedule (and a
+    cooperative load's dealing of the reads)."""
+    conversions = common.conversions
+    share = None
+    if sharding is not None:
+        conversions = tuple(shard_conversion(c, sharding) for c in conversions)
+        if sharding.cooperative:  # (its module only then)
+            from weightplan.planner.pipelines.cooperative import sharer
+
+            share = sharer(sharding)
+    options = common.options
+    graph, schedule = lower(conversions, common.checkpoint,
+                            order=_checkpoint_order(common.checkpoint),
+                            threads=options.threads, budget=options.budget, share=share,
+                            memo=common.lowered)
+    if common.automatic is not None and common.model is not None:
+        options, schedule = common.automatic.placed(options, common.model, common.info,
+                                                    schedule)
+    return LoadPlanData(Direction.LOAD, common.checkpoint, common.choice, common.transforms,
+                        conversions, graph, schedule, options, common.model, common.info,
+                        common.routing, common.findings, sharding,
                         None if share is None else share.exchange)
 
 
@@ -152,7 +223,8 @@ def _convert(ckpt: Checkpoint, transforms: tuple[WeightTransform, ...], info: Mo
              options: PlanOptions, quant: QuantContext | None, sharding: Sharding | None = None,
              regroup: Callable[[Routing], Routing] | None = None
              ) -> tuple[Routing, tuple[Conversion, ...], tuple[tuple[str, str], ...]]:
-    """Routing and conversions; FP8 scales travel with their weights (see quant_build)."""
+    """Routing and conversions, every rank's (``sharding``: its problems only); FP8
+    scales travel with their weights (see quant_build)."""
     routed = ckpt
     if quant is not None:  # (a plain load has no scale to route with its weight)
         from weightplan.planner.tensors.ir.quant_build import routed_checkpoint

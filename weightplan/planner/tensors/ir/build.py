@@ -139,15 +139,27 @@ def stages(conv: Conversion, kinds: list[NodeKind] | None = None
 def build_conversions(groups: Sequence[Group], expected: Expected, dtype: torch.dtype | None,
                       sink: SinkKind, quant: QuantContext | None = None,
                       sharding: Sharding | None = None) -> tuple[Conversion, ...]:
-    """Build every group, then settle tied duplicates and double claims. With
-    ``sharding``, each loaded target keeps only this rank's part (a shard node)."""
-    built = [build_conversion(g, expected, dtype, sink, quant, sharding) for g in groups]
-    return settle_claims(built)
+    """Build every group, then settle tied duplicates and double claims. The conversions
+    are every rank's: under ``sharding``, :func:`shard_conversion` keeps a rank's part."""
+    return settle_claims([build_conversion(g, expected, dtype, sink, quant, sharding)
+                          for g in groups])
+
+
+def shard_conversion(conv: Conversion, sharding: Sharding) -> Conversion:
+    """``conv`` as ``sharding``'s rank keeps it: each loaded target's sink takes this rank's
+    part (:func:`~weightplan.planner.tensors.ir.shard_nodes.shard_sinks`). The rest of the
+    graph is every rank's, so ranks planned together build it once (``conv`` itself
+    when nothing changes)."""
+    loads = {t.key for t in conv.targets if t.status is TargetStatus.LOAD}
+    nodes = _shard_nodes().shard_sinks(conv.nodes, loads, sharding) if loads else conv.nodes
+    return conv if nodes is conv.nodes else replace(conv, nodes=nodes)
 
 
 def build_conversion(group: Group, expected: Expected, dtype: torch.dtype | None,
                      sink: SinkKind, quant: QuantContext | None = None,
                      sharding: Sharding | None = None) -> Conversion:
+    """One group's conversion, every rank's (``sharding`` only refuses quantizing
+    under it; :func:`shard_conversion` keeps a rank's part)."""
     quant_build, packed_build = _quantized_phases() if quant is not None else (None, None)
     if quant_build is None or packed_build is None:
         values, nodes = read_streams(group.sources)
@@ -183,13 +195,7 @@ def build_conversion(group: Group, expected: Expected, dtype: torch.dtype | None
         if t.status is TargetStatus.LOAD and t.dtype != t.produced.dtype:
             value = Node(NodeKind.CAST, t.dest, (value,), CastAttrs(t.dtype))
             nodes.append(value)
-        dest = destination(t, sink)
-        if sharding is not None and t.status is TargetStatus.LOAD:
-            shard, dest = _shard_nodes().shard_target(value, dest, t.key, sharding)
-            if shard is not value:
-                value = shard
-                nodes.append(value)
-        nodes.append(Node(NodeKind.SINK, value.spec, (value,), SinkAttrs(dest)))
+        nodes.append(Node(NodeKind.SINK, value.spec, (value,), SinkAttrs(destination(t, sink))))
     return Conversion(group, tuple(targets), tuple(nodes))
 
 
