@@ -20,6 +20,7 @@ from weightplan.planner.core.paused_gc import paused_gc
 from weightplan.planner.core.problems import Problem, ProblemKind
 from weightplan.planner.pipelines.findings import Findings, collect_findings
 from weightplan.planner.pipelines.fp8_findings import with_fp8_findings
+from weightplan.planner.pipelines.packed_findings import group_split_problems
 from weightplan.planner.core.sharding.config import as_tensor_parallel
 from weightplan.planner.inputs.checkpoint import Checkpoint, open_checkpoint
 from weightplan.planner.inputs.device import parse_device
@@ -92,7 +93,7 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
                                  conversions, kept_problems)
     findings = _with_mapping_findings(findings, choice,
                                       looked_up=mapping is None and model is not None)
-    findings = _with_parallel_findings(findings, sharding)
+    findings = _with_parallel_findings(findings, sharding, schedule.steps)
     if automatic is not None and model is not None:
         options, schedule = automatic.placed(options, model, info, schedule)
     return LoadPlanData(Direction.LOAD, ckpt, choice, transforms, conversions, graph, schedule,
@@ -134,10 +135,12 @@ def _sharding(model: torch.nn.Module | None, tp: object, cooperative: bool = Fal
     return plan_sharding(model, tensor_parallel)
 
 
-def _with_parallel_findings(findings: Findings, sharding: Sharding | None) -> Findings:
+def _with_parallel_findings(findings: Findings, sharding: Sharding | None,
+                            steps: Sequence[Step] = ()) -> Findings:
     if sharding is None:
         return findings
     issues = tuple(Problem(ProblemKind.PARALLEL, i.key, i.message) for i in sharding.plan.issues)
+    issues += tuple(group_split_problems(steps, sharding))
     issues += tuple(Problem(ProblemKind.PARALLEL, k, f"{k} is sharded but not in the "
                             "checkpoint: it would be initialized whole, as a plain tensor, on "
                             "every rank") for k in sorted(findings.missing)
