@@ -128,3 +128,68 @@ def test_a_boundary_inside_a_group_is_a_problem(tmp_path_factory, kind, group):
     # the same world over a checkpoint whose groups it keeps whole: no such problem
     tp = TensorParallel(world_size=2, rank=1, plan="auto", output="local")
     assert not weightplan.explain(meta_model(WIDE), qdir, dtype=torch.bfloat16, tp=tp).problems
+
+
+def test_explain_tp_shows_each_rank_and_the_group_split(tmp_path_factory, capsys):
+    from weightplan.cli import main
+
+    qdir, _, _ = full_load(tmp_path_factory.getbasetemp(), "int")
+    assert main(["explain", str(qdir), "--tp", "2", "--json"]) == 0
+    rows = __import__("json").loads(capsys.readouterr().out)
+    assert [r["rank"] for r in rows] == [0, 1]
+    assert all(r["storage_bytes"] == rows[0]["storage_bytes"] for r in rows)
+    assert main(["explain", str(qdir), "--tp", "3"]) == 1
+    out = capsys.readouterr().out
+    assert "inside a group of 32" in out and "in = 342" in out
+
+
+def gptoss_checkpoint(root):
+    """gpt-oss with MXFP4 fused experts (``[E, out, in/32, 16]``, gate/up interleaved)
+    whose 128-wide ``in`` splits into whole 32-blocks over 2 and 4 ranks."""
+    import json
+
+    import transformers as T
+    from safetensors.torch import load_file, save_file
+
+    from tests.quant.makers import mxfp4_encode
+
+    config = T.GptOssConfig(hidden_size=128, intermediate_size=128, num_local_experts=4,
+                            num_experts_per_tok=2, num_hidden_layers=1, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=32, vocab_size=128,
+                            layer_types=["full_attention"])
+    torch.manual_seed(0)
+    T.GptOssForCausalLM(config).to(torch.bfloat16).save_pretrained(root / "bf16")
+    out = {}
+    for key, t in load_file(str(root / "bf16" / "model.safetensors")).items():
+        if key.endswith(("gate_up_proj", "down_proj")):
+            out[key + "_blocks"], out[key + "_scales"] = mxfp4_encode(t.transpose(1, 2))
+        else:
+            out[key] = t
+    (root / "mxfp4").mkdir()
+    save_file(out, str(root / "mxfp4" / "model.safetensors"))
+    data = json.loads((root / "bf16" / "config.json").read_text())
+    data["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (root / "mxfp4" / "config.json").write_text(json.dumps(data))
+    return root / "mxfp4", config
+
+
+@pytest.mark.parametrize("world, experts", [(2, "tp"), (4, "tp"), (2, "ep")])
+def test_gptoss_mxfp4_ranks_equal_the_split_full_load(tmp_path, world, experts):
+    import transformers as T
+
+    qdir, config = gptoss_checkpoint(tmp_path)
+    with weightplan.init_empty():
+        model = T.GptOssForCausalLM(config)
+    weightplan.load(model, qdir, dtype=torch.bfloat16)
+    full = {n: p.data for n, p in model.named_parameters()}
+    for rank in range(world):
+        with weightplan.init_empty():
+            local = T.GptOssForCausalLM(config)
+        tp = TensorParallel(world_size=world, rank=rank, experts=experts, output="local")
+        plan = weightplan.explain(local, qdir, dtype=torch.bfloat16, tp=tp)
+        assert not plan.problems, str(plan)
+        verify(plan.graph, plan.schedule.steps)
+        report = plan.execute()
+        check_rank(local, plan, full, world, rank)
+        assert report.bytes_read == report.bytes_needed
