@@ -49,6 +49,11 @@ def family(name: str):
         return T.Qwen3MoeForCausalLM, T.Qwen3MoeConfig(
             **COMMON, moe_intermediate_size=128, intermediate_size=128, num_experts=4,
             num_experts_per_tok=2, head_dim=64, decoder_sparse_step=1)
+    if name == "qwen3moe-wide":  # rows of 512-1024 packed columns: slices read by runs
+        return T.Qwen3MoeForCausalLM, T.Qwen3MoeConfig(
+            **{**COMMON, "num_attention_heads": 16, "num_key_value_heads": 4},
+            moe_intermediate_size=1024, intermediate_size=1024, num_experts=4,
+            num_experts_per_tok=2, head_dim=64, decoder_sparse_step=1)
     if name == "mixtral":
         return T.MixtralForCausalLM, T.MixtralConfig(
             **COMMON, intermediate_size=128, num_local_experts=4, num_experts_per_tok=2,

@@ -1,7 +1,7 @@
 """Packed checkpoints under tensor parallel (dequantized into a bf16 model): every rank's
 local tensors equal weightplan's own non-TP load split as DTensor splits it, bit for bit;
-each rank decodes only the rows its shard covers (a group split across ranks is exact:
-the whole packed weight is read). Saving the dequantized model writes the oracle's
+each rank reads and decodes only the part its shard covers (test_quant_tp_slices.py: the
+bytes read, EP, a boundary inside a group). Saving the dequantized model writes the oracle's
 bf16 checkpoint."""
 
 import pytest
@@ -18,20 +18,20 @@ from weightplan.planner.tensors.verify.verify import verify
 pytest.importorskip("compressed_tensors")
 
 
-@pytest.mark.parametrize("kind", ["int", "nvfp4", "fp8-block"])
-def test_dequantized_ranks_equal_the_split_full_load(tmp_path, kind):
+@pytest.mark.parametrize("kind, world", [("int", 2), ("nvfp4", 2), ("fp8-block", 3)])
+def test_dequantized_ranks_equal_the_split_full_load(tmp_path, kind, world):
     qdir, _ = quantized_checkpoint(tmp_path, kind)
     model = meta_model("qwen3moe")
     weightplan.load(model, qdir, dtype=torch.bfloat16)
     full = {n: p.data for n, p in model.named_parameters()}
-    for rank in range(3):  # 3 ranks: shards of 256 rows are 86/85/85, inside int4 groups
+    for rank in range(world):  # FP8 blocks over 3 ranks: 86/85/85 rows, inside 64-blocks
         local = meta_model("qwen3moe")
-        tp = TensorParallel(world_size=3, rank=rank, plan="auto", output="local")
+        tp = TensorParallel(world_size=world, rank=rank, plan="auto", output="local")
         plan = weightplan.explain(local, qdir, dtype=torch.bfloat16, tp=tp)
         assert not plan.problems, str(plan)
         verify(plan.graph, plan.schedule.steps)
         plan.execute()
-        check_rank(local, plan, full, 3, rank)
+        check_rank(local, plan, full, world, rank)
 
 
 def test_save_after_a_dequantized_load_writes_the_oracle(tmp_path):

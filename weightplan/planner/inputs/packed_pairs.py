@@ -234,10 +234,18 @@ def _unmatched_ignores(config: FormatConfig, entries: Mapping[str, TensorEntry]
     it meant quantized, or names a module the checkpoint doesn't have)."""
     if not config.ignore:
         return []
-    modules = {k.rsplit(".", 1)[0] for k in entries} | set(entries)
     return [PackedProblem(p, f"{config.source}: ignore entry {p!r} names no module of the "
-                          "checkpoint") for p in config.ignore
-            if not any(matches(p, m) for m in modules)]
+                          "checkpoint") for p in config.ignore if not _names_any(p, entries)]
+
+
+def _names_any(pattern: str, entries: Mapping[str, TensorEntry]) -> bool:
+    """Whether ``pattern`` matches a key of ``entries`` or its module, looked for in the
+    checkpoint's key order up to the first match (what an ignore list names, attention,
+    shared experts, ``lm_head``, comes early in an index; Kimi-K2 has 208k keys)."""
+    for key in entries:
+        if matches(pattern, key) or matches(pattern, key.rsplit(".", 1)[0]):
+            return True
+    return False
 
 
 _PART_SUFFIXES = {"mxfp4": ("_scales",), "compressed-tensors": (

@@ -159,12 +159,15 @@ def rank_plan(common: Common, sharding: Sharding | None) -> LoadPlanData:
                             order=_checkpoint_order(common.checkpoint),
                             threads=options.threads, budget=options.budget, share=share,
                             memo=common.lowered)
+    findings = common.findings
+    if sharding is not None:  # (a rank's slices are known once it is lowered)
+        findings = _with_split_groups(findings, sharding, schedule.steps)
     if common.automatic is not None and common.model is not None:
         options, schedule = common.automatic.placed(options, common.model, common.info,
                                                     schedule)
     return LoadPlanData(Direction.LOAD, common.checkpoint, common.choice, common.transforms,
                         conversions, graph, schedule, options, common.model, common.info,
-                        common.routing, common.findings, sharding,
+                        common.routing, findings, sharding,
                         None if share is None else share.exchange)
 
 
@@ -214,6 +217,17 @@ def _with_parallel_findings(findings: Findings, sharding: Sharding | None) -> Fi
                             "checkpoint: it would be initialized whole, as a plain tensor, on "
                             "every rank") for k in sorted(findings.missing)
                     if sharding.plan.placement(k).is_dtensor)
+    if not issues:
+        return findings
+    return dataclasses.replace(findings, problems=findings.problems + issues)
+
+
+def _with_split_groups(findings: Findings, sharding: Sharding,
+                       steps: Sequence[Step]) -> Findings:
+    """A rank's packed slices that cut a quantization group (:func:`group_split_problems`)."""
+    from weightplan.planner.pipelines.packed_findings import group_split_problems
+
+    issues = tuple(group_split_problems(steps, sharding))
     if not issues:
         return findings
     return dataclasses.replace(findings, problems=findings.problems + issues)

@@ -5,7 +5,9 @@ doesn't match ``weight_shape``, a forbidden dtype, an ``ignore`` entry naming no
 of kind ``quantization``: ``execute`` refuses the plan before a byte is read. The note
 names each format once: its group size and scale kind, how many weights, and the bytes
 stored and dequantized, or, for weights a model holds as stored (keep-quantized), how many
-are kept and their bytes (key ``KEPT``: the plan's header says which it planned).
+are kept and their bytes (key ``KEPT``: the plan's header says which it planned). Under
+tensor parallel, a rank's slice that cuts a quantization group is a problem too
+(:func:`group_split_problems`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from weightplan.planner.core.quant.formats import Scheme, summary
 from weightplan.planner.tensors.ir.build import Conversion
 from weightplan.planner.tensors.ir.nodes import DequantizeAttrs, NodeKind
 from weightplan.planner.tensors.ir.quant_build import QuantContext
+from weightplan.planner.tensors.ir.shard_nodes import Sharding
+from weightplan.planner.tensors.lower.placement import Step
 from weightplan.units import format_bytes
 
 KEPT = "<kept quantized>"
@@ -73,3 +77,28 @@ def _lines(quant: QuantContext, conversions: Sequence[Conversion]) -> list[tuple
         return [(w.scheme, f"{w.scheme.describe()}: {len(quant.packed.weights)} stored "
                  "weight(s), none loaded") for w in list(quant.packed.weights.values())[:1]]
     return [(s, summary(s, c, before, after, dtypes[s])) for s, (c, before, after) in seen.items()]
+
+
+def group_split_problems(steps: Sequence[Step], sharding: Sharding | None) -> list[Problem]:
+    """A problem per packed weight whose slice on this rank starts or stops inside a
+    quantization group along ``in`` (MXFP4 32, NVFP4 16, int ``group_size``): the rank
+    would read and decode a group that another rank decodes too, its scale split between
+    them. Named by the stored weight, the group size and the boundary."""
+    if sharding is None:
+        return []
+    found: dict[str, Problem] = {}
+    for step in steps:
+        for task in step.reads:
+            packed = task.layout.packed
+            if packed is None or packed.cover.split is None or task.entry.key in found:
+                continue
+            group, at = packed.cover.split
+            scheme = task.dequantize.scheme if task.dequantize is not None else None
+            what = scheme.describe() if isinstance(scheme, Scheme) else "a packed format"
+            found[task.entry.key] = Problem(
+                ProblemKind.QUANTIZATION, task.entry.key,
+                f"rank {sharding.rank} of {sharding.world_size}: its slice of {task.entry.key} "
+                f"(logical {list(task.node.spec.shape)}) has a boundary at in = {at}, inside a "
+                f"group of {group} ({what}); a shard must keep every group whole (choose a "
+                f"world size that divides in / {group}, or replicate it)")
+    return list(found.values())

@@ -16,9 +16,11 @@ import torch
 from weightplan.planner.core.entry import TensorEntry
 from weightplan.planner.core.ops.base import Streams, stream_positions
 from weightplan.planner.core.spec import TensorSpec
-from weightplan.planner.inputs.packed_pairs import PackedPairing
+from weightplan.planner.inputs.packed_pairs import PackedPairing, PackedWeight
 from weightplan.planner.keys.routing import Group
-from weightplan.planner.tensors.ir.nodes import DequantizeAttrs, Node, NodeKind, read_nodes
+from weightplan.planner.tensors.ir.nodes import (
+    DequantizeAttrs, Node, NodeKind, make_nodes, read_nodes,
+)
 from weightplan.planner.tensors.ir.quant_build import QuantContext, dequantized_dtype
 
 
@@ -47,25 +49,58 @@ def packed_stream(entries: Sequence[TensorEntry], sources: Sequence[tuple[int, i
                   pairing: PackedPairing, dtype: torch.dtype
                   ) -> tuple[tuple[Node, ...], list[Node], list[Node]] | None:
     """``(values, reads, added)`` of a stream with packed weights (``None``: it has none):
-    the values are the dequantize nodes (plain reads where a source isn't packed)."""
-    weights = pairing.weights
-    if not any(e.key in weights for e in entries):
+    the values are the dequantize nodes (plain reads where a source isn't packed). A
+    stream of packed weights only, each with as many parts (a stack's experts: Kimi-K2's
+    384), is made in columns (:func:`stacked_packed`); any other entry by entry
+    (:func:`each_packed`). Either way the same nodes."""
+    packed = [_dequantized(e, pairing.weights.get(e.key)) for e in entries]
+    if not any(packed):
         return None
+    if None not in packed and len({len(w.parts) for w in packed if w is not None}) == 1:
+        return stacked_packed(packed, sources, dtype)  # type: ignore[arg-type]
+    return each_packed(entries, packed, sources, dtype)
+
+
+def _dequantized(entry: TensorEntry, weight: PackedWeight | None) -> PackedWeight | None:
+    """``entry``'s packed weight, unless ``entry`` is that weight's own stored tensor (a
+    role a model keeps as stored: a plain read)."""
+    return None if weight is None or entry is weight.parts[0] else weight
+
+
+def stacked_packed(packed: Sequence[PackedWeight], sources: Sequence[tuple[int, int]],
+                   dtype: torch.dtype) -> tuple[tuple[Node, ...], list[Node], list[Node]]:
+    """:func:`packed_stream` of packed weights with as many parts each, role by role: the
+    read nodes of each part in one column, then the dequantize nodes in one."""
+    roles = [read_nodes([w.parts[r] for w in packed], sources)
+             for r in range(len(packed[0].parts))]
+    attrs: dict[object, DequantizeAttrs] = {}
+    specs: dict[tuple[int, ...], TensorSpec] = {}
+    values = make_nodes(
+        NodeKind.DEQUANTIZE,
+        [specs.setdefault(w.shape, TensorSpec(w.shape, dtype)) for w in packed],
+        list(zip(*roles, strict=True)),
+        [attrs.setdefault(w.scheme, DequantizeAttrs(dtype, (), w.scheme)) for w in packed])
+    return tuple(values), roles[0], [n for role in roles[1:] for n in role] + values
+
+
+def each_packed(entries: Sequence[TensorEntry], packed: Sequence[PackedWeight | None],
+                sources: Sequence[tuple[int, int]], dtype: torch.dtype
+                ) -> tuple[tuple[Node, ...], list[Node], list[Node]]:
+    """:func:`packed_stream` entry by entry (a stream mixing packed and plain sources)."""
     values: list[Node] = []
     reads: list[Node] = []
     added: list[Node] = []
-    for entry, source in zip(entries, sources, strict=True):
-        packed = weights.get(entry.key)
-        if packed is None or entry is packed.parts[0]:  # (a kept role's own stored tensor)
+    for entry, weight, source in zip(entries, packed, sources, strict=True):
+        if weight is None:
             node = read_nodes([entry], [source])[0]
             reads.append(node)
             values.append(node)
             continue
-        parts = read_nodes(list(packed.parts), [source] * len(packed.parts))
+        parts = read_nodes(list(weight.parts), [source] * len(weight.parts))
         reads.append(parts[0])
         added += parts[1:]
-        node = Node(NodeKind.DEQUANTIZE, TensorSpec(packed.shape, dtype), tuple(parts),
-                    DequantizeAttrs(dtype, (), packed.scheme))
+        node = Node(NodeKind.DEQUANTIZE, TensorSpec(weight.shape, dtype), tuple(parts),
+                    DequantizeAttrs(dtype, (), weight.scheme))
         added.append(node)
         values.append(node)
     return tuple(values), reads, added

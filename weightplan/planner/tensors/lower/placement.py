@@ -67,8 +67,7 @@ class Step:
     @cached_property
     def needed_bytes(self) -> int:
         """The bytes of the regions read (a dequantize's scale tiles included)."""
-        return sum(r.region.numel * r.entry.spec.dtype.itemsize + r.scale_bytes
-                   for r in self.reads)
+        return sum(r.needed_bytes for r in self.reads)
 
     @cached_property
     def dest_bytes(self) -> int:

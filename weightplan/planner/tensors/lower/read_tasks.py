@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import repeat
+from typing import TYPE_CHECKING
 from operator import attrgetter, itemgetter
 
 import torch
@@ -29,6 +30,9 @@ from weightplan.planner.core.ops.base import Streams
 from weightplan.planner.core.sharding.fp8_slices import scale_region
 from weightplan.planner.core.spec import TensorSpec
 from weightplan.planner.tensors.lower.strided import ByteRuns, choose_runs
+
+if TYPE_CHECKING:  # (a packed format's reads: imported where a plan has one)
+    from weightplan.planner.tensors.lower.packed_reads import PackedRead
 
 PIECE_BYTES = 32 * 1024 * 1024  # direct reads larger than this are split into pieces
 
@@ -47,6 +51,7 @@ class ReadLayout:
     requested: int  # bytes requested from storage: the span or its runs, scale included
     runs: ByteRuns | None = None  # set: only these runs of the span are read (strided.py)
     scale_runs: ByteRuns | None = None  # likewise for the scale tiles of a dequantize
+    packed: PackedRead | None = None  # a packed dequantize: each part's box (packed_reads.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +136,15 @@ class ReadTask:
         return self.layout.length
 
     @property
+    def needed_bytes(self) -> int:
+        """The bytes of the region read, a dequantize's scale tiles included (a packed
+        one's: every part's covering box)."""
+        packed = self.layout.packed
+        if packed is not None:
+            return sum(p.nbytes for p in packed.parts)
+        return self.region.numel * self.entry.spec.dtype.itemsize + self.scale_bytes
+
+    @property
     def tmp_bytes(self) -> int:
         """Bytes of a temporary kept after the read (only for materialized-op inputs)."""
         if self.fragment is not None:
@@ -146,7 +160,7 @@ def read_task(node: Node, region: Region, fragment: Fragment | None, direct: boo
     are split into pieces so that they run in parallel (each piece is one mapped window)."""
     if node.kind is NodeKind.DEQUANTIZE and node.attrs.scheme is not None:  # type: ignore[union-attr]
         return ReadTask(node, read_attrs(node.inputs[0]).entry, region, fragment,
-                        packed_layout(node))
+                        packed_layout(node, region))
     entry, scale, block = _read_parts(node)
     layout = _task_layout(entry.spec, entry.file is not None, scale, block, region, direct,
                           piece_bytes)
@@ -207,24 +221,30 @@ def _layout(shape: tuple[int, ...], size: int, in_file: bool,
                       asked + scale_asked, runs, scale_runs)
 
 
-def packed_layout(node: Node) -> ReadLayout:
-    """A packed dequantize reads its whole stored weight (one window) and its parts,
-    whatever region it lands: the codes of a row are only whole with its scales."""
-    weight = read_attrs(node.inputs[0]).entry
-    parts = sum(read_attrs(p).entry.nbytes for p in node.inputs[1:])
-    return _packed_layout(weight.nbytes, weight.file is not None, parts,
-                          node.attrs.scheme, node.spec.shape)  # type: ignore[union-attr]
+def packed_layout(node: Node, region: Region) -> ReadLayout:
+    """A packed dequantize reads, of its stored weight and each part, only the box that
+    covers ``region`` (a rank's slice: its rows' bytes, or its columns' runs, and the
+    scale tiles over them; see :mod:`~weightplan.planner.core.quant.packed_slices`)."""
+    entries = tuple(read_attrs(p).entry for p in node.inputs)
+    return _packed_layout(tuple((e.spec.shape, e.spec.dtype.itemsize) for e in entries),
+                          entries[0].file is not None, node.attrs.scheme,  # type: ignore[union-attr]
+                          node.spec.shape, region)
 
 
 @lru_cache(maxsize=CACHE_SIZE)
-def _packed_layout(total: int, in_file: bool, parts: int, scheme: object,
-                   shape: tuple[int, ...]) -> ReadLayout:
+def _packed_layout(parts: tuple[tuple[tuple[int, ...], int], ...], in_file: bool,
+                   scheme: object, shape: tuple[int, ...], region: Region) -> ReadLayout:
     """One layout per geometry (the experts of a stack share it)."""
     from weightplan.planner.core.quant.formats import workspace_bytes as packed_workspace
+    from weightplan.planner.tensors.lower.packed_reads import packed_read_layout
 
-    work = packed_workspace(scheme, shape)  # type: ignore[arg-type]
-    window = total if in_file else 0
-    return ReadLayout(False, 0, total, ((0, total),), window + parts + work, parts, total + parts)
+    read = packed_read_layout(scheme, shape, region, parts, in_file)  # type: ignore[arg-type]
+    weight = read.parts[0]
+    work = packed_workspace(scheme, read.cover.box.shape)  # type: ignore[arg-type]
+    window = sum(p.asked for p in read.parts) if in_file else 0
+    others = sum(p.nbytes for p in read.parts[1:])
+    return ReadLayout(False, weight.first, weight.length, ((0, weight.length),), window + work,
+                      others, sum(p.asked for p in read.parts), weight.runs, None, read)
 
 
 def placed_reads(sources: Streams[Node], frags: Streams[tuple[Fragment, ...]],
@@ -262,7 +282,7 @@ def _each_read(tasks: list[ReadTask], stream: tuple[Node, ...],
             continue
         if node.kind is NodeKind.DEQUANTIZE and node.attrs.scheme is not None:  # type: ignore[union-attr]
             tasks += [ReadTask(node, read_attrs(node.inputs[0]).entry, f.region, f,
-                               packed_layout(node)) for f in frags[j] if f.region.numel]
+                               packed_layout(node, f.region)) for f in frags[j] if f.region.numel]
             continue
         entry, scale, block = _read_parts(node)
         spec = entry.spec

@@ -26,6 +26,8 @@ from operator import attrgetter
 from typing import cast
 
 from weightplan.planner.core.geometry import Fragment, Region, _is_contiguous
+from weightplan.planner.core.quant.formats import Scheme
+from weightplan.planner.core.quant.packed_slices import packed_cover
 from weightplan.planner.core.sharding.fp8_slices import scale_region
 from weightplan.planner.inputs.checkpoint import Checkpoint, TensorEntry
 from weightplan.planner.tensors.ir.destination import Destination
@@ -139,6 +141,15 @@ def _read_entries(node: Node) -> tuple[TensorEntry, TensorEntry | None]:
     return _ENTRY(weight), _ENTRY(scale_node)
 
 
+def packed_weight_box(task: ReadTask) -> Region:
+    """The box of a packed dequantize's stored weight its region needs, derived from the
+    node and the region (not from the layout it checks)."""
+    attrs = task.node.attrs
+    assert isinstance(attrs, DequantizeAttrs) and isinstance(attrs.scheme, Scheme)
+    box = packed_cover(attrs.scheme, tuple(task.node.spec.shape), task.region).parts[0]
+    return box if box is not None else Region.full(tuple(task.entry.spec.shape))
+
+
 def _nowhere() -> Landing:
     return Landing(-1, Region((), ()), (), ())  # (no fragment lands like it)
 
@@ -158,7 +169,8 @@ def _judge(task: ReadTask, entry: TensorEntry, scale: TensorEntry | None) -> _Ge
     layout, spec = task.layout, entry.spec
     size = spec.dtype.itemsize
     if isinstance(task.node.attrs, DequantizeAttrs) and task.node.attrs.scheme is not None:
-        first, count = 0, spec.numel  # a packed weight is read whole, whatever it lands
+        box = packed_weight_box(task)  # (the stored box covering the region: packed_slices)
+        first, count = box.element_span(tuple(spec.shape))
     else:
         first, count = task.region.element_span(tuple(spec.shape))
     inside = layout.first >= 0 and layout.first + layout.length <= spec.nbytes

@@ -25,6 +25,7 @@ from weightplan.planner.core.geometry import CACHE_SIZE, Region
 from weightplan.planner.core.sharding.fp8_slices import scale_region
 from weightplan.planner.tensors.lower.placement import Step
 from weightplan.planner.tensors.lower.read_tasks import ReadLayout, ReadTask
+from weightplan.planner.tensors.verify.read_checks import packed_weight_box
 from weightplan.planner.tensors.lower.strided import ByteRuns
 
 
@@ -54,7 +55,8 @@ _LAYOUT, _RUNS, _SCALE_RUNS = attrgetter("layout"), attrgetter("runs"), attrgett
 def _layout_problem(task: ReadTask, layout: ReadLayout) -> str | None:
     spec = task.entry.spec
     if layout.runs is not None:
-        wrong = runs_problem(layout.runs, tuple(spec.shape), spec.dtype.itemsize, task.region,
+        region = task.region if layout.packed is None else packed_weight_box(task)
+        wrong = runs_problem(layout.runs, tuple(spec.shape), spec.dtype.itemsize, region,
                              (layout.first, layout.length))
         if wrong is not None:
             return wrong
