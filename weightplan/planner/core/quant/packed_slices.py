@@ -66,6 +66,8 @@ def packed_cover(scheme: Scheme, shape: tuple[int, ...], region: Region) -> Pack
     row, col = _units(scheme, n)
     r0, r1 = o0 // row * row, min(out, -(-o1 // row) * row)
     c0, c1 = i0 // col * col, min(n, -(-i1 // col) * col)
+    if scheme.act_order:  # (a column's group is g_idx's: every column, every group read)
+        c0, c1 = 0, n
     lead = (region.starts[:-2], region.stops[:-2])
     ends = ((c0, r0), (c1, r1)) if t else ((r0, c0), (r1, c1))
     box = Region(lead[0] + ends[0], lead[1] + ends[1])
@@ -119,11 +121,12 @@ def _part_boxes(scheme: Scheme, lead: tuple[tuple[int, ...], tuple[int, ...]],
     first = box(rows, (c0 * scheme.bits // 32, -(-c1 * scheme.bits // 32))) \
         if scheme.format == "int" else box(rows, cols)
     scale = _scale_box(scheme, box, rows, cols)
+    g_idx = (None,) if scheme.act_order else ()  # (read whole: every column's group)
     if scheme.format == "int" and not scheme.symmetric:
         assert scale is not None
         zero_rows = (r0 * scheme.bits // 32, -(-r1 * scheme.bits // 32))
-        return first, scale, box(zero_rows, (scale.starts[-1], scale.stops[-1]))
-    return first, scale
+        return first, scale, box(zero_rows, (scale.starts[-1], scale.stops[-1])), *g_idx
+    return first, scale, *g_idx
 
 
 def _scale_box(scheme: Scheme, box: object, rows: tuple[int, int], cols: tuple[int, int]

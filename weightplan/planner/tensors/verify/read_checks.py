@@ -26,8 +26,6 @@ from operator import attrgetter
 from typing import cast
 
 from weightplan.planner.core.geometry import Fragment, Region, _is_contiguous
-from weightplan.planner.core.quant.formats import Scheme
-from weightplan.planner.core.quant.packed_slices import packed_cover
 from weightplan.planner.core.sharding.fp8_slices import scale_region
 from weightplan.planner.inputs.checkpoint import Checkpoint, TensorEntry
 from weightplan.planner.tensors.ir.destination import Destination
@@ -144,6 +142,9 @@ def _read_entries(node: Node) -> tuple[TensorEntry, TensorEntry | None]:
 def packed_weight_box(task: ReadTask) -> Region:
     """The box of a packed dequantize's stored weight its region needs, derived from the
     node and the region (not from the layout it checks)."""
+    from weightplan.planner.core.quant.formats import Scheme  # (a packed format's plan only)
+    from weightplan.planner.core.quant.packed_slices import packed_cover
+
     attrs = task.node.attrs
     assert isinstance(attrs, DequantizeAttrs) and isinstance(attrs.scheme, Scheme)
     box = packed_cover(attrs.scheme, tuple(task.node.spec.shape), task.region).parts[0]
