@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from itertools import compress, filterfalse, repeat
 from operator import attrgetter, is_
 
@@ -140,7 +141,7 @@ def _final_fragments(outputs: Streams[Node], written: list[Node],
     position = {n: (i, j) for i, stream in enumerate(outputs) for j, n in enumerate(stream)}
     final: list[list[tuple[Fragment, ...]]] = [[() for _ in s] for s in outputs]
     for target, (sink, d) in enumerate(zip(written, dests, strict=True)):
-        value, view = sink.inputs[0], View(d.spec.shape, d.stride)
+        value, view = sink.inputs[0], _whole_view(d.spec.shape, d.stride)
         placed: tuple[Fragment, ...] = (Fragment(Region.full(d.spec.shape), target, view),)
         while value not in position:
             if value.kind is NodeKind.SHARD:  # this rank's pieces of its input
@@ -152,6 +153,10 @@ def _final_fragments(outputs: Streams[Node], written: list[Node],
         i, j = position[value]
         final[i][j] += placed
     return tuple(tuple(row) for row in final)
+
+
+# a destination's whole view, shared by the destinations of one shape and stride
+_whole_view = lru_cache(maxsize=1 << 14)(View)
 
 
 def _staging(dests: tuple[Destination, ...], reads: tuple[ReadTask, ...], materialized: bool
