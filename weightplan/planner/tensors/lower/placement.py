@@ -84,9 +84,12 @@ class Step:
         return sum(r.region.numel * r.entry.spec.dtype.itemsize + r.scale_bytes
                    for r in self.reads)
 
-    def window_counts(self) -> Counter[int]:
+    def window_counts(self) -> dict[int, int]:
         """Mapped file windows of the reads, by size, each live only while its read runs."""
-        return Counter(filter(None, map(_WINDOW_BYTES, self.reads)))
+        sizes = list(filter(None, map(_WINDOW_BYTES, self.reads)))
+        if not sizes or sizes.count(sizes[0]) == len(sizes):  # (one size: a lone read, a stack)
+            return {sizes[0]: len(sizes)} if sizes else {}
+        return Counter(sizes)
 
 
 def plan_step(conv: Conversion, piece_bytes: int = PIECE_BYTES) -> Step:
