@@ -86,6 +86,12 @@ class View:
         return View.contiguous(shape, self.offset)
 
 
+@lru_cache(maxsize=CACHE_SIZE)
+def _full(shape: tuple[int, ...]) -> "Region":
+    # one shared box per shape: a header of 1M one-tensor keys holds a few hundred shapes
+    return Region((0,) * len(shape), shape)
+
+
 @dataclass(frozen=True, slots=True)
 class Region:
     """A box ``[starts, stops)`` in a tensor's index space."""
@@ -95,7 +101,7 @@ class Region:
 
     @classmethod
     def full(cls, shape: tuple[int, ...]) -> "Region":
-        return cls((0,) * len(shape), tuple(shape))
+        return _full(tuple(shape)) if cls is Region else cls((0,) * len(shape), tuple(shape))
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -17,8 +17,8 @@ themselves (byte ranges, pieces, windows) are :mod:`~weightplan.planner.tensors.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, replace
-from functools import cache, cached_property
+from dataclasses import dataclass, field, replace
+from functools import cache, lru_cache
 from itertools import compress, filterfalse, repeat
 from operator import attrgetter, is_
 from types import ModuleType
@@ -42,9 +42,13 @@ _REQUESTED, _WINDOW_BYTES = attrgetter("layout.requested"), attrgetter("layout.w
 _TMP_BYTES, _FRAGMENT, _KIND = attrgetter("tmp_bytes"), attrgetter("fragment"), attrgetter("kind")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Step:
-    """One conversion of the graph, lowered: what the executor does for it."""
+    """One conversion of the graph, lowered: what the executor does for it.
+
+    Its byte counts are computed with it (every schedule reads them for every step; a
+    slotted step holds no per-instance dict: a plan of 1M one-key steps is 400 MB lighter).
+    """
 
     label: str
     sinks: tuple[Node, ...]  # every sink of the conversion (DISCARD ones included)
@@ -54,47 +58,40 @@ class Step:
     materialize: tuple[Streams[Node], ...]  # op-node stages run on tensors (empty: all placed)
     outputs: Streams[tuple[Fragment, ...]]  # where the last materialized stage's outputs land
     quantized: tuple[QuantizeTask, ...] = ()  # values quantized into FP8 weight + scale
+    read_bytes: int = field(init=False)  # (spans, or only their runs: strided.py)
+    dest_bytes: int = field(init=False)  # allocated and resident (0 when writing in place)
+    staged_bytes: int = field(init=False)  # output tensors assembled until finalized
+    held_bytes: int = field(init=False)  # temporaries kept until the materialized ops run
+    convert_bytes: int = field(init=False)  # upper bound of what the materialized ops allocate
+
+    def __post_init__(self) -> None:
+        reads, dests = self.reads, self.destinations
+        init = object.__setattr__
+        init(self, "read_bytes", sum(map(_REQUESTED, reads)))
+        init(self, "dest_bytes", sum(d.spec.nbytes for d in dests if d.allocates))
+        init(self, "staged_bytes", sum(d.spec.nbytes for d in dests if d.staged))
+        init(self, "held_bytes", sum(map(_TMP_BYTES, filterfalse(_FRAGMENT, reads))))  # (placed: 0)
+        ops = sum(sum(n.spec.nbytes for stream in stage for n in stream)
+                  for stage in self.materialize if stage_op(stage).allocates)
+        ops += sum(stage_op(stage).workspace_bytes() for stage in self.materialize)
+        init(self, "convert_bytes", ops + sum(t.work_bytes for t in self.quantized))
 
     @property
     def ops(self) -> tuple[ConversionOp, ...]:
         """The materialized ops, in order."""
         return tuple(stage_op(stage) for stage in self.materialize)
 
-    @cached_property
-    def read_bytes(self) -> int:
-        return sum(map(_REQUESTED, self.reads))  # (spans, or only their runs: strided.py)
-
-    @cached_property
+    @property
     def needed_bytes(self) -> int:
         """The bytes of the regions read (a dequantize's scale tiles included)."""
         return sum(r.needed_bytes for r in self.reads)
 
-    @cached_property
-    def dest_bytes(self) -> int:
-        """Bytes this step allocates that stay resident (0 when writing in place)."""
-        return sum(d.spec.nbytes for d in self.destinations if d.allocates)
-
-    @cached_property
-    def staged_bytes(self) -> int:
-        """Output tensors assembled in memory until the step is finalized."""
-        return sum(d.spec.nbytes for d in self.destinations if d.staged)
-
-    @cached_property
-    def held_bytes(self) -> int:
-        """Temporaries kept until the materialized ops run."""
-        return sum(map(_TMP_BYTES, filterfalse(_FRAGMENT, self.reads)))  # (placed: 0)
-
-    def window_counts(self) -> Counter[int]:
+    def window_counts(self) -> dict[int, int]:
         """Mapped file windows of the reads, by size, each live only while its read runs."""
-        return Counter(filter(None, map(_WINDOW_BYTES, self.reads)))
-
-    @cached_property
-    def convert_bytes(self) -> int:
-        """Upper bound of the tensors the materialized ops allocate."""
-        ops = sum(sum(n.spec.nbytes for stream in stage for n in stream)
-                  for stage in self.materialize if stage_op(stage).allocates)
-        ops += sum(stage_op(stage).workspace_bytes() for stage in self.materialize)
-        return ops + sum(t.work_bytes for t in self.quantized)
+        sizes = list(filter(None, map(_WINDOW_BYTES, self.reads)))
+        if not sizes or sizes.count(sizes[0]) == len(sizes):  # (one size: a lone read, a stack)
+            return {sizes[0]: len(sizes)} if sizes else {}
+        return Counter(sizes)
 
 
 def plan_step(conv: Conversion, piece_bytes: int = PIECE_BYTES) -> Step:
@@ -165,7 +162,7 @@ def _final_fragments(outputs: Streams[Node], written: list[Node],
     position = {n: (i, j) for i, stream in enumerate(outputs) for j, n in enumerate(stream)}
     final: list[list[tuple[Fragment, ...]]] = [[() for _ in s] for s in outputs]
     for target, (sink, d) in enumerate(zip(written, dests, strict=True)):
-        value, view = sink.inputs[0], View(d.spec.shape, d.stride)
+        value, view = sink.inputs[0], _whole_view(d.spec.shape, d.stride)
         placed: tuple[Fragment, ...] = (Fragment(Region.full(d.spec.shape), target, view),)
         while value not in position:
             if value.kind is NodeKind.SHARD:  # this rank's pieces of its input
@@ -177,6 +174,10 @@ def _final_fragments(outputs: Streams[Node], written: list[Node],
         i, j = position[value]
         final[i][j] += placed
     return tuple(tuple(row) for row in final)
+
+
+# a destination's whole view, shared by the destinations of one shape and stride
+_whole_view = lru_cache(maxsize=1 << 14)(View)
 
 
 def _staging(dests: tuple[Destination, ...], reads: tuple[ReadTask, ...], materialized: bool

@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import os
 from collections import Counter, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from itertools import compress
@@ -172,7 +172,7 @@ class _Pending:
 
     def __init__(self, threads: int) -> None:
         self.threads, self.held, self.windows = threads, 0, SortedWindows()
-        self.counts: dict[int, Counter[int]] = {}  # a pending step's window sizes, counted
+        self.counts: dict[int, dict[int, int]] = {}  # a pending step's window sizes, counted
 
     def add(self, step: Step) -> None:
         self.held += step.held_bytes + step.staged_bytes
@@ -206,12 +206,12 @@ class SortedWindows:
     def remove_all(self, sizes: Sequence[int]) -> None:
         self.remove_counts(Counter(sizes))
 
-    def add_counts(self, counts: Counter[int]) -> None:
+    def add_counts(self, counts: Mapping[int, int]) -> None:
         for size, count in counts.items():
             at = bisect.bisect_right(self._sizes, size)
             self._sizes[at:at] = [size] * count
 
-    def remove_counts(self, counts: Counter[int]) -> None:
+    def remove_counts(self, counts: Mapping[int, int]) -> None:
         for size, count in counts.items():
             at = bisect.bisect_left(self._sizes, size)
             del self._sizes[at:at + count]
