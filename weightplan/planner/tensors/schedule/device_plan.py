@@ -33,6 +33,7 @@ from weightplan.planner.tensors.schedule.auto_map import (
     FillInput, Slot, fill, largest_whole,
 )
 from weightplan.planner.tensors.schedule.device_budgets import CPU, DISK, DeviceBudget
+from weightplan.planner.tensors.schedule.offload_plan import OffloadPlan
 from weightplan.planner.tensors.schedule.schedule import Schedule
 from weightplan.units import format_bytes
 
@@ -67,6 +68,7 @@ class DevicePlacement:
     uses: tuple[DeviceUse, ...]
     offload_folder: str | None = None
     pinned_bytes: int = 0  # host staging for device copies (pinned buffers)
+    offload: OffloadPlan | None = None  # the disk's tensors: referenced in place or written
 
     def device_of(self, name: str) -> str:
         """The device of a tensor or module ``name`` (its longest mapped prefix)."""
