@@ -37,7 +37,7 @@ from weightplan.planner.pipelines.lower import StepOrder, lower
 from weightplan.planner.tensors.lower.placement import Step
 from weightplan.planner.tensors.ir.quant_build import QuantContext, quant_context, routed_checkpoint
 from weightplan.planner.tensors.ir.quant_scales import add_scale_conversions
-from weightplan.planner.tensors.schedule.schedule import order_steps
+from weightplan.planner.tensors.schedule.schedule import Schedule, order_steps
 from weightplan.planner.tensors.ir.shard_nodes import Sharding, plan_sharding
 from weightplan.units import parse_bytes
 
@@ -53,7 +53,7 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
                  tp: object = None, quantization: object = None, threads: int = 4,
                  device: object = None, finder: Finder | None = None,
                  max_memory: object = None, offload_folder: object = None,
-                 cooperative: bool = False,
+                 cooperative: bool = False, dequantize_on: str = "auto",
                  view: Callable[[ModelInfo], ModelInfo] | None = None) -> LoadPlanData:
     """Plan loading ``checkpoint`` into ``model`` from headers only; nothing is read or written.
 
@@ -62,7 +62,7 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     transformers bridge). ``device`` may be an automatic strategy (``"auto"``, ...), placed
     under ``max_memory`` (:mod:`~weightplan.planner.pipelines.devices`); ``view`` changes
     the model's view (an adapter's load: only its tensors, or its tensors kept in their
-    dtype). Returns the plan's data, which :class:`weightplan.Plan` wraps.
+    dtype); ``dequantize_on``: see ``dequant_side.py``. Returns the plan's data.
     """
     _refuse_quantization_option(quantization)
     automatic = _automatic(device, max_memory, offload_folder, model, tp)
@@ -93,9 +93,20 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     findings = _with_parallel_findings(findings, sharding)
     if automatic is not None and model is not None:
         options, schedule = automatic.placed(options, model, info, schedule)
+    if quant is not None or dequantize_on != "auto":  # (FP8 only: else nothing to side)
+        options, schedule = _sided(options, schedule, dequantize_on)
     return LoadPlanData(Direction.LOAD, ckpt, choice, transforms, conversions, graph, schedule,
                         options, model, info, routing, findings, sharding,
                         None if share is None else share.exchange)
+
+
+def _sided(options: PlanOptions, schedule: Schedule, mode: str
+           ) -> tuple[PlanOptions, Schedule]:
+    """FP8 dequantizes sided host or device (see dequant_side.py)."""
+    from weightplan.planner.tensors.schedule.dequant_side import check_mode, place_dequantize
+
+    schedule, sides = place_dequantize(schedule, options.devices, check_mode(mode))
+    return dataclasses.replace(options, dequantize=sides), schedule
 
 
 def _automatic(device: object, max_memory: object, offload_folder: object,

@@ -51,6 +51,7 @@ class Step:
     materialize: tuple[Streams[Node], ...]  # op-node stages run on tensors (empty: all placed)
     outputs: Streams[tuple[Fragment, ...]]  # where the last materialized stage's outputs land
     quantized: tuple[QuantizeTask, ...] = ()  # values quantized into FP8 weight + scale
+    device_dequantize: frozenset[int] = frozenset()  # destinations dequantized on their device
 
     @property
     def ops(self) -> tuple[ConversionOp, ...]:
