@@ -15,9 +15,8 @@ MAX_NAMES = 6
 
 
 def shown(d: DequantPlacement | None) -> bool:
-    """Anything on a device, or a device destination dequantized on the host."""
-    return d is not None and (d.count(DEVICE) > 0 or d.mode != "auto"
-                              or any(s.device != "cpu" for s in d.sites))
+    """A side forced, or a destination on an accelerator (else all runs on the host)."""
+    return d is not None and (d.mode != "auto" or d.accelerated) and bool(d.sites)
 
 
 def dequant_lines(d: DequantPlacement | None) -> list[str]:

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 from weightplan.errors import PlanError
 from weightplan.planner.core.geometry import Fragment
@@ -58,10 +59,22 @@ class DequantSite:
 
 @dataclass(frozen=True)
 class DequantPlacement:
-    """Every FP8 dequantize of the plan, sided."""
+    """Every FP8 dequantize of the plan, sided (the sites are read off the steps when
+    asked: a plan that loads onto the CPU pays nothing for them at plan time)."""
 
     mode: str
-    sites: tuple[DequantSite, ...]
+    steps: tuple[Step, ...] = field(repr=False)
+    devices: DeviceMap | None = field(repr=False)
+
+    @property
+    def accelerated(self) -> bool:
+        """Some destination is on an accelerator (the side then matters)."""
+        return self.devices is not None and any(d.type != "cpu" for d in self.devices.devices)
+
+    @cached_property
+    def sites(self) -> tuple[DequantSite, ...]:
+        return tuple(_site(step, t, self.devices, t in step.device_dequantize)
+                     for step in self.steps for t in sorted(_fp8_targets(step)))
 
     def count(self, side: str) -> int:
         return sum(s.side == side for s in self.sites)
@@ -81,23 +94,23 @@ def check_mode(mode: object) -> str:
 
 
 def place_dequantize(schedule: Schedule, devices: DeviceMap | None, mode: str
-                     ) -> tuple[Schedule, DequantPlacement | None]:
-    """The schedule with each step's device-side destinations set, and the placement
-    (``None`` when the plan dequantizes nothing)."""
-    sites: list[DequantSite] = []
+                     ) -> tuple[Schedule, DequantPlacement]:
+    """The schedule with each step's device-side destinations set, and the placement."""
+    if mode == "auto" and (devices is None or all(d.type == "cpu" for d in devices.devices)):
+        return schedule, DequantPlacement(mode, schedule.steps, devices)  # (all on the host)
     steps: list[Step] = []
     changed = False
     for step in schedule.steps:
-        on_device = frozenset(t for t in _fp8_targets(step)
-                              if _side(step, t, devices, mode) == DEVICE)
-        sites.extend(_site(step, t, devices, t in on_device) for t in sorted(_fp8_targets(step)))
+        targets = _fp8_targets(step)
+        on_device = frozenset(t for t in targets if _side(step, t, devices, mode) == DEVICE) \
+            if targets else frozenset()
         if on_device != step.device_dequantize:
             step, changed = dataclasses.replace(step, device_dequantize=on_device), True
         steps.append(step)
     if changed:
         schedule = make_schedule(tuple(steps), threads=schedule.threads,
                                  window_bytes=schedule.window_bytes)
-    return schedule, (DequantPlacement(mode, tuple(sites)) if sites else None)
+    return schedule, DequantPlacement(mode, schedule.steps, devices)
 
 
 def device_staging(reads: Iterable[ReadTask]) -> int:
