@@ -10,6 +10,7 @@ prints µs per key, which stays flat when planning is linear in keys.
 
     python benchmarks/plan.py [--only deepseek-v3-fp8] [--repeat 3] [--scaling]
     python benchmarks/plan.py --cli [--only deepseek-v3-fp8] [--repeat 3]
+    python benchmarks/plan.py --dry-run [--only deepseek-v3-fp8] [--repeat 3]
 
 ``--cli`` times the command line instead, each run a fresh process (medians): ``python -c
 "import torch, transformers"``; the same plus the modules of the checkpoint's model class
@@ -52,20 +53,21 @@ sys.path.insert(0, str(HERE.parent))
 
 from benchmarks.frontier import FIXTURES, fixture_keys, write_fixture  # noqa: E402
 
-# (module, function) pairs explain() calls, each timed on its own (lower's parts inside it)
+# (module, function) pairs explain() calls, each timed on its own (lower's parts inside it;
+# the quantized phases in their own modules: load.py imports them only for a quantized input)
 PHASES = (("weightplan.planner.pipelines.load", "open_checkpoint"),
           ("weightplan.planner.pipelines.load", "inspect_model"),
           ("weightplan.planner.pipelines.load", "choose_mapping"),
-          ("weightplan.planner.pipelines.load", "quant_context"),
+          ("weightplan.planner.pipelines.load", "_quant_context"),  # (its gate included)
           ("weightplan.planner.pipelines.load", "route_checkpoint"),
           ("weightplan.planner.pipelines.load", "build_conversions"),
-          ("weightplan.planner.pipelines.load", "add_scale_conversions"),
+          ("weightplan.planner.tensors.ir.quant_scales", "add_scale_conversions"),
           ("weightplan.planner.pipelines.lower", "plan_graph"),
           ("weightplan.planner.pipelines.lower", "plan_step"),
           ("weightplan.planner.pipelines.lower", "verify"),
           ("weightplan.planner.pipelines.lower", "schedule_within"),
           ("weightplan.planner.pipelines.load", "collect_findings"),
-          ("weightplan.planner.pipelines.load", "with_fp8_findings"))
+          ("weightplan.planner.pipelines.fp8_findings", "with_fp8_findings"))
 
 
 def fixture(cache: Path, name: str, layers: int | None = None) -> Path:
@@ -296,6 +298,45 @@ def scaling(cache: Path, repeat: int) -> None:
               f"{1e6 * r['explain'] / r['keys']:>10.1f}")
 
 
+DRY_RUNS = (("--tp 8 --ep", {}), ("--tp 8 --ep --cooperative", {"cooperative": True}),
+            ("--tp 8 --ep --cooperative --nodes 2", {"cooperative": True,
+                                                     "local_world_size": 4}))
+DRY_RUN_TARGET_S = 2.0  # issue 25, item 4
+
+
+def dry_run(directory: Path, repeat: int) -> None:
+    """``weightplan explain DIR --tp 8 --ep [...]``'s planning (every rank's plan, as the
+    command makes them, the model as it builds it: FP8 kept), CPU medians, against one
+    rank's plan made alone in the same run (what each rank cost before ranks shared what
+    none of them changes) and the 2 s target."""
+    import dataclasses
+
+    from weightplan.bridge.hub import build_empty_model
+    from weightplan.parallel import TensorParallel
+    from weightplan.planner.pipelines.load import explain_load
+    from weightplan.planner.pipelines.ranks import plan_ranks
+
+    model = build_empty_model(directory, keep_quantized=True).model
+    print(f"dry run of 8 ranks, {directory.name} (CPU seconds, median of {repeat})")
+    for flags, extra in DRY_RUNS:
+        tp = TensorParallel(world_size=8, rank=0, experts="ep", output="local", **extra)
+        ranks, alone = [], []
+        for _ in range(repeat):  # (alternating: the machine's noise falls on both)
+            gc.collect()
+            start = time.process_time()
+            explain_load(model, directory, dtype="auto", tp=dataclasses.replace(tp, rank=3))
+            alone.append(time.process_time() - start)
+            gc.collect()
+            start = time.process_time()
+            plan_ranks(model, directory, tp, dtype="auto")
+            ranks.append(time.process_time() - start)
+        every, one = statistics.median(ranks), statistics.median(alone)
+        verdict = "meets" if every <= DRY_RUN_TARGET_S else "MISSES"
+        print(f"  {flags:<38} 8 ranks {every:5.2f} s ({verdict} ≤ {DRY_RUN_TARGET_S:.0f} s)"
+              f"  one rank alone {one:4.2f} s  8 ranks / one rank {every / one:4.2f}"
+              f" (planned one by one: ≈ 8)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache", type=Path, default=HERE / ".cache" / "frontier")
@@ -305,7 +346,14 @@ def main() -> None:
     parser.add_argument("--cli", action="store_true",
                         help="time `weightplan explain DIR` in fresh processes instead "
                              "(--only, default deepseek-v3-fp8)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="time `weightplan explain DIR --tp 8 --ep [--cooperative] "
+                             "[--nodes 2]`'s planning of every rank (--only, default "
+                             "deepseek-v3-fp8)")
     args = parser.parse_args()
+    if args.dry_run:
+        dry_run(fixture(args.cache, args.only or "deepseek-v3-fp8"), args.repeat)
+        return
     if args.cli:
         cli(fixture(args.cache, args.only or "deepseek-v3-fp8"), args.repeat)
         return

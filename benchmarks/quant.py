@@ -10,6 +10,10 @@ names, dtypes, shapes and shard counts, plus the only data bytes a plan reads: e
 (its ``model_type`` ``kimi_k2`` is remote code; the architecture is DeepSeek-V3's). It
 prints the median ``explain()`` CPU time (target ≤ 1.0 s each), the problem count (target
 0), and the plan's format note (stored bytes → dequantized bytes).
+
+The loads themselves (each format → bf16 vs transformers' dequantizing load and the copy
+floor, with peak RSS) are :mod:`benchmarks.quant_load`: ``python benchmarks/quant_load.py
+--size-mb 384``.
 """
 
 from __future__ import annotations

@@ -116,9 +116,14 @@ def report(world: int, total: int, runs: list[dict]) -> None:
               f"{c['read'] / (total / world):>6.3f} {a['read'] / a['needed']:>15.3f} "
               f"{a['seconds']:>7.2f} {c['seconds']:>7.2f} {b['seconds']:>7.2f} "
               f"{a['rss'] / gib:>10.2f} G {b['rss'] / gib:>10.2f} G")
+    wall = {c: max((r["seconds"] for r in rows.values()), default=float("nan"))
+            for c, rows in by.items()}  # (a load is done when its slowest rank is)
     for contender in ("weightplan", "cooperative"):
         storage = sum(r["read"] for r in by[contender].values())
-        print(f"{contender}: all ranks' storage bytes / checkpoint = {storage / total:.3f}")
+        print(f"{contender}: all ranks' storage bytes / checkpoint = {storage / total:.3f}; "
+              f"wall {wall[contender]:.2f} s = {wall[contender] / wall['transformers']:.2f}× "
+              f"transformers tp_plan=\"auto\" ({wall['transformers']:.2f} s), "
+              f"{wall[contender] / wall['weightplan']:.2f}× the non-cooperative load")
 
 
 def main() -> None:

@@ -10,6 +10,8 @@
                                                   every rank's storage / network / held / peak
     weightplan convert SRC DST [--reverse]           on disk, no model (mapping: config.json's
                                                      model_type, or --model-type)
+    weightplan convert SRC DST --dequantize | --to fp8   quantized weights to bf16, or
+                                                     MXFP4 re-encoded as block FP8 (lossless)
     weightplan mappings [--json]                     registered mappings and aliases
     weightplan recover DIR                           complete a save interrupted in its commit
 
@@ -138,6 +140,10 @@ def _convert_parser(conv: argparse.ArgumentParser) -> None:
                       help="write the quantized weights (FP8, MXFP4, compressed-tensors, "
                            "ModelOpt NVFP4) dequantized to bf16, keys as they are (unless "
                            "--mapping), config.json without quantization_config")
+    conv.add_argument("--to", choices=("fp8",), default=None,
+                      help="re-encode MXFP4 (gpt-oss) as 128×128 block FP8 with float32 "
+                           "weight_scale_inv, losslessly (a block that can't be exact is an "
+                           "error), keys as they are (unless --mapping)")
     conv.add_argument("--threads", type=int, default=4, metavar="N",
                       help="threads reading and writing tensors (default 4; 0: all in this "
                            "thread)")

@@ -41,8 +41,10 @@ escapes (they are wrapped and chained with ``from``). The tree::
     ├── ExecutionError               failure while loading; names the node (key, file, op)
     │   ├── PartialLoadError         a failed load into allocated tensors overwrote some of
     │   │                            them (``.overwritten`` lists exactly which)
-    │   └── OpenFileLimitError       the checkpoint has more files than this process may
-    │                                open at once (``ulimit -n``; says how to raise it)
+    │   ├── OpenFileLimitError       the checkpoint has more files than this process may
+    │   │                            open at once (``ulimit -n``; says how to raise it)
+    │   └── RankFailedError          another rank of a cooperative load failed to plan or
+    │                                read before the broadcasts (``.failures``: rank → error)
     ├── RenderError                  a plan can't be drawn as asked (detail, only=, format, dot)
     ├── SaveError                    failure while saving; nothing half-written is left (a
     │   │                            failure inside the commit leaves the directory marked
@@ -226,6 +228,15 @@ class PartialLoadError(ExecutionError):
 
 class OpenFileLimitError(ExecutionError):
     """The checkpoint has more files than this process may open at once."""
+
+
+class RankFailedError(ExecutionError):
+    """Other ranks of a cooperative load failed before the broadcasts: this rank stops
+    too instead of waiting for them (``failures``: global rank → its error, as text)."""
+
+    def __init__(self, message: str, *, failures: "dict[int, str] | None" = None):
+        super().__init__(message)
+        self.failures = dict(failures or {})
 
 
 class RenderError(WeightplanError, ValueError):

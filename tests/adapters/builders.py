@@ -31,11 +31,16 @@ class Family:
 
 MIXTRAL = Family("mixtral", "block_sparse_moe.experts", "w1", "w3", "w2")
 QWEN2_MOE = Family("qwen2_moe", "mlp.experts", "gate_proj", "up_proj", "down_proj")
+QWEN3_MOE = Family("qwen3_moe", "mlp.experts", "gate_proj", "up_proj", "down_proj")
+DEEPSEEK_V3 = Family("deepseek_v3", "mlp.experts", "gate_proj", "up_proj", "down_proj")
 
 
 def tiny_config(family: str, *, experts: int = 4, hidden: int = 16, inter: int = 12,
                 layers: int = 2):
-    from transformers import LlamaConfig, MixtralConfig, Qwen2MoeConfig
+    from transformers import (
+        DeepseekV3Config, GptOssConfig, LlamaConfig, MixtralConfig, Qwen2MoeConfig,
+        Qwen3MoeConfig,
+    )
 
     common = dict(vocab_size=64, hidden_size=hidden, num_hidden_layers=layers,
                   num_attention_heads=2, num_key_value_heads=1)
@@ -46,6 +51,19 @@ def tiny_config(family: str, *, experts: int = 4, hidden: int = 16, inter: int =
         return Qwen2MoeConfig(**common, intermediate_size=32, moe_intermediate_size=inter,
                               shared_expert_intermediate_size=SHARED, num_experts=experts,
                               num_experts_per_tok=2)
+    if family == "qwen3_moe":
+        return Qwen3MoeConfig(**common, intermediate_size=32, moe_intermediate_size=inter,
+                              num_experts=experts, num_experts_per_tok=2, head_dim=8,
+                              decoder_sparse_step=1)
+    if family == "deepseek_v3":  # (every layer MoE; no q LoRA: a plain q_proj)
+        return DeepseekV3Config(**common, intermediate_size=32, moe_intermediate_size=inter,
+                                n_routed_experts=experts, num_experts_per_tok=2,
+                                n_shared_experts=1, first_k_dense_replace=0, q_lora_rank=None,
+                                kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=4,
+                                v_head_dim=8, n_group=1, topk_group=1)
+    if family == "gpt_oss":  # experts stored (E, in, out)
+        return GptOssConfig(**common, intermediate_size=inter, num_local_experts=experts,
+                            num_experts_per_tok=2, head_dim=8, sliding_window=8)
     return LlamaConfig(**common, intermediate_size=32)
 
 
@@ -86,10 +104,12 @@ def per_expert_adapter(directory: str, family: Family, *, experts: int = 4, hidd
             key = f"{PREFIX}model.layers.{layer}.self_attn.q_proj"
             tensors[f"{key}.lora_A.weight"] = torch.randn(r, hidden, generator=g)
             tensors[f"{key}.lora_B.weight"] = torch.randn(hidden, r, generator=g)
-        if family is QWEN2_MOE:  # the shared expert's linears share the routed ones' names
+        shared = {QWEN2_MOE: ("shared_expert", SHARED), DEEPSEEK_V3: ("shared_experts", inter)}
+        if family in shared:  # the shared expert's linears share the routed ones' names
+            path, size = shared[family]
             for linear in linears:
-                fan_in, fan_out = (SHARED, hidden) if linear == family.down else (hidden, SHARED)
-                key = f"{PREFIX}model.layers.{layer}.mlp.shared_expert.{linear}"
+                fan_in, fan_out = (size, hidden) if linear == family.down else (hidden, size)
+                key = f"{PREFIX}model.layers.{layer}.mlp.{path}.{linear}"
                 tensors[f"{key}.lora_A.weight"] = torch.randn(r, fan_in, generator=g)
                 tensors[f"{key}.lora_B.weight"] = torch.randn(fan_out, r, generator=g)
     save_file(tensors, os.path.join(directory, "adapter_model.safetensors"))

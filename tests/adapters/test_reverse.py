@@ -71,3 +71,77 @@ def test_an_adapter_not_loaded_by_weightplan_is_refused(tmp_path):
     with pytest.raises(SaveError, match="not loaded by weightplan"):
         weightplan.save(_injected("mixtral", str(tmp_path / "in")), tmp_path / "out",
                         adapter_name="default")
+
+
+def _read(directory):
+    return load_file(f"{directory}/adapter_model.safetensors")
+
+
+@SLOW
+@given(experts=st.integers(1, 5), r=st.integers(1, 4), inter=st.integers(1, 9),
+       hidden=st.sampled_from([4, 8, 12]))
+def test_per_expert_saved_fused_and_back_is_exact(tmp_path_factory, experts, r, inter, hidden):
+    """per-expert file → load → save fused (peft's own file: its load equals ours) → load
+    that → save per-expert: the first file again, bit for bit."""
+    import json
+
+    root = tmp_path_factory.mktemp("v4")
+    sizes = dict(experts=experts, hidden=hidden, inter=inter, layers=1)
+    per_expert_adapter(str(root / "in"), MIXTRAL, r=r, **sizes)
+    model = _injected("mixtral", str(root / "in"), **sizes)
+    weightplan.explain(model, str(root / "in")).execute()
+    weightplan.save(model, root / "fused", adapter_name="default", layout="fused")
+    fused = _read(root / "fused")
+    assert any(".experts.base_layer.lora_B.weight" in k for k in fused)
+    config = json.loads((root / "fused" / "adapter_config.json").read_text())
+    assert "gate_up_proj" in config["target_parameters"]
+    oracle = peft.PeftModel.from_pretrained(tiny_model("mixtral", **sizes), str(root / "fused"))
+    again = peft.PeftModel.from_pretrained(tiny_model("mixtral", **sizes), str(root / "in"))
+    theirs, ours = oracle.state_dict(), again.state_dict()
+    assert [k for k in ours if ".lora_" in k and not torch.equal(ours[k], theirs[k])] == []
+    weightplan.explain(oracle, str(root / "fused")).execute()
+    weightplan.save(oracle, root / "back", adapter_name="default", layout="per_expert")
+    before, after = _read(root / "in"), _read(root / "back")
+    assert set(before) == set(after)
+    assert [k for k in before if not torch.equal(before[k], after[k])] == []
+    back = json.loads((root / "back" / "adapter_config.json").read_text())
+    assert not back.get("target_parameters") and {"w1", "w2", "w3"} <= set(back["target_modules"])
+
+
+@SLOW
+@given(experts=st.integers(1, 5), r=st.integers(1, 4), inter=st.integers(1, 9))
+def test_fused_saved_per_expert_and_back_is_exact(tmp_path_factory, experts, r, inter):
+    root = tmp_path_factory.mktemp("fused")
+    sizes = dict(experts=experts, hidden=8, inter=inter, layers=1)
+    config = dict(r=2 * r, lora_alpha=4 * r, target_parameters=["gate_up_proj", "down_proj"])
+    model = peft.get_peft_model(tiny_model("mixtral", **sizes), peft.LoraConfig(
+        init_lora_weights=False, **config))
+    with torch.no_grad():  # a fused pair trained from a per-expert adapter: block-diagonal B
+        for layer in model.base_model.model.model.layers:
+            b = layer.mlp.experts.base_layer.lora_B["default"].weight
+            blocks = b.view(b.shape[0], -1, experts).permute(2, 0, 1)
+            blocks[:, :inter, r:] = 0
+            blocks[:, inter:, :r] = 0
+    model.save_pretrained(root / "in")
+    weightplan.explain(model, str(root / "in")).execute()
+    weightplan.save(model, root / "v4", adapter_name="default", layout="per_expert")
+    assert any(".experts.0.w1.lora_A.weight" in k for k in _read(root / "v4"))
+    v4 = _injected("mixtral", str(root / "v4"), **sizes)
+    weightplan.explain(v4, str(root / "v4")).execute()
+    weightplan.save(v4, root / "out", adapter_name="default", layout="fused")
+    before, after = _read(root / "in"), _read(root / "out")
+    assert set(before) == set(after)
+    assert [k for k in before if not torch.equal(before[k], after[k])] == []
+
+
+def test_per_expert_layout_refuses_blocks_off_the_diagonal(tmp_path):
+    config = dict(r=4, lora_alpha=8, target_parameters=["gate_up_proj", "down_proj"])
+    model = peft.get_peft_model(tiny_model("mixtral"), peft.LoraConfig(
+        init_lora_weights=False, **config))
+    model.save_pretrained(tmp_path / "in")
+    weightplan.explain(model, str(tmp_path / "in")).execute()
+    with pytest.raises(SaveError, match=r"layers\.0\.mlp\.experts\.base_layer\.lora_B"):
+        weightplan.save(model, tmp_path / "out", adapter_name="default", layout="per_expert")
+    assert not (tmp_path / "out").exists()
+    weightplan.save(model, tmp_path / "fused", adapter_name="default", layout="fused")
+    assert set(_read(tmp_path / "fused")) == set(_read(tmp_path / "in"))

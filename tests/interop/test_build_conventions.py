@@ -9,7 +9,7 @@ from torch import nn
 
 import weightplan
 from weightplan.errors import MetaBufferError
-from weightplan.planner.inputs.ties import declared_ties
+from weightplan.planner.inputs.model_info import declared_ties
 
 from tests.interop.matrix import BUILDS, FAMILIES, Saved, build, output, pretrained
 from tests.interop.oracle import rewrite

@@ -69,10 +69,11 @@ def tp_oracle(tmp_path_factory, tp_checkpoints) -> Oracle:
 LOADER = Path(__file__).with_name("tp_load_worker.py")
 # (how, fixtures) per world size: "hf" loads into transformers' prepared model and runs
 # its TP forward; "wp" loads a plain meta model onto weightplan's own mesh; "ep": the same
-# with experts="ep" on a mesh given as mesh=.
+# with experts="ep" on a mesh given as mesh=; "coop" / "coopep": cooperative loads (TP / EP)
 LOAD_JOBS = {2: (("hf", ("llama", "mixtral", "dsv3")), ("wp", ("qwen3moe",)),
-                 ("ep", ("qwen3moe",))),
-             4: (("wp", ("mixtral",)),)}
+                 ("ep", ("qwen3moe",)), ("coop", ("llama", "mixtral", "dsv3")),
+                 ("coopep", ("qwen3moe", "dsv3"))),
+             4: (("wp", ("mixtral",)), ("coop", ("llama", "mixtral", "llama4kv")))}
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,9 @@ Per job and rank, a load is dumped to ``OUT/<fixture>.<how><N>.rank<r>.pt``, HOW
 
 - ``wp``: a plain meta model, ``TensorParallel()`` on the default group (weightplan's mesh);
 - ``ep``: the same with ``experts="ep"`` on a mesh passed as ``mesh=``;
+- ``coop`` / ``coopep``: as ``wp`` / ``ep`` (default group), cooperative: each replicated
+  tensor read by one rank and broadcast (``"__storage__"``: the bytes this rank requested
+  from storage, the checkpoint's bytes, the bytes it sent and received);
 - ``hf``: a model prepared by transformers' own TP utilities (meta ``DTensor`` parameters
   and forward hooks), loaded by ``weightplan.explain(model, dir, tp="auto")``; its logits
   on a fixed prompt go under ``"__logits__"`` (the TP forward runs through transformers).
@@ -59,6 +62,15 @@ def dump(model, report) -> dict:
     return out
 
 
+def _parallel(how: str, world: int):
+    if how == "hf":
+        return "auto"
+    if how == "ep":
+        return weightplan.TensorParallel(experts="ep", mesh=init_device_mesh("cpu", (world,)))
+    return weightplan.TensorParallel(experts="ep" if how == "coopep" else "tp",
+                                     cooperative=how.startswith("coop"))
+
+
 def main() -> None:
     out_dir, *jobs = sys.argv[1:]
     world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
@@ -66,9 +78,12 @@ def main() -> None:
     for job in jobs:
         how, _, directory = job.partition(":")
         model = transformers_prepared(directory, world) if how == "hf" else meta_model(directory)
-        tp = "auto" if how == "hf" else weightplan.TensorParallel() if how == "wp" else \
-            weightplan.TensorParallel(experts="ep", mesh=init_device_mesh("cpu", (world,)))
-        record = dump(model, weightplan.explain(model, directory, tp=tp).execute())
+        plan = weightplan.explain(model, directory, tp=_parallel(how, world))
+        report = plan.execute()
+        record = dump(model, report)
+        if plan.exchange is not None:
+            record["__storage__"] = (report.bytes_read, plan.checkpoint.nbytes,
+                                     plan.exchange.network_bytes)
         if how == "hf":
             with torch.no_grad():
                 record["__logits__"] = model(PROMPT).logits.detach()

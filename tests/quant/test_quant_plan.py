@@ -91,7 +91,7 @@ def test_unsupported_configs_are_typed_errors(tmp_path):
     for weights, phrase in (({"num_bits": 3, "type": "int", "strategy": "group", "group_size": 32},
                              "int4 and int8"),
                             ({"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32,
-                              "actorder": "group"}, "act-order")):
+                              "actorder": "dynamic"}, "not one of group, weight, static")):
         config = {**INT4, "config_groups": {"g": {"targets": ["Linear"], "weights": weights}}}
         directory, _ = _int4_dir(tmp_path, config=config, name=phrase[:3])
         with pytest.raises(QuantizationError, match=phrase) as info:

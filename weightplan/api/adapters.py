@@ -3,6 +3,7 @@ the base built on meta, then base and adapter tensors planned and scheduled toge
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 from typing import Any
@@ -15,14 +16,18 @@ from weightplan.errors import AdapterError, ParallelError, WeightplanError
 from weightplan.planner.inputs.adapter import is_adapter_dir, read_adapter
 from weightplan.planner.inputs.checkpoint import open_checkpoint
 from weightplan.planner.pipelines.adapter_load import explain_base_and_adapter
+from weightplan.planner.pipelines.adapter_merge import explain_merged_load
 from weightplan.planner.pipelines.load import choose_mapping
 
 
 def explain_with_adapter(model: torch.nn.Module, base: str | os.PathLike[str] | Path,
                          adapter: str | os.PathLike[str], *, adapter_name: str = "default",
-                         mapping: object = None, tp: object = None, **options: Any) -> Plan:
+                         mapping: object = None, tp: object = None, merge: bool = False,
+                         **options: Any) -> Plan:
     """Inject ``adapter`` into ``model`` (in place, on meta) and plan loading ``base`` and
-    the adapter's tensors in one plan.
+    the adapter's tensors in one plan; ``merge=True``: the adapter is folded into the base
+    weights inside the plan instead (``model`` stays the plain base model; a copy on meta
+    gets the injection, to tell where peft puts each factor and its scale).
 
     Raises:
         AdapterError: ``adapter`` is not an adapter directory, peft is missing or refuses it.
@@ -39,8 +44,12 @@ def explain_with_adapter(model: torch.nn.Module, base: str | os.PathLike[str] | 
     spec = read_adapter(adapter)
     mapping = by_name(mapping)
     choice = choose_mapping(mapping, model, bridge_for(model) if mapping is None else None)
-    inject(model, spec, choice.transforms, name=adapter_name)
     files = [f.path for f in open_checkpoint(base).files]
+    if merge:
+        injected = inject(copy.deepcopy(model), spec, choice.transforms, name=adapter_name)
+        return promote(Plan, explain_merged_load(model, injected, files, spec, choice,
+                                                 name=adapter_name, **options))
+    inject(model, spec, choice.transforms, name=adapter_name)
     return promote(Plan, explain_base_and_adapter(model, files, spec, choice,
                                                   name=adapter_name, **options))
 
@@ -63,18 +72,42 @@ def explain_adapter_dir(adapter: str, base: str | None = None, **options: Any) -
 
 def save_adapter(model: torch.nn.Module, directory: str | os.PathLike[str], *,
                  adapter_name: str = "default", overwrite: bool = False, threads: int = 4,
-                 progress: bool | None = None) -> Any:
+                 progress: bool | None = None, layout: str | None = None) -> Any:
     """``save(model, directory, adapter_name=...)``: the adapter's file and config back, in
-    the layout it was loaded from (see :mod:`weightplan.planner.pipelines.adapter_save`)."""
+    the layout it was loaded from (see :mod:`weightplan.planner.pipelines.adapter_save`),
+    or in ``layout`` (``"per_expert"`` / ``"fused"``,
+    :mod:`weightplan.planner.pipelines.adapter_layout`), its config rewritten to match."""
     from weightplan.executor.execute_write import execute_write
     from weightplan.planner.pipelines.adapter_save import (
         adapter_config_bytes, explain_adapter_save,
     )
 
-    plan = explain_adapter_save(model, directory, name=adapter_name, overwrite=overwrite,
-                                threads=threads)
-    files = {"adapter_config.json": adapter_config_bytes(model, adapter_name)}
-    return execute_write(plan, progress=progress, files=files)
+    config = adapter_config_bytes(model, adapter_name)
+    if layout is None:
+        plan = explain_adapter_save(model, directory, name=adapter_name, overwrite=overwrite,
+                                    threads=threads)
+    else:
+        plan, config = _in_layout(model, directory, adapter_name, layout, config,
+                                  overwrite=overwrite, threads=threads)
+    return execute_write(plan, progress=progress, files={"adapter_config.json": config})
+
+
+def _in_layout(model: torch.nn.Module, directory: str | os.PathLike[str], name: str,
+               layout: str, config_json: bytes, **options: Any) -> tuple[Any, bytes]:
+    """The plan writing the adapter in ``layout``, and its config for that layout."""
+    import json
+
+    from weightplan.bridge.peft import per_expert_config, rewritten_config
+    from weightplan.planner.inputs.adapter import adapter_config_from
+    from weightplan.planner.pipelines.adapter_layout import explain_adapter_layout_save
+
+    config = adapter_config_from(json.loads(config_json), f"adapter {name!r}'s config")
+    base = choose_mapping(None, model, bridge_for(model))
+    plan = explain_adapter_layout_save(model, directory, base, name=name, layout=layout,
+                                       modules_to_save=config.modules_to_save, **options)
+    raw = (per_expert_config(config, base.transforms) if layout == "per_expert"
+           else rewritten_config(config, model, base.transforms))
+    return plan, (json.dumps(raw, indent=2, sort_keys=True) + "\n").encode()
 
 
 def adapter_base(adapter: str | os.PathLike[str]) -> Path:

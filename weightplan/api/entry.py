@@ -9,10 +9,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from weightplan.api.keywords import device_from_map
 from weightplan.api.plans import Plan, promote
 from weightplan.errors import AdapterError, MappingError
-from weightplan.planner.inputs.adapter import is_adapter_dir, read_adapter
+from weightplan.planner.inputs.paths import is_adapter_dir
 from weightplan.planner.pipelines.load import explain_load
 from weightplan.planner.keys.lookup import Finder, is_transformers_class
 
@@ -41,7 +40,8 @@ def by_name(mapping: object) -> object:
 def _explain_adapter(model: torch.nn.Module, checkpoint: object, name: str, mapping: object,
                      finder: Finder | None, **options: object) -> Plan:
     """An adapter directory into the adapter ``name`` injected in ``model``."""
-    from weightplan.planner.pipelines.adapter_load import explain_adapter_load  # (adapters only)
+    from weightplan.planner.inputs.adapter import read_adapter  # (adapters only)
+    from weightplan.planner.pipelines.adapter_load import explain_adapter_load
 
     adapter = read_adapter(_adapter_dir(checkpoint))
     return promote(Plan, explain_adapter_load(model, adapter, name=name, mapping=by_name(mapping),
@@ -100,11 +100,17 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
                                 threads=threads, device=device)
     data = explain_load(model, checkpoint, mapping=by_name(mapping), dtype=dtype, budget=budget,
                         tp=tp, quantization=quantization, threads=threads,
-                        device=device_from_map(device_map, device, tp, caller="explain"),
+                        device=device if device_map is None else _device_from_map(device_map, device, tp),
                         finder=bridge_for(model) if mapping is None else None,
                         max_memory=max_memory, offload_folder=offload_folder,
                         cooperative=cooperative, dequantize_on=dequantize_on)
     return _dispatchable(promote(Plan, data))
+
+
+def _device_from_map(device_map: object, device: object, tp: object) -> object:
+    from weightplan.api.keywords import device_from_map  # (transformers' word, given)
+
+    return device_from_map(device_map, device, tp, caller="explain")
 
 
 def _dispatchable(plan: Plan) -> Plan:
@@ -149,8 +155,8 @@ def explain_save(model: torch.nn.Module, directory: str | os.PathLike[str], *,
 
 def explain_convert(source: object, directory: str | os.PathLike[str], *, mapping: object = None,
                     reverse: bool = False, max_shard_size: int | str = "5GB",
-                    overwrite: bool = False, threads: int = 4, dequantize: bool = False
-                    ) -> WritePlan:
+                    overwrite: bool = False, threads: int = 4, dequantize: bool = False,
+                    to: str | None = None) -> WritePlan:
     """Plan converting a checkpoint on disk to another layout, without a model.
 
     Args:
@@ -170,6 +176,9 @@ def explain_convert(source: object, directory: str | os.PathLike[str], *, mappin
             ModelOpt NVFP4) dequantized to bf16 under its plain key, without its scales;
             the mapping defaults to none (keys as they are), and the copied config.json
             loses its ``quantization_config``.
+        to: ``"fp8"``: each MXFP4 weight re-encoded losslessly as 128×128 block FP8 (float32
+            power-of-two ``weight_scale_inv``) under its plain key; an inexact block raises
+            :class:`QuantizationError`; config.json says block FP8.
 
     Raises:
         MappingError: no mapping, or a converter finds only part of its sources.
@@ -181,15 +190,15 @@ def explain_convert(source: object, directory: str | os.PathLike[str], *, mappin
     from weightplan.planner.pipelines.save import explain_convert_plan
 
     if mapping is None:
-        mapping = [] if dequantize else config_model_type(source)
+        mapping = [] if dequantize or to is not None else config_model_type(source)
         if mapping is None:
             raise MappingError(f"{source}: converting needs a mapping, and no config.json next "
                                "to it names a model_type; pass mapping= (a registered name or "
                                "transforms)")
     data = explain_convert_plan(source, directory, mapping=by_name(mapping), reverse=reverse,
                                 max_shard_size=max_shard_size, overwrite=overwrite,
-                                threads=threads, dequantize=dequantize)
+                                threads=threads, dequantize=dequantize, to=to)
     companions = companion_files(source)
     check_companions(companions, directory, overwrite)
     return dataclasses.replace(promote(WritePlan, data), companions=companions,
-                               dequantized=dequantize)
+                               dequantized=dequantize, reencoded=to)

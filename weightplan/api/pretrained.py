@@ -17,7 +17,9 @@
 ``adapter=ADAPTER_DIR`` (``adapter_name="default"``): a LoRA adapter is injected with peft (the
 ``adapters`` extra) into the model on meta and loaded with the base in one plan and one
 schedule (:mod:`weightplan.api.adapters`); the model keeps its class, as after
-transformers' ``load_adapter``.
+transformers' ``load_adapter``; with ``merge=True`` it is folded into the base weights inside
+the plan instead (the plain base model, savable in the base checkpoint's layout; an FP8
+base is dequantized, and re-quantized only when saved with ``quantize="fp8"``).
 
 transformers' other keywords (``torch_dtype``, ``device_map``, ``trust_remote_code``, ...)
 are taken or refused as :mod:`weightplan.api.keywords` says. A status line (on a terminal)
@@ -53,7 +55,7 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
                     subfolder: str | None = None, attn_implementation: str | None = None,
                     experts_implementation: str | None = None, generation_config: Any = None,
                     dequantize: bool | None = None, adapter: str | os.PathLike[str] | None = None,
-                    adapter_name: str = "default", **transformers_only: Any) -> Any:
+                    adapter_name: str = "default", merge: bool = False, **transformers_only: Any) -> Any:
     """Build the model a checkpoint's ``config.json`` names and load the checkpoint into it.
 
     Args:
@@ -77,14 +79,14 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
     _one_return(return_report, output_loading_info)
     dtype, tp = fold_transformers_keywords(transformers_only, dtype), _alone(tp, adapter)
     device, keep, (tensor_parallel, mesh) = (device_from_map(device_map, device, tp),
-                                             keeps_quantized(dequantize, dtype, tp), _parallel(tp))
+                                             keeps_quantized(dequantize, dtype, tp) and not merge, _parallel(tp))
     directory, adapter = _resolved(name_or_path, adapter, revision=revision, cache_dir=cache_dir,
                                    local_files_only=local_files_only, token=token,
                                    subfolder=subfolder)
     model = _built(directory, tensor_parallel, mesh, (attn_implementation,
                                                       experts_implementation), progress, keep)
     with status(f"planning the load of {directory}", "planned the load", progress):
-        plan = _explain(model, directory, adapter, adapter_name, dtype=dtype, mapping=mapping,
+        plan = _explain(model, directory, adapter, adapter_name, merge, dtype=dtype, mapping=mapping,
                         budget=budget, threads=threads, device=_rank_device(device, mesh),
                         tp=tensor_parallel, max_memory=max_memory, offload_folder=offload_folder)
     report = plan.execute(strict=strict, progress=progress)
@@ -160,12 +162,14 @@ def _rank_device(device: object, mesh: Any) -> object:
 
 
 def _explain(model: torch.nn.Module, directory: Path, adapter: Any, adapter_name: str,
-             **options: Any) -> Any:
+             merge: bool, **options: Any) -> Any:
     if adapter is not None:
         from weightplan.api.adapters import explain_with_adapter
 
         return explain_with_adapter(model, directory, adapter, adapter_name=adapter_name,
-                                    **options)
+                                    merge=merge, **options)
+    if merge:
+        raise ArgumentError("merge=True merges an adapter: pass adapter=ADAPTER_DIR too")
     from weightplan.api.entry import explain
 
     return explain(model, directory, **options)

@@ -15,9 +15,8 @@ import torch
 from weightplan.api.entry import explain, explain_convert, explain_save
 from weightplan.api.plans import Plan
 from weightplan.api import guard as _guard
-from weightplan.errors import WeightplanError  # noqa: F401 (public)
+from weightplan.errors import SaveError, WeightplanError  # noqa: F401 (public)
 from weightplan.meta import init_empty  # noqa: F401 (public)
-from weightplan.planner.core.sharding.config import TensorParallel  # noqa: F401 (public)
 from weightplan.planner.keys.mappings import get_mapping, register_alias, register_mapping
 from weightplan.planner.keys.transforms import PrefixChange, WeightConverter, WeightRenaming  # noqa: F401 (public)
 
@@ -26,12 +25,14 @@ if TYPE_CHECKING:
     from weightplan.api.pretrained import from_pretrained  # noqa: F401 (public)
     from weightplan.api.write_plans import WritePlan  # noqa: F401 (public)
     from weightplan.executor.report import LoadReport, SaveReport
+    from weightplan.planner.core.sharding.config import TensorParallel  # noqa: F401 (public)
 
 # name → the module that defines it, and its argument check where the name is guarded
 _ON_FIRST_USE: dict[str, tuple[str, Any]] = {
     "WritePlan": ("weightplan.api.write_plans", None),
     "LoadReport": ("weightplan.executor.report", None),
     "SaveReport": ("weightplan.executor.report", None),
+    "TensorParallel": ("weightplan.planner.core.sharding.config", None),
     "from_pretrained": ("weightplan.api.pretrained", _guard.check_pretrained),
     "convert": ("weightplan.api.convert", _guard.check_tensors),
     "revert": ("weightplan.api.convert", _guard.check_tensors),
@@ -60,7 +61,7 @@ def load(model: torch.nn.Module, checkpoint: object, *, strict: bool = False,
 def save(model: torch.nn.Module, directory: str | os.PathLike[str], *, mapping: object = None,
          max_shard_size: int | str = "5GB", overwrite: bool = False, threads: int = 4,
          progress: bool | None = None, quantize: str | None = None,
-         adapter_name: str | None = None) -> SaveReport:
+         adapter_name: str | None = None, layout: str | None = None) -> SaveReport:
     """Write ``model`` to ``directory`` in its checkpoint's original layout.
 
     ``explain_save(model, directory, ...).execute(progress=...)``: a model loaded by
@@ -71,13 +72,17 @@ def save(model: torch.nn.Module, directory: str | os.PathLike[str], *, mapping: 
     generation config) is written too, in the same commit as the shards, so
     ``from_pretrained(directory)`` gives the model back. ``adapter_name``: write only that
     LoRA adapter (loaded by weightplan) as peft's ``adapter_model.safetensors`` +
-    ``adapter_config.json``, in the layout its file had (per-expert linears again).
+    ``adapter_config.json``, in the layout its file had (per-expert linears again), or in
+    ``layout``: ``"per_expert"`` or ``"fused"`` (bit for bit either way; a fused ``lora_B``
+    with values off its diagonal blocks has no per-expert form and is refused by name).
     """
     if adapter_name is not None:
         from weightplan.api.adapters import save_adapter
 
         return save_adapter(model, directory, adapter_name=adapter_name, overwrite=overwrite,
-                            threads=threads, progress=progress)
+                            threads=threads, progress=progress, layout=layout)
+    if layout is not None:
+        raise SaveError("layout= is the layout of an adapter's file: pass adapter_name= too")
     from weightplan.api.model_config import model_config_files
     from weightplan.executor.execute_write import execute_write
 

@@ -27,6 +27,7 @@ class WritePlan(WritePlanData):
 
     companions: tuple[Path, ...] = ()
     dequantized: bool = False  # the copy is floating: its config.json loses quantization_config
+    reencoded: str | None = None  # "fp8": MXFP4 re-encoded, its config.json says block FP8
 
     def execute(self, *, progress: bool | None = None) -> SaveReport:
         """Write the checkpoint; a failure leaves no half-written file behind."""
@@ -38,6 +39,10 @@ class WritePlan(WritePlanData):
             from weightplan.planner.pipelines.dequantize import dequantized_config
 
             files["config.json"] = dequantized_config(files["config.json"])
+        if self.reencoded and "config.json" in files:
+            from weightplan.planner.pipelines.reencode import reencoded_config
+
+            files["config.json"] = reencoded_config(files["config.json"])
         return call_typed("execute", execute_write, self, progress=progress, files=files)
 
     def to_dict(self) -> dict[str, Any]:

@@ -13,10 +13,11 @@ alias table misses it and leaves its routed experts out).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -36,6 +37,8 @@ def rewritten_config(config: AdapterConfig, model: torch.nn.Module,
     """
     raw = dict(config.raw)
     targets = config.target_modules
+    if targets is None and config.target_parameters:  # (None would get peft's defaults)
+        raw.update(target_modules=[])
     if not isinstance(targets, tuple):  # a regex (or nothing): peft matches it as it is
         return raw
     leaves = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
@@ -54,7 +57,42 @@ def rewritten_config(config: AdapterConfig, model: torch.nn.Module,
         alphas[key] = alpha * (math.sqrt(factor) if config.use_rslora else factor)
         parameters.append(f.parameter)
     kept = [t for t in targets if t in leaves or not _is_fused_linear(t, base)]
-    raw.update(target_modules=kept or None, target_parameters=sorted(set(parameters)) or None,
+    raw.update(target_modules=kept or ([] if parameters else None),
+               target_parameters=sorted(set(parameters)) or None,
+               rank_pattern=ranks, alpha_pattern=alphas)
+    return raw
+
+
+def per_expert_config(config: AdapterConfig, base: Iterable[WeightTransform]) -> dict[str, Any]:
+    """The inverse of :func:`rewritten_config`: a fused parameter in ``target_parameters``
+    back to its per-expert linears in ``target_modules``, each with its share of the rank
+    and the alpha that keeps the scale (``alpha/n``; ``alpha/√n`` with rsLoRA).
+
+    Raises:
+        AdapterError: a fused pair's rank that its linears can't share equally.
+    """
+    raw = dict(config.raw)
+    parameters = list(config.target_parameters)
+    modules = list(config.target_modules) if isinstance(config.target_modules, tuple) else []
+    ranks, alphas = dict(config.rank_pattern), dict(config.alpha_pattern)
+    for f in fused_targets(base):
+        if f.parameter not in parameters:
+            continue
+        r, alpha = config.rank_alpha(f"{f.module.strip('.')}.{f.parameter}")  # (a dotted name)
+        n = len(f.linears)
+        if r % n:
+            raise AdapterError(f"{config.file}: {f.parameter}'s rank {r} can't be shared by "
+                               f"its {n} per-expert linears {list(f.linears)}")
+        parameters.remove(f.parameter)
+        for patterns in (ranks, alphas):
+            for key in [k for k in patterns if k.endswith(f.parameter)]:
+                del patterns[key]
+        share = (r // n, alpha / (math.sqrt(n) if config.use_rslora else n))
+        for linear in f.linears:
+            modules += [] if linear in modules else [linear]
+            if share != (config.r, config.lora_alpha):
+                ranks[linear], alphas[linear] = share
+    raw.update(target_modules=modules or None, target_parameters=parameters or None,
                rank_pattern=ranks, alpha_pattern=alphas)
     return raw
 
@@ -90,7 +128,25 @@ def inject(model: torch.nn.Module, adapter: Adapter, base: Iterable[WeightTransf
     try:
         config = LoraConfig(**{k: v for k, v in raw.items() if k in fields})
         config.inference_mode = True
-        return inject_adapter_in_model(config, model, adapter_name=name,
-                                       low_cpu_mem_usage=low_cpu_mem_usage)
+        with _without_peft_conversion(model):
+            return inject_adapter_in_model(config, model, adapter_name=name,
+                                           low_cpu_mem_usage=low_cpu_mem_usage)
     except (ValueError, TypeError, KeyError, RuntimeError) as e:
         raise AdapterError(f"{adapter.config.file}: peft can't inject this adapter: {e}") from e
+
+
+@contextlib.contextmanager
+def _without_peft_conversion(model: torch.nn.Module) -> Iterator[None]:
+    """peft's own v4 → v5 rewrite of the config skipped (it keys on ``model_type``): the
+    config is rewritten already, and peft's would move a shared expert's ``gate_proj``
+    (DeepSeek-V3) to the routed experts' parameter, dropping its LoRA, and double an
+    rsLoRA alpha."""
+    config = getattr(model, "config", None)
+    if config is None or "model_type" in vars(config):
+        yield
+        return
+    config.model_type = ""
+    try:
+        yield
+    finally:
+        del config.model_type

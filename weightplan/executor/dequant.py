@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from weightplan.errors import QuantizationError
 from weightplan.executor.sink import Sink
 from weightplan.executor.strided_read import read_runs
 
@@ -125,7 +126,11 @@ def quantize_write(sink: Sink, program: Step, handles: list[Any], task: Quantize
     write the FP8 weight and its scale into their destinations."""
     i, j = task.position
     value = streams[i][j]
-    q, s = quantize(value, tuple(task.block), scale_fmt=task.scale_fmt)
+    try:
+        q, s = quantize(value, tuple(task.block), scale_fmt=task.scale_fmt)
+    except QuantizationError as e:  # (an exact re-encode's tile: name the tensor)
+        key = program.destinations[task.weight].key if task.weight is not None else None
+        raise QuantizationError(str(e), key=key) from e
     for index, tensor in ((task.weight, q), (task.scale, s)):
         if index is None:
             continue

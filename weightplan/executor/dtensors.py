@@ -7,12 +7,16 @@ on every rank, with no collective). ``output="local"``: the local tensor as it i
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from weightplan.errors import ParallelError
 from weightplan.planner.tensors.ir.destination import Destination
 from weightplan.planner.core.geometry import row_major_strides
-from weightplan.planner.tensors.ir.shard_nodes import Sharding
+
+if TYPE_CHECKING:
+    from weightplan.planner.tensors.ir.shard_nodes import Sharding
 
 
 def as_model_tensor(local: torch.Tensor, dest: Destination, sharding: Sharding | None

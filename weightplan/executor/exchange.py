@@ -5,8 +5,9 @@ tensor is kept by key. At :meth:`ExchangeSink.commit`, every item of the plan's
 :class:`~weightplan.planner.pipelines.cooperative.Exchange` is broadcast from the rank
 that read it into the same destination on every other rank (``torch.distributed``
 broadcast of its bytes on the mesh's group: gloo here, NCCL on GPUs), in the exchange's
-order (the same on every rank), then the wrapped sink commits. A rank that fails before
-its broadcasts leaves the others waiting until the group's timeout.
+order (the same on every rank), then the wrapped sink commits. Before the broadcasts the
+ranks agree (:mod:`~weightplan.planner.pipelines.agreement`): when one failed to read its
+part, the others raise :class:`~weightplan.errors.RankFailedError` instead of waiting.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from weightplan.errors import ExecutionError, ParallelError
 from weightplan.executor.model_sink import flat_bytes
 from weightplan.planner.core.geometry import View
+from weightplan.planner.pipelines.agreement import Agreement
 from weightplan.planner.pipelines.cooperative import Exchange
 from weightplan.planner.tensors.ir.destination import Destination
 
@@ -33,8 +35,10 @@ def check_exchange(exchange: Exchange | None, mesh: Any) -> None:
 class ExchangeSink:
     """A sink that broadcasts the shared destinations before its inner sink commits."""
 
-    def __init__(self, inner: Any, exchange: Exchange, mesh: Any):
+    def __init__(self, inner: Any, exchange: Exchange, mesh: Any,
+                 agreement: Agreement | None = None):
         self.inner, self.exchange, self.mesh = inner, exchange, mesh
+        self.agreement = agreement
         self.handles: dict[str, torch.Tensor] = {}
 
     def open(self, dest: Destination) -> Any:
@@ -57,6 +61,12 @@ class ExchangeSink:
         self.inner.close(dest, handle)
 
     def commit(self) -> None:
+        if self.agreement is not None:
+            try:
+                self.agreement.agree()  # (every rank read its part: nobody waits in vain)
+            except BaseException:
+                self.inner.abort()
+                raise
         self.broadcast()
         self.inner.commit()
 

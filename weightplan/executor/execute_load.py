@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from torch import nn
 
@@ -16,19 +17,33 @@ from weightplan.executor.run import run_plan
 from weightplan.executor.init_fit import check_allocations_fit, fresh_sizes
 from weightplan.executor.model_check import check_separate, check_unchanged
 from weightplan.executor.model_sink import ModelSink
-from weightplan.executor.sink import Sink
 from weightplan.planner.core.problems import ProblemKind
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.pipelines.plan import LoadPlanData
 from weightplan.terminal import terminal_text
 from weightplan.planner.write.record import attach_record, get_record, merge_records, record_of_conversions
 
+if TYPE_CHECKING:  # (a protocol, and what a cooperative load imports: annotations only)
+    from weightplan.executor.sink import Sink
+    from weightplan.planner.pipelines.agreement import Agreement
+
 log = logging.getLogger("weightplan")
 
 
 def execute_plan(plan: LoadPlanData, *, strict: bool = False, progress: bool | None = None,
                  atomic: bool = False) -> LoadReport:
-    """Run a load plan (see :meth:`weightplan.Plan.execute`)."""
+    """Run a load plan (see :meth:`weightplan.Plan.execute`). The ranks of a cooperative
+    load agree before the broadcasts (:mod:`~weightplan.planner.pipelines.agreement`):
+    a rank that fails before them makes the others raise instead of waiting for it."""
+    agreement = _agreement(plan)
+    if agreement is None:
+        return _execute(plan, strict, progress, atomic, None)
+    with agreement:
+        return _execute(plan, strict, progress, atomic, agreement)
+
+
+def _execute(plan: LoadPlanData, strict: bool, progress: bool | None, atomic: bool,
+             agreement: Agreement | None) -> LoadReport:
     model, info = preflight(plan, strict)
     mesh = None
     if plan.sharding is not None:  # (tensor parallel: its modules only then)
@@ -47,7 +62,7 @@ def execute_plan(plan: LoadPlanData, *, strict: bool = False, progress: bool | N
                       devices=plan.options.devices, sharding=plan.sharding)
     sink = GuardedSink(inner, atomic=atomic)  # see executor/atomic.py
     with partial_load_errors(sink):
-        shared = _exchanged(sink, plan, mesh)
+        shared = _exchanged(sink, plan, mesh, agreement)
         stats = run_plan(plan.schedule, plan.checkpoint, shared, progress=progress)
     record = record_of_conversions(plan.conversions, plan.checkpoint, plan.unexpected)
     attach_record(model, merge_records(get_record(model), record))
@@ -145,13 +160,25 @@ def refuse_meta_buffers(plan: LoadPlanData) -> None:
                               "real values before execute(); nothing was loaded")
 
 
-def _exchanged(sink: Sink, plan: LoadPlanData, mesh: object) -> Sink:
+def _exchanged(sink: Sink, plan: LoadPlanData, mesh: object, agreement: Agreement | None
+               ) -> Sink:
     """Cooperative reads: the sink that broadcasts before the commit, else ``sink``."""
     if plan.exchange is None or not plan.exchange.items:
         return sink
     from weightplan.executor.exchange import ExchangeSink
 
-    return ExchangeSink(sink, plan.exchange, mesh)
+    return ExchangeSink(sink, plan.exchange, mesh, agreement)
+
+
+def _agreement(plan: LoadPlanData) -> Agreement | None:
+    """Where a cooperative load on a process group agrees (none for other loads)."""
+    sharding = plan.sharding
+    if plan.exchange is None or not plan.exchange.items or sharding is None \
+            or sharding.mesh is None:
+        return None
+    from weightplan.planner.pipelines.agreement import Agreement
+
+    return Agreement(sharding.mesh.get_group(), "to read its part")
 
 
 def _some(names: frozenset[str]) -> str:

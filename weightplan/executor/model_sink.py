@@ -5,6 +5,8 @@ It follows the :class:`~weightplan.executor.sink.Sink` protocol.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
@@ -12,11 +14,12 @@ from weightplan.errors import PlanError
 from weightplan.planner.inputs.device import DeviceMap
 from weightplan.executor.init import initialize_fresh
 from weightplan.executor.staging import Stager
-from weightplan.executor.dtensors import as_model_tensor
 from weightplan.planner.inputs.model_info import ModelInfo, ModelTensor
 from weightplan.planner.tensors.ir.destination import Destination
 from weightplan.planner.core.geometry import View
-from weightplan.planner.tensors.ir.shard_nodes import Sharding
+
+if TYPE_CHECKING:
+    from weightplan.planner.tensors.ir.shard_nodes import Sharding
 
 
 def module_and_attr(model: nn.Module, name: str) -> tuple[nn.Module, str]:
@@ -50,7 +53,10 @@ def install(model: nn.Module, dest: Destination, tensor: torch.Tensor, info: Mod
     under tensor parallel, as a DTensor when the plan asks for one."""
     if not dest.allocates:
         return
-    tensor = as_model_tensor(tensor, dest, sharding)
+    if sharding is not None:  # (tensor parallel: its module only then)
+        from weightplan.executor.dtensors import as_model_tensor
+
+        tensor = as_model_tensor(tensor, dest, sharding)
     is_buffer = info is not None and info.is_buffer
     if is_buffer:
         value: torch.Tensor = tensor

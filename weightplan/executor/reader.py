@@ -40,7 +40,7 @@ import torch
 from weightplan.errors import (
     CheckpointError, OpenFileLimitError, StaleCheckpointError, TruncatedCheckpointError,
 )
-from weightplan.executor.fd_limit import limit_hint, out_of_descriptors
+from weightplan.executor.fd_limit import limit_hint, out_of_descriptors  # (not lazily: no fd left)
 from weightplan.executor.lease import LeaseGuard
 from weightplan.planner.inputs.checkpoint import Checkpoint, FileStamp
 from weightplan.planner.inputs.fingerprint import check_unchanged

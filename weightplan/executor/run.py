@@ -19,7 +19,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from functools import cache
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,13 +29,14 @@ from weightplan.errors import ExecutionError, WeightplanError
 from weightplan.executor.memory import RssMeter, Tracker
 from weightplan.executor.progress import LoadProgress, wants_progress
 from weightplan.executor.reader import Reader
-from weightplan.executor.sink import Sink
-from weightplan.executor.strided_read import runs_region, runs_straight
 from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.core.geometry import Region, row_major_strides
 from weightplan.planner.core.ops.base import Streams
 from weightplan.planner.tensors.lower.placement import ReadTask, Step
 from weightplan.planner.tensors.schedule.schedule import EventKind, Schedule
+
+if TYPE_CHECKING:  # (a protocol: annotations only)
+    from weightplan.executor.sink import Sink
 
 
 class _InlinePool(Executor):
@@ -158,10 +161,19 @@ def _run_ops(program: Step, step: _Step) -> Streams[torch.Tensor]:
     return streams
 
 
+@cache
+def _strided_read() -> ModuleType:
+    """``strided_read``, imported by the first strided read of a process (once)."""
+    from weightplan.executor import strided_read
+
+    return strided_read
+
+
 def _read_task(run: _Execution, program: Step, step: _Step, task: ReadTask,
                piece: tuple[int, int]) -> None:
-    if _read_straight(run, program, step, task, piece) or runs_straight(run, program, step,
-                                                                         task):
+    if _read_straight(run, program, step, task, piece) or (
+            task.layout.runs is not None  # a strided read (its module only then)
+            and _strided_read().runs_straight(run, program, step, task)):
         return
     if task.dequantize is not None and task.dequantize.scheme is not None:
         from weightplan.executor.packed import packed_read
@@ -227,7 +239,7 @@ class _source:
         if task.layout.runs is not None:  # a strided read: only its runs, into a buffer
             self.held = task.layout.runs.nbytes
             self.run.tracker.add(self.held)
-            return runs_region(self.run.reader, task)
+            return _strided_read().runs_region(self.run.reader, task)
         self._window = self.run.reader.window(entry.file, task.byte_range[0] + start, length)
         self.run.tracker.add(length)
         raw = self._window.__enter__()

@@ -25,6 +25,10 @@ def adapter_lines(plan: PlanData) -> list[str]:
              f"  loads {summary.loaded_tensors} of the adapter's {summary.file_tensors} tensors"
              f" ({format_bytes(summary.read_bytes)} read, {format_bytes(summary.model_bytes)} "
              "written)"]
+    if summary.merged:
+        lines.append(f"  merged: s·B·A folded into {summary.merged} base weight(s) (MergeLora "
+                     "nodes, float32, cast once to the model's dtype); the model has no "
+                     "LoRA layers")
     for c in summary.conversions:
         lines.append(f"  layout: {c.description}; rank {c.rank[0]} → {c.rank[1]}, alpha "
                      f"{c.alpha[0]:g} → {c.alpha[1]:g}")

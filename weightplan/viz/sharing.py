@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from weightplan.planner.pipelines.cooperative import Exchange
+from typing import TYPE_CHECKING
+
 from weightplan.planner.pipelines.plan import LoadPlanData, PlanData
 from weightplan.units import format_bytes
+
+if TYPE_CHECKING:  # (a plan that isn't cooperative imports no cooperative module)
+    from weightplan.planner.pipelines.cooperative import Exchange
 
 
 def sharing_lines(plan: PlanData) -> list[str]:

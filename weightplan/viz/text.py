@@ -105,7 +105,9 @@ def quantized_text(plan: LoadPlanData) -> str:
     for conv in plan.conversions:
         for node in conv.nodes if conv.loads else ():
             if node.kind is NodeKind.DEQUANTIZE:
-                name = str(node.spec.dtype).removeprefix("torch.")
+                scheme = getattr(node.attrs, "scheme", None)  # a packed format's
+                fmt = "FP8" if scheme is None else scheme.describe().split(" (")[0]
+                name = f"{fmt} dequantized to {str(node.spec.dtype).removeprefix('torch.')}"
                 dequantized[name] = dequantized.get(name, 0) + 1
             elif node.kind is NodeKind.QUANTIZE and not getattr(node.attrs, "scale", False):
                 quantized += 1
@@ -116,10 +118,11 @@ def quantized_text(plan: LoadPlanData) -> str:
                 name = str(d.spec.dtype).removeprefix("torch.")
                 held[name] = held.get(name, 0) + 1
     kept = sum(held.values()) - quantized
-    parts = [f"FP8 kept ({kept} tensors in {'/'.join(held)}, with their scales)"] if kept > 0 \
-        else []
-    parts += [f"FP8 dequantized to {dtype} ({n} checkpoint weights)"
-              for dtype, n in dequantized.items()]
+    packed = [n.message for n in plan.findings.notes if n.key == "<kept quantized>"]
+    parts = [f"FP8 kept ({kept} tensors in {'/'.join(held)}, with their scales)"] \
+        if kept > 0 and not packed else []  # (a packed format's F8 parts: said below)
+    parts += [f"{what} ({n} checkpoint weights)" for what, n in dequantized.items()]
+    parts += packed
     if quantized:
         parts.append(f"quantized to FP8 ({quantized} tensors)")
     return "; ".join(parts)

@@ -16,10 +16,11 @@ from types import MappingProxyType
 
 from weightplan.errors import AdapterError, CheckpointError
 from weightplan.limits import MAX_CONFIG_BYTES
-from weightplan.planner.inputs.paths import open_regular
+from weightplan.planner.inputs.paths import ADAPTER_CONFIG, open_regular
+from weightplan.planner.inputs.paths import is_adapter_dir  # noqa: F401 (its marker test)
 from weightplan.planner.inputs.safetensors_format import strict_json
 
-CONFIG_FILE = "adapter_config.json"
+CONFIG_FILE = ADAPTER_CONFIG
 WEIGHTS_FILE = "adapter_model.safetensors"
 PICKLED_WEIGHTS = "adapter_model.bin"
 
@@ -74,12 +75,6 @@ def _pattern_value(patterns: Mapping[str, float], module: str, default: float) -
     return default
 
 
-def is_adapter_dir(path: object) -> bool:
-    """Whether ``path`` is a directory holding an ``adapter_config.json`` (the marker)."""
-    return isinstance(path, (str, os.PathLike)) and os.path.isfile(
-        os.path.join(os.fspath(path), CONFIG_FILE))
-
-
 def read_adapter(directory: str | os.PathLike[str]) -> Adapter:
     """The adapter in ``directory``.
 
@@ -100,7 +95,11 @@ def read_adapter(directory: str | os.PathLike[str]) -> Adapter:
 
 def read_adapter_config(path: str) -> AdapterConfig:
     """``adapter_config.json`` parsed and checked; :class:`AdapterError` naming ``path``."""
-    data = _read_json(path)
+    return adapter_config_from(_read_json(path), path)
+
+
+def adapter_config_from(data: dict, path: str) -> AdapterConfig:
+    """An ``adapter_config.json``'s fields checked (``path`` names it in errors)."""
     peft_type = data.get("peft_type")
     if not isinstance(peft_type, str):
         raise AdapterError(f"{path}: no peft_type; is this a peft adapter_config.json?")

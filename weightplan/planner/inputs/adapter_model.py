@@ -28,6 +28,8 @@ class LoraLayer:
     r: int
     scaling: float
     parameter: str | None = None  # the wrapped parameter's name (fused experts)
+    experts: int = 1  # experts packed in a wrapped 3-d parameter's factors
+    transposed: bool = False  # its delta is (B·A)ᵀ: embeddings, fan_in_fan_out, (E, in, out)
 
 
 @dataclass(frozen=True)
@@ -87,8 +89,13 @@ def _lora_layer(path: str, module: torch.nn.Module, name: str) -> LoraLayer | No
     scaling = float(getattr(module, "scaling", {}).get(name, 0.0))
     parameter = getattr(module, "parameter_name", None)
     if not isinstance(parameter, str):
-        return LoraLayer(path, path, r, scaling)
+        embedding = isinstance(held[1], torch.nn.ParameterDict) and name in held[1]
+        transposed = bool(getattr(module, "fan_in_fan_out", False)) or embedding
+        return LoraLayer(path, path, r, scaling, transposed=transposed)
     owner = path
     while owner.endswith(".base_layer"):  # nested wrappers: the experts module's own path
         owner = owner[:-len(".base_layer")]
-    return LoraLayer(path, f"{owner}.{parameter}", r, scaling, parameter)
+    experts = int(getattr(module, "num_experts", 1))
+    # (peft swaps in/out for an (E, out, in) parameter; one it didn't swap is (E, in, out))
+    transposed = experts > 1 and not getattr(module, "_did_swap_in_out_features", True)
+    return LoraLayer(path, f"{owner}.{parameter}", r, scaling, parameter, experts, transposed)

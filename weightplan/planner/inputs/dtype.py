@@ -5,20 +5,41 @@ most of the checkpoint's bytes have (the checkpoint's own dtype); ``None`` keeps
 model's dtypes. Tensors the model keeps in float32 stay float32 as in transformers:
 ``_keep_in_fp32_modules`` when loading in float16, ``_keep_in_fp32_modules_strict`` in
 float16 or bfloat16 (globs searched in the tensor's name).
+
+Whether the input is quantized at all (:func:`quantized_input`) is the one visible test in
+front of the quantized phases (FP8 pairing, packed formats, dequantize / quantize nodes,
+scale siblings, their findings): a plain checkpoint loaded into a plain model fails it, and
+its load neither runs nor imports them. The test is a superset of what those phases look
+at, so that whatever they would find (a pair, a problem, a refused ``quant_method``) they
+still find: a checkpoint tensor in an FP8 dtype, or a key named like a scale
+(``*_scale_inv``, ``*.activation_scale``, ``*.input_scale``: stray scales are reported); a
+``quantization_config`` (or ModelOpt's ``hf_quant_config.json``) next to the checkpoint or
+on the model's ``config``; a model parameter in an FP8 dtype.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Iterable, Mapping
+from itertools import repeat
+from operator import attrgetter
+from pathlib import Path
 
 import torch
 
 from weightplan.errors import PlanError
+from weightplan.planner.core.quant.blocks import FP8_DTYPES
 from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.inputs.model_init import declared_attr
 from weightplan.planner.core.spec import parse_dtype
+
+SCALE_SUFFIX = "_scale_inv"
+ACTIVATION_SUFFIXES = (".activation_scale", ".input_scale")
+SCALE_SUFFIXES = (SCALE_SUFFIX, *ACTIVATION_SUFFIXES)
+MODELOPT_CONFIG = "hf_quant_config.json"
+_SPEC_DTYPE = attrgetter("spec.dtype")
 
 
 def resolve_dtype(dtype: object, model: torch.nn.Module | None,
@@ -82,3 +103,47 @@ def _declared(model: torch.nn.Module, attr: str) -> list[str]:
             done.add(type(module))
         out.extend(str(v) for v in value)
     return out
+
+
+def quantized_input(source: object, ckpt: Checkpoint, info: ModelInfo | None,
+                    model: object = None) -> bool:
+    """Whether ``source`` (opened as ``ckpt``) or the model (``info``, ``model``) carries
+    anything quantized (see the module docstring); ``False``: the quantized phases would
+    find nothing. The checkpoint is looked at first (an FP8 one answers at its first weight)."""
+    entries = ckpt.entries
+    return (_any_fp8(map(_SPEC_DTYPE, entries.values()))
+            or any(map(str.endswith, entries, repeat(SCALE_SUFFIXES)))
+            or _config_next_to(source)
+            or model_quantization_config(model) is not None
+            or (info is not None and _any_fp8(map(_SPEC_DTYPE, info.tensors.values()))))
+
+
+def model_quantization_config(model: object) -> object:
+    """The ``quantization_config`` a model's ``config`` carries, as it is (``None``: none)."""
+    config = getattr(model, "config", None)
+    raw = getattr(config, "quantization_config", None)
+    if raw is None and isinstance(config, Mapping):
+        raw = config.get("quantization_config")
+    return raw
+
+
+def _any_fp8(dtypes: Iterable[torch.dtype]) -> bool:
+    return any(map(_FP8.__contains__, dtypes))
+
+
+def _config_next_to(source: object) -> bool:
+    """A ModelOpt config, or a ``config.json`` that names a ``quantization_config``, in
+    the checkpoint's directory (read as text: a plain config is not parsed)."""
+    if not isinstance(source, (str, Path)):
+        return False
+    path = Path(source)
+    directory = path if path.is_dir() else path.parent
+    config = directory / "config.json"
+    try:
+        text = config.read_text() if config.is_file() else ""
+    except (OSError, ValueError):
+        return True  # the phases read it again and report what is wrong with it
+    return "quantization_config" in text or (directory / MODELOPT_CONFIG).is_file()
+
+
+_FP8 = frozenset(FP8_DTYPES)

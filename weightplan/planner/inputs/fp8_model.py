@@ -41,6 +41,7 @@ class Fp8Param:
     block: Block
     activation: str | None = None
     scale_dtype: torch.dtype = torch.float32
+    exact: bool = False  # written by a lossless re-encode (MXFP4 → FP8), not quantized
 
     @property
     def companions(self) -> tuple[str, ...]:

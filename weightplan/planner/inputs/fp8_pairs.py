@@ -29,10 +29,9 @@ from weightplan.planner.inputs.checkpoint import TensorEntry
 from weightplan.planner.inputs.quant_config import QuantConfig
 from weightplan.planner.core.quant.blocks import FP8_DTYPES, SCALE_DTYPES, Block, grid_fits, scale_grid
 from weightplan.planner.core.spec import TensorSpec, short_dtype
-
-ACTIVATION_SUFFIXES = (".activation_scale", ".input_scale")
-SCALE_SUFFIX = "_scale_inv"
-_SCALE_SUFFIXES = (SCALE_SUFFIX, *ACTIVATION_SUFFIXES)
+from weightplan.planner.inputs.dtype import (
+    ACTIVATION_SUFFIXES, SCALE_SUFFIX, SCALE_SUFFIXES as _SCALE_SUFFIXES,
+)
 _FP8 = frozenset(FP8_DTYPES)
 _SCALE_DTYPES = frozenset(SCALE_DTYPES)
 _KEY, _SPEC, _SPEC_DTYPE = attrgetter("key"), attrgetter("spec"), attrgetter("dtype")

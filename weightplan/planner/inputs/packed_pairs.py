@@ -42,7 +42,8 @@ _SCALES = (torch.float32, torch.bfloat16, torch.float16)
 _DTYPES: dict[str, dict[str, tuple[torch.dtype, ...]]] = {
     "mxfp4": {"blocks": (torch.uint8,), "scales": (torch.uint8,)},
     "fp8": {"weight": (F8,), "scale": _SCALES},
-    "int": {"packed": (torch.int32,), "scale": _SCALES, "zero": (torch.int32,)},
+    "int": {"packed": (torch.int32,), "scale": _SCALES, "zero": (torch.int32,),
+            "g_idx": (torch.int32, torch.int64)},
     "nvfp4": {"packed": (torch.uint8,), "scale": (F8,), "global": (torch.float32,)},
 }
 ReadSmall = Callable[[TensorEntry], list[int]]
@@ -78,6 +79,7 @@ class PackedPairing:
     companions: frozenset[str]
     config: FormatConfig
     routed: dict = field(default_factory=dict, compare=False, repr=False)  # see routed_entries
+    kept: Mapping[str, PackedWeight] = field(default_factory=dict)  # see kept_by_model
 
     def entry(self, key: str) -> TensorEntry:
         """The logical entry routing sees: the logical key and shape (nominally bf16:
@@ -105,6 +107,8 @@ def pair_packed(entries: Mapping[str, TensorEntry], config: FormatConfig,
             continue
         if scheme.format == "mxfp4" and entry.spec.dtype == torch.uint8 and len(entry.spec.shape) == 4:
             scheme = Scheme("mxfp4", transpose=True, source="mxfp4")  # fused experts: [E, in, out]
+        if scheme.format == "int" and names.get("g_idx") in entries and not scheme.act_order:
+            scheme = replace(scheme, act_order=True)  # (the checkpoint says act-order)
         made = _pair_cached(logical, scheme, names, entries, read_small, file_of, verdicts)
         if isinstance(made, PackedProblem):
             problems.append(made)
@@ -169,8 +173,6 @@ def _pair(logical: str, scheme: Scheme, names: dict[str, str], entries: Mapping[
           ) -> PackedWeight | PackedProblem:
     first = entries[names[scheme.roles[0]]]
     where = f"{file_of(first)}: {logical}"
-    if scheme.format == "int" and names.get("g_idx") in entries:
-        return PackedProblem(logical, f"{where}: {names['g_idx']} (act-order) is not supported")
     if scheme.format == "int" and first.spec.dtype == torch.uint8:
         return PackedProblem(logical, f"{where}: {names['packed']} is u8 (NVFP4's packing) but "
                              "the config says pack-quantized (int32 words)")
@@ -257,6 +259,31 @@ def _strays(config: FormatConfig, entries: Mapping[str, TensorEntry], used: set[
         out.append(PackedProblem(key, f"{key} belongs to no {config.method} weight of the "
                                  "checkpoint (its weight is missing): it is not applied"))
     return out
+
+
+def kept_by_model(pairing: PackedPairing | None,
+                  held: Callable[[str], torch.dtype | None]) -> PackedPairing | None:
+    """The pairing less the weights a model holds as stored (keep-quantized): a weight
+    whose stored weight tensor the model holds in its stored dtype (``held(key)``: the
+    model's dtype under the key, or the key with ``model.`` added or its first component
+    removed) is routed as its parts, plain reads of the bytes as they are; it moves to
+    :attr:`PackedPairing.kept` (the plan's note). A floating parameter under the same
+    key (compressed-tensors FP8's ``weight``) is a dequantize's target, not a keep."""
+    if pairing is None or not pairing.weights:
+        return pairing
+
+    def holds(entry: TensorEntry) -> bool:
+        key = entry.key
+        return entry.spec.dtype in (held(key), held(key.partition(".")[2]), held("model." + key))
+
+    kept = {k: w for k, w in pairing.weights.items() if holds(w.parts[0])}
+    if not kept:
+        return pairing
+    freed = {p.key for w in kept.values() for p in w.parts}
+    freed |= {w.parts[0].key.rsplit(".", 1)[0] + s for w in kept.values()
+              for s in (".weight_shape", ".weight_g_idx")}
+    return replace(pairing, weights={k: w for k, w in pairing.weights.items() if k not in kept},
+                   companions=pairing.companions - freed, routed={}, kept=kept)
 
 
 def routed_entries(ckpt: Checkpoint, pairing: PackedPairing | None) -> Checkpoint | None:

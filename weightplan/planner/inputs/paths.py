@@ -23,6 +23,7 @@ from weightplan.errors import (
 
 # written by a save just before its commit, removed when the commit is complete
 JOURNAL_NAME = ".weightplan-commit.json"
+ADAPTER_CONFIG = "adapter_config.json"  # the marker of a peft adapter directory
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
@@ -146,3 +147,10 @@ def pread_exactly(fd: int, n: int, offset: int, path: str) -> bytes:
         parts.append(chunk)
         done += len(chunk)
     return b"".join(parts)
+
+
+def is_adapter_dir(path: object) -> bool:
+    """Whether ``path`` is a directory holding an ``adapter_config.json`` (the marker; the
+    adapter modules are imported only then)."""
+    return isinstance(path, (str, os.PathLike)) and os.path.isfile(
+        os.path.join(os.fspath(path), ADAPTER_CONFIG))

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from weightplan.errors import QuantizationError
 from weightplan.planner.inputs.quant_formats import PACKED_METHODS
+from weightplan.planner.inputs.dtype import model_quantization_config
 
 DEFAULT_BLOCK = (128, 128)
 _MISSING = object()
@@ -103,11 +104,8 @@ def read_quant_config(directory: str | Path) -> QuantConfig | None:
 
 def quant_config_of_model(model: object) -> QuantConfig | None:
     """The FP8 ``quantization_config`` a model's ``config`` carries, if any."""
-    config = getattr(model, "config", None)
-    raw = getattr(config, "quantization_config", None)
-    if raw is None and isinstance(config, Mapping):
-        raw = config.get("quantization_config")
-    return parse_quant_config(raw, source=f"{type(model).__name__}.config")
+    return parse_quant_config(model_quantization_config(model),
+                              source=f"{type(model).__name__}.config")
 
 
 def _skip_match(pattern: str, module: str) -> bool:

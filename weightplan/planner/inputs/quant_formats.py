@@ -10,7 +10,8 @@ Recognised (block FP8, ``quant_method: "fp8"``, stays in :mod:`.quant_config`):
 - ModelOpt: ``quant_method: "modelopt"`` in config.json, or ``hf_quant_config.json``'s
   ``quantization.{quant_algo: "NVFP4", group_size, exclude_modules}``.
 
-Anything else these methods can say (act-order ``g_idx``, MXFP4/MXFP6 pack formats,
+Act-order (``actorder: "group"``: GPTQ's ``weight_g_idx``) is read for pack-quantized.
+Anything else these methods can say (MXFP4/MXFP6 pack formats,
 asymmetric FP8, bits other than 4/8) is refused with a :class:`QuantizationError` naming
 the config file and the field.
 """
@@ -196,9 +197,10 @@ def _ct_scheme(weights: Mapping, fmt: object, where: str) -> Scheme:
     if strategy is None:
         raise QuantizationError(f"weights.strategy {weights.get('strategy')!r} is not one of "
                                 f"{', '.join(_STRATEGIES)}", file=where)
-    if weights.get("actorder") not in (None, False, "weight", "static"):
-        raise QuantizationError(f"weights.actorder {weights.get('actorder')!r}: act-order "
-                                "(weight_g_idx) checkpoints are not supported", file=where)
+    if weights.get("actorder") not in (None, False, True, "weight", "static", "group"):
+        raise QuantizationError(f"weights.actorder {weights.get('actorder')!r} is not one of "
+                                "group, weight, static", file=where)
+    act_order = weights.get("actorder") in (True, "group")  # weight_g_idx per weight
     if kind == "fp8" and (bits != 8 or weights.get("type") != "float" or not symmetric):
         raise QuantizationError(f"{fmt} with num_bits {bits}, type {weights.get('type')!r}, "
                                 f"symmetric {symmetric}: weightplan reads symmetric FP8", file=where)
@@ -217,7 +219,8 @@ def _ct_scheme(weights: Mapping, fmt: object, where: str) -> Scheme:
     return Scheme(kind, "group" if kind == "nvfp4" else strategy,
                   16 if kind == "nvfp4" else group,
                   tuple(block) if strategy == "block" else None,  # type: ignore[arg-type]
-                  8 if kind == "fp8" else int(bits or 4), symmetric)
+                  8 if kind == "fp8" else int(bits or 4), symmetric,
+                  act_order=act_order and kind == "int")
 
 
 def _json(path: Path) -> dict:

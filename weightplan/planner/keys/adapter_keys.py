@@ -126,23 +126,53 @@ def _wrapper(injected: InjectedAdapter, parameter: str) -> str | None:
     return suffixes.pop() if len(suffixes) == 1 else None
 
 
-def _fused_converters(target: FusedTarget, name: str) -> list[WeightConverter]:
+def _fused_converters(target: FusedTarget, name: str,
+                      packed: tuple[int, int] | None = None) -> list[WeightConverter]:
+    """The two factors' converters; ``packed``: (experts, model rank), pinning the sizes
+    that their inverses (a save in the per-expert layout) need."""
     if target.wrapper is None:
         return []
     converters = []
     for factor in ("lora_A", "lora_B"):
         sources = [_WEIGHT.sub(rf".{factor}.{name}.weight", s) for s in target.sources]
-        ops = _ops(factor, target.pair)
+        ops = _ops(factor, target.pair, packed)
         converters.append(WeightConverter(sources, f"{target.module}{target.wrapper}.{factor}."
                                           f"{name}.weight", ops, scope_prefix=target.scope))
     return converters
 
 
-def _ops(factor: str, pair: bool) -> list[ConversionOp]:
+def _ops(factor: str, pair: bool, packed: tuple[int, int] | None = None) -> list[ConversionOp]:
     if factor == "lora_A":
-        return [MergeModulelist(0), *([Concatenate(1)] if pair else []), Flatten(0, 1)]
+        return [MergeModulelist(0), *([Concatenate(1)] if pair else []),
+                Flatten(0, 1, sizes=packed)]
     return [MergeModulelist(0), *([BlockDiagonal()] if pair else []), Permute((1, 2, 0)),
-            Flatten(1, 2)]
+            Flatten(1, 2, sizes=None if packed is None else packed[::-1])]
+
+
+def layout_transforms(base: Iterable[WeightTransform], injected: InjectedAdapter,
+                      per_expert: bool, modules_to_save: tuple[str, ...] = ()
+                      ) -> tuple[WeightTransform, ...]:
+    """The transforms whose inverse writes ``injected``'s tensors as an adapter file: in the
+    per-expert layout (the base's per-expert names, each fused factor unpacked; sizes
+    pinned from the model), or in the fused one (the model's names, as peft saves them).
+    The names they take carry peft's ``base_model.model.`` prefix already.
+
+    Raises:
+        AdapterError: a fused parameter whose layers differ in experts or rank.
+    """
+    base = tuple(base)
+    out: list[WeightTransform] = list(_saved_renames(injected.name, modules_to_save))
+    if per_expert:
+        out += [t for t in base if isinstance(t, Renaming)]
+    out += name_renames(injected.name)
+    for target in fused_targets(base, injected) if per_expert else ():
+        packed = {(x.experts, x.r) for x in injected.layers.values()
+                  if x.parameter == target.parameter}
+        if len(packed) > 1:
+            raise AdapterError(f"the layers adapting {target.parameter} differ in experts or "
+                               f"rank ({sorted(packed)}): one per-expert layout can't hold them")
+        out += _fused_converters(target, injected.name, packed.pop() if packed else None)
+    return tuple(out)
 
 
 def base_and_adapter_transforms(base: Iterable[WeightTransform], injected: InjectedAdapter,

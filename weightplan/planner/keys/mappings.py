@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from weightplan.planner.core.ops import Concatenate, MergeModulelist
+from weightplan.planner.core.ops.joins import Concatenate, MergeModulelist
 from weightplan.planner.keys.registry import MappingRegistry
 from weightplan.planner.keys.transforms import (
     PrefixChange, WeightConverter, WeightRenaming, WeightTransform,

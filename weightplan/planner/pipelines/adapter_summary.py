@@ -46,6 +46,7 @@ class AdapterSummary:
     conversions: tuple[LayoutConversion, ...] = ()
     scale_changes: tuple[ScaleChange, ...] = ()
     config_json: str = ""  # the adapter_config.json as read (written back when saving)
+    merged: int = 0  # base weights the adapter is folded into (merge=True)
 
 
 CONFIGS_ATTRIBUTE = "_weightplan_adapter_configs"  # adapter name → its adapter_config.json

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from dataclasses import dataclass, field
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -19,8 +20,6 @@ from weightplan.errors import MappingError, ParallelError, PlanError
 from weightplan.planner.core.paused_gc import paused_gc
 from weightplan.planner.core.problems import Problem, ProblemKind
 from weightplan.planner.pipelines.findings import Findings, collect_findings
-from weightplan.planner.pipelines.fp8_findings import with_fp8_findings
-from weightplan.planner.core.sharding.config import as_tensor_parallel
 from weightplan.planner.inputs.checkpoint import Checkpoint, open_checkpoint
 from weightplan.planner.inputs.device import parse_device
 from weightplan.planner.inputs.model_info import ModelInfo, inspect_model
@@ -29,20 +28,21 @@ from weightplan.planner.keys.mappings import REGISTRY
 from weightplan.planner.keys.registry import MappingChoice
 from weightplan.planner.keys.route import route_checkpoint
 from weightplan.planner.keys.routing import Routing
-from weightplan.planner.inputs.dtype import keep_fp32, resolve_dtype
+from weightplan.planner.inputs.dtype import keep_fp32, quantized_input, resolve_dtype
 from weightplan.planner.keys.transforms import WeightTransform, with_legacy
 from weightplan.planner.pipelines.plan import Direction, LoadPlanData, PlanOptions
-from weightplan.planner.tensors.ir.build import Conversion, SinkKind, build_conversions
-from weightplan.planner.pipelines.lower import StepOrder, lower
+from weightplan.planner.tensors.ir.build import (
+    Conversion, SinkKind, build_conversions, shard_conversion,
+)
+from weightplan.planner.pipelines.lower import Lowered, StepOrder, lower
 from weightplan.planner.tensors.lower.placement import Step
-from weightplan.planner.tensors.ir.quant_build import QuantContext, quant_context, routed_checkpoint
-from weightplan.planner.tensors.ir.quant_scales import add_scale_conversions
 from weightplan.planner.tensors.schedule.schedule import Schedule, order_steps
-from weightplan.planner.tensors.ir.shard_nodes import Sharding, plan_sharding
 from weightplan.units import parse_bytes
 
 if TYPE_CHECKING:
     from weightplan.planner.pipelines.devices import AutomaticRequest
+    from weightplan.planner.tensors.ir.quant_build import QuantContext
+    from weightplan.planner.tensors.ir.shard_nodes import Sharding
 
 SYNC_ENV = "WEIGHTPLAN_SYNC_LOAD"
 
@@ -54,7 +54,8 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
                  device: object = None, finder: Finder | None = None,
                  max_memory: object = None, offload_folder: object = None,
                  cooperative: bool = False, dequantize_on: str = "auto",
-                 view: Callable[[ModelInfo], ModelInfo] | None = None) -> LoadPlanData:
+                 view: Callable[[ModelInfo], ModelInfo] | None = None,
+                 regroup: Callable[[Routing], Routing] | None = None) -> LoadPlanData:
     """Plan loading ``checkpoint`` into ``model`` from headers only; nothing is read or written.
 
     The arguments are :func:`weightplan.explain`'s (documented there), ``mapping`` given by
@@ -62,8 +63,63 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     transformers bridge). ``device`` may be an automatic strategy (``"auto"``, ...), placed
     under ``max_memory`` (:mod:`~weightplan.planner.pipelines.devices`); ``view`` changes
     the model's view (an adapter's load: only its tensors, or its tensors kept in their
-    dtype); ``dequantize_on``: see ``dequant_side.py``. Returns the plan's data.
+    dtype); ``regroup`` changes the routed groups (an adapter merged into its base);
+    ``dequantize_on``: see ``dequant_side.py``. Returns the plan's data. The ranks of a
+    cooperative load agree when they have planned (:mod:`.agreement`): one that failed
+    makes the others raise instead of waiting for it.
     """
+    def planned() -> LoadPlanData:
+        common = prepare_load(model, checkpoint, mapping=mapping, dtype=dtype, budget=budget,
+                              tp=tp, quantization=quantization, threads=threads, device=device,
+                              finder=finder, max_memory=max_memory,
+                              offload_folder=offload_folder, cooperative=cooperative, view=view,
+                              regroup=regroup, dequantize_on=dequantize_on)
+        return rank_plan(common, common.sharding)
+
+    if tp is None:
+        return planned()
+    from weightplan.planner.pipelines.agreement import Agreement, planning_group
+
+    with Agreement(planning_group(tp, cooperative), "to plan") as agreement:
+        plan = planned()
+        agreement.agree()
+    return plan
+
+
+@dataclass(frozen=True, eq=False)
+class Common:
+    """What a load plan holds that is the same on every rank: the sources, the routing,
+    the conversions before any rank keeps its part, the findings, and the sharding of the
+    rank asked for (another rank's differs only in ``rank``)."""
+
+    model: torch.nn.Module | None
+    checkpoint: Checkpoint
+    options: PlanOptions
+    info: ModelInfo | None
+    choice: MappingChoice
+    transforms: tuple[WeightTransform, ...]
+    routing: Routing
+    conversions: tuple[Conversion, ...]  # every rank's (no shard node yet)
+    findings: Findings
+    sharding: Sharding | None
+    automatic: AutomaticRequest | None
+    lowered: Lowered = field(default_factory=Lowered)  # the steps the ranks share
+    dequantize_on: str = "auto"  # FP8 dequantizes sided (dequant_side.py)
+    quantized: bool = False  # the checkpoint or the model has FP8 / packed weights
+
+
+@paused_gc
+def prepare_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: object = None,
+                 dtype: torch.dtype | str | None = None, budget: int | str | None = None,
+                 tp: object = None, quantization: object = None, threads: int = 4,
+                 device: object = None, finder: Finder | None = None,
+                 max_memory: object = None, offload_folder: object = None,
+                 cooperative: bool = False,
+                 view: Callable[[ModelInfo], ModelInfo] | None = None,
+                 regroup: Callable[[Routing], Routing] | None = None,
+                 dequantize_on: str = "auto") -> Common:
+    """The part of :func:`explain_load` no rank changes (its arguments); each rank's plan
+    is then :func:`rank_plan` of it."""
     _refuse_quantization_option(quantization)
     automatic = _automatic(device, max_memory, offload_folder, model, tp)
     sharding = _sharding(model, tp, cooperative)
@@ -76,27 +132,45 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
         info = view(info)
     choice = choose_mapping(mapping, model, finder)
     transforms = with_legacy(choice.transforms)
-    quant = quant_context(checkpoint, ckpt, info, model)
+    quant = _quant_context(checkpoint, ckpt, info, model)
     routing, conversions, kept_problems = _convert(ckpt, transforms, info, options, quant,
-                                                   sharding)
-    share = None
-    if sharding is not None and sharding.cooperative:  # (its module only then)
-        from weightplan.planner.pipelines.cooperative import sharer
-
-        share = sharer(sharding)
-    graph, schedule = lower(conversions, ckpt, order=_checkpoint_order(ckpt),
-                            threads=options.threads, budget=options.budget, share=share)
-    findings = with_fp8_findings(collect_findings(info, routing, conversions), quant,
-                                 conversions, kept_problems)
+                                                   sharding, regroup)
+    findings = _with_quant_findings(collect_findings(info, routing, conversions), quant,
+                                    conversions, kept_problems)
     findings = _with_mapping_findings(findings, choice,
                                       looked_up=mapping is None and model is not None)
     findings = _with_parallel_findings(findings, sharding)
-    if automatic is not None and model is not None:
-        options, schedule = automatic.placed(options, model, info, schedule)
-    if quant is not None or dequantize_on != "auto":  # (FP8 only: else nothing to side)
-        options, schedule = _sided(options, schedule, dequantize_on)
-    return LoadPlanData(Direction.LOAD, ckpt, choice, transforms, conversions, graph, schedule,
-                        options, model, info, routing, findings, sharding,
+    return Common(model, ckpt, options, info, choice, transforms, routing, conversions,
+                  findings, sharding, automatic, dequantize_on=dequantize_on,
+                  quantized=quant is not None)
+
+
+@paused_gc
+def rank_plan(common: Common, sharding: Sharding | None) -> LoadPlanData:
+    """The plan of ``sharding``'s rank (``common.sharding`` or another rank of it): each
+    loaded target keeps that rank's part, then lowering, verify and the schedule (and a
+    cooperative load's dealing of the reads)."""
+    conversions = common.conversions
+    share = None
+    if sharding is not None:
+        conversions = tuple(shard_conversion(c, sharding) for c in conversions)
+        if sharding.cooperative:  # (its module only then)
+            from weightplan.planner.pipelines.cooperative import sharer
+
+            share = sharer(sharding)
+    options = common.options
+    graph, schedule = lower(conversions, common.checkpoint,
+                            order=_checkpoint_order(common.checkpoint),
+                            threads=options.threads, budget=options.budget, share=share,
+                            memo=common.lowered)
+    if common.automatic is not None and common.model is not None:
+        options, schedule = common.automatic.placed(options, common.model, common.info,
+                                                    schedule)
+    if common.quantized or common.dequantize_on != "auto":  # (FP8 only: else nothing to side)
+        options, schedule = _sided(options, schedule, common.dequantize_on)
+    return LoadPlanData(Direction.LOAD, common.checkpoint, common.choice, common.transforms,
+                        conversions, graph, schedule, options, common.model, common.info,
+                        common.routing, common.findings, sharding,
                         None if share is None else share.exchange)
 
 
@@ -129,12 +203,16 @@ def _refuse_quantization_option(quantization: object) -> None:
 
 def _sharding(model: torch.nn.Module | None, tp: object, cooperative: bool = False
               ) -> Sharding | None:
-    tensor_parallel = as_tensor_parallel(tp)
-    if tensor_parallel is None:
+    if tp is None:  # (a load that isn't tensor parallel imports no sharding module)
         if cooperative:
             raise ParallelError("cooperative=True shares the reads of the ranks of a "
                                 "tensor-parallel load: pass tp= too")
         return None
+    from weightplan.planner.core.sharding.config import as_tensor_parallel
+    from weightplan.planner.tensors.ir.shard_nodes import plan_sharding
+
+    tensor_parallel = as_tensor_parallel(tp)
+    assert tensor_parallel is not None  # (tp is not None)
     if cooperative:
         tensor_parallel = dataclasses.replace(tensor_parallel, cooperative=True)
     if model is None:
@@ -157,15 +235,62 @@ def _with_parallel_findings(findings: Findings, sharding: Sharding | None) -> Fi
 
 
 def _convert(ckpt: Checkpoint, transforms: tuple[WeightTransform, ...], info: ModelInfo | None,
-             options: PlanOptions, quant: QuantContext | None, sharding: Sharding | None = None
+             options: PlanOptions, quant: QuantContext | None, sharding: Sharding | None = None,
+             regroup: Callable[[Routing], Routing] | None = None
              ) -> tuple[Routing, tuple[Conversion, ...], tuple[tuple[str, str], ...]]:
-    """Routing and conversions; FP8 scales travel with their weights (see quant_build)."""
-    routing = route_checkpoint(routed_checkpoint(ckpt, quant), transforms, info)
-    conversions = build_conversions(routing.groups, info, options.dtype, SinkKind.MODEL, quant,
+    """Routing and conversions, every rank's (``sharding``: its problems only); FP8
+    scales travel with their weights (see quant_build)."""
+    routed = ckpt
+    if quant is not None:  # (a plain load has no scale to route with its weight)
+        from weightplan.planner.tensors.ir.quant_build import routed_checkpoint
+
+        routed = routed_checkpoint(ckpt, quant)
+    routing = route_checkpoint(routed, transforms, info)
+    if regroup is not None:
+        routing = regroup(routing)
+    groups = routing.groups
+    if quant is not None and quant.packed is not None and info is not None:
+        from weightplan.planner.tensors.ir.packed_keep import kept_groups  # (packed only)
+
+        groups = kept_groups(groups, quant.packed, _dtype_of(info), ckpt.entries.get)
+    conversions = build_conversions(groups, info, options.dtype, SinkKind.MODEL, quant,
                                     sharding)
+    if quant is None:  # (nor a scale sibling)
+        return routing, conversions, ()
+    from weightplan.planner.tensors.ir.quant_scales import add_scale_conversions
+
     conversions, kept_problems = add_scale_conversions(conversions, quant, info,
                                                         sharding=sharding)
     return routing, conversions, kept_problems
+
+
+def _dtype_of(info: ModelInfo) -> Callable[[str], torch.dtype | None]:
+    """The model's dtype of a name (``None``: no such tensor)."""
+    def dtype(name: str) -> torch.dtype | None:
+        t = info.get(name)
+        return None if t is None else t.spec.dtype
+    return dtype
+
+
+def _quant_context(checkpoint: object, ckpt: Checkpoint, info: ModelInfo | None,
+                   model: torch.nn.Module | None) -> QuantContext | None:
+    """The FP8 / packed context of a quantized input (:func:`quantized_input`, the one
+    test); ``None`` for a plain one, whose load doesn't import the quantized phases."""
+    if not quantized_input(checkpoint, ckpt, info, model):
+        return None
+    from weightplan.planner.tensors.ir.quant_build import quant_context
+
+    return quant_context(checkpoint, ckpt, info, model)
+
+
+def _with_quant_findings(findings: Findings, quant: QuantContext | None,
+                         conversions: tuple[Conversion, ...],
+                         kept_problems: tuple[tuple[str, str], ...]) -> Findings:
+    if quant is None:
+        return findings
+    from weightplan.planner.pipelines.fp8_findings import with_fp8_findings
+
+    return with_fp8_findings(findings, quant, conversions, kept_problems)
 
 
 def _checkpoint_order(ckpt: Checkpoint) -> StepOrder:

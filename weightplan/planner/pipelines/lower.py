@@ -27,22 +27,40 @@ def plan_graph(conversions: Sequence[Conversion]) -> PlanGraph:
     return PlanGraph.of(chain.from_iterable(c.nodes for c in conversions if c.in_graph))
 
 
-def _lowered(conversions: Sequence[Conversion], piece_bytes: int) -> Iterator[Step]:
+class Lowered:
+    """The step of each conversion lowered so far, by identity (:func:`plan_step` is a
+    function of its conversion): ranks planned together share the conversions no rank
+    changes, and lower each of them once."""
+
+    def __init__(self) -> None:
+        self._steps: dict[tuple[int, int], tuple[Conversion, Step]] = {}
+
+    def step(self, conv: Conversion, piece_bytes: int) -> Step:
+        key = (id(conv), piece_bytes)
+        hit = self._steps.get(key)
+        if hit is None or hit[0] is not conv:
+            hit = self._steps[key] = (conv, plan_step(conv, piece_bytes))
+        return hit[1]
+
+
+def _lowered(conversions: Sequence[Conversion], piece_bytes: int, memo: Lowered | None
+             ) -> Iterator[Step]:
     """The loading conversions' steps, as they are made: the order takes each one's key
     while its reads are still in the CPU cache (a pass over 45k cold reads, later, costs
     twice as much)."""
     for c in conversions:
         if c.loads:
-            yield plan_step(c, piece_bytes)
+            yield plan_step(c, piece_bytes) if memo is None else memo.step(c, piece_bytes)
 
 
 def lower(conversions: Sequence[Conversion], checkpoint: Checkpoint, *, order: StepOrder,
           threads: int, budget: int | None = None, piece_bytes: int = PIECE_BYTES,
-          share: Callable[[tuple[Step, ...]], tuple[Step, ...]] | None = None
-          ) -> tuple[PlanGraph, Schedule]:
+          share: Callable[[tuple[Step, ...]], tuple[Step, ...]] | None = None,
+          memo: Lowered | None = None) -> tuple[PlanGraph, Schedule]:
     """Graph → steps (where bytes land) → :func:`verify` → schedule (order, window, peak).
     ``share`` (a cooperative load's, :mod:`~weightplan.planner.pipelines.cooperative`)
-    turns the verified steps other ranks read into steps that receive.
+    turns the verified steps other ranks read into steps that receive; ``memo`` keeps
+    the steps of the conversions a plan of another rank lowered already.
 
     Raises:
         GraphError: the graph or a step breaks an invariant (a bug, or a user op's
@@ -51,7 +69,7 @@ def lower(conversions: Sequence[Conversion], checkpoint: Checkpoint, *, order: S
     """
     drawn = [c for c in conversions if c.in_graph]
     graph = plan_graph(drawn)
-    steps = order(_lowered(conversions, piece_bytes))
+    steps = order(_lowered(conversions, piece_bytes, memo))
     verify(graph, steps, checkpoint)
     if share is not None:
         steps = share(steps)

@@ -4,7 +4,8 @@ Each problem (a missing part, a grid that doesn't cover its weight, a packed wid
 doesn't match ``weight_shape``, a forbidden dtype, an ``ignore`` entry naming nothing) is
 of kind ``quantization``: ``execute`` refuses the plan before a byte is read. The note
 names each format once: its group size and scale kind, how many weights, and the bytes
-stored and dequantized.
+stored and dequantized, or, for weights a model holds as stored (keep-quantized), how many
+are kept and their bytes (key ``KEPT``: the plan's header says which it planned).
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from weightplan.planner.core.quant.formats import Scheme, summary
 from weightplan.planner.tensors.ir.build import Conversion
 from weightplan.planner.tensors.ir.nodes import DequantizeAttrs, NodeKind
 from weightplan.planner.tensors.ir.quant_build import QuantContext
+from weightplan.units import format_bytes
+
+KEPT = "<kept quantized>"
 
 
 def packed_findings(quant: QuantContext | None, conversions: Sequence[Conversion]
@@ -27,7 +31,24 @@ def packed_findings(quant: QuantContext | None, conversions: Sequence[Conversion
         return [], []
     problems = [Problem(ProblemKind.QUANTIZATION, p.key, p.message)
                 for p in quant.packed.problems]
-    return problems, [Note(f"<{s.format}>", line) for s, line in _lines(quant, conversions)]
+    notes = [Note(f"<{s.format}>", line) for s, line in _lines(quant, conversions)]
+    return problems, notes + _kept_notes(quant, conversions)
+
+
+def _kept_notes(quant: QuantContext, conversions: Sequence[Conversion]) -> list[Note]:
+    """One note per scheme a model keeps as stored: weights and their bytes (held under
+    their own names, or read role by role into merged tensors: their stored weight
+    tensor is a conversion's own entry)."""
+    assert quant.packed is not None
+    read = {id(e) for conv in conversions for e in conv.group.entries}
+    merged = [w for w in quant.packed.weights.values() if id(w.parts[0]) in read]
+    seen: dict[Scheme, list[int]] = {}
+    for w in [*quant.packed.kept.values(), *merged]:
+        row = seen.setdefault(w.scheme, [0, 0])
+        row[0] += 1
+        row[1] += w.stored_bytes
+    return [Note(KEPT, f"{s.describe()}: {n} weight(s) kept as stored ({format_bytes(b)} with "
+                 "their scales)") for s, (n, b) in seen.items()]
 
 
 def _lines(quant: QuantContext, conversions: Sequence[Conversion]) -> list[tuple[Scheme, str]]:
@@ -46,6 +67,8 @@ def _lines(quant: QuantContext, conversions: Sequence[Conversion]) -> list[tuple
             row[1] += sum(i.spec.nbytes for i in n.inputs)
             row[2] += n.spec.nbytes
             dtypes[a.scheme] = a.dtype
+    if not seen and not quant.packed.weights:
+        return []
     if not seen:
         return [(w.scheme, f"{w.scheme.describe()}: {len(quant.packed.weights)} stored "
                  "weight(s), none loaded") for w in list(quant.packed.weights.values())[:1]]

@@ -27,9 +27,9 @@ from weightplan.planner.keys.transforms import WeightTransform
 from weightplan.planner.tensors.ir.build import Conversion, TargetStatus
 from weightplan.planner.tensors.ir.graph import PlanGraph
 from weightplan.planner.tensors.schedule.schedule import MemoryPoint, Schedule
-from weightplan.planner.tensors.ir.shard_nodes import Sharding
 
 if TYPE_CHECKING:  # (a plain load's plan imports no adapter, device-map or cooperative module)
+    from weightplan.planner.tensors.ir.shard_nodes import Sharding
     from weightplan.planner.pipelines.adapter_summary import AdapterSummary
     from weightplan.planner.pipelines.cooperative import Exchange
     from weightplan.planner.tensors.schedule.dequant_side import DequantPlacement

@@ -23,8 +23,11 @@ from weightplan.planner.pipelines.plan import LoadPlanData
 
 def plan_ranks(model: torch.nn.Module, checkpoint: object, tp: TensorParallel, *,
                ranks: range | None = None, **explain: object) -> tuple[LoadPlanData, ...]:
-    """One load plan per rank of ``tp``'s world (or of ``ranks``), each a dry run."""
-    from weightplan.planner.pipelines.load import explain_load
+    """One load plan per rank of ``tp``'s world (or of ``ranks``), each a dry run: what
+    no rank changes is planned once (:func:`~weightplan.planner.pipelines.load.prepare_load`),
+    then each rank's plan is made from it as that rank's own load makes it
+    (:func:`~weightplan.planner.pipelines.load.rank_plan`)."""
+    from weightplan.planner.pipelines.load import prepare_load, rank_plan
 
     world = tp.world_size if tp.world_size is not None else tp.ranks().world_size
     planned = ranks if ranks is not None else range(world)
@@ -32,11 +35,13 @@ def plan_ranks(model: torch.nn.Module, checkpoint: object, tp: TensorParallel, *
         raise ParallelError(f"planning {len(planned)} ranks of a world of {world} in one "
                             f"process (one full plan each) is refused: "
                             f"{MAX_PLANNED_RANKS.hint()}, or plan some of them (ranks=range(...))")
-    out = []
-    for rank in planned:
-        one = dataclasses.replace(tp, mesh=None, world_size=world, rank=rank)
-        out.append(explain_load(model, checkpoint, tp=one, **explain))  # type: ignore[arg-type]
-    return tuple(out)
+    if not planned:
+        return ()
+    first = dataclasses.replace(tp, mesh=None, world_size=world, rank=planned[0])
+    common = prepare_load(model, checkpoint, tp=first, **explain)  # type: ignore[arg-type]
+    assert common.sharding is not None
+    return tuple(rank_plan(common, dataclasses.replace(common.sharding, rank=rank))
+                 for rank in planned)
 
 
 def read_bytes(plan: LoadPlanData) -> int:

@@ -97,17 +97,17 @@ def _fp8_save(quantize: str | None, conversions: tuple[Conversion, ...],
 
 def explain_convert_plan(source: object, directory: str | os.PathLike[str], *, mapping: object,
                          reverse: bool = False, max_shard_size: int | str = "5GB",
-                         overwrite: bool = False, threads: int = 4, dequantize: bool = False
-                         ) -> WritePlanData:
+                         overwrite: bool = False, threads: int = 4, dequantize: bool = False,
+                         to: str | None = None) -> WritePlanData:
     """Plan converting a checkpoint on disk to another layout, without a model: the
     arguments are :func:`weightplan.explain_convert`'s (documented there)."""
     if mapping is None:
         raise MappingError("converting needs a mapping: a registered name or transforms")
     ckpt = open_checkpoint(source)
     choice = choose_mapping(mapping, None)
-    if dequantize:
+    if dequantize or to is not None:
         return _dequantized_copy(source, ckpt, choice, directory, max_shard_size, overwrite,
-                                 threads)
+                                 threads, to)
     groups = derived_groups(choice.transforms, ckpt) if reverse else forward_groups(choice, ckpt)
     order = tuple(e.key for e in sorted(ckpt.entries.values(),
                                         key=lambda e: (e.file or "", e.offset)))
@@ -119,14 +119,19 @@ def explain_convert_plan(source: object, directory: str | os.PathLike[str], *, m
 
 def _dequantized_copy(source: object, ckpt: Checkpoint, choice: MappingChoice,
                       directory: str | os.PathLike[str], max_shard_size: int | str,
-                      overwrite: bool, threads: int) -> WritePlanData:
-    """The conversion with every quantized weight dequantized (see :mod:`.dequantize`)."""
+                      overwrite: bool, threads: int, to: str | None = None) -> WritePlanData:
+    """The conversion with every quantized weight dequantized (see :mod:`.dequantize`),
+    or with ``to="fp8"`` each MXFP4 weight re-encoded as block FP8 (:mod:`.reencode`)."""
     from weightplan.planner.pipelines.dequantize import dequantize_context
+    from weightplan.planner.pipelines.reencode import reencode_context
     from weightplan.planner.tensors.ir.quant_build import routed_checkpoint
 
-    quant = dequantize_context(source, ckpt)
+    quant, blocks = (dequantize_context(source, ckpt), None) if to is None \
+        else reencode_context(source, ckpt, to)
     groups = forward_groups(choice, routed_checkpoint(ckpt, quant))
     conversions = build_conversions(groups.groups, groups.outputs, None, SinkKind.FILE, quant)
+    if blocks is not None:
+        conversions = quantize_outputs(conversions, blocks, exact=True)
     order = tuple(e.key for e in sorted(ckpt.entries.values(),
                                         key=lambda e: (e.file or "", e.offset)))
     return make_write_plan(directory, ckpt, conversions, groups.notes, choice, Inversion.FORWARD,

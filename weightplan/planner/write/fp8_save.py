@@ -67,11 +67,12 @@ def quantization_config(blocks: Mapping[str, tuple[int, ...]]) -> dict | None:
     return QuantConfig(block=block).to_dict()
 
 
-def quantize_outputs(conversions: Iterable[Conversion], blocks: Mapping[str, tuple[int, ...]]
-                     ) -> tuple[Conversion, ...]:
+def quantize_outputs(conversions: Iterable[Conversion], blocks: Mapping[str, tuple[int, ...]],
+                     *, exact: bool = False) -> tuple[Conversion, ...]:
     """``conversions`` with each written output in ``blocks`` quantized (a floating one;
-    others are written as they are)."""
-    params = {k: Fp8Param(k, scale_key(k), tuple(b)) for k, b in blocks.items()}
+    others are written as they are); ``exact``: re-encoded losslessly (power-of-two
+    scales, an inexact tile an error: MXFP4 → FP8)."""
+    params = {k: Fp8Param(k, scale_key(k), tuple(b), exact=exact) for k, b in blocks.items()}
     context = QuantContext(Fp8Pairing({}, (), frozenset()), Fp8Model(params, (), DEFAULT_BLOCK),
                            QuantConfig())
     return tuple(_quantized(conv, context) for conv in conversions)

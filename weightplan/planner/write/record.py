@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from weightplan.planner.core.ops.base import ConversionOp
+from weightplan.planner.core.ops.merge import MergeLora, TakeTrained
 from weightplan.planner.core.spec import TensorSpec
 from weightplan.planner.inputs.checkpoint import Checkpoint, TensorEntry
 from weightplan.planner.keys.patterns import natural_key
@@ -102,10 +103,15 @@ def _record(conv: Conversion) -> RecordedConversion | None:
             widened[read_attrs(n.inputs[0]).entry.key] = n
         elif n.kind is NodeKind.QUANTIZE:
             quantizes.append(n)
+    ops, streams, routes = conv.ops, conv.group.sources, conv.group.routes
+    merged = ops[0] if len(ops) == 1 else None
+    if isinstance(merged, (MergeLora, TakeTrained)):  # saved as the base it was merged into
+        first = merged.counts[0]
+        ops, streams, routes = merged.base, streams[:first], routes[:first]
     sources = tuple(tuple((e.key, widened[e.key].spec if e.key in widened else e.spec)
-                          for e in stream) for stream in conv.group.sources)
+                          for e in stream) for stream in streams)
     fired: list[Renaming] = []
-    for stream in conv.group.routes:
+    for stream in routes:
         for route in stream:
             fired.extend(r for r in route.fired if r not in fired)
     quantized = _quantized(conv, quantizes) if quantizes else ()
@@ -113,7 +119,7 @@ def _record(conv: Conversion) -> RecordedConversion | None:
     targets = tuple((t.key, t.position) for t in conv.targets if t.key not in scales)
     dequantized = tuple((k, n.attrs.block) for k, n in widened.items()
                         if isinstance(n.attrs, DequantizeAttrs))
-    return RecordedConversion(sources, conv.ops, targets, tuple(fired), dequantized, quantized)
+    return RecordedConversion(sources, ops, targets, tuple(fired), dequantized, quantized)
 
 
 def _quantized(conv: Conversion, quantizes: list[Node]

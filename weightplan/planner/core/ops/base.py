@@ -63,6 +63,7 @@ class ConversionOp:
 
     many_to_many: ClassVar[bool] = False
     allocates: ClassVar[bool] = True  # False: forward returns views of its inputs
+    compute_dtype: ClassVar[torch.dtype | None] = None  # FP8 inputs dequantize to it, when set
 
     def resolve(self, ctx: OpContext, inputs: Streams[TensorSpec]) -> "ConversionOp":
         return self
@@ -84,6 +85,10 @@ class ConversionOp:
 
     def inverse(self) -> "ConversionOp":
         raise NotInvertibleError(f"{self!r} has no inverse")
+
+    def workspace_bytes(self) -> int:
+        """Temporaries ``forward`` allocates besides its outputs (the schedule counts them)."""
+        return 0
 
     def __repr__(self) -> str:
         if not dataclasses.is_dataclass(self):

@@ -13,7 +13,9 @@ in a fixed order (:attr:`Scheme.roles`):
 - ``int`` (compressed-tensors ``pack-quantized``): ``weight_packed`` I32 ``(out, ⌈in·b/32⌉)``
   (element ``i`` at bits ``[b·i, b·i + b)`` of the little-endian bit stream, stored
   ``+2**(b−1)``), ``weight_scale`` ``(out, ⌈in/g⌉)`` and, asymmetric, ``weight_zero_point``
-  packed the same way along ``out``. ``W = (q − z) · s``.
+  packed the same way along ``out``. ``W = (q − z) · s``. Act-order (GPTQ's
+  ``weight_g_idx``, int ``(in,)``): column ``i`` takes group ``g_idx[i]``'s scale and
+  zero point instead of group ``i // g``.
 - ``nvfp4``: ``weight_packed`` U8 ``(out, in/2)`` (E2M1, low nibble first),
   ``weight_scale`` F8_E4M3 ``(out, ⌈in/16⌉)`` and a global scale: compressed-tensors
   divides by ``weight_global_scale``, ModelOpt multiplies by ``weight_scale_2``
@@ -54,6 +56,7 @@ class Scheme:
     transpose: bool = False  # the logical tensor is ``[..., in, out]`` (gpt-oss experts)
     global_divides: bool = True  # nvfp4: compressed-tensors' ``/ global`` (else ``· scale_2``)
     source: str = "compressed-tensors"
+    act_order: bool = False  # int: a ``g_idx`` part maps each column to its group
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -62,8 +65,9 @@ class Scheme:
             return ("blocks", "scales")
         if self.format == "nvfp4":
             return ("packed", "scale", "global")
-        if self.format == "int" and not self.symmetric:
-            return ("packed", "scale", "zero")
+        if self.format == "int":
+            return ("packed", "scale") + (() if self.symmetric else ("zero",)) \
+                + (("g_idx",) if self.act_order else ())
         return ("weight" if self.format == "fp8" else "packed", "scale")
 
     def describe(self) -> str:
@@ -79,7 +83,8 @@ class Scheme:
         if self.format == "fp8":
             return f"FP8 compressed-tensors ({what[self.strategy]} scales)"
         sym = "symmetric" if self.symmetric else "asymmetric, zero points"
-        return f"INT{self.bits} pack-quantized ({what[self.strategy]}, {sym})"
+        order = ", act-order g_idx" if self.act_order else ""
+        return f"INT{self.bits} pack-quantized ({what[self.strategy]}, {sym}{order})"
 
 
 def logical_shape(scheme: Scheme, packed: tuple[int, ...], stored: Sequence[int] | None = None
@@ -115,6 +120,8 @@ def companion_shapes(scheme: Scheme, shape: tuple[int, ...]) -> dict[str, tuple[
         shapes = {"packed": lead + (out, words), "scale": lead + scale_grid(scheme, out, n)}
         if not scheme.symmetric:
             shapes["zero"] = lead + (-(-out * scheme.bits // 32), scale_grid(scheme, out, n)[1])
+        if scheme.act_order:
+            shapes["g_idx"] = lead + (n,)
         return shapes
     return {"weight": tuple(shape), "scale": scale_grid(scheme, out, n, lead)}
 
@@ -231,13 +238,28 @@ def _prepared(scheme: Scheme, parts: Sequence[torch.Tensor], nat: tuple[int, ...
         flat = zero.reshape(-1, *zero.shape[-2:])
         unpacked = [unpack_ints(m.T.contiguous(), scheme.bits, out).T for m in flat]
         extras["zero"] = torch.stack(unpacked).reshape(*lead, out, groups).to(torch.float32)
+    if scheme.format == "int" and scheme.act_order:
+        extras["g_idx"] = _groups_of(parts[-1], parts[1].shape[-1])
     return extras
+
+
+def _groups_of(g_idx: torch.Tensor, groups: int) -> torch.Tensor:
+    """``g_idx`` as indices, each checked to name a group of the scale grid."""
+    from weightplan.errors import QuantizationError
+
+    g = g_idx.to(torch.int64)
+    if g.numel() and (int(g.min()) < 0 or int(g.max()) >= groups):
+        raise QuantizationError(f"weight_g_idx names group {int(g.max())} (or "
+                                f"{int(g.min())}) but the scales have {groups} groups")
+    return g
 
 
 def unpack_ints(words: torch.Tensor, bits: int, count: int) -> torch.Tensor:
     """Signed ints from int32 words ``[rows, w]``: ``count`` per row, ``bits`` each
     (LSB-first bit stream over little-endian words, stored ``+2**(bits−1)``) → int32."""
-    raw = words.contiguous().view(torch.uint8).to(torch.int32)
+    # (flattened first: a [k, 1] transpose is "contiguous" with a last stride of k)
+    raw = words.contiguous().flatten().view(torch.uint8).to(torch.int32)
+    raw = raw.reshape(*words.shape[:-1], words.shape[-1] * 4)
     if bits == 8:
         values = raw
     else:  # 4
@@ -248,10 +270,25 @@ def unpack_ints(words: torch.Tensor, bits: int, count: int) -> torch.Tensor:
 def _decode_int(scheme: Scheme, parts: Sequence[torch.Tensor], extras: dict,
                 idx: tuple[int, ...], o0: int, o1: int, n: int) -> torch.Tensor:
     q = unpack_ints(parts[0][idx][o0:o1], scheme.bits, n).to(torch.float32)
+    if scheme.act_order:
+        return _act_order(scheme, q, parts, extras, idx, o0, o1)
     if "zero" in extras:
         zero = extras["zero"][idx][o0:o1]
         q = _per_group(q, zero, scheme.group or n, torch.sub)
     return _scaled(scheme, q, parts[1], idx, o0, o1)
+
+
+def _act_order(scheme: Scheme, q: torch.Tensor, parts: Sequence[torch.Tensor], extras: dict,
+               idx: tuple[int, ...], o0: int, o1: int) -> torch.Tensor:
+    """``(q − z[:, g]) · s[:, g]`` with ``g = g_idx``: each column's own group."""
+    g = extras["g_idx"][idx]
+    if "zero" in extras:
+        q.sub_(extras["zero"][idx][o0:o1][:, g])
+    scale = parts[1][idx][o0:o1]
+    q.mul_(scale[:, g].to(torch.float32))
+    if scale.dtype in (torch.bfloat16, torch.float16):
+        q = q.to(scale.dtype).to(torch.float32)
+    return q
 
 
 def _decode_fp8(scheme: Scheme, parts: Sequence[torch.Tensor], extras: dict,

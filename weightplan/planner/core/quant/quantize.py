@@ -5,6 +5,13 @@ Per ``b0 × b1`` tile: ``amax = max|w|`` (in fp32), ``scale = 448 / amax`` (1 wh
 ``s = 1 / scale`` (float32). With ``scale_fmt="ue8m0"`` the stored inverse is rounded up
 to a power of two (``float8_e8m0fnu``) and ``scale`` is its exact reciprocal.
 
+``scale_fmt="exact"`` re-encodes values already on a coarser grid (MXFP4's E2M1 · 2^e)
+losslessly: each tile's stored inverse is the power of two ``2^k``, ``k = ⌈log2(amax /
+448)⌉`` (float32; the smallest that keeps the tile in range, so its small values keep the
+most room), ``q = w · 2^−k`` (float64: no overflow for tiny scales), and every element is
+checked to come back exactly (``q · 2^k == w``); a tile that can't (its values span more
+binades than E4M3 holds) raises :class:`QuantizationError` naming the tile.
+
 transformers quantizes only weights whose dims are multiples of the block; here a partial
 edge tile is the zero-padded tile: its ``amax`` is the ``amax`` of its real elements (zeros
 never raise it), so cropping the padded result gives exactly what is written. The
@@ -16,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from weightplan.errors import QuantizationError
 from weightplan.planner.core.quant.blocks import (
     CHUNK_BYTES, E8M0, Block, block_of, expand_rows, matrices, rows_per_chunk, scale_columns_,
     scale_grid,
@@ -23,7 +31,7 @@ from weightplan.planner.core.quant.blocks import (
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max
-SCALE_FORMATS = ("float", "ue8m0")
+SCALE_FORMATS = ("float", "ue8m0", "exact")
 
 
 def scale_dtype(scale_fmt: str) -> torch.dtype:
@@ -32,7 +40,7 @@ def scale_dtype(scale_fmt: str) -> torch.dtype:
         if E8M0 is None:
             raise ValueError("scale_fmt='ue8m0' needs torch.float8_e8m0fnu (torch >= 2.7)")
         return E8M0
-    if scale_fmt != "float":
+    if scale_fmt not in ("float", "exact"):
         raise ValueError(f"scale_fmt must be one of {SCALE_FORMATS}, not {scale_fmt!r}")
     return torch.float32
 
@@ -78,6 +86,9 @@ def _quantize_matrix(w: torch.Tensor, q_out: torch.Tensor, s_out: torch.Tensor,
         r1 = min(rows, r0 + step)
         x = work[: (r1 - r0) * cols].view(r1 - r0, cols)
         x.copy_(w[r0:r1])
+        if scale_fmt == "exact":
+            q_out[r0:r1].copy_(_exact_rows(x, s_out, r0, b0, b1))
+            continue
         scales, inv = tile_scales(tile_amax(x, b0, b1), scale_fmt)
         scale_columns_(x, expand_rows(scales, b0, r1 - r0), b1)
         q_out[r0:r1].copy_(x.clamp_(min=-FP8_MAX, max=FP8_MAX))
@@ -114,3 +125,25 @@ def tile_scales(amax: torch.Tensor, scale_fmt: str = "float") -> tuple[torch.Ten
         inv = inv.to(scale_dtype("ue8m0"))
         scales = 1.0 / inv.to(torch.float32)
     return scales, inv
+
+
+def _exact_rows(x: torch.Tensor, s_out: torch.Tensor, r0: int, b0: int, b1: int) -> torch.Tensor:
+    """FP8 of rows ``x`` (weight rows from ``r0``, whole tiles of ``b0`` rows unless the
+    last), their tiles' power-of-two inverses written into ``s_out`` (see the module
+    docstring: ``exact``)."""
+    amax = tile_amax(x, b0, b1).to(torch.float64)
+    k = torch.where(amax > 0, torch.ceil(torch.log2(amax / FP8_MAX)), torch.zeros_like(amax))
+    k = k + (amax * torch.exp2(-k) > FP8_MAX)  # (log2's rounding, never below range)
+    rows = x.shape[0]
+    up = expand_rows(torch.exp2(-k), b0, rows).repeat_interleave(b1, dim=1)[:, : x.shape[1]]
+    wide = x.to(torch.float64)
+    q = (wide * up).to(FP8)
+    bad = (q.to(torch.float64) / up != wide).nonzero()
+    if len(bad):
+        r, c = (int(v) for v in bad[0])
+        raise QuantizationError(
+            f"block ({(r0 + r) // b0}, {c // b1}) can't be re-encoded exactly: {wide[r, c].item()!r} "
+            f"needs more range than E4M3 holds under the block's scale 2^{int(k[r // b0, c // b1])} "
+            "(its values span too many binades)")
+    s_out[r0 // b0: -(-(r0 + rows) // b0)].copy_(torch.exp2(k).to(torch.float32))
+    return q

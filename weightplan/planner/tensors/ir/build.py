@@ -17,7 +17,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 from itertools import chain
+from functools import cache
 from operator import attrgetter
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,17 +30,18 @@ from weightplan.planner.keys.routing import Group
 from weightplan.planner.tensors.ir.destination import Destination, DestKind
 from weightplan.planner.core.geometry import row_major_strides
 from weightplan.planner.tensors.ir.nodes import (
-    CastAttrs, Node, NodeKind, OpAttrs, SinkAttrs, op_attrs, sink_attrs,
+    CastAttrs, Node, NodeKind, OpAttrs, SinkAttrs, op_attrs, read_streams, sink_attrs,
 )
 from weightplan.planner.core.ops.base import (
     ConversionOp, OpContext, Streams, Wiring, stream_positions,
 )
-from weightplan.planner.tensors.ir.quant_build import QuantContext, quantize_nodes, source_streams
-from weightplan.planner.tensors.ir.packed_build import packed_source_streams
-from weightplan.planner.tensors.ir.shard_nodes import Sharding, shard_target
 from weightplan.planner.tensors.ir.stages import read_stages, stage_specs
 from weightplan.planner.core.spec import TensorSpec
 from weightplan.planner.core.quant.blocks import FP8_DTYPES
+
+if TYPE_CHECKING:
+    from weightplan.planner.tensors.ir.quant_build import QuantContext
+    from weightplan.planner.tensors.ir.shard_nodes import Sharding
 
 
 _SPEC, _KEY = attrgetter("spec"), attrgetter("key")
@@ -135,17 +139,33 @@ def stages(conv: Conversion, kinds: list[NodeKind] | None = None
 def build_conversions(groups: Sequence[Group], expected: Expected, dtype: torch.dtype | None,
                       sink: SinkKind, quant: QuantContext | None = None,
                       sharding: Sharding | None = None) -> tuple[Conversion, ...]:
-    """Build every group, then settle tied duplicates and double claims. With
-    ``sharding``, each loaded target keeps only this rank's part (a shard node)."""
-    built = [build_conversion(g, expected, dtype, sink, quant, sharding) for g in groups]
-    return settle_claims(built)
+    """Build every group, then settle tied duplicates and double claims. The conversions
+    are every rank's: under ``sharding``, :func:`shard_conversion` keeps a rank's part."""
+    return settle_claims([build_conversion(g, expected, dtype, sink, quant, sharding)
+                          for g in groups])
+
+
+def shard_conversion(conv: Conversion, sharding: Sharding) -> Conversion:
+    """``conv`` as ``sharding``'s rank keeps it: each loaded target's sink takes this rank's
+    part (:func:`~weightplan.planner.tensors.ir.shard_nodes.shard_sinks`). The rest of the
+    graph is every rank's, so ranks planned together build it once (``conv`` itself
+    when nothing changes)."""
+    loads = {t.key for t in conv.targets if t.status is TargetStatus.LOAD}
+    nodes = _shard_nodes().shard_sinks(conv.nodes, loads, sharding) if loads else conv.nodes
+    return conv if nodes is conv.nodes else replace(conv, nodes=nodes)
 
 
 def build_conversion(group: Group, expected: Expected, dtype: torch.dtype | None,
                      sink: SinkKind, quant: QuantContext | None = None,
                      sharding: Sharding | None = None) -> Conversion:
-    values, nodes = (packed_source_streams(group, quant, expected, dtype)
-                     or source_streams(group, quant, expected, dtype))
+    """One group's conversion, every rank's (``sharding`` only refuses quantizing
+    under it; :func:`shard_conversion` keeps a rank's part)."""
+    quant_build, packed_build = _quantized_phases() if quant is not None else (None, None)
+    if quant_build is None or packed_build is None:
+        values, nodes = read_streams(group.sources)
+    else:  # FP8 / packed weights behind their dequantize nodes, the rest plain reads
+        values, nodes = (packed_build.packed_source_streams(group, quant, expected, dtype)
+                         or quant_build.source_streams(group, quant, expected, dtype))
     ops = group.ops
     ctx = _context(group, expected) if ops else None
     for k, op in enumerate(ops):
@@ -156,7 +176,8 @@ def build_conversion(group: Group, expected: Expected, dtype: torch.dtype | None
     targets = list(_targets(group, stage_specs(values), expected, dtype))
     for t in tuple(targets):
         value = values[t.position[0]][t.position[1]]
-        quantized = quantize_nodes(t.key, value, quant) if t.status is TargetStatus.LOAD else None
+        quantized = None if quant_build is None or t.status is not TargetStatus.LOAD \
+            else quant_build.quantize_nodes(t.key, value, quant)
         if quantized is not None:
             if sharding is not None:
                 raise ParallelError(f"{t.key}: quantizing a floating checkpoint to FP8 while "
@@ -174,14 +195,24 @@ def build_conversion(group: Group, expected: Expected, dtype: torch.dtype | None
         if t.status is TargetStatus.LOAD and t.dtype != t.produced.dtype:
             value = Node(NodeKind.CAST, t.dest, (value,), CastAttrs(t.dtype))
             nodes.append(value)
-        dest = destination(t, sink)
-        if sharding is not None and t.status is TargetStatus.LOAD:
-            shard, dest = shard_target(value, dest, t.key, sharding)
-            if shard is not value:
-                value = shard
-                nodes.append(value)
-        nodes.append(Node(NodeKind.SINK, value.spec, (value,), SinkAttrs(dest)))
+        nodes.append(Node(NodeKind.SINK, value.spec, (value,), SinkAttrs(destination(t, sink))))
     return Conversion(group, tuple(targets), tuple(nodes))
+
+
+@cache
+def _quantized_phases() -> tuple[ModuleType, ModuleType]:
+    """Imported by the first quantized build (once: an import per group costs more)."""
+    from weightplan.planner.tensors.ir import packed_build, quant_build
+
+    return quant_build, packed_build
+
+
+@cache
+def _shard_nodes() -> ModuleType:
+    """``shard_nodes``, imported by the first build under tensor parallelism."""
+    from weightplan.planner.tensors.ir import shard_nodes
+
+    return shard_nodes
 
 
 def _quantized_target(t: Target, quantized: tuple[Node, Node, str], expected: Expected) -> Target:

@@ -24,7 +24,7 @@ from weightplan.planner.inputs.checkpoint import TensorEntry
 from weightplan.planner.core.makers import columns, fill, slot_setters
 from weightplan.planner.tensors.ir.destination import Destination
 from weightplan.planner.core.geometry import Region
-from weightplan.planner.core.ops.base import ConversionOp
+from weightplan.planner.core.ops.base import ConversionOp, Streams, stream_positions
 from weightplan.planner.core.sharding.placements import Placement
 from weightplan.planner.core.spec import TensorSpec, short_dtype
 
@@ -74,11 +74,14 @@ class DequantizeAttrs:
 
 @dataclass(frozen=True, slots=True)
 class QuantizeAttrs:
-    """Input: a floating tensor. ``scale``: True for the scale output, False for the weight."""
+    """Input: a floating tensor. ``scale``: True for the scale output, False for the weight.
+    ``exact``: a lossless re-encode (power-of-two float32 scales; an inexact tile is an
+    error), see :mod:`~weightplan.planner.core.quant.quantize`."""
 
     dtype: torch.dtype
     block: tuple[int, ...]
     scale: bool
+    exact: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +216,13 @@ def read_nodes(entries: Sequence[TensorEntry], sources: Sequence[tuple[int, int]
 
 
 _SPEC = attrgetter("spec")
+
+
+def read_streams(sources: Sequence[Sequence[TensorEntry]]) -> tuple[Streams[Node], list[Node]]:
+    """A plain conversion's inputs: a read per source, by stream; and those reads in order."""
+    rows = [read_nodes(entries, stream_positions(i, len(entries)))
+            for i, entries in enumerate(sources)]
+    return tuple(map(tuple, rows)), [n for row in rows for n in row]
 
 
 def read_attrs(node: Node) -> ReadAttrs:

@@ -56,7 +56,7 @@ def packed_stream(entries: Sequence[TensorEntry], sources: Sequence[tuple[int, i
     added: list[Node] = []
     for entry, source in zip(entries, sources, strict=True):
         packed = weights.get(entry.key)
-        if packed is None:
+        if packed is None or entry is packed.parts[0]:  # (a kept role's own stored tensor)
             node = read_nodes([entry], [source])[0]
             reads.append(node)
             values.append(node)

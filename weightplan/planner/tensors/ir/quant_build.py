@@ -20,7 +20,7 @@ Whatever can't be done right is a problem on the plan (:func:`quant_problems`), 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import chain, compress, repeat
 from operator import attrgetter, itemgetter
@@ -43,10 +43,11 @@ from weightplan.planner.core.quant.blocks import FP8_DTYPES, E8M0, Block, block_
 from weightplan.planner.core.quant.kinds import Dequantize, Quantize
 from weightplan.planner.tensors.ir.nodes import (
     DequantizeAttrs, Node, NodeKind, QuantizeAttrs, make_nodes, read_attrs, read_nodes,
+    read_streams,
 )
 from weightplan.planner.core.ops.base import ConversionOp, Streams, stream_positions
 from weightplan.planner.inputs.packed_pairs import (
-    PackedPairing, SmallReader, pair_packed, routed_entries,
+    PackedPairing, SmallReader, kept_by_model, pair_packed, routed_entries,
 )
 from weightplan.planner.inputs.quant_formats import read_format_config
 from weightplan.planner.core.spec import TensorSpec
@@ -83,6 +84,8 @@ def quant_context(source: object, ckpt: Checkpoint, info: ModelInfo | None,
     model_config = quant_config_of_model(model) if model is not None else None
     config = _checkpoint_config(source) or model_config
     packed = packed_pairing(source, ckpt)
+    if info is not None:  # a model holding the stored tensors keeps them as they are
+        packed = kept_by_model(packed, _dtype_in(info))
     plain = routed_entries(ckpt, packed)
     pairing = pair_scales((plain or ckpt).entries, config)
     fp8_model = fp8_params(info, model_config or config) if info is not None else None
@@ -90,6 +93,14 @@ def quant_context(source: object, ckpt: Checkpoint, info: ModelInfo | None,
     if not pairing.quantized and not pairing.problems and not has_model_fp8 and packed is None:
         return None
     return QuantContext(pairing, fp8_model, config, packed=packed)
+
+
+def _dtype_in(info: ModelInfo) -> Callable[[str], torch.dtype | None]:
+    """The model's dtype of a name (``None``: it has no such tensor)."""
+    def dtype(name: str) -> torch.dtype | None:
+        t = info.get(name)
+        return None if t is None else t.spec.dtype
+    return dtype
 
 
 def packed_pairing(source: object, ckpt: Checkpoint) -> PackedPairing | None:
@@ -139,10 +150,10 @@ def source_streams(group: Group, quant: QuantContext | None, expected: object,
     ``DEQUANTIZE`` node unless the conversion keeps FP8. Returns the values and the nodes
     made, in topological order: every read, then each dequantize after its scale's read.
     A stream's nodes are made in columns (:func:`~weightplan.planner.tensors.ir.nodes.make_nodes`)."""
-    scales_of: Mapping[str, TensorEntry] = {}
-    out_dtype = torch.bfloat16  # unused unless something dequantizes
-    if quant is not None and not _keeps(group, quant):
-        scales_of, out_dtype = quant.pairing.scales, dequantized_dtype(group, expected, dtype)
+    if quant is None or _keeps(group, quant):
+        return read_streams(group.sources)
+    scales_of: Mapping[str, TensorEntry] = quant.pairing.scales
+    out_dtype = dequantized_dtype(group, expected, dtype)
     # the experts of a group share their specs and block: infer once per combination
     made: dict[tuple[int, int, int], tuple[TensorSpec, DequantizeAttrs]] = {}
     reads: list[Node] = []
@@ -227,7 +238,11 @@ def _target_names(group: Group) -> tuple[str, ...]:
 def dequantized_dtype(group: Group, expected: object, requested: torch.dtype | None
                       ) -> torch.dtype:
     """The model's dtype for the group's targets (``requested`` for meta ones), else the
-    requested dtype, else bf16 (DeepSeek-V3's)."""
+    requested dtype, else bf16 (DeepSeek-V3's); the dtype the first op computes in, when it
+    says (a LoRA merge: float32, rounded once after it)."""
+    computes = group.ops[0].compute_dtype if group.ops else None
+    if computes is not None:
+        return computes
     if isinstance(expected, ModelInfo):
         for name in _target_names(group):
             mt = expected.get(name)
@@ -250,13 +265,18 @@ def quantize_nodes(key: str, value: Node, quant: QuantContext | None
     param = quant.model.params[key]
     block = block_of(value.spec.shape, param.block)
     fmt = "ue8m0" if E8M0 is not None and param.scale_dtype == E8M0 else "float"
-    q_spec, s_spec = Quantize(param.block, fmt).infer(value.spec, key=key)
-    weight = Node(NodeKind.QUANTIZE, q_spec, (value,), QuantizeAttrs(q_spec.dtype, block, False))
-    scale = Node(NodeKind.QUANTIZE, s_spec, (value,), QuantizeAttrs(s_spec.dtype, block, True))
+    q_spec, s_spec = Quantize(param.block, "exact" if param.exact else fmt).infer(value.spec,
+                                                                                  key=key)
+    weight = Node(NodeKind.QUANTIZE, q_spec, (value,),
+                  QuantizeAttrs(q_spec.dtype, block, False, param.exact))
+    scale = Node(NodeKind.QUANTIZE, s_spec, (value,),
+                 QuantizeAttrs(s_spec.dtype, block, True, param.exact))
     return weight, scale, param.scale
 
 
 def scale_format(attrs: QuantizeAttrs) -> str:
+    if attrs.exact:
+        return "exact"
     return "ue8m0" if E8M0 is not None and attrs.dtype == E8M0 else "float"
 
 

@@ -29,9 +29,11 @@ def add_scale_conversions(conversions: Sequence[Conversion], quant: QuantContext
                           sharding: Sharding | None = None
                           ) -> tuple[tuple[Conversion, ...], tuple[tuple[str, str], ...]]:
     """``conversions`` plus a scale sibling for each one that keeps FP8; and
-    ``(key, message)`` for each that can't. Under ``sharding`` the sibling is sharded like
-    its weight, and a split that cuts through a scale block is a problem (see
-    :func:`~weightplan.planner.core.sharding.fp8_slices.scale_split_problem`)."""
+    ``(key, message)`` for each that can't. Under ``sharding`` a split that cuts through
+    a scale block is a problem (see
+    :func:`~weightplan.planner.core.sharding.fp8_slices.scale_split_problem`); the
+    siblings are every rank's, sharded with their weights by
+    :func:`~weightplan.planner.tensors.ir.build.shard_conversion`."""
     if quant is None:
         return tuple(conversions), ()
     out, problems = list(conversions), []

@@ -12,12 +12,14 @@ its bytes.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
+from operator import is_
 from typing import TYPE_CHECKING, Any
 
 from weightplan.planner.tensors.ir.destination import Destination, DestKind
 from weightplan.planner.core.geometry import Fragment, View, row_major_strides
-from weightplan.planner.tensors.ir.nodes import Node, NodeKind, ShardAttrs
+from weightplan.planner.tensors.ir.nodes import Node, NodeKind, ShardAttrs, SinkAttrs, sink_attrs
 from weightplan.planner.core.sharding.placements import DestShard, Placement, PlacementKind
 from weightplan.planner.core.sharding.shard_math import pieces
 from weightplan.planner.core.spec import TensorSpec
@@ -60,6 +62,32 @@ def shard_target(value: Node, dest: Destination, key: str, sharding: Sharding
     local = replace(dest, spec=TensorSpec(spec.shape, dest.spec.dtype),
                     stride=row_major_strides(spec.shape), shard=note)
     return node, local
+
+
+def shard_sinks(nodes: tuple[Node, ...], loads: Collection[str], sharding: Sharding
+                ) -> tuple[Node, ...]:
+    """``nodes`` (a conversion's, in order) with the sink of each target in ``loads`` (one
+    each) keeping this rank's part: a shard node before the sink where the target is
+    sharded, the destination's note where it is a ``DTensor`` (see :func:`shard_target`);
+    ``nodes`` itself when no sink changes."""
+    start, found = len(nodes), 0
+    while found < len(loads) and start > 0:  # (the sinks follow the stages: look from the end)
+        start -= 1
+        n = nodes[start]
+        found += n.kind is NodeKind.SINK and sink_attrs(n).dest.key in loads
+    out: list[Node] = []
+    for n in nodes[start:]:
+        dest = sink_attrs(n).dest if n.kind is NodeKind.SINK else None
+        if dest is not None and dest.key in loads:
+            value, local = shard_target(n.inputs[0], dest, dest.key, sharding)
+            if value is not n.inputs[0]:
+                out.append(value)
+            if local is not dest:
+                n = Node(NodeKind.SINK, value.spec, (value,), SinkAttrs(local))
+        out.append(n)
+    if all(map(is_, out, nodes[start:])) and len(out) == len(nodes) - start:
+        return nodes
+    return nodes[:start] + tuple(out)
 
 
 def shard_fragments(node: Node, target: int, view: View) -> tuple[Fragment, ...]:

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, replace
-from functools import cached_property
+from functools import cache, cached_property
 from itertools import compress, filterfalse, repeat
 from operator import attrgetter, is_
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from weightplan.errors import PlanError
 from weightplan.planner.tensors.ir.build import Conversion, stages
@@ -28,12 +30,13 @@ from weightplan.planner.tensors.ir.stages import stage_op, stage_specs
 from weightplan.planner.tensors.ir.destination import Destination, DestKind
 from weightplan.planner.core.geometry import Fragment, Region, View
 from weightplan.planner.tensors.ir.nodes import Node, NodeKind, sink_attrs
-from weightplan.planner.tensors.lower.quant_steps import QuantizeTask, quantize_plan
 from weightplan.planner.core.ops.base import ConversionOp, Streams
 from weightplan.planner.tensors.lower.read_tasks import (
     PIECE_BYTES, ReadTask, placed_reads, read_task,
 )
-from weightplan.planner.tensors.ir.shard_nodes import shard_fragments
+
+if TYPE_CHECKING:
+    from weightplan.planner.tensors.lower.quant_steps import QuantizeTask
 
 _REQUESTED, _WINDOW_BYTES = attrgetter("layout.requested"), attrgetter("layout.window_bytes")
 _TMP_BYTES, _FRAGMENT, _KIND = attrgetter("tmp_bytes"), attrgetter("fragment"), attrgetter("kind")
@@ -92,6 +95,7 @@ class Step:
         """Upper bound of the tensors the materialized ops allocate."""
         ops = sum(sum(n.spec.nbytes for stream in stage for n in stream)
                   for stage in self.materialize if stage_op(stage).allocates)
+        ops += sum(stage_op(stage).workspace_bytes() for stage in self.materialize)
         return ops + sum(t.work_bytes for t in self.quantized)
 
 
@@ -132,11 +136,27 @@ def _sinks(nodes: tuple[Node, ...], kinds: list[NodeKind]) -> tuple[Node, ...]:
 def _quantize_step(label: str, sinks: tuple[Node, ...], values: tuple[Streams[Node], ...],
                    written: list[Node], dests: tuple[Destination, ...], piece_bytes: int) -> Step:
     """Reads held, every op stage run on tensors, then quantized (see quant_steps)."""
-    outputs, tasks = quantize_plan(values[-1], written, dests)
+    outputs, tasks = _quant_steps().quantize_plan(values[-1], written, dests)
     reads = tuple(read_task(n, Region.full(n.spec.shape), None, False, piece_bytes)
                   for stream in values[0] for n in stream)
     return Step(label, sinks, _staging(dests, reads, True), reads, values[0], values[1:],
                 outputs, tasks)
+
+
+@cache
+def _quant_steps() -> ModuleType:
+    """``quant_steps``, imported by the first step that quantizes (once)."""
+    from weightplan.planner.tensors.lower import quant_steps
+
+    return quant_steps
+
+
+@cache
+def _shard_nodes() -> ModuleType:
+    """``shard_nodes``, imported by the first step under tensor parallelism (once)."""
+    from weightplan.planner.tensors.ir import shard_nodes
+
+    return shard_nodes
 
 
 def _final_fragments(outputs: Streams[Node], written: list[Node],
@@ -151,7 +171,7 @@ def _final_fragments(outputs: Streams[Node], written: list[Node],
         placed: tuple[Fragment, ...] = (Fragment(Region.full(d.spec.shape), target, view),)
         while value not in position:
             if value.kind is NodeKind.SHARD:  # this rank's pieces of its input
-                placed = shard_fragments(value, target, view)
+                placed = _shard_nodes().shard_fragments(value, target, view)
             elif value.kind is not NodeKind.CAST:
                 raise PlanError(f"{value!r} between the ops and {sink!r} can't be placed; only "
                                 "casts and shards may sit there")

@@ -20,7 +20,6 @@ import torch
 from weightplan.planner.inputs.checkpoint import TensorEntry
 from weightplan.planner.core.makers import columns
 from weightplan.planner.core.quant.blocks import DEQUANTIZE_BYTES, workspace_bytes
-from weightplan.planner.core.quant.formats import workspace_bytes as packed_workspace
 from weightplan.planner.tensors.ir.destination import Destination
 from weightplan.planner.core.geometry import (
     CACHE_SIZE, Fragment, Region, StackFragments, _is_contiguous,
@@ -120,6 +119,8 @@ class ReadTask:
         if self.dequantize is None or self.scale is None:
             return 0
         if self.dequantize.scheme is not None:  # a packed format: its parts, its workspace
+            from weightplan.planner.core.quant.formats import workspace_bytes as packed_workspace
+
             return self.scale_bytes + packed_workspace(
                 self.dequantize.scheme, self.node.spec.shape)  # type: ignore[arg-type]
         return self.scale_bytes + workspace_bytes(self.region.shape, self.dequantize.block,
@@ -219,6 +220,8 @@ def packed_layout(node: Node) -> ReadLayout:
 def _packed_layout(total: int, in_file: bool, parts: int, scheme: object,
                    shape: tuple[int, ...]) -> ReadLayout:
     """One layout per geometry (the experts of a stack share it)."""
+    from weightplan.planner.core.quant.formats import workspace_bytes as packed_workspace
+
     work = packed_workspace(scheme, shape)  # type: ignore[arg-type]
     window = total if in_file else 0
     return ReadLayout(False, 0, total, ((0, total),), window + parts + work, parts, total + parts)
@@ -255,6 +258,8 @@ def _each_read(tasks: list[ReadTask], stream: tuple[Node, ...],
     last: tuple = ()
     layout: ReadLayout | None = None
     for j, node in enumerate(stream):
+        if not frags[j]:  # (another rank's expert: nothing lands here)
+            continue
         if node.kind is NodeKind.DEQUANTIZE and node.attrs.scheme is not None:  # type: ignore[union-attr]
             tasks += [ReadTask(node, read_attrs(node.inputs[0]).entry, f.region, f,
                                packed_layout(node)) for f in frags[j] if f.region.numel]
@@ -288,16 +293,17 @@ def _stack_geometry(stream: tuple[Node, ...], frags: tuple[tuple[Fragment, ...],
     says so without looking). Returns the geometry's parts up to the destination dtype
     (:func:`_geometry`'s first arguments), the entries read, the fragments, their region
     and target; ``None``: not so (read by read, then)."""
+    n = len(stream)
+    stacked = isinstance(frags, StackFragments) and len(frags) == n
+    if not stacked and list(map(len, frags)).count(1) != n:
+        return None  # (first: under expert parallel most of a stack lands nowhere)
     alike = _alike_reads(stream)
     if alike is None:
         return None
     parts, entries = alike
-    n = len(stream)
-    if isinstance(frags, StackFragments) and len(frags) == n:
+    if isinstance(frags, StackFragments) and stacked:
         return (*parts, frags.region, frags.shape, frags.stride), entries, frags.fragments, \
             frags.region, frags.target
-    if list(map(len, frags)).count(1) != n:
-        return None
     fs = list(map(_FIRST, frags))
     regions, views, targets = list(map(_REGION, fs)), list(map(_VIEW, fs)), list(map(_TARGET, fs))
     shapes, strides = list(map(_SHAPE, views)), list(map(_STRIDE, views))

@@ -16,16 +16,16 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 from itertools import chain, compress, repeat
 from operator import add, itemgetter, lt, ne
+from types import ModuleType
 
 import torch
 
 from weightplan.planner.core.geometry import Fragment, Region, View
 from weightplan.planner.tensors.ir.destination import Destination
 from weightplan.planner.tensors.lower.placement import Step
-from weightplan.planner.tensors.lower.quant_steps import quantize_fragments
 
 MAX_RUNS = 1 << 20
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
@@ -57,13 +57,21 @@ def landings(fragments: Iterable[Fragment]) -> list[Landing]:
     return out
 
 
+@cache
+def _quant_steps() -> ModuleType:
+    """``quant_steps``, imported by the first step that quantizes (once)."""
+    from weightplan.planner.tensors.lower import quant_steps
+
+    return quant_steps
+
+
 def check_coverage(step: Step, landed: list[Landing]) -> list[str]:
     """Each destination of ``step`` is covered exactly once by what lands in it: ``landed``
     (its reads', as :func:`~weightplan.planner.tensors.verify.read_checks.read_problems`
     found them), its op outputs' and its quantized values' fragments."""
     dests = step.destinations
     if step.outputs or step.quantized:
-        quantized = (quantize_fragments(q, dests) for q in step.quantized)
+        quantized = (_quant_steps().quantize_fragments(q, dests) for q in step.quantized)
         landed = landed + landings(chain(chain.from_iterable(chain.from_iterable(step.outputs)),
                                          chain.from_iterable(quantized)))
     into: list[list[Landing]] = [[] for _ in dests]

@@ -23,8 +23,10 @@ made when the plan was built.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from functools import cache
 from itertools import chain, repeat
 from operator import attrgetter, is_
+from types import ModuleType
 
 from weightplan.errors import GraphError
 from weightplan.planner.inputs.checkpoint import Checkpoint
@@ -35,10 +37,17 @@ from weightplan.planner.tensors.schedule.schedule import Event, EventKind
 from weightplan.planner.tensors.verify.coverage import check_coverage
 from weightplan.planner.tensors.verify.graph_checks import Picker, Segments, check_graph, picker
 from weightplan.planner.tensors.verify.read_checks import read_problems, sections
-from weightplan.planner.tensors.verify.strided_checks import strided_problems
 
+_LAYOUT, _RUNS, _SCALE_RUNS = attrgetter("layout"), attrgetter("runs"), attrgetter("scale_runs")
 _HASH = attrgetter("_hash")  # (Node's hash, kept on it: read without a call)
 
+
+@cache
+def _strided_checks() -> ModuleType:
+    """``strided_checks``, imported by the first plan with strided reads (once)."""
+    from weightplan.planner.tensors.verify import strided_checks
+
+    return strided_checks
 
 def verify(graph: PlanGraph, steps: Sequence[Step] = (), checkpoint: Checkpoint | None = None
            ) -> None:
@@ -60,7 +69,10 @@ def check(graph: PlanGraph, steps: Sequence[Step] = (), checkpoint: Checkpoint |
     where = sections(checkpoint)
     for step in steps:
         found, landed = read_problems(step, where)
-        problems += check_coverage(step, landed) + found + strided_problems(step)
+        problems += check_coverage(step, landed) + found
+        layouts = list(map(_LAYOUT, step.reads))  # (C-level passes: most steps have none)
+        if any(map(_RUNS, layouts)) or any(map(_SCALE_RUNS, layouts)):  # strided reads
+            problems += _strided_checks().strided_problems(step)
     return problems
 
 

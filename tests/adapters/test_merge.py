@@ -1,0 +1,195 @@
+"""``merge=True``: the adapter folded into the base weights inside the plan (MergeLora nodes).
+
+Oracles: W + s·B·A computed here in float32 from the files and cast once (per expert for
+fused experts, rsLoRA included); the merged model saved and loaded back by transformers
+gives equal logits; peft's ``merge_and_unload`` for plain modules of a bf16 checkpoint (bit
+for bit: it also adds a float32 delta to the bf16 weight once). Where peft is not the
+oracle: for fused experts it casts the delta to bf16 before adding (a second rounding), and
+from a float32 checkpoint into a bf16 model it adds to the weight already rounded.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import weightplan
+from weightplan.api.adapters import explain_with_adapter
+from weightplan.bridge.hub import build_empty_model
+from weightplan.errors import AdapterError, ArgumentError
+
+from tests.adapters.builders import (
+    MIXTRAL, PREFIX, QWEN2_MOE, per_expert_adapter, tiny_model, write_config,
+)
+
+peft = pytest.importorskip("peft")
+BF16 = torch.bfloat16
+
+
+def _base(tmp_path, family, dtype=torch.float32):
+    tiny_model(family).to(dtype).save_pretrained(tmp_path / "base")
+    return load_file(str(tmp_path / "base" / "model.safetensors"))
+
+
+def _merged(tmp_path, adapter="v4", **options):
+    model = build_empty_model(tmp_path / "base").model
+    plan = explain_with_adapter(model, tmp_path / "base", tmp_path / adapter, merge=True,
+                                **options)
+    assert not plan.problems and not plan.missing and not plan.unexpected
+    plan.execute()
+    return model, plan
+
+
+def _expected(base, adapter, key, scale):
+    """(W + (B·A)·s) in float32, cast once to bf16."""
+    w, a, b = (base[f"{key}.weight"], adapter[f"{PREFIX}{key}.lora_A.weight"],
+               adapter[f"{PREFIX}{key}.lora_B.weight"])
+    return (w.float() + (b.float() @ a.float()) * scale).to(BF16)
+
+
+@pytest.mark.parametrize("family, rslora", [(MIXTRAL, False), (QWEN2_MOE, True)])
+def test_merged_weights_are_w_plus_sba_cast_once(tmp_path, family, rslora):
+    base = _base(tmp_path, family.name)
+    r, alpha = 4, 6
+    adapter = per_expert_adapter(str(tmp_path / "v4"), family, r=r, alpha=alpha, rslora=rslora)
+    scale = alpha / (math.sqrt(r) if rslora else r)
+    model, plan = _merged(tmp_path, dtype=BF16)
+    shared = (family.gate, family.up, family.down) if family is QWEN2_MOE else ()
+    # q_proj, gate_up_proj, down_proj (and the shared expert's linears) per layer
+    assert plan.adapter.merged == (3 + len(shared)) * 2
+    state = model.state_dict()
+    assert not any(".lora_" in k for k in state)
+    for layer in range(2):
+        q = f"model.layers.{layer}.self_attn.q_proj"
+        assert torch.equal(state[f"{q}.weight"], _expected(base, adapter, q, scale))
+        for linear in shared:
+            key = f"model.layers.{layer}.mlp.shared_expert.{linear}"
+            assert torch.equal(state[f"{key}.weight"], _expected(base, adapter, key, scale))
+        experts = f"model.layers.{layer}.{family.experts}"
+        for e in range(4):
+            rows = [_expected(base, adapter, f"{experts}.{e}.{lin}", scale)
+                    for lin in (family.gate, family.up)]
+            fused = state[f"model.layers.{layer}.mlp.experts.gate_up_proj"][e]
+            assert torch.equal(fused, torch.cat(rows)), (layer, e)
+            down = state[f"model.layers.{layer}.mlp.experts.down_proj"][e]
+            assert torch.equal(down, _expected(base, adapter, f"{experts}.{e}.{family.down}",
+                                               scale))
+
+
+def test_plain_modules_equal_peft_merge_and_unload(tmp_path):
+    # (a bf16 checkpoint: from a float32 one, weightplan adds the delta to the float32
+    # weight and rounds once, where peft adds it to the weight already rounded to bf16)
+    base = _base(tmp_path, "llama", BF16)
+    g = torch.Generator().manual_seed(3)
+    tensors = {}
+    for layer in range(2):
+        for name, (out, fan_in) in {"q_proj": (16, 16), "v_proj": (8, 16)}.items():
+            key = f"{PREFIX}model.layers.{layer}.self_attn.{name}"
+            tensors[f"{key}.lora_A.weight"] = torch.randn(2, fan_in, generator=g)
+            tensors[f"{key}.lora_B.weight"] = torch.randn(out, 2, generator=g)
+    (tmp_path / "lora").mkdir()
+    save_file(tensors, str(tmp_path / "lora" / "adapter_model.safetensors"))
+    write_config(str(tmp_path / "lora"), target_modules=["q_proj", "v_proj"])
+    oracle = peft.PeftModel.from_pretrained(tiny_model("llama").to(BF16), str(tmp_path / "lora"))
+    theirs = oracle.merge_and_unload().state_dict()
+    model, _ = _merged(tmp_path, "lora", dtype=BF16)
+    ours = model.state_dict()
+    assert set(ours) == set(theirs)
+    assert [k for k in ours if not torch.equal(ours[k], theirs[k])] == []
+    assert set(base) <= set(ours)
+
+
+def test_saved_merged_model_loads_in_transformers(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    base = _base(tmp_path, "mixtral")
+    per_expert_adapter(str(tmp_path / "v4"), MIXTRAL)
+    adapted = peft.PeftModel.from_pretrained(tiny_model("mixtral"), str(tmp_path / "v4"))
+    model = weightplan.from_pretrained(tmp_path / "base", adapter=tmp_path / "v4", merge=True)
+    assert type(model).__name__ == "MixtralForCausalLM"
+    ids = torch.arange(12)[None]
+    logits = model(ids).logits
+    torch.testing.assert_close(logits, adapted(ids).logits)  # (float32: merged ≈ unmerged)
+    weightplan.save(model, tmp_path / "merged")
+    saved = load_file(str(tmp_path / "merged" / "model.safetensors"))
+    assert set(saved) == set(base)  # the base checkpoint's own layout and names
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    assert torch.equal(back(ids).logits, logits)
+
+
+def test_modules_to_save_copy_replaces_the_base(tmp_path):
+    _base(tmp_path, "llama")
+    g = torch.Generator().manual_seed(4)
+    key = f"{PREFIX}model.layers.0.self_attn.q_proj"
+    tensors = {f"{key}.lora_A.weight": torch.randn(2, 16, generator=g),
+               f"{key}.lora_B.weight": torch.randn(16, 2, generator=g),
+               f"{PREFIX}lm_head.weight": torch.randn(64, 16, generator=g)}
+    (tmp_path / "lora").mkdir()
+    save_file(tensors, str(tmp_path / "lora" / "adapter_model.safetensors"))
+    write_config(str(tmp_path / "lora"), target_modules=["q_proj"], modules_to_save=["lm_head"])
+    oracle = peft.PeftModel.from_pretrained(tiny_model("llama"), str(tmp_path / "lora"))
+    theirs = oracle.merge_and_unload().state_dict()
+    model, plan = _merged(tmp_path, "lora")
+    assert torch.equal(model.state_dict()["lm_head.weight"], tensors[f"{PREFIX}lm_head.weight"])
+    torch.testing.assert_close(model.state_dict()["model.layers.0.self_attn.q_proj.weight"],
+                               theirs["model.layers.0.self_attn.q_proj.weight"])
+    assert any("modules_to_save" in n.message for n in plan.notes)
+
+
+def test_the_plan_shows_the_merge(tmp_path):
+    _base(tmp_path, "mixtral")
+    per_expert_adapter(str(tmp_path / "v4"), MIXTRAL)
+    model = build_empty_model(tmp_path / "base").model
+    plan = explain_with_adapter(model, tmp_path / "base", tmp_path / "v4", merge=True,
+                                dtype=BF16)
+    text = str(plan)
+    assert "MergeLora(W + 4·B·A in float32, 4 experts" in text
+    assert "merged: s·B·A folded into 6 base weight(s)" in text
+    assert "f32→bf16[4, 24, 16]" in text  # cast once, at the sink
+    assert not any(".lora_" in k for k in model.state_dict())
+
+
+def test_dora_and_a_merge_without_adapter_are_refused(tmp_path):
+    _base(tmp_path, "llama")
+    key = f"{PREFIX}model.layers.0.self_attn.q_proj"
+    (tmp_path / "dora").mkdir()
+    save_file({f"{key}.lora_A.weight": torch.ones(2, 16), f"{key}.lora_B.weight":
+               torch.ones(16, 2), f"{key}.lora_magnitude_vector": torch.ones(16)},
+              str(tmp_path / "dora" / "adapter_model.safetensors"))
+    write_config(str(tmp_path / "dora"), target_modules=["q_proj"], use_dora=True)
+    model = build_empty_model(tmp_path / "base").model
+    with pytest.raises(AdapterError, match="DoRA"):
+        explain_with_adapter(model, tmp_path / "base", tmp_path / "dora", merge=True)
+    with pytest.raises(ArgumentError, match="adapter="):
+        weightplan.from_pretrained(tmp_path / "base", merge=True)
+
+
+def test_fp8_base_dequantizes_to_float32_merges_and_rounds_once(tmp_path):
+    from tests.fp8.checkpoints import build, ref_dequant
+
+    _, fp8 = build("llama", tmp_path)
+    g = torch.Generator().manual_seed(5)
+    tensors = {}
+    for layer in range(2):
+        key = f"{PREFIX}model.layers.{layer}.self_attn.q_proj"
+        tensors[f"{key}.lora_A.weight"] = torch.randn(2, 256, generator=g) * 0.01
+        tensors[f"{key}.lora_B.weight"] = torch.randn(256, 2, generator=g) * 0.01
+    (tmp_path / "lora").mkdir()
+    save_file(tensors, str(tmp_path / "lora" / "adapter_model.safetensors"))
+    write_config(str(tmp_path / "lora"), target_modules=["q_proj"])
+    model = weightplan.from_pretrained(fp8, adapter=tmp_path / "lora", merge=True)
+    checkpoint = load_file(str(fp8 / "model.safetensors"))
+    for layer in range(2):
+        key = f"model.layers.{layer}.self_attn.q_proj"
+        w = ref_dequant(checkpoint[f"{key}.weight"], checkpoint[f"{key}.weight_scale_inv"],
+                        dtype=torch.float32)
+        a, b = (tensors[f"{PREFIX}{key}.lora_{f}.weight"] for f in "AB")
+        want = (w + (b @ a) * 4.0).to(BF16)
+        assert torch.equal(model.state_dict()[f"{key}.weight"], want)
+    weightplan.save(model, tmp_path / "requantized", quantize="fp8")
+    saved = load_file(str(tmp_path / "requantized" / "model.safetensors"))
+    assert saved["model.layers.0.self_attn.q_proj.weight"].dtype == torch.float8_e4m3fn
+    assert "model.layers.0.self_attn.q_proj.weight_scale_inv" in saved

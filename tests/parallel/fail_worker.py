@@ -1,0 +1,83 @@
+"""torchrun worker: a cooperative load where one rank's checkpoint copy is broken.
+
+    torchrun --nproc-per-node 2 tests/parallel/fail_worker.py OUT DIR
+
+Every rank loads its own copy of ``DIR`` (``OUT/rank<r>``, as when each node has a copy)
+cooperatively, twice, on a group whose timeout is short (a rank left waiting fails the
+test instead of hanging it):
+
+- ``plan``: rank 1's copy has a corrupt header, so its ``explain`` fails;
+- ``read``: every rank plans, then rank 1's copy is cut short before ``execute``.
+
+Each rank writes ``OUT/<scenario>.rank<r>.json``: the error it raised (``type``,
+``message``, ``failures`` for a :class:`~weightplan.errors.RankFailedError`), or none.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import weightplan
+from weightplan.errors import RankFailedError
+
+BROKEN = 1
+
+
+def load(directory: Path, before_execute=None) -> None:
+    with weightplan.init_empty():
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(directory),
+                                                 dtype=torch.bfloat16)
+    tp = weightplan.TensorParallel(output="local", cooperative=True)
+    plan = weightplan.explain(model, directory, dtype=torch.bfloat16, tp=tp)
+    if before_execute is not None:
+        before_execute()
+    plan.execute()
+
+
+def outcome(fn) -> dict:
+    try:
+        fn()
+    except Exception as e:
+        return {"type": type(e).__name__, "message": str(e),
+                "failures": getattr(e, "failures", None) if isinstance(e, RankFailedError)
+                else None}
+    return {"type": None}
+
+
+def largest(directory: Path) -> Path:
+    return max(directory.glob("*.safetensors"), key=lambda p: p.stat().st_size)
+
+
+def main() -> None:
+    out, source = Path(sys.argv[1]), Path(sys.argv[2])
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    mine = out / f"rank{rank}"
+    for scenario in ("plan", "read"):
+        shutil.rmtree(mine, ignore_errors=True)
+        shutil.copytree(source, mine)
+        dist.barrier()
+        broken = largest(mine)
+        if scenario == "plan" and rank == BROKEN:
+            with open(broken, "r+b") as f:
+                f.write(b"\xff" * 8)  # a header length past the end of the file
+        cut = functools.partial(os.truncate, broken, broken.stat().st_size // 2) \
+            if scenario == "read" and rank == BROKEN else None
+        result = outcome(functools.partial(load, mine, cut))
+        (out / f"{scenario}.rank{rank}.json").write_text(json.dumps(result))
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""A cooperative load where one rank fails before the broadcasts (gloo, 2 ranks, real
+processes): the failing rank raises its own typed error, the other raises
+:class:`~weightplan.errors.RankFailedError` naming that rank and its error, at once
+(not after the process group's timeout), whether the failure is in planning (a corrupt
+header) or in the reads (the file cut short after planning); the group stays usable."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from weightplan import errors
+from tests.parallel.conftest import torchrun
+from tests.parallel.strided_fixtures import build
+
+WORKER = Path(__file__).with_name("fail_worker.py")
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rank_failure")
+    directory = build("llama", root / "ckpt")[0]
+    out = root / "out"
+    out.mkdir()
+    torchrun(2, WORKER, str(out), str(directory), timeout=240)
+    return {(s, r): json.loads((out / f"{s}.rank{r}.json").read_text())
+            for s in ("plan", "read") for r in (0, 1)}
+
+
+@pytest.mark.parametrize("scenario", ["plan", "read"])
+def test_every_rank_raises_when_one_fails_before_the_broadcasts(outcomes, scenario):
+    failed, waiting = outcomes[scenario, 1], outcomes[scenario, 0]
+    assert failed["type"] is not None and failed["type"] != "RankFailedError", failed
+    assert issubclass(getattr(errors, failed["type"]), errors.WeightplanError), failed
+    assert waiting["type"] == "RankFailedError", waiting
+    assert waiting["failures"] == {"1": f"{failed['type']}: {failed['message']}"}
+    assert "rank 1 of this cooperative load failed" in waiting["message"]
+    assert failed["type"] in waiting["message"]
+    assert ("to plan" if scenario == "plan" else "to read its part") in waiting["message"]

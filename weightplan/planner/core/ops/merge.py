@@ -1,0 +1,188 @@
+"""``MergeLora``: a LoRA folded into its base weight, ``W + s·B·A``, as one plan op.
+
+Its inputs are the base weight's sources, then the adapter's ``lora_A`` and ``lora_B``
+sources (``counts`` streams each); each part first runs its own layout chain (the base
+mapping's fused experts, peft's packing of a wrapped parameter), then the delta is added
+in float32, a block of rows at a time, into the base weight's own tensor: the output has
+the base weight's dtype (rounded once, there), and where that is not the model's (a float32
+checkpoint, an FP8 one dequantized to float32) the plan casts it once at the sink.
+
+Orientation (peft's ``get_delta_weight``): ``A (r, in)``, ``B (out, r)``, delta ``B·A``
+``(out, in)``; transposed (``(in, out)``) for embeddings, ``fan_in_fan_out`` layers and
+fused parameters stored ``(E, in, out)`` (gpt-oss). A fused parameter's factors are
+packed expert-slowest in ``A (E·r, in)`` and expert-fastest in ``B (out, r·E)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+from weightplan.errors import NotInvertibleError, OpError
+from weightplan.planner.core.ops.base import ConversionOp, OpContext, Streams
+from weightplan.planner.core.spec import TensorSpec
+
+CHUNK_ELEMENTS = 1 << 22  # float32 delta rows computed at a time (16 MiB)
+_PARTS = ("base", "lora_a", "lora_b")
+
+
+@dataclass(frozen=True, repr=False)
+class MergeLora(ConversionOp):
+    """``W + scale·B·A``, computed in float32 (see the module docstring). Not invertible: saving a
+    merged model writes the base layout from the base chain alone (the load record keeps it)."""
+
+    compute_dtype = torch.float32  # (an FP8 base weight dequantizes straight to float32)
+
+    scale: float
+    counts: tuple[int, int, int]  # input streams of the base weight, lora_A, lora_B
+    base: tuple[ConversionOp, ...] = ()
+    lora_a: tuple[ConversionOp, ...] = ()
+    lora_b: tuple[ConversionOp, ...] = ()
+    experts: int = 1
+    transposed: bool = False
+    work: int = field(default=0, kw_only=True, compare=False)  # temporaries' bytes
+
+    def resolve(self, ctx: OpContext, inputs: Streams[TensorSpec]) -> "MergeLora":
+        chains, work = [], 0
+        for name, part, keys in zip(_PARTS, self._split(inputs), self._split(ctx.source_keys),
+                                    strict=True):
+            sub = ctx if name == "base" else OpContext((f"{ctx.target_keys[0]}.{name}",),
+                                                       (None,), keys, ctx.config)
+            resolved, specs = [], part
+            for op in getattr(self, name):
+                op = op.resolve(dataclasses.replace(sub, source_keys=keys), specs)
+                specs = op.infer(specs)
+                work += sum(s.nbytes for stream in specs for s in stream) if op.allocates else 0
+                resolved.append(op)
+            chains.append((tuple(resolved), _one(self, name, specs)))
+        (base, w), (a_ops, a), (b_ops, b) = chains
+        self._check(w, a, b)
+        work += 4 * (a.numel + b.numel + min(CHUNK_ELEMENTS, w.numel))
+        work += 0 if _owns(base) else w.nbytes  # (the copy the delta goes into)
+        return dataclasses.replace(self, base=base, lora_a=a_ops, lora_b=b_ops, work=work)
+
+    def _split(self, streams: tuple) -> tuple[tuple, ...]:
+        if len(streams) != sum(self.counts):
+            raise OpError(f"{self!r} takes {sum(self.counts)} streams, got {len(streams)}")
+        first, second = self.counts[0], self.counts[0] + self.counts[1]
+        return tuple(streams[:first]), tuple(streams[first:second]), tuple(streams[second:])
+
+    def _check(self, w: TensorSpec, a: TensorSpec, b: TensorSpec) -> None:
+        e = self.experts
+        r = a.shape[0] // e if len(a.shape) == 2 else 0
+        out, inner = (b.shape[0], a.shape[1]) if len(a.shape) == len(b.shape) == 2 else (0, 0)
+        delta = (inner, out) if self.transposed else (out, inner)
+        want = (e, *delta) if e > 1 else delta
+        if not r or a.shape[0] != r * e or b.shape[1] != r * e or tuple(w.shape) != want:
+            raise OpError(f"{self!r}: lora_A {list(a.shape)} and lora_B {list(b.shape)} "
+                          f"(rank {r or '?'} × {e} expert(s)) give a delta of {list(want)}, "
+                          f"not the base weight's {list(w.shape)}")
+
+    def infer(self, inputs: Streams[TensorSpec]) -> Streams[TensorSpec]:
+        w = self._chain(self.base, self._split(inputs)[0], TensorSpec.meta)
+        return ((TensorSpec.of(w),),)
+
+    def forward(self, streams: Streams[torch.Tensor]) -> Streams[torch.Tensor]:
+        parts = self._split(streams)
+        out = self._chain(self.base, parts[0])
+        if not _owns(self.base):  # (a read buffer, or a view of one: not ours to change)
+            out = out.clone()
+        a = self._chain(self.lora_a, parts[1]).to(torch.float32)
+        b = self._chain(self.lora_b, parts[2]).to(torch.float32)
+        if self.experts > 1:
+            a = a.reshape(self.experts, -1, a.shape[-1])  # (E, r, in): expert axis slowest
+            b = b.reshape(b.shape[0], -1, self.experts).permute(2, 0, 1)  # (E, out, r)
+            for e in range(self.experts):
+                _add_delta(out[e], b[e], a[e], self.scale, self.transposed)
+        else:
+            _add_delta(out, b, a, self.scale, self.transposed)
+        return ((out,),)
+
+    @staticmethod
+    def _chain(ops: tuple[ConversionOp, ...], streams: tuple, meta=None) -> torch.Tensor:
+        values: Streams[torch.Tensor] = tuple(tuple(meta(s) if meta else s for s in stream)
+                                              for stream in streams)
+        for op in ops:
+            values = op.forward(values)
+        return values[0][0]
+
+    def workspace_bytes(self) -> int:
+        return self.work
+
+    def inverse(self) -> ConversionOp:
+        raise NotInvertibleError(f"{self!r}: a merged weight can't be split back into the "
+                                 "base weight and the adapter")
+
+    def __repr__(self) -> str:
+        chains = "; ".join(f"{name.replace('lora_', '')}: "
+                           f"{' → '.join(map(repr, getattr(self, name))) or 'as is'}"
+                           for name in _PARTS)
+        how = f", {self.experts} experts" if self.experts > 1 else ""
+        how += ", transposed" if self.transposed else ""
+        return f"MergeLora(W + {self.scale:.6g}·B·A in float32{how}; {chains})"
+
+
+def _one(op: MergeLora, name: str, specs: Streams[TensorSpec]) -> TensorSpec:
+    """The single tensor a part's chain yields."""
+    if len(specs) != 1 or len(specs[0]) != 1:
+        raise OpError(f"{op!r}: its {name} chain yields {[len(s) for s in specs]} tensors, "
+                      "not one")
+    return specs[0][0]
+
+
+def _owns(chain: tuple[ConversionOp, ...]) -> bool:
+    """Whether a chain's output is a fresh tensor (its last op allocates)."""
+    return bool(chain) and chain[-1].allocates
+
+
+def _add_delta(out: torch.Tensor, b: torch.Tensor, a: torch.Tensor, scale: float,
+               transposed: bool) -> None:
+    """``out = W + (B·A)·scale`` in float32, rounded once to ``out``'s dtype (transposed:
+    ``((B·A)·scale)ᵀ``), a block of rows at a time so the float32 delta stays small."""
+    rows = max(1, CHUNK_ELEMENTS // max(1, out.shape[-1]))
+    for start in range(0, out.shape[0], rows):
+        stop = min(start + rows, out.shape[0])
+        if transposed:
+            delta = (b @ a[:, start:stop]).mul_(scale).T
+        else:
+            delta = (b[start:stop] @ a).mul_(scale)
+        block = out[start:stop]
+        block.copy_(delta.add_(block))  # (float32 + the weight: promoted, then rounded once)
+
+
+@dataclass(frozen=True, repr=False)
+class TakeTrained(ConversionOp):
+    """A ``modules_to_save`` copy in place of its base tensor (both read, the copy kept):
+    merged, the model holds the trained module. Not invertible; saved as the base was."""
+
+    counts: tuple[int, int]  # input streams of the base tensor, the trained copy
+    base: tuple[ConversionOp, ...] = ()
+    trained: tuple[ConversionOp, ...] = ()
+
+    def resolve(self, ctx: OpContext, inputs: Streams[TensorSpec]) -> "TakeTrained":
+        first = self.counts[0]
+        resolved = []
+        for ops, part, keys in ((self.base, inputs[:first], ctx.source_keys[:first]),
+                                (self.trained, inputs[first:], ctx.source_keys[first:])):
+            chain = []
+            for op in ops:
+                op = op.resolve(dataclasses.replace(ctx, source_keys=keys), part)
+                part = op.infer(part)
+                chain.append(op)
+            resolved.append(tuple(chain))
+        return dataclasses.replace(self, base=resolved[0], trained=resolved[1])
+
+    def infer(self, inputs: Streams[TensorSpec]) -> Streams[TensorSpec]:
+        spec = MergeLora._chain(self.trained, inputs[self.counts[0]:], TensorSpec.meta)
+        return ((TensorSpec.of(spec),),)
+
+    def forward(self, streams: Streams[torch.Tensor]) -> Streams[torch.Tensor]:
+        return ((MergeLora._chain(self.trained, streams[self.counts[0]:]),),)
+
+    def inverse(self) -> ConversionOp:
+        raise NotInvertibleError(f"{self!r}: the base tensor it replaced is gone")
+
+    def __repr__(self) -> str:
+        return "TakeTrained(the adapter's modules_to_save copy replaces the base)"

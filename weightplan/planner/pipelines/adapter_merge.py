@@ -1,0 +1,130 @@
+"""``explain_merged_load``: a base checkpoint with a LoRA adapter folded into its weights, in
+one plan, into the plain base model (no LoRA layers: what is served and saved).
+
+The keys are routed as for a load into the model with the adapter injected (a copy on
+meta tells where peft puts each factor and its scale); then each adapted weight's group
+takes its ``lora_A`` and ``lora_B`` groups in: one :class:`MergeLora` node whose inputs
+are the base weight's reads (its own layout chain: fused experts) and the factors' reads
+(peft's packing), computed in float32, cast once to the model's dtype (through FP8
+dequantize where the base is FP8). A ``modules_to_save`` copy replaces its base module.
+The load record keeps each merged weight as its base conversion, so ``weightplan.save``
+writes the merged model in the base checkpoint's layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from weightplan.errors import AdapterError, ParallelError
+from weightplan.planner.core.ops.merge import MergeLora, TakeTrained
+from weightplan.planner.core.problems import Note
+from weightplan.planner.inputs.adapter import Adapter
+from weightplan.planner.inputs.adapter_model import InjectedAdapter, LoraLayer, inspect_adapter
+from weightplan.planner.inputs.checkpoint import open_checkpoint
+from weightplan.planner.keys.adapter_keys import adapter_transforms
+from weightplan.planner.keys.registry import MappingChoice
+from weightplan.planner.keys.routing import Group, Routing
+from weightplan.planner.keys.transforms import WeightConverter
+from weightplan.planner.pipelines.adapter_load import with_adapter
+from weightplan.planner.pipelines.load import explain_load
+from weightplan.planner.pipelines.plan import LoadPlanData
+
+
+def explain_merged_load(model: torch.nn.Module, injected_model: torch.nn.Module,
+                        base_files: list[str], adapter: Adapter, base: MappingChoice, *,
+                        name: str = "default", **options: Any) -> LoadPlanData:
+    """One plan loading ``base_files`` into ``model`` with ``adapter`` merged in;
+    ``injected_model``: a copy of ``model`` with the adapter ``name`` injected (on meta).
+
+    Raises:
+        AdapterError: DoRA or LoRA biases (not merged here), a factor without its pair, or
+            an adapted weight that several outputs of one converter share.
+        ParallelError: ``tp=``.
+    """
+    if options.get("tp") is not None:
+        raise ParallelError(f"{adapter.directory}: tp= with an adapter is not supported yet")
+    config = adapter.config
+    if config.use_dora or str(config.raw.get("lora_bias", False)).lower() == "true":
+        raise AdapterError(f"{adapter.config.file}: merge=True folds plain LoRA (W + s·B·A); "
+                           "DoRA and LoRA biases are not merged by weightplan: load without "
+                           "merge=True")
+    injected = inspect_adapter(injected_model, name)
+    transforms, fused = adapter_transforms(base.transforms, injected, config.modules_to_save)
+    transforms += tuple(t for t in base.transforms if isinstance(t, WeightConverter))
+    choice = MappingChoice(base.key, base.reason, transforms, base.submodules)
+    notes: list[Note] = []
+    data = explain_load(model, [*base_files, adapter.weights], mapping=choice,
+                        regroup=lambda r: merged_routing(r, injected, notes), **options)
+    keys = tuple(open_checkpoint(adapter.weights).entries)
+    data = with_adapter(data, adapter, injected, fused, keys=keys)
+    assert data.adapter is not None
+    merged = sum(1 for c in data.conversions if c.loads and len(c.ops) == 1
+                 and isinstance(c.ops[0], MergeLora))
+    findings = dataclasses.replace(data.findings, notes=data.findings.notes + tuple(notes))
+    return dataclasses.replace(data, adapter=dataclasses.replace(data.adapter, merged=merged),
+                               findings=findings)
+
+
+def merged_routing(routing: Routing, injected: InjectedAdapter, notes: list[Note]) -> Routing:
+    """``routing`` with each adapted weight's group and its factors' groups made one
+    (a :class:`MergeLora` op), and each ``modules_to_save`` copy in its base's place."""
+    index = {g.output_key(0, 0): i for i, g in enumerate(routing.groups)
+             if len(g.targets) == 1 and "*" not in g.targets[0]}
+    groups: list[Group | None] = list(routing.groups)
+    for layer in injected.layers.values():
+        found = _factors(index, layer, injected.name)
+        if found is None:
+            continue
+        w, a, b = found
+        gw, ga, gb = routing.groups[w], routing.groups[a], routing.groups[b]
+        op = MergeLora(layer.scaling, (len(gw.sources), len(ga.sources), len(gb.sources)),
+                       gw.ops, ga.ops, gb.ops, layer.experts, layer.transposed)
+        groups[w] = _joined(gw, (ga, gb), op)
+        groups[a] = groups[b] = None
+    marker = f".modules_to_save.{injected.name}."
+    for key, i in index.items():
+        base = index.get(key.replace(marker, ".")) if marker in key else None
+        if base is not None:
+            gw, gs = routing.groups[base], routing.groups[i]
+            groups[base] = _joined(gw, (gs,), TakeTrained((len(gw.sources), len(gs.sources)),
+                                                       gw.ops, gs.ops))
+            groups[i] = None
+            notes.append(Note(gw.output_key(0, 0), "replaced by the adapter's trained copy "
+                              "(modules_to_save); the base checkpoint's tensor is read and "
+                              "dropped"))
+    return dataclasses.replace(routing, groups=tuple(g for g in groups if g is not None))
+
+
+def _factors(index: dict[str, int], layer: LoraLayer, name: str
+             ) -> tuple[int, int, int] | None:
+    """The groups of ``layer``'s base weight, ``lora_A`` and ``lora_B``; ``None`` when the
+    file has neither factor (the base loads as it is).
+
+    Raises:
+        AdapterError: one factor without the other, or no base weight to merge into.
+    """
+    base = layer.target if layer.parameter else f"{layer.target}.weight"
+    found = [index.get(f"{layer.path}.lora_{f}.{name}.weight",
+                       index.get(f"{layer.path}.lora_embedding_{f}.{name}")) for f in "AB"]
+    if found == [None, None]:
+        return None
+    if None in found or base not in index:
+        missing = base if base not in index else f"lora_{'AB'[found.index(None)]}"
+        raise AdapterError(f"merging the adapter into {base}: {missing} is not in the "
+                           "checkpoints (or is one of several outputs of a converter), so "
+                           "the merged weight can't be computed")
+    a, b = found
+    assert a is not None and b is not None
+    return index[base], a, b
+
+
+def _joined(base: Group, others: tuple[Group, ...], op: object) -> Group:
+    """One group: the base group's sources, then each other group's, through ``op``."""
+    key = base.output_key(0, 0)
+    sources, routes = base.sources, base.routes
+    for g in others:
+        sources, routes = sources + g.sources, routes + g.routes
+    return Group(None, sources, routes, (key,), ((key,),), (), (op,))  # type: ignore[arg-type]

@@ -1,0 +1,97 @@
+"""The ranks of a cooperative load agree before they wait on each other.
+
+In a cooperative load (:mod:`~weightplan.planner.pipelines.cooperative`) every rank waits
+in the broadcasts for tensors other ranks read. A rank that failed before them (its
+checkpoint copy missing or corrupt, a read that failed) would leave the others waiting
+until the process group's timeout. So each rank tells the others how it fared at two
+points: when it has planned (``explain``), and when its own reads are done (before the
+broadcasts) or have failed. One collective each (``all_gather_object`` of ``None`` or the
+error's text, on the load's group): when any rank failed, every other rank raises
+:class:`~weightplan.errors.RankFailedError` naming it and its error, and the failing rank
+raises its own error. Dry runs and plain loads agree on nothing (no group, no waiting).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+from weightplan.errors import RankFailedError
+
+
+class Agreement:
+    """One point where the ranks of ``group`` (``None``: nothing to agree) tell each other
+    how they fared; a context manager whose failure is told to the others, and
+    :meth:`agree` for success. Each rank agrees once per point, whichever way."""
+
+    def __init__(self, group: Any | Callable[[], Any], stage: str):
+        self._group, self.stage, self.done = group, stage, False
+
+    def agree(self, error: BaseException | None = None) -> None:
+        """Tell the others (``error``: this rank's failure) and hear them; raise
+        :class:`RankFailedError` when another rank failed and this one didn't."""
+        group = self._group() if callable(self._group) else self._group
+        if self.done or group is None:
+            return
+        self.done = True
+        failures = _gathered(group, None if error is None else _text(error), self.stage)
+        if failures and error is None:
+            named = "; ".join(f"rank {r}: {e}" for r, e in sorted(failures.items()))
+            raise RankFailedError(f"{_ranks(failures)} of this cooperative load failed "
+                                  f"{self.stage}, so this rank stops instead of waiting "
+                                  f"for its broadcasts: {named}", failures=failures)
+
+    def __enter__(self) -> Agreement:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        if error is not None and isinstance(error, Exception):
+            self.agree(error)  # (then this rank's own error goes on)
+
+
+def planning_group(tp: object, cooperative: bool) -> Callable[[], Any]:
+    """The group a cooperative load on live ranks plans on, looked up when asked (the
+    planning may start the default group); ``None`` for dry runs and plain loads."""
+
+    def group() -> Any:
+        from weightplan.planner.core.sharding.config import as_tensor_parallel
+
+        parallel = as_tensor_parallel(tp)
+        if parallel is None or not (cooperative or parallel.cooperative):
+            return None
+        if parallel.mesh is not None:
+            return parallel.mesh.get_group()
+        if parallel.world_size is not None and parallel.rank is not None:
+            return None  # a dry run of one rank
+        import torch.distributed as dist
+
+        return dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
+
+    return group
+
+
+def _gathered(group: Any, mine: str | None, stage: str) -> dict[int, str]:
+    """Every rank's outcome: global rank → error text, for those that failed."""
+    import torch.distributed as dist
+
+    outcomes: list[str | None] = [None] * dist.get_world_size(group)
+    try:
+        dist.all_gather_object(outcomes, mine, group=group)
+        ranks = [dist.get_global_rank(group, r) for r in range(len(outcomes))]
+    except Exception as e:  # (a rank gone: gloo's or NCCL's error, wrapped)
+        raise RankFailedError(f"the ranks of this cooperative load could not agree "
+                              f"{stage} (a rank left the process group?): "
+                              f"{type(e).__name__}: {e}") from e
+    return {r: o for r, o in zip(ranks, outcomes, strict=True) if o is not None}
+
+
+def _text(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+def _ranks(failures: dict[int, str]) -> str:
+    ranks = sorted(failures)
+    return f"rank {ranks[0]}" if len(ranks) == 1 else \
+        "ranks " + ", ".join(map(str, ranks))
