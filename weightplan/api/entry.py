@@ -60,12 +60,11 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
             tp: object = None, quantization: object = None, threads: int = 4,
             device: object = None, device_map: object = None, max_memory: object = None,
             offload_folder: object = None, cooperative: bool = False,
-            adapter_name: str | None = None) -> Plan:
+            adapter_name: str | None = None, dequantize_on: str = "auto") -> Plan:
     """Plan loading ``checkpoint`` into ``model`` from headers only; nothing is read or written.
 
     Args:
-        model: a ``torch.nn.Module`` (usually on ``meta``), or ``None`` to see what the
-            keys become under ``mapping`` without a model.
+        model: a ``torch.nn.Module`` (usually on ``meta``), or ``None`` (keys only).
         checkpoint: a ``.safetensors`` file, a directory, a list of files, or a dict.
         mapping: ``None`` (the registry, looked up per submodule depth first; else
             transformers' own mapping through :mod:`weightplan.bridge`), a registered
@@ -85,6 +84,7 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
             (absent ones: a dry run), the rest on ``"disk"`` in ``offload_folder``.
         cooperative: with ``tp``: whole tensors read by one rank and broadcast.
         adapter_name: the injected peft adapter a LoRA ``checkpoint`` loads into.
+        dequantize_on: FP8 dequantized ``"auto"`` (GPU destination: there), ``"host"``, ``"device"``.
 
     Returns:
         A :class:`Plan` reporting missing / unexpected / mismatched keys; configuration
@@ -103,7 +103,7 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
                         device=device if device_map is None else _device_from_map(device_map, device, tp),
                         finder=bridge_for(model) if mapping is None else None,
                         max_memory=max_memory, offload_folder=offload_folder,
-                        cooperative=cooperative)
+                        cooperative=cooperative, dequantize_on=dequantize_on)
     return _dispatchable(promote(Plan, data))
 
 

@@ -4,8 +4,9 @@
 After the load (:meth:`weightplan.Plan.execute`), a placement that spans more than one
 device, or puts modules on ``"disk"``, is dispatched as transformers dispatches its own:
 activations move between devices at module boundaries, and offloaded modules' weights
-(left on meta by the load) are read back at forward time from the safetensors files the
-load wrote (an ``offload_index`` of ``{"safetensors_file", "weight_name", "dtype"}``).
+(left on meta by the load) are read back at forward time from safetensors files (an
+``offload_index`` of ``{"safetensors_file", "weight_name", "dtype"}``): the checkpoint's own
+for the tensors it holds as they are, the ones the load wrote for the converted.
 accelerate is optional: it is imported only here, only for such placements.
 """
 
@@ -52,9 +53,11 @@ def dispatch(model: torch.nn.Module, placement: DevicePlacement,
     from accelerate import dispatch_model
 
     device_map = dict(placement.device_map)
+    referenced = placement.offload.index() if placement.offload is not None else {}
     index = {name: {"safetensors_file": path, "weight_name": _weight_name(name, offloaded),
                     "dtype": str(_dtype(model, name)).removeprefix("torch.")}
-             for name, path in offloaded.items()}
+             for name, path in offloaded.items() if name not in referenced}
+    index.update(referenced)  # (read in place from the checkpoint: see offload_plan.py)
     try:
         dispatch_model(model, device_map=device_map, main_device=placement.main_device,
                        offload_dir=placement.offload_folder if index else None,

@@ -3,7 +3,11 @@
 A dequantize node's read task maps its weight region like any read, reads the (small)
 scale tensor, and writes ``q.float() · s`` into the destination view one row chunk at a
 time through the sink (an fp32 workspace of at most ``CHUNK_BYTES``): no full-size fp32
-temporary and no FP8 copy. An input of materialized ops gets a fresh dequantized tensor.
+temporary and no FP8 copy. An input of materialized ops gets a fresh dequantized tensor. A destination the plan
+dequantizes on its device (``Step.device_dequantize``, see
+:mod:`~weightplan.planner.tensors.schedule.dequant_side`) gets the FP8 bytes and scale
+tiles copied there and dequantized by the device straight into its view
+(:func:`dequantize_on_device`).
 """
 
 from __future__ import annotations
@@ -35,6 +39,12 @@ def dequantize_read(run: Any, program: Step, step: Any, task: ReadTask, src: tor
     f = task.fragment
     run.tracker.add(task.work_bytes)
     try:
+        if f is not None and f.target in program.device_dequantize:
+            base = step.handles[f.target]  # (a fresh tensor: the plan sides only those)
+            target = base.as_strided(f.view.shape, f.view.stride,
+                                     base.storage_offset() + f.view.offset)
+            dequantize_on_device(src, scale, target, attrs.block, origin, full)
+            return
         if f is None or tuple(f.view.shape) != tuple(task.region.shape):
             out = torch.empty(task.region.shape, dtype=attrs.dtype)
             dequantize_into(src, scale, out, attrs.block, origin=origin, full_shape=full)
@@ -51,6 +61,17 @@ def dequantize_read(run: Any, program: Step, step: Any, task: ReadTask, src: tor
             run.sink.write_view(handle, dest, rows_of(f.view, idx, r0, r1), x)
     finally:
         run.tracker.sub(task.work_bytes)
+
+
+def dequantize_on_device(q: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
+                         block: tuple[int, ...] | None, origin: tuple[int, ...],
+                         full_shape: tuple[int, ...]) -> None:
+    """The device side: ``q`` (FP8, host) and its scale tiles copied to ``out``'s device,
+    widened and scaled there in row chunks straight into ``out`` (any view of ``q``'s
+    shape). With ``out`` in host memory the same code runs on the CPU."""
+    device = out.device
+    dequantize_into(q.to(device), scale.to(device), out, block, origin=origin,
+                    full_shape=full_shape)
 
 
 def _thread_workspace(run: Any, task: ReadTask) -> tuple[torch.Tensor, torch.Tensor]:

@@ -84,8 +84,26 @@ def _execute(plan: LoadPlanData, strict: bool, progress: bool | None, atomic: bo
         stage_seconds={"read": stats.read_seconds, "convert": stats.convert_seconds,
                        "assign": stats.commit_seconds},
         missing=plan.missing, unexpected=plan.unexpected, initialized=sink.initialized,
-        offloaded=inner.offloaded, device_bytes=inner.device_bytes(),
-        staging_bytes=inner.staging_bytes)
+        offloaded={**_referenced(plan), **inner.offloaded},
+        device_bytes=_with_referenced(inner.device_bytes(), plan),
+        staging_bytes=inner.staging_bytes, offload_written_bytes=inner.disk_bytes)
+
+
+def _referenced(plan: LoadPlanData) -> dict[str, str]:
+    """Offloaded tensors the plan reads in place: name (every alias) → checkpoint file."""
+    placement = plan.options.placement
+    offload = placement.offload if placement is not None else None
+    return {} if offload is None else {n: e["safetensors_file"]
+                                       for n, e in offload.index().items()}
+
+
+def _with_referenced(per: dict[str, int], plan: LoadPlanData) -> dict[str, int]:
+    """Bytes per device, the disk's counting the tensors left in the checkpoint too."""
+    placement = plan.options.placement
+    offload = placement.offload if placement is not None else None
+    if offload is not None and offload.referenced_bytes:
+        per["disk"] = per.get("disk", 0) + offload.referenced_bytes
+    return per
 
 
 def preflight(plan: LoadPlanData, strict: bool) -> tuple[nn.Module, ModelInfo]:

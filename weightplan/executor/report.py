@@ -34,6 +34,7 @@ class LoadReport:
     offloaded: Mapping[str, str] = field(default_factory=dict)  # name → file (disk offload)
     device_bytes: Mapping[str, int] = field(default_factory=dict)  # loaded bytes per device
     staging_bytes: int = 0  # pinned host buffers device copies went through
+    offload_written_bytes: int = 0  # of the disk's bytes, those written to offload_folder
 
     @property
     def gb_per_s(self) -> float:
@@ -50,6 +51,7 @@ class LoadReport:
             "unexpected": sorted(self.unexpected), "initialized": dict(self.initialized),
             "offloaded": dict(self.offloaded), "device_bytes": dict(self.device_bytes),
             "staging_bytes": self.staging_bytes,
+            "offload_written_bytes": self.offload_written_bytes,
         }
 
     def __str__(self) -> str:
@@ -75,7 +77,10 @@ class LoadReport:
             per = ", ".join(f"{d} {format_bytes(n)}" for d, n in self.device_bytes.items())
             pinned = f"; pinned host staging {format_bytes(self.staging_bytes)}" \
                 if self.staging_bytes else ""
-            lines.append(f"on devices: {per}{pinned}")
+            written = f"; {format_bytes(self.offload_written_bytes)} of the disk's written " \
+                "(the rest read in place from the checkpoint)" if "disk" in self.device_bytes \
+                else ""
+            lines.append(f"on devices: {per}{pinned}{written}")
         return "\n".join(lines)
 
 

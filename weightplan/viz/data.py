@@ -60,13 +60,18 @@ def plan_to_dict(plan: LoadPlanData) -> dict[str, Any]:
 
 
 def placement_entries(plan: LoadPlanData) -> dict[str, Any]:
-    """With an automatic ``device_map``: the map, the peaks and the table (else nothing:
-    other plans' data stays as it was)."""
-    placement = plan.options.placement
+    """With an automatic ``device_map``: the map, the peaks and the table; FP8 dequantizes'
+    sides where they matter (else nothing: other plans' data stays as it was)."""
+    placement, sided = plan.options.placement, plan.options.dequantize
+    out: dict[str, Any] = {}
+    if sided is not None:  # (FP8 only; shown when the side matters)
+        from weightplan.viz.dequant import dequant_dict, shown
+
+        out = {"dequantize": dequant_dict(sided)} if shown(sided) else {}
     if placement is None:
-        return {}
+        return out
     return {"device_map": plan.device_map, "device_peaks": plan.device_peaks,
-            "devices": placement_dict(placement)}
+            "devices": placement_dict(placement), **out}
 
 
 def parallel_to_dict(plan: LoadPlanData) -> dict[str, Any] | None:

@@ -250,13 +250,18 @@ def direct_bytes(step: Step) -> int:
 
 def device_lines(plan: PlanData) -> list[str]:
     """With ``device=``: bytes per device, and the host staging CUDA copies go through."""
+    sided: list[str] = []
+    if plan.options.dequantize is not None:  # (FP8 only)
+        from weightplan.viz.dequant import dequant_lines
+
+        sided = dequant_lines(plan.options.dequantize)
     if plan.options.placement is not None:
         from weightplan.viz.devices import placement_lines  # (device_map="auto" & co.)
 
-        return placement_lines(plan.options.placement)
+        return placement_lines(plan.options.placement) + sided
     devices = plan.options.devices
     if devices is None:
-        return []
+        return sided
     per: dict[str, int] = {}
     for program in plan.schedule.steps:
         for dest in program.destinations:
@@ -266,7 +271,7 @@ def device_lines(plan: PlanData) -> list[str]:
     text = ", ".join(f"{d} {format_bytes(n)}" for d, n in sorted(per.items()))
     staging = f"; host staging (pinned) ≤ {format_bytes(STAGING_BUFFERS * STAGING_CHUNK)}" \
         if devices.uses_cuda else ""
-    return [f"devices: {text or 'nothing allocated'}{staging}"]
+    return [f"devices: {text or 'nothing allocated'}{staging}"] + sided
 
 
 def parallel_lines(plan: PlanData) -> list[str]:

@@ -6,7 +6,9 @@ on the host; only the last copy goes to a device), so the load is planned first 
 placed after, from its own sizes (:mod:`~weightplan.planner.tensors.schedule.device_plan`).
 The placement becomes the plan's :class:`~weightplan.planner.inputs.device.DeviceMap`:
 the executor allocates by it, and ``"disk"`` prefixes load through the CPU into
-``offload_folder``.
+``offload_folder``, except the tensors the checkpoint holds as they are: those are
+referenced in place and their steps leave the schedule
+(:mod:`~weightplan.planner.tensors.schedule.offload_plan`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from weightplan.planner.tensors.schedule.device_budgets import (
 from weightplan.planner.tensors.schedule.device_plan import (
     STRATEGIES, HostCosts, place_devices,
 )
+from weightplan.planner.tensors.schedule.offload_plan import plan_offload
 from weightplan.planner.tensors.schedule.schedule import Schedule, make_schedule
 
 WINDOW_SHARE = 8  # the read-ahead window is at most 1/8 of the CPU's max_memory
@@ -55,6 +58,11 @@ class AutomaticRequest:
                                   schedule, options.dtype, host_costs(schedule),
                                   self.offload_folder)
         devices = placed_map(placement.device_map, self.offload_folder)
+        if devices.disk and self.offload_folder is not None:
+            offload, steps = plan_offload(schedule.steps, devices, info)
+            placement = dataclasses.replace(placement, offload=offload)
+            schedule = make_schedule(steps, threads=schedule.threads,
+                                     window_bytes=schedule.window_bytes)
         return dataclasses.replace(options, devices=devices, placement=placement), schedule
 
     def windowed(self, schedule: Schedule) -> Schedule:

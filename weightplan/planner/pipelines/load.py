@@ -36,7 +36,7 @@ from weightplan.planner.tensors.ir.build import (
 )
 from weightplan.planner.pipelines.lower import Lowered, StepOrder, lower
 from weightplan.planner.tensors.lower.placement import Step
-from weightplan.planner.tensors.schedule.schedule import order_steps
+from weightplan.planner.tensors.schedule.schedule import Schedule, order_steps
 from weightplan.units import parse_bytes
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
                  tp: object = None, quantization: object = None, threads: int = 4,
                  device: object = None, finder: Finder | None = None,
                  max_memory: object = None, offload_folder: object = None,
-                 cooperative: bool = False,
+                 cooperative: bool = False, dequantize_on: str = "auto",
                  view: Callable[[ModelInfo], ModelInfo] | None = None,
                  regroup: Callable[[Routing], Routing] | None = None) -> LoadPlanData:
     """Plan loading ``checkpoint`` into ``model`` from headers only; nothing is read or written.
@@ -63,8 +63,8 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     transformers bridge). ``device`` may be an automatic strategy (``"auto"``, ...), placed
     under ``max_memory`` (:mod:`~weightplan.planner.pipelines.devices`); ``view`` changes
     the model's view (an adapter's load: only its tensors, or its tensors kept in their
-    dtype); ``regroup`` changes the routed groups (an adapter merged into its base).
-    Returns the plan's data, which :class:`weightplan.Plan` wraps. The ranks of a
+    dtype); ``regroup`` changes the routed groups (an adapter merged into its base);
+    ``dequantize_on``: see ``dequant_side.py``. Returns the plan's data. The ranks of a
     cooperative load agree when they have planned (:mod:`.agreement`): one that failed
     makes the others raise instead of waiting for it.
     """
@@ -73,7 +73,7 @@ def explain_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
                               tp=tp, quantization=quantization, threads=threads, device=device,
                               finder=finder, max_memory=max_memory,
                               offload_folder=offload_folder, cooperative=cooperative, view=view,
-                              regroup=regroup)
+                              regroup=regroup, dequantize_on=dequantize_on)
         return rank_plan(common, common.sharding)
 
     if tp is None:
@@ -104,6 +104,8 @@ class Common:
     sharding: Sharding | None
     automatic: AutomaticRequest | None
     lowered: Lowered = field(default_factory=Lowered)  # the steps the ranks share
+    dequantize_on: str = "auto"  # FP8 dequantizes sided (dequant_side.py)
+    quantized: bool = False  # the checkpoint or the model has FP8 / packed weights
 
 
 @paused_gc
@@ -114,7 +116,8 @@ def prepare_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
                  max_memory: object = None, offload_folder: object = None,
                  cooperative: bool = False,
                  view: Callable[[ModelInfo], ModelInfo] | None = None,
-                 regroup: Callable[[Routing], Routing] | None = None) -> Common:
+                 regroup: Callable[[Routing], Routing] | None = None,
+                 dequantize_on: str = "auto") -> Common:
     """The part of :func:`explain_load` no rank changes (its arguments); each rank's plan
     is then :func:`rank_plan` of it."""
     _refuse_quantization_option(quantization)
@@ -138,7 +141,8 @@ def prepare_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
                                       looked_up=mapping is None and model is not None)
     findings = _with_parallel_findings(findings, sharding)
     return Common(model, ckpt, options, info, choice, transforms, routing, conversions,
-                  findings, sharding, automatic)
+                  findings, sharding, automatic, dequantize_on=dequantize_on,
+                  quantized=quant is not None)
 
 
 @paused_gc
@@ -165,10 +169,21 @@ def rank_plan(common: Common, sharding: Sharding | None) -> LoadPlanData:
     if common.automatic is not None and common.model is not None:
         options, schedule = common.automatic.placed(options, common.model, common.info,
                                                     schedule)
+    if common.quantized or common.dequantize_on != "auto":  # (FP8 only: else nothing to side)
+        options, schedule = _sided(options, schedule, common.dequantize_on)
     return LoadPlanData(Direction.LOAD, common.checkpoint, common.choice, common.transforms,
                         conversions, graph, schedule, options, common.model, common.info,
                         common.routing, findings, sharding,
                         None if share is None else share.exchange)
+
+
+def _sided(options: PlanOptions, schedule: Schedule, mode: str
+           ) -> tuple[PlanOptions, Schedule]:
+    """FP8 dequantizes sided host or device (see dequant_side.py)."""
+    from weightplan.planner.tensors.schedule.dequant_side import check_mode, place_dequantize
+
+    schedule, sides = place_dequantize(schedule, options.devices, check_mode(mode))
+    return dataclasses.replace(options, dequantize=sides), schedule
 
 
 def _automatic(device: object, max_memory: object, offload_folder: object,

@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # (a plain load's plan imports no adapter, device-map or coop
     from weightplan.planner.tensors.ir.shard_nodes import Sharding
     from weightplan.planner.pipelines.adapter_summary import AdapterSummary
     from weightplan.planner.pipelines.cooperative import Exchange
+    from weightplan.planner.tensors.schedule.dequant_side import DequantPlacement
     from weightplan.planner.tensors.schedule.device_plan import DevicePlacement
 
 
@@ -52,6 +53,7 @@ class PlanOptions:
     budget: int | None
     devices: DeviceMap | None = None  # where meta tensors are loaded (None: the CPU)
     placement: DevicePlacement | None = None  # device_map="auto" & co.: the placement made
+    dequantize: DequantPlacement | None = None  # where each FP8 dequantize runs
 
 
 @dataclass(frozen=True, eq=False)

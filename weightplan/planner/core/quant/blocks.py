@@ -180,7 +180,8 @@ def dequantize_chunks(q: torch.Tensor, scales: torch.Tensor, block: Block,
     size = rows_per_chunk(shape, block, chunk_bytes) * cols
     work, index = buffers if buffers is not None else workspace(size, q.device)
     work, index = work[:size], index[:size]
-    table = fp8_table(q.dtype) if q.dtype.itemsize == 1 and q.dtype.is_floating_point else None
+    table = fp8_table(q.dtype) if q.dtype.itemsize == 1 and q.dtype.is_floating_point \
+        and q.device.type == "cpu" else None  # (the table is the CPU's fast path)
     step = work.numel() // cols
     for idx in matrices(shape):
         s_mat = s[tuple(a + i for a, i in zip(lead0, idx, strict=True))][:, col0 // b1: -(-(col0 + cols) // b1)]

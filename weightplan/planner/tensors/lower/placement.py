@@ -58,6 +58,7 @@ class Step:
     materialize: tuple[Streams[Node], ...]  # op-node stages run on tensors (empty: all placed)
     outputs: Streams[tuple[Fragment, ...]]  # where the last materialized stage's outputs land
     quantized: tuple[QuantizeTask, ...] = ()  # values quantized into FP8 weight + scale
+    device_dequantize: frozenset[int] = frozenset()  # destinations dequantized on their device
     read_bytes: int = field(init=False)  # (spans, or only their runs: strided.py)
     dest_bytes: int = field(init=False)  # allocated and resident (0 when writing in place)
     staged_bytes: int = field(init=False)  # output tensors assembled until finalized

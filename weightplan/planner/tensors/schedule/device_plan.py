@@ -5,7 +5,8 @@ Per device, the planned peak is
 
 - on an accelerator: the weights placed there + its staging copies (a tensor whose bytes
   are not copied straight into place lands in a temporary on the device first: a cast or
-  a strided write; ``concurrent`` of them at once, the largest counted);
+  a strided write; an FP8 weight dequantized there, its FP8 bytes, scale tiles and fp32
+  workspace; ``concurrent`` of them at once, the largest counted);
 - on the CPU: the weights placed there + the load's host side: the schedule's temporaries
   (reads in flight, op intermediates), the pinned staging buffers device copies go
   through, and the tensors on their way to the disk (a window of them);
@@ -28,11 +29,15 @@ import torch
 from weightplan.errors import BudgetError, PlanError
 from weightplan.planner.inputs.module_tree import ModuleTree
 from weightplan.planner.inputs.model_info import ModelInfo
+from weightplan.planner.core.geometry import Fragment
 from weightplan.planner.tensors.lower.placement import Step
+from weightplan.planner.tensors.lower.read_tasks import ReadTask
 from weightplan.planner.tensors.schedule.auto_map import (
     FillInput, Slot, fill, largest_whole,
 )
+from weightplan.planner.tensors.schedule.dequant_side import device_staging
 from weightplan.planner.tensors.schedule.device_budgets import CPU, DISK, DeviceBudget
+from weightplan.planner.tensors.schedule.offload_plan import OffloadPlan
 from weightplan.planner.tensors.schedule.schedule import Schedule
 from weightplan.units import format_bytes
 
@@ -67,6 +72,7 @@ class DevicePlacement:
     uses: tuple[DeviceUse, ...]
     offload_folder: str | None = None
     pinned_bytes: int = 0  # host staging for device copies (pinned buffers)
+    offload: OffloadPlan | None = None  # the disk's tensors: referenced in place or written
 
     def device_of(self, name: str) -> str:
         """The device of a tensor or module ``name`` (its longest mapped prefix)."""
@@ -162,13 +168,15 @@ def fill_input(tree: ModuleTree, info: ModelInfo, steps: Iterable[Step],
     for step in steps:
         direct = not step.materialize and not step.quantized and all(r.direct for r in step.reads)
         widest = max((n.spec.dtype.itemsize for s in step.sources for n in s), default=1)
-        for d in step.destinations:
+        for i, d in enumerate(step.destinations):
             if not d.written:
                 continue
             name = canon.get(d.key, d.key)
             size[name] = d.spec.nbytes
             if not direct:
-                temp[name] = d.spec.numel * max(widest, d.spec.dtype.itemsize)
+                fp8 = _fp8_reads(step, i)
+                temp[name] = device_staging(fp8) if fp8 else \
+                    d.spec.numel * max(widest, d.spec.dtype.itemsize)
     for t in info.unique():
         if t.name not in size:
             cast = dtype is not None and t.on_meta and t.spec.dtype.is_floating_point \
@@ -178,6 +186,13 @@ def fill_input(tree: ModuleTree, info: ModelInfo, steps: Iterable[Step],
     for name, nbytes in tree.extra_bytes.items():
         size.setdefault(canon.get(name, name), nbytes)
     return FillInput(tree, canon, size, temp, concurrent=max(1, threads))
+
+
+def _fp8_reads(step: Step, target: int) -> list[ReadTask]:
+    """The block-FP8 reads dequantized into destination ``target`` (on its device when
+    it is an accelerator: its staging is theirs, see dequant_side.py)."""
+    return [r for r in step.reads if r.dequantize is not None and r.dequantize.scheme is None
+            and isinstance(r.fragment, Fragment) and r.fragment.target == target]
 
 
 def _slots(strategy: str, budgets: Sequence[DeviceBudget], inp: FillInput, host: HostCosts,

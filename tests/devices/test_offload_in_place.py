@@ -1,0 +1,128 @@
+"""Disk offload by reference: tensors the checkpoint holds as they are stay there (the
+offload index points at the checkpoint's own file, nothing is read or written for them);
+converted ones (Mixtral's merged experts) are written to ``offload_folder`` and match."""
+
+import hashlib
+import os
+
+import pytest
+import torch
+from safetensors import safe_open
+
+import weightplan
+from weightplan.planner.tensors.schedule.offload_plan import in_place_source
+
+from tests.interop.matrix import FAMILIES, output, pretrained
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    out = {}
+    for family in ("llama", "mixtral"):
+        cls, cfg, inputs = FAMILIES[family]()
+        cfg = type(cfg)(**{**cfg.to_dict(), "num_hidden_layers": 6})
+        directory = tmp_path_factory.mktemp(family)
+        torch.manual_seed(0)
+        cls(cfg).save_pretrained(directory)
+        out[family] = cls, cfg, inputs, directory
+    return out
+
+
+def fingerprint(directory) -> dict[str, tuple[str, int]]:
+    """Each checkpoint file's digest and modification time."""
+    return {f.name: (hashlib.sha256(f.read_bytes()).hexdigest(), f.stat().st_mtime_ns)
+            for f in sorted(directory.iterdir()) if f.is_file()}
+
+
+def offloaded_plan(saved, family, tmp_path, cpu):
+    cls, cfg, inputs, directory = saved[family]
+    with weightplan.init_empty():
+        model = cls(cfg).eval()
+    plan = weightplan.explain(model, directory, device_map="auto", max_memory={"cpu": cpu},
+                              offload_folder=tmp_path / "ours")
+    return model, plan
+
+
+def test_unconverted_tensors_are_not_copied(saved, tmp_path):
+    cls, _, inputs, directory = saved["llama"]
+    before = fingerprint(directory)
+    model, plan = offloaded_plan(saved, "llama", tmp_path, "200KiB")
+    off = plan.options.placement.offload
+    on_disk = [n for n, _ in model.named_parameters()
+               if plan.options.placement.device_of(n) == "disk"]
+    assert on_disk and off.written_bytes == 0
+    assert {t.name for t in off.tensors} == set(on_disk)
+    assert all(t.referenced and t.file.endswith("model.safetensors") for t in off.tensors)
+    planned = {d.key for s in plan.schedule.steps for d in s.destinations}
+    assert planned.isdisjoint(on_disk)  # nothing read for them
+    report = plan.execute()
+    folder = tmp_path / "ours"
+    assert not folder.exists() or not any(folder.iterdir())  # nothing written
+    assert report.offload_written_bytes == 0
+    assert report.device_bytes["disk"] == off.referenced_bytes
+    assert all(p.is_meta for n, p in model.named_parameters() if n in on_disk)
+    reference = pretrained(cls, directory, device_map=plan.device_map,
+                           offload_folder=str(tmp_path / "theirs"))
+    assert torch.equal(output(model, inputs), output(reference, inputs))
+    assert fingerprint(directory) == before  # the checkpoint is only read
+
+
+def test_converted_tensors_are_written_and_match(saved, tmp_path):
+    cls, _, inputs, directory = saved["mixtral"]
+    before = fingerprint(directory)
+    model, plan = offloaded_plan(saved, "mixtral", tmp_path, "400KiB")
+    off = plan.options.placement.offload
+    written = {t.name for t in off.tensors if not t.referenced}
+    referenced = {t.name for t in off.tensors if t.referenced}
+    assert written and referenced
+    assert all(".mlp.experts." in n for n in written)  # merged from per-expert tensors
+    assert all(t.why_written.startswith("merged from") for t in off.tensors if not t.referenced)
+    report = plan.execute()
+    files = set(os.listdir(tmp_path / "ours"))
+    assert files == {f"{n}.safetensors" for n in written}
+    assert report.offload_written_bytes == off.written_bytes
+    full = pretrained(cls, directory)
+    for name in written:  # the written bytes are what transformers' own load holds
+        with safe_open(str(tmp_path / "ours" / f"{name}.safetensors"), "pt") as f:
+            assert torch.equal(f.get_tensor(name), full.get_parameter(name)), name
+    reference = pretrained(cls, directory, device_map=plan.device_map,
+                           offload_folder=str(tmp_path / "theirs"))
+    assert torch.equal(output(model, inputs), output(reference, inputs))
+    assert torch.equal(output(model, inputs), output(full, inputs))
+    assert fingerprint(directory) == before
+
+
+def test_the_plan_shows_referenced_and_written(saved, tmp_path):
+    _, plan = offloaded_plan(saved, "mixtral", tmp_path, "400KiB")
+    off = plan.options.placement.offload
+    text = str(plan)
+    assert "referenced in place in the checkpoint" in text and "written to" in text
+    assert "model.layers.5: 7 referenced, 2 written" in text
+    data = plan.to_dict()["devices"]["offload"]
+    assert data["written_bytes"] == off.written_bytes > 0
+    assert data["referenced_bytes"] == off.referenced_bytes > 0
+    layer = data["modules"]["model.layers.5"]
+    assert layer["referenced"] == 7 and layer["written"] == 2
+    assert layer["bytes_written"] == sum(t.nbytes for t in off.tensors if not t.referenced
+                                         and t.name.startswith("model.layers.5."))
+    gate = data["tensors"]["model.layers.5.mlp.experts.gate_up_proj"]
+    assert not gate["referenced"] and gate["file"] is None
+    norm = data["tensors"]["model.norm.weight"]
+    assert norm["referenced"] and norm["weight_name"] == "model.norm.weight"
+
+
+def test_only_whole_plain_copies_are_referenced(saved):
+    cls, cfg, _, directory = saved["mixtral"]
+    with weightplan.init_empty():
+        model = cls(cfg)
+    plan = weightplan.explain(model, directory)
+    for step in plan.schedule.steps:
+        source = in_place_source(step)
+        dest = step.destinations[0]
+        if ".mlp.experts." in dest.key:  # merged: several reads into one tensor
+            assert source is None, dest.key
+        else:
+            assert source == (step.reads[0].entry.file, step.reads[0].entry.key), dest.key
+    bf16 = weightplan.explain(model, directory, dtype=torch.bfloat16)  # a cast: still whole
+    step = next(s for s in bf16.schedule.steps if s.destinations[0].key == "model.norm.weight")
+    assert step.destinations[0].spec.dtype == torch.bfloat16 and in_place_source(step)

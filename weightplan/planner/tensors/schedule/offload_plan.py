@@ -1,0 +1,161 @@
+"""Disk offload by plan: which offloaded tensors are read in place, which are written.
+
+A tensor of a module placed on ``"disk"`` is read back at forward time by accelerate's
+hooks from a safetensors file (its offload index: ``{"safetensors_file", "weight_name",
+"dtype"}``; ``OffloadedWeightsLoader`` opens the file with ``safe_open`` and casts to
+``dtype``). When the plan's step for it is a plain copy of one whole checkpoint tensor
+(one read, no op, no dequantize, no shard, same shape, the dtype kept or a float cast
+the loader repeats), that file is the checkpoint's own: the tensor is *referenced in
+place* and its step is dropped from the schedule (nothing read, nothing written; the
+checkpoint is only ever opened for reading). Anything converted (merged experts, a fused
+or split projection, a dequantized FP8 weight, a permutation, a shard) is *written* into
+``offload_folder`` by the executor, as before.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from weightplan.planner.core.geometry import Fragment, Region, View
+from weightplan.planner.inputs.device import DeviceMap
+from weightplan.planner.inputs.model_info import ModelInfo
+from weightplan.planner.tensors.ir.destination import Destination
+from weightplan.planner.tensors.ir.nodes import NodeKind
+from weightplan.planner.tensors.lower.placement import Step
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadedTensor:
+    """One model tensor on the disk: referenced in the checkpoint, or written."""
+
+    name: str
+    aliases: tuple[str, ...]
+    nbytes: int
+    dtype: torch.dtype  # what the hooks hand the module (the plan's destination dtype)
+    file: str | None  # the checkpoint file read in place; None: written to offload_folder
+    weight_name: str  # the key inside ``file`` (the checkpoint's key when referenced)
+    why_written: str = ""  # what converts it ("" when referenced)
+
+    @property
+    def referenced(self) -> bool:
+        return self.file is not None
+
+    def index_entry(self) -> dict[str, str]:
+        """accelerate's offload-index entry for a referenced tensor."""
+        assert self.file is not None
+        return {"safetensors_file": self.file, "weight_name": self.weight_name,
+                "dtype": str(self.dtype).removeprefix("torch.")}
+
+
+@dataclass(frozen=True)
+class OffloadPlan:
+    """Every offloaded tensor the checkpoint provides, in schedule order."""
+
+    folder: str
+    tensors: tuple[OffloadedTensor, ...]
+
+    @property
+    def referenced_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors if t.referenced)
+
+    @property
+    def written_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors if not t.referenced)
+
+    def index(self) -> dict[str, dict[str, str]]:
+        """The referenced tensors' offload-index entries, under every alias."""
+        return {alias: t.index_entry() for t in self.tensors if t.referenced
+                for alias in t.aliases or (t.name,)}
+
+    def by_module(self, modules: Iterable[str]) -> dict[str, tuple[int, int, int]]:
+        """Per device-map entry: (tensors referenced, tensors written, bytes written)."""
+        names = sorted(modules, key=len, reverse=True)
+        out: dict[str, tuple[int, int, int]] = {}
+        for t in self.tensors:
+            module = next((m for m in names if not m or t.name == m
+                           or t.name.startswith(m + ".")), "")
+            ref, wrote, nbytes = out.get(module, (0, 0, 0))
+            out[module] = (ref + t.referenced, wrote + (not t.referenced),
+                           nbytes + (0 if t.referenced else t.nbytes))
+        return out
+
+
+def plan_offload(steps: Iterable[Step], devices: DeviceMap, info: ModelInfo
+                 ) -> tuple[OffloadPlan, tuple[Step, ...]]:
+    """The offload plan, and the steps still to run (a referenced tensor's step is gone)."""
+    assert devices.offload_folder is not None
+    kept: list[Step] = []
+    tensors: list[OffloadedTensor] = []
+    for step in steps:
+        disk = [d for d in step.destinations if _on_disk(d, devices, info)]
+        source = in_place_source(step) if len(disk) == len(step.destinations) == 1 \
+            and _model_dtype(disk[0], info) else None
+        if source is not None:
+            file, key = source
+            tensors.append(_tensor(disk[0], os.path.abspath(file), key, ""))
+            continue
+        kept.append(step)
+        tensors.extend(_tensor(d, None, d.key, _why(step)) for d in disk)
+    return OffloadPlan(devices.offload_folder, tuple(tensors)), tuple(kept)
+
+
+def in_place_source(step: Step) -> tuple[str, str] | None:
+    """``(file, key)`` when ``step`` copies one whole checkpoint tensor, unchanged but for a
+    float cast, into one whole destination; else ``None``."""
+    if step.materialize or step.quantized or len(step.reads) != 1 or len(step.destinations) != 1:
+        return None
+    read, dest = step.reads[0], step.destinations[0]
+    entry = read.entry
+    if read.node.kind is not NodeKind.READ or entry.file is None or not entry.contiguous \
+            or dest.shard is not None or not isinstance(read.fragment, Fragment):
+        return None
+    shape = dest.spec.shape
+    whole = read.fragment.view == View.contiguous(shape) and read.fragment.target == 0
+    if not whole or entry.spec.shape != shape or read.region != Region.full(shape):
+        return None
+    same = entry.spec.dtype == dest.spec.dtype
+    if not same and not (entry.spec.dtype.is_floating_point and dest.spec.dtype.is_floating_point):
+        return None
+    return entry.file, entry.key
+
+
+def _on_disk(dest: Destination, devices: DeviceMap, info: ModelInfo) -> bool:
+    """As the model sink decides: an offloaded parameter (buffers stay resident)."""
+    t = info.get(dest.key)
+    return dest.allocates and devices.offloads(dest.key) and not (t is not None and t.is_buffer)
+
+
+def _model_dtype(dest: Destination, info: ModelInfo) -> bool:
+    """The hooks cast to the model's dtype: referenced only when the plan's is the same."""
+    t = info.get(dest.key)
+    return t is None or t.spec.dtype == dest.spec.dtype
+
+
+def _tensor(dest: Destination, file: str | None, key: str, why: str) -> OffloadedTensor:
+    return OffloadedTensor(dest.key, dest.aliases, dest.spec.nbytes, dest.spec.dtype, file,
+                           key, why)
+
+
+def _why(step: Step) -> str:
+    """What makes the step a conversion (shown beside the tensors written)."""
+    if step.quantized or any(r.node.kind is not NodeKind.READ for r in step.reads):
+        return "dequantize/quantize"
+    if step.materialize:
+        return ", ".join(dict.fromkeys(type(op).__name__ for op in step.ops))
+    sources = {r.entry.key for r in step.reads}
+    if len(sources) > 1:
+        return f"merged from {len(sources)} checkpoint tensors"
+    if any(d.shard is not None for d in step.destinations):
+        return "shard"
+    return "a slice or a permuted copy"
+
+
+def referenced_names(plan: OffloadPlan | None) -> Mapping[str, OffloadedTensor]:
+    """Offloaded tensors by name (every alias), referenced ones only."""
+    if plan is None:
+        return {}
+    return {alias: t for t in plan.tensors if t.referenced for alias in t.aliases or (t.name,)}
