@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 import torch
 
 from weightplan.errors import NotInvertibleError, OpError
+from weightplan.planner.core.geometry import Fragment, Region, View
 from weightplan.planner.core.ops.base import ConversionOp, OpContext, Streams
 from weightplan.planner.core.spec import TensorSpec
 
-CHUNK_ELEMENTS = 1 << 22  # float32 delta rows computed at a time (16 MiB)
+CHUNK_ELEMENTS = 1 << 20  # float32 delta rows computed at a time (4 MiB: one buffer, reused)
 _PARTS = ("base", "lora_a", "lora_b")
 
 
@@ -43,9 +44,12 @@ class MergeLora(ConversionOp):
     experts: int = 1
     transposed: bool = False
     work: int = field(default=0, kw_only=True, compare=False)  # temporaries' bytes
+    # where each base input lands in the merged tensor (None: the base chain runs on tensors)
+    placed: Streams[tuple[Fragment, ...]] | None = field(default=None, kw_only=True,
+                                                         compare=False)
 
     def resolve(self, ctx: OpContext, inputs: Streams[TensorSpec]) -> "MergeLora":
-        chains, work = [], 0
+        chains, stages = [], []
         for name, part, keys in zip(_PARTS, self._split(inputs), self._split(ctx.source_keys),
                                     strict=True):
             sub = ctx if name == "base" else OpContext((f"{ctx.target_keys[0]}.{name}",),
@@ -53,15 +57,19 @@ class MergeLora(ConversionOp):
             resolved, specs = [], part
             for op in getattr(self, name):
                 op = op.resolve(dataclasses.replace(sub, source_keys=keys), specs)
+                stages.append((name, op, specs))
                 specs = op.infer(specs)
-                work += sum(s.nbytes for stream in specs for s in stream) if op.allocates else 0
                 resolved.append(op)
             chains.append((tuple(resolved), _one(self, name, specs)))
         (base, w), (a_ops, a), (b_ops, b) = chains
         self._check(w, a, b)
-        work += 4 * (a.numel + b.numel + min(CHUNK_ELEMENTS, w.numel))
-        work += 0 if _owns(base) else w.nbytes  # (the copy the delta goes into)
-        return dataclasses.replace(self, base=base, lora_a=a_ops, lora_b=b_ops, work=work)
+        placed = _place([(op, specs) for name, op, specs in stages if name == "base"], w)
+        work = sum(sum(s.nbytes for stream in op.infer(specs) for s in stream)
+                   for name, op, specs in stages
+                   if op.allocates and (name != "base" or placed is None))
+        work += 4 * (a.numel + b.numel + _chunk(w.shape))
+        return dataclasses.replace(self, base=base, lora_a=a_ops, lora_b=b_ops, work=work,
+                                   placed=placed)
 
     def _split(self, streams: tuple) -> tuple[tuple, ...]:
         if len(streams) != sum(self.counts):
@@ -86,19 +94,37 @@ class MergeLora(ConversionOp):
 
     def forward(self, streams: Streams[torch.Tensor]) -> Streams[torch.Tensor]:
         parts = self._split(streams)
-        out = self._chain(self.base, parts[0])
-        if not _owns(self.base):  # (a read buffer, or a view of one: not ours to change)
-            out = out.clone()
+        out = self._base(parts[0])
         a = self._chain(self.lora_a, parts[1]).to(torch.float32)
         b = self._chain(self.lora_b, parts[2]).to(torch.float32)
         if self.experts > 1:
             a = a.reshape(self.experts, -1, a.shape[-1])  # (E, r, in): expert axis slowest
             b = b.reshape(b.shape[0], -1, self.experts).permute(2, 0, 1)  # (E, out, r)
+        buffer = torch.empty(_chunk(out.shape), dtype=torch.float32)
+        if self.experts > 1:
             for e in range(self.experts):
-                _add_delta(out[e], b[e], a[e], self.scale, self.transposed)
+                _add_delta(out[e], b[e], a[e], self.scale, self.transposed, buffer)
         else:
-            _add_delta(out, b, a, self.scale, self.transposed)
+            _add_delta(out, b, a, self.scale, self.transposed, buffer)
         return ((out,),)
+
+    def _base(self, streams: Streams[torch.Tensor]) -> torch.Tensor:
+        """The base weight in a tensor of its own: each input copied once into its place
+        (no stack or concatenate temporaries) where the base chain places, else its
+        chain run (and its result copied when it is a read buffer, not ours to change)."""
+        if self.placed is None:
+            out = self._chain(self.base, streams)
+            return out if _owns(self.base) else out.clone()
+        w = self._chain(self.base, streams, TensorSpec.meta)
+        out = torch.empty(w.shape, dtype=w.dtype)
+        for stream, frags in zip(streams, self.placed, strict=True):
+            for src, placed in zip(stream, frags, strict=True):
+                for f in placed:
+                    view = out.as_strided(f.view.shape, f.view.stride, f.view.offset)
+                    region = tuple(slice(a, b) for a, b in zip(f.region.starts, f.region.stops,
+                                                               strict=True))
+                    view.copy_(src[region].reshape(f.view.shape))
+        return out
 
     @staticmethod
     def _chain(ops: tuple[ConversionOp, ...], streams: tuple, meta=None) -> torch.Tensor:
@@ -132,24 +158,53 @@ def _one(op: MergeLora, name: str, specs: Streams[TensorSpec]) -> TensorSpec:
     return specs[0][0]
 
 
+def _chunk(shape: tuple[int, ...] | torch.Size) -> int:
+    """The float32 delta buffer's elements: ``CHUNK_ELEMENTS``, at least one row."""
+    numel = 1
+    for n in shape:
+        numel *= n
+    return min(numel, max(CHUNK_ELEMENTS, shape[-1] if shape else 1))
+
+
+def _place(chain: list[tuple[ConversionOp, Streams[TensorSpec]]], w: TensorSpec
+           ) -> Streams[tuple[Fragment, ...]] | None:
+    """The base chain's inputs as fragments of the merged tensor (``ConversionOp.place``
+    from the output back), or ``None`` where an op can't place or there is no op."""
+    if not chain:
+        return None
+    frags: Streams[tuple[Fragment, ...]] = (((Fragment(Region.full(w.shape), 0,
+                                                       View.contiguous(w.shape)),),),)
+    for op, specs in reversed(chain):
+        placed = op.place(frags, specs)
+        if placed is None:
+            return None
+        frags = placed
+    return frags
+
+
 def _owns(chain: tuple[ConversionOp, ...]) -> bool:
     """Whether a chain's output is a fresh tensor (its last op allocates)."""
     return bool(chain) and chain[-1].allocates
 
 
 def _add_delta(out: torch.Tensor, b: torch.Tensor, a: torch.Tensor, scale: float,
-               transposed: bool) -> None:
+               transposed: bool, buffer: torch.Tensor) -> None:
     """``out = W + (B·A)·scale`` in float32, rounded once to ``out``'s dtype (transposed:
-    ``((B·A)·scale)ᵀ``), a block of rows at a time so the float32 delta stays small."""
-    rows = max(1, CHUNK_ELEMENTS // max(1, out.shape[-1]))
+    ``((B·A)·scale)ᵀ``), a block of rows at a time into ``buffer`` (float32, reused: a
+    fresh allocation per block costs its page faults), so the delta stays in cache."""
+    width = out.shape[-1]
+    rows = max(1, buffer.numel() // max(1, width))
     for start in range(0, out.shape[0], rows):
         stop = min(start + rows, out.shape[0])
         if transposed:
-            delta = (b @ a[:, start:stop]).mul_(scale).T
+            delta = buffer[:(stop - start) * width].view(width, stop - start)
+            torch.matmul(b, a[:, start:stop], out=delta)
+            delta = delta.T
         else:
-            delta = (b[start:stop] @ a).mul_(scale)
+            delta = buffer[:(stop - start) * width].view(stop - start, width)
+            torch.matmul(b[start:stop], a, out=delta)
         block = out[start:stop]
-        block.copy_(delta.add_(block))  # (float32 + the weight: promoted, then rounded once)
+        block.copy_(delta.mul_(scale).add_(block))  # (float32 + the weight, rounded once)
 
 
 @dataclass(frozen=True, repr=False)
