@@ -1,0 +1,72 @@
+"""``MergeLora`` over random fused-expert shapes: the merged tensor equals, expert by
+expert, ``W + s·B·A`` computed in float32 and rounded once, whether the base inputs are
+copied into their place (the base chain places) or the chain runs on tensors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from weightplan.planner.core.ops.base import OpContext
+from weightplan.planner.core.ops.joins import Concatenate, MergeModulelist
+from weightplan.planner.core.ops.merge import MergeLora
+from weightplan.planner.core.spec import TensorSpec
+
+BF16 = torch.bfloat16
+
+
+def _fused_factors(g: torch.Generator, e: int, r: int, inter: int, hidden: int):
+    """peft's packing of a fused gate/up adapter: A (E·2r, H) expert-slowest, B (2I, 2r·E)
+    expert-fastest, each expert's B block-diagonal (gate rows on its first r columns)."""
+    a = torch.randn(e, 2 * r, hidden, generator=g)
+    b = torch.zeros(2 * inter, 2 * r, e)
+    b[:inter, :r] = torch.randn(inter, r, e, generator=g)
+    b[inter:, r:] = torch.randn(inter, r, e, generator=g)
+    return a.reshape(e * 2 * r, hidden), b.reshape(2 * inter, 2 * r * e)
+
+
+@settings(max_examples=25, deadline=None)
+@given(e=st.integers(2, 4), r=st.integers(1, 6), inter=st.integers(1, 40),
+       hidden=st.integers(1, 40), scale=st.sampled_from([0.5, 2.0, 1.7, 3 / 4 ** 0.5]),
+       seed=st.integers(0, 2**16))
+def test_fused_merge_is_w_plus_sba_rounded_once(e, r, inter, hidden, scale, seed):
+    g = torch.Generator().manual_seed(seed)
+    gate = [torch.randn(inter, hidden, generator=g).to(BF16) for _ in range(e)]
+    up = [torch.randn(inter, hidden, generator=g).to(BF16) for _ in range(e)]
+    a, b = _fused_factors(g, e, r, inter, hidden)
+    streams = (tuple(gate), tuple(up), (a,), (b,))
+    specs = tuple(tuple(TensorSpec.of(t) for t in s) for s in streams)
+    keys = tuple(tuple(f"k{i}.{j}" for j in range(len(s))) for i, s in enumerate(streams))
+    op = MergeLora(scale, (2, 1, 1), (MergeModulelist(dim=0), Concatenate(dim=1)),
+                   experts=e)
+    op = op.resolve(OpContext(("w",), (None,), keys), specs)
+    assert op.placed is not None  # (stack and concatenate place)
+    merged = op.forward(streams)[0][0]
+    assert torch.equal(dataclasses.replace(op, placed=None).forward(streams)[0][0], merged)
+    packed_b = b.reshape(2 * inter, 2 * r, e)
+    for x in range(e):
+        w = torch.cat([gate[x], up[x]]).float()
+        a_x, b_x = a.reshape(e, 2 * r, hidden)[x], packed_b[:, :, x]
+        want = (w + (b_x @ a_x) * scale).to(BF16)
+        assert torch.equal(merged[x], want), x
+
+
+@settings(max_examples=15, deadline=None)
+@given(r=st.integers(1, 6), fan_in=st.integers(1, 40), fan_out=st.integers(1, 40),
+       seed=st.integers(0, 2**16))
+def test_transposed_merge_is_the_delta_transposed(r, fan_in, fan_out, seed):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(fan_in, fan_out, generator=g).to(BF16)  # (in, out): fan_in_fan_out
+    a = torch.randn(r, fan_in, generator=g)
+    b = torch.randn(fan_out, r, generator=g)
+    streams, kept = ((w,), (a,), (b,)), w.clone()
+    specs = tuple(tuple(TensorSpec.of(t) for t in s) for s in streams)
+    keys = (("w",), ("a",), ("b",))
+    op = MergeLora(1.5, (1, 1, 1), transposed=True).resolve(OpContext(("w",), (None,), keys),
+                                                             specs)
+    merged = op.forward(streams)[0][0]
+    assert torch.equal(merged, (w.float() + ((b @ a) * 1.5).T).to(BF16))
+    assert torch.equal(w, kept)  # (a read buffer, not the op's to change)
