@@ -1,6 +1,7 @@
 """``MergeLora`` over random fused-expert shapes: the merged tensor equals, expert by
 expert, ``W + s·B·A`` computed in float32 and rounded once, whether the base inputs are
-copied into their place (the base chain places) or the chain runs on tensors."""
+copied into their place (the base chain places) or the chain runs on tensors, and whether
+B is block-diagonal (each half of A multiplied by its own rows only) or dense."""
 
 from __future__ import annotations
 
@@ -18,25 +19,28 @@ from weightplan.planner.core.spec import TensorSpec
 BF16 = torch.bfloat16
 
 
-def _fused_factors(g: torch.Generator, e: int, r: int, inter: int, hidden: int):
+def _fused_factors(g: torch.Generator, e: int, r: int, inter: int, hidden: int, dense: bool):
     """peft's packing of a fused gate/up adapter: A (E·2r, H) expert-slowest, B (2I, 2r·E)
-    expert-fastest, each expert's B block-diagonal (gate rows on its first r columns)."""
+    expert-fastest, each expert's B block-diagonal (gate rows on its first r columns) or
+    ``dense`` (trained after fusion), a zero row in either."""
     a = torch.randn(e, 2 * r, hidden, generator=g)
-    b = torch.zeros(2 * inter, 2 * r, e)
-    b[:inter, :r] = torch.randn(inter, r, e, generator=g)
-    b[inter:, r:] = torch.randn(inter, r, e, generator=g)
+    b = torch.randn(2 * inter, 2 * r, e, generator=g)
+    if not dense:
+        b[:inter, r:] = 0
+        b[inter:, :r] = 0
+    b[inter - 1] = 0
     return a.reshape(e * 2 * r, hidden), b.reshape(2 * inter, 2 * r * e)
 
 
 @settings(max_examples=25, deadline=None)
 @given(e=st.integers(2, 4), r=st.integers(1, 6), inter=st.integers(1, 40),
        hidden=st.integers(1, 40), scale=st.sampled_from([0.5, 2.0, 1.7, 3 / 4 ** 0.5]),
-       seed=st.integers(0, 2**16))
-def test_fused_merge_is_w_plus_sba_rounded_once(e, r, inter, hidden, scale, seed):
+       dense=st.booleans(), seed=st.integers(0, 2**16))
+def test_fused_merge_is_w_plus_sba_rounded_once(e, r, inter, hidden, scale, dense, seed):
     g = torch.Generator().manual_seed(seed)
     gate = [torch.randn(inter, hidden, generator=g).to(BF16) for _ in range(e)]
     up = [torch.randn(inter, hidden, generator=g).to(BF16) for _ in range(e)]
-    a, b = _fused_factors(g, e, r, inter, hidden)
+    a, b = _fused_factors(g, e, r, inter, hidden, dense)
     streams = (tuple(gate), tuple(up), (a,), (b,))
     specs = tuple(tuple(TensorSpec.of(t) for t in s) for s in streams)
     keys = tuple(tuple(f"k{i}.{j}" for j in range(len(s))) for i, s in enumerate(streams))
@@ -70,3 +74,14 @@ def test_transposed_merge_is_the_delta_transposed(r, fan_in, fan_out, seed):
     merged = op.forward(streams)[0][0]
     assert torch.equal(merged, (w.float() + ((b @ a) * 1.5).T).to(BF16))
     assert torch.equal(w, kept)  # (a read buffer, not the op's to change)
+
+
+def test_rank_segments_fall_back_to_the_whole_rank():
+    from weightplan.planner.core.ops.merge import MAX_SEGMENTS, _rank_segments
+
+    b = torch.zeros(6, 4)
+    b[:3, :2], b[3:, 2:] = 1, 1
+    assert _rank_segments(b) == [(0, 3, 0, 2), (3, 6, 2, 4)]
+    stripes = torch.zeros(2 * MAX_SEGMENTS, 2)
+    stripes[::2, 0], stripes[1::2, 1] = 1, 1
+    assert _rank_segments(stripes) == [(0, 2 * MAX_SEGMENTS, 0, 2)]

@@ -194,17 +194,47 @@ def _add_delta(out: torch.Tensor, b: torch.Tensor, a: torch.Tensor, scale: float
     fresh allocation per block costs its page faults), so the delta stays in cache."""
     width = out.shape[-1]
     rows = max(1, buffer.numel() // max(1, width))
-    for start in range(0, out.shape[0], rows):
-        stop = min(start + rows, out.shape[0])
-        if transposed:
+    if transposed:
+        for start in range(0, out.shape[0], rows):
+            stop = min(start + rows, out.shape[0])
             delta = buffer[:(stop - start) * width].view(width, stop - start)
             torch.matmul(b, a[:, start:stop], out=delta)
-            delta = delta.T
-        else:
+            _round_into(out[start:stop], delta.T, scale)
+        return
+    for first, last, k0, k1 in _rank_segments(b):
+        for start in range(first, last, rows):
+            stop = min(start + rows, last)
             delta = buffer[:(stop - start) * width].view(stop - start, width)
-            torch.matmul(b[start:stop], a, out=delta)
-        block = out[start:stop]
-        block.copy_(delta.mul_(scale).add_(block))  # (float32 + the weight, rounded once)
+            torch.matmul(b[start:stop, k0:k1], a[k0:k1], out=delta)
+            _round_into(out[start:stop], delta, scale)
+
+
+def _round_into(block: torch.Tensor, delta: torch.Tensor, scale: float) -> None:
+    """``block = block + delta·scale``, in float32, rounded once to ``block``'s dtype."""
+    block.copy_(delta.mul_(scale).add_(block))
+
+
+MAX_SEGMENTS = 64  # past this many row runs, one matmul over the whole rank is cheaper
+
+
+def _rank_segments(b: torch.Tensor) -> list[tuple[int, int, int, int]]:
+    """Runs of ``B``'s rows with the same span of non-zero columns, ``(first row, stop,
+    first column, stop)``: a fused pair's block-diagonal B multiplies only its own half of
+    A (the zero half adds exact zeros; skipping it halves the work). Rows without a non-zero
+    take the whole rank; too many runs (no block structure): one run over all of it."""
+    n, k = b.shape
+    nonzero = b != 0
+    if n == 0 or k == 0 or bool(nonzero.all()):
+        return [(0, n, 0, k)]
+    some = nonzero.any(1)
+    lo = torch.where(some, nonzero.int().argmax(1), 0)
+    hi = torch.where(some, k - nonzero.flip(1).int().argmax(1), k)
+    key = lo * (k + 1) + hi
+    cuts = (torch.nonzero(key[1:] != key[:-1]).flatten() + 1).tolist()
+    if len(cuts) >= MAX_SEGMENTS:
+        return [(0, n, 0, k)]
+    bounds = [0, *cuts, n]
+    return [(s, e, int(lo[s]), int(hi[s])) for s, e in zip(bounds, bounds[1:], strict=False)]
 
 
 @dataclass(frozen=True, repr=False)
