@@ -116,7 +116,7 @@ class MergeLora(ConversionOp):
             out = self._chain(self.base, streams)
             return out if _owns(self.base) else out.clone()
         w = self._chain(self.base, streams, TensorSpec.meta)
-        out = torch.empty(w.shape, dtype=w.dtype)
+        out = torch.empty(w.shape, dtype=w.dtype, device=streams[0][0].device)
         for stream, frags in zip(streams, self.placed, strict=True):
             for src, placed in zip(stream, frags, strict=True):
                 for f in placed:
