@@ -38,6 +38,10 @@ NOT_FOR_A_PLAIN_LOAD = (
     "weightplan.planner.pipelines.devices", "weightplan.planner.tensors.schedule.device_plan",
     "weightplan.planner.core.ops.reshape", "weightplan.planner.core.ops.layout",
     "weightplan.planner.core.ops.blocks",
+    # a sharded or strided read's geometry, an adapter's merge ops, CUDA staging buffers
+    "weightplan.planner.core.sharding.placements", "weightplan.planner.core.sharding.shard_math",
+    "weightplan.planner.tensors.lower.strided", "weightplan.planner.core.ops.merge",
+    "weightplan.executor.staging",
 )
 # the load, then what a save and a tensor-parallel plan of the same model import (the
 # probe's control: the modules above exist and it sees them come in)

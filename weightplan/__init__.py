@@ -54,7 +54,10 @@ def _public(name: str) -> Any:
     collections it would trigger cost about a sixth of weightplan's first-use import."""
     import importlib
 
-    return getattr(importlib.import_module("weightplan.api.public"), name)
+    module = importlib.import_module("weightplan.api.public")
+    made = vars(module)  # (not the names it imports on their first use)
+    globals().update({n: made[n] for n in __all__ if n in made})  # the next name: no call
+    return getattr(module, name)
 
 
 def __dir__() -> list[str]:

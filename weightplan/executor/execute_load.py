@@ -20,7 +20,6 @@ from weightplan.executor.model_sink import ModelSink
 from weightplan.planner.core.problems import ProblemKind
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.pipelines.plan import LoadPlanData
-from weightplan.terminal import terminal_text
 from weightplan.planner.write.record import attach_record, get_record, merge_records, record_of_conversions
 
 if TYPE_CHECKING:  # (a protocol, and what a cooperative load imports: annotations only)
@@ -182,5 +181,7 @@ def _agreement(plan: LoadPlanData) -> Agreement | None:
 
 
 def _some(names: frozenset[str]) -> str:
+    from weightplan.terminal import terminal_text  # (a warning's: a clean load doesn't need it)
+
     shown = [terminal_text(n) for n in sorted(names)[:3]]  # (keys come from the file)
     return f"[{', '.join(shown)}{', ...' if len(names) > 3 else ''}]" if names else ""

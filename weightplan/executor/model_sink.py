@@ -13,12 +13,12 @@ from torch import nn
 from weightplan.errors import PlanError
 from weightplan.planner.inputs.device import DeviceMap
 from weightplan.executor.init import initialize_fresh
-from weightplan.executor.staging import Stager
 from weightplan.planner.inputs.model_info import ModelInfo, ModelTensor
 from weightplan.planner.tensors.ir.destination import Destination
 from weightplan.planner.core.geometry import View
 
 if TYPE_CHECKING:
+    from weightplan.executor.staging import Stager
     from weightplan.planner.tensors.ir.shard_nodes import Sharding
 
 
@@ -83,6 +83,13 @@ def flat_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return flat.view(torch.uint8)
 
 
+def _stager() -> Stager:
+    """Pinned staging buffers, for a load onto CUDA devices (their module imported then)."""
+    from weightplan.executor.staging import Stager
+
+    return Stager()
+
+
 class ModelSink:
     """Writes into model tensors: fresh ones for meta parameters, else their own storage.
 
@@ -95,7 +102,7 @@ class ModelSink:
                  sharding: Sharding | None = None):
         self.model, self.info, self.dtype, self.devices = model, info, dtype, devices
         self.sharding = sharding
-        self.stager = Stager() if devices is not None and devices.uses_cuda else None
+        self.stager = _stager() if devices is not None and devices.uses_cuda else None
         self.missing, self.initialize = missing, initialize
         self.results: dict[str, tuple[Destination, torch.Tensor]] = {}
         self.initialized: dict[str, str] = {}

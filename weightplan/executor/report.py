@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from weightplan.terminal import terminal_text
 from weightplan.units import format_bytes
 
 
@@ -55,6 +54,8 @@ class LoadReport:
         }
 
     def __str__(self) -> str:
+        from weightplan.terminal import terminal_text  # (shown: a load that isn't printed doesn't need it)
+
         stages = ", ".join(f"{k} {v:.2f}s" for k, v in self.stage_seconds.items())
         rss = "n/a" if self.rss_peak_bytes is None else format_bytes(self.rss_peak_bytes)
         over = (f" for {format_bytes(self.bytes_needed)} needed"
@@ -111,6 +112,7 @@ class SaveReport:
 
     def __str__(self) -> str:
         from weightplan.planner.write.shards import INDEX_NAME  # (a load's report doesn't need it)
+        from weightplan.terminal import terminal_text
 
         rss = "n/a" if self.rss_peak_bytes is None else format_bytes(self.rss_peak_bytes)
         shards = [f for f in self.files if f.endswith(".safetensors")]  # as the plan counts

@@ -126,7 +126,7 @@ def prepare_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     ckpt = open_checkpoint(checkpoint)
     options = PlanOptions(resolve_dtype(dtype, model, ckpt), parse_threads(threads),
                           None if budget is None else parse_bytes(budget, what="budget"),
-                          None if automatic is not None else parse_device(device))
+                          None if automatic is not None or device is None else parse_device(device))
     info = keep_fp32(model, inspect_model(model) if model is not None else None, options.dtype)
     if info is not None and view is not None:
         info = view(info)

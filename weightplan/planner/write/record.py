@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from weightplan.planner.core.ops.base import ConversionOp
-from weightplan.planner.core.ops.merge import MergeLora, TakeTrained
 from weightplan.planner.core.spec import TensorSpec
 from weightplan.planner.inputs.checkpoint import Checkpoint, TensorEntry
 from weightplan.planner.keys.patterns import natural_key
@@ -28,6 +27,8 @@ from weightplan.planner.tensors.ir.nodes import (
 
 if TYPE_CHECKING:
     from torch import nn
+
+    from weightplan.planner.core.ops.merge import MergeLora, TakeTrained  # (adapters only)
 
 RECORD_ATTRIBUTE = "_weightplan_record"
 _WRITTEN = (TargetStatus.LOAD, TargetStatus.TIED_DUPLICATE)
@@ -104,8 +105,8 @@ def _record(conv: Conversion) -> RecordedConversion | None:
         elif n.kind is NodeKind.QUANTIZE:
             quantizes.append(n)
     ops, streams, routes = conv.ops, conv.group.sources, conv.group.routes
-    merged = ops[0] if len(ops) == 1 else None
-    if isinstance(merged, (MergeLora, TakeTrained)):  # saved as the base it was merged into
+    if len(ops) == 1 and ops[0].merges_adapter:  # saved as the base it was merged into
+        merged = cast("MergeLora | TakeTrained", ops[0])
         first = merged.counts[0]
         ops, streams, routes = merged.base, streams[:first], routes[:first]
     sources = tuple(tuple((e.key, widened[e.key].spec if e.key in widened else e.spec)

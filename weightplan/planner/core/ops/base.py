@@ -64,6 +64,7 @@ class ConversionOp:
     many_to_many: ClassVar[bool] = False
     allocates: ClassVar[bool] = True  # False: forward returns views of its inputs
     compute_dtype: ClassVar[torch.dtype | None] = None  # FP8 inputs dequantize to it, when set
+    merges_adapter: ClassVar[bool] = False  # True: saved as the base chain it merged into
 
     def resolve(self, ctx: OpContext, inputs: Streams[TensorSpec]) -> "ConversionOp":
         return self

@@ -35,6 +35,7 @@ class MergeLora(ConversionOp):
     merged model writes the base layout from the base chain alone (the load record keeps it)."""
 
     compute_dtype = torch.float32  # (an FP8 base weight dequantizes straight to float32)
+    merges_adapter = True
 
     scale: float
     counts: tuple[int, int, int]  # input streams of the base weight, lora_A, lora_B
@@ -241,6 +242,8 @@ def _rank_segments(b: torch.Tensor) -> list[tuple[int, int, int, int]]:
 class TakeTrained(ConversionOp):
     """A ``modules_to_save`` copy in place of its base tensor (both read, the copy kept):
     merged, the model holds the trained module. Not invertible; saved as the base was."""
+
+    merges_adapter = True
 
     counts: tuple[int, int]  # input streams of the base tensor, the trained copy
     base: tuple[ConversionOp, ...] = ()

@@ -12,11 +12,17 @@ tile from the *sliced* scale grid and divides by zero there).
 
 from __future__ import annotations
 
+from functools import cache
+from typing import TYPE_CHECKING
+
 import torch
 
 from weightplan.planner.core.geometry import Region
-from weightplan.planner.core.sharding.placements import Placement
-from weightplan.planner.core.sharding.shard_math import pieces
+
+if TYPE_CHECKING:  # (tensor parallelism's: a plain FP8 load reads its tiles without them)
+    from types import ModuleType
+
+    from weightplan.planner.core.sharding.placements import Placement
 
 BLOCK = (128, 128)
 
@@ -70,6 +76,7 @@ def scale_split_problem(placement: Placement, weight_shape: tuple[int, ...],
     """
     if not placement.is_sharded:
         return None
+    pieces = _shard_math().pieces
     for rank in range(world):
         weights = pieces(placement, weight_shape, world, rank)
         scales = pieces(placement, scale_shape, world, rank)
@@ -84,6 +91,14 @@ def scale_split_problem(placement: Placement, weight_shape: tuple[int, ...],
                         f"it {list(s.region.starts)}–{list(s.region.stops)}: a shard "
                         f"boundary falls inside a {block[0]}×{block[1]} block")
     return None
+
+
+@cache
+def _shard_math() -> ModuleType:
+    """``shard_math``, imported by the first sharded FP8 weight checked (once, not per weight)."""
+    from weightplan.planner.core.sharding import shard_math
+
+    return shard_math
 
 
 def scale_region(weight_shape: tuple[int, ...], scale_shape: tuple[int, ...], region: Region,

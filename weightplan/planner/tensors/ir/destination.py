@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
-from weightplan.planner.core.sharding.placements import DestShard
 from weightplan.planner.core.spec import TensorSpec
+
+if TYPE_CHECKING:  # (tensor parallelism's: imported where a plan shards)
+    from weightplan.planner.core.sharding.placements import DestShard
 
 
 class DestKind(Enum):

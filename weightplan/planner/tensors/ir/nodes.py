@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from itertools import repeat
 from operator import attrgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,8 +25,10 @@ from weightplan.planner.core.makers import columns, fill, slot_setters
 from weightplan.planner.tensors.ir.destination import Destination
 from weightplan.planner.core.geometry import Region
 from weightplan.planner.core.ops.base import ConversionOp, Streams, stream_positions
-from weightplan.planner.core.sharding.placements import Placement
 from weightplan.planner.core.spec import TensorSpec, short_dtype
+
+if TYPE_CHECKING:  # (tensor parallelism's: imported where a plan shards)
+    from weightplan.planner.core.sharding.placements import Placement
 
 
 class NodeKind(Enum):

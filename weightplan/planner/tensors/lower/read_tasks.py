@@ -29,9 +29,9 @@ from weightplan.planner.tensors.ir.nodes import DequantizeAttrs, Node, NodeKind,
 from weightplan.planner.core.ops.base import Streams
 from weightplan.planner.core.sharding.fp8_slices import scale_region
 from weightplan.planner.core.spec import TensorSpec
-from weightplan.planner.tensors.lower.strided import ByteRuns, choose_runs
 
-if TYPE_CHECKING:  # (a packed format's reads: imported where a plan has one)
+if TYPE_CHECKING:  # (a packed format's reads: imported where a plan has one; strided reads)
+    from weightplan.planner.tensors.lower.strided import ByteRuns
     from weightplan.planner.tensors.lower.packed_reads import PackedRead
 
 PIECE_BYTES = 32 * 1024 * 1024  # direct reads larger than this are split into pieces
@@ -202,18 +202,21 @@ def _layout(shape: tuple[int, ...], size: int, in_file: bool,
         pieces = tuple((s, min(piece_bytes, total - s)) for s in range(0, total, piece_bytes))
     else:
         pieces = ((0, total),)
-    runs = None if direct or not in_file else choose_runs(shape, size, starts, stops)
+    runs = None
+    if not direct and in_file:  # (lru-cached: the strided module imported by the first such read)
+        from weightplan.planner.tensors.lower.strided import choose_runs
+        runs = choose_runs(shape, size, starts, stops)
     # a strided read lands its runs in a buffer of the region's size (or straight in place)
     window = 0 if not in_file else runs.nbytes if runs is not None else pieces[0][1]
     asked = total if runs is None else runs.nbytes
     if scale_shape is None or block is None:
         return ReadLayout(direct, first * size, total, pieces, window, 0, asked, runs)
     # the window holds the whole scale; scale_bytes counts only its covering tiles
+    from weightplan.planner.tensors.lower.strided import choose_runs  # (FP8: lru-cached)
     work = workspace_bytes(region.shape, block, per_element=DEQUANTIZE_BYTES)
     tiles = scale_region(shape, scale_shape, region, block)
     tile_bytes = tiles.numel * scale_size
-    scale_runs = choose_runs(scale_shape, scale_size, tiles.starts, tiles.stops) if in_file \
-        else None
+    scale_runs = choose_runs(scale_shape, scale_size, tiles.starts, tiles.stops) if in_file else None
     scale_asked = (tile_bytes if not in_file else scale_runs.nbytes if scale_runs is not None
                    else tiles.element_span(scale_shape)[1] * scale_size)
     return ReadLayout(direct, first * size, total, pieces,
