@@ -48,11 +48,16 @@ def check_allocations_fit(fresh: dict[str, int], loaded: Iterable[Destination],
     """:class:`BudgetError` when what the load allocates on a device exceeds what it has."""
     where = devices.device_for if devices is not None else (lambda _: CPU)
     per: dict[torch.device, list[int]] = {}  # device: [loaded bytes, fresh bytes]
-    for dest in loaded:
-        if dest.allocates:
-            per.setdefault(where(dest.key), [0, 0])[0] += dest.spec.nbytes
-    for name, nbytes in fresh.items():
-        per.setdefault(where(name), [0, 0])[1] += nbytes
+    if devices is None:  # (all on the CPU: summed without a lookup per tensor)
+        loads = [dest.spec.nbytes for dest in loaded if dest.allocates]
+        if loads or fresh:
+            per[CPU] = [sum(loads), sum(fresh.values())]
+    else:
+        for dest in loaded:
+            if dest.allocates:
+                per.setdefault(where(dest.key), [0, 0])[0] += dest.spec.nbytes
+        for name, nbytes in fresh.items():
+            per.setdefault(where(name), [0, 0])[1] += nbytes
     for device, (load, init) in per.items():
         available = _available(device)
         if init and available is not None and load + init > available:

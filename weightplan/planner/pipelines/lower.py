@@ -14,7 +14,7 @@ from weightplan.planner.tensors.schedule.budget import schedule_within
 from weightplan.planner.tensors.ir.build import Conversion
 from weightplan.planner.tensors.ir.graph import PlanGraph
 from weightplan.planner.tensors.lower.placement import PIECE_BYTES, Step, plan_step
-from weightplan.planner.tensors.schedule.schedule import Schedule
+from weightplan.planner.tensors.schedule.schedule import Schedule, make_schedule
 from weightplan.errors import GraphError
 from weightplan.planner.tensors.verify.verify import check_events, verify
 
@@ -73,7 +73,8 @@ def lower(conversions: Sequence[Conversion], checkpoint: Checkpoint, *, order: S
     verify(graph, steps, checkpoint)
     if share is not None:
         steps = share(steps)
-    schedule = schedule_within(steps, threads=threads, budget=budget)
+    schedule = (make_schedule(steps, threads=threads) if budget is None  # (no budget: nothing to fit)
+                else schedule_within(steps, threads=threads, budget=budget))
     problems = check_events(len(schedule.steps), schedule.events)
     if problems:
         raise GraphError(problems)
