@@ -154,3 +154,22 @@ def test_a_task_whose_entry_is_not_its_nodes_is_refused():
     found = problems(conv, with_read(step, MIDDLE, dataclasses.replace(task, entry=other)), ckpt)
     assert any(f"a read task of {task.entry.key} carries the entry of {other.key}" in p
                for p in found)
+
+
+def test_a_shared_steps_verdict_is_given_to_every_rank_and_only_for_that_step():
+    """Ranks planned together share a step (as an object) and its verdict: each rank's
+    check reports a shared broken step's problems; another step, or the same step against
+    another checkpoint, is checked on its own."""
+    conv, step, ckpt = stack()
+    task = step.reads[MIDDLE]
+    broken = with_read(step, MIDDLE, read_task(task.node, Region((0, 0), (3, 3)),
+                                               task.fragment, True))
+    graph, checked = plan_graph([conv]), {}
+    alone = check(graph, [broken], ckpt)
+    assert alone and check(graph, [broken], ckpt, checked) == alone
+    assert check(graph, [broken], ckpt, checked) == alone  # (the second rank's)
+    assert list(checked) == [id(broken)] and checked[id(broken)][2] == alone
+    assert check(graph, [step], ckpt, checked) == []  # (a step of its own)
+    other = checkpoint(*ckpt.entries.values())
+    assert check(graph, [broken], other, checked) == alone  # (checked again)
+    assert [known[1] is other for known in checked.values()] == [True, False]

@@ -16,7 +16,7 @@ from weightplan.planner.tensors.ir.graph import PlanGraph
 from weightplan.planner.tensors.lower.placement import PIECE_BYTES, Step, plan_step
 from weightplan.planner.tensors.schedule.schedule import Schedule, make_schedule
 from weightplan.errors import GraphError
-from weightplan.planner.tensors.verify.verify import check_events, verify
+from weightplan.planner.tensors.verify.verify import Checked, check_events, verify
 
 StepOrder = Callable[[Iterable[Step]], tuple[Step, ...]]
 
@@ -34,6 +34,7 @@ class Lowered:
 
     def __init__(self) -> None:
         self._steps: dict[tuple[int, int], tuple[Conversion, Step]] = {}
+        self.checked: Checked = {}  # (verify's verdicts on the shared steps)
 
     def step(self, conv: Conversion, piece_bytes: int) -> Step:
         key = (id(conv), piece_bytes)
@@ -70,7 +71,7 @@ def lower(conversions: Sequence[Conversion], checkpoint: Checkpoint, *, order: S
     drawn = [c for c in conversions if c.in_graph]
     graph = plan_graph(drawn)
     steps = order(_lowered(conversions, piece_bytes, memo))
-    verify(graph, steps, checkpoint)
+    verify(graph, steps, checkpoint, None if memo is None else memo.checked)
     if share is not None:
         steps = share(steps)
     schedule = (make_schedule(steps, threads=threads) if budget is None  # (no budget: nothing to fit)

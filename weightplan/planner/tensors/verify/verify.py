@@ -17,7 +17,10 @@ message names the node, read or destination and the fix). Checks:
    finalize is where the step's intermediates are released (:func:`check_events`).
 
 Every node, read and fragment is looked at each time: nothing is taken from a summary
-made when the plan was built.
+made when the plan was built. Ranks planned together share the steps no rank changes (as
+objects: :class:`~weightplan.planner.pipelines.lower.Lowered`); checks 3 and 4 of such a
+step, a function of the step and the checkpoint alone, are made by the first rank that
+verifies it and given to the others (:data:`Checked`).
 """
 
 from __future__ import annotations
@@ -36,10 +39,13 @@ from weightplan.planner.tensors.lower.placement import Step
 from weightplan.planner.tensors.schedule.schedule import Event, EventKind
 from weightplan.planner.tensors.verify.coverage import check_coverage
 from weightplan.planner.tensors.verify.graph_checks import Picker, Segments, check_graph, picker
-from weightplan.planner.tensors.verify.read_checks import read_problems, sections
+from weightplan.planner.tensors.verify.read_checks import Sections, read_problems, sections
 
 _LAYOUT, _RUNS, _SCALE_RUNS = attrgetter("layout"), attrgetter("runs"), attrgetter("scale_runs")
 _HASH = attrgetter("_hash")  # (Node's hash, kept on it: read without a call)
+# id(step) → (the step, the checkpoint it was checked against, its reads' and coverage's
+# problems): the verdicts of the steps ranks share, made once
+Checked = dict[int, tuple[Step, Checkpoint | None, list[str]]]
 
 
 @cache
@@ -49,16 +55,17 @@ def _strided_checks() -> ModuleType:
 
     return strided_checks
 
-def verify(graph: PlanGraph, steps: Sequence[Step] = (), checkpoint: Checkpoint | None = None
-           ) -> None:
-    """Raise :class:`GraphError` listing every broken invariant (see the module docstring)."""
-    problems = check(graph, steps, checkpoint)
+def verify(graph: PlanGraph, steps: Sequence[Step] = (), checkpoint: Checkpoint | None = None,
+           checked: Checked | None = None) -> None:
+    """Raise :class:`GraphError` listing every broken invariant (see the module docstring);
+    ``checked`` keeps the verdicts of the steps other ranks share."""
+    problems = check(graph, steps, checkpoint, checked)
     if problems:
         raise GraphError(problems)
 
 
-def check(graph: PlanGraph, steps: Sequence[Step] = (), checkpoint: Checkpoint | None = None
-          ) -> list[str]:
+def check(graph: PlanGraph, steps: Sequence[Step] = (), checkpoint: Checkpoint | None = None,
+          checked: Checked | None = None) -> list[str]:
     """Every broken invariant, as messages (empty: the plan is consistent)."""
     problems, segments = check_graph(graph)
     if problems:  # the steps' checks assume a sound graph
@@ -67,12 +74,23 @@ def check(graph: PlanGraph, steps: Sequence[Step] = (), checkpoint: Checkpoint |
     problems = [] if segments is not None and release_holds(segments, steps) else \
         check_release(graph, steps)
     where = sections(checkpoint)
+    if checked is None:
+        checked = {}
     for step in steps:
-        found, landed = read_problems(step, where)
-        problems += check_coverage(step, landed) + found
-        layouts = list(map(_LAYOUT, step.reads))  # (C-level passes: most steps have none)
-        if any(map(_RUNS, layouts)) or any(map(_SCALE_RUNS, layouts)):  # strided reads
-            problems += _strided_checks().strided_problems(step)
+        known = checked.get(id(step))
+        if known is None or known[0] is not step or known[1] is not checkpoint:
+            known = checked[id(step)] = (step, checkpoint, step_problems(step, where))
+        problems += known[2]
+    return problems
+
+
+def step_problems(step: Step, where: Sections) -> list[str]:
+    """Checks 3 and 4 of one step: its reads, its strided reads, its coverage."""
+    found, landed = read_problems(step, where)
+    problems = check_coverage(step, landed) + found
+    layouts = list(map(_LAYOUT, step.reads))  # (C-level passes: most steps have none)
+    if any(map(_RUNS, layouts)) or any(map(_SCALE_RUNS, layouts)):  # strided reads
+        problems += _strided_checks().strided_problems(step)
     return problems
 
 
