@@ -144,6 +144,8 @@ def offload_times(cfg, repeat: int) -> dict:
     the page cache) and cold (its pages dropped with ``posix_fadvise(DONTNEED)`` first)."""
     results: dict[str, list[float]] = {f"{m} {c}": [] for m in ("cpu", "disk")
                                        for c in ("warm", "cold")}
+    from weightplan.executor.reader import evict
+
     entries = written = 0
     with tempfile.TemporaryDirectory() as d:
         save_model(cfg, Path(d))
@@ -153,7 +155,8 @@ def offload_times(cfg, repeat: int) -> dict:
             for mode in (("cpu", "disk") if r % 2 == 0 else ("disk", "cpu")):
                 for cache in ("warm", "cold"):
                     if cache == "cold":
-                        evict(shards)
+                        for shard in shards:  # (the library's own evict, as load.py uses)
+                            evict(shard)
                     folder = tempfile.mkdtemp(dir=d)
                     out = run([sys.executable, __file__, "--child", mode, "--cache", d,
                                "--budget", str(size * 3 // 4), "--folder", folder])
@@ -162,17 +165,6 @@ def offload_times(cfg, repeat: int) -> dict:
                     written = max(written, out["written"])
     return {"bytes": size, **{m: statistics.median(v) for m, v in results.items()},
             "disk_entries": entries, "written": written}
-
-
-def evict(files: list[Path]) -> None:
-    """Drop the files' pages from the page cache (written back first: only clean pages go)."""
-    for path in files:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def run(argv: list[str]) -> dict:

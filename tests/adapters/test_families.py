@@ -51,13 +51,7 @@ def test_per_expert_adapter_matches_peft_bit_for_bit(tmp_path, fam):
         shutil.copy(tmp_path / "v4" / "adapter_config.json", d)
         save_file({k: v for k, v in tensors.items() if k not in shared},
                   f"{d}/adapter_model.safetensors")
-    plan = weightplan.explain(model, d)
-    assert not plan.problems and not plan.unexpected, plan.problems
-    plan.execute()
-    theirs, ours = oracle.state_dict(), model.state_dict()
-    assert [k for k in theirs if not torch.equal(theirs[k], ours[k])] == []
-    ids = torch.arange(12)[None]
-    assert torch.equal(oracle(ids).logits, model(ids).logits)
+    _loads_like_peft(model, d, oracle)
     _check_math(model, tensors, fam, 6 / 3, prefix=PREFIX)
 
 
@@ -76,6 +70,18 @@ def test_per_expert_adapter_math_oracle_in_place(tmp_path, fam):
         assert torch.equal(state[name], tensors[key]), key
 
 
+def _loads_like_peft(model, adapter_dir, oracle):
+    """``adapter_dir`` loads into ``model`` without a problem, every tensor and the logits
+    equal to peft's ``oracle``."""
+    plan = weightplan.explain(model, adapter_dir)
+    assert not plan.problems and not plan.unexpected, plan.problems
+    plan.execute()
+    theirs, ours = oracle.state_dict(), model.state_dict()
+    assert [k for k in theirs if not torch.equal(theirs[k], ours[k])] == []
+    ids = torch.arange(12)[None]
+    assert torch.equal(oracle(ids).logits, model(ids).logits)
+
+
 def _gpt_oss_adapter(tmp_path):
     config = peft.LoraConfig(r=2, lora_alpha=6, init_lora_weights=False,
                              target_modules=["q_proj"],
@@ -91,13 +97,7 @@ def test_gpt_oss_transposed_experts_load_like_peft(tmp_path):
     oracle = peft.PeftModel.from_pretrained(tiny_model("gpt_oss"), str(tmp_path / "lora"))
     model = copy.deepcopy(oracle)
     zero_lora(model)
-    plan = weightplan.explain(model, str(tmp_path / "lora"))
-    assert not plan.problems and not plan.unexpected, plan.problems
-    plan.execute()
-    theirs, ours = oracle.state_dict(), model.state_dict()
-    assert [k for k in theirs if not torch.equal(theirs[k], ours[k])] == []
-    ids = torch.arange(12)[None]
-    assert torch.equal(oracle(ids).logits, model(ids).logits)
+    _loads_like_peft(model, str(tmp_path / "lora"), oracle)
 
 
 def test_gpt_oss_merge_adds_the_transposed_delta_per_expert(tmp_path):
