@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file
 
 import weightplan
+from tests.hostile.helpers import meta_model  # (a model holding the stored names and dtypes)
 from tests.quant.checkpoints import quantized_checkpoint
 from tests.quant.makers import mxfp4_encode, write_checkpoint
 from tests.quant.test_quant_mxfp4 import gptoss  # noqa: F401 (fixture)
@@ -21,22 +22,6 @@ pytest.importorskip("compressed_tensors")
 KINDS = {"int": "INT4 pack-quantized", "int-asym": "INT4 pack-quantized",
          "fp8-channel": "FP8 compressed-tensors", "fp8-block": "FP8 compressed-tensors",
          "nvfp4": "NVFP4 compressed-tensors", "modelopt": "NVFP4 ModelOpt"}
-
-
-def stored_model(tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
-    """A module holding every tensor under its key, on meta (what a model built with the
-    checkpoint's quantization holds: parameters of the stored names, dtypes, shapes)."""
-    root = torch.nn.Module()
-    for key, t in tensors.items():
-        *path, leaf = key.split(".")
-        mod = root
-        for name in path:
-            if not hasattr(mod, name):
-                mod.add_module(name, torch.nn.Module())
-            mod = getattr(mod, name)
-        mod.register_parameter(leaf, torch.nn.Parameter(
-            torch.empty(t.shape, dtype=t.dtype, device="meta"), requires_grad=False))
-    return root
 
 
 def _bits(t: torch.Tensor) -> bytes:
@@ -54,7 +39,7 @@ def keep_round_trip(qdir, out, phrase: str) -> None:
     """Load ``qdir`` into the model of its stored tensors, kept; check every tensor and
     the header; save it to ``out`` and check the files' tensors bit for bit."""
     stored = _file_tensors(qdir)
-    model = stored_model(stored)
+    model = meta_model(stored)
     plan = weightplan.explain(model, qdir)
     text = str(plan)
     assert not plan.problems and not plan.missing and not plan.unexpected, text
@@ -88,7 +73,7 @@ def test_floating_model_still_dequantizes(tmp_path):
     """A floating parameter under the stored key (compressed-tensors FP8's ``weight``) is
     a dequantize's target, not a keep."""
     qdir, _ = quantized_checkpoint(tmp_path, "fp8-channel")
-    model = stored_model({k: (v.to(torch.bfloat16) if v.dtype == torch.float8_e4m3fn else v)
+    model = meta_model({k: (v.to(torch.bfloat16) if v.dtype == torch.float8_e4m3fn else v)
                           for k, v in _file_tensors(qdir).items() if not k.endswith("_scale")})
     text = str(weightplan.explain(model, qdir))
     assert "FP8 compressed-tensors dequantized to bfloat16" in text.splitlines()[0], text
@@ -141,7 +126,7 @@ def test_keep_quantized_through_merges(tmp_path, kind):
     qdir, _ = quantized_checkpoint(tmp_path, kind)
     stored = _file_tensors(qdir)
     fused = _fused(stored)
-    model = stored_model(fused)
+    model = meta_model(fused)
     plan = weightplan.explain(model, qdir, mapping="qwen3_moe")
     text = str(plan)
     assert not plan.problems and not plan.missing and not plan.unexpected, text
@@ -169,4 +154,4 @@ def test_modelopt_scalar_scales_cannot_be_concatenated(tmp_path):
     stored = _file_tensors(qdir)
     fused = _fused({k: v.reshape(1) if v.dim() == 0 else v for k, v in stored.items()})
     with pytest.raises(OpError, match=r"gate_up_proj_scale_2 .*dim 1 is out of range"):
-        weightplan.explain(stored_model(fused), qdir, mapping="qwen3_moe")
+        weightplan.explain(meta_model(fused), qdir, mapping="qwen3_moe")
