@@ -36,7 +36,7 @@ def random_bits(shape, dtype, seed):
 
 def same_bits(a, b):
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
-        a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+        a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
 
 
 def block_tensors(name, layers, experts, dims, dtype, seed):

@@ -166,12 +166,8 @@ def explain_convert(source: object, directory: str | os.PathLike[str], *, mappin
         mapping: a registered name or a list of transforms; ``None``: the ``model_type``
             of the ``config.json`` next to ``source``. That config and the generation
             config are copied next to the shards, so the output is a model directory
-            ``from_pretrained`` loads. A quantized checkpoint's stored tensors (packed
-            bytes, scales, zero points, global scales) follow the mapping as they are,
-            each under its own suffix, merged like their weights (ModelOpt's ``()``
-            ``weight_scale_2`` stacked as ``(E, 1)`` / ``(E, 2)`` grids); its
-            ``hf_quant_config.json`` is copied along; ``reverse`` gives them back bit for
-            bit.
+            ``from_pretrained`` loads. Quantized tensors follow the mapping as stored,
+            merged like their weights (``hf_quant_config.json`` copied along).
         reverse: ``False`` applies ``mapping`` (with the legacy renames) as a load would;
             ``True`` applies its inverse (a saved model's layout back to the original one).
         max_shard_size: bytes per shard (``"5GB"``); a bigger tensor gets its own shard.
