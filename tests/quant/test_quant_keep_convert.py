@@ -91,3 +91,20 @@ def test_convert_refuses_splitting_a_global_scale(tmp_path):
         operations=[Chunk(0, sizes=(128, 64, 64))])
     with pytest.raises(OpError, match=r"weight_scale_2"):
         weightplan.convert(fused, [split])
+
+
+def test_save_of_an_unloaded_fused_model_gives_modelopt_scalars_back(tmp_path):
+    """A fused model weightplan never loaded (no record), saved with the mapping's
+    inverse: its ``(E, 2)`` / ``(E, 1)`` global scales split back into each expert's
+    ``()`` ``weight_scale_2`` (ModelOpt's own shape), every tensor bit for bit."""
+    from tests.hostile.helpers import meta_model
+
+    qdir, _ = quantized_checkpoint(tmp_path, "modelopt")
+    stored = _file_tensors(qdir)
+    fused = _fused(_as_grids(stored))
+    model = meta_model(fused).to_empty(device="cpu")
+    with torch.no_grad():
+        for key, t in model.state_dict().items():
+            t.copy_(fused[key])
+    weightplan.save(model, tmp_path / "saved", mapping="qwen3_moe")
+    _same(_file_tensors(tmp_path / "saved"), stored)
