@@ -1,6 +1,6 @@
 """Property tests: every transform has an exact inverse.
 
-Random mappings (fused and stacked experts, uneven-free chunks, transposes, RoPE
+Random mappings (fused and stacked experts, their ``()`` per-tensor scales, uneven-free chunks, transposes, RoPE
 permutations, conv reshapes, splits, op chains, renames with groups, prefix changes,
 scopes, legacy names) over random dtypes (bf16, fp16, fp8 e4m3, ints, f32) and shapes:
 ``revert(convert(x)) == x`` bit for bit, and on disk ``save(load(ckpt)) == ckpt``.
@@ -36,7 +36,7 @@ def random_bits(shape, dtype, seed):
 
 def same_bits(a, b):
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
-        a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+        a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
 
 
 def block_tensors(name, layers, experts, dims, dtype, seed):
@@ -63,6 +63,10 @@ def block_tensors(name, layers, experts, dims, dtype, seed):
         elif name == "chain":
             for e in range(experts):
                 out[f"{p}.chain.{e}.p"] = (a, b)
+        elif name == "scales":  # ModelOpt's per-tensor () global scales, per expert
+            for e in range(experts):
+                out[f"{p}.moe.experts.{e}.g.weight_scale_2"] = ()
+                out[f"{p}.moe.experts.{e}.u.weight_scale_2"] = ()
         elif name == "plain":
             out[f"{p}.norm.weight"] = (b,)
         elif name == "legacy":
@@ -85,6 +89,8 @@ CONVERTERS = {
     "split": lambda hd: WeightConverter(r"packed\.weight", "packed.*.item", [SplitModulelist(0)]),
     "chain": lambda hd: WeightConverter(r"chain\.*\.p", "chain.stacked",
                                         [MergeModulelist(0), Transpose(1, 2)]),
+    "scales": lambda hd: WeightConverter([".experts.*.g.weight", ".experts.*.u.weight"],
+                                         ".experts.gu", [MergeModulelist(0), Concatenate(1)]),
     "conv": lambda hd: WeightConverter(r"patch\.conv\.weight", "patch.proj.weight",
                                        [Conv3dToLinear(2, (2, 1, 2))]),
 }

@@ -1,13 +1,14 @@
 """Conversion ops (public import path: ``from weightplan.ops import Chunk, ...``)."""
 
 from weightplan.planner.core.ops import (
-    BlockDiagonal, BlockDiagonalSplit, Chunk, Concatenate, ConversionOp, Conv3dToLinear, Flatten,
-    LinearToConv3d, MergeModulelist, OpContext, Permute, PermuteForRope, SplitModulelist,
-    TensorwiseOp, Transpose, Unflatten,
+    BlockDiagonal, BlockDiagonalSplit, Chunk, Collapse, Concatenate, ConversionOp, Conv3dToLinear,
+    Expand, Flatten, LinearToConv3d, MergeModulelist, OpContext, Permute, PermuteForRope, Reshape,
+    SplitModulelist, TensorwiseOp, Transpose, Unflatten,
 )
 
 __all__ = [
     "ConversionOp", "OpContext", "TensorwiseOp", "Chunk", "Concatenate", "MergeModulelist",
     "SplitModulelist", "Transpose", "PermuteForRope", "Conv3dToLinear", "LinearToConv3d",
-    "BlockDiagonal", "BlockDiagonalSplit", "Permute", "Flatten", "Unflatten",
+    "BlockDiagonal", "BlockDiagonalSplit", "Permute", "Flatten", "Unflatten", "Reshape",
+    "Collapse", "Expand",
 ]

@@ -196,3 +196,41 @@ def test_op_reprs_hide_resolved_fields():
     assert repr(Chunk(0)) == "Chunk(dim=0)"
     assert repr(PermuteForRope(head_dim=64)) == "PermuteForRope(head_dim=64)"
     assert repr(Transpose(1, 2)) == "Transpose(dim0=1, dim1=2)"
+
+
+def test_reshape_views_and_inverts():
+    from weightplan.ops import Reshape
+
+    scalars = ((torch.tensor(2.5), torch.tensor(-0.0)),)
+    out, back = check(Reshape((1,)), scalars, expect_place=False)
+    assert [tuple(t.shape) for t in out[0]] == [(1,), (1,)]
+    assert all(torch.equal(a.view(torch.int32), b.view(torch.int32))
+               for a, b in zip(back[0], scalars[0], strict=True)) and back[0][0].shape == ()
+    grid = ((r(4, 1),),)
+    out, back = check(Reshape((4,)), grid, expect_place=False)
+    assert torch.equal(out[0][0], grid[0][0].reshape(4)) and torch.equal(back[0][0], grid[0][0])
+    with pytest.raises(OpError, match="elements"):
+        Reshape((3,)).resolve(ctx(), specs_of(grid))
+    with pytest.raises(OpError, match="disagree"):
+        Reshape((1,)).resolve(ctx(), specs_of(((torch.zeros(()), torch.zeros(1)),)))
+
+
+def test_collapse_takes_one_of_equal_values_and_expands_back():
+    from weightplan.ops import Collapse, Expand
+
+    same = ((torch.full((4, 2), 3.0e-5),),)
+    out, back = check(Collapse(()), same, expect_place=False)
+    assert out[0][0].shape == () and out[0][0].item() == same[0][0][0, 0].item()
+    assert torch.equal(back[0][0], same[0][0])
+    out, back = check(Expand((4, 2)), ((torch.tensor(1.5),),), expect_place=False)
+    assert torch.equal(out[0][0], torch.full((4, 2), 1.5)) and back[0][0].shape == ()
+    differ = ((torch.tensor([[1.0, 1.0], [1.0, 2.0]]),),)
+    resolved, _ = Collapse(()), None
+    resolved = resolved.resolve(ctx(), specs_of(differ))
+    with pytest.raises(OpError, match="values differ"):
+        resolved.forward(differ)
+    signed = ((torch.tensor([0.0, -0.0]),),)  # equal as numbers, not bit for bit
+    with pytest.raises(OpError, match="values differ"):
+        Collapse(()).resolve(ctx(), specs_of(signed)).forward(signed)
+    with pytest.raises(OpError, match="one element"):
+        Collapse((2,)).resolve(ctx(), specs_of(same))

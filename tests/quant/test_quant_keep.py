@@ -144,14 +144,103 @@ def test_keep_quantized_through_merges(tmp_path, kind):
         assert tuple(again[key].shape) == tuple(want.shape) and _bits(again[key]) == _bits(want), key
 
 
-def test_modelopt_scalar_scales_cannot_be_concatenated(tmp_path):
-    """ModelOpt's ``weight_scale_2`` is a scalar per weight: stacked over experts it is
-    ``[E]``, and gate/up can't be concatenated along an output dim it hasn't — a typed
-    error at plan time naming the target, not a guess."""
-    from weightplan.errors import OpError
+def _as_grids(stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The experts' ``()`` scalars as ``(1,)`` grids (what merges them; others as they are)."""
+    return {k: v.reshape(1) if v.dim() == 0 and ".experts." in k else v for k, v in stored.items()}
+
+
+def _scale_2_layout(fused: dict[str, torch.Tensor], layout: str) -> dict[str, torch.Tensor]:
+    """The fused model's ``*_scale_2`` as ``layout`` holds them from the ``(E, 2)`` /
+    ``(E, 1)`` grid: ``"grid"`` as is, ``"vllm"`` the down one ``(E,)``, ``"scalar"``
+    one ``()`` for all."""
+    out = dict(fused)
+    for key, t in fused.items():
+        if key.endswith("_scale_2") and ".experts." in key:
+            if layout == "vllm" and t.shape[-1] == 1:
+                out[key] = t.reshape(t.shape[0])
+            elif layout == "scalar":
+                out[key] = t.reshape(-1)[0].clone()
+    return out
+
+
+def _modelopt_keep(tmp_path, qdir, layout: str) -> None:
+    """Load ``qdir`` (ModelOpt NVFP4, per expert) into a fused model whose global scales
+    follow ``layout``; every tensor bit-equal; save back the per-expert ``()`` scalars."""
+    stored = _file_tensors(qdir)
+    grid = _fused(_as_grids(stored))
+    fused = _scale_2_layout(grid, layout)
+    assert any(k.endswith("gate_up_proj_scale_2") for k in fused)
+    model = meta_model(fused)
+    plan = weightplan.explain(model, qdir, mapping="qwen3_moe")
+    text = str(plan)
+    assert not plan.problems and not plan.missing and not plan.unexpected, text
+    assert "kept as stored" in text.splitlines()[0], text
+    plan.execute()
+    state = model.state_dict()
+    for key, want in fused.items():
+        assert tuple(state[key].shape) == tuple(want.shape), key
+        assert state[key].dtype == want.dtype and _bits(state[key]) == _bits(want), key
+    weightplan.save(model, tmp_path / f"saved-{layout}")
+    again = _file_tensors(tmp_path / f"saved-{layout}")
+    assert sorted(again) == sorted(stored)
+    for key, want in stored.items():
+        assert tuple(again[key].shape) == tuple(want.shape), key
+        assert again[key].dtype == want.dtype and _bits(again[key]) == _bits(want), key
+
+
+@pytest.mark.parametrize("layout", ["grid", "vllm"])
+def test_modelopt_scale_2_per_expert(tmp_path, layout):
+    """ModelOpt's ``weight_scale_2`` is a ``()`` scalar per weight, and the experts' differ:
+    merged like their weights, as ``(1,)`` grids, they are ``(E, 2)`` for gate/up and
+    ``(E, 1)`` for down (compressed-tensors' fused layout), or ``(E,)`` (vLLM's
+    ``w2_weight_scale_2``): each expert's own scalar, loaded and saved back bit for bit."""
+    qdir, _ = quantized_checkpoint(tmp_path, "modelopt")
+    scales = [v for k, v in _file_tensors(qdir).items() if k.endswith("experts.0.gate_proj.weight_scale_2")
+              or k.endswith("experts.1.gate_proj.weight_scale_2")]
+    assert len({_bits(v) for v in scales}) > 1  # (the fixture's experts differ)
+    _modelopt_keep(tmp_path, qdir, layout)
+
+
+def _equal_scale_2(tmp_path, qdir):
+    """``qdir`` with every expert's ``weight_scale_2`` of a layer set to that layer's
+    first one (a checkpoint whose global scales are shared)."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    out = tmp_path / "equal"
+    shutil.copytree(qdir, out)
+    tensors = _file_tensors(qdir)
+    first: dict[str, torch.Tensor] = {}
+    for key in sorted(tensors):
+        if ".experts." in key and key.endswith("weight_scale_2"):
+            layer = key.split(".experts.")[0]
+            tensors[key] = first.setdefault(layer, tensors[key]).clone()
+    save_file(tensors, str(out / "model.safetensors"))
+    return out
+
+
+def test_modelopt_scale_2_one_for_all_experts(tmp_path):
+    """A fused model holding one ``()`` global scale for all experts: loaded when every
+    expert's is the same bit for bit (read at plan time), saved back per expert."""
+    qdir, _ = quantized_checkpoint(tmp_path, "modelopt")
+    _modelopt_keep(tmp_path, _equal_scale_2(tmp_path, qdir), "scalar")
+
+
+def test_modelopt_scale_2_one_for_all_refused_when_they_differ(tmp_path):
+    """The same model on the original checkpoint (the experts' scalars differ): a
+    quantization problem naming the target and the tensors, before a byte is loaded;
+    ``execute`` refuses it."""
+    from weightplan.errors import PlanError
 
     qdir, _ = quantized_checkpoint(tmp_path, "modelopt")
     stored = _file_tensors(qdir)
-    fused = _fused({k: v.reshape(1) if v.dim() == 0 else v for k, v in stored.items()})
-    with pytest.raises(OpError, match=r"gate_up_proj_scale_2 .*dim 1 is out of range"):
-        weightplan.explain(meta_model(fused), qdir, mapping="qwen3_moe")
+    fused = _scale_2_layout(_fused(_as_grids(stored)), "scalar")
+    plan = weightplan.explain(meta_model(fused), qdir, mapping="qwen3_moe")
+    keys = {p.key for p in plan.problems}
+    assert "model.layers.0.mlp.experts.gate_up_proj_scale_2" in keys, str(plan)
+    assert "model.layers.1.mlp.experts.down_proj_scale_2" in keys, str(plan)
+    text = " ".join(p.message for p in plan.problems)
+    assert "experts.0.gate_proj.weight_scale_2=" in text and "differ" in text, text
+    with pytest.raises(PlanError):
+        plan.execute()

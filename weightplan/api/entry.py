@@ -166,7 +166,8 @@ def explain_convert(source: object, directory: str | os.PathLike[str], *, mappin
         mapping: a registered name or a list of transforms; ``None``: the ``model_type``
             of the ``config.json`` next to ``source``. That config and the generation
             config are copied next to the shards, so the output is a model directory
-            ``from_pretrained`` loads.
+            ``from_pretrained`` loads. Quantized tensors follow the mapping as stored,
+            merged like their weights (``hf_quant_config.json`` copied along).
         reverse: ``False`` applies ``mapping`` (with the legacy renames) as a load would;
             ``True`` applies its inverse (a saved model's layout back to the original one).
         max_shard_size: bytes per shard (``"5GB"``); a bigger tensor gets its own shard.
@@ -198,7 +199,7 @@ def explain_convert(source: object, directory: str | os.PathLike[str], *, mappin
     data = explain_convert_plan(source, directory, mapping=by_name(mapping), reverse=reverse,
                                 max_shard_size=max_shard_size, overwrite=overwrite,
                                 threads=threads, dequantize=dequantize, to=to)
-    companions = companion_files(source)
+    companions = companion_files(source, quantized=not dequantize and to is None)
     check_companions(companions, directory, overwrite)
     return dataclasses.replace(promote(WritePlan, data), companions=companions,
                                dequantized=dequantize, reencoded=to)

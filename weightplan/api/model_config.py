@@ -103,12 +103,18 @@ def source_directory(source: object) -> Path | None:
     return path if path.is_dir() else path.parent
 
 
-def companion_files(source: object) -> tuple[Path, ...]:
-    """The model's ``config.json`` and generation config next to a checkpoint on disk."""
+QUANT_COMPANIONS = ("hf_quant_config.json",)  # ModelOpt's description of its quantized tensors
+
+
+def companion_files(source: object, *, quantized: bool = False) -> tuple[Path, ...]:
+    """The model's ``config.json`` and generation config next to a checkpoint on disk;
+    ``quantized``: also ModelOpt's ``hf_quant_config.json`` (a copy that keeps the
+    quantized tensors as they are)."""
     directory = source_directory(source)
     if directory is None:
         return ()
-    return tuple(directory / name for name in COMPANIONS if (directory / name).is_file())
+    names = COMPANIONS + QUANT_COMPANIONS if quantized else COMPANIONS
+    return tuple(directory / name for name in names if (directory / name).is_file())
 
 
 def config_model_type(source: object) -> str | None:

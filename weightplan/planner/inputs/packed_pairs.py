@@ -341,6 +341,22 @@ class SmallReader:
                                     f"({entry.spec})", file=entry.file, key=entry.key)
         return list(struct.unpack(f"<{entry.spec.numel}{code}", data))
 
+    def raw(self, entry: TensorEntry) -> bytes:
+        """A small tensor's bytes as stored (a per-tensor scale's 4: compared bit for bit)."""
+        if entry.file is None:
+            assert self.tensors is not None
+            t = self.tensors[entry.key].detach().contiguous().reshape(-1)
+            return t.view(torch.uint8).numpy().tobytes()
+        fd = self.handles.get(entry.file)
+        if fd is None:
+            fd = self.handles[entry.file] = os.open(entry.file, os.O_RDONLY)
+        data = os.pread(fd, entry.nbytes, entry.offset)
+        if len(data) != entry.nbytes:
+            from weightplan.errors import QuantizationError
+            raise QuantizationError(f"{entry.key} is cut short ({entry.spec})", file=entry.file,
+                                    key=entry.key)
+        return data
+
     def __enter__(self) -> "SmallReader":
         return self
 

@@ -9,11 +9,17 @@ sorted by their first index, their indices joined. Where that is not ``0..n-1`` 
 that interleave, a gap, a repeat) :func:`_ordered` sorts the stream's routes one by one,
 and names the gap or the repeat. Groups come in the order of their first key (natural
 order), and the first bad group in that order raises.
+
+A converter whose sources are all ``()`` per-tensor scales (:data:`PER_TENSOR`: ModelOpt's
+``weight_scale_2``, …) merges them like their weights: as the ``(1,)`` per-tensor grid
+compressed-tensors stores (:func:`as_grids`: ``Reshape((1,))`` first), so E experts
+stack to ``(E, 1)`` and gate/up concatenate along the output dim to ``(E, 2)``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from itertools import chain
 from operator import itemgetter
 
@@ -86,7 +92,30 @@ def _converter_group(route: Route, streams: list[list[Run]], entries: Mapping[st
     _check_counts(converter, [routes for routes, _ in ordered], targets)
     sources = tuple(itemgetter(*keys)(entries) if len(keys) > 1 else (entries[keys[0]],)
                     for _, keys in ordered)
-    return Group(converter, sources, tuple(tuple(routes) for routes, _ in ordered), targets)
+    return as_grids(Group(converter, sources, tuple(tuple(routes) for routes, _ in ordered),
+                          targets))
+
+
+# the stored names of per-tensor scales (one value for the whole weight)
+PER_TENSOR = (".weight_scale_2", ".weight_global_scale", ".input_scale", ".input_global_scale",
+              ".weight_scale")
+
+
+def per_tensor(group: Group, shapes: tuple[tuple[int, ...], ...] = ((),)) -> bool:
+    """Whether ``group`` is a converter's over per-tensor scales of ``shapes`` only."""
+    return group.converter is not None and all(
+        e.spec.shape in shapes and e.key.endswith(PER_TENSOR) for e in group.entries)
+
+
+def as_grids(group: Group) -> Group:
+    """``group``, its ``()`` per-tensor scales taken as ``(1,)`` grids by the converter
+    (see the module docstring)."""
+    if group.converter is None or group.sources[0][0].spec.shape or not per_tensor(group):
+        return group
+    from weightplan.planner.core.ops.layout import Reshape
+
+    return replace(group, converter=replace(
+        group.converter, operations=(Reshape((1,)), *group.converter.operations)))
 
 
 def _converter(route: Route) -> WeightConverter:

@@ -38,7 +38,7 @@ def with_fp8_findings(findings: Findings, quant: QuantContext | None,
             continue  # float8 bytes copied into a float8 tensor: nothing to scale
         else:
             problems.append(Problem(ProblemKind.QUANTIZATION, p.key, f"{p.kind.value}: {p.message}"))
-    problems += [Problem(ProblemKind.QUANTIZATION, key, f"can't keep FP8: {message}")
+    problems += [Problem(ProblemKind.QUANTIZATION, key, message)
                  for key, message in kept_problems]
     if quant.model is not None:
         problems += [Problem(ProblemKind.QUANTIZATION, name,

@@ -19,6 +19,7 @@ import torch
 from weightplan.errors import MappingError, ParallelError, PlanError
 from weightplan.planner.core.paused_gc import paused_gc
 from weightplan.planner.core.problems import Problem, ProblemKind
+from weightplan.planner.core.spec import TensorSpec
 from weightplan.planner.pipelines.findings import Findings, collect_findings
 from weightplan.planner.inputs.checkpoint import Checkpoint, open_checkpoint
 from weightplan.planner.inputs.device import parse_device
@@ -263,10 +264,14 @@ def _convert(ckpt: Checkpoint, transforms: tuple[WeightTransform, ...], info: Mo
     if regroup is not None:
         routing = regroup(routing)
     groups = routing.groups
+    packed_problems: tuple[tuple[str, str], ...] = ()
     if quant is not None and quant.packed is not None and info is not None:
+        from weightplan.planner.inputs.packed_pairs import SmallReader
         from weightplan.planner.tensors.ir.packed_keep import kept_groups  # (packed only)
 
-        groups = kept_groups(groups, quant.packed, _dtype_of(info), ckpt.entries.get)
+        with SmallReader(ckpt.tensors) as small:
+            groups, packed_problems = kept_groups(groups, quant.packed, _spec_of(info),
+                                                  ckpt.entries.get, small.raw)
     conversions = build_conversions(groups, info, options.dtype, SinkKind.MODEL, quant,
                                     sharding)
     if quant is None:  # (nor a scale sibling)
@@ -275,15 +280,16 @@ def _convert(ckpt: Checkpoint, transforms: tuple[WeightTransform, ...], info: Mo
 
     conversions, kept_problems = add_scale_conversions(conversions, quant, info,
                                                         sharding=sharding)
-    return routing, conversions, kept_problems
+    fp8 = tuple((key, f"can't keep FP8: {message}") for key, message in kept_problems)
+    return routing, conversions, fp8 + packed_problems
 
 
-def _dtype_of(info: ModelInfo) -> Callable[[str], torch.dtype | None]:
-    """The model's dtype of a name (``None``: no such tensor)."""
-    def dtype(name: str) -> torch.dtype | None:
+def _spec_of(info: ModelInfo) -> Callable[[str], TensorSpec | None]:
+    """The model's spec of a name (``None``: no such tensor)."""
+    def spec(name: str) -> TensorSpec | None:
         t = info.get(name)
-        return None if t is None else t.spec.dtype
-    return dtype
+        return None if t is None else t.spec
+    return spec
 
 
 def _quant_context(checkpoint: object, ckpt: Checkpoint, info: ModelInfo | None,

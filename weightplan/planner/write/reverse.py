@@ -88,11 +88,16 @@ def derived_groups(transforms: Sequence[WeightTransform], source: Checkpoint) ->
         raise SaveError(f"the inverse mapping can't collect the model's tensors: {e}") from e
     groups = tuple(Group(g.converter, g.sources, g.routes, g.targets, None, renamings)
                    for g in _complete(routing, "inverse ").groups)
+    if any(t.endswith(".weight_scale_2") for g in groups for t in g.targets):
+        from weightplan.planner.tensors.ir.packed_keep import modelopt_scalars
+
+        groups = modelopt_scalars(groups)  # (ModelOpt's global scales back to its ``()``)
     return ReverseGroups(groups, None, ())
 
 
 def forward_groups(choice: MappingChoice, ckpt: Checkpoint) -> ReverseGroups:
-    """The mapping (with the legacy renames) routed forward, as a load would, without a model."""
+    """The mapping (with the legacy renames) routed forward, as a load would, without a
+    model (stored quantized tensors follow it as they are, each role by its own key)."""
     return ReverseGroups(_complete(route_checkpoint(ckpt, with_legacy(choice.transforms),
                                                     None)).groups, None, ())
 

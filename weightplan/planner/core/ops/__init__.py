@@ -15,7 +15,9 @@ if TYPE_CHECKING:
     from weightplan.planner.core.ops.joins import (
         Chunk, Concatenate, MergeModulelist, SplitModulelist,
     )
-    from weightplan.planner.core.ops.layout import Flatten, Permute, Unflatten
+    from weightplan.planner.core.ops.layout import (
+        Collapse, Expand, Flatten, Permute, Reshape, Unflatten,
+    )
     from weightplan.planner.core.ops.reshape import (
         Conv3dToLinear, LinearToConv3d, PermuteForRope, Transpose,
     )
@@ -25,7 +27,8 @@ _MODULES = {
     **dict.fromkeys(("ConversionOp", "OpContext", "Streams", "TensorwiseOp"), "base"),
     **dict.fromkeys(("BlockDiagonal", "BlockDiagonalSplit"), "blocks"),
     **dict.fromkeys(("Chunk", "Concatenate", "MergeModulelist", "SplitModulelist"), "joins"),
-    **dict.fromkeys(("Flatten", "Permute", "Unflatten"), "layout"),
+    **dict.fromkeys(("Collapse", "Expand", "Flatten", "Permute", "Reshape", "Unflatten"),
+                    "layout"),
     **dict.fromkeys(("Conv3dToLinear", "LinearToConv3d", "PermuteForRope", "Transpose"),
                     "reshape"),
 }
@@ -34,7 +37,8 @@ __all__ = [
     "ConversionOp", "OpContext", "Streams", "TensorwiseOp",
     "Chunk", "Concatenate", "MergeModulelist", "SplitModulelist",
     "Transpose", "PermuteForRope", "Conv3dToLinear", "LinearToConv3d",
-    "BlockDiagonal", "BlockDiagonalSplit", "Permute", "Flatten", "Unflatten",
+    "BlockDiagonal", "BlockDiagonalSplit", "Permute", "Flatten", "Unflatten", "Reshape",
+    "Collapse", "Expand",
 ]
 
 

@@ -1,4 +1,5 @@
-"""Ops that rearrange axes of one tensor at a time: Permute, Flatten, Unflatten.
+"""Ops that rearrange axes of one tensor at a time: Permute, Flatten, Unflatten, Reshape;
+and a per-tensor value between one and many copies: Collapse, Expand.
 
 peft packs a fused expert parameter's LoRA factors into 2-d weights: ``lora_A`` as
 ``(E·r, in)`` (expert axis slowest: ``Flatten(0, 1)`` of ``(E, r, in)``) and ``lora_B``
@@ -11,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+
+import torch
 
 from weightplan.errors import OpError
 from weightplan.planner.core.ops.base import TensorwiseOp, normalize_dim
@@ -123,3 +126,121 @@ class Unflatten(TensorwiseOp):
         if d < 0:
             raise OpError(f"{self!r}: its inverse needs a non-negative dim")
         return Flatten(d, d + len(self.sizes) - 1, sizes=self.sizes)
+
+
+@dataclass(frozen=True, repr=False)
+class Reshape(TensorwiseOp):
+    """Give every tensor the shape ``shape`` (same elements, same order: a view).
+
+    Per-tensor values move between layouts with it: a ModelOpt ``weight_scale_2`` of
+    ``()`` is the ``(1,)`` per-tensor grid compressed-tensors stores, and a stack of them
+    ``(E, 1)`` is the ``(E,)`` a fused model may hold. Inverse: ``Reshape`` back to the
+    inputs' shape (recorded when the plan resolves, or pinned with ``source=``).
+    """
+
+    allocates = False
+
+    shape: tuple[int, ...] = ()
+    source: tuple[int, ...] | None = field(default=None, kw_only=True)
+
+    def resolve(self, ctx, inputs):
+        found = self.source
+        for stream in inputs:
+            for spec in stream:
+                self.infer_one(spec, 0)
+                if found is not None and tuple(spec.shape) != found:
+                    raise OpError(f"{self!r}: inputs disagree on their shape ({list(spec.shape)} "
+                                  f"vs {list(found)}); its inverse needs one")
+                found = tuple(spec.shape)
+        return dataclasses.replace(self, source=found)
+
+    def forward_one(self, tensor, stream):
+        return tensor.reshape(self.shape)
+
+    def infer_one(self, spec, stream):
+        if math.prod(spec.shape) != math.prod(self.shape):
+            raise OpError(f"{self!r}: {list(spec.shape)} has {math.prod(spec.shape)} elements, "
+                          f"{list(self.shape)} needs {math.prod(self.shape)}")
+        return TensorSpec(tuple(self.shape), spec.dtype)
+
+    def inverse(self) -> "Reshape":
+        if self.source is None:
+            raise OpError(f"{self!r} is not resolved: its inverse needs the inputs' shape")
+        return Reshape(self.source, source=tuple(self.shape))
+
+
+@dataclass(frozen=True, repr=False)
+class Collapse(TensorwiseOp):
+    """A tensor whose elements are all one value (bit for bit) → that value, of ``shape``
+    (one element): one global scale for all experts, when every expert's is the same.
+
+    Only exact when they are equal: the planner checks the values before it adds the op,
+    and the kernel checks them again (a tensor of different values is an error, never a
+    pick). Inverse: :class:`Expand` to the inputs' shape (recorded at resolve).
+    """
+
+    shape: tuple[int, ...] = ()
+    source: tuple[int, ...] | None = field(default=None, kw_only=True)
+
+    def resolve(self, ctx, inputs):
+        found = self.source
+        for stream in inputs:
+            for spec in stream:
+                self.infer_one(spec, 0)
+                if found is not None and tuple(spec.shape) != found:
+                    raise OpError(f"{self!r}: inputs disagree on their shape ({list(spec.shape)} "
+                                  f"vs {list(found)}); its inverse needs one")
+                found = tuple(spec.shape)
+        return dataclasses.replace(self, source=found)
+
+    def forward_one(self, tensor, stream):
+        flat = tensor.reshape(-1)
+        if tensor.device.type != "meta" and flat.numel() and not uniform(flat):
+            raise OpError(f"{self!r}: the values differ ({flat[:4].tolist()}…); one value "
+                          "can't stand for them")
+        return flat[:1].clone().reshape(self.shape)
+
+    def infer_one(self, spec, stream):
+        if math.prod(self.shape) != 1 or math.prod(spec.shape) < 1:
+            raise OpError(f"{self!r}: collapses a non-empty tensor to one element, not "
+                          f"{list(spec.shape)} → {list(self.shape)}")
+        return TensorSpec(tuple(self.shape), spec.dtype)
+
+    def inverse(self) -> "Expand":
+        if self.source is None:
+            raise OpError(f"{self!r} is not resolved: its inverse needs the inputs' shape")
+        return Expand(self.source)
+
+
+@dataclass(frozen=True, repr=False)
+class Expand(TensorwiseOp):
+    """A one-element tensor repeated to ``shape`` (a fresh tensor). Inverse:
+    :class:`Collapse` to the one-element input's shape."""
+
+    shape: tuple[int, ...] = ()
+    source: tuple[int, ...] | None = field(default=None, kw_only=True)
+
+    def resolve(self, ctx, inputs):
+        found = self.source
+        for stream in inputs:
+            for spec in stream:
+                self.infer_one(spec, 0)
+                found = tuple(spec.shape)
+        return dataclasses.replace(self, source=found)
+
+    def forward_one(self, tensor, stream):
+        return tensor.reshape(()).expand(self.shape).clone()
+
+    def infer_one(self, spec, stream):
+        if math.prod(spec.shape) != 1:
+            raise OpError(f"{self!r} repeats a one-element tensor, not {list(spec.shape)}")
+        return TensorSpec(tuple(self.shape), spec.dtype)
+
+    def inverse(self) -> Collapse:
+        return Collapse(self.source if self.source is not None else (), source=tuple(self.shape))
+
+
+def uniform(flat: torch.Tensor) -> bool:
+    """Whether every element of the 1-d ``flat`` has the first one's bits."""
+    bits = flat.contiguous().view(torch.uint8).reshape(flat.numel(), -1)
+    return bool((bits == bits[:1]).all())
