@@ -8,7 +8,8 @@ Per job and rank, a load is dumped to ``OUT/<fixture>.<how><N>.rank<r>.pt``, HOW
 - ``ep``: the same with ``experts="ep"`` on a mesh passed as ``mesh=``;
 - ``coop`` / ``coopep``: as ``wp`` / ``ep`` (default group), cooperative: each replicated
   tensor read by one rank and broadcast (``"__storage__"``: the bytes this rank requested
-  from storage, the checkpoint's bytes, the bytes it sent and received);
+  from storage, the checkpoint's bytes, the bytes it sent and received; ``"__spans__"``:
+  its reads that request more bytes than they need, see :func:`spans`);
 - ``hf``: a model prepared by transformers' own TP utilities (meta ``DTensor`` parameters
   and forward hooks), loaded by ``weightplan.explain(model, dir, tp="auto")``; its logits
   on a fixed prompt go under ``"__logits__"`` (the TP forward runs through transformers).
@@ -62,6 +63,24 @@ def dump(model, report) -> dict:
     return out
 
 
+def spans(plan) -> list[tuple[str, int, int, int, int, int]]:
+    """The reads of a rank's plan that request more than they need: ``(key, bytes
+    requested, bytes needed, run bytes, runs, span bytes)``, the runs being the row
+    segments the read's region is made of (see weightplan's ``lower/strided.py``)."""
+    from weightplan.planner.tensors.lower.strided import byte_runs, span_bytes
+
+    out = []
+    for step in plan.schedule.steps:
+        for read in step.reads:
+            if read.layout.requested > read.needed_bytes:
+                spec = read.entry.spec
+                runs = byte_runs(tuple(spec.shape), spec.dtype.itemsize, read.region.starts,
+                                 read.region.stops)
+                out.append((read.entry.key, read.layout.requested, read.needed_bytes,
+                            runs.run, runs.count, span_bytes(runs)))
+    return out
+
+
 def _parallel(how: str, world: int):
     if how == "hf":
         return "auto"
@@ -84,6 +103,7 @@ def main() -> None:
         if plan.exchange is not None:
             record["__storage__"] = (report.bytes_read, plan.checkpoint.nbytes,
                                      plan.exchange.network_bytes)
+            record["__spans__"] = spans(plan)
         if how == "hf":
             with torch.no_grad():
                 record["__logits__"] = model(PROMPT).logits.detach()

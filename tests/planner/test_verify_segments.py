@@ -110,6 +110,9 @@ def test_steps_run_twice_or_outside_the_graph_are_refused():
     segments = graph_holds(graph.nodes)
     assert release_holds(segments, steps)
     assert not release_holds(segments, [steps[0], steps[0]])
+    # a graph of distinct nodes (PlanGraph.of's): each step's own segment is enough
+    assert graph.distinct and release_holds(segments, steps, graph.distinct)
+    assert not release_holds(segments, [steps[0], steps[0]], graph.distinct)
     assert "would be released twice" in check(graph, [steps[0]] * 2, ckpt)[0]
     other = stacks(3)[1][2]  # a step of a conversion that is not in the graph
     assert not release_holds(segments, [steps[0], other])

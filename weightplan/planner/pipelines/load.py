@@ -105,6 +105,9 @@ class Common:
     sharding: Sharding | None
     automatic: AutomaticRequest | None
     lowered: Lowered = field(default_factory=Lowered)  # the steps the ranks share
+    # ``sharding``'s rank's conversions (:func:`shard_conversion`); a conversion no rank
+    # changes is the common one itself (``None``: not tensor parallel)
+    ranked: tuple[Conversion, ...] | None = None
     dequantize_on: str = "auto"  # FP8 dequantizes sided (dequant_side.py)
     quantized: bool = False  # the checkpoint or the model has FP8 / packed weights
 
@@ -141,9 +144,11 @@ def prepare_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     findings = _with_mapping_findings(findings, choice,
                                       looked_up=mapping is None and model is not None)
     findings = _with_parallel_findings(findings, sharding)
+    ranked = None if sharding is None else tuple(shard_conversion(c, sharding)
+                                                 for c in conversions)
     return Common(model, ckpt, options, info, choice, transforms, routing, conversions,
                   findings, sharding, automatic, dequantize_on=dequantize_on,
-                  quantized=quant is not None)
+                  quantized=quant is not None, ranked=ranked)
 
 
 @paused_gc
@@ -154,7 +159,7 @@ def rank_plan(common: Common, sharding: Sharding | None) -> LoadPlanData:
     conversions = common.conversions
     share = None
     if sharding is not None:
-        conversions = tuple(shard_conversion(c, sharding) for c in conversions)
+        conversions = _rank_conversions(common, sharding)
         if sharding.cooperative:  # (its module only then)
             from weightplan.planner.pipelines.cooperative import sharer
 
@@ -176,6 +181,19 @@ def rank_plan(common: Common, sharding: Sharding | None) -> LoadPlanData:
                         conversions, graph, schedule, options, common.model, common.info,
                         common.routing, findings, sharding,
                         None if share is None else share.exchange)
+
+
+def _rank_conversions(common: Common, sharding: Sharding) -> tuple[Conversion, ...]:
+    """The conversions as ``sharding``'s rank keeps them (:func:`shard_conversion`).
+    Whether a rank changes a conversion doesn't depend on the rank (a target is kept whole
+    by every rank, or each rank keeps its part: :func:`~weightplan.planner.tensors.ir.
+    shard_nodes.shard_target`), so another rank shards again only the conversions that
+    ``common.sharding``'s rank changed."""
+    assert common.ranked is not None
+    if sharding is common.sharding:
+        return common.ranked
+    return tuple(c if mine is c else shard_conversion(c, sharding)
+                 for c, mine in zip(common.conversions, common.ranked, strict=True))
 
 
 def _sided(options: PlanOptions, schedule: Schedule, mode: str

@@ -40,7 +40,8 @@ def plan_ranks(model: torch.nn.Module, checkpoint: object, tp: TensorParallel, *
     first = dataclasses.replace(tp, mesh=None, world_size=world, rank=planned[0])
     common = prepare_load(model, checkpoint, tp=first, **explain)  # type: ignore[arg-type]
     assert common.sharding is not None
-    return tuple(rank_plan(common, dataclasses.replace(common.sharding, rank=rank))
+    return tuple(rank_plan(common, common.sharding if rank == first.rank
+                           else dataclasses.replace(common.sharding, rank=rank))
                  for rank in planned)
 
 

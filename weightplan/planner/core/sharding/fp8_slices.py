@@ -12,7 +12,7 @@ tile from the *sliced* scale grid and divides by zero there).
 
 from __future__ import annotations
 
-from functools import cache
+from functools import cache, lru_cache
 from typing import TYPE_CHECKING
 
 import torch
@@ -64,6 +64,7 @@ def box_bytes(region: Region, weight_itemsize: int = 1, scale_itemsize: int = 4,
     return region.numel * weight_itemsize + covering_blocks(region, block).numel * scale_itemsize
 
 
+@lru_cache(maxsize=1024)  # (one answer per geometry: the layers' weights share a few)
 def scale_split_problem(placement: Placement, weight_shape: tuple[int, ...],
                         scale_shape: tuple[int, ...], world: int,
                         block: tuple[int, int] = BLOCK) -> str | None:

@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import repeat
+from itertools import compress, repeat
 from typing import TYPE_CHECKING
 from operator import attrgetter, itemgetter
 
@@ -256,10 +256,14 @@ def placed_reads(sources: Streams[Node], frags: Streams[tuple[Fragment, ...]],
     its geometry (:func:`_geometry`). A stream whose reads all share one geometry (a
     stack: :func:`_stack_geometry` says so from the nodes and fragments, in columns) is
     made in columns with that one layout; any other read by read. Either way, the same
-    tasks."""
+    tasks. Items landing nowhere (another rank's experts) are left out first, so that a
+    rank's experts of a stack are made in columns too."""
     tasks: list[ReadTask] = []
     dtypes = [d.spec.dtype for d in dests]
     for stream, placed in zip(sources, frags, strict=True):
+        if len(stream) >= _STACK and not all(placed):  # (expert parallel)
+            kept = list(map(bool, placed))
+            stream, placed = tuple(compress(stream, kept)), tuple(compress(placed, kept))
         stack = _stack_geometry(stream, placed) if len(stream) >= _STACK else None
         if stack is None:
             _each_read(tasks, stream, placed, dtypes, piece_bytes)
@@ -319,7 +323,7 @@ def _stack_geometry(stream: tuple[Node, ...], frags: tuple[tuple[Fragment, ...],
     n = len(stream)
     stacked = isinstance(frags, StackFragments) and len(frags) == n
     if not stacked and list(map(len, frags)).count(1) != n:
-        return None  # (first: under expert parallel most of a stack lands nowhere)
+        return None
     alike = _alike_reads(stream)
     if alike is None:
         return None

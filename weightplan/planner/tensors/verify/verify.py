@@ -71,8 +71,8 @@ def check(graph: PlanGraph, steps: Sequence[Step] = (), checkpoint: Checkpoint |
     if problems:  # the steps' checks assume a sound graph
         return problems
     steps = tuple(steps)
-    problems = [] if segments is not None and release_holds(segments, steps) else \
-        check_release(graph, steps)
+    problems = [] if segments is not None and release_holds(segments, steps, graph.distinct) \
+        else check_release(graph, steps)
     where = sections(checkpoint)
     if checked is None:
         checked = {}
@@ -100,13 +100,16 @@ def _ran(step: Step) -> Iterable[Node]:
     return chain(chain.from_iterable(step.sources), stages, step.sinks)
 
 
-def release_holds(segments: Segments, steps: Sequence[Step]) -> bool:
+def release_holds(segments: Segments, steps: Sequence[Step], distinct: bool = False) -> bool:
     """Every node a step runs is, as an object, a node of the segment its first sink is
-    in (so of the graph), and no two of them are equal (their hashes differ). A step's
-    nodes are found in its segment once per proof and count of nodes (the steps of one
-    kind sequence pick them at the same places)."""
+    in (so of the graph), and no two of them are equal. A step's nodes are found in its
+    segment once per proof and count of nodes (the steps of one kind sequence pick them at
+    the same places). ``distinct``: no two nodes of the graph are equal (as
+    :meth:`PlanGraph.of` made it); then no two run nodes are when no two steps have one
+    segment and no step picks a place twice. Else their hashes must differ."""
     found: dict[tuple[int, int], Picker] = {}
     ran_all: list[Node] = []
+    homes: list[int] = []
     for step in steps:
         k = segments.home.get(id(step.sinks[0]), -1) if step.sinks else -1
         if k < 0:
@@ -117,10 +120,14 @@ def release_holds(segments: Segments, steps: Sequence[Step]) -> bool:
         if pick is None or not all(map(is_, ran, pick(segment))):
             place = dict(zip(map(id, segment), range(len(segment)), strict=True))
             at = list(map(place.get, map(id, ran), repeat(-1)))
-            if -1 in at:
+            if -1 in at or (distinct and len(set(at)) != len(at)):
                 return False
             pick = found[key] = picker(at)
-        ran_all += ran
+        homes.append(k)
+        if not distinct:
+            ran_all += ran
+    if distinct:  # (each run node is its segment's node at a place only its step picks)
+        return len(set(homes)) == len(homes)
     # (no two equal when no two hashes are: equal nodes have equal hashes)
     return len(set(map(_HASH, ran_all))) == len(ran_all)
 
