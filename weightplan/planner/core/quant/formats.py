@@ -28,6 +28,7 @@ compressed-tensors computes in it, then to the destination's.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -44,11 +45,9 @@ WORK_PER_ELEMENT = 16  # fp32 values, int32 codes and unpacking temporaries, per
 
 
 class Workspace:
-    """Scratch tensors by role, grown as needed and reused chunk after chunk (and, kept
-    per reader thread, read after read): a decode allocates nothing per chunk. Fresh
-    multi-MiB temporaries per chunk are what glibc's per-thread arenas keep after they are
-    freed (its mmap threshold rises to the size of the first one freed, and later ones
-    come from the arena heaps, interleaved with the destinations)."""
+    """Scratch tensors by role, grown as needed and reused chunk after chunk (per reader
+    thread, read after read): fresh per-chunk temporaries are what glibc's per-thread
+    arenas keep after they are freed (its mmap threshold rises to the first freed)."""
 
     def __init__(self) -> None:
         self._held: dict[str, torch.Tensor] = {}
@@ -226,8 +225,6 @@ def region_chunks(scheme: Scheme, parts: Sequence[torch.Tensor], shape: tuple[in
     """The box ``[starts, stops)`` of the logical tensor, chunk by chunk: ``(index, rows,
     cols, x)`` with ``index``, ``rows``, ``cols`` relative to the box and ``x`` fp32 of
     ``(rows, cols)``'s extent (a rank's slice decodes only its own rows)."""
-    import itertools
-
     (r0, c0), (r1, c1) = starts[-2:], stops[-2:]
     leads = list(itertools.product(*(range(a, b) for a, b in zip(starts[:-2], stops[:-2], strict=True))))
     out_rows, in_cols = ((c0, c1), (r0, r1)) if scheme.transpose else ((r0, r1), (c0, c1))
@@ -242,7 +239,6 @@ def region_chunks(scheme: Scheme, parts: Sequence[torch.Tensor], shape: tuple[in
 
 
 def _leading(shape: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
-    import itertools
     return itertools.product(*(range(d) for d in shape[:-2]))
 
 

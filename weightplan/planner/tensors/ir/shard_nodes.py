@@ -158,9 +158,8 @@ def kept_sharding(sharding: Sharding, kept: Mapping[str, PackedWeight],
         rule = next((e for e in entries if e.style is not None), None)
         if rule is None or None in held:
             continue  # (no style names it: plain on every rank, as a plain tensor)
-        assert rule.style is not None
         first = held[0]
-        assert first is not None
+        assert first is not None and rule.style is not None
         suffix = weight.parts[0].key[len(weight.key):]
         logical_name = first[:len(first) - len(suffix)] if suffix else first
         logical = styles.placement_for(rule.style, logical_name, len(weight.shape))
