@@ -4,7 +4,8 @@ A packed dequantize node's read task reads, of its stored weight and each part, 
 its layout names (a rank's slice: the rows' bytes in one mapped window, or a column
 slice's runs; the scale tiles over them), and decodes those boxes as a small packed
 weight of their own, writing the region it lands in chunk by chunk through the sink (an
-fp32 workspace of at most ``CHUNK_BYTES``); an input of materialized ops, or a reshaped
+fp32 workspace of at most ``CHUNK_BYTES``, the reader thread's own, reused read after
+read); an input of materialized ops, or a reshaped
 landing, gets a fresh dequantized tensor of the region (counted as the task's temporary).
 """
 
@@ -17,7 +18,7 @@ import torch
 
 from weightplan.executor.strided_read import read_runs
 from weightplan.planner.core.geometry import Region, View, row_major_strides
-from weightplan.planner.core.quant.formats import Scheme, region_chunks
+from weightplan.planner.core.quant.formats import Scheme, Workspace, region_chunks
 from weightplan.planner.core.quant.packed_slices import PackedCover
 from weightplan.planner.inputs.checkpoint import TensorEntry
 from weightplan.planner.tensors.lower.packed_reads import PartRead
@@ -66,7 +67,8 @@ def _decode_into(run: Any, program: Step, step: Any, task: ReadTask, scheme: Sch
     out = torch.empty(region.shape, dtype=dtype) if whole else None
     if whole:
         run.tracker.add(region.numel * dtype.itemsize)
-    chunks = region_chunks(scheme, parts, cover.box.shape, local.starts, local.stops)
+    chunks = region_chunks(scheme, parts, cover.box.shape, local.starts, local.stops,
+                           workspace=_thread_workspace(run))
     for idx, (a, b), (c, d), x in chunks:
         if out is not None:
             out[idx][a:b, c:d].copy_(x)
@@ -84,3 +86,12 @@ def _decode_into(run: Any, program: Step, step: Any, task: ReadTask, scheme: Sch
         return
     run.sink.write_view(step.handles[f.target], program.destinations[f.target], f.view, out)
     run.tracker.sub(region.numel * dtype.itemsize)
+
+
+def _thread_workspace(run: Any) -> Workspace:
+    """This reader thread's decode workspace, reused read after read (see
+    :class:`~weightplan.planner.core.quant.formats.Workspace`)."""
+    held = getattr(run.local, "packed_workspace", None)
+    if held is None:
+        held = run.local.packed_workspace = Workspace()
+    return held

@@ -137,6 +137,7 @@ def prepare_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     choice = choose_mapping(mapping, model, finder)
     transforms = with_legacy(choice.transforms)
     quant = _quant_context(checkpoint, ckpt, info, model)
+    sharding = _kept_sharding(sharding, quant, info)
     routing, conversions, kept_problems = _convert(ckpt, transforms, info, options, quant,
                                                    sharding, regroup)
     findings = _with_quant_findings(collect_findings(info, routing, conversions), quant,
@@ -241,6 +242,24 @@ def _sharding(model: torch.nn.Module | None, tp: object, cooperative: bool = Fal
         raise ParallelError("tp= needs a model: its tp_plan (or the plan given) names what "
                             "is sharded; pass the model built on meta")
     return plan_sharding(model, tensor_parallel)
+
+
+def _kept_sharding(sharding: Sharding | None, quant: QuantContext | None,
+                   info: ModelInfo | None) -> Sharding | None:
+    """Keep-quantized under tensor parallel: the kept packed weights' parts placed as
+    their weight's slices need (``shard_nodes.kept_sharding``)."""
+    if sharding is None or quant is None or quant.packed is None or not quant.packed.kept \
+            or info is None:
+        return sharding
+    from weightplan.planner.tensors.ir.shard_nodes import kept_sharding
+
+    def name(key: str) -> str | None:
+        for candidate in (key, key.partition(".")[2], "model." + key):
+            if info.get(candidate) is not None:
+                return candidate
+        return None
+
+    return kept_sharding(sharding, quant.packed.kept, name)
 
 
 def _with_parallel_findings(findings: Findings, sharding: Sharding | None) -> Findings:

@@ -28,6 +28,7 @@ compressed-tensors computes in it, then to the destination's.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,22 @@ E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3
 FORMATS = ("mxfp4", "fp8", "int", "nvfp4")
 STRATEGIES = ("tensor", "channel", "group", "block")
 WORK_PER_ELEMENT = 16  # fp32 values, int32 codes and unpacking temporaries, per element
+
+
+class Workspace:
+    """Scratch tensors by role, grown as needed and reused chunk after chunk (per reader
+    thread, read after read): fresh per-chunk temporaries are what glibc's per-thread
+    arenas keep after they are freed (its mmap threshold rises to the first freed)."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, torch.Tensor] = {}
+
+    def get(self, role: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        n = math.prod(shape)
+        held = self._held.get(role)
+        if held is None or held.dtype != dtype or held.numel() < n:
+            held = self._held[role] = torch.empty(n, dtype=dtype)
+        return held[:n].view(shape)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +200,7 @@ def write_chunk(scheme: Scheme, matrix: torch.Tensor, o0: int, o1: int, x: torch
 
 def chunks(scheme: Scheme, parts: Sequence[torch.Tensor], shape: tuple[int, ...],
            out_rows: tuple[int, int] | None = None, chunk_bytes: int = CHUNK_BYTES,
-           leads: Iterable[tuple[int, ...]] | None = None
+           leads: Iterable[tuple[int, ...]] | None = None, workspace: Workspace | None = None
            ) -> Iterator[tuple[tuple[int, ...], int, int, torch.Tensor]]:
     """Yield ``(index, o0, o1, x)``: ``x`` (fp32 ``[o1 − o0, in]``, valid until the next
     step) is output rows ``[o0, o1)`` of matrix ``index`` of the weight of logical
@@ -194,6 +211,7 @@ def chunks(scheme: Scheme, parts: Sequence[torch.Tensor], shape: tuple[int, ...]
     step = rows_per_chunk(n, hi - lo, chunk_bytes)
     decode = _DECODERS[scheme.format]
     extras = _prepared(scheme, parts, nat)
+    extras["ws"] = workspace if workspace is not None else Workspace()
     for idx in (_leading(nat) if leads is None else leads):
         for o0 in range(lo, hi, step):
             o1 = min(hi, o0 + step)
@@ -202,17 +220,16 @@ def chunks(scheme: Scheme, parts: Sequence[torch.Tensor], shape: tuple[int, ...]
 
 def region_chunks(scheme: Scheme, parts: Sequence[torch.Tensor], shape: tuple[int, ...],
                   starts: tuple[int, ...], stops: tuple[int, ...],
-                  chunk_bytes: int = CHUNK_BYTES
+                  chunk_bytes: int = CHUNK_BYTES, workspace: Workspace | None = None
                   ) -> Iterator[tuple[tuple[int, ...], tuple[int, int], tuple[int, int], torch.Tensor]]:
     """The box ``[starts, stops)`` of the logical tensor, chunk by chunk: ``(index, rows,
     cols, x)`` with ``index``, ``rows``, ``cols`` relative to the box and ``x`` fp32 of
     ``(rows, cols)``'s extent (a rank's slice decodes only its own rows)."""
-    import itertools
-
     (r0, c0), (r1, c1) = starts[-2:], stops[-2:]
     leads = list(itertools.product(*(range(a, b) for a, b in zip(starts[:-2], stops[:-2], strict=True))))
     out_rows, in_cols = ((c0, c1), (r0, r1)) if scheme.transpose else ((r0, r1), (c0, c1))
-    for idx, o0, o1, x in chunks(scheme, parts, shape, out_rows, chunk_bytes, leads):
+    for idx, o0, o1, x in chunks(scheme, parts, shape, out_rows, chunk_bytes, leads,
+                                 workspace):
         local = tuple(i - a for i, a in zip(idx, starts, strict=False))
         part = x[:, in_cols[0]:in_cols[1]]
         if scheme.transpose:
@@ -222,7 +239,6 @@ def region_chunks(scheme: Scheme, parts: Sequence[torch.Tensor], shape: tuple[in
 
 
 def _leading(shape: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
-    import itertools
     return itertools.product(*(range(d) for d in shape[:-2]))
 
 
@@ -269,13 +285,21 @@ def unpack_ints(words: torch.Tensor, bits: int, count: int) -> torch.Tensor:
 
 def _decode_int(scheme: Scheme, parts: Sequence[torch.Tensor], extras: dict,
                 idx: tuple[int, ...], o0: int, o1: int, n: int) -> torch.Tensor:
-    q = unpack_ints(parts[0][idx][o0:o1], scheme.bits, n).to(torch.float32)
+    ws: Workspace = extras["ws"]
+    words = parts[0][idx][o0:o1].contiguous()  # (a view: rows of a row-major part)
+    raw = words.flatten().view(torch.uint8).reshape(o1 - o0, words.shape[-1] * 4)
+    q = ws.get("x", (o1 - o0, n), torch.float32)
+    if scheme.bits == 8:
+        q.copy_(raw[:, :n])
+    else:  # 4
+        q.copy_(_codes(raw, ws)[:, :n])
+    q.sub_(1 << (scheme.bits - 1))
     if scheme.act_order:
         return _act_order(scheme, q, parts, extras, idx, o0, o1)
     if "zero" in extras:
         zero = extras["zero"][idx][o0:o1]
         q = _per_group(q, zero, scheme.group or n, torch.sub)
-    return _scaled(scheme, q, parts[1], idx, o0, o1)
+    return _scaled(scheme, q, parts[1], idx, o0, o1, ws)
 
 
 def _act_order(scheme: Scheme, q: torch.Tensor, parts: Sequence[torch.Tensor], extras: dict,
@@ -286,18 +310,19 @@ def _act_order(scheme: Scheme, q: torch.Tensor, parts: Sequence[torch.Tensor], e
         q.sub_(extras["zero"][idx][o0:o1][:, g])
     scale = parts[1][idx][o0:o1]
     q.mul_(scale[:, g].to(torch.float32))
-    if scale.dtype in (torch.bfloat16, torch.float16):
-        q = q.to(scale.dtype).to(torch.float32)
-    return q
+    return _round_to(q, scale.dtype, extras["ws"])
 
 
 def _decode_fp8(scheme: Scheme, parts: Sequence[torch.Tensor], extras: dict,
                 idx: tuple[int, ...], o0: int, o1: int, n: int) -> torch.Tensor:
-    return _scaled(scheme, parts[0][idx][o0:o1].to(torch.float32), parts[1], idx, o0, o1)
+    ws: Workspace = extras["ws"]
+    x = ws.get("x", (o1 - o0, n), torch.float32)
+    x.copy_(parts[0][idx][o0:o1])
+    return _scaled(scheme, x, parts[1], idx, o0, o1, ws)
 
 
 def _scaled(scheme: Scheme, x: torch.Tensor, scale: torch.Tensor, idx: tuple[int, ...],
-            o0: int, o1: int) -> torch.Tensor:
+            o0: int, o1: int, ws: Workspace) -> torch.Tensor:
     """``x · s`` by the strategy, in fp32, rounded to the scale's dtype as
     compressed-tensors computes it."""
     if scheme.strategy == "tensor":
@@ -311,8 +336,16 @@ def _scaled(scheme: Scheme, x: torch.Tensor, scale: torch.Tensor, idx: tuple[int
     else:
         x = _per_group(x, scale[idx][o0:o1].to(torch.float32), scheme.group or x.shape[-1],
                        torch.mul)
-    if scale.dtype in (torch.bfloat16, torch.float16):
-        x = x.to(scale.dtype).to(torch.float32)
+    return _round_to(x, scale.dtype, ws)
+
+
+def _round_to(x: torch.Tensor, dtype: torch.dtype, ws: Workspace) -> torch.Tensor:
+    """``x`` rounded to a 16-bit scale's dtype and back in place (compressed-tensors
+    computes in the scale's dtype); other dtypes leave it as it is."""
+    if dtype in (torch.bfloat16, torch.float16):
+        r = ws.get("round", tuple(x.shape), dtype)
+        r.copy_(x)
+        x.copy_(r)
     return x
 
 
@@ -329,23 +362,34 @@ def _per_group(x: torch.Tensor, per: torch.Tensor, group: int,
     return x
 
 
-def _codes(packed: torch.Tensor) -> torch.Tensor:
-    """E2M1 codes of bytes, low nibble first: ``[..., k]`` → int32 ``[..., 2k]``."""
-    b = packed.to(torch.int32)
-    return torch.stack((b & 0xF, b >> 4), dim=-1).flatten(-2)
+def _codes(packed: torch.Tensor, ws: Workspace) -> torch.Tensor:
+    """E2M1 / int4 codes of bytes, low nibble first: ``[..., k]`` → int32 ``[..., 2k]``
+    (the workspace's ``codes``)."""
+    out = ws.get("codes", (*packed.shape, 2), torch.int32)
+    torch.bitwise_and(packed, 0xF, out=out[..., 0])
+    torch.bitwise_right_shift(packed, 4, out=out[..., 1])
+    return out.flatten(-2)
+
+
+def _values(lut: torch.Tensor, packed: torch.Tensor, ws: Workspace) -> torch.Tensor:
+    """``lut[codes]`` of ``packed`` bytes as fp32 ``[..., 2k]`` (the workspace's ``x``)."""
+    codes = _codes(packed, ws)
+    x = ws.get("x", tuple(codes.shape), torch.float32)
+    torch.index_select(lut, 0, codes.reshape(-1), out=x.view(-1))
+    return x
 
 
 def _decode_mxfp4(scheme: Scheme, parts: Sequence[torch.Tensor], extras: dict,
                   idx: tuple[int, ...], o0: int, o1: int, n: int) -> torch.Tensor:
     blocks, scales = parts[0][idx][o0:o1], parts[1][idx][o0:o1]
-    values = extras["lut"][_codes(blocks)]  # [rows, G, 32]
+    values = _values(extras["lut"], blocks, extras["ws"])  # [rows, G, 32]
     exp = (scales.to(torch.float32) - 127.0).exp2()
     return values.mul_(exp[..., None]).reshape(o1 - o0, n)
 
 
 def _decode_nvfp4(scheme: Scheme, parts: Sequence[torch.Tensor], extras: dict,
                   idx: tuple[int, ...], o0: int, o1: int, n: int) -> torch.Tensor:
-    values = extras["lut"][_codes(parts[0][idx][o0:o1])]
+    values = _values(extras["lut"], parts[0][idx][o0:o1], extras["ws"])
     glob = parts[2].reshape(-1)[0].to(torch.float32)
     s = parts[1][idx][o0:o1].to(torch.float32)
     s = s / glob if scheme.global_divides else s * glob

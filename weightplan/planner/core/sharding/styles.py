@@ -96,4 +96,7 @@ def placement_for(style: str, param: str, ndim: int) -> Placement:
     rule = STYLES.get(style)
     if rule is None:
         return Placement.plain()
-    return rule(param.rpartition(".")[2], ndim).normalized(ndim)
+    placement = rule(param.rpartition(".")[2], ndim)
+    if ndim == 0 and placement.is_sharded:  # (a scalar: ModelOpt's weight_scale_2)
+        return Placement.replicate()
+    return placement.normalized(ndim)

@@ -12,9 +12,10 @@ its bytes.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from operator import is_
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from weightplan.planner.tensors.ir.destination import Destination, DestKind
@@ -25,6 +26,7 @@ from weightplan.planner.core.sharding.shard_math import pieces
 from weightplan.planner.core.spec import TensorSpec
 
 if TYPE_CHECKING:  # (resolving a tensor-parallel plan is imported where tp= asks for it)
+    from weightplan.planner.inputs.packed_pairs import PackedWeight
     from weightplan.planner.inputs.parallel_plan import ShardingPlan
 
 
@@ -129,3 +131,55 @@ def plan_sharding(model: Any, tp: Any) -> Sharding:
                                 "(weightplan.init_empty() or torch.device('meta'))")
     return Sharding(plan, ranks.world_size, ranks.rank, tp.output, ranks.mesh,
                     tp.cooperative, tp.ranks_per_node(ranks), tp.storage)
+
+
+def kept_sharding(sharding: Sharding, kept: Mapping[str, PackedWeight],
+                  names: Callable[[str], str | None]) -> Sharding:
+    """``sharding`` with the parts of every kept packed weight (keep-quantized: the model
+    holds the stored tensors) placed as their weight's slice needs
+    (:mod:`~weightplan.planner.core.sharding.kept_packed`); ``names``: the model's name of
+    a checkpoint key (``None``: not held). The weight's placement is its plan's style
+    applied to the logical weight.
+
+    Raises:
+        ParallelError: a kept weight whose shards can't hold whole quantization groups, or
+            whose parts DTensor's chunks can't split as the weight's slices need.
+    """
+    from weightplan.errors import ParallelError
+    from weightplan.planner.core.sharding import styles
+    from weightplan.planner.core.sharding.kept_packed import kept_part_placements
+    from weightplan.planner.inputs.parallel_plan import ParamSharding
+
+    params = dict(sharding.plan.params)
+    changed = False
+    for weight in kept.values():
+        held = [names(p.key) for p in weight.parts]
+        entries = [params[n] for n in held if n is not None and n in params]
+        rule = next((e for e in entries if e.style is not None), None)
+        if rule is None or None in held:
+            continue  # (no style names it: plain on every rank, as a plain tensor)
+        first = held[0]
+        assert first is not None and rule.style is not None
+        suffix = weight.parts[0].key[len(weight.key):]
+        logical_name = first[:len(first) - len(suffix)] if suffix else first
+        logical = styles.placement_for(rule.style, logical_name, len(weight.shape))
+        roles = tuple(n for n in held if n is not None)
+        placed = kept_part_placements(weight.scheme, weight.shape,
+                                      tuple(tuple(p.spec.shape) for p in weight.parts),
+                                      logical, sharding.world_size, roles)
+        if placed.problem is not None:
+            raise ParallelError(f"{logical_name} (kept quantized, {weight.scheme.describe()}, "
+                                f"{rule.style} over {sharding.world_size} ranks): "
+                                f"{placed.problem}; load it dequantized (a floating model) "
+                                "or pick a world size that splits it on whole units")
+        for name, placement in zip(roles, placed.placements, strict=True):
+            params[name] = ParamSharding(name, placement, rule.style, rule.rule)
+        shape_name = names(weight.key.rsplit(".", 1)[0] + ".weight_shape")
+        if shape_name is not None:  # (the global shape, whole on every rank)
+            params[shape_name] = ParamSharding(shape_name, Placement.replicate()
+                                               if logical.is_dtensor else Placement.plain(),
+                                               rule.style, rule.rule)
+        changed = True
+    if not changed:
+        return sharding
+    return replace(sharding, plan=replace(sharding.plan, params=MappingProxyType(params)))

@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # (a packed format's reads: imported where a plan has one; st
     from weightplan.planner.tensors.lower.strided import ByteRuns
     from weightplan.planner.tensors.lower.packed_reads import PackedRead
 
-PIECE_BYTES = 32 * 1024 * 1024  # direct reads larger than this are split into pieces
+PIECE_BYTES = 4 * 1024 * 1024  # direct reads larger than this are split into pieces
 
 
 @dataclass(frozen=True, slots=True)
