@@ -314,8 +314,9 @@ def _targets(group: Group, outputs: Streams[TensorSpec], expected: Expected,
         if count is not None and count != len(stream):
             raise OpError(f"output {i} of {_describe(group)} has {len(stream)} "
                           f"tensors where {count} were recorded")
+        positions = stream_positions(i, len(stream))  # (shared by every conversion)
         for j, spec in enumerate(stream):
-            out.append(_target(group.output_key(i, j), spec, (i, j), expected, dtype))
+            out.append(_target(group.output_key(i, j), spec, positions[j], expected, dtype))
     return tuple(out)
 
 
