@@ -1,7 +1,9 @@
 """The schedule by hand: exact events and memory timeline (no explain())."""
 
 from weightplan.planner.tensors.lower.placement import plan_step
-from weightplan.planner.tensors.schedule.schedule import Event, EventKind, make_schedule
+from weightplan.planner.tensors.schedule.schedule import (
+    Event, EventKind, MemoryPoint, make_schedule,
+)
 
 from tests.conftest import Doubler
 from tests.planner.core import conversion, entry
@@ -22,6 +24,21 @@ def test_a_window_of_two_reads_finalizes_the_oldest_before_the_third():
     assert [(p.resident, p.in_flight, p.intermediate) for p in schedule.timeline] == [
         (24, 24, 0), (48, 24, 0), (48, 24, 0), (72, 24, 0), (72, 24, 0), (72, 24, 0)]
     assert schedule.peak_bytes == 96 and schedule.peak.event == Event(S, 2)
+
+
+def test_the_timeline_held_as_columns_is_the_sequence_of_its_points():
+    steps = three_steps()
+    timeline = make_schedule(steps, threads=1, window_bytes=48).timeline
+    points = list(timeline)
+    assert len(points) == len(timeline) == 6 and all(isinstance(p, MemoryPoint) for p in points)
+    assert points[3] == MemoryPoint(Event(S, 2), steps[2].label, 72, 24, 0)
+    assert timeline[-1] == points[-1] and timeline[1:3] == tuple(points[1:3])
+    assert timeline == tuple(points) and timeline != tuple(points[:-1])
+    assert timeline.totals() == [p.total for p in points]
+    assert timeline.index(points[3]) == 3
+    # the peak is the first point of the largest total (as max() over the points gives)
+    same = make_schedule(steps, threads=1, window_bytes=48)
+    assert same.peak == max(points, key=lambda p: p.total) and same.timeline == timeline
 
 
 def test_no_window_runs_each_step_alone():

@@ -1,10 +1,10 @@
 """Routing every key of a checkpoint: one :class:`~.applier.Batch` per key template,
 with the base-model-prefix fix-ups, in natural key order.
 
-The keys are sorted into their templates (:func:`~.templates.templates_of`: keys without
-one form a batch of their own) and each template's keys are routed together, in string
-order (within a template, the natural one), by the mapping's :class:`~.applier.Applier`;
-a key alone in its template is routed by itself (a decision would not be reused).
+The keys are sorted into their templates (:func:`~.templates.templates_of`) and each
+template's keys are routed together, in string order (within a template, the natural
+one), by the mapping's :class:`~.applier.Applier`; the keys alone in their template and
+those without one form one batch, routed key by key (a decision would not be reused).
 The routes are then put in natural key order (:func:`~.templates.natural_order`).
 When a model is known, a key whose route doesn't land (:func:`~.applier.lands`) tries the
 fix-ups in turn: the model's ``base_model_prefix`` removed, then added, each after and
@@ -78,17 +78,23 @@ class Router:
         for template, members in by_template.items():
             if template is not None:
                 members.sort()
-        # (deciding once per template pays where the decision is reused: a key alone in
-        # its template is routed by itself)
+        # (deciding once per template pays where the decision is reused: the keys alone in
+        # their template, and those without one, are routed key by key, in one batch)
+        shared: list[tuple[str | None, list[str]]] = [
+            (t, m) for t, m in by_template.items() if t is not None and len(m) > 1]
+        alone = [(t, m) for t, m in by_template.items() if t is None or len(m) == 1]
         routes: list[Route] = []
         idents: list[object] = []
         runs: list[Run] = []
-        for template, members in by_template.items():
-            made = self.batch(template if len(members) > 1 else None, members)
+        batches = list(shared)
+        if alone:
+            batches.append((None, [k for _, m in alone for k in m]))
+        for template, members in batches:
+            made = self.batch(template, members)
             routes += made.routes
             idents += made.idents
             runs += made.runs
-        order = natural_order(list(by_template.items()))
+        order = natural_order(shared + alone)
         return Routed(list(map(routes.__getitem__, order)), list(map(idents.__getitem__, order)),
                       runs)
 

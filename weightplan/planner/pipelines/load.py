@@ -169,7 +169,7 @@ def rank_plan(common: Common, sharding: Sharding | None) -> LoadPlanData:
     graph, schedule = lower(conversions, common.checkpoint,
                             order=_checkpoint_order(common.checkpoint),
                             threads=options.threads, budget=options.budget, share=share,
-                            memo=common.lowered)
+                            memo=None if sharding is None else common.lowered)  # (ranks share it)
     findings = common.findings
     if sharding is not None:  # (a rank's slices are known once it is lowered)
         findings = _with_split_groups(findings, sharding, schedule.steps)

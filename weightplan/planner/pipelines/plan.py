@@ -26,7 +26,7 @@ from weightplan.planner.keys.routing import Routing
 from weightplan.planner.keys.transforms import WeightTransform
 from weightplan.planner.tensors.ir.build import Conversion, TargetStatus
 from weightplan.planner.tensors.ir.graph import PlanGraph
-from weightplan.planner.tensors.schedule.schedule import MemoryPoint, Schedule
+from weightplan.planner.tensors.schedule.schedule import Schedule, Timeline
 
 if TYPE_CHECKING:  # (a plain load's plan imports no adapter, device-map or cooperative module)
     from weightplan.planner.tensors.ir.shard_nodes import Sharding
@@ -83,7 +83,7 @@ class PlanData:
         """Bytes of the destination tensors this plan writes."""
         return sum(d.spec.nbytes for p in self.schedule.steps for d in p.destinations)
 
-    def timeline(self) -> tuple[MemoryPoint, ...]:
+    def timeline(self) -> Timeline:
         """Planned bytes after each scheduled event (see :mod:`planner.schedule`)."""
         return self.schedule.timeline
 

@@ -72,7 +72,7 @@ class OutputSpecs:
 Expected = ModelInfo | OutputSpecs | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Target:
     """One output of a conversion and what happens to it."""
 
@@ -86,10 +86,14 @@ class Target:
 
     @property
     def dest(self) -> TensorSpec:
-        return TensorSpec(self.produced.shape, self.dtype)
+        """What is written: the produced spec in the written dtype (``produced`` itself
+        when that is its dtype: one object per target, not one per ask)."""
+        produced = self.produced
+        return produced if produced.dtype == self.dtype else TensorSpec(produced.shape,
+                                                                          self.dtype)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Conversion:
     """A routed group with its targets and its graph nodes (reads … sinks)."""
 
@@ -99,12 +103,13 @@ class Conversion:
 
     @property
     def loads(self) -> bool:
-        return any(t.status is TargetStatus.LOAD for t in self.targets)
+        return _LOAD in map(_STATUS, self.targets)
 
     @property
     def in_graph(self) -> bool:
         """Drawn and verified: something loads, or a mismatch shows where it would."""
-        return any(t.status in (TargetStatus.LOAD, TargetStatus.MISMATCH) for t in self.targets)
+        statuses = list(map(_STATUS, self.targets))
+        return _LOAD in statuses or TargetStatus.MISMATCH in statuses
 
     @property
     def ops(self) -> tuple[ConversionOp, ...]:
@@ -126,6 +131,9 @@ class Conversion:
     @property
     def label(self) -> str:
         return self.targets[0].key if self.targets else self.group.targets[0]
+
+
+_LOAD, _STATUS = TargetStatus.LOAD, attrgetter("status")
 
 
 def stages(conv: Conversion, kinds: list[NodeKind] | None = None
@@ -241,13 +249,13 @@ def _wired(inputs: Streams[Node], wires: tuple[tuple[int, int], ...]) -> tuple[N
 
 def destination(t: Target, sink: SinkKind) -> Destination:
     """Where target ``t`` lands: nowhere unless it loads; else the direction's sink."""
-    contiguous = row_major_strides(t.dest.shape)
     if t.status is not TargetStatus.LOAD:
-        return Destination(t.key, (t.key,), t.produced, DestKind.DISCARD, contiguous)
-    if sink is SinkKind.FILE:
-        return Destination(t.key, (t.key,), t.dest, DestKind.FILE, contiguous)
-    if sink is SinkKind.MEMORY or t.model is None:
-        return Destination(t.key, (t.key,), t.dest, DestKind.MEMORY, contiguous)
+        return Destination(t.key, (t.key,), t.produced, DestKind.DISCARD,
+                           row_major_strides(t.produced.shape))
+    if sink is SinkKind.FILE or sink is SinkKind.MEMORY or t.model is None:
+        dest = t.dest
+        kind = DestKind.FILE if sink is SinkKind.FILE else DestKind.MEMORY
+        return Destination(t.key, (t.key,), dest, kind, row_major_strides(dest.shape))
     kind = DestKind.ALLOCATE if t.model.allocates else DestKind.IN_PLACE
     return Destination(t.key, t.model.aliases, t.dest, kind, t.model.stride)
 
@@ -306,8 +314,9 @@ def _targets(group: Group, outputs: Streams[TensorSpec], expected: Expected,
         if count is not None and count != len(stream):
             raise OpError(f"output {i} of {_describe(group)} has {len(stream)} "
                           f"tensors where {count} were recorded")
+        positions = stream_positions(i, len(stream))  # (shared by every conversion)
         for j, spec in enumerate(stream):
-            out.append(_target(group.output_key(i, j), spec, (i, j), expected, dtype))
+            out.append(_target(group.output_key(i, j), spec, positions[j], expected, dtype))
     return tuple(out)
 
 

@@ -20,6 +20,9 @@ class DestKind(Enum):
     DISCARD = "discard"  # computed by a shared op but not kept (unexpected, tied, mismatched)
 
 
+ALLOCATED = frozenset((DestKind.ALLOCATE, DestKind.MEMORY))  # allocated, then resident
+
+
 @dataclass(frozen=True, slots=True)
 class Destination:
     """A tensor the executor writes (or, for ``DISCARD``, a value nothing keeps)."""
@@ -35,7 +38,7 @@ class Destination:
     @property
     def allocates(self) -> bool:
         """The executor allocates this tensor and it stays resident (model or memory)."""
-        return self.kind in (DestKind.ALLOCATE, DestKind.MEMORY)
+        return self.kind in ALLOCATED
 
     @property
     def written(self) -> bool:

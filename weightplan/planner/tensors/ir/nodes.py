@@ -143,7 +143,8 @@ class Node:
         _set_spec(self, spec)
         _set_inputs(self, inputs)
         _set_attrs(self, attrs)
-        _set_hash(self, *_hashes(kind, (inputs,), (attrs,)))
+        # (what _hashes computes, for one node: no columns to set up)
+        _set_hash(self, hash((kind, inputs, _IDENTITY.get(type(attrs), _itself)(attrs))))
 
     def __hash__(self) -> int:
         return self._hash

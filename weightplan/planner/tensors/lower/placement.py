@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from weightplan.errors import PlanError
 from weightplan.planner.tensors.ir.build import Conversion, stages
 from weightplan.planner.tensors.ir.stages import stage_op, stage_specs
-from weightplan.planner.tensors.ir.destination import Destination, DestKind
+from weightplan.planner.tensors.ir.destination import ALLOCATED, Destination, DestKind
 from weightplan.planner.core.geometry import Fragment, Region, View
 from weightplan.planner.tensors.ir.nodes import Node, NodeKind, sink_attrs
 from weightplan.planner.core.ops.base import ConversionOp, Streams
@@ -66,16 +66,26 @@ class Step:
     convert_bytes: int = field(init=False)  # upper bound of what the materialized ops allocate
 
     def __post_init__(self) -> None:
-        reads, dests = self.reads, self.destinations
-        init = object.__setattr__
-        init(self, "read_bytes", sum(map(_REQUESTED, reads)))
-        init(self, "dest_bytes", sum(d.spec.nbytes for d in dests if d.allocates))
-        init(self, "staged_bytes", sum(d.spec.nbytes for d in dests if d.staged))
-        init(self, "held_bytes", sum(map(_TMP_BYTES, filterfalse(_FRAGMENT, reads))))  # (placed: 0)
-        ops = sum(sum(n.spec.nbytes for stream in stage for n in stream)
-                  for stage in self.materialize if stage_op(stage).allocates)
-        ops += sum(stage_op(stage).workspace_bytes() for stage in self.materialize)
-        init(self, "convert_bytes", ops + sum(t.work_bytes for t in self.quantized))
+        reads = self.reads
+        allocated = staged = 0
+        for d in self.destinations:
+            if d.kind in ALLOCATED:  # (Destination.allocates, inline)
+                allocated += d.spec.nbytes
+            if d.staged:
+                staged += d.spec.nbytes
+        _set_read_bytes(self, sum(map(_REQUESTED, reads)))
+        _set_dest_bytes(self, allocated)
+        _set_staged_bytes(self, staged)
+        _set_held_bytes(self, sum(map(_TMP_BYTES, filterfalse(_FRAGMENT, reads))))  # (placed: 0)
+        ops = 0
+        for stage in self.materialize:  # (none when every op places)
+            op = stage_op(stage)
+            if op.allocates:
+                ops += sum(n.spec.nbytes for stream in stage for n in stream)
+            ops += op.workspace_bytes()
+        if self.quantized:
+            ops += sum(t.work_bytes for t in self.quantized)
+        _set_convert_bytes(self, ops)
 
     @property
     def ops(self) -> tuple[ConversionOp, ...]:
@@ -93,6 +103,11 @@ class Step:
         if not sizes or sizes.count(sizes[0]) == len(sizes):  # (one size: a lone read, a stack)
             return {sizes[0]: len(sizes)} if sizes else {}
         return Counter(sizes)
+
+
+_set_read_bytes, _set_dest_bytes, _set_staged_bytes, _set_held_bytes, _set_convert_bytes = (
+    getattr(Step, name).__set__
+    for name in ("read_bytes", "dest_bytes", "staged_bytes", "held_bytes", "convert_bytes"))
 
 
 def plan_step(conv: Conversion, piece_bytes: int = PIECE_BYTES) -> Step:

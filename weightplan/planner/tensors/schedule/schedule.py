@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import bisect
 import os
+from array import array
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from itertools import compress
 from operator import add, attrgetter, itemgetter
+from typing import overload
 
 from weightplan.planner.tensors.schedule.machine import default_window_bytes
 from weightplan.planner.tensors.lower.placement import Step
@@ -60,19 +62,66 @@ class MemoryPoint:
 
 _event, _point = Event, MemoryPoint
 
+
+class Timeline(Sequence[MemoryPoint]):
+    """The planned bytes after each event, held as columns (three machine-integer arrays,
+    the events and the steps they name): a :class:`MemoryPoint` is made when one is
+    asked for. A plan of 1M one-key steps holds 2M points; as objects they would cost
+    ~200 B per step, as columns 48."""
+
+    __slots__ = ("_steps", "_events", "_resident", "_in_flight", "_intermediate")
+
+    def __init__(self, steps: Sequence[Step], events: Sequence[Event], resident: array[int],
+                 in_flight: array[int], intermediate: array[int]) -> None:
+        self._steps, self._events = steps, events
+        self._resident, self._in_flight, self._intermediate = resident, in_flight, intermediate
+
+    def __len__(self) -> int:
+        return len(self._resident)
+
+    @overload
+    def __getitem__(self, index: int) -> MemoryPoint: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[MemoryPoint, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> MemoryPoint | tuple[MemoryPoint, ...]:
+        if isinstance(index, slice):
+            return tuple(map(self.__getitem__, range(len(self))[index]))
+        event = self._events[index]  # (raises IndexError past the end: iteration stops)
+        if index < 0:
+            index += len(self)
+        return MemoryPoint(event, self._steps[event.step].label, self._resident[index],
+                           self._in_flight[index], self._intermediate[index])
+
+    def totals(self) -> list[int]:
+        """Each point's total, without making the points."""
+        return list(map(add, map(add, self._resident, self._in_flight), self._intermediate))
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to any sequence of the same points (a tuple of them included)."""
+        return isinstance(other, (Timeline, tuple, list)) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Timeline({list(self)!r})"
+
 @dataclass(frozen=True)
 class Schedule:
     """Ordered programs, the event list the executor obeys, and the memory timeline."""
 
     steps: tuple[Step, ...]
     events: tuple[Event, ...]
-    timeline: tuple[MemoryPoint, ...]
+    timeline: Timeline
     window_bytes: int
     threads: int
 
     @property
     def peak(self) -> MemoryPoint | None:
-        return max(self.timeline, key=lambda p: p.total, default=None)
+        """The first point of the largest total (``None``: no event)."""
+        totals = self.timeline.totals()
+        return self.timeline[totals.index(max(totals))] if totals else None
 
     @property
     def peak_bytes(self) -> int:
@@ -142,14 +191,14 @@ def plan_events(steps: Sequence[Step], window: int) -> tuple[Event, ...]:
     return tuple(events)
 
 
-def simulate(steps: Sequence[Step], events: Sequence[Event], threads: int
-             ) -> tuple[MemoryPoint, ...]:
+def simulate(steps: Sequence[Step], events: Sequence[Event], threads: int) -> Timeline:
     """Planned memory after each event (see the module docstring).
 
     Kept incrementally (the pending steps' held bytes as a sum, their windows as a sorted
     list), so a checkpoint of many small tensors, all pending at once, stays linear-ish.
     """
-    resident, points = 0, []
+    resident = 0
+    residents, in_flights, intermediates = array("q"), array("q"), array("q")
     pending = _Pending(max(threads, 1))
     for event in events:
         program = steps[event.step]
@@ -162,8 +211,10 @@ def simulate(steps: Sequence[Step], events: Sequence[Event], threads: int
         in_flight = pending.in_flight()
         if event.kind is EventKind.FINALIZE:
             pending.remove(program)
-        points.append(_point(event, program.label, resident, in_flight, intermediate))
-    return tuple(points)
+        residents.append(resident)
+        in_flights.append(in_flight)
+        intermediates.append(intermediate)
+    return Timeline(steps, events, residents, in_flights, intermediates)
 
 
 class _Pending:

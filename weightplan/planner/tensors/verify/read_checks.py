@@ -85,7 +85,7 @@ def read_problems(step: Step, where: Sections) -> tuple[list[str], list[Landing]
     layout = region = spec = scale_spec = attrs = None
     geometry, file, scale_file = _NOTHING, cast(object, _NOTHING), cast(object, _NOTHING)
     low = high = scale_low = scale_high = 0  # (where a read's / its scale's first byte may be)
-    landing, misplaced = _nowhere(), cast("str | None", None)
+    landing, misplaced = _NOWHERE, cast("str | None", None)
     for task in step.reads:
         node = task.node
         try:
@@ -102,7 +102,7 @@ def read_problems(step: Step, where: Sections) -> tuple[list[str], list[Landing]
         if task.layout is not layout or task.region is not region or entry.spec is not spec:
             layout, region, spec = task.layout, task.region, entry.spec
             geometry = _judge(task, entry, scale)
-            file, scale_file, landing = _NOTHING, _NOTHING, _nowhere()
+            file, scale_file, landing = _NOTHING, _NOTHING, _NOWHERE
         fragment = task.fragment
         if fragment is not None:
             view = fragment.view
@@ -153,6 +153,10 @@ def packed_weight_box(task: ReadTask) -> Region:
 
 def _nowhere() -> Landing:
     return Landing(-1, Region((), ()), (), ())  # (no fragment lands like it)
+
+
+# (shared by every step: no fragment's region is its own, so nothing is added to it)
+_NOWHERE = _nowhere()
 
 
 def _not_a_read(step: Step, node: Node) -> str:
