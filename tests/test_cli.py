@@ -153,3 +153,10 @@ def test_the_demo_says_its_temporary_checkpoint_is_gone(capsys):
     assert "<a temporary directory>" in out.splitlines()[2]  # the plan's header names it
     assert "temporary checkpoint is deleted" in out.splitlines()[-1]
     assert "--dir DIR" in out.splitlines()[-1]
+
+
+def test_merge_without_an_adapter_says_what_to_do(tmp_path, capsys):
+    directory = write_checkpoint(tmp_path / "c", moe_checkpoint())
+    assert main(["explain", str(directory), "--model-type", "mixtral", "--merge"]) == 2
+    err = capsys.readouterr().err
+    assert "ArgumentError" in err and "--merge merges an adapter" in err

@@ -180,8 +180,14 @@ def _explain(args: argparse.Namespace) -> int:
         from weightplan.api.adapters import explain_adapter_dir
 
         plan = explain_adapter_dir(args.checkpoint, args.base, dtype=dtype or "auto",
-                                   budget=args.budget, tp=args.tp)
+                                   budget=args.budget, tp=args.tp, merge=args.merge)
     else:
+        if args.merge:
+            from weightplan.errors import ArgumentError
+
+            raise ArgumentError(f"--merge merges an adapter: {args.checkpoint} is not an "
+                                "adapter directory (adapter_config.json); give one, with "
+                                "--base BASE_DIR")
         if args.mapping is None:
             model, dtype = _model_for(args.checkpoint, args.dtype, args.dequantize)
         if args.tp is not None:

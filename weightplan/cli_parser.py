@@ -99,6 +99,9 @@ def _explain_parser(exp: argparse.ArgumentParser) -> None:
     exp.add_argument("--offload-folder", metavar="DIR",
                      help="with --device-map: where modules placed on the disk would go")
     exp.add_argument("--base", metavar="BASE_DIR", help="a LoRA adapter directory's base")
+    exp.add_argument("--merge", action="store_true",
+                     help="with an adapter: fold s·B·A into the base weights inside the plan "
+                          "(from_pretrained(..., merge=True)): the plain base model, merged")
     exp.add_argument("--allow-problems", action="store_true",
                      help="exit 0 even when the plan has problems (default: exit 1)")
 

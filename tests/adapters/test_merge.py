@@ -20,6 +20,7 @@ import weightplan
 from weightplan.api.adapters import explain_with_adapter
 from weightplan.bridge.hub import build_empty_model
 from weightplan.errors import AdapterError, ArgumentError
+from weightplan.planner.core.ops.merge import MergeLora
 
 from tests.adapters.builders import (
     MIXTRAL, PREFIX, QWEN2_MOE, per_expert_adapter, tiny_model, write_config,
@@ -50,9 +51,12 @@ def _expected(base, adapter, key, scale):
     return (w.float() + (b.float() @ a.float()) * scale).to(BF16)
 
 
-@pytest.mark.parametrize("family, rslora", [(MIXTRAL, False), (QWEN2_MOE, True)])
-def test_merged_weights_are_w_plus_sba_cast_once(tmp_path, family, rslora):
-    base = _base(tmp_path, family.name)
+@pytest.mark.parametrize("family, rslora, stored", [(MIXTRAL, False, torch.float32),
+                                                     (QWEN2_MOE, True, torch.float32),
+                                                     (MIXTRAL, False, BF16),
+                                                     (QWEN2_MOE, True, BF16)])
+def test_merged_weights_are_w_plus_sba_cast_once(tmp_path, family, rslora, stored):
+    base = _base(tmp_path, family.name, stored)
     r, alpha = 4, 6
     adapter = per_expert_adapter(str(tmp_path / "v4"), family, r=r, alpha=alpha, rslora=rslora)
     scale = alpha / (math.sqrt(r) if rslora else r)
@@ -60,6 +64,17 @@ def test_merged_weights_are_w_plus_sba_cast_once(tmp_path, family, rslora):
     shared = (family.gate, family.up, family.down) if family is QWEN2_MOE else ()
     # q_proj, gate_up_proj, down_proj (and the shared expert's linears) per layer
     assert plan.adapter.merged == (3 + len(shared)) * 2
+    merges = [s for s in plan.schedule.steps if s.ops and isinstance(s.ops[0], MergeLora)]
+    assert len(merges) == plan.adapter.merged
+    for step in merges:  # a bf16 base is read into the model and updated there; a float32
+        # one is merged in float32 first, then cast once (never rounded before the delta)
+        assert step.in_place is (stored is BF16)
+        held = {r.entry.key for r in step.reads if r.fragment is None}
+        if step.in_place:
+            assert held and all(".lora_" in k for k in held)
+            op = step.ops[0]  # (no merged tensor of its own: the delta's work only)
+            assert step.convert_bytes == op.update_bytes() < op.workspace_bytes() + \
+                step.destinations[0].spec.nbytes
     state = model.state_dict()
     assert not any(".lora_" in k for k in state)
     for layer in range(2):

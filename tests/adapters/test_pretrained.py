@@ -90,6 +90,22 @@ def test_cli_explains_adapter_with_its_base(mixtral, capsys):
     assert "→ gate_up_proj" in out
 
 
+def test_cli_merge_is_from_pretrained_merge(mixtral, capsys):
+    assert main(["explain", str(mixtral / "v4"), "--base", str(mixtral / "base"), "--merge",
+                 "--json"]) == 0
+    cli = json.loads(capsys.readouterr().out)
+    model = build_empty_model(mixtral / "base").model
+    api = explain_with_adapter(model, mixtral / "base", mixtral / "v4", merge=True)
+    assert cli["adapter"] == json.loads(json.dumps(api.to_dict()["adapter"]))
+    assert cli["adapter"]["merged"] == api.adapter.merged == 6  # q_proj, gate_up, down ×2
+    assert main(["explain", str(mixtral / "v4"), "--base", str(mixtral / "base"),
+                 "--merge"]) == 0
+    out = capsys.readouterr().out
+    assert "merged: s·B·A folded into 6 base weight(s)" in out and "MergeLora(" in out
+    assert main(["explain", str(mixtral / "v4"), "--base", str(mixtral / "base")]) == 0
+    assert "MergeLora(" not in capsys.readouterr().out
+
+
 def test_cli_base_from_the_config(tmp_path, capsys):
     tiny_model("mixtral").save_pretrained(tmp_path / "base")
     per_expert_adapter(str(tmp_path / "v4"), MIXTRAL)

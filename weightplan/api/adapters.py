@@ -55,7 +55,7 @@ def explain_with_adapter(model: torch.nn.Module, base: str | os.PathLike[str] | 
 
 
 def explain_adapter_dir(adapter: str, base: str | None = None, **options: Any) -> Plan:
-    """``weightplan explain ADAPTER_DIR [--base BASE]``: the base (``base``, else the
+    """``weightplan explain ADAPTER_DIR [--base BASE] [--merge]``: the base (``base``, else the
     config's ``base_model_name_or_path`` when it is a local path or in the Hub cache)
     built on meta, the adapter injected, both planned in one plan.
 

@@ -68,6 +68,11 @@ class GuardedSink:
         self._note(dest)
         self.inner.write_view(handle, dest, view, src)
 
+    def update_view(self, handle: torch.Tensor, dest: Destination,
+                    view: View) -> torch.Tensor:
+        self._note(dest)
+        return self.inner.update_view(handle, dest, view)
+
     def _note(self, dest: Destination) -> None:
         if not dest.allocates and not self.atomic:
             self.touched.add(dest.key)  # set.add is atomic under the GIL

@@ -33,6 +33,10 @@ class DictSink:
         with torch.no_grad():
             strided(handle, view).copy_(src.reshape(view.shape))
 
+    def update_view(self, handle: torch.Tensor, dest: Destination,
+                    view: View) -> torch.Tensor:
+        return strided(handle, view)
+
     def close(self, dest: Destination, handle: torch.Tensor) -> None:
         self._done[dest.key] = handle
 

@@ -56,6 +56,10 @@ class ExchangeSink:
                    ) -> None:
         self.inner.write_view(handle, dest, view, src)
 
+    def update_view(self, handle: Any, dest: Destination, view: View
+                    ) -> torch.Tensor | None:
+        return self.inner.update_view(handle, dest, view)
+
     def close(self, dest: Destination, handle: Any) -> None:
         self.handles[dest.key] = handle
         self.inner.close(dest, handle)

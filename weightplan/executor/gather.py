@@ -75,6 +75,9 @@ class DiscardSink:
     def write_view(self, handle: Any, dest: Destination, view: View, src: torch.Tensor) -> None:
         return None
 
+    def update_view(self, handle: Any, dest: Destination, view: View) -> torch.Tensor | None:
+        return None
+
     def close(self, dest: Destination, handle: Any) -> None:
         return None
 

@@ -136,6 +136,14 @@ class ModelSink:
             else:
                 strided(handle, view).copy_(src.reshape(view.shape))
 
+    def update_view(self, handle: torch.Tensor, dest: Destination,
+                    view: View) -> torch.Tensor:
+        """``handle`` through ``view``, every copy queued into it landed (a CUDA device's
+        staged copies run on their own stream)."""
+        if handle.is_cuda and self.stager is not None:
+            self.stager.finish()
+        return strided(handle, view)
+
     def close(self, dest: Destination, handle: torch.Tensor) -> None:
         if self._to_disk(dest.key):  # written now, never kept (the model's stays on meta)
             self._offload(dest.key, dest.aliases, handle)

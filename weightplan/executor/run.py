@@ -130,6 +130,9 @@ class _Execution:
         start = time.perf_counter()
         self.tracker.add(program.convert_bytes)
         try:
+            if program.in_place:
+                self._update(program, step)
+                return
             streams = _run_ops(program, step)
             for i, out_stream in enumerate(program.outputs):
                 for j, frags in enumerate(out_stream):
@@ -145,6 +148,31 @@ class _Execution:
             self.tracker.sub(program.convert_bytes + program.held_bytes)
             step.held.clear()
             self.convert_seconds += time.perf_counter() - start
+
+
+    def _update(self, program: Step, step: _Step) -> None:
+        """The step's op finishes its outputs where its reads landed (``Step.in_place``),
+        from the held reads (``None`` at the positions read into the destinations)."""
+        views = []
+        for out_stream in program.outputs:
+            row = []
+            for (f,) in out_stream:  # (lowering: each output one whole fragment)
+                view = self.sink.update_view(step.handles[f.target],
+                                             program.destinations[f.target], f.view)
+                if view is None:  # (a sink that keeps nothing: nothing to update)
+                    return
+                row.append(view)
+            views.append(tuple(row))
+        streams = tuple(tuple(step.held.get((i, j)) for j in range(len(s)))
+                        for i, s in enumerate(program.sources))
+        (op,) = program.ops
+        try:
+            with torch.no_grad():
+                op.update(tuple(views), streams)
+        except Exception as e:
+            keys = ", ".join(n.label for s in program.sources for n in s)
+            raise ExecutionError(f"{op!r} failed updating {program.label} in place (sources "
+                                 f"{keys}): {e}") from e
 
 
 def _run_ops(program: Step, step: _Step) -> Streams[torch.Tensor]:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from weightplan.errors import SaveError, WeightplanError
+from weightplan.errors import ExecutionError, SaveError, WeightplanError
 from weightplan.executor.commit import (
     PARTIAL, Journal, commit, create_exclusive, new_token, refuse_directories, step, temp_name,
     write_synced,
@@ -116,6 +116,13 @@ class FileSink:
                    src: torch.Tensor) -> None:
         with torch.no_grad():
             strided(handle, view).copy_(src.reshape(view.shape))
+
+    def update_view(self, handle: torch.Tensor | None, dest: Destination,
+                    view: View) -> torch.Tensor:
+        if handle is None:  # (lowering updates no file destination in place)
+            raise ExecutionError(f"{dest.key} goes straight to its file: nothing to update "
+                                 "in place; explain the save again")
+        return strided(handle, view)
 
     def close(self, dest: Destination, handle: torch.Tensor | None) -> None:
         if handle is not None:

@@ -17,6 +17,12 @@ Protocol, in the order the planner and executor call it:
 5. ``forward(streams)`` is the kernel;
 6. ``inverse()`` is the exact inverse op, used when saving.
 
+An op whose output is some of its inputs, changed in place by the others (a LoRA merge:
+``W + s·B·A``), can say so instead of placing: ``place_kept(outputs, inputs)`` maps the
+outputs' fragments back to the inputs that land in them unchanged (``None`` for the
+streams it takes as tensors), and ``update(outputs, streams)`` then finishes the outputs
+where they lie, from the other inputs: a plain load's reads, and one pass over the bytes.
+
 A user-defined op subclasses :class:`ConversionOp` and implements at least ``forward``
 and ``inverse``; the defaults of the rest are correct, only less precise.
 """
@@ -83,6 +89,23 @@ class ConversionOp:
 
     def forward(self, streams: Streams[torch.Tensor]) -> Streams[torch.Tensor]:
         raise NotImplementedError(f"{type(self).__name__}.forward")
+
+    def place_kept(self, outputs: Streams[tuple[Fragment, ...]], inputs: Streams[TensorSpec]
+                   ) -> tuple[tuple[tuple[Fragment, ...], ...] | None, ...] | None:
+        """Where the inputs that land unchanged in the outputs go, by stream (``None``: a
+        stream :meth:`update` takes as tensors); ``None``: the op runs on tensors."""
+        return None
+
+    def update(self, outputs: Streams[torch.Tensor],
+               streams: Streams[torch.Tensor | None]) -> None:
+        """Finish ``outputs`` (the destinations' own elements, holding the inputs
+        :meth:`place_kept` placed) in place from the other inputs (``None`` at the placed
+        positions)."""
+        raise NotImplementedError(f"{type(self).__name__}.update")
+
+    def update_bytes(self) -> int:
+        """Temporaries :meth:`update` allocates (the schedule counts them)."""
+        return 0
 
     def inverse(self) -> "ConversionOp":
         raise NotInvertibleError(f"{self!r} has no inverse")

@@ -45,6 +45,7 @@ class MergeLora(ConversionOp):
     experts: int = 1
     transposed: bool = False
     work: int = field(default=0, kw_only=True, compare=False)  # temporaries' bytes
+    kept: int = field(default=0, kw_only=True, compare=False)  # update()'s temporaries
     # where each base input lands in the merged tensor (None: the base chain runs on tensors)
     placed: Streams[tuple[Fragment, ...]] | None = field(default=None, kw_only=True,
                                                          compare=False)
@@ -65,12 +66,15 @@ class MergeLora(ConversionOp):
         (base, w), (a_ops, a), (b_ops, b) = chains
         self._check(w, a, b)
         placed = _place([(op, specs) for name, op, specs in stages if name == "base"], w)
-        work = sum(sum(s.nbytes for stream in op.infer(specs) for s in stream)
-                   for name, op, specs in stages
-                   if op.allocates and (name != "base" or placed is None))
-        work += 4 * (a.numel + b.numel + _chunk(w.shape))
+        allocated = {name: 0 for name in _PARTS}
+        for name, op, specs in stages:
+            if op.allocates:
+                allocated[name] += sum(s.nbytes for stream in op.infer(specs) for s in stream)
+        kept = allocated["lora_a"] + allocated["lora_b"] + 4 * (a.numel + b.numel
+                                                                + _chunk(w.shape))
+        work = kept + (allocated["base"] if placed is None else 0)
         return dataclasses.replace(self, base=base, lora_a=a_ops, lora_b=b_ops, work=work,
-                                   placed=placed)
+                                   kept=kept, placed=placed)
 
     def _split(self, streams: tuple) -> tuple[tuple, ...]:
         if len(streams) != sum(self.counts):
@@ -96,18 +100,48 @@ class MergeLora(ConversionOp):
     def forward(self, streams: Streams[torch.Tensor]) -> Streams[torch.Tensor]:
         parts = self._split(streams)
         out = self._base(parts[0])
-        a = self._chain(self.lora_a, parts[1]).to(torch.float32)
-        b = self._chain(self.lora_b, parts[2]).to(torch.float32)
-        if self.experts > 1:
-            a = a.reshape(self.experts, -1, a.shape[-1])  # (E, r, in): expert axis slowest
-            b = b.reshape(b.shape[0], -1, self.experts).permute(2, 0, 1)  # (E, out, r)
-        buffer = torch.empty(_chunk(out.shape), dtype=torch.float32)
-        if self.experts > 1:
-            for e in range(self.experts):
-                _add_delta(out[e], b[e], a[e], self.scale, self.transposed, buffer)
-        else:
-            _add_delta(out, b, a, self.scale, self.transposed, buffer)
+        self._add(out, parts[1], parts[2])
         return ((out,),)
+
+    def place_kept(self, outputs: Streams[tuple[Fragment, ...]], inputs: Streams[TensorSpec]
+                   ) -> tuple[tuple[tuple[Fragment, ...], ...] | None, ...] | None:
+        """The base weight's inputs land where the base chain puts them in the output (a
+        plain load's reads); ``lora_A`` and ``lora_B`` are taken as tensors by
+        :meth:`update`. ``None`` where a base op can't place."""
+        specs, chain = self._split(inputs)[0], []
+        for op in self.base:
+            chain.append((op, specs))
+            specs = op.infer(specs)
+        frags = outputs
+        for op, specs in reversed(chain):
+            placed = op.place(frags, specs)
+            if placed is None:
+                return None
+            frags = placed
+        return (*frags, *(None for _ in range(self.counts[1] + self.counts[2])))
+
+    def update(self, outputs: Streams[torch.Tensor],
+               streams: Streams[torch.Tensor | None]) -> None:
+        """``W += s·B·A`` where the base weight was read (see :meth:`place_kept`): float32,
+        rounded once into the output's dtype, a block of rows at a time."""
+        parts = self._split(streams)
+        self._add(outputs[0][0], parts[1], parts[2])
+
+    def update_bytes(self) -> int:
+        return self.kept
+
+    def _add(self, out: torch.Tensor, lora_a: tuple, lora_b: tuple) -> None:
+        """``out += s·B·A`` (the delta in float32, on ``out``'s device, rounded once)."""
+        a = self._chain(self.lora_a, lora_a).to(out.device, torch.float32)
+        b = self._chain(self.lora_b, lora_b).to(out.device, torch.float32)
+        buffer = torch.empty(_chunk(out.shape), dtype=torch.float32, device=out.device)
+        if self.experts == 1:
+            _add_delta(out, b, a, self.scale, self.transposed, buffer)
+            return
+        a = a.reshape(self.experts, -1, a.shape[-1])  # (E, r, in): expert axis slowest
+        b = b.reshape(b.shape[0], -1, self.experts).permute(2, 0, 1)  # (E, out, r)
+        for e in range(self.experts):
+            _add_delta(out[e], b[e], a[e], self.scale, self.transposed, buffer)
 
     def _base(self, streams: Streams[torch.Tensor]) -> torch.Tensor:
         """The base weight in a tensor of its own: each input copied once into its place

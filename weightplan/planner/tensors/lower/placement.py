@@ -4,11 +4,14 @@ Starting from the sink nodes (each a full view of a model tensor, an output-file
 or a returned tensor), fragments are pushed backwards through the op nodes, stage by
 stage, with ``ConversionOp.place``. When every op places, each read node's bytes go
 straight into the slice of the destination a merge/concat/chunk would put them in: no
-intermediate at all. A read is *direct* (a plain byte copy) when its destination view is
-contiguous, the dtype needs no cast and the source region is one contiguous byte range;
-otherwise it is a strided (and casting) copy. When an op can't place, the op nodes up to
-it run on materialized tensors and their outputs are copied into the placed views. An
-output-file destination written by anything but direct copies is *staged*: assembled in
+intermediate at all. An op that can't place but updates its output in place (a LoRA
+merge, ``ConversionOp.place_kept``) is lowered like a placed one for the inputs it keeps:
+they are read straight into the destination, the others are held, and the op then
+finishes the destination where it lies (``Step.in_place``). A read is *direct* (a plain
+byte copy) when its destination view is contiguous, the dtype needs no cast and the source
+region is one contiguous byte range; otherwise it is a strided (and casting) copy. When
+an op can't place, the op nodes up to it run on materialized tensors and their outputs are
+copied into the placed views. An output-file destination written by anything but direct copies is *staged*: assembled in
 memory, written once. Everything here is derived from the graph's nodes; the step keeps
 the nodes it runs, and :mod:`~weightplan.planner.tensors.verify.verify` checks it. The reads
 themselves (byte ranges, pieces, windows) are :mod:`~weightplan.planner.tensors.lower.read_tasks`.
@@ -59,6 +62,7 @@ class Step:
     outputs: Streams[tuple[Fragment, ...]]  # where the last materialized stage's outputs land
     quantized: tuple[QuantizeTask, ...] = ()  # values quantized into FP8 weight + scale
     device_dequantize: frozenset[int] = frozenset()  # destinations dequantized on their device
+    in_place: bool = False  # the one materialized op updates ``outputs`` where its reads landed
     read_bytes: int = field(init=False)  # (spans, or only their runs: strided.py)
     dest_bytes: int = field(init=False)  # allocated and resident (0 when writing in place)
     staged_bytes: int = field(init=False)  # output tensors assembled until finalized
@@ -78,11 +82,15 @@ class Step:
         _set_staged_bytes(self, staged)
         _set_held_bytes(self, sum(map(_TMP_BYTES, filterfalse(_FRAGMENT, reads))))  # (placed: 0)
         ops = 0
-        for stage in self.materialize:  # (none when every op places)
-            op = stage_op(stage)
-            if op.allocates:
-                ops += sum(n.spec.nbytes for stream in stage for n in stream)
-            ops += op.workspace_bytes()
+        if self.in_place:  # (the outputs are the destinations: nothing allocated for them)
+            for stage in self.materialize:
+                ops += stage_op(stage).update_bytes()
+        else:
+            for stage in self.materialize:  # (none when every op places)
+                op = stage_op(stage)
+                if op.allocates:
+                    ops += sum(n.spec.nbytes for stream in stage for n in stream)
+                ops += op.workspace_bytes()
         if self.quantized:
             ops += sum(t.work_bytes for t in self.quantized)
         _set_convert_bytes(self, ops)
@@ -131,10 +139,50 @@ def plan_step(conv: Conversion, piece_bytes: int = PIECE_BYTES) -> Step:
     if m == 0:
         reads = placed_reads(values[0], frags, dests, piece_bytes)
         return Step(conv.label, sinks, _staging(dests, reads, False), reads, values[0], (), ())
+    if m == 1 == len(values) - 1:
+        kept = stage_op(values[1]).place_kept(frags, stage_specs(values[0]))
+        if kept is not None and _updatable(values[1], frags, dests):
+            return _update_step(conv.label, sinks, values, kept, frags, dests, piece_bytes)
     reads = tuple(read_task(n, Region.full(n.spec.shape), None, False, piece_bytes)
                   for stream in values[0] for n in stream)
     return Step(conv.label, sinks, _staging(dests, reads, True), reads, values[0],
                 values[1:m + 1], frags)
+
+
+_UPDATABLE = (DestKind.ALLOCATE, DestKind.IN_PLACE, DestKind.MEMORY)
+
+
+def _updatable(outputs: Streams[Node], frags: Streams[tuple[Fragment, ...]],
+               dests: tuple[Destination, ...]) -> bool:
+    """Whether the last op's outputs can be updated where they land: each one whole in one
+    tensor-backed destination of its own dtype (no cast after it: the op rounds once),
+    unsharded."""
+    for stream, placed in zip(outputs, frags, strict=True):
+        for node, found in zip(stream, placed, strict=True):
+            if len(found) != 1:
+                return False
+            f = found[0]
+            d = dests[f.target]
+            if (d.kind not in _UPDATABLE or d.shard is not None or d.spec.dtype != node.spec.dtype
+                    or f.region != Region.full(node.spec.shape)):
+                return False
+    return True
+
+
+def _update_step(label: str, sinks: tuple[Node, ...], values: tuple[Streams[Node], ...],
+                 kept: tuple[tuple[tuple[Fragment, ...], ...] | None, ...],
+                 outputs: Streams[tuple[Fragment, ...]], dests: tuple[Destination, ...],
+                 piece_bytes: int) -> Step:
+    """The kept inputs read into their place in the destinations, the others held; the op
+    then updates ``outputs`` in place (``Step.in_place``)."""
+    sources = values[0]
+    placed = [(s, k) for s, k in zip(sources, kept, strict=True) if k is not None]
+    reads = placed_reads(tuple(s for s, _ in placed), tuple(k for _, k in placed), dests,
+                         piece_bytes)
+    reads += tuple(read_task(n, Region.full(n.spec.shape), None, False, piece_bytes)
+                   for stream, k in zip(sources, kept, strict=True) if k is None
+                   for n in stream)
+    return Step(label, sinks, dests, reads, sources, values[1:], outputs, in_place=True)
 
 
 def _sinks(nodes: tuple[Node, ...], kinds: list[NodeKind]) -> tuple[Node, ...]:

@@ -68,12 +68,26 @@ def _quant_steps() -> ModuleType:
 def check_coverage(step: Step, landed: list[Landing]) -> list[str]:
     """Each destination of ``step`` is covered exactly once by what lands in it: ``landed``
     (its reads', as :func:`~weightplan.planner.tensors.verify.read_checks.read_problems`
-    found them), its op outputs' and its quantized values' fragments."""
+    found them), its op outputs' and its quantized values' fragments. An op that updates
+    its outputs in place (``Step.in_place``) writes over its reads: the reads cover each
+    destination once, and so, on their own, do the outputs it updates."""
     dests = step.destinations
+    outputs = chain.from_iterable(chain.from_iterable(step.outputs))
+    if step.in_place:
+        return (_covered(step, landed, "the op's place_kept() must map each output element "
+                                       "to exactly one kept input")
+                + _covered(step, landings(outputs), "the outputs updated in place must be "
+                                                    "the destinations, each whole, once"))
     if step.outputs or step.quantized:
         quantized = (_quant_steps().quantize_fragments(q, dests) for q in step.quantized)
-        landed = landed + landings(chain(chain.from_iterable(chain.from_iterable(step.outputs)),
-                                         chain.from_iterable(quantized)))
+        landed = landed + landings(chain(outputs, chain.from_iterable(quantized)))
+    return _covered(step, landed, "the op's place() must map each output element to exactly "
+                                  "one input")
+
+
+def _covered(step: Step, landed: list[Landing], fix: str) -> list[str]:
+    """``landed`` covers each destination of ``step`` exactly once, else what is wrong."""
+    dests = step.destinations
     into: list[list[Landing]] = [[] for _ in dests]
     for landing in landed:
         if not 0 <= landing.target < len(dests):
@@ -84,8 +98,7 @@ def check_coverage(step: Step, landed: list[Landing]) -> list[str]:
     for dest, found in zip(dests, into, strict=True):
         problem = coverage_problem(dest_view(dest), found)
         if problem is not None:
-            problems.append(f"destination {dest.key} of step {step.label}: {problem}; the "
-                            "op's place() must map each output element to exactly one input")
+            problems.append(f"destination {dest.key} of step {step.label}: {problem}; {fix}")
     return problems
 
 
