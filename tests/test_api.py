@@ -29,6 +29,8 @@ def test_from_pretrained_signature():
     assert list(params)[0] == "name_or_path"
     assert params["dtype"].default == "auto" and params["device"].default is None
     assert params["dtype"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert params["dequantize_on"].default == "auto"  # as explain's
+    assert inspect.signature(weightplan.explain).parameters["dequantize_on"].default == "auto"
 
 
 def test_register_and_get_mapping():

@@ -195,7 +195,8 @@ def _explain(args: argparse.Namespace) -> int:
         plan = weightplan.explain(model, args.checkpoint, mapping=args.mapping, dtype=dtype,
                                   budget=args.budget, device_map=args.device_map,
                                   max_memory=args.max_memory,
-                                  offload_folder=args.offload_folder)
+                                  offload_folder=args.offload_folder,
+                                  dequantize_on=args.dequantize_on)
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
     else:
@@ -219,7 +220,7 @@ def _explain_ranks(model: Any, dtype: Any, args: argparse.Namespace) -> int:
                         cooperative=args.cooperative, storage=args.storage,
                         local_world_size=per_node(args.tp, args.nodes))
     plans = plan_ranks(model, args.checkpoint, tp, mapping=args.mapping, dtype=dtype,
-                       budget=args.budget)
+                       budget=args.budget, dequantize_on=args.dequantize_on)
     print(json.dumps(rank_rows(plans), indent=2) if args.json
           else _safe(rank_table(plans, wording=cli_wording, width=args.width)))
     return _status([p for plan in plans for p in plan.problems], args)

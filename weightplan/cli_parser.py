@@ -75,6 +75,10 @@ def _explain_parser(exp: argparse.ArgumentParser) -> None:
                      help="plan a quantized checkpoint (block FP8) dequantized into a model of "
                           "the config's dtype (also when --dtype names one); without it, the "
                           "model keeps the quantized weights and their scales, as serving does")
+    exp.add_argument("--dequantize-on", choices=("auto", "host", "device"), default="auto",
+                     help="where FP8 dequantizes run: on the destination device after the "
+                          "copy (FP8 bytes + scales over the bus), or on the host before it; "
+                          "auto (default): on the device when it is a GPU")
     exp.add_argument("--budget", help="memory the load may add at most, e.g. 8GiB")
     exp.add_argument("--json", action="store_true", help="print plan.to_dict() as JSON")
     exp.add_argument("--width", type=int, default=None, help="text width")

@@ -126,3 +126,67 @@ def test_only_whole_plain_copies_are_referenced(saved):
     bf16 = weightplan.explain(model, directory, dtype=torch.bfloat16)  # a cast: still whole
     step = next(s for s in bf16.schedule.steps if s.destinations[0].key == "model.norm.weight")
     assert step.destinations[0].spec.dtype == torch.bfloat16 and in_place_source(step)
+
+
+CPU = {torch.float32: "400KiB", torch.bfloat16: "200KiB"}  # part of the model on the disk
+
+
+def test_written_tensors_stream_unless_converted_on_the_host(saved, tmp_path):
+    """Merged experts (direct byte copies) are streamed into their files, no host tensor;
+    cast ones are staged (assembled in host memory, then written). Both hold what
+    transformers' own load holds."""
+    cls, _, _, directory = saved["mixtral"]
+    reference = {torch.float32: pretrained(cls, directory),
+                 torch.bfloat16: pretrained(cls, directory, dtype=torch.bfloat16)}
+    for dtype, staged in ((torch.float32, False), (torch.bfloat16, True)):
+        with weightplan.init_empty():
+            model = cls(saved["mixtral"][1]).eval()
+        folder = tmp_path / str(dtype)
+        plan = weightplan.explain(model, directory, device_map="auto", dtype=dtype,
+                                  max_memory={"cpu": CPU[dtype]}, offload_folder=folder)
+        off = plan.options.placement.offload
+        written = [t for t in off.tensors if not t.referenced]
+        assert written and all(t.staged == staged for t in written), dtype
+        assert off.staged_bytes == (off.written_bytes if staged else 0)
+        assert off.streamed_names() == (frozenset() if staged else {t.name for t in written})
+        report = plan.execute()
+        assert report.offload_written_bytes == off.written_bytes
+        for t in written:
+            with safe_open(str(folder / f"{t.name}.safetensors"), "pt") as f:
+                value = f.get_tensor(t.name)
+            assert torch.equal(value, reference[dtype].get_parameter(t.name)), t.name
+
+
+def test_the_cpu_reserves_host_room_only_for_staged_tensors(saved, tmp_path):
+    """The placement's host side counts the tensors on their way to the disk only when they
+    are held in host memory (staged): referenced and streamed ones take none."""
+    from weightplan.planner.pipelines.devices import automatic_request, host_costs
+    from weightplan.planner.tensors.schedule.device_plan import fill_input
+    from weightplan.planner.inputs.module_tree import module_tree
+
+    cls, cfg, _, directory = saved["mixtral"]
+    for dtype in (torch.float32, torch.bfloat16):
+        with weightplan.init_empty():
+            model = cls(cfg).eval()
+        plain = weightplan.explain(model, directory, dtype=dtype)
+        inp = fill_input(module_tree(model), plain.model_info, plain.schedule.steps, dtype,
+                         plain.schedule.threads)
+        for step in plain.schedule.steps:
+            for d in step.destinations:
+                # fp32: referenced in place (whole copies) or streamed (merged): none held;
+                # bf16 (the model's own dtype kept, cast by the load): all staged
+                held = inp.host_offloaded[d.key]
+                assert held == (d.spec.nbytes if dtype == torch.bfloat16 else 0), d.key
+        request = automatic_request("auto", {"cpu": CPU[dtype]}, tmp_path, model, None)
+        temporaries = host_costs(request.windowed(plain.schedule)).temporaries
+        plan = weightplan.explain(model, directory, device_map="auto", dtype=dtype,
+                                  max_memory={"cpu": CPU[dtype]}, offload_folder=tmp_path)
+        placement = plan.options.placement
+        cpu = next(u for u in placement.uses if u.device == "cpu")
+        off = placement.offload
+        resident = sum(b.numel() * b.element_size() for n, b in model.named_buffers()
+                       if placement.device_of(n) == "disk")  # (buffers stay in memory)
+        if dtype == torch.float32:  # nothing held on its way to the disk
+            assert off.staged_bytes == 0 and cpu.staging == temporaries + resident
+        else:  # a window of the staged tensors, at most all of them
+            assert 0 < cpu.staging - temporaries - resident <= off.staged_bytes

@@ -127,3 +127,47 @@ def test_device_kernel_on_cpu_tensors(shape, block):
     rows = torch.empty(shape[0] - 64, shape[1], dtype=torch.bfloat16)
     dequantize_on_device(q[64:], s, rows, block, (64, 0), shape)
     assert torch.equal(rows, expected[64:])
+
+
+def test_from_pretrained_takes_the_side(fp8_checkpoints, monkeypatch):
+    """``from_pretrained(dequantize_on=...)`` plans as ``explain`` does: ``"device"`` runs
+    the device kernel (the CPU standing in), ``"host"`` never does; both load the same."""
+    import weightplan.executor.dequant as dequant
+    from weightplan.errors import ArgumentError
+
+    _, fp8_dir = fp8_checkpoints("mixtral")
+    calls = []
+    kernel = dequant.dequantize_on_device
+    monkeypatch.setattr(dequant, "dequantize_on_device",
+                        lambda *a, **k: (calls.append(a[2].shape), kernel(*a, **k))[1])
+    host = weightplan.from_pretrained(fp8_dir, dequantize=True, dequantize_on="host",
+                                      progress=False)
+    assert not calls
+    device = weightplan.from_pretrained(fp8_dir, dequantize=True, dequantize_on="device",
+                                        progress=False)
+    assert len(calls) == len(fp8_weights(fp8_dir))  # each FP8 weight, on the device side
+    got, expected = device.state_dict(), host.state_dict()
+    assert set(got) == set(expected)
+    for key, value in expected.items():
+        assert got[key].dtype == value.dtype and torch.equal(got[key], value), key
+    with pytest.raises(PlanError, match="dequantize_on='gpu'"):  # before anything is built
+        weightplan.from_pretrained(fp8_dir, dequantize=True, dequantize_on="gpu")
+    with pytest.raises(ArgumentError, match="keeps the quantized weights"):
+        weightplan.from_pretrained(fp8_dir, dequantize_on="device")  # nothing dequantized
+
+
+def test_the_cli_shows_the_side(fp8_checkpoints, capsys):
+    from weightplan.cli import main
+
+    _, fp8_dir = fp8_checkpoints("llama")
+    main(["explain", str(fp8_dir), "--dequantize", "--dequantize-on", "device",
+          "--allow-problems"])
+    assert "on the device (cpu)" in capsys.readouterr().out
+    main(["explain", str(fp8_dir), "--dequantize", "--allow-problems", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert "dequantize" not in data  # auto onto the CPU: on the host, shown as before
+    main(["explain", str(fp8_dir), "--dequantize", "--dequantize-on", "host",
+          "--device-map", "auto", "--max-memory", "cuda:0=80GiB,cpu=1GiB", "--json",
+          "--allow-problems"])
+    sides = json.loads(capsys.readouterr().out)["dequantize"]["sides"]
+    assert sides["host"]["count"] > 0 and sides["device"]["count"] == 0

@@ -54,7 +54,8 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
                     local_files_only: bool = False, token: str | bool | None = None,
                     subfolder: str | None = None, attn_implementation: str | None = None,
                     experts_implementation: str | None = None, generation_config: Any = None,
-                    dequantize: bool | None = None, adapter: str | os.PathLike[str] | None = None,
+                    dequantize: bool | None = None, dequantize_on: str = "auto",
+                    adapter: str | os.PathLike[str] | None = None,
                     adapter_name: str = "default", merge: bool = False, **transformers_only: Any) -> Any:
     """Build the model a checkpoint's ``config.json`` names and load the checkpoint into it.
 
@@ -67,7 +68,7 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
         tp: ``"auto"`` or a :class:`TensorParallel`: each rank loads its part of a model
             prepared as transformers' ``tp_plan="auto"`` does (``experts="ep"``: EP), whose
             forward runs across the ranks (under torchrun, the group is started if need be).
-        strict, progress: as :meth:`Plan.execute`; mapping, budget, threads: as :func:`explain`.
+        strict, progress: as :meth:`Plan.execute`; mapping, budget, threads, dequantize_on: as :func:`explain`.
         return_report / output_loading_info: also return the :class:`LoadReport` / transformers' loading info.
         revision, cache_dir, local_files_only, token, subfolder, attn_implementation,
         experts_implementation, generation_config, torch_dtype (deprecated: ``dtype``): as
@@ -76,19 +77,19 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
     Example:
         >>> model = weightplan.from_pretrained("org/tiny-llama", tp="auto")  # doctest: +SKIP
     """
-    _one_return(return_report, output_loading_info)
+    _one_return(return_report, output_loading_info, dequantize_on)
     dtype, tp = fold_transformers_keywords(transformers_only, dtype), _alone(tp, adapter)
     device, keep, (tensor_parallel, mesh) = (device_from_map(device_map, device, tp),
                                              keeps_quantized(dequantize, dtype, tp) and not merge, _parallel(tp))
     directory, adapter = _resolved(name_or_path, adapter, revision=revision, cache_dir=cache_dir,
                                    local_files_only=local_files_only, token=token,
                                    subfolder=subfolder)
-    model = _built(directory, tensor_parallel, mesh, (attn_implementation,
-                                                      experts_implementation), progress, keep)
+    model = _sided(_built(directory, tensor_parallel, mesh, (attn_implementation, experts_implementation),
+                          progress, keep), dequantize_on)
     with status(f"planning the load of {directory}", "planned the load", progress):
         plan = _explain(model, directory, adapter, adapter_name, merge, dtype=dtype, mapping=mapping,
-                        budget=budget, threads=threads, device=_rank_device(device, mesh),
-                        tp=tensor_parallel, max_memory=max_memory, offload_folder=offload_folder)
+                        budget=budget, threads=threads, device=_rank_device(device, mesh), tp=tensor_parallel,
+                        max_memory=max_memory, offload_folder=offload_folder, dequantize_on=dequantize_on)
     report = plan.execute(strict=strict, progress=progress)
     return _finished(model, directory, generation_config, report, output_loading_info,
                      return_report)
@@ -149,9 +150,32 @@ def keeps_quantized(dequantize: bool | None, dtype: object, tp: object) -> bool:
     return tp is None and (dtype is None or dtype == "auto")
 
 
-def _one_return(return_report: bool, output_loading_info: bool) -> None:
+def _sided(model: torch.nn.Module, dequantize_on: str) -> torch.nn.Module:
+    """``model``, once known to dequantize when ``dequantize_on`` sides its dequantizes.
+
+    Raises:
+        ArgumentError: a side asked for, but the model keeps the FP8 weights (nothing is
+            dequantized)."""
+    if dequantize_on != "auto" and getattr(model, "hf_quantizer", None) is not None:
+        raise ArgumentError(f"from_pretrained(dequantize_on={dequantize_on!r}) sides the FP8 "
+                            "dequantizes, but this load keeps the quantized weights as they "
+                            "are (nothing is dequantized): pass dequantize=True (or a dtype) "
+                            "to load them dequantized")
+    return model
+
+
+def _one_return(return_report: bool, output_loading_info: bool, dequantize_on: object) -> None:
+    """Keywords checked before anything is built.
+
+    Raises:
+        ArgumentError: both returns asked for.
+        PlanError: ``dequantize_on`` is not ``"auto"``, ``"host"`` or ``"device"``."""
     if return_report and output_loading_info:
         raise ArgumentError("pass return_report=True or output_loading_info=True, not both")
+    if dequantize_on != "auto":  # (its module only when a side is asked for)
+        from weightplan.planner.tensors.schedule.dequant_side import check_mode
+
+        check_mode(dequantize_on)
 
 
 def _rank_device(device: object, mesh: Any) -> object:

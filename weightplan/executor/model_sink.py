@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from weightplan.errors import PlanError
+from weightplan.errors import ExecutionError, PlanError
 from weightplan.planner.inputs.device import DeviceMap
 from weightplan.executor.init import initialize_fresh
 from weightplan.planner.inputs.model_info import ModelInfo, ModelTensor
@@ -18,6 +18,7 @@ from weightplan.planner.tensors.ir.destination import Destination
 from weightplan.planner.core.geometry import View
 
 if TYPE_CHECKING:
+    from weightplan.executor.offload import OffloadFile
     from weightplan.executor.staging import Stager
     from weightplan.planner.tensors.ir.shard_nodes import Sharding
 
@@ -99,8 +100,10 @@ class ModelSink:
 
     def __init__(self, model: nn.Module, info: ModelInfo, missing: list[str], initialize: bool,
                  dtype: torch.dtype | None = None, devices: DeviceMap | None = None,
-                 sharding: Sharding | None = None):
+                 sharding: Sharding | None = None, streamed: frozenset[str] = frozenset()):
         self.model, self.info, self.dtype, self.devices = model, info, dtype, devices
+        self.streamed = streamed  # disk tensors the plan streams into their files
+        self.streaming: dict[str, OffloadFile] = {}  # streamed files open, by tensor
         self.sharding = sharding
         self.stager = _stager() if devices is not None and devices.uses_cuda else None
         self.missing, self.initialize = missing, initialize
@@ -109,27 +112,40 @@ class ModelSink:
         self.offloaded: dict[str, str] = {}  # name (every alias) → its file on the disk
         self.disk_bytes = 0  # bytes written to the offload folder
 
-    def open(self, dest: Destination) -> torch.Tensor:
+    def open(self, dest: Destination) -> torch.Tensor | OffloadFile:
+        if dest.allocates and dest.key in self.streamed and self._to_disk(dest.key):
+            assert self.devices is not None and self.devices.offload_folder is not None
+            from weightplan.executor.offload import OffloadFile  # (disk offload only)
+
+            handle = self.streaming[dest.key] = OffloadFile(self.devices.offload_folder,
+                                                            dest.key, dest.spec)
+            return handle  # streamed: each read's bytes straight into the file
         return destination_tensor(self.model, dest, self.devices)
 
-    def write_bytes(self, handle: torch.Tensor, dest: Destination, offset: int,
+    def write_bytes(self, handle: torch.Tensor | OffloadFile, dest: Destination, offset: int,
                     data: torch.Tensor) -> None:
+        if not isinstance(handle, torch.Tensor):
+            handle.write(offset, data)
+            return
         target = flat_bytes(handle)[offset:offset + data.numel()]
         if handle.is_cuda and self.stager is not None:  # pinned staging, non-blocking
             self.stager.copy_bytes(target, data)
         else:
             target.copy_(data)
 
-    def byte_view(self, handle: torch.Tensor, dest: Destination, offset: int,
+    def byte_view(self, handle: torch.Tensor | OffloadFile, dest: Destination, offset: int,
                   nbytes: int) -> torch.Tensor | None:
         """Bytes ``[offset, offset + nbytes)`` of ``handle`` to read a file into, when it
         lives in CPU memory (else ``None``: the reader copies out of a window)."""
-        if handle.device.type != "cpu":
+        if not isinstance(handle, torch.Tensor) or handle.device.type != "cpu":
             return None
         return flat_bytes(handle)[offset:offset + nbytes]
 
-    def write_view(self, handle: torch.Tensor, dest: Destination, view: View,
+    def write_view(self, handle: torch.Tensor | OffloadFile, dest: Destination, view: View,
                    src: torch.Tensor) -> None:
+        if not isinstance(handle, torch.Tensor):  # (the plan streams only direct copies)
+            raise ExecutionError(f"{dest.key}: planned as streamed to the disk (direct "
+                                 "copies only), but a strided write came")
         with torch.no_grad():
             if handle.is_cuda and self.stager is not None:
                 self.stager.copy_view(strided(handle, view), src.reshape(view.shape))
@@ -144,7 +160,12 @@ class ModelSink:
             self.stager.finish()
         return strided(handle, view)
 
-    def close(self, dest: Destination, handle: torch.Tensor) -> None:
+    def close(self, dest: Destination, handle: torch.Tensor | OffloadFile) -> None:
+        if not isinstance(handle, torch.Tensor):  # streamed: every byte is in its file
+            handle.close()
+            del self.streaming[dest.key]
+            self._offloaded(dest.key, dest.aliases, handle.path, dest.spec.nbytes)
+            return
         if self._to_disk(dest.key):  # written now, never kept (the model's stays on meta)
             self._offload(dest.key, dest.aliases, handle)
             return
@@ -160,7 +181,10 @@ class ModelSink:
         from weightplan.executor.offload import write_offloaded  # (disk offload only)
 
         path = write_offloaded(self.devices.offload_folder, key, tensor)
-        self.disk_bytes += tensor.nbytes
+        self._offloaded(key, aliases, path, tensor.nbytes)
+
+    def _offloaded(self, key: str, aliases: tuple[str, ...], path: str, nbytes: int) -> None:
+        self.disk_bytes += nbytes
         for alias in aliases or (key,):
             self.offloaded[alias] = path
 
@@ -198,4 +222,7 @@ class ModelSink:
     def abort(self) -> None:
         if self.stager is not None:
             self.stager.finish()
+        for handle in self.streaming.values():
+            handle.close()
+        self.streaming.clear()
         self.results.clear()

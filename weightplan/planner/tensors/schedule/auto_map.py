@@ -37,6 +37,8 @@ class FillInput:
     size: Mapping[str, int]  # canonical name → bytes on its device
     temp: Mapping[str, int]  # canonical name → staging bytes on an accelerator
     concurrent: int = 1  # staging copies in flight at once (the reader threads)
+    host_offloaded: Mapping[str, int] = field(default_factory=dict)  # canonical name → host
+    # bytes it holds on its way to the disk, were it offloaded (absent: all of its bytes)
     _sets: dict[str, frozenset[str]] = field(default_factory=dict, compare=False, repr=False)
 
     def tensors(self, unit: str) -> frozenset[str]:
@@ -62,6 +64,10 @@ class FillInput:
 
     def bytes_of(self, tensors: frozenset[str]) -> int:
         return sum(self.size.get(t, 0) for t in tensors)
+
+    def host_bytes_offloaded(self, tensors: frozenset[str]) -> int:
+        """Host bytes ``tensors`` hold on their way to the disk (see ``host_offloaded``)."""
+        return sum(self.host_offloaded.get(t, self.size.get(t, 0)) for t in tensors)
 
 
 @dataclass(frozen=True, slots=True)

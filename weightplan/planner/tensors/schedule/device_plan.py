@@ -9,7 +9,8 @@ Per device, the planned peak is
   workspace; ``concurrent`` of them at once, the largest counted);
 - on the CPU: the weights placed there + the load's host side: the schedule's temporaries
   (reads in flight, op intermediates), the pinned staging buffers device copies go
-  through, and the tensors on their way to the disk (a window of them);
+  through, and the tensors on their way to the disk that are assembled in host memory
+  (a window of them; the ones referenced in place or streamed take none);
 - on the disk: the bytes written to ``offload_folder``.
 
 When anything is offloaded, room for the largest whole block is also kept on the main
@@ -37,7 +38,7 @@ from weightplan.planner.tensors.schedule.auto_map import (
 )
 from weightplan.planner.tensors.schedule.dequant_side import device_staging
 from weightplan.planner.tensors.schedule.device_budgets import CPU, DISK, DeviceBudget
-from weightplan.planner.tensors.schedule.offload_plan import OffloadPlan
+from weightplan.planner.tensors.schedule.offload_plan import OffloadPlan, host_bytes_offloaded
 from weightplan.planner.tensors.schedule.schedule import Schedule
 from weightplan.units import format_bytes
 
@@ -148,7 +149,7 @@ def _converged(strategy: str, budgets: Sequence[DeviceBudget], inp: FillInput,
         slots = _slots(strategy, budgets, inp, host, kept=block if keep_block else 0,
                        disk=disk)
         result = fill(inp, slots)
-        on_disk = inp.bytes_of(frozenset().union(
+        on_disk = inp.host_bytes_offloaded(frozenset().union(
             *(inp.tensors(u) for u, d in result.items() if d == DISK)))
         needed = (keep_block or _offloads(result, budgets), max(disk, min(window, on_disk)))
         if needed == (keep_block, disk):
@@ -161,10 +162,13 @@ def _converged(strategy: str, budgets: Sequence[DeviceBudget], inp: FillInput,
 def fill_input(tree: ModuleTree, info: ModelInfo, steps: Iterable[Step],
                dtype: torch.dtype | None, threads: int) -> FillInput:
     """Per canonical tensor: its planned bytes (what the plan writes; the model's own init
-    for the tensors the checkpoint lacks) and its staging copy on an accelerator."""
+    for the tensors the checkpoint lacks), its staging copy on an accelerator, and the host
+    bytes it would hold on its way to the disk (none when referenced in place or streamed:
+    :func:`~weightplan.planner.tensors.schedule.offload_plan.host_bytes_offloaded`)."""
     canon = {name: t.name for name, t in info.tensors.items()}
     size: dict[str, int] = {}
     temp: dict[str, int] = {}
+    host: dict[str, int] = {}
     for step in steps:
         direct = not step.materialize and not step.quantized and all(r.direct for r in step.reads)
         widest = max((n.spec.dtype.itemsize for s in step.sources for n in s), default=1)
@@ -173,6 +177,7 @@ def fill_input(tree: ModuleTree, info: ModelInfo, steps: Iterable[Step],
                 continue
             name = canon.get(d.key, d.key)
             size[name] = d.spec.nbytes
+            host[name] = host_bytes_offloaded(step, i, info)
             if not direct:
                 fp8 = _fp8_reads(step, i)
                 temp[name] = device_staging(fp8) if fp8 else \
@@ -185,7 +190,7 @@ def fill_input(tree: ModuleTree, info: ModelInfo, steps: Iterable[Step],
                                            else t.spec.dtype.itemsize)
     for name, nbytes in tree.extra_bytes.items():
         size.setdefault(canon.get(name, name), nbytes)
-    return FillInput(tree, canon, size, temp, concurrent=max(1, threads))
+    return FillInput(tree, canon, size, temp, concurrent=max(1, threads), host_offloaded=host)
 
 
 def _fp8_reads(step: Step, target: int) -> list[ReadTask]:

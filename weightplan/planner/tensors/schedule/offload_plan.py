@@ -9,7 +9,16 @@ the loader repeats), that file is the checkpoint's own: the tensor is *reference
 place* and its step is dropped from the schedule (nothing read, nothing written; the
 checkpoint is only ever opened for reading). Anything converted (merged experts, a fused
 or split projection, a dequantized FP8 weight, a permutation, a shard) is *written* into
-``offload_folder`` by the executor, as before.
+``offload_folder`` by the executor, one safetensors file per tensor:
+
+- *streamed* when every byte of it is a direct copy (merged experts, a fused projection:
+  byte ranges of checkpoint tensors laid side by side): each read's bytes go straight
+  from the checkpoint's pages into the file at their offset (``pwrite``), no host tensor;
+- *staged* otherwise (a cast, a strided copy, ops run on tensors, a dequantize): the
+  tensor is assembled in host memory and written in one piece when its step finishes.
+
+Only staged tensors take host memory on their way to the disk (what the placement
+reserves on the CPU for them, :func:`host_bytes_offloaded`).
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ class OffloadedTensor:
     file: str | None  # the checkpoint file read in place; None: written to offload_folder
     weight_name: str  # the key inside ``file`` (the checkpoint's key when referenced)
     why_written: str = ""  # what converts it ("" when referenced)
+    staged: bool = False  # written: assembled in host memory first (else streamed)
 
     @property
     def referenced(self) -> bool:
@@ -65,6 +75,15 @@ class OffloadPlan:
     @property
     def written_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors if not t.referenced)
+
+    @property
+    def staged_bytes(self) -> int:
+        """Of the written bytes, those assembled in host memory before they are written."""
+        return sum(t.nbytes for t in self.tensors if t.staged)
+
+    def streamed_names(self) -> frozenset[str]:
+        """The written tensors streamed into their files (the others are staged)."""
+        return frozenset(t.name for t in self.tensors if not t.referenced and not t.staged)
 
     def index(self) -> dict[str, dict[str, str]]:
         """The referenced tensors' offload-index entries, under every alias."""
@@ -99,8 +118,30 @@ def plan_offload(steps: Iterable[Step], devices: DeviceMap, info: ModelInfo
             tensors.append(_tensor(disk[0], os.path.abspath(file), key, ""))
             continue
         kept.append(step)
-        tensors.extend(_tensor(d, None, d.key, _why(step)) for d in disk)
+        tensors.extend(_tensor(d, None, d.key, _why(step), not streams(step, i))
+                       for i, d in enumerate(step.destinations) if d in disk)
     return OffloadPlan(devices.offload_folder, tuple(tensors)), tuple(kept)
+
+
+def host_bytes_offloaded(step: Step, target: int, info: ModelInfo) -> int:
+    """Host bytes destination ``target`` of ``step`` holds on its way to the disk, were it
+    offloaded: none when it is referenced in place or streamed, all of it when staged."""
+    dest = step.destinations[target]
+    referenced = len(step.destinations) == 1 and _model_dtype(dest, info) \
+        and in_place_source(step) is not None
+    return 0 if referenced or streams(step, target) else dest.spec.nbytes
+
+
+def streams(step: Step, target: int) -> bool:
+    """Every byte of destination ``target`` is a direct copy of checkpoint bytes (no op run
+    on tensors, no cast, no dequantize, no strided write): written straight into its file."""
+    if step.materialize or step.quantized or not all(isinstance(r.fragment, Fragment)
+                                                      for r in step.reads):
+        return False
+    into = [r for r in step.reads
+            if isinstance(r.fragment, Fragment) and r.fragment.target == target]
+    return bool(into) and all(r.direct and r.dequantize is None and r.entry.file is not None
+                              and r.layout.runs is None for r in into)
 
 
 def in_place_source(step: Step) -> tuple[str, str] | None:
@@ -135,9 +176,10 @@ def _model_dtype(dest: Destination, info: ModelInfo) -> bool:
     return t is None or t.spec.dtype == dest.spec.dtype
 
 
-def _tensor(dest: Destination, file: str | None, key: str, why: str) -> OffloadedTensor:
+def _tensor(dest: Destination, file: str | None, key: str, why: str,
+            staged: bool = False) -> OffloadedTensor:
     return OffloadedTensor(dest.key, dest.aliases, dest.spec.nbytes, dest.spec.dtype, file,
-                           key, why)
+                           key, why, staged)
 
 
 def _why(step: Step) -> str:
