@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,6 +27,9 @@ from weightplan.errors import PartialLoadError, WeightplanError
 from weightplan.executor.model_sink import ModelSink, current_tensor
 from weightplan.planner.tensors.ir.destination import Destination
 from weightplan.planner.core.geometry import View
+
+if TYPE_CHECKING:
+    from weightplan.executor.offload import OffloadFile
 
 
 class GuardedSink:
@@ -44,7 +48,7 @@ class GuardedSink:
     def initialized(self) -> dict[str, str]:
         return self.inner.initialized
 
-    def open(self, dest: Destination) -> torch.Tensor:
+    def open(self, dest: Destination) -> torch.Tensor | OffloadFile:
         if not self.atomic or dest.allocates:
             return self.inner.open(dest)
         if dest.key not in self._staged:
