@@ -197,8 +197,11 @@ def fixture_keys(name: str, layers: int | None = None) -> list[Entry]:
     return list(FIXTURES[name][1](fixture_config(name, layers)))
 
 
-def write_fixture(name: str, directory: Path, layers: int | None = None) -> Path:
-    """Write the sparse shards, the index and ``config.json``; returns ``directory``."""
+def write_fixture(name: str, directory: Path, layers: int | None = None, *,
+                  safetensors_order: bool = False) -> Path:
+    """Write the sparse shards, the index and ``config.json``; returns ``directory``.
+    ``safetensors_order``: each shard's tensors laid out as the ``safetensors`` library
+    writes them (:data:`SAFETENSORS_ORDER`), else in key order."""
     config = fixture_config(name, layers)
     entries = fixture_keys(name, layers)
     shards = min(FIXTURES[name][2], len(entries))
@@ -208,7 +211,7 @@ def write_fixture(name: str, directory: Path, layers: int | None = None) -> Path
     weight_map: dict[str, str] = {}
     for n, chunk in enumerate(_split(entries, shards, total), start=1):
         file = f"model-{n:0{digits}d}-of-{shards:0{digits}d}.safetensors"
-        _write_sparse(directory / file, chunk)
+        _write_sparse(directory / file, chunk, safetensors_order)
         weight_map.update((key, file) for key, _, _ in chunk)
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
@@ -237,7 +240,15 @@ def _split(entries: list[Entry], shards: int, total: int) -> list[list[Entry]]:
     return out
 
 
-def _write_sparse(path: Path, chunk: list[Entry]) -> None:
+# ``safetensors``' own layout of a file (``save_file``): tensors sorted by dtype, this
+# order (its ``Dtype`` enum, last first), then by name; the header lists them the same way
+SAFETENSORS_ORDER = ("U64", "I64", "F64", "C64", "F32", "U32", "I32", "BF16", "F16", "U16",
+                     "I16", "F8_E8M0", "F8_E4M3", "F8_E5M2", "I8", "U8", "BOOL")
+
+
+def _write_sparse(path: Path, chunk: list[Entry], safetensors_order: bool = False) -> None:
+    if safetensors_order:
+        chunk = sorted(chunk, key=lambda e: (SAFETENSORS_ORDER.index(e[1]), e[0]))
     header: dict = {"__metadata__": {"format": "pt"}}
     offset = 0
     for key, dtype, shape in chunk:

@@ -5,8 +5,10 @@ weightplan into their floating models on meta.
     python benchmarks/quant.py [--only gpt-oss-120b] [--repeat 5] [--cache DIR] [--layers N]
 
 The fixtures are sparse safetensors (:mod:`benchmarks.frontier`'s writer) with the real key
-names, dtypes, shapes and shard counts, plus the only data bytes a plan reads: each
-``weight_shape`` (pack-quantized's logical shape). Kimi-K2 uses DeepSeek-V3's model class
+names, dtypes, shapes and shard counts, each file laid out as the ``safetensors`` library
+writes it (sorted by dtype, then name: the I64 ``weight_shape`` tensors first, side by
+side), plus the only data bytes a plan reads: each ``weight_shape`` (pack-quantized's
+logical shape). Kimi-K2 uses DeepSeek-V3's model class
 (its ``model_type`` ``kimi_k2`` is remote code; the architecture is DeepSeek-V3's). It
 prints the median ``explain()`` CPU time (target ≤ 1.0 s each), the problem count (target
 0), and the plan's format note (stored bytes → dequantized bytes).
@@ -105,7 +107,7 @@ _ = _mlp  # (the DeepSeek-V3 expert layout kimi_keys rewrites)
 def write(name: str, directory: Path, layers: int | None = None) -> Path:
     """The sparse fixture, with every ``weight_shape``'s values written in."""
     frontier.FIXTURES.update(FIXTURES)
-    frontier.write_fixture(name, directory, layers)
+    frontier.write_fixture(name, directory, layers, safetensors_order=True)
     config = json.loads((directory / "config.json").read_text())
     if "layer_types" in config:  # (gpt-oss: one per layer)
         config["layer_types"] = config["layer_types"][:config["num_hidden_layers"]]
@@ -134,6 +136,7 @@ def _header(path: Path) -> tuple[int, dict]:
 
 def fixture(cache: Path, name: str, layers: int | None = None) -> Path:
     directory = cache / (name if layers is None else f"{name}-{layers}l")
+    directory = directory.with_name(directory.name + "-st")  # (the layout safetensors writes)
     if not (directory / "config.json").exists():
         write(name, directory, layers)
     return directory

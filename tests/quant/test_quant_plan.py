@@ -70,6 +70,27 @@ def test_packed_width_against_weight_shape(tmp_path):
     _refused(directory, "a.weight_packed is [40, 12]", "needs [40, 25]")
 
 
+def test_one_expert_of_a_stack_with_its_own_weight_shape(tmp_path):
+    """The experts of a stack share their headers and are paired by one check per
+    layout; an expert whose weight_shape values differ is a layout of its own: refused
+    alone, named, the others paired."""
+    torch.manual_seed(0)
+    tensors = {}
+    for e in range(12):
+        packed, _, _ = ct_compress(torch.randn(40, 96, dtype=torch.bfloat16), "int", "group",
+                                   group=32)
+        tensors |= {f"m.experts.{e}.{k}": v for k, v in packed.items()}
+    tensors["m.experts.7.weight_shape"] = torch.tensor([40, 200])
+    directory = write_checkpoint(tmp_path / "stack", tensors, {"quantization_config": INT4})
+    model = module_with({f"m.experts.{e}.weight": ((40, 96), torch.bfloat16)
+                         for e in range(12)})
+    plan = weightplan.explain(model, directory)
+    problems = [p for p in plan.problems if p.kind.value == "quantization"]
+    assert [p.key for p in problems] == ["m.experts.7.weight"], str(plan)
+    assert "m.experts.7.weight_packed is [40, 12]" in problems[0].message
+    assert "needs [40, 25]" in problems[0].message
+
+
 def test_forbidden_scale_dtype_and_missing_part(tmp_path):
     def bad(t):
         t["a.weight_scale"] = t["a.weight_scale"].to(torch.int32)

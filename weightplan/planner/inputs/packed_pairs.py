@@ -25,12 +25,15 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import compress, repeat
+from operator import add, and_, attrgetter, itemgetter, not_, or_, truth
 
 import torch
 
 from weightplan.planner.core.entry import TensorEntry
+from weightplan.planner.core.makers import columns, fill, slot_setters
 from weightplan.planner.core.quant.formats import Scheme, companion_shapes, logical_shape
 from weightplan.planner.core.spec import TensorSpec, short_dtype
 from weightplan.planner.inputs.checkpoint import Checkpoint
@@ -46,7 +49,8 @@ _DTYPES: dict[str, dict[str, tuple[torch.dtype, ...]]] = {
             "g_idx": (torch.int32, torch.int64)},
     "nvfp4": {"packed": (torch.uint8,), "scale": (F8,), "global": (torch.float32,)},
 }
-ReadSmall = Callable[[TensorEntry], list[int]]
+ReadSmall = Callable[[Sequence[TensorEntry]], list[tuple[int, ...]]]  # a batch's values
+ReadOne = Callable[[TensorEntry], Sequence[int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +65,9 @@ class PackedWeight:
     @property
     def stored_bytes(self) -> int:
         return sum(p.nbytes for p in self.parts)
+
+
+_weights = columns(PackedWeight)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,84 +99,216 @@ class PackedPairing:
 def pair_packed(entries: Mapping[str, TensorEntry], config: FormatConfig,
                 read_small: ReadSmall, file_of: Callable[[TensorEntry], str] = lambda e: e.file or "<memory>"
                 ) -> PackedPairing:
-    """Pair every stored weight of ``entries`` under ``config`` (see the module docstring)."""
-    weights: dict[str, PackedWeight] = {}
-    problems: list[PackedProblem] = []
+    """Pair every stored weight of ``entries`` under ``config`` (see the module docstring),
+    decided once per layout: the stored weights of a key template (every digit made ``1``:
+    the layers and experts of a stack) whose scheme, part specs and ``weight_shape``
+    values agree share one check, :func:`_pair` of the first of them (Kimi-K2: 69k
+    weights, a few dozen layouts). Every ``weight_shape`` is read, in one batch."""
+    keys = list(entries)
+    templates = _templates(keys)
+    known = frozenset(templates)
+    stacks = [stack for template, positions in _by_template(templates, config).items()
+              if (stack := _stack(template, positions, keys, entries, config, known))
+              is not None]
+    shapes = [e for stack in stacks for e in stack.shape_reads()]
+    values = dict(zip(map(id, shapes), read_small(shapes), strict=True))
+    found: list[tuple[int, PackedWeight | PackedProblem]] = []
     used: set[str] = set()
-    verdicts: dict[tuple, tuple[int, ...]] = {}
-    for key, entry in entries.items():
-        found = _stored(key, entry, config, entries)
-        if found is None:
-            continue
-        logical, module, names = found
-        scheme = config.scheme_for(module)
-        if scheme is None:
-            continue
-        if scheme.format == "mxfp4" and entry.spec.dtype == torch.uint8 and len(entry.spec.shape) == 4:
-            scheme = Scheme("mxfp4", transpose=True, source="mxfp4")  # fused experts: [E, in, out]
-        if scheme.format == "int" and names.get("g_idx") in entries and not scheme.act_order:
-            scheme = replace(scheme, act_order=True)  # (the checkpoint says act-order)
-        made = _pair_cached(logical, scheme, names, entries, read_small, file_of, verdicts)
-        if isinstance(made, PackedProblem):
-            problems.append(made)
-            used.update(n for n in names.values() if n in entries)
-            continue
-        weights[logical] = made
-        used.update(n for n in names.values() if n in entries)
-    problems += _unmatched_ignores(config, entries)
-    problems += _strays(config, entries, used)
+    for stack in stacks:
+        found += stack.paired(entries, values, read_small, file_of, used)
+    found.sort(key=_FIRST)  # checkpoint order (runs of positions, each sorted: a merge)
+    made = list(map(_SECOND, found))
+    problems = [m for m in made if isinstance(m, PackedProblem)]
+    stored = [m for m in made if isinstance(m, PackedWeight)] if problems else made
+    weights = dict(zip(map(_KEY, stored), stored, strict=True))
+    problems += _unmatched_ignores(config, entries, known)
+    problems += _strays(config, keys, used)
     return PackedPairing(weights, tuple(problems), frozenset(used), config)
 
 
-def _stored(key: str, entry: TensorEntry, config: FormatConfig, entries: Mapping[str, TensorEntry]
-            ) -> tuple[str, str, dict[str, str]] | None:
-    """``(logical key, module, part keys by role)`` when ``key`` is a stored weight."""
+_SPEC, _SHAPE = attrgetter("spec"), attrgetter("shape")
+_TO_ONE = str.maketrans("0123456789", "1111111111")
+_FIRST, _SECOND, _KEY = itemgetter(0), itemgetter(1), attrgetter("key")
+# compressed-tensors' parts of a ``weight_packed``, by role
+_CT_PARTS = (("packed", ".weight_packed"), ("scale", ".weight_scale"),
+             ("global", ".weight_global_scale"), ("zero", ".weight_zero_point"),
+             ("shape", ".weight_shape"), ("g_idx", ".weight_g_idx"))
+
+
+# the suffixes of a stored weight's key (its first part), by method
+_STORED = {"mxfp4": ("_blocks",), "compressed-tensors": (".weight_packed", ".weight"),
+           "modelopt": (".weight",)}
+
+
+def _templates(keys: list[str]) -> list[str]:
+    """Each key's template: every ASCII digit made ``1`` (one translation of the joined
+    keys)."""
+    templates = "\n".join(keys).translate(_TO_ONE).split("\n")
+    if len(templates) != len(keys):  # a key holds a newline
+        templates = [k.translate(_TO_ONE) for k in keys]
+    return templates
+
+
+def _by_template(templates: list[str], config: FormatConfig) -> dict[str, list[int]]:
+    """The positions of the keys that may be stored weights (by their suffix), by
+    template, in key order; the templates in the order of their first key."""
+    out: dict[str, list[int]] = {}
+    maybe = map(str.endswith, templates, repeat(_STORED[config.method]))
+    for i in compress(range(len(templates)), maybe):
+        template = templates[i]
+        at = out.get(template)
+        if at is None:
+            out[template] = [i]
+        else:
+            at.append(i)
+    return out
+
+
+def _with(bases: list[str], suffix: str) -> list[str]:
+    return list(map(add, bases, repeat(suffix)))
+
+
+@dataclass(frozen=True, slots=True)
+class _Stack:
+    """The stored weights of one key template, as columns: each one's position in the
+    checkpoint, base (its key less the role's suffix) and scheme (``None``: ignored);
+    the suffix of every role the format names, and the part keys and entries of each
+    role the checkpoint has (a role whose template has no key is absent for all)."""
+
+    positions: list[int]
+    bases: list[str]
+    logical_suffix: str
+    schemes: list[Scheme | None]
+    suffixes: dict[str, str]
+    names: dict[str, list[str]]
+    parts: dict[str, list[TensorEntry | None]]
+
+    def shape_reads(self) -> list[TensorEntry]:
+        """The ``weight_shape`` entries of the pack-quantized weights that :func:`_shape`
+        will read (an integer vector)."""
+        if "shape" not in self.parts:
+            return []
+        return [e for e, s in zip(self.parts["shape"], self.schemes, strict=True)
+                if e is not None and s is not None and s.format == "int"
+                and e.spec.dtype in _STRUCT and len(e.spec.shape) == 1]
+
+    def paired(self, entries: Mapping[str, TensorEntry], values: Mapping[int, Sequence[int]],
+               read_small: ReadSmall, file_of: Callable[[TensorEntry], str], used: set[str]
+               ) -> list[tuple[int, PackedWeight | PackedProblem]]:
+        """Each weight of the stack (by position) paired or refused, one :func:`_pair`
+        per layout; ``used`` gets the part keys of every weight with a scheme."""
+        n = len(self.bases)
+        schemes = self._adjusted()
+        have = [s is not None for s in schemes]
+        for role, column in self.parts.items():
+            used.update(compress(self.names[role], map(and_, have, map(truth, column))))
+        absent: list[TensorEntry | None] = [None] * n
+        shape_of = self.parts.get("shape", absent)
+        values_of = list(map(values.get, map(id, shape_of))) if values else absent
+        out: list[tuple[int, PackedWeight | PackedProblem]] = []
+        one = schemes.count(schemes[0]) == n  # (identity first: C speed)
+        for scheme in [schemes[0]] if one else dict.fromkeys(schemes):
+            if scheme is None:
+                continue
+            at = list(range(n)) if one else [i for i, s in enumerate(schemes) if s == scheme]
+            columns = [list(map(self.parts.get(r, absent).__getitem__, at)) for r in scheme.roles]
+            ids = [list(map(id, map(_SPEC if all(c) else _spec_of, c))) for c in columns]
+            layouts = list(zip(*ids, map(values_of.__getitem__, at), strict=True))
+            first = dict(zip(reversed(layouts), reversed(at), strict=True))
+            verdict = {layout: self._pair(i, scheme, entries, values, read_small, file_of)
+                       for layout, i in first.items()}
+            if any(isinstance(v, PackedProblem) for v in verdict.values()):
+                for j, i in enumerate(at):  # (each refused weight in its own words)
+                    made = verdict[layouts[j]]
+                    out.append((self.positions[i], made if isinstance(made, PackedWeight) else
+                                self._pair(i, scheme, entries, values, read_small, file_of)))
+                continue
+            shapes = list(map(_SHAPE, map(verdict.__getitem__, layouts)))
+            logical = _with(list(map(self.bases.__getitem__, at)), self.logical_suffix)
+            stored = _weights(len(at), logical, repeat(scheme), zip(*columns, strict=True), shapes)
+            out += zip(map(self.positions.__getitem__, at), stored, strict=True)
+        return out
+
+    def _adjusted(self) -> list[Scheme | None]:
+        """The schemes, each as the checkpoint says: gpt-oss's fused experts (U8
+        ``[E, in, out]`` blocks) transposed, a weight with a ``g_idx`` act-order."""
+        blocks = self.parts.get("blocks")
+        if blocks is not None:
+            return [replace(s, transpose=True) if s is not None and s.format == "mxfp4"
+                    and e is not None and e.spec.dtype == torch.uint8
+                    and len(e.spec.shape) == 4 else s
+                    for s, e in zip(self.schemes, blocks, strict=True)]
+        g_idx = self.parts.get("g_idx")
+        if g_idx is not None:
+            return [replace(s, act_order=True) if s is not None and s.format == "int"
+                    and e is not None and not s.act_order else s
+                    for s, e in zip(self.schemes, g_idx, strict=True)]
+        return self.schemes
+
+    def _pair(self, i: int, scheme: Scheme, entries: Mapping[str, TensorEntry],
+              values: Mapping[int, Sequence[int]], read_small: ReadSmall,
+              file_of: Callable[[TensorEntry], str]) -> PackedWeight | PackedProblem:
+        names = {role: self.bases[i] + suffix for role, suffix in self.suffixes.items()}
+
+        def read(entry: TensorEntry) -> Sequence[int]:
+            known = values.get(id(entry))
+            return known if known is not None else read_small([entry])[0]
+        return _pair(self.bases[i] + self.logical_suffix, scheme, names, entries, read, file_of)
+
+
+def _spec_of(entry: TensorEntry | None) -> TensorSpec | None:
+    return None if entry is None else entry.spec
+
+
+def _stack(template: str, positions: list[int], keys: list[str],
+           entries: Mapping[str, TensorEntry], config: FormatConfig,
+           templates: frozenset[str]) -> _Stack | None:
+    """The stored weights among the keys of ``template`` (``None``: none can be)."""
+    members = list(map(keys.__getitem__, positions))
     if config.method == "mxfp4":
-        if not key.endswith("_blocks"):
+        if not template.endswith("_blocks"):
             return None
-        base = key.removesuffix("_blocks")
-        return base, base.rsplit(".", 1)[0], {"blocks": key, "scales": base + "_scales"}
-    module = key.rsplit(".", 1)[0]
-    if config.method == "modelopt":
-        if not key.endswith(".weight") or entry.spec.dtype != torch.uint8:
+        suffixes, logical = {"blocks": "_blocks", "scales": "_scales"}, ""
+        module_of = _mxfp4_module
+    elif template.endswith(".weight_packed") and config.method == "compressed-tensors":
+        suffixes, logical, module_of = dict(_CT_PARTS), ".weight", _ct_module
+    elif template.endswith(".weight"):
+        if config.method == "modelopt":
+            keep = [entries[k].spec.dtype == torch.uint8 for k in members]
+            suffixes = {"packed": ".weight", "scale": ".weight_scale",
+                        "global": ".weight_scale_2"}
+        else:  # compressed-tensors FP8: an F8 weight with a weight_scale
+            keep = [entries[k].spec.dtype == F8 and k + "_scale" in entries for k in members]
+            suffixes = {"weight": ".weight", "scale": ".weight_scale"}
+        if not any(keep):
             return None
-        return key, module, {"packed": key, "scale": module + ".weight_scale",
-                             "global": module + ".weight_scale_2"}
-    if key.endswith(".weight_packed"):
-        names = {"packed": key, "scale": module + ".weight_scale",
-                 "global": module + ".weight_global_scale", "zero": module + ".weight_zero_point",
-                 "shape": module + ".weight_shape", "g_idx": module + ".weight_g_idx"}
-        return module + ".weight", module, names
-    if key.endswith(".weight") and entry.spec.dtype == F8 and module + ".weight_scale" in entries:
-        return key, module, {"weight": key, "scale": module + ".weight_scale"}
-    return None
+        positions, members = list(compress(positions, keep)), list(compress(members, keep))
+        logical, module_of = ".weight", _ct_module
+    else:
+        return None
+    cut = len(next(iter(suffixes.values())))
+    bases = [k[:-cut] for k in members]
+    base_template = template[:-cut]
+    if config.digit_blind:
+        schemes = [config.scheme_for(module_of(base_template))] * len(members)
+    else:
+        schemes = list(map(config.scheme_for, map(module_of, bases)))
+    names = {role: _with(bases, suffix) for role, suffix in suffixes.items()
+             if (base_template + suffix).translate(_TO_ONE) in templates}
+    parts = {role: list(map(entries.get, column)) for role, column in names.items()}
+    return _Stack(positions, bases, logical, schemes, suffixes, names, parts)
 
 
-def _pair_cached(logical: str, scheme: Scheme, names: dict[str, str],
-                 entries: Mapping[str, TensorEntry], read_small: ReadSmall,
-                 file_of: Callable[[TensorEntry], str], verdicts: dict[tuple, tuple[int, ...]]
-                 ) -> PackedWeight | PackedProblem:
-    """:func:`_pair`, its checks run once per layout (the experts of a stack share one):
-    keyed by the scheme, every part's spec and the ``weight_shape`` values."""
-    parts = tuple(entries.get(names[r]) for r in scheme.roles)
-    stored = entries.get(names.get("shape", ""))
-    if None in parts or (scheme.format == "int" and (
-            stored is None or names.get("g_idx") in entries
-            or stored.spec.dtype not in _STRUCT or len(stored.spec.shape) != 1)):
-        return _pair(logical, scheme, names, entries, read_small, file_of)
-    values = tuple(read_small(stored)) if stored is not None and scheme.format == "int" else ()
-    key = (scheme, tuple(p.spec for p in parts), values)  # type: ignore[union-attr]
-    shape = verdicts.get(key)
-    if shape is not None:
-        return PackedWeight(logical, scheme, parts, shape)  # type: ignore[arg-type]
-    made = _pair(logical, scheme, names, entries, lambda _: list(values), file_of)
-    if isinstance(made, PackedWeight):
-        verdicts[key] = made.shape
-    return made
+def _mxfp4_module(base: str) -> str:
+    return base.rsplit(".", 1)[0]
+
+
+def _ct_module(base: str) -> str:
+    return base
 
 
 def _pair(logical: str, scheme: Scheme, names: dict[str, str], entries: Mapping[str, TensorEntry],
-          read_small: ReadSmall, file_of: Callable[[TensorEntry], str]
+          read_small: ReadOne, file_of: Callable[[TensorEntry], str]
           ) -> PackedWeight | PackedProblem:
     first = entries[names[scheme.roles[0]]]
     where = f"{file_of(first)}: {logical}"
@@ -201,7 +340,7 @@ def _pair(logical: str, scheme: Scheme, names: dict[str, str], entries: Mapping[
 
 
 def _shape(logical: str, scheme: Scheme, names: dict[str, str], entries: Mapping[str, TensorEntry],
-           read_small: ReadSmall, where: str) -> tuple[int, ...] | PackedProblem:
+           read_small: ReadOne, where: str) -> tuple[int, ...] | PackedProblem:
     """The logical shape: from the stored weight, or ``weight_shape``'s values (int)."""
     first = entries[names[scheme.roles[0]]]
     packed = tuple(first.spec.shape)
@@ -228,21 +367,22 @@ def _shape(logical: str, scheme: Scheme, names: dict[str, str], entries: Mapping
     return shape
 
 
-def _unmatched_ignores(config: FormatConfig, entries: Mapping[str, TensorEntry]
-                       ) -> list[PackedProblem]:
+def _unmatched_ignores(config: FormatConfig, entries: Mapping[str, TensorEntry],
+                       templates: frozenset[str]) -> list[PackedProblem]:
     """``ignore`` entries that name no module of the checkpoint (a typo leaves the module
-    it meant quantized, or names a module the checkpoint doesn't have)."""
+    it meant quantized, or names a module the checkpoint doesn't have). A digit-blind
+    list (:attr:`FormatConfig.digit_blind`) matches a key as it matches its template, so
+    the templates are searched, else the keys."""
     if not config.ignore:
         return []
+    names = templates if config.digit_blind else entries
     return [PackedProblem(p, f"{config.source}: ignore entry {p!r} names no module of the "
-                          "checkpoint") for p in config.ignore if not _names_any(p, entries)]
+                          "checkpoint") for p in config.ignore if not _names_any(p, names)]
 
 
-def _names_any(pattern: str, entries: Mapping[str, TensorEntry]) -> bool:
-    """Whether ``pattern`` matches a key of ``entries`` or its module, looked for in the
-    checkpoint's key order up to the first match (what an ignore list names, attention,
-    shared experts, ``lm_head``, comes early in an index; Kimi-K2 has 208k keys)."""
-    for key in entries:
+def _names_any(pattern: str, names: Iterable[str]) -> bool:
+    """Whether ``pattern`` matches a name of ``names`` or its module."""
+    for key in names:
         if matches(pattern, key) or matches(pattern, key.rsplit(".", 1)[0]):
             return True
     return False
@@ -253,14 +393,15 @@ _PART_SUFFIXES = {"mxfp4": ("_scales",), "compressed-tensors": (
     ".weight_shape", ".weight_g_idx"), "modelopt": (".weight_scale", ".weight_scale_2")}
 
 
-def _strays(config: FormatConfig, entries: Mapping[str, TensorEntry], used: set[str]
-            ) -> list[PackedProblem]:
-    """Parts no stored weight claimed (a scale whose weight is missing or ignored)."""
+def _strays(config: FormatConfig, keys: list[str], used: set[str]) -> list[PackedProblem]:
+    """Parts no stored weight claimed (a scale whose weight is missing or ignored), in
+    checkpoint order."""
     suffixes = _PART_SUFFIXES[config.method]
+    parts = sum(map(str.endswith, keys, repeat(suffixes)))
+    if parts == sum(map(str.endswith, used, repeat(suffixes))):  # (used: keys of entries)
+        return []
     out = []
-    for key in entries:
-        if key in used or not key.endswith(suffixes):
-            continue
+    for key in [k for k in keys if k not in used and k.endswith(suffixes)]:
         module = key.rsplit(".", 1)[0]
         if config.scheme_for(module) is None and config.method != "mxfp4":
             continue  # an ignored module's own tensors
@@ -302,44 +443,89 @@ def routed_entries(ckpt: Checkpoint, pairing: PackedPairing | None) -> Checkpoin
     done = pairing.routed.get(id(ckpt))
     if done is not None and done[0] is ckpt:  # (quant_context and routing both ask)
         return done[1]
-    first_part = {w.parts[0].key: key for key, w in pairing.weights.items()}
-    entries: dict[str, TensorEntry] = {}
-    for key, entry in ckpt.entries.items():
-        logical = first_part.get(key)
-        if logical is not None:
-            entries[logical] = pairing.entry(logical)
-        elif key not in pairing.companions:
-            entries[key] = entry
+    weights = list(pairing.weights.values())
+    firsts = list(map(_FIRST, map(_PARTS, weights)))
+    logical = _logical_entries(weights, firsts)
+    first_part = dict(zip(map(_KEY, firsts), map(_KEY, weights), strict=True))
+    keys = list(ckpt.entries)  # kept: no companion, or a weight's first part (in its place)
+    keys = list(compress(keys, map(or_, map(not_, map(pairing.companions.__contains__, keys)),
+                                   map(first_part.__contains__, keys))))
+    named = list(map(first_part.get, keys, keys))
+    entries = dict(zip(named, map(logical.get, named, map(ckpt.entries.__getitem__, keys)),
+                       strict=True))
     pairing.routed[id(ckpt)] = (ckpt, replace(ckpt, entries=entries))
     return pairing.routed[id(ckpt)][1]
 
 
+def _logical_entries(weights: list[PackedWeight], firsts: list[TensorEntry]
+                     ) -> dict[str, TensorEntry]:
+    """:meth:`PackedPairing.entry` of every weight, built column by column (the specs
+    shared by shape)."""
+    specs: dict[tuple[int, ...], TensorSpec] = {}
+    shapes = list(map(_SHAPE, weights))
+    for shape in dict.fromkeys(shapes):
+        specs[shape] = TensorSpec(shape, torch.bfloat16)
+    made = list(map(object.__new__, repeat(TensorEntry, len(weights))))
+    keys = list(map(_KEY, weights))
+    fill(made, _ENTRY_SETTERS, (keys, map(specs.__getitem__, shapes), map(_FILE, firsts),
+                                map(_OFFSET, firsts)))
+    return dict(zip(keys, made, strict=True))
+
+
+_ENTRY_SETTERS = slot_setters(TensorEntry, ("key", "spec", "file", "offset"))
+_PARTS, _FILE, _OFFSET = attrgetter("parts"), attrgetter("file"), attrgetter("offset")
 _STRUCT = {torch.int64: "q", torch.int32: "i", torch.int16: "h", torch.int8: "b",
            torch.uint8: "B"}
 
 
 class SmallReader:
     """Reads tiny integer tensors (``weight_shape``: 2–3 values) at plan time, from the
-    in-memory dict or their files' bytes, each file opened once (Kimi-K2 has ~70k)."""
+    in-memory dict or their files' bytes: a batch at a time, each file's in runs of
+    tensors at most :data:`_GAP` bytes apart, one ``pread`` a run (safetensors writes the
+    I64 tensors first, side by side: Kimi-K2's ~1.1k a file are one read)."""
 
     def __init__(self, tensors: Mapping[str, torch.Tensor] | None) -> None:
         self.tensors = tensors
         self.handles: dict[str, int] = {}  # file → descriptor
 
-    def __call__(self, entry: TensorEntry) -> list[int]:
-        if entry.file is None:
-            assert self.tensors is not None
-            return [int(v) for v in self.tensors[entry.key].reshape(-1).tolist()]
-        fd = self.handles.get(entry.file)
+    def __call__(self, entries: Sequence[TensorEntry]) -> list[tuple[int, ...]]:
+        out: list[tuple[int, ...]] = [()] * len(entries)
+        by_file: dict[str | None, list[int]] = {}
+        for i, entry in enumerate(entries):
+            if entry.spec.dtype not in _STRUCT:
+                from weightplan.errors import QuantizationError
+                raise QuantizationError(f"{entry.key} is not an integer tensor ({entry.spec})",
+                                        file=entry.file, key=entry.key)
+            by_file.setdefault(entry.file, []).append(i)
+        for file, at in by_file.items():
+            if file is None:
+                assert self.tensors is not None
+                for i in at:
+                    out[i] = tuple(int(v) for v in self.tensors[entries[i].key].reshape(-1).tolist())
+                continue
+            at.sort(key=lambda i: entries[i].offset)
+            for run in _runs(entries, at):
+                self._read_run(file, entries, run, out)
+        return out
+
+    def _read_run(self, file: str, entries: Sequence[TensorEntry], run: list[int],
+                  out: list[tuple[int, ...]]) -> None:
+        fd = self.handles.get(file)
         if fd is None:
-            fd = self.handles[entry.file] = os.open(entry.file, os.O_RDONLY)
-        data = os.pread(fd, entry.nbytes, entry.offset)
-        code = _STRUCT.get(entry.spec.dtype)
-        if len(data) != entry.nbytes or code is None:
-            from weightplan.errors import QuantizationError
-            raise QuantizationError(f"{entry.key} is cut short or not an integer tensor "
-                                    f"({entry.spec})", file=entry.file, key=entry.key)
-        return list(struct.unpack(f"<{entry.spec.numel}{code}", data))
+            fd = self.handles[file] = os.open(file, os.O_RDONLY)
+        start = entries[run[0]].offset
+        data = os.pread(fd, run[-1] - start, start)  # (the run's end: see _runs)
+        formats: dict[int, tuple[str, int]] = {}  # by id(spec): the specs are shared
+        for i in run[:-1]:
+            entry = entries[i]
+            code, size = formats.get(id(entry.spec)) or formats.setdefault(id(entry.spec), (
+                f"<{entry.spec.numel}{_STRUCT[entry.spec.dtype]}", entry.nbytes))
+            at = entry.offset - start
+            if at + size > len(data):
+                from weightplan.errors import QuantizationError
+                raise QuantizationError(f"{entry.key} is cut short ({entry.spec})",
+                                        file=entry.file, key=entry.key)
+            out[i] = struct.unpack_from(code, data, at)
 
     def raw(self, entry: TensorEntry) -> bytes:
         """A small tensor's bytes as stored (a per-tensor scale's 4: compared bit for bit)."""
@@ -364,3 +550,28 @@ class SmallReader:
         for fd in self.handles.values():
             os.close(fd)
         self.handles.clear()
+
+
+_GAP = 4096  # bytes between two small tensors read in one run
+
+
+def _runs(entries: Sequence[TensorEntry], at: list[int]) -> list[list[int]]:
+    """The positions ``at`` (sorted by offset) cut into runs whose gaps are at most
+    :data:`_GAP` bytes; each run ends with the offset its bytes end at."""
+    runs: list[list[int]] = []
+    end = -_GAP - 1
+    sizes: dict[int, int] = {}  # by id(spec): the specs are shared
+    for i in at:
+        entry = entries[i]
+        if entry.offset - end > _GAP:
+            if runs:
+                runs[-1].append(end)
+            runs.append([])
+        runs[-1].append(i)
+        size = sizes.get(id(entry.spec))
+        if size is None:
+            size = sizes[id(entry.spec)] = entry.nbytes
+        end = max(end, entry.offset + size)
+    if runs:
+        runs[-1].append(end)
+    return runs

@@ -66,6 +66,16 @@ class FormatConfig:
         return fallback
 
     @cached_property
+    def digit_blind(self) -> bool:
+        """Whether :meth:`scheme_for` treats every digit alike: no ASCII digit in the
+        ignore list or in a ``re:`` target (``\\d`` is fine). Then a module and its
+        template (every digit made ``1``: the layers and experts of a stack) get the
+        same scheme."""
+        patterns = [*self.ignore, *(t for g in self.groups for t in g.targets
+                                    if t.startswith("re:"))]
+        return not any(c in "0123456789" for p in patterns for c in p)
+
+    @cached_property
     def _matchers(self) -> tuple[re.Pattern | None, list[tuple[re.Pattern, Scheme]], Scheme | None]:
         """The ignore list as one regex, each group's ``re:`` targets as one, and the
         class-name group's scheme (a module name is matched once per pattern set, not once

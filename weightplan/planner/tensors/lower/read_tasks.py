@@ -284,12 +284,24 @@ def _each_read(tasks: list[ReadTask], stream: tuple[Node, ...],
     """The read tasks of one stream, node by node, fragment by fragment."""
     last: tuple = ()
     layout: ReadLayout | None = None
+    packed: dict[tuple, ReadLayout] = {}  # packed dequantizes: by scheme, specs and region
     for j, node in enumerate(stream):
         if not frags[j]:  # (another rank's expert: nothing lands here)
             continue
-        if node.kind is NodeKind.DEQUANTIZE and node.attrs.scheme is not None:  # type: ignore[union-attr]
-            tasks += [ReadTask(node, read_attrs(node.inputs[0]).entry, f.region, f,
-                               packed_layout(node, f.region)) for f in frags[j] if f.region.numel]
+        scheme = getattr(node.attrs, "scheme", None) if node.kind is NodeKind.DEQUANTIZE else None
+        if scheme is not None:
+            # the experts of a stack share the scheme object, their parts' specs (one per
+            # dtype and shape) and the region object: one layout for all of them
+            parts = [read_attrs(p).entry for p in node.inputs]
+            same = (id(scheme), node.spec.shape, parts[0].file is None,
+                    *[id(e.spec) for e in parts])
+            for f in frags[j]:
+                if not f.region.numel:
+                    continue
+                shared = packed.get((same, id(f.region)))
+                if shared is None:
+                    shared = packed[(same, id(f.region))] = packed_layout(node, f.region)
+                tasks.append(ReadTask(node, parts[0], f.region, f, shared))
             continue
         entry, scale, block = _read_parts(node)
         spec = entry.spec
