@@ -47,3 +47,35 @@ def test_register_and_get_mapping():
     weightplan.register_mapping("test_api_mapping", [], overwrite=True)
     assert weightplan.get_mapping("test_api_mapping") == []
     assert weightplan.get_mapping("minimax") == weightplan.get_mapping("mixtral")
+
+
+def test_transformers_words_get_weightplans_word_in_explain_and_load(tmp_path):
+    import pytest
+    import torch
+
+    import weightplan
+    from weightplan.errors import ArgumentError
+    from tests.conftest import write_checkpoint
+
+    directory = write_checkpoint(tmp_path / "c", {"weight": torch.ones(2, 2)})
+    model = torch.nn.Linear(2, 2, bias=False)
+    for call, keyword, says in [(weightplan.explain, "torch_dtype", "dtype="),
+                                (weightplan.load, "torch_dtype", "dtype="),
+                                (weightplan.explain, "tp_plan", "tp='auto'"),
+                                (weightplan.explain, "adapter", "adapter_name=")]:
+        with pytest.raises(ArgumentError) as e:
+            call(model, directory, **{keyword: "x"})
+        assert f"({keyword}=...)" in str(e.value) and says in str(e.value)
+        assert "->" not in str(e.value)  # the fix, not the whole signature
+
+
+def test_a_device_map_that_is_neither_device_nor_strategy_names_the_strategies():
+    import pytest
+
+    from weightplan.api.keywords import device_from_map
+    from weightplan.errors import ArgumentError
+
+    with pytest.raises(ArgumentError, match="device_map='fastest'.*'auto', 'balanced'"):
+        device_from_map("fastest", None, None)
+    assert device_from_map("cpu", None, None) == "cpu"
+    assert device_from_map("auto", None, None) == "auto"

@@ -121,7 +121,10 @@ def cli_wording(message: str) -> str:
     """An error's or problem's advice in the command line's words (its flags)."""
     from weightplan.planner.core.sharding.advice import cli_wording as tp_wording
 
-    message = message.replace("pass overwrite=True", "pass --overwrite")
+    for python, flags in (("pass overwrite=True", "pass --overwrite"),
+                          ("pass mapping= (a registered name or transforms)",
+                           "pass --model-type NAME (weightplan mappings lists them)")):
+        message = message.replace(python, flags)
     return tp_wording(message)
 
 
@@ -174,6 +177,7 @@ def _explain(args: argparse.Namespace) -> int:
 
     from weightplan.api.hub import resolve_checkpoint
 
+    _check_flags(args)
     args.checkpoint = str(resolve_checkpoint(args.checkpoint))  # a repo id: its snapshot
     model, dtype = None, args.dtype
     if args.base is not None or os.path.isfile(f"{args.checkpoint}/adapter_config.json"):
@@ -203,6 +207,38 @@ def _explain(args: argparse.Namespace) -> int:
         sys.stdout.write(explain_text(plan, width=args.width))
     _pictures(plan, args)
     return _status(plan.problems, args)
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """``explain``'s flags that only mean something beside another one: given alone they
+    would be ignored, so they are refused, naming the flag they need.
+
+    Raises:
+        ArgumentError: a flag given without the one it needs, or two that exclude each other.
+    """
+    from weightplan.errors import ArgumentError
+
+    needs = [("--ep", args.ep, "--tp"), ("--cooperative", args.cooperative, "--tp"),
+             ("--nodes", args.nodes is not None, "--tp"),
+             ("--storage node", args.storage != "shared", "--tp N --cooperative"),
+             ("--tp-plan", args.tp_plan is not None, "--tp"),
+             ("--max-memory", args.max_memory is not None, "--device-map"),
+             ("--offload-folder", args.offload_folder is not None, "--device-map")]
+    present = {"--tp": args.tp is not None, "--device-map": args.device_map is not None,
+               "--tp N --cooperative": args.tp is not None and args.cooperative}
+    for flag, given, need in needs:
+        if given and not present[need]:
+            raise ArgumentError(f"{flag} needs {need} (e.g. {_example(need)})")
+    if args.tp is not None and args.device_map is not None:
+        raise ArgumentError("--tp and --device-map exclude each other: each rank's part goes "
+                            "to its own device (as transformers' tp_plan and device_map)")
+    if args.tp is not None and (args.svg or args.timeline):
+        raise ArgumentError("--svg and --timeline draw one plan: drop --tp to draw it")
+
+
+def _example(flag: str) -> str:
+    return {"--tp": "--tp 8", "--device-map": "--device-map auto",
+            "--tp N --cooperative": "--tp 8 --cooperative --nodes 2 --storage node"}[flag]
 
 
 def _explain_ranks(model: Any, dtype: Any, args: argparse.Namespace) -> int:

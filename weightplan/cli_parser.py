@@ -6,6 +6,10 @@
     weightplan explain CKPT --model-type mixtral     what the keys become, with shapes (no model)
     weightplan explain CKPT --model-type mixtral --json
     weightplan explain CKPT --model-type mixtral --svg plan.svg --timeline mem.svg
+    weightplan explain CKPT_DIR --dequantize         a quantized checkpoint planned dequantized
+    weightplan explain ADAPTER_DIR [--base BASE_DIR] a LoRA adapter with its base, one plan
+    weightplan explain CKPT_DIR --device-map auto --max-memory cuda:0=80GiB,cpu=200GiB
+                                                  [--offload-folder DIR]  per-device peaks
     weightplan explain CKPT_DIR --tp 8 [--ep] [--cooperative] [--nodes 2 --storage node]
                                                   every rank's storage / network / held / peak
     weightplan convert SRC DST [--reverse]           on disk, no model (mapping: config.json's
@@ -29,20 +33,29 @@ Keys, paths and messages are printed with control and bidi characters escaped.
 from __future__ import annotations
 
 import argparse
+from typing import NoReturn
 
 from weightplan import __version__
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a bad argument said in one line (and where to read more) instead of
+    the whole usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     lines = __doc__.splitlines()
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="weightplan", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Load model checkpoints by an explicit plan: explain, convert, list "
                     "mappings.", epilog="examples:\n" + "\n".join(lines[2:]).rstrip())
     parser.add_argument("--version", action="version", version=f"weightplan {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", required=True)
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show tracebacks on errors")
     demo = sub.add_parser("demo", parents=[common],

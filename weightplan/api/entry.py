@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from weightplan.api.plans import Plan, promote
-from weightplan.errors import AdapterError, MappingError
+from weightplan.errors import AdapterError, CheckpointError, MappingError
 from weightplan.planner.inputs.paths import is_adapter_dir
 from weightplan.planner.pipelines.load import explain_load
 from weightplan.planner.keys.lookup import Finder, is_transformers_class
@@ -153,6 +153,20 @@ def explain_save(model: torch.nn.Module, directory: str | os.PathLike[str], *,
     return promote(WritePlan, data)
 
 
+def _config_mapping(source: object) -> str:
+    """The ``model_type`` the ``config.json`` next to ``source`` names: a convert's mapping."""
+    from weightplan.api.model_config import config_model_type
+
+    mapping = config_model_type(source)
+    if mapping is None:
+        if isinstance(source, (str, os.PathLike)) and not os.path.exists(source):
+            raise CheckpointError("file not found", file=os.fspath(source))
+        raise MappingError(f"{source}: converting needs a mapping, and no config.json next "
+                           "to it names a model_type; pass mapping= (a registered name or "
+                           "transforms)")
+    return mapping
+
+
 def explain_convert(source: object, directory: str | os.PathLike[str], *, mapping: object = None,
                     reverse: bool = False, max_shard_size: int | str = "5GB",
                     overwrite: bool = False, threads: int = 4, dequantize: bool = False,
@@ -186,16 +200,12 @@ def explain_convert(source: object, directory: str | os.PathLike[str], *, mappin
         NotInvertibleError: ``reverse`` and a transform has no unambiguous inverse.
         SaveError: an unwritable or occupied directory, too little space.
     """
-    from weightplan.api.model_config import check_companions, companion_files, config_model_type
+    from weightplan.api.model_config import check_companions, companion_files
     from weightplan.api.write_plans import WritePlan
     from weightplan.planner.pipelines.save import explain_convert_plan
 
     if mapping is None:
-        mapping = [] if dequantize or to is not None else config_model_type(source)
-        if mapping is None:
-            raise MappingError(f"{source}: converting needs a mapping, and no config.json next "
-                               "to it names a model_type; pass mapping= (a registered name or "
-                               "transforms)")
+        mapping = [] if dequantize or to is not None else _config_mapping(source)
     data = explain_convert_plan(source, directory, mapping=by_name(mapping), reverse=reverse,
                                 max_shard_size=max_shard_size, overwrite=overwrite,
                                 threads=threads, dequantize=dequantize, to=to)

@@ -33,13 +33,27 @@ def public(fn: Callable, check: Callable[[inspect.BoundArguments], None] | None 
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError as e:
-            raise ArgumentError(f"{name}{signature}: {e}") from e
+            raise ArgumentError(_wrong_call(name, signature, args, kwargs, e)) from e
         if check is not None:
             check(bound)
         return call_typed(name, fn, *args, **kwargs)
 
     wrapper.__signature__ = signature  # type: ignore[attr-defined]
     return wrapper
+
+
+def _wrong_call(name: str, signature: inspect.Signature, args: tuple, kwargs: dict,
+                error: TypeError) -> str:
+    """A call that doesn't bind, said with the fix: a keyword transformers uses (a user
+    migrating types ``torch_dtype=``, ``tp_plan=``) gets weightplan's word for it."""
+    from weightplan.api.keywords import keyword_advice
+
+    for keyword in kwargs:
+        if keyword not in signature.parameters:
+            advice = keyword_advice(keyword)
+            if advice is not None:
+                return f"{name}({keyword}=...): {advice}"
+    return f"{name}{signature}: {error}"
 
 
 def call_typed(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -103,6 +103,24 @@ REFUSED = {
 }
 
 
+RENAMED = {  # transformers' word → weightplan's, for the functions that don't take it
+    "torch_dtype": "the dtype is dtype= (transformers' torch_dtype is deprecated there too)",
+    "adapter": "the adapter directory is the checkpoint here: explain(model, ADAPTER_DIR, "
+               "adapter_name=...); or weightplan.from_pretrained(BASE, adapter=ADAPTER_DIR)",
+    "adapter_path": "pass the adapter directory as the checkpoint (explain/load), or "
+                    "weightplan.from_pretrained(BASE, adapter=ADAPTER_DIR)",
+}
+
+
+def keyword_advice(keyword: str) -> str | None:
+    """What to pass instead of transformers' ``keyword``, where weightplan names it
+    differently or refuses it; ``None`` for a word transformers doesn't use."""
+    if keyword in RENAMED:
+        return RENAMED[keyword]
+    refusal = REFUSED.get(keyword)
+    return None if refusal is None else refusal.advice
+
+
 def fold_transformers_keywords(extra: Mapping[str, Any], dtype: Any) -> Any:
     """The ``dtype`` to use after ``torch_dtype``; refuses every other keyword in ``extra``
     (what ``from_pretrained`` got beyond its own arguments) that isn't harmless.
@@ -168,4 +186,14 @@ def device_from_map(device_map: object, device: object, tp: object,
                                 "offload pass device_map='auto' with max_memory= and "
                                 "offload_folder=")
         return dict(device_map)
+    if isinstance(device_map, str):
+        import torch
+
+        try:
+            torch.device(device_map)
+        except (RuntimeError, ValueError) as e:
+            raise ArgumentError(f"{caller}(device_map={device_map!r}): not a device nor a "
+                                f"strategy; pass one of {', '.join(map(repr, AUTOMATIC))}, a "
+                                "device ('cuda:0', 'cpu') or a dict {module prefix: device}"
+                                ) from e
     return device_map  # one device: explain checks it (a string, an ordinal, torch.device)

@@ -1,0 +1,125 @@
+"""The README's command-line block, run line by line as a user copies it (placeholders replaced
+by tiny checkpoints that transformers' and peft's own ``save_pretrained`` wrote), and the
+command line's answers to bad input: one line on stderr, exit status 2, no traceback."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from weightplan.cli import main
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def readme_cli_lines() -> list[str]:
+    """The ``sh`` block under ``## Command line``, one command per line, comments dropped."""
+    text = README.read_text(encoding="utf-8")
+    section = text.split("## Command line", 1)[1]
+    block = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert block is not None
+    return [line.split("  #")[0].strip() for line in block.group(1).splitlines()
+            if line.strip().startswith("weightplan ")]
+
+
+@pytest.fixture(scope="module")
+def user_dirs(tmp_path_factory):
+    """A tiny Llama and Mixtral as ``save_pretrained`` writes them, and a peft LoRA adapter."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    root = tmp_path_factory.mktemp("user")
+    torch.manual_seed(0)
+    small = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(**small))
+    llama.save_pretrained(root / "llama")
+    transformers.MixtralForCausalLM(transformers.MixtralConfig(
+        **small, num_local_experts=8, num_experts_per_tok=2)).save_pretrained(root / "mixtral")
+    lora = peft.get_peft_model(llama, peft.LoraConfig(r=4, lora_alpha=8,
+                                                      target_modules=["q_proj", "v_proj"]))
+    lora.save_pretrained(root / "lora")
+    return root
+
+
+def argv_of(line: str, root: Path, n: int) -> list[str]:
+    """``line`` as a user adapts it: optional ``[...]`` parts kept, placeholders filled."""
+    line = re.sub(r"\[([^\]]*)\]", r"\1", line)
+    experts = "--ep" in line  # a model with experts to place; Llama's for the --tp-plan entry
+    names = {"CKPT_DIR": root / ("mixtral" if experts else "llama"), "CKPT": root / "mixtral",
+             "ADAPTER_DIR": root / "lora",
+             "BASE_DIR": root / "llama", "SRC": root / "mixtral", "DST": root / f"out{n}",
+             "DIR": root / f"dir{n}", "plan.svg": root / f"plan{n}.svg",
+             "mem.svg": root / f"mem{n}.svg"}
+    return [str(names.get(word, word)) for word in shlex.split(line)[1:]]
+
+
+def test_the_readme_lists_every_command_and_flag_family():
+    text = " ".join(readme_cli_lines())
+    for words in ("demo", "explain", "convert", "mappings", "recover", "--tp", "--ep",
+                  "--cooperative", "--nodes", "--tp-plan", "--device-map", "--max-memory",
+                  "--offload-folder", "--base", "--dequantize", "--budget", "--json"):
+        assert words in text, words
+
+
+def test_every_readme_cli_line_runs(user_dirs, capsys):
+    lines = readme_cli_lines()
+    assert len(lines) >= 15
+    for n, line in enumerate(lines):
+        if line.startswith("weightplan recover"):
+            (user_dirs / f"dir{n}").mkdir()
+        code = main(argv_of(line, user_dirs, n))
+        out, err = capsys.readouterr()
+        if line.startswith("weightplan convert") and "--dequantize" in line:
+            # these fixtures are not quantized: the command says so in one line
+            assert code == 2 and err.count("\n") == 1 and "nothing to dequantize" in err, err
+            continue
+        assert code == 0, f"{line}: exit {code}\n{err}"
+        assert "Traceback" not in err and out, line
+        assert len(out.splitlines()) < 2000 or "--json" in line, line  # grouped, not per key
+
+
+@pytest.mark.parametrize("args, says", [
+    (["explain", "{root}/nope"], "CheckpointError: {root}/nope: no local file"),
+    (["explain", "{root}/pickle"], "UnsafeFormatError"),
+    (["convert", "{root}/nope", "{root}/out"], "CheckpointError: {root}/nope: file not found"),
+    (["explain", "{root}/llama", "--max-memory", "garbage", "--device-map", "auto"],
+     "argument --max-memory: expected DEVICE=SIZE"),
+    (["explain", "{root}/llama", "--device-map", "auto", "--max-memory", "cpu=lots"],
+     "PlanError: can't parse max_memory['cpu'] 'lots'"),
+    (["explain", "{root}/llama", "--tp", "0"], "argument --tp: '0': give the number of ranks"),
+    (["explain", "{root}/llama", "--max-memory", "cpu=8GiB"],
+     "ArgumentError: --max-memory needs --device-map (e.g. --device-map auto)"),
+    (["explain", "{root}/llama", "--offload-folder", "x"], "--offload-folder needs --device-map"),
+    (["explain", "{root}/llama", "--ep"], "ArgumentError: --ep needs --tp"),
+    (["explain", "{root}/llama", "--cooperative"], "--cooperative needs --tp"),
+    (["explain", "{root}/llama", "--tp-plan", "{{}}"], "--tp-plan needs --tp"),
+    (["explain", "{root}/llama", "--tp", "2", "--device-map", "auto"], "exclude each other"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+])
+def test_bad_input_is_one_line_and_exit_2(user_dirs, capsys, args, says):
+    pickle = user_dirs / "pickle"
+    pickle.mkdir(exist_ok=True)
+    (pickle / "pytorch_model.bin").write_bytes(b"\x80\x02}q\x00.")  # never unpickled
+    (pickle / "config.json").write_bytes((user_dirs / "llama" / "config.json").read_bytes())
+    argv = [a.format(root=user_dirs) for a in args]
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's own errors leave through SystemExit
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and "Traceback" not in err and "usage:" not in err, err
+    assert says.format(root=user_dirs) in err, err
+
+
+def test_convert_without_a_mapping_says_the_flag(tmp_path, capsys):
+    from tests.conftest import moe_checkpoint, write_checkpoint
+
+    source = write_checkpoint(tmp_path / "c", moe_checkpoint())
+    assert main(["convert", str(source), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "MappingError" in err and "--model-type NAME" in err and "mapping=" not in err
