@@ -25,6 +25,8 @@ NOT_FOR_A_PLAIN_LOAD = (
     "weightplan.planner.inputs.quant_config", "weightplan.planner.inputs.quant_formats",
     "weightplan.planner.inputs.fp8_pairs", "weightplan.planner.inputs.fp8_model",
     "weightplan.planner.inputs.packed_pairs", "weightplan.planner.core.quant.formats",
+    "weightplan.planner.inputs.packed_routing", "weightplan.planner.inputs.packed_problems",
+    "weightplan.planner.inputs.small_reads",
     "weightplan.planner.core.quant.kinds", "weightplan.planner.core.quant.quantize",
     "weightplan.planner.tensors.ir.quant_build", "weightplan.planner.tensors.ir.packed_build",
     "weightplan.planner.tensors.ir.quant_scales", "weightplan.planner.tensors.lower.quant_steps",

@@ -23,21 +23,20 @@ read (``weight_shape``'s few bytes are read: the exact ``in`` is only there).
 
 from __future__ import annotations
 
-import os
-import struct
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import compress, repeat
-from operator import add, and_, attrgetter, itemgetter, not_, or_, truth
+from operator import add, and_, attrgetter, itemgetter, truth
 
 import torch
 
 from weightplan.planner.core.entry import TensorEntry
-from weightplan.planner.core.makers import columns, fill, slot_setters
+from weightplan.planner.core.makers import columns
 from weightplan.planner.core.quant.formats import Scheme, companion_shapes, logical_shape
 from weightplan.planner.core.spec import TensorSpec, short_dtype
-from weightplan.planner.inputs.checkpoint import Checkpoint
-from weightplan.planner.inputs.quant_formats import FormatConfig, matches
+from weightplan.planner.inputs.small_reads import INTEGER_CODES
+from weightplan.planner.inputs.packed_problems import PackedProblem, strays, unmatched_ignores
+from weightplan.planner.inputs.quant_formats import FormatConfig
 
 F8 = torch.float8_e4m3fn
 _SCALES = (torch.float32, torch.bfloat16, torch.float16)
@@ -68,12 +67,6 @@ class PackedWeight:
 
 
 _weights = columns(PackedWeight)
-
-
-@dataclass(frozen=True, slots=True)
-class PackedProblem:
-    key: str
-    message: str
 
 
 @dataclass(frozen=True)
@@ -121,8 +114,8 @@ def pair_packed(entries: Mapping[str, TensorEntry], config: FormatConfig,
     problems = [m for m in made if isinstance(m, PackedProblem)]
     stored = [m for m in made if isinstance(m, PackedWeight)] if problems else made
     weights = dict(zip(map(_KEY, stored), stored, strict=True))
-    problems += _unmatched_ignores(config, entries, known)
-    problems += _strays(config, keys, used)
+    problems += unmatched_ignores(config, entries, known)
+    problems += strays(config, keys, used)
     return PackedPairing(weights, tuple(problems), frozenset(used), config)
 
 
@@ -190,7 +183,7 @@ class _Stack:
             return []
         return [e for e, s in zip(self.parts["shape"], self.schemes, strict=True)
                 if e is not None and s is not None and s.format == "int"
-                and e.spec.dtype in _STRUCT and len(e.spec.shape) == 1]
+                and e.spec.dtype in INTEGER_CODES and len(e.spec.shape) == 1]
 
     def paired(self, entries: Mapping[str, TensorEntry], values: Mapping[int, Sequence[int]],
                read_small: ReadSmall, file_of: Callable[[TensorEntry], str], used: set[str]
@@ -365,213 +358,3 @@ def _shape(logical: str, scheme: Scheme, names: dict[str, str], entries: Mapping
         return PackedProblem(logical, f"{where}: {stored.key} says {list(shape)} but "
                              f"{first.key} is {list(packed)}")
     return shape
-
-
-def _unmatched_ignores(config: FormatConfig, entries: Mapping[str, TensorEntry],
-                       templates: frozenset[str]) -> list[PackedProblem]:
-    """``ignore`` entries that name no module of the checkpoint (a typo leaves the module
-    it meant quantized, or names a module the checkpoint doesn't have). A digit-blind
-    list (:attr:`FormatConfig.digit_blind`) matches a key as it matches its template, so
-    the templates are searched, else the keys."""
-    if not config.ignore:
-        return []
-    names = templates if config.digit_blind else entries
-    return [PackedProblem(p, f"{config.source}: ignore entry {p!r} names no module of the "
-                          "checkpoint") for p in config.ignore if not _names_any(p, names)]
-
-
-def _names_any(pattern: str, names: Iterable[str]) -> bool:
-    """Whether ``pattern`` matches a name of ``names`` or its module."""
-    for key in names:
-        if matches(pattern, key) or matches(pattern, key.rsplit(".", 1)[0]):
-            return True
-    return False
-
-
-_PART_SUFFIXES = {"mxfp4": ("_scales",), "compressed-tensors": (
-    ".weight_scale", ".weight_packed", ".weight_global_scale", ".weight_zero_point",
-    ".weight_shape", ".weight_g_idx"), "modelopt": (".weight_scale", ".weight_scale_2")}
-
-
-def _strays(config: FormatConfig, keys: list[str], used: set[str]) -> list[PackedProblem]:
-    """Parts no stored weight claimed (a scale whose weight is missing or ignored), in
-    checkpoint order."""
-    suffixes = _PART_SUFFIXES[config.method]
-    parts = sum(map(str.endswith, keys, repeat(suffixes)))
-    if parts == sum(map(str.endswith, used, repeat(suffixes))):  # (used: keys of entries)
-        return []
-    out = []
-    for key in [k for k in keys if k not in used and k.endswith(suffixes)]:
-        module = key.rsplit(".", 1)[0]
-        if config.scheme_for(module) is None and config.method != "mxfp4":
-            continue  # an ignored module's own tensors
-        out.append(PackedProblem(key, f"{key} belongs to no {config.method} weight of the "
-                                 "checkpoint (its weight is missing): it is not applied"))
-    return out
-
-
-def kept_by_model(pairing: PackedPairing | None,
-                  held: Callable[[str], torch.dtype | None]) -> PackedPairing | None:
-    """The pairing less the weights a model holds as stored (keep-quantized): a weight
-    whose stored weight tensor the model holds in its stored dtype (``held(key)``: the
-    model's dtype under the key, or the key with ``model.`` added or its first component
-    removed) is routed as its parts, plain reads of the bytes as they are; it moves to
-    :attr:`PackedPairing.kept` (the plan's note). A floating parameter under the same
-    key (compressed-tensors FP8's ``weight``) is a dequantize's target, not a keep."""
-    if pairing is None or not pairing.weights:
-        return pairing
-
-    def holds(entry: TensorEntry) -> bool:
-        key = entry.key
-        return entry.spec.dtype in (held(key), held(key.partition(".")[2]), held("model." + key))
-
-    kept = {k: w for k, w in pairing.weights.items() if holds(w.parts[0])}
-    if not kept:
-        return pairing
-    freed = {p.key for w in kept.values() for p in w.parts}
-    freed |= {w.parts[0].key.rsplit(".", 1)[0] + s for w in kept.values()
-              for s in (".weight_shape", ".weight_g_idx")}
-    return replace(pairing, weights={k: w for k, w in pairing.weights.items() if k not in kept},
-                   companions=pairing.companions - freed, routed={}, kept=kept)
-
-
-def routed_entries(ckpt: Checkpoint, pairing: PackedPairing | None) -> Checkpoint | None:
-    """The checkpoint routing sees (``None``: unchanged): each stored weight under its
-    logical key, in its place; its parts left out."""
-    if pairing is None or not (pairing.weights or pairing.companions):
-        return None
-    done = pairing.routed.get(id(ckpt))
-    if done is not None and done[0] is ckpt:  # (quant_context and routing both ask)
-        return done[1]
-    weights = list(pairing.weights.values())
-    firsts = list(map(_FIRST, map(_PARTS, weights)))
-    logical = _logical_entries(weights, firsts)
-    first_part = dict(zip(map(_KEY, firsts), map(_KEY, weights), strict=True))
-    keys = list(ckpt.entries)  # kept: no companion, or a weight's first part (in its place)
-    keys = list(compress(keys, map(or_, map(not_, map(pairing.companions.__contains__, keys)),
-                                   map(first_part.__contains__, keys))))
-    named = list(map(first_part.get, keys, keys))
-    entries = dict(zip(named, map(logical.get, named, map(ckpt.entries.__getitem__, keys)),
-                       strict=True))
-    pairing.routed[id(ckpt)] = (ckpt, replace(ckpt, entries=entries))
-    return pairing.routed[id(ckpt)][1]
-
-
-def _logical_entries(weights: list[PackedWeight], firsts: list[TensorEntry]
-                     ) -> dict[str, TensorEntry]:
-    """:meth:`PackedPairing.entry` of every weight, built column by column (the specs
-    shared by shape)."""
-    specs: dict[tuple[int, ...], TensorSpec] = {}
-    shapes = list(map(_SHAPE, weights))
-    for shape in dict.fromkeys(shapes):
-        specs[shape] = TensorSpec(shape, torch.bfloat16)
-    made = list(map(object.__new__, repeat(TensorEntry, len(weights))))
-    keys = list(map(_KEY, weights))
-    fill(made, _ENTRY_SETTERS, (keys, map(specs.__getitem__, shapes), map(_FILE, firsts),
-                                map(_OFFSET, firsts)))
-    return dict(zip(keys, made, strict=True))
-
-
-_ENTRY_SETTERS = slot_setters(TensorEntry, ("key", "spec", "file", "offset"))
-_PARTS, _FILE, _OFFSET = attrgetter("parts"), attrgetter("file"), attrgetter("offset")
-_STRUCT = {torch.int64: "q", torch.int32: "i", torch.int16: "h", torch.int8: "b",
-           torch.uint8: "B"}
-
-
-class SmallReader:
-    """Reads tiny integer tensors (``weight_shape``: 2–3 values) at plan time, from the
-    in-memory dict or their files' bytes: a batch at a time, each file's in runs of
-    tensors at most :data:`_GAP` bytes apart, one ``pread`` a run (safetensors writes the
-    I64 tensors first, side by side: Kimi-K2's ~1.1k a file are one read)."""
-
-    def __init__(self, tensors: Mapping[str, torch.Tensor] | None) -> None:
-        self.tensors = tensors
-        self.handles: dict[str, int] = {}  # file → descriptor
-
-    def __call__(self, entries: Sequence[TensorEntry]) -> list[tuple[int, ...]]:
-        out: list[tuple[int, ...]] = [()] * len(entries)
-        by_file: dict[str | None, list[int]] = {}
-        for i, entry in enumerate(entries):
-            if entry.spec.dtype not in _STRUCT:
-                from weightplan.errors import QuantizationError
-                raise QuantizationError(f"{entry.key} is not an integer tensor ({entry.spec})",
-                                        file=entry.file, key=entry.key)
-            by_file.setdefault(entry.file, []).append(i)
-        for file, at in by_file.items():
-            if file is None:
-                assert self.tensors is not None
-                for i in at:
-                    out[i] = tuple(int(v) for v in self.tensors[entries[i].key].reshape(-1).tolist())
-                continue
-            at.sort(key=lambda i: entries[i].offset)
-            for run in _runs(entries, at):
-                self._read_run(file, entries, run, out)
-        return out
-
-    def _read_run(self, file: str, entries: Sequence[TensorEntry], run: list[int],
-                  out: list[tuple[int, ...]]) -> None:
-        fd = self.handles.get(file)
-        if fd is None:
-            fd = self.handles[file] = os.open(file, os.O_RDONLY)
-        start = entries[run[0]].offset
-        data = os.pread(fd, run[-1] - start, start)  # (the run's end: see _runs)
-        formats: dict[int, tuple[str, int]] = {}  # by id(spec): the specs are shared
-        for i in run[:-1]:
-            entry = entries[i]
-            code, size = formats.get(id(entry.spec)) or formats.setdefault(id(entry.spec), (
-                f"<{entry.spec.numel}{_STRUCT[entry.spec.dtype]}", entry.nbytes))
-            at = entry.offset - start
-            if at + size > len(data):
-                from weightplan.errors import QuantizationError
-                raise QuantizationError(f"{entry.key} is cut short ({entry.spec})",
-                                        file=entry.file, key=entry.key)
-            out[i] = struct.unpack_from(code, data, at)
-
-    def raw(self, entry: TensorEntry) -> bytes:
-        """A small tensor's bytes as stored (a per-tensor scale's 4: compared bit for bit)."""
-        if entry.file is None:
-            assert self.tensors is not None
-            t = self.tensors[entry.key].detach().contiguous().reshape(-1)
-            return t.view(torch.uint8).numpy().tobytes()
-        fd = self.handles.get(entry.file)
-        if fd is None:
-            fd = self.handles[entry.file] = os.open(entry.file, os.O_RDONLY)
-        data = os.pread(fd, entry.nbytes, entry.offset)
-        if len(data) != entry.nbytes:
-            from weightplan.errors import QuantizationError
-            raise QuantizationError(f"{entry.key} is cut short ({entry.spec})", file=entry.file,
-                                    key=entry.key)
-        return data
-
-    def __enter__(self) -> "SmallReader":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for fd in self.handles.values():
-            os.close(fd)
-        self.handles.clear()
-
-
-_GAP = 4096  # bytes between two small tensors read in one run
-
-
-def _runs(entries: Sequence[TensorEntry], at: list[int]) -> list[list[int]]:
-    """The positions ``at`` (sorted by offset) cut into runs whose gaps are at most
-    :data:`_GAP` bytes; each run ends with the offset its bytes end at."""
-    runs: list[list[int]] = []
-    end = -_GAP - 1
-    sizes: dict[int, int] = {}  # by id(spec): the specs are shared
-    for i in at:
-        entry = entries[i]
-        if entry.offset - end > _GAP:
-            if runs:
-                runs[-1].append(end)
-            runs.append([])
-        runs[-1].append(i)
-        size = sizes.get(id(entry.spec))
-        if size is None:
-            size = sizes[id(entry.spec)] = entry.nbytes
-        end = max(end, entry.offset + size)
-    if runs:
-        runs[-1].append(end)
-    return runs

@@ -16,7 +16,7 @@ from pathlib import Path
 from weightplan.errors import QuantizationError
 from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.inputs.fp8_pairs import Fp8ProblemKind, pair_scales
-from weightplan.planner.inputs.packed_pairs import routed_entries
+from weightplan.planner.inputs.packed_routing import routed_entries
 from weightplan.planner.inputs.quant_config import read_quant_config
 from weightplan.planner.tensors.ir.quant_build import QuantContext, packed_pairing
 

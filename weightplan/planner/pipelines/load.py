@@ -303,7 +303,7 @@ def _convert(ckpt: Checkpoint, transforms: tuple[WeightTransform, ...], info: Mo
     groups = routing.groups
     packed_problems: tuple[tuple[str, str], ...] = ()
     if quant is not None and quant.packed is not None and info is not None:
-        from weightplan.planner.inputs.packed_pairs import SmallReader
+        from weightplan.planner.inputs.small_reads import SmallReader
         from weightplan.planner.tensors.ir.packed_keep import kept_groups  # (packed only)
 
         with SmallReader(ckpt.tensors) as small:

@@ -360,9 +360,9 @@ def settle_claims(conversions: list[Conversion]) -> tuple[Conversion, ...]:
             if prior is None:
                 claims[t.model.name] = (ci, t)
             elif prior[1].key == t.key:
-                raise ConflictingTransformError(
-                    f"two checkpoint sources map to {t.key}: "
-                    f"{_sources(conversions[prior[0]])} and {_sources(conv)}")
+                first = ", ".join(e.key for e in conversions[prior[0]].group.entries)
+                raise ConflictingTransformError(f"two checkpoint sources map to {t.key}: {first} "
+                                                f"and {', '.join(e.key for e in conv.group.entries)}")
             elif t.key == t.model.name:  # the canonical name wins over an alias
                 claims[t.model.name] = (ci, t)
     winners = {(ci, t.key) for ci, t in claims.values()}
@@ -398,7 +398,3 @@ def _live(nodes: tuple[Node, ...]) -> tuple[Node, ...]:
             keep.add(n)
             stack.extend(n.inputs)
     return tuple(n for n in nodes if n in keep)
-
-
-def _sources(conv: Conversion) -> str:
-    return ", ".join(e.key for e in conv.group.entries)

@@ -46,9 +46,9 @@ from weightplan.planner.tensors.ir.nodes import (
     read_streams,
 )
 from weightplan.planner.core.ops.base import ConversionOp, Streams, stream_positions
-from weightplan.planner.inputs.packed_pairs import (
-    PackedPairing, SmallReader, kept_by_model, pair_packed, routed_entries,
-)
+from weightplan.planner.inputs.packed_pairs import PackedPairing, pair_packed
+from weightplan.planner.inputs.packed_routing import kept_by_model, routed_entries
+from weightplan.planner.inputs.small_reads import SmallReader
 from weightplan.planner.inputs.quant_formats import read_format_config
 from weightplan.planner.core.spec import TensorSpec
 

@@ -159,6 +159,7 @@ def read_task(node: Node, region: Region, fragment: Fragment | None, direct: boo
     """The byte range of ``region`` of ``node``'s entry; direct reads over ``piece_bytes``
     are split into pieces so that they run in parallel (each piece is one mapped window)."""
     if node.kind is NodeKind.DEQUANTIZE and node.attrs.scheme is not None:  # type: ignore[union-attr]
+        from weightplan.planner.tensors.lower.packed_reads import packed_layout
         return ReadTask(node, read_attrs(node.inputs[0]).entry, region, fragment,
                         packed_layout(node, region))
     entry, scale, block = _read_parts(node)
@@ -224,32 +225,6 @@ def _layout(shape: tuple[int, ...], size: int, in_file: bool,
                       asked + scale_asked, runs, scale_runs)
 
 
-def packed_layout(node: Node, region: Region) -> ReadLayout:
-    """A packed dequantize reads, of its stored weight and each part, only the box that
-    covers ``region`` (a rank's slice: its rows' bytes, or its columns' runs, and the
-    scale tiles over them; see :mod:`~weightplan.planner.core.quant.packed_slices`)."""
-    entries = tuple(read_attrs(p).entry for p in node.inputs)
-    return _packed_layout(tuple((e.spec.shape, e.spec.dtype.itemsize) for e in entries),
-                          entries[0].file is not None, node.attrs.scheme,  # type: ignore[union-attr]
-                          node.spec.shape, region)
-
-
-@lru_cache(maxsize=CACHE_SIZE)
-def _packed_layout(parts: tuple[tuple[tuple[int, ...], int], ...], in_file: bool,
-                   scheme: object, shape: tuple[int, ...], region: Region) -> ReadLayout:
-    """One layout per geometry (the experts of a stack share it)."""
-    from weightplan.planner.core.quant.formats import workspace_bytes as packed_workspace
-    from weightplan.planner.tensors.lower.packed_reads import packed_read_layout
-
-    read = packed_read_layout(scheme, shape, region, parts, in_file)  # type: ignore[arg-type]
-    weight = read.parts[0]
-    work = packed_workspace(scheme, read.cover.box.shape)  # type: ignore[arg-type]
-    window = sum(p.asked for p in read.parts) if in_file else 0
-    others = sum(p.nbytes for p in read.parts[1:])
-    return ReadLayout(False, weight.first, weight.length, ((0, weight.length),), window + work,
-                      others, sum(p.asked for p in read.parts), weight.runs, None, read)
-
-
 def placed_reads(sources: Streams[Node], frags: Streams[tuple[Fragment, ...]],
                  dests: tuple[Destination, ...], piece_bytes: int) -> tuple[ReadTask, ...]:
     """A read task for each non-empty fragment each source lands in, with the layout of
@@ -290,6 +265,7 @@ def _each_read(tasks: list[ReadTask], stream: tuple[Node, ...],
             continue
         scheme = getattr(node.attrs, "scheme", None) if node.kind is NodeKind.DEQUANTIZE else None
         if scheme is not None:
+            from weightplan.planner.tensors.lower.packed_reads import packed_layout
             # the experts of a stack share the scheme object, their parts' specs (one per
             # dtype and shape) and the region object: one layout for all of them
             parts = [read_attrs(p).entry for p in node.inputs]

@@ -1,0 +1,62 @@
+"""Problems of a packed checkpoint's pairing (:mod:`weightplan.planner.inputs.packed_pairs`):
+the type, and the checks of what pairing leaves over: ``ignore`` entries that name no
+module, and parts (scales, zero points, shapes) that no stored weight claimed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from itertools import repeat
+
+from weightplan.planner.core.entry import TensorEntry
+from weightplan.planner.inputs.quant_formats import FormatConfig, matches
+
+
+@dataclass(frozen=True, slots=True)
+class PackedProblem:
+    key: str
+    message: str
+
+
+def unmatched_ignores(config: FormatConfig, entries: Mapping[str, TensorEntry],
+                       templates: frozenset[str]) -> list[PackedProblem]:
+    """``ignore`` entries that name no module of the checkpoint (a typo leaves the module
+    it meant quantized, or names a module the checkpoint doesn't have). A digit-blind
+    list (:attr:`FormatConfig.digit_blind`) matches a key as it matches its template, so
+    the templates are searched, else the keys."""
+    if not config.ignore:
+        return []
+    names = templates if config.digit_blind else entries
+    return [PackedProblem(p, f"{config.source}: ignore entry {p!r} names no module of the "
+                          "checkpoint") for p in config.ignore if not _names_any(p, names)]
+
+
+def _names_any(pattern: str, names: Iterable[str]) -> bool:
+    """Whether ``pattern`` matches a name of ``names`` or its module."""
+    for key in names:
+        if matches(pattern, key) or matches(pattern, key.rsplit(".", 1)[0]):
+            return True
+    return False
+
+
+_PART_SUFFIXES = {"mxfp4": ("_scales",), "compressed-tensors": (
+    ".weight_scale", ".weight_packed", ".weight_global_scale", ".weight_zero_point",
+    ".weight_shape", ".weight_g_idx"), "modelopt": (".weight_scale", ".weight_scale_2")}
+
+
+def strays(config: FormatConfig, keys: list[str], used: set[str]) -> list[PackedProblem]:
+    """Parts no stored weight claimed (a scale whose weight is missing or ignored), in
+    checkpoint order."""
+    suffixes = _PART_SUFFIXES[config.method]
+    parts = sum(map(str.endswith, keys, repeat(suffixes)))
+    if parts == sum(map(str.endswith, used, repeat(suffixes))):  # (used: keys of entries)
+        return []
+    out = []
+    for key in [k for k in keys if k not in used and k.endswith(suffixes)]:
+        module = key.rsplit(".", 1)[0]
+        if config.scheme_for(module) is None and config.method != "mxfp4":
+            continue  # an ignored module's own tensors
+        out.append(PackedProblem(key, f"{key} belongs to no {config.method} weight of the "
+                                 "checkpoint (its weight is missing): it is not applied"))
+    return out

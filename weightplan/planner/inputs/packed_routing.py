@@ -1,0 +1,87 @@
+"""What routing sees of a packed checkpoint (:mod:`weightplan.planner.inputs.packed_pairs`):
+each stored weight under its logical key, its parts left out; and the pairing less the
+weights a model holds as stored (keep-quantized).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from itertools import compress, repeat
+from operator import attrgetter, itemgetter, not_, or_
+
+import torch
+
+from weightplan.planner.core.entry import TensorEntry
+from weightplan.planner.core.makers import fill, slot_setters
+from weightplan.planner.core.spec import TensorSpec
+from weightplan.planner.inputs.checkpoint import Checkpoint
+from weightplan.planner.inputs.packed_pairs import PackedPairing, PackedWeight
+
+_SHAPE, _KEY, _FIRST = attrgetter("shape"), attrgetter("key"), itemgetter(0)
+
+
+def kept_by_model(pairing: PackedPairing | None,
+                  held: Callable[[str], torch.dtype | None]) -> PackedPairing | None:
+    """The pairing less the weights a model holds as stored (keep-quantized): a weight
+    whose stored weight tensor the model holds in its stored dtype (``held(key)``: the
+    model's dtype under the key, or the key with ``model.`` added or its first component
+    removed) is routed as its parts, plain reads of the bytes as they are; it moves to
+    :attr:`PackedPairing.kept` (the plan's note). A floating parameter under the same
+    key (compressed-tensors FP8's ``weight``) is a dequantize's target, not a keep."""
+    if pairing is None or not pairing.weights:
+        return pairing
+
+    def holds(entry: TensorEntry) -> bool:
+        key = entry.key
+        return entry.spec.dtype in (held(key), held(key.partition(".")[2]), held("model." + key))
+
+    kept = {k: w for k, w in pairing.weights.items() if holds(w.parts[0])}
+    if not kept:
+        return pairing
+    freed = {p.key for w in kept.values() for p in w.parts}
+    freed |= {w.parts[0].key.rsplit(".", 1)[0] + s for w in kept.values()
+              for s in (".weight_shape", ".weight_g_idx")}
+    return replace(pairing, weights={k: w for k, w in pairing.weights.items() if k not in kept},
+                   companions=pairing.companions - freed, routed={}, kept=kept)
+
+
+def routed_entries(ckpt: Checkpoint, pairing: PackedPairing | None) -> Checkpoint | None:
+    """The checkpoint routing sees (``None``: unchanged): each stored weight under its
+    logical key, in its place; its parts left out."""
+    if pairing is None or not (pairing.weights or pairing.companions):
+        return None
+    done = pairing.routed.get(id(ckpt))
+    if done is not None and done[0] is ckpt:  # (quant_context and routing both ask)
+        return done[1]
+    weights = list(pairing.weights.values())
+    firsts = list(map(_FIRST, map(_PARTS, weights)))
+    logical = _logical_entries(weights, firsts)
+    first_part = dict(zip(map(_KEY, firsts), map(_KEY, weights), strict=True))
+    keys = list(ckpt.entries)  # kept: no companion, or a weight's first part (in its place)
+    keys = list(compress(keys, map(or_, map(not_, map(pairing.companions.__contains__, keys)),
+                                   map(first_part.__contains__, keys))))
+    named = list(map(first_part.get, keys, keys))
+    entries = dict(zip(named, map(logical.get, named, map(ckpt.entries.__getitem__, keys)),
+                       strict=True))
+    pairing.routed[id(ckpt)] = (ckpt, replace(ckpt, entries=entries))
+    return pairing.routed[id(ckpt)][1]
+
+
+def _logical_entries(weights: list[PackedWeight], firsts: list[TensorEntry]
+                     ) -> dict[str, TensorEntry]:
+    """:meth:`PackedPairing.entry` of every weight, built column by column (the specs
+    shared by shape)."""
+    specs: dict[tuple[int, ...], TensorSpec] = {}
+    shapes = list(map(_SHAPE, weights))
+    for shape in dict.fromkeys(shapes):
+        specs[shape] = TensorSpec(shape, torch.bfloat16)
+    made = list(map(object.__new__, repeat(TensorEntry, len(weights))))
+    keys = list(map(_KEY, weights))
+    fill(made, _ENTRY_SETTERS, (keys, map(specs.__getitem__, shapes), map(_FILE, firsts),
+                                map(_OFFSET, firsts)))
+    return dict(zip(keys, made, strict=True))
+
+
+_ENTRY_SETTERS = slot_setters(TensorEntry, ("key", "spec", "file", "offset"))
+_PARTS, _FILE, _OFFSET = attrgetter("parts"), attrgetter("file"), attrgetter("offset")
