@@ -259,6 +259,12 @@ def _explain_ranks(model: Any, dtype: Any, args: argparse.Namespace) -> int:
                        budget=args.budget, dequantize_on=args.dequantize_on)
     print(json.dumps(rank_rows(plans), indent=2) if args.json
           else _safe(rank_table(plans, wording=cli_wording, width=args.width)))
+    from weightplan.bridge.distribute import heads_problem
+
+    cant_run = heads_problem(model, tp, args.tp)
+    if cant_run is not None:  # planned all the same: the bytes are right, the forward isn't
+        print(f"weightplan: note: loading with tp={args.tp} is refused: {cant_run}",
+              file=sys.stderr)
     return _status([p for plan in plans for p in plan.problems], args)
 
 

@@ -79,3 +79,16 @@ def test_explain_tp_cooperative_json_rows_read_the_checkpoint_about_once(tp_chec
 def test_explain_nodes_must_split_the_ranks(tp_checkpoints, capsys):
     assert main(["explain", str(tp_checkpoints["llama"]), "--tp", "4", "--nodes", "3"]) == 2
     assert "3 nodes: the 4 ranks" in capsys.readouterr().err
+
+
+def test_a_head_cut_in_two_is_said_beside_the_rank_table(tp_checkpoints, capsys):
+    """The dry run plans the bytes of a load over 4 ranks of 2 key/value heads (exit 0), and
+    says that loading it with ``tp=4`` is refused (transformers' forward can't reshape half a
+    head); over 2 ranks (or with 4 key/value heads) it says nothing."""
+    assert main(["explain", str(tp_checkpoints["llama"]), "--tp", "4"]) == 0
+    err = capsys.readouterr().err
+    assert "note: loading with tp=4 is refused" in err
+    assert "num_key_value_heads=2 doesn't split over 4 ranks" in err
+    for name, ranks in (("llama", "2"), ("llama4kv", "4")):
+        assert main(["explain", str(tp_checkpoints[name]), "--tp", ranks]) == 0
+        assert "refused" not in capsys.readouterr().err

@@ -80,6 +80,21 @@ def expand_rules(model: nn.Module, rules: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def heads_problem(model: nn.Module, tp: TensorParallel, world: int) -> str | None:
+    """Why a model prepared for ``world`` ranks can't run (:func:`prepare_tensor_parallel`
+    would refuse it: a head cut in two), or ``None``; for a dry run, which plans the bytes
+    of such a load all the same."""
+    try:
+        dense = {name: style for name, style in expand_rules(model, plan_rules(model, tp)).items()
+                 if style not in EXPERT_STYLES}
+        _check_heads(model, dense, world)
+    except ParallelError as e:
+        return str(e)
+    except ImportError:  # (no transformers.distributed: nothing to run it with anyway)
+        return None
+    return None
+
+
 def _check_heads(model: nn.Module, dense: dict[str, str], world: int) -> None:
     """Column-sharded key projections split the attention heads over the ranks: a head cut
     in two can't run (transformers' forward fails on reshaping it), so refuse it now."""
