@@ -18,9 +18,10 @@ from weightplan.planner.inputs.checkpoint import TensorEntry
 from weightplan.planner.tensors.ir.build import stages
 from weightplan.planner.tensors.ir.destination import Destination, DestKind
 from weightplan.planner.tensors.ir.nodes import DequantizeAttrs, Node, NodeKind, ReadAttrs
-from weightplan.planner.tensors.lower import read_tasks
+from weightplan.planner.tensors.lower import placed_reads as placed_module
 from weightplan.planner.tensors.lower.placement import Step, plan_step
-from weightplan.planner.tensors.lower.read_tasks import placed_reads, read_task
+from weightplan.planner.tensors.lower.placed_reads import placed_reads
+from weightplan.planner.tensors.lower.read_tasks import read_task
 from weightplan.planner.tensors.schedule.schedule import order_steps
 from tests.planner.core import FILE, conversion, entry
 
@@ -122,9 +123,9 @@ def test_a_stack_is_made_in_columns_and_an_odd_stream_read_by_read(monkeypatch, 
     frags = (stack_fragments(Region.full(SHAPE), 0, SHAPE, (6, 1), 0, 24, n) if stacked
              else tuple(_fragments(j, None) for j in range(n)))
     odd = (*stream[:-1], _node(n - 1, dequantize, "memory"))
-    each = read_tasks._each_read
+    each = placed_module._each_read
     calls = []
-    monkeypatch.setattr(read_tasks, "_each_read", lambda *a: calls.append(a) or each(*a))
+    monkeypatch.setattr(placed_module, "_each_read", lambda *a: calls.append(a) or each(*a))
     columns = placed_reads((stream,), (frags,), DESTS, 1 << 25)
     assert not calls and len({id(t.layout) for t in columns}) == 1
     assert placed_reads((odd,), (frags,), DESTS, 1 << 25) == _reference(odd, frags, DESTS, 1 << 25)

@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 
-from weightplan.planner.core.geometry import CACHE_SIZE, Region
+from weightplan.planner.core.geometry import Region
 from weightplan.planner.core.quant.formats import Scheme
 from weightplan.planner.core.quant.packed_slices import PackedCover, packed_cover
 from weightplan.planner.tensors.lower.strided import ByteRuns, byte_runs, choose_runs
-from weightplan.planner.tensors.lower.read_tasks import ReadLayout
-from weightplan.planner.tensors.ir.nodes import Node, read_attrs
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,28 +73,3 @@ def part_read(box: Region | None, shape: tuple[int, ...], itemsize: int, in_file
         found = byte_runs(shape, itemsize, box.starts, box.stops)
         runs = found if found.count > 1 else None
     return PartRead(box, first * itemsize, count * itemsize, box.numel * itemsize, runs)
-
-
-def packed_layout(node: Node, region: Region) -> ReadLayout:
-    """A packed dequantize reads, of its stored weight and each part, only the box that
-    covers ``region`` (a rank's slice: its rows' bytes, or its columns' runs, and the
-    scale tiles over them; see :mod:`~weightplan.planner.core.quant.packed_slices`)."""
-    entries = tuple(read_attrs(p).entry for p in node.inputs)
-    return _packed_layout(tuple((e.spec.shape, e.spec.dtype.itemsize) for e in entries),
-                          entries[0].file is not None, node.attrs.scheme,  # type: ignore[union-attr]
-                          node.spec.shape, region)
-
-
-@lru_cache(maxsize=CACHE_SIZE)
-def _packed_layout(parts: tuple[tuple[tuple[int, ...], int], ...], in_file: bool,
-                   scheme: object, shape: tuple[int, ...], region: Region) -> ReadLayout:
-    """One layout per geometry (the experts of a stack share it)."""
-    from weightplan.planner.core.quant.formats import workspace_bytes as packed_workspace
-
-    read = packed_read_layout(scheme, shape, region, parts, in_file)  # type: ignore[arg-type]
-    weight = read.parts[0]
-    work = packed_workspace(scheme, read.cover.box.shape)  # type: ignore[arg-type]
-    window = sum(p.asked for p in read.parts) if in_file else 0
-    others = sum(p.nbytes for p in read.parts[1:])
-    return ReadLayout(False, weight.first, weight.length, ((0, weight.length),), window + work,
-                      others, sum(p.asked for p in read.parts), weight.runs, None, read)

@@ -9,24 +9,17 @@ that geometry: the 256 experts of a stack hold one layout, one region and one vi
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import compress, repeat
 from typing import TYPE_CHECKING
-from operator import attrgetter, itemgetter
 
-import torch
 
 from weightplan.planner.inputs.checkpoint import TensorEntry
-from weightplan.planner.core.makers import columns
 from weightplan.planner.core.quant.blocks import DEQUANTIZE_BYTES, workspace_bytes
-from weightplan.planner.tensors.ir.destination import Destination
 from weightplan.planner.core.geometry import (
-    CACHE_SIZE, Fragment, Region, StackFragments, _is_contiguous,
+    CACHE_SIZE, Fragment, Region,
 )
 from weightplan.planner.tensors.ir.nodes import DequantizeAttrs, Node, NodeKind, read_attrs
-from weightplan.planner.core.ops.base import Streams
 from weightplan.planner.core.sharding.fp8_slices import scale_region
 from weightplan.planner.core.spec import TensorSpec
 
@@ -159,16 +152,15 @@ def read_task(node: Node, region: Region, fragment: Fragment | None, direct: boo
     """The byte range of ``region`` of ``node``'s entry; direct reads over ``piece_bytes``
     are split into pieces so that they run in parallel (each piece is one mapped window)."""
     if node.kind is NodeKind.DEQUANTIZE and node.attrs.scheme is not None:  # type: ignore[union-attr]
-        from weightplan.planner.tensors.lower.packed_reads import packed_layout
         return ReadTask(node, read_attrs(node.inputs[0]).entry, region, fragment,
                         packed_layout(node, region))
-    entry, scale, block = _read_parts(node)
-    layout = _task_layout(entry.spec, entry.file is not None, scale, block, region, direct,
+    entry, scale, block = read_parts(node)
+    layout = task_layout(entry.spec, entry.file is not None, scale, block, region, direct,
                           piece_bytes)
     return ReadTask(node, entry, region, fragment, layout)
 
 
-def _read_parts(node: Node) -> tuple[TensorEntry, TensorSpec | None, tuple[int, ...] | None]:
+def read_parts(node: Node) -> tuple[TensorEntry, TensorSpec | None, tuple[int, ...] | None]:
     """The entry ``node`` reads, and for a dequantize its scale's spec and block."""
     if node.kind is not NodeKind.DEQUANTIZE:
         return read_attrs(node).entry, None, None
@@ -179,7 +171,7 @@ def _read_parts(node: Node) -> tuple[TensorEntry, TensorSpec | None, tuple[int, 
     return entry, read_attrs(node.inputs[1]).entry.spec, a.block
 
 
-def _task_layout(spec: TensorSpec, in_file: bool, scale: TensorSpec | None,
+def task_layout(spec: TensorSpec, in_file: bool, scale: TensorSpec | None,
                  block: tuple[int, ...] | None, region: Region, direct: bool, piece_bytes: int
                  ) -> ReadLayout:
     scale_shape, scale_size = (None, 0) if scale is None or block is None else (
@@ -225,168 +217,27 @@ def _layout(shape: tuple[int, ...], size: int, in_file: bool,
                       asked + scale_asked, runs, scale_runs)
 
 
-def placed_reads(sources: Streams[Node], frags: Streams[tuple[Fragment, ...]],
-                 dests: tuple[Destination, ...], piece_bytes: int) -> tuple[ReadTask, ...]:
-    """A read task for each non-empty fragment each source lands in, with the layout of
-    its geometry (:func:`_geometry`). A stream whose reads all share one geometry (a
-    stack: :func:`_stack_geometry` says so from the nodes and fragments, in columns) is
-    made in columns with that one layout; any other read by read. Either way, the same
-    tasks. Items landing nowhere (another rank's experts) are left out first, so that a
-    rank's experts of a stack are made in columns too."""
-    tasks: list[ReadTask] = []
-    dtypes = [d.spec.dtype for d in dests]
-    for stream, placed in zip(sources, frags, strict=True):
-        if len(stream) >= _STACK and not all(placed):  # (expert parallel)
-            kept = list(map(bool, placed))
-            stream, placed = tuple(compress(stream, kept)), tuple(compress(placed, kept))
-        stack = _stack_geometry(stream, placed) if len(stream) >= _STACK else None
-        if stack is None:
-            _each_read(tasks, stream, placed, dtypes, piece_bytes)
-            continue
-        parts, entries, landed, region, target = stack
-        layout = _geometry(*parts, dtypes[target], piece_bytes)
-        if layout is not None:
-            tasks += _tasks(len(stream), stream, entries, repeat(region), landed, repeat(layout))
-    return tuple(tasks)
-
-
-_STACK = 8  # fewer reads in a stream: telling whether they are alike costs what it saves
-
-
-def _each_read(tasks: list[ReadTask], stream: tuple[Node, ...],
-               frags: tuple[tuple[Fragment, ...], ...], dtypes: list[torch.dtype],
-               piece_bytes: int) -> None:
-    """The read tasks of one stream, node by node, fragment by fragment."""
-    last: tuple = ()
-    layout: ReadLayout | None = None
-    packed: dict[tuple, ReadLayout] = {}  # packed dequantizes: by scheme, specs and region
-    for j, node in enumerate(stream):
-        if not frags[j]:  # (another rank's expert: nothing lands here)
-            continue
-        scheme = getattr(node.attrs, "scheme", None) if node.kind is NodeKind.DEQUANTIZE else None
-        if scheme is not None:
-            from weightplan.planner.tensors.lower.packed_reads import packed_layout
-            # the experts of a stack share the scheme object, their parts' specs (one per
-            # dtype and shape) and the region object: one layout for all of them
-            parts = [read_attrs(p).entry for p in node.inputs]
-            same = (id(scheme), node.spec.shape, parts[0].file is None,
-                    *[id(e.spec) for e in parts])
-            for f in frags[j]:
-                if not f.region.numel:
-                    continue
-                shared = packed.get((same, id(f.region)))
-                if shared is None:
-                    shared = packed[(same, id(f.region))] = packed_layout(node, f.region)
-                tasks.append(ReadTask(node, parts[0], f.region, f, shared))
-            continue
-        entry, scale, block = _read_parts(node)
-        spec = entry.spec
-        scale_shape, scale_dtype = (None, None) if scale is None else (scale.shape,
-                                                                      scale.dtype)
-        for f in frags[j]:
-            v = f.view
-            # the experts of a stack share every part of this key (equal tuples and
-            # dtypes, the same region object): one layout for all of them
-            key = (spec.shape, spec.dtype, entry.file is None, entry.contiguous,
-                   scale_shape, scale_dtype, block, f.region, v.shape, v.stride,
-                   dtypes[f.target], piece_bytes)
-            if key != last:
-                last, layout = key, _geometry(*key)
-            if layout is not None:
-                tasks.append(ReadTask(node, entry, f.region, f, layout))
-
-
-_tasks = columns(ReadTask)  # (~45k tasks in a DeepSeek-V3 plan)
-
-
-def _stack_geometry(stream: tuple[Node, ...], frags: tuple[tuple[Fragment, ...], ...]
-                    ) -> tuple[tuple, list[TensorEntry], Sequence[Fragment], Region, int] | None:
-    """What every read of ``stream`` shares when it is a stack's, told in columns: each
-    read of the same entry spec, placement (file or memory), contiguity and, for
-    dequantizes, scale spec and attrs; each landing in exactly one fragment, all of one
-    region, view shape, stride and target (as a stack's are: :class:`StackFragments`
-    says so without looking). Returns the geometry's parts up to the destination dtype
-    (:func:`_geometry`'s first arguments), the entries read, the fragments, their region
-    and target; ``None``: not so (read by read, then)."""
-    n = len(stream)
-    stacked = isinstance(frags, StackFragments) and len(frags) == n
-    if not stacked and list(map(len, frags)).count(1) != n:
-        return None
-    alike = _alike_reads(stream)
-    if alike is None:
-        return None
-    parts, entries = alike
-    if isinstance(frags, StackFragments) and stacked:
-        return (*parts, frags.region, frags.shape, frags.stride), entries, frags.fragments, \
-            frags.region, frags.target
-    fs = list(map(_FIRST, frags))
-    regions, views, targets = list(map(_REGION, fs)), list(map(_VIEW, fs)), list(map(_TARGET, fs))
-    shapes, strides = list(map(_SHAPE, views)), list(map(_STRIDE, views))
-    if not (_same(regions) and _same(shapes) and _same(strides) and _same(targets)):
-        return None
-    return (*parts, regions[0], shapes[0], strides[0]), entries, fs, regions[0], targets[0]
-
-
-def _alike_reads(stream: tuple[Node, ...]) -> tuple[tuple, list[TensorEntry]] | None:
-    """The entry spec's shape and dtype, whether in memory, whether contiguous, and the
-    scale spec's shape, dtype and block (``None`` unless dequantized) that every node of
-    ``stream`` reads with, and the entries it reads (``None``: they differ). Node by node:
-    :func:`_read_parts`."""
-    kinds = list(map(_KIND, stream))
-    kind = kinds[0]
-    if kinds.count(kind) != len(kinds):
-        return None
-    scale: tuple = (None, None, None)
-    if kind is NodeKind.DEQUANTIZE:
-        attrs = list(map(_ATTRS, stream))  # (a stack's share one object: compared by identity)
-        if not _same(attrs) or not isinstance(attrs[0], DequantizeAttrs) \
-                or attrs[0].scheme is not None:
-            return None  # (a packed format's reads: read by read)
-        inputs = list(map(_INPUTS, stream))
-        scales = list(map(_ENTRY_SPEC, map(_SECOND, inputs)))
-        if not _same(scales):
-            return None
-        scale = (scales[0].shape, scales[0].dtype, attrs[0].block)
-        stream = tuple(map(_FIRST, inputs))
-    entries = list(map(_ENTRY, stream))
-    # one spec, and one class of entry: one contiguity (a StridedEntry's is False)
-    specs, classes, files = list(map(_SPEC, entries)), list(map(type, entries)), \
-        list(map(_FILE, entries))
-    memory = files.count(None)
-    if not (_same(specs) and _same(classes) and memory in (0, len(files))):
-        return None
-    spec = specs[0]
-    return (spec.shape, spec.dtype, memory > 0, entries[0].contiguous, *scale), entries
-
-
-def _same(column: Sequence[object]) -> bool:
-    """Every item of a non-empty ``column`` equals the first (compared by identity first)."""
-    return column.count(column[0]) == len(column)
-
-
-_REGION, _VIEW, _TARGET = attrgetter("region"), attrgetter("view"), attrgetter("target")
-_SHAPE, _STRIDE = attrgetter("shape"), attrgetter("stride")
-_FIRST, _SECOND = itemgetter(0), itemgetter(1)
-_KIND, _ATTRS, _INPUTS = attrgetter("kind"), attrgetter("attrs"), attrgetter("inputs")
-_ENTRY, _ENTRY_SPEC = attrgetter("attrs.entry"), attrgetter("attrs.entry.spec")
-_SPEC, _FILE = attrgetter("spec"), attrgetter("file")
+def packed_layout(node: Node, region: Region) -> ReadLayout:
+    """A packed dequantize reads, of its stored weight and each part, only the box that
+    covers ``region`` (a rank's slice: its rows' bytes, or its columns' runs, and the
+    scale tiles over them; see :mod:`~weightplan.planner.core.quant.packed_slices`)."""
+    entries = tuple(read_attrs(p).entry for p in node.inputs)
+    return _packed_layout(tuple((e.spec.shape, e.spec.dtype.itemsize) for e in entries),
+                          entries[0].file is not None, node.attrs.scheme,  # type: ignore[union-attr]
+                          node.spec.shape, region)
 
 
 @lru_cache(maxsize=CACHE_SIZE)
-def _geometry(shape: tuple[int, ...], dtype: torch.dtype, in_memory: bool, contiguous: bool,
-              scale_shape: tuple[int, ...] | None, scale_dtype: torch.dtype | None,
-              block: tuple[int, ...] | None, region: Region, view_shape: tuple[int, ...],
-              view_stride: tuple[int, ...], dest_dtype: torch.dtype, piece_bytes: int
-              ) -> ReadLayout | None:
-    """The layout of a placed read (``None``: an empty region, nothing read). Direct: the
-    entry is contiguous and of the destination's dtype, the view contiguous and the region
-    one run of bytes."""
-    if region.numel == 0:
-        return None
-    _, count = region.element_span(shape)
-    direct = (contiguous and _is_contiguous(view_shape, view_stride) and count == region.numel
-              and dest_dtype == dtype)
-    scale = None if scale_shape is None or scale_dtype is None else TensorSpec(scale_shape,
-                                                                               scale_dtype)
-    return _task_layout(TensorSpec(shape, dtype), not in_memory, scale, block, region, direct,
-                        piece_bytes)
+def _packed_layout(parts: tuple[tuple[tuple[int, ...], int], ...], in_file: bool,
+                   scheme: object, shape: tuple[int, ...], region: Region) -> ReadLayout:
+    """One layout per geometry (the experts of a stack share it)."""
+    from weightplan.planner.core.quant.formats import workspace_bytes as packed_workspace
+    from weightplan.planner.tensors.lower.packed_reads import packed_read_layout
+
+    read = packed_read_layout(scheme, shape, region, parts, in_file)  # type: ignore[arg-type]
+    weight = read.parts[0]
+    work = packed_workspace(scheme, read.cover.box.shape)  # type: ignore[arg-type]
+    window = sum(p.asked for p in read.parts) if in_file else 0
+    others = sum(p.nbytes for p in read.parts[1:])
+    return ReadLayout(False, weight.first, weight.length, ((0, weight.length),), window + work,
+                      others, sum(p.asked for p in read.parts), weight.runs, None, read)
