@@ -144,15 +144,7 @@ class Reshape(TensorwiseOp):
     source: tuple[int, ...] | None = field(default=None, kw_only=True)
 
     def resolve(self, ctx, inputs):
-        found = self.source
-        for stream in inputs:
-            for spec in stream:
-                self.infer_one(spec, 0)
-                if found is not None and tuple(spec.shape) != found:
-                    raise OpError(f"{self!r}: inputs disagree on their shape ({list(spec.shape)} "
-                                  f"vs {list(found)}); its inverse needs one")
-                found = tuple(spec.shape)
-        return dataclasses.replace(self, source=found)
+        return _with_source(self, inputs)
 
     def forward_one(self, tensor, stream):
         return tensor.reshape(self.shape)
@@ -183,15 +175,7 @@ class Collapse(TensorwiseOp):
     source: tuple[int, ...] | None = field(default=None, kw_only=True)
 
     def resolve(self, ctx, inputs):
-        found = self.source
-        for stream in inputs:
-            for spec in stream:
-                self.infer_one(spec, 0)
-                if found is not None and tuple(spec.shape) != found:
-                    raise OpError(f"{self!r}: inputs disagree on their shape ({list(spec.shape)} "
-                                  f"vs {list(found)}); its inverse needs one")
-                found = tuple(spec.shape)
-        return dataclasses.replace(self, source=found)
+        return _with_source(self, inputs)
 
     def forward_one(self, tensor, stream):
         flat = tensor.reshape(-1)
@@ -238,6 +222,19 @@ class Expand(TensorwiseOp):
 
     def inverse(self) -> Collapse:
         return Collapse(self.source if self.source is not None else (), source=tuple(self.shape))
+
+
+def _with_source(op: Reshape | Collapse, inputs) -> Reshape | Collapse:
+    """``op`` with its inputs' one shape recorded (checked as it infers): its inverse's."""
+    found = op.source
+    for stream in inputs:
+        for spec in stream:
+            op.infer_one(spec, 0)
+            if found is not None and tuple(spec.shape) != found:
+                raise OpError(f"{op!r}: inputs disagree on their shape ({list(spec.shape)} "
+                              f"vs {list(found)}); its inverse needs one")
+            found = tuple(spec.shape)
+    return dataclasses.replace(op, source=found)
 
 
 def uniform(flat: torch.Tensor) -> bool:
