@@ -19,6 +19,8 @@ import torch.distributed as dist
 from safetensors.torch import load_file
 
 import weightplan
+from tests.hostile.helpers import meta_model
+from tests.parallel.tp_oracle_worker import local_part
 
 # column-parallel q/gate/up (split `out`), row-parallel o/down (split `in`)
 RULES = {"model.layers.*.self_attn.q_proj": "colwise",
@@ -30,26 +32,8 @@ RULES = {"model.layers.*.self_attn.q_proj": "colwise",
 
 def stored_model(directory: Path) -> torch.nn.Module:
     """A module with a meta parameter per stored tensor (its name, shape and dtype)."""
-    root = torch.nn.Module()
-    for f in sorted(directory.glob("*.safetensors")):
-        for name, value in load_file(str(f)).items():
-            *path, attr = name.split(".")
-            module = root
-            for part in path:
-                if not hasattr(module, part):
-                    module.add_module(part, torch.nn.Module())
-                module = getattr(module, part)
-            meta = torch.empty(value.shape, dtype=value.dtype, device="meta")
-            module.register_parameter(attr, torch.nn.Parameter(meta, requires_grad=False))
-    return root
-
-
-def local_part(data: torch.Tensor) -> tuple[torch.Tensor, tuple | None]:
-    if not hasattr(data, "to_local"):
-        return data.detach().clone(), None
-    placements = tuple((type(p).__name__, getattr(p, "dim", None),
-                        getattr(p, "split_factor", None)) for p in data.placements)
-    return data.to_local().detach().clone(), placements
+    return meta_model({name: value for f in sorted(directory.glob("*.safetensors"))
+                       for name, value in load_file(str(f)).items()})
 
 
 def main() -> None:
