@@ -13,6 +13,7 @@ import difflib
 from weightplan.errors import RegistryError
 from weightplan.planner.keys.mappings import REGISTRY
 from weightplan.planner.keys.registry import MappingChoice, MappingRegistry
+from weightplan.units import counted
 
 
 def bridged_names() -> list[str]:
@@ -64,7 +65,7 @@ def _bridged(name: str) -> MappingChoice | None:
         return None
     if translation is None:
         return None
-    left_out = f"; {len(translation.problems)} part(s) left out: {', '.join(translation.gaps)}" \
+    left_out = f"; {counted(len(translation.problems), 'part')} left out: {', '.join(translation.gaps)}" \
         if translation.problems else ""
     return MappingChoice(name, f"model_type {name!r} via the transformers bridge{left_out}",
                          translation.transforms)

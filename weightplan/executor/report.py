@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from weightplan.units import format_bytes
+from weightplan.units import counted, format_bytes
 
 
 @dataclass(frozen=True)
@@ -117,8 +117,8 @@ class SaveReport:
         rss = "n/a" if self.rss_peak_bytes is None else format_bytes(self.rss_peak_bytes)
         shards = [f for f in self.files if f.endswith(".safetensors")]  # as the plan counts
         others = [("index" if f == INDEX_NAME else f) for f in self.files if f not in shards]
-        files = " + ".join([f"{len(shards)} file(s)", *others])
-        return (f"wrote {self.tensors_written} tensors ({format_bytes(self.bytes_written)}) to "
+        files = " + ".join([counted(len(shards), "file"), *others])
+        return (f"wrote {counted(self.tensors_written, 'tensor')} ({format_bytes(self.bytes_written)}) to "
                 f"{terminal_text(self.directory)} in {terminal_text(files)} in {self.seconds:.2f}s "
                 f"({self.gb_per_s:.2f} GB/s)\npeak held {format_bytes(self.peak_bytes)} (planned "
                 f"{format_bytes(self.planned_peak_bytes)}), process peak RSS +{rss}")

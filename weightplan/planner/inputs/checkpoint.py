@@ -84,7 +84,8 @@ def open_checkpoint(source: object) -> Checkpoint:
             raise CheckpointError("an empty list of checkpoint files was given")
         for p, _ in files:
             refuse_interrupted_save(Path(p).parent)
-        return _from_files(files, description=f"{len(files)} files")
+        more = f" + {len(files) - 1} more" if len(files) > 1 else ""
+        return _from_files(files, description=f"{files[0][0]}{more}")
     if isinstance(source, (bytes, bytearray, memoryview)):
         check_path_argument(source)
     raise ArgumentError(
