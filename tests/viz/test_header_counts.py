@@ -71,7 +71,9 @@ def test_an_adapter_plan_names_its_base_and_its_adapter(tmp_path, capsys):
 def test_recover_counts_in_words(tmp_path):
     from weightplan.executor.commit import recover
 
+    from weightplan.executor.journal import PARTIAL
+
     (tmp_path / "d").mkdir()
-    (tmp_path / "d" / ".weightplan-tmp-x.safetensors").write_bytes(b"")
-    answer = recover(tmp_path / "d")
-    _grammatical(answer)
+    (tmp_path / "d" / f".model.safetensors.x{PARTIAL}").write_bytes(b"")
+    assert recover(tmp_path / "d") == f"{tmp_path / 'd'}: no interrupted save; removed 1 " \
+                                      "orphaned temporary file"

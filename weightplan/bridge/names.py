@@ -35,14 +35,16 @@ def _model_types() -> frozenset[str]:
     return frozenset(CONFIG_MAPPING_NAMES)
 
 
-def named_choice(name: str, registry: MappingRegistry = REGISTRY) -> MappingChoice:
-    """The transforms registered (or bridged) under ``name``.
+def named_choice(name: str, registry: MappingRegistry = REGISTRY, *,
+                 why: str = "requested mapping") -> MappingChoice:
+    """The transforms registered (or bridged) under ``name``; ``why``: how the name was
+    chosen, for the plan's ``mapping:`` line.
 
     Raises:
         RegistryError: no such name; the message lists the closest known names.
     """
     if name in registry:
-        return MappingChoice(name, f"requested mapping {name!r}", tuple(registry.get(name)))
+        return MappingChoice(name, f"{why} {name!r}", tuple(registry.get(name)))
     bridged = _bridged(name)
     if bridged is not None:
         return bridged

@@ -61,17 +61,17 @@ class LoadReport:
         over = (f" for {format_bytes(self.bytes_needed)} needed"
                 if self.bytes_read != self.bytes_needed else "")
         lines = [
-            f"loaded {self.tensors_loaded} tensors: {format_bytes(self.bytes_read)} read{over} "
-            f"in {self.seconds:.2f}s ({self.gb_per_s:.2f} GB/s, {self.threads} threads)",
+            f"loaded {counted(self.tensors_loaded, 'tensor')}: {format_bytes(self.bytes_read)} read{over} "
+            f"in {self.seconds:.2f}s ({self.gb_per_s:.2f} GB/s, {counted(self.threads, 'thread')})",
             f"peak held {format_bytes(self.peak_bytes)} (planned "
             f"{format_bytes(self.planned_peak_bytes)}), process peak RSS +{rss}",
         ]
         if stages:
             lines.append(f"stage time (summed over threads): {stages}")
         if self.missing:
-            lines.append(f"missing: {len(self.missing)} tensors")
+            lines.append(f"missing: {counted(len(self.missing), 'tensor')}")
         if self.unexpected:
-            lines.append(f"unexpected: {len(self.unexpected)} checkpoint keys (not loaded)")
+            lines.append(f"unexpected: {counted(len(self.unexpected), 'checkpoint key')} (not loaded)")
         for name, how in sorted(self.initialized.items()):
             lines.append(terminal_text(f"initialized {name} by {how}"))
         if set(self.device_bytes) - {"cpu"}:  # (several devices, or the disk)
