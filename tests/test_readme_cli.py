@@ -108,6 +108,10 @@ def test_every_readme_cli_line_runs(user_dirs, capsys):
      "{root}/garbage/model.safetensors: not a safetensors file: its header length"),
     (["explain", "{root}/llama", "--svg", "{root}/plan.txt"], "can't draw a plan to"),
     (["explain", "{root}/llama", "--timeline", "{root}/mem.png"], "drawn as SVG"),
+    # the demo never mixes its shards into another checkpoint's directory
+    (["demo", "--dir", "{root}/pickle"],
+     "SaveError: {root}/pickle holds other files (config.json, pytorch_model.bin)"),
+    (["demo", "--dir", "{root}/pickle/config.json"], "not a directory"),
 ])
 def test_bad_input_is_one_line_and_exit_2(user_dirs, capsys, args, says):
     pickle = user_dirs / "pickle"
