@@ -6,8 +6,8 @@ saved for transformers v4). No placeholder is substituted: the README names thes
 
 A block that can't run here is marked on the line before its fence with
 ``<!-- not run by tests/test_readme_python.py: needs ... -->``, saying what it needs (the
-network, a GPU, torchrun) and where it is tested instead; only those needs are accepted, and
-the test prints every block it didn't run."""
+network, a GPU, torchrun) and where it is tested instead; only those needs are accepted, such
+a block must still compile, and the test prints every block it didn't run."""
 
 from __future__ import annotations
 
@@ -34,15 +34,16 @@ def readme_blocks() -> list[tuple[int, str, str | None]]:
     return blocks
 
 
-def test_only_blocks_that_need_what_a_test_machine_lacks_are_not_run(capsys):
+def test_only_blocks_that_need_what_a_test_machine_lacks_are_not_run():
     blocks = readme_blocks()
     assert len(blocks) >= 9
     text = README.read_text(encoding="utf-8")
     assert text.count("<!-- not run by tests/test_readme_python.py") == \
         sum(why is not None for _, _, why in blocks)  # (no mark away from a fence)
-    for line, _, why in blocks:
+    for line, code, why in blocks:
         if why is not None:
             assert any(need in why for need in NEEDS), (line, why)
+            compile(code, f"README.md:{line}", "exec")  # (Python all the same)
             print(f"README.md:{line}: not run: {why}")
     assert sum(why is None for _, _, why in blocks) >= 6
 
