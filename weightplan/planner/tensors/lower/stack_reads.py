@@ -15,14 +15,15 @@ from weightplan.planner.tensors.ir.nodes import DequantizeAttrs, Node, NodeKind
 
 
 def stack_geometry(stream: tuple[Node, ...], frags: tuple[tuple[Fragment, ...], ...]
-                    ) -> tuple[tuple, list[TensorEntry], Sequence[Fragment], Region, int] | None:
+                   ) -> tuple[tuple, list[TensorEntry], Sequence[Fragment], Region, int] | None:
     """What every read of ``stream`` shares when it is a stack's, told in columns: each
     read of the same entry spec, placement (file or memory), contiguity and, for
     dequantizes, scale spec and attrs; each landing in exactly one fragment, all of one
     region, view shape, stride and target (as a stack's are: :class:`StackFragments`
     says so without looking). Returns the geometry's parts up to the destination dtype
     (the first arguments of :func:`~weightplan.planner.tensors.lower.read_tasks.read_geometry`),
-    the entries read, the fragments, their region and target; ``None``: not so (read by read, then)."""
+    the entries read, the fragments, their region and target; ``None``: not so (read by read,
+    then)."""
     n = len(stream)
     stacked = isinstance(frags, StackFragments) and len(frags) == n
     if not stacked and list(map(len, frags)).count(1) != n:
