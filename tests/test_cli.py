@@ -32,6 +32,7 @@ def test_demo_runs(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "legacy rename LayerNorm" in out and "equal the original's: True" in out
     assert (tmp_path / "demo" / "model.safetensors.index.json").exists()
+    assert main(["demo", "--dir", str(tmp_path / "demo")]) == 0  # (again: its own files)
 
 
 def test_convert_forward_and_back_on_disk(tmp_path, capsys):

@@ -91,8 +91,8 @@ def test_convert_writes_a_model_directory_from_the_config_model_type(tmp_path, c
     assert len(files) > 1 and (out / "config.json").is_file()
     assert (out / "generation_config.json").is_file()
     # the plan's header and the report count the same files
-    assert f"({len(files)} file(s) + index, " in text
-    assert f"in {len(files)} file(s) + index + config.json + generation_config.json in" in text
+    assert f"({len(files)} files + index, " in text
+    assert f"in {len(files)} files + index + config.json + generation_config.json in" in text
     reference = cls.from_pretrained(tmp_path / "src")
     loaded = weightplan.from_pretrained(out)
     assert torch.equal(output(loaded, inputs), output(reference, inputs))

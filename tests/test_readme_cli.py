@@ -99,19 +99,34 @@ def test_every_readme_cli_line_runs(user_dirs, capsys):
     (["explain", "{root}/llama", "--tp-plan", "{{}}"], "--tp-plan needs --tp"),
     (["explain", "{root}/llama", "--tp", "2", "--device-map", "auto"], "exclude each other"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
+    (["explain", "{root}/llama", "--tpp", "2"],
+     "unrecognized arguments: --tpp 2; did you mean --tp or --tp-plan?"),
+    (["explain", "{root}/llama/config.json"],
+     "NotSafetensorsError: {root}/llama/config.json: not a safetensors file: it is JSON text"),
+    # no config.json beside it: the note that keys are explained without a model isn't said
+    (["explain", "{root}/garbage/model.safetensors"],
+     "{root}/garbage/model.safetensors: not a safetensors file: its header length"),
+    (["explain", "{root}/llama", "--svg", "{root}/plan.txt"], "can't draw a plan to"),
+    (["explain", "{root}/llama", "--timeline", "{root}/mem.png"], "drawn as SVG"),
+    # the demo never mixes its shards into another checkpoint's directory
+    (["demo", "--dir", "{root}/pickle"],
+     "SaveError: {root}/pickle holds other files (config.json, pytorch_model.bin)"),
+    (["demo", "--dir", "{root}/pickle/config.json"], "not a directory"),
 ])
 def test_bad_input_is_one_line_and_exit_2(user_dirs, capsys, args, says):
     pickle = user_dirs / "pickle"
     pickle.mkdir(exist_ok=True)
     (pickle / "pytorch_model.bin").write_bytes(b"\x80\x02}q\x00.")  # never unpickled
     (pickle / "config.json").write_bytes((user_dirs / "llama" / "config.json").read_bytes())
+    (user_dirs / "garbage").mkdir(exist_ok=True)
+    (user_dirs / "garbage" / "model.safetensors").write_bytes(b"not a checkpoint at all")
     argv = [a.format(root=user_dirs) for a in args]
     try:
         code = main(argv)
     except SystemExit as e:  # argparse's own errors leave through SystemExit
         code = e.code
-    err = capsys.readouterr().err
-    assert code == 2
+    out, err = capsys.readouterr()
+    assert code == 2 and not out, out  # (refused before a plan is printed)
     assert err.count("\n") == 1 and "Traceback" not in err and "usage:" not in err, err
     assert says.format(root=user_dirs) in err, err
 
@@ -123,3 +138,25 @@ def test_convert_without_a_mapping_says_the_flag(tmp_path, capsys):
     assert main(["convert", str(source), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "MappingError" in err and "--model-type NAME" in err and "mapping=" not in err
+
+
+def test_convert_says_its_mapping_came_from_the_config(user_dirs, capsys):
+    assert main(["convert", str(user_dirs / "mixtral"), str(user_dirs / "from_config"),
+                 "--dry-run"]) == 0
+    assert "mapping: mixtral — config.json's model_type 'mixtral'" in capsys.readouterr().out
+    assert main(["convert", str(user_dirs / "mixtral"), str(user_dirs / "by_flag"),
+                 "--dry-run", "--model-type", "mixtral"]) == 0
+    assert "mapping: mixtral — requested mapping 'mixtral'" in capsys.readouterr().out
+
+
+def test_without_a_config_the_note_follows_the_plan(user_dirs, capsys):
+    bare = user_dirs / "bare"
+    bare.mkdir(exist_ok=True)
+    (bare / "model.safetensors").write_bytes((user_dirs / "llama" / "model.safetensors")
+                                             .read_bytes())
+    assert main(["explain", str(bare)]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(f"weightplan plan: {bare} (1 file, ")
+    assert err == (f"weightplan: no config.json next to {bare}: explained the keys without a "
+                   "model (pass --model-type to apply a mapping)\n"), err
+

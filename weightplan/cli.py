@@ -179,7 +179,7 @@ def _explain(args: argparse.Namespace) -> int:
 
     _check_flags(args)
     args.checkpoint = str(resolve_checkpoint(args.checkpoint))  # a repo id: its snapshot
-    model, dtype = None, args.dtype
+    model, dtype, note = None, args.dtype, None
     if args.base is not None or os.path.isfile(f"{args.checkpoint}/adapter_config.json"):
         from weightplan.api.adapters import explain_adapter_dir
 
@@ -193,7 +193,7 @@ def _explain(args: argparse.Namespace) -> int:
                                 "adapter directory (adapter_config.json); give one, with "
                                 "--base BASE_DIR")
         if args.mapping is None:
-            model, dtype = _model_for(args.checkpoint, args.dtype, args.dequantize)
+            model, dtype, note = _model_for(args.checkpoint, args.dtype, args.dequantize)
         if args.tp is not None:
             return _explain_ranks(model, dtype, args)
         plan = weightplan.explain(model, args.checkpoint, mapping=args.mapping, dtype=dtype,
@@ -201,6 +201,8 @@ def _explain(args: argparse.Namespace) -> int:
                                   max_memory=args.max_memory,
                                   offload_folder=args.offload_folder,
                                   dequantize_on=args.dequantize_on)
+    if note is not None:  # (after the plan: an error is the one line on stderr)
+        print(_safe(note), file=sys.stderr)
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
     else:
@@ -234,6 +236,14 @@ def _check_flags(args: argparse.Namespace) -> None:
                             "to its own device (as transformers' tp_plan and device_map)")
     if args.tp is not None and (args.svg or args.timeline):
         raise ArgumentError("--svg and --timeline draw one plan: drop --tp to draw it")
+    if args.svg:  # (a path no picture is drawn as: said before the plan, not after it)
+        from weightplan.viz.dot import picture_format
+
+        picture_format(args.svg)
+    if args.timeline:
+        from weightplan.viz.timeline import timeline_path
+
+        timeline_path(args.timeline)
 
 
 def _example(flag: str) -> str:
@@ -304,29 +314,28 @@ def _pictures(plan: Plan, args: argparse.Namespace) -> None:
 
 
 def _model_for(checkpoint: str, dtype: str | None, dequantize: bool = False
-               ) -> tuple[nn.Module | None, Any]:
+               ) -> tuple[nn.Module | None, Any, str | None]:
     """The model config.json names, built on meta (holding a quantized checkpoint's format
-    unless ``--dequantize`` or ``--dtype`` asks for a dequantized model); ``None`` when there
-    is no config.json or no transformers (then the keys are explained as they are)."""
+    unless ``--dequantize`` or ``--dtype`` asks for a dequantized model), the dtype, and a
+    note for stderr; ``None`` and the note saying why when there is no config.json or no
+    transformers (then the keys are explained as they are)."""
     from weightplan.bridge.hub import build_empty_model, config_path
 
     if config_path(checkpoint) is None:
-        print(_safe(f"weightplan: no config.json next to {checkpoint}: explaining the keys "
-                    "without a model (pass --model-type to apply a mapping)"), file=sys.stderr)
-        return None, dtype
+        return None, dtype, (f"weightplan: no config.json next to {checkpoint}: explained the "
+                             "keys without a model (pass --model-type to apply a mapping)")
     try:
         import transformers  # noqa: F401
     except ImportError:
-        print("weightplan: transformers is not installed: explaining the keys without a model",
-              file=sys.stderr)
-        return None, dtype
+        return None, dtype, ("weightplan: transformers is not installed: explained the keys "
+                             "without a model")
     from weightplan.api.status import status
 
     with status(f"building the model {config_path(checkpoint)} names (on meta)",
                 "built the model", None):
         built = build_empty_model(checkpoint, keep_quantized=not dequantize
                                   and dtype in (None, "auto"))
-    return built.model, dtype if dtype is not None else "auto"
+    return built.model, dtype if dtype is not None else "auto", None
 
 
 if __name__ == "__main__":

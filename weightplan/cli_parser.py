@@ -33,6 +33,7 @@ Keys, paths and messages are printed with control and bidi characters escaped.
 from __future__ import annotations
 
 import argparse
+import difflib
 from typing import NoReturn
 
 from weightplan import __version__
@@ -43,7 +44,21 @@ class _Parser(argparse.ArgumentParser):
     the whole usage block."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {message}{self._close_flags(message)} "
+                     f"(see {self.prog} --help)\n")
+
+    def _close_flags(self, message: str) -> str:
+        """For a mistyped flag, the known flags it is close to: ``; did you mean --tp?``."""
+        if not message.startswith("unrecognized arguments: "):
+            return ""
+        parsers = [self, *(p for a in self._actions if isinstance(a, argparse._SubParsersAction)
+                           for p in a.choices.values())]
+        flags = sorted({s for p in parsers for a in p._actions for s in a.option_strings
+                        if s.startswith("--")})
+        words = [w.split("=")[0] for w in message.split(": ", 1)[1].split() if w.startswith("-")]
+        close = dict.fromkeys(m for w in words
+                              for m in difflib.get_close_matches(w, flags, n=2, cutoff=0.7))
+        return f"; did you mean {' or '.join(close)}?" if close else ""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 import weightplan
+from weightplan.errors import SaveError
 
 
 @dataclass
@@ -126,6 +127,29 @@ def write_sharded(tensors: dict[str, torch.Tensor], directory: Path, shards: int
 
 
 TEMPORARY = "a temporary directory"
+SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+          "model.safetensors.index.json")  # what write_sharded writes
+
+
+def _demo_directory(path: Path) -> None:
+    """Create ``path`` for the demo's checkpoint: new, empty, or a previous demo's.
+
+    Raises:
+        SaveError: a file, an unwritable path, or a directory holding other files (another
+            checkpoint would be mixed with the demo's).
+    """
+    if path.exists() and not path.is_dir():
+        raise SaveError(f"{path}: not a directory; give the demo a new or empty directory")
+    others = sorted(p.name for p in path.iterdir() if p.name not in SHARDS) if path.exists() \
+        else []
+    if others:
+        raise SaveError(f"{path} holds other files ({', '.join(others[:3])}"
+                        f"{', ...' if len(others) > 3 else ''}); the demo writes its checkpoint "
+                        "into a new or empty directory, or a previous demo's")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SaveError(f"{path}: can't create the demo's directory: {e.strerror}") from e
 
 
 def _shown(text: str, ckpt: Path, directory: str | None) -> str:
@@ -140,7 +164,7 @@ def run_demo(directory: str | None = None) -> int:
     source = TinyMoE(cfg).eval()
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(directory or tmp)
-        ckpt.mkdir(parents=True, exist_ok=True)
+        _demo_directory(ckpt)
         write_sharded(legacy_state_dict(source), ckpt)
         where = f"{ckpt}" if directory else f"{TEMPORARY} (deleted when the demo ends)"
         print(f"wrote a legacy Mixtral-style checkpoint to {where}\n")

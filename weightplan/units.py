@@ -1,4 +1,5 @@
-"""Byte sizes: parse ``"8GiB"`` / ``"5GB"`` and format ``1.52 GiB``."""
+"""Byte sizes: parse ``"8GiB"`` / ``"5GB"`` and format ``1.52 GiB``; counts of things:
+``1 file``, ``2 files`` (:func:`counted`)."""
 
 from __future__ import annotations
 
@@ -50,3 +51,8 @@ def format_bytes(n: int | float) -> str:
         if abs(n) < 999.5:
             return f"{n:.3g} {unit}"
     return f"{n:.0f} TiB"
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 file``, ``0 files``, ``2 files`` (``plural``: where it isn't ``noun + "s"``)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"

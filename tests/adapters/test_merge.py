@@ -162,7 +162,7 @@ def test_the_plan_shows_the_merge(tmp_path):
                                 dtype=BF16)
     text = str(plan)
     assert "MergeLora(W + 4·B·A in float32, 4 experts" in text
-    assert "merged: s·B·A folded into 6 base weight(s)" in text
+    assert "merged: s·B·A folded into 6 base weights" in text
     assert "f32→bf16[4, 24, 16]" in text  # cast once, at the sink
     assert not any(".lora_" in k for k in model.state_dict())
 

@@ -24,7 +24,7 @@ def test_explain_builds_the_model_named_in_config_json(llava_dir, capsys):
     assert main(["explain", str(llava_dir)]) == 0
     out = capsys.readouterr().out
     assert "→ LlavaForConditionalGeneration (64 tensors" in out
-    assert "model (LlavaModel): class LlavaModel, 1 transform(s), scoped to model.*" in out
+    assert "model (LlavaModel): class LlavaModel, 1 transform, scoped to model.*" in out
     assert "peak estimate:" in out and "problems: none" in out
 
 

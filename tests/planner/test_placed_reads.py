@@ -18,9 +18,9 @@ from weightplan.planner.inputs.checkpoint import TensorEntry
 from weightplan.planner.tensors.ir.build import stages
 from weightplan.planner.tensors.ir.destination import Destination, DestKind
 from weightplan.planner.tensors.ir.nodes import DequantizeAttrs, Node, NodeKind, ReadAttrs
-from weightplan.planner.tensors.lower import placed_reads as placed_module
+from weightplan.planner.tensors.lower import read_tasks as placed_module
 from weightplan.planner.tensors.lower.placement import Step, plan_step
-from weightplan.planner.tensors.lower.placed_reads import placed_reads
+from weightplan.planner.tensors.lower.read_tasks import placed_reads
 from weightplan.planner.tensors.lower.read_tasks import read_task
 from weightplan.planner.tensors.schedule.schedule import order_steps
 from tests.planner.core import FILE, conversion, entry

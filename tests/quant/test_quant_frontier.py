@@ -11,8 +11,8 @@ pytest.importorskip("transformers")
 
 
 @pytest.mark.parametrize("name,phrase,count", [
-    ("gpt-oss-120b", "MXFP4 (E2M1, 32 per E8M0 scale): 4 tensor(s)", 4),
-    ("kimi-k2", "INT4 pack-quantized (group 32, symmetric): 1152 tensor(s)", 1152)])
+    ("gpt-oss-120b", "MXFP4 (E2M1, 32 per E8M0 scale): 4 tensors", 4),
+    ("kimi-k2", "INT4 pack-quantized (group 32, symmetric): 1152 tensors", 1152)])
 def test_frontier_fixture_explains_without_problems(tmp_path, name, phrase, count):
     from benchmarks.plan import meta_model
     from benchmarks.quant import fixture

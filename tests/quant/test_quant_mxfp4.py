@@ -58,7 +58,7 @@ def test_gptoss_mxfp4_equals_transformers_dequantizer(gptoss):
         model = T.GptOssForCausalLM(gptoss_config())
     plan = weightplan.explain(model, qdir, dtype=torch.bfloat16)
     assert not plan.problems and not plan.missing and not plan.unexpected, str(plan)
-    assert str(plan).count("MXFP4 (E2M1, 32 per E8M0 scale): 4 tensor(s)") == 1, str(plan)
+    assert str(plan).count("MXFP4 (E2M1, 32 per E8M0 scale): 4 tensors") == 1, str(plan)
     plan.execute()
     params = dict(model.named_parameters())
     for key, want in expected.items():

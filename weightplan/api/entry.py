@@ -17,6 +17,7 @@ from weightplan.planner.keys.lookup import Finder, is_transformers_class
 
 if TYPE_CHECKING:
     from weightplan.api.write_plans import WritePlan
+    from weightplan.planner.keys.registry import MappingChoice
 
 
 def bridge_for(model: torch.nn.Module | None) -> Finder | None:
@@ -153,9 +154,11 @@ def explain_save(model: torch.nn.Module, directory: str | os.PathLike[str], *,
     return promote(WritePlan, data)
 
 
-def _config_mapping(source: object) -> str:
-    """The ``model_type`` the ``config.json`` next to ``source`` names: a convert's mapping."""
+def _config_mapping(source: object) -> MappingChoice:
+    """The mapping of the ``model_type`` the ``config.json`` next to ``source`` names: a
+    convert's mapping, said to come from there."""
     from weightplan.api.model_config import config_model_type
+    from weightplan.bridge.names import named_choice
 
     mapping = config_model_type(source)
     if mapping is None:
@@ -164,7 +167,7 @@ def _config_mapping(source: object) -> str:
         raise MappingError(f"{source}: converting needs a mapping, and no config.json next "
                            "to it names a model_type; pass mapping= (a registered name or "
                            "transforms)")
-    return mapping
+    return named_choice(mapping, why="config.json's model_type")
 
 
 def explain_convert(source: object, directory: str | os.PathLike[str], *, mapping: object = None,

@@ -115,7 +115,8 @@ class Plan(LoadPlanData):
 
     def __repr__(self) -> str:
         from weightplan.terminal import terminal_text
+        from weightplan.units import counted
 
         return (f"<Plan {terminal_text(self.checkpoint.description)}: "
-                f"{len(self.loaded_keys)} tensors, "
-                f"peak {self.peak_bytes} B, {len(self.problems)} problems>")
+                f"{counted(len(self.loaded_keys), 'tensor')}, "
+                f"peak {self.peak_bytes} B, {counted(len(self.problems), 'problem')}>")

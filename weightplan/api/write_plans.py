@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from weightplan.api.guard import call_typed, guard_methods
 from weightplan.planner.pipelines.write_plan import WritePlanData
 from weightplan.terminal import terminal_text
+from weightplan.units import counted
 
 if TYPE_CHECKING:
     from weightplan.executor.report import SaveReport
@@ -62,8 +63,8 @@ class WritePlan(WritePlanData):
 
     def __repr__(self) -> str:
         return (f"<WritePlan {self.direction.value} ({self.inversion.value}) → "
-                f"{terminal_text(str(self.directory))}: {len(self.layout.locations)} tensors in "
-                f"{len(self.layout.files)} file(s)>")
+                f"{terminal_text(str(self.directory))}: {counted(len(self.layout.locations), 'tensor')} "
+                f"in {counted(len(self.layout.files), 'file')}>")
 
 
 guard_methods(WritePlan, {"to_dict": None})  # (as public.py guards Plan's)

@@ -13,6 +13,7 @@ import difflib
 from weightplan.errors import RegistryError
 from weightplan.planner.keys.mappings import REGISTRY
 from weightplan.planner.keys.registry import MappingChoice, MappingRegistry
+from weightplan.units import counted
 
 
 def bridged_names() -> list[str]:
@@ -34,14 +35,16 @@ def _model_types() -> frozenset[str]:
     return frozenset(CONFIG_MAPPING_NAMES)
 
 
-def named_choice(name: str, registry: MappingRegistry = REGISTRY) -> MappingChoice:
-    """The transforms registered (or bridged) under ``name``.
+def named_choice(name: str, registry: MappingRegistry = REGISTRY, *,
+                 why: str = "requested mapping") -> MappingChoice:
+    """The transforms registered (or bridged) under ``name``; ``why``: how the name was
+    chosen, for the plan's ``mapping:`` line.
 
     Raises:
         RegistryError: no such name; the message lists the closest known names.
     """
     if name in registry:
-        return MappingChoice(name, f"requested mapping {name!r}", tuple(registry.get(name)))
+        return MappingChoice(name, f"{why} {name!r}", tuple(registry.get(name)))
     bridged = _bridged(name)
     if bridged is not None:
         return bridged
@@ -64,7 +67,7 @@ def _bridged(name: str) -> MappingChoice | None:
         return None
     if translation is None:
         return None
-    left_out = f"; {len(translation.problems)} part(s) left out: {', '.join(translation.gaps)}" \
+    left_out = f"; {counted(len(translation.problems), 'part')} left out: {', '.join(translation.gaps)}" \
         if translation.problems else ""
     return MappingChoice(name, f"model_type {name!r} via the transformers bridge{left_out}",
                          translation.transforms)

@@ -34,6 +34,7 @@ from weightplan.executor.journal import (
     PARTIAL, Journal, create_exclusive, new_token, temp_name, write_synced,
 )
 from weightplan.planner.inputs.paths import JOURNAL_NAME
+from weightplan.units import counted
 
 __all__ = ["PARTIAL", "Journal", "commit", "create_exclusive", "new_token", "recover",
            "refuse_directories", "step", "temp_name", "write_synced"]
@@ -153,8 +154,9 @@ def recover(directory: str | os.PathLike) -> str:
     with directory_lock(path, "recover"):
         if not os.path.lexists(path / JOURNAL_NAME):
             orphans = _remove_orphans(path)
-            return (f"{path}: no interrupted save; removed {orphans} orphaned temporary "
-                    f"file(s)" if orphans else f"{path}: no interrupted save, nothing to do")
+            return (f"{path}: no interrupted save; removed "
+                    f"{counted(orphans, 'orphaned temporary file')}" if orphans
+                    else f"{path}: no interrupted save, nothing to do")
         try:
             journal = Journal.read(path)
             apply(path, journal)
@@ -162,8 +164,8 @@ def recover(directory: str | os.PathLike) -> str:
             raise
         except OSError as e:
             raise SaveError(f"{path}: completing the interrupted save failed: {e}") from e
-    return (f"{path}: completed the interrupted save ({len(journal.renames)} file(s) in "
-            f"place, {len(journal.deletes)} stale file(s) removed)")
+    return (f"{path}: completed the interrupted save ({counted(len(journal.renames), 'file')} "
+            f"in place, {counted(len(journal.deletes), 'stale file')} removed)")
 
 
 def _remove_orphans(path: Path) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from weightplan.units import format_bytes
+from weightplan.units import counted, format_bytes
 
 
 @dataclass(frozen=True)
@@ -61,17 +61,17 @@ class LoadReport:
         over = (f" for {format_bytes(self.bytes_needed)} needed"
                 if self.bytes_read != self.bytes_needed else "")
         lines = [
-            f"loaded {self.tensors_loaded} tensors: {format_bytes(self.bytes_read)} read{over} "
-            f"in {self.seconds:.2f}s ({self.gb_per_s:.2f} GB/s, {self.threads} threads)",
+            f"loaded {counted(self.tensors_loaded, 'tensor')}: {format_bytes(self.bytes_read)} read{over} "
+            f"in {self.seconds:.2f}s ({self.gb_per_s:.2f} GB/s, {counted(self.threads, 'thread')})",
             f"peak held {format_bytes(self.peak_bytes)} (planned "
             f"{format_bytes(self.planned_peak_bytes)}), process peak RSS +{rss}",
         ]
         if stages:
             lines.append(f"stage time (summed over threads): {stages}")
         if self.missing:
-            lines.append(f"missing: {len(self.missing)} tensors")
+            lines.append(f"missing: {counted(len(self.missing), 'tensor')}")
         if self.unexpected:
-            lines.append(f"unexpected: {len(self.unexpected)} checkpoint keys (not loaded)")
+            lines.append(f"unexpected: {counted(len(self.unexpected), 'checkpoint key')} (not loaded)")
         for name, how in sorted(self.initialized.items()):
             lines.append(terminal_text(f"initialized {name} by {how}"))
         if set(self.device_bytes) - {"cpu"}:  # (several devices, or the disk)
@@ -117,8 +117,8 @@ class SaveReport:
         rss = "n/a" if self.rss_peak_bytes is None else format_bytes(self.rss_peak_bytes)
         shards = [f for f in self.files if f.endswith(".safetensors")]  # as the plan counts
         others = [("index" if f == INDEX_NAME else f) for f in self.files if f not in shards]
-        files = " + ".join([f"{len(shards)} file(s)", *others])
-        return (f"wrote {self.tensors_written} tensors ({format_bytes(self.bytes_written)}) to "
+        files = " + ".join([counted(len(shards), "file"), *others])
+        return (f"wrote {counted(self.tensors_written, 'tensor')} ({format_bytes(self.bytes_written)}) to "
                 f"{terminal_text(self.directory)} in {terminal_text(files)} in {self.seconds:.2f}s "
                 f"({self.gb_per_s:.2f} GB/s)\npeak held {format_bytes(self.peak_bytes)} (planned "
                 f"{format_bytes(self.planned_peak_bytes)}), process peak RSS +{rss}")

@@ -7,7 +7,7 @@ from typing import Any
 
 from weightplan.planner.pipelines.adapter_summary import AdapterSummary
 from weightplan.planner.pipelines.plan import LoadPlanData, PlanData
-from weightplan.units import format_bytes
+from weightplan.units import counted, format_bytes
 
 
 def adapter_lines(plan: PlanData) -> list[str]:
@@ -22,11 +22,11 @@ def adapter_lines(plan: PlanData) -> list[str]:
              f"  targets: {', '.join(summary.targets) or 'none'}"
              + (f"; modules_to_save: {', '.join(summary.modules_to_save)}"
                 if summary.modules_to_save else ""),
-             f"  loads {summary.loaded_tensors} of the adapter's {summary.file_tensors} tensors"
+             f"  loads {summary.loaded_tensors} of the adapter's {counted(summary.file_tensors, 'tensor')}"
              f" ({format_bytes(summary.read_bytes)} read, {format_bytes(summary.model_bytes)} "
              "written)"]
     if summary.merged:
-        lines.append(f"  merged: s·B·A folded into {summary.merged} base weight(s) (MergeLora "
+        lines.append(f"  merged: s·B·A folded into {counted(summary.merged, 'base weight')} (MergeLora "
                      "nodes, float32, cast once to the model's dtype); the model has no "
                      "LoRA layers")
     for c in summary.conversions:

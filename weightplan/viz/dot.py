@@ -144,6 +144,19 @@ def run_dot(text: str, fmt: str) -> bytes:
     return done.stdout
 
 
+def picture_format(path: str | Path) -> str:
+    """The format ``path``'s suffix names (``svg``, ``dot``, ...), checked before drawing.
+
+    Raises:
+        RenderError: a suffix no picture is drawn as.
+    """
+    fmt = Path(path).suffix.lower().lstrip(".")
+    if fmt not in DOT_FORMATS + RENDERED_FORMATS:
+        raise RenderError(f"can't draw a plan to {str(path)!r}: use a .svg, .png, .pdf or "
+                          f".dot path")
+    return fmt
+
+
 def render_plan(plan: LoadPlanData, path: str | Path, *, detail: str | None = None,
                 only: str | None = None, fold: bool | None = None) -> str:
     """Draw ``plan`` to ``path`` and return the file written (see :meth:`Plan.render`).
@@ -156,10 +169,7 @@ def render_plan(plan: LoadPlanData, path: str | Path, *, detail: str | None = No
         RenderError: an unknown suffix, ``detail`` or glob, or ``dot`` failing.
     """
     path = Path(path)
-    fmt = path.suffix.lower().lstrip(".")
-    if fmt not in DOT_FORMATS + RENDERED_FORMATS:
-        raise RenderError(f"can't draw a plan to {str(path)!r}: use a .svg, .png, .pdf or "
-                          f".dot path")
+    fmt = picture_format(path)
     text = to_dot(plan, detail=detail, only=only, fold=fold)
     if fmt in DOT_FORMATS:
         path.write_text(text, encoding="utf-8")

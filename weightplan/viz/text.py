@@ -20,7 +20,7 @@ from weightplan.planner.pipelines.plan import Direction, LoadPlanData, PlanData
 from weightplan.planner.core.paused_gc import paused_gc
 from weightplan.planner.tensors.schedule.budget import machine_fit
 from weightplan.planner.tensors.lower.placement import Step
-from weightplan.units import format_bytes
+from weightplan.units import counted, format_bytes
 from weightplan.viz.adapter_text import adapter_lines
 from weightplan.viz.rows import Row
 from weightplan.viz.folding import fold_keys
@@ -132,16 +132,16 @@ def header_lines(plan: PlanData) -> list[str]:
     if not isinstance(plan, LoadPlanData):
         return write_header_lines(cast("WritePlanData", plan))
     ckpt = plan.checkpoint
-    files = f"{len(ckpt.files)} file(s), " if ckpt.files else ""
+    files = f"{counted(len(ckpt.files), 'file')}, " if ckpt.files else ""
     quantized = "" if plan.model_info is None else quantized_text(plan)
     model = "no model" if plan.model_info is None else (
-        f"{plan.model_info.class_name} ({len(plan.model_info.unique())} tensors, "
+        f"{plan.model_info.class_name} ({counted(len(plan.model_info.unique()), 'tensor')}, "
         f"{format_bytes(_loaded_bytes(plan))}{_dtype_text(plan)}"
         f"{'; ' + quantized if quantized else ''})")
     extra = len(plan.transforms) - len(plan.mapping.transforms)
     mapping = plan.mapping.key or "none"
     reason = plan.mapping.reason.removesuffix(" (plus legacy renames)")  # counted next
-    lines = [f"weightplan plan: {ckpt.description} ({files}{len(ckpt)} tensors, "
+    lines = [f"weightplan plan: {ckpt.description} ({files}{counted(len(ckpt), 'tensor')}, "
              f"{format_bytes(ckpt.nbytes)}) → {model}",
              f"mapping: {mapping} — {reason} (+{extra} legacy renames)"]
     subs = plan.mapping.submodules  # which submodule got which mapping (SPEC §5)
@@ -153,9 +153,10 @@ def header_lines(plan: PlanData) -> list[str]:
 def write_header_lines(plan: WritePlanData) -> list[str]:
     layout = plan.layout
     what = f"{plan.direction.value} ({plan.inversion.description})"
-    return [f"weightplan {what}: {plan.checkpoint.description} ({len(plan.checkpoint)} tensors) → "
-            f"{plan.directory} ({len(layout.files)} file(s){' + index' if layout.index else ''}, "
-            f"{len(layout.locations)} tensors, "
+    return [f"weightplan {what}: {plan.checkpoint.description} "
+            f"({counted(len(plan.checkpoint), 'tensor')}) → {plan.directory} "
+            f"({counted(len(layout.files), 'file')}{' + index' if layout.index else ''}, "
+            f"{counted(len(layout.locations), 'tensor')}, "
             f"{format_bytes(layout.total_bytes)})",
             f"mapping: {plan.mapping.key or 'none'} — {plan.mapping.reason}"]
 

@@ -134,12 +134,22 @@ def timeline_svg(plan: LoadPlanData, *, width: int = WIDTH, height: int = HEIGHT
 
 def render_timeline(plan: LoadPlanData, path: str | Path) -> str:
     """Write :func:`timeline_svg` to ``path`` (a ``.svg`` file); returns the path written."""
+    path = timeline_path(path)
+    path.write_text(timeline_svg(plan), encoding="utf-8")
+    return str(path)
+
+
+def timeline_path(path: str | Path) -> Path:
+    """``path``, checked before drawing: the timeline is SVG.
+
+    Raises:
+        RenderError: another suffix.
+    """
     path = Path(path)
     if path.suffix.lower() != ".svg":
         raise RenderError(f"the memory timeline is drawn as SVG: use a .svg path, "
                           f"not {str(path)!r}")
-    path.write_text(timeline_svg(plan), encoding="utf-8")
-    return str(path)
+    return path
 
 
 def _document(width: int, height: int, plan: LoadPlanData) -> list[str]:

@@ -84,7 +84,8 @@ def open_checkpoint(source: object) -> Checkpoint:
             raise CheckpointError("an empty list of checkpoint files was given")
         for p, _ in files:
             refuse_interrupted_save(Path(p).parent)
-        return _from_files(files, description=f"{len(files)} files")
+        more = f" + {len(files) - 1} more" if len(files) > 1 else ""
+        return _from_files(files, description=f"{files[0][0]}{more}")
     if isinstance(source, (bytes, bytearray, memoryview)):
         check_path_argument(source)
     raise ArgumentError(
@@ -210,5 +211,7 @@ def _check_magic(path: str, head: bytes, size: int) -> None:
             raise TruncatedCheckpointError(
                 f"header claims {n} bytes but the file has {size - 8} after the length",
                 file=path)
-        raise NotSafetensorsError(f"header length {n} is implausible for a {size}-byte file",
-                                  file=path)
+        why = ("it is JSON text; pass the checkpoint's directory or one of its .safetensors "
+               "files" if head.lstrip()[:1] in (b"{", b"[")
+               else f"its header length {n} is implausible for a {size}-byte file")
+        raise NotSafetensorsError(f"not a safetensors file: {why}", file=path)

@@ -35,6 +35,7 @@ from weightplan.planner.keys.registry import (
     MappingChoice, MappingRegistry, Source, SubmoduleMapping, Via,
 )
 from weightplan.planner.keys.transforms import WeightConverter, WeightTransform
+from weightplan.units import counted
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,7 @@ def _reason(model: nn.Module, applied: list[SubmoduleMapping]) -> str:
     first = applied[0]
     reason = first.how() + (f" at {first.path}" if first.path else "")
     if len(applied) > 1:
-        reason += f"; {len(applied) - 1} more submodule mapping(s), scoped"
+        reason += f"; {counted(len(applied) - 1, 'more submodule mapping')}, scoped"
     return reason
 
 

@@ -15,6 +15,7 @@ from enum import Enum
 
 from weightplan.errors import RegistryError
 from weightplan.planner.keys.transforms import WeightTransform
+from weightplan.units import counted
 
 
 class Via(Enum):
@@ -73,9 +74,9 @@ class SubmoduleMapping:
                 f"model_type {self.identifier!r}")
             return f"{where} ({self.class_name}): skipped, {name} already claimed by {owner}"
         scope = f"scoped to {self.path}.*" if self.path else "unscoped"
-        bad = f"; {len(self.problems)} part(s) not translated" if self.problems else ""
-        return (f"{where} ({self.class_name}): {self.how()}, {len(self.transforms)} "
-                f"transform(s), {scope}{bad}")
+        bad = f"; {counted(len(self.problems), 'part')} not translated" if self.problems else ""
+        return (f"{where} ({self.class_name}): {self.how()}, "
+                f"{counted(len(self.transforms), 'transform')}, {scope}{bad}")
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import dataclasses
 
 from weightplan.planner.keys.registry import MappingChoice
 from weightplan.planner.keys.transforms import PrefixChange
+from weightplan.units import counted
 
 
 def without_prefix_changes(choice: MappingChoice) -> MappingChoice:
@@ -20,4 +21,4 @@ def without_prefix_changes(choice: MappingChoice) -> MappingChoice:
     dropped = len(choice.transforms) - len(kept)
     return dataclasses.replace(
         choice, transforms=kept,
-        reason=f"{choice.reason}; {dropped} prefix change(s) left out (no load record)")
+        reason=f"{choice.reason}; {counted(dropped, 'prefix change')} left out (no load record)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -22,7 +23,7 @@ from weightplan.planner.inputs.adapter import Adapter, AdapterConfig, scale_of
 from weightplan.planner.inputs.adapter_model import (
     PEFT_PREFIX, InjectedAdapter, injected_adapters, inspect_adapter,
 )
-from weightplan.planner.inputs.checkpoint import open_checkpoint
+from weightplan.planner.inputs.checkpoint import Checkpoint, open_checkpoint
 from weightplan.planner.inputs.model_info import keep_dtype_of, restrict_model
 from weightplan.planner.keys.adapter_keys import (
     FusedTarget, adapter_transforms, base_and_adapter_transforms,
@@ -35,6 +36,7 @@ from weightplan.planner.pipelines.adapter_summary import (
 from weightplan.planner.pipelines.load import choose_mapping, explain_load
 from weightplan.planner.pipelines.plan import LoadPlanData
 from weightplan.planner.tensors.ir.build import TargetStatus
+from weightplan.units import counted
 
 _TOLERANCE = 1e-6
 
@@ -81,10 +83,19 @@ def explain_base_and_adapter(model: torch.nn.Module, base_files: list[str], adap
     transforms, fused = base_and_adapter_transforms(base.transforms, injected,
                                                     adapter.config.modules_to_save)
     choice = MappingChoice(base.key, base.reason, transforms, base.submodules)
-    data = explain_load(model, [*base_files, adapter.weights], mapping=choice,
+    data = explain_load(model, base_and_adapter(base_files, adapter), mapping=choice,
                         view=lambda info: keep_dtype_of(info, injected.owns), **options)
     return with_adapter(data, adapter, injected, fused,
                         keys=tuple(open_checkpoint(adapter.weights).entries))
+
+
+def base_and_adapter(base_files: list[str], adapter: Adapter) -> Checkpoint:
+    """The base checkpoint's files and the adapter's file, read as one checkpoint, named
+    for the plan's header by both: ``base/ + adapter lora/``."""
+    checkpoint = open_checkpoint([*base_files, adapter.weights])
+    parents = {os.path.dirname(f) for f in base_files}
+    base = parents.pop() if len(parents) == 1 else counted(len(base_files), "base file")
+    return dataclasses.replace(checkpoint, description=f"{base} + adapter {adapter.directory}")
 
 
 def _model_names(keys: Iterable[str], prefix: str) -> frozenset[str]:

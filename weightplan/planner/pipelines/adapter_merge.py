@@ -28,7 +28,7 @@ from weightplan.planner.keys.adapter_keys import adapter_transforms
 from weightplan.planner.keys.registry import MappingChoice
 from weightplan.planner.keys.routing import Group, Routing
 from weightplan.planner.keys.transforms import WeightConverter
-from weightplan.planner.pipelines.adapter_load import with_adapter
+from weightplan.planner.pipelines.adapter_load import base_and_adapter, with_adapter
 from weightplan.planner.pipelines.load import explain_load
 from weightplan.planner.pipelines.plan import LoadPlanData
 
@@ -56,7 +56,7 @@ def explain_merged_load(model: torch.nn.Module, injected_model: torch.nn.Module,
     transforms += tuple(t for t in base.transforms if isinstance(t, WeightConverter))
     choice = MappingChoice(base.key, base.reason, transforms, base.submodules)
     notes: list[Note] = []
-    data = explain_load(model, [*base_files, adapter.weights], mapping=choice,
+    data = explain_load(model, base_and_adapter(base_files, adapter), mapping=choice,
                         regroup=lambda r: merged_routing(r, injected, notes), **options)
     keys = tuple(open_checkpoint(adapter.weights).entries)
     data = with_adapter(data, adapter, injected, fused, keys=keys)

@@ -21,6 +21,7 @@ from weightplan.planner.core.quant.blocks import FP8_DTYPES
 from weightplan.planner.tensors.ir.build import Conversion, TargetStatus
 from weightplan.planner.tensors.ir.nodes import NodeKind, QuantizeAttrs
 from weightplan.planner.tensors.ir.quant_build import QuantContext
+from weightplan.units import counted
 
 
 def with_fp8_findings(findings: Findings, quant: QuantContext | None,
@@ -95,7 +96,7 @@ def summary(quant: QuantContext, conversions: Sequence[Conversion]) -> str:
     source = quant.config.source if quant.config is not None else "no quantization_config"
     pairs = quant.pairing.pairs
     activations = quant.pairing.activation_count
-    unused = (f"; {activations} activation scale(s) not loaded (dequantized weights don't use "
+    unused = (f"; {counted(activations, 'activation scale')} not loaded (dequantized weights don't use "
               "them; static activation scales of kept FP8 aren't supported yet)"
               if activations else "")
     return (f"FP8 ({len(pairs)} scaled weights, blocks {block}, from {source}): "

@@ -23,7 +23,7 @@ from weightplan.planner.tensors.ir.nodes import DequantizeAttrs, NodeKind
 from weightplan.planner.tensors.ir.quant_build import QuantContext
 from weightplan.planner.tensors.ir.shard_nodes import Sharding
 from weightplan.planner.tensors.lower.placement import Step
-from weightplan.units import format_bytes
+from weightplan.units import counted, format_bytes
 
 KEPT = "<kept quantized>"
 
@@ -51,7 +51,7 @@ def _kept_notes(quant: QuantContext, conversions: Sequence[Conversion]) -> list[
         row = seen.setdefault(w.scheme, [0, 0])
         row[0] += 1
         row[1] += w.stored_bytes
-    return [Note(KEPT, f"{s.describe()}: {n} weight(s) kept as stored ({format_bytes(b)} with "
+    return [Note(KEPT, f"{s.describe()}: {counted(n, 'weight')} kept as stored ({format_bytes(b)} with "
                  "their scales)") for s, (n, b) in seen.items()]
 
 
@@ -74,8 +74,9 @@ def _lines(quant: QuantContext, conversions: Sequence[Conversion]) -> list[tuple
     if not seen and not quant.packed.weights:
         return []
     if not seen:
-        return [(w.scheme, f"{w.scheme.describe()}: {len(quant.packed.weights)} stored "
-                 "weight(s), none loaded") for w in list(quant.packed.weights.values())[:1]]
+        return [(w.scheme, f"{w.scheme.describe()}: "
+                 f"{counted(len(quant.packed.weights), 'stored weight')}, none loaded")
+                for w in list(quant.packed.weights.values())[:1]]
     return [(s, summary(s, c, before, after, dtypes[s])) for s, (c, before, after) in seen.items()]
 
 

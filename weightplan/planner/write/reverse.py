@@ -28,6 +28,7 @@ from weightplan.planner.tensors.ir.build import OutputSpecs
 from weightplan.planner.tensors.ir.quant_build import QuantContext
 from weightplan.planner.write.invert import dequantizing, invert
 from weightplan.planner.write.record import LoadRecord
+from weightplan.units import counted
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,8 @@ def record_groups(record: LoadRecord, source: Checkpoint,
         groups.append(Group(None, ((entry,),), ((route,),), (key,)))
         notes.append(f"{key} was not loaded from the checkpoint; written under its model name")
     if record.not_loaded:
-        notes.append(f"{len(record.not_loaded)} checkpoint key(s) were not loaded, so they "
-                     f"can't be written back: {', '.join(record.not_loaded[:5])}")
+        notes.append(f"{counted(len(record.not_loaded), 'checkpoint key')} not loaded, so "
+                     f"not written back: {', '.join(record.not_loaded[:5])}")
     return ReverseGroups(tuple(groups), _recorded_outputs(record, groups), tuple(notes),
                          dequantizing(record.conversions, source.entries))
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from weightplan.planner.core.quant.blocks import CHUNK_BYTES, block_of, expand_rows, scale_columns_
-from weightplan.units import format_bytes
+from weightplan.units import counted, format_bytes
 
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 FORMATS = ("mxfp4", "fp8", "int", "nvfp4")
@@ -162,7 +162,7 @@ def stored_bytes(specs: Sequence[tuple[tuple[int, ...], torch.dtype]]) -> int:
 def summary(scheme: Scheme, count: int, before: int, after: int, dtype: torch.dtype) -> str:
     """``format: N tensors, X packed → Y <dtype>`` for the printed plan."""
     name = str(dtype).removeprefix("torch.")
-    return (f"{scheme.describe()}: {count} tensor(s), {format_bytes(before)} stored → "
+    return (f"{scheme.describe()}: {counted(count, 'tensor')}, {format_bytes(before)} stored → "
             f"{format_bytes(after)} {name}")
 
 

@@ -34,9 +34,8 @@ from weightplan.planner.tensors.ir.destination import ALLOCATED, Destination, De
 from weightplan.planner.core.geometry import Fragment, Region, View
 from weightplan.planner.tensors.ir.nodes import Node, NodeKind, sink_attrs
 from weightplan.planner.core.ops.base import ConversionOp, Streams
-from weightplan.planner.tensors.lower.placed_reads import placed_reads
 from weightplan.planner.tensors.lower.read_tasks import (
-    PIECE_BYTES, ReadTask, read_task,
+    PIECE_BYTES, ReadTask, placed_reads, read_task,
 )
 
 if TYPE_CHECKING:

@@ -1,4 +1,5 @@
-"""Read tasks: which bytes of a checkpoint tensor a step reads, and where they land.
+"""Read tasks: which bytes of a checkpoint tensor a step reads, and where they land; a
+step's placed sources made into them (:func:`placed_reads`).
 
 A :class:`ReadTask` names its READ (or DEQUANTIZE) node, the region read and the fragment
 it lands in; everything else (byte offsets, pieces read in parallel, mapped window, scale
@@ -11,14 +12,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import compress, repeat
 from typing import TYPE_CHECKING
 
+import torch
 
 from weightplan.planner.inputs.checkpoint import TensorEntry
+from weightplan.planner.core.makers import columns
+from weightplan.planner.core.ops.base import Streams
 from weightplan.planner.core.quant.blocks import DEQUANTIZE_BYTES, workspace_bytes
-from weightplan.planner.core.geometry import (
-    CACHE_SIZE, Fragment, Region,
-)
+from weightplan.planner.core.geometry import CACHE_SIZE, Fragment, Region, _is_contiguous
+from weightplan.planner.tensors.ir.destination import Destination
+from weightplan.planner.tensors.lower.stack_reads import stack_geometry
 from weightplan.planner.tensors.ir.nodes import DequantizeAttrs, Node, NodeKind, read_attrs
 from weightplan.planner.core.sharding.fp8_slices import scale_region
 from weightplan.planner.core.spec import TensorSpec
@@ -241,3 +246,96 @@ def _packed_layout(parts: tuple[tuple[tuple[int, ...], int], ...], in_file: bool
     others = sum(p.nbytes for p in read.parts[1:])
     return ReadLayout(False, weight.first, weight.length, ((0, weight.length),), window + work,
                       others, sum(p.asked for p in read.parts), weight.runs, None, read)
+
+
+def placed_reads(sources: Streams[Node], frags: Streams[tuple[Fragment, ...]],
+                 dests: tuple[Destination, ...], piece_bytes: int) -> tuple[ReadTask, ...]:
+    """A read task for each non-empty fragment each source lands in, with the layout of
+    its geometry (:func:`read_geometry`). A stream whose reads all share one geometry (a
+    stack: :func:`stack_geometry` says so from the nodes and fragments, in columns) is
+    made in columns with that one layout; any other read by read. Either way, the same
+    tasks. Items landing nowhere (another rank's experts) are left out first, so that a
+    rank's experts of a stack are made in columns too."""
+    tasks: list[ReadTask] = []
+    dtypes = [d.spec.dtype for d in dests]
+    for stream, placed in zip(sources, frags, strict=True):
+        if len(stream) >= _STACK and not all(placed):  # (expert parallel)
+            kept = list(map(bool, placed))
+            stream, placed = tuple(compress(stream, kept)), tuple(compress(placed, kept))
+        stack = stack_geometry(stream, placed) if len(stream) >= _STACK else None
+        if stack is None:
+            _each_read(tasks, stream, placed, dtypes, piece_bytes)
+            continue
+        parts, entries, landed, region, target = stack
+        layout = read_geometry(*parts, dtypes[target], piece_bytes)
+        if layout is not None:
+            tasks += _tasks(len(stream), stream, entries, repeat(region), landed, repeat(layout))
+    return tuple(tasks)
+
+
+_STACK = 8  # fewer reads in a stream: telling whether they are alike costs what it saves
+
+
+def _each_read(tasks: list[ReadTask], stream: tuple[Node, ...],
+               frags: tuple[tuple[Fragment, ...], ...], dtypes: list[torch.dtype],
+               piece_bytes: int) -> None:
+    """The read tasks of one stream, node by node, fragment by fragment."""
+    last: tuple = ()
+    layout: ReadLayout | None = None
+    packed: dict[tuple, ReadLayout] = {}  # packed dequantizes: by scheme, specs and region
+    for j, node in enumerate(stream):
+        if not frags[j]:  # (another rank's expert: nothing lands here)
+            continue
+        scheme = getattr(node.attrs, "scheme", None) if node.kind is NodeKind.DEQUANTIZE else None
+        if scheme is not None:
+            # the experts of a stack share the scheme object, their parts' specs (one per
+            # dtype and shape) and the region object: one layout for all of them
+            parts = [read_attrs(p).entry for p in node.inputs]
+            same = (id(scheme), node.spec.shape, parts[0].file is None,
+                    *[id(e.spec) for e in parts])
+            for f in frags[j]:
+                if not f.region.numel:
+                    continue
+                shared = packed.get((same, id(f.region)))
+                if shared is None:
+                    shared = packed[(same, id(f.region))] = packed_layout(node, f.region)
+                tasks.append(ReadTask(node, parts[0], f.region, f, shared))
+            continue
+        entry, scale, block = read_parts(node)
+        spec = entry.spec
+        scale_shape, scale_dtype = (None, None) if scale is None else (scale.shape,
+                                                                      scale.dtype)
+        for f in frags[j]:
+            v = f.view
+            # the experts of a stack share every part of this key (equal tuples and
+            # dtypes, the same region object): one layout for all of them
+            key = (spec.shape, spec.dtype, entry.file is None, entry.contiguous,
+                   scale_shape, scale_dtype, block, f.region, v.shape, v.stride,
+                   dtypes[f.target], piece_bytes)
+            if key != last:
+                last, layout = key, read_geometry(*key)
+            if layout is not None:
+                tasks.append(ReadTask(node, entry, f.region, f, layout))
+
+
+_tasks = columns(ReadTask)  # (~45k tasks in a DeepSeek-V3 plan)
+
+
+@lru_cache(maxsize=CACHE_SIZE)
+def read_geometry(shape: tuple[int, ...], dtype: torch.dtype, in_memory: bool, contiguous: bool,
+              scale_shape: tuple[int, ...] | None, scale_dtype: torch.dtype | None,
+              block: tuple[int, ...] | None, region: Region, view_shape: tuple[int, ...],
+              view_stride: tuple[int, ...], dest_dtype: torch.dtype, piece_bytes: int
+              ) -> ReadLayout | None:
+    """The layout of a placed read (``None``: an empty region, nothing read). Direct: the
+    entry is contiguous and of the destination's dtype, the view contiguous and the region
+    one run of bytes."""
+    if region.numel == 0:
+        return None
+    _, count = region.element_span(shape)
+    direct = (contiguous and _is_contiguous(view_shape, view_stride) and count == region.numel
+              and dest_dtype == dtype)
+    scale = None if scale_shape is None or scale_dtype is None else TensorSpec(scale_shape,
+                                                                               scale_dtype)
+    return task_layout(TensorSpec(shape, dtype), not in_memory, scale, block, region, direct,
+                        piece_bytes)
