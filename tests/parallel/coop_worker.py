@@ -6,7 +6,8 @@ For each checkpoint directory and each of the comma-separated WAYS (``plain``, `
 cooperative on one shared file system, ``node``: cooperative with the ranks grouped two
 per node, each node reading its own copy), every rank loads a meta model (bf16; an FP8
 checkpoint is dequantized) with ``TensorParallel(output="local", ...)`` on the default
-group and dumps ``OUT/<dir>.<way><N>.rank<r>.pt``:
+group, each expert split over the ranks (``tests.parallel.plans``: so on any transformers),
+and dumps ``OUT/<dir>.<way><N>.rank<r>.pt``:
 ``{"tensors": {name: local tensor}, "bytes_read", "bytes_needed", "checkpoint_bytes",
 "network_bytes"}``.
 """
@@ -22,6 +23,7 @@ import torch.distributed as dist
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import weightplan
+from tests.parallel.plans import experts_split_plan
 
 
 NODES = {"local_world_size": 2, "storage": "node"}  # 4 ranks as 2 nodes × 2
@@ -37,6 +39,7 @@ def main() -> None:
                 model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(directory),
                                                          dtype=torch.bfloat16)
             tp = weightplan.TensorParallel(output="local", cooperative=way != "plain",
+                                           plan=experts_split_plan(model),
                                            **NODES if way == "node" else {})
             plan = weightplan.explain(model, directory, dtype=torch.bfloat16, tp=tp)
             report = plan.execute()
