@@ -112,8 +112,8 @@ def _check_styles(model: nn.Module, rules: dict[str, str]) -> None:
 def _check_heads(model: nn.Module, dense: dict[str, str], world: int) -> None:
     """Column-sharded key projections split the attention heads over the ranks: a head cut
     in two can't run (transformers' forward fails on reshaping it), so refuse it now. MLA's
-    per-head up projections (``kv_b_proj``, column-sharded from transformers 5.25 on) split
-    the query heads the same way."""
+    per-head up projections (``q_b_proj``, ``kv_b_proj``: column-sharded from transformers
+    5.25 on) split the query heads the same way."""
     from transformers.distributed.tensor_parallel import get_kv_heads_per_rank
 
     config: Any = getattr(model, "config", None)
@@ -124,9 +124,8 @@ def _check_heads(model: nn.Module, dense: dict[str, str], world: int) -> None:
             for key, style in dense.items()):
         raise ParallelError(f"{type(model).__name__}: num_attention_heads={heads} doesn't "
                             f"split over {world} ranks, and its MLA projections (q_b_proj, "
-                            "kv_b_proj) "
-                            "are column-sharded: a head would be cut in two and the attention "
-                            f"can't run; use a number of ranks dividing {heads}")
+                            "kv_b_proj) are column-sharded: a head would be cut in two and "
+                            f"the attention can't run; use a number of ranks dividing {heads}")
     for field in ("num_attention_heads", "num_key_value_heads"):
         heads = getattr(text, field, None)
         if isinstance(heads, int) and get_kv_heads_per_rank(dense, heads, world) is None:
