@@ -33,7 +33,8 @@ def torchrun(world: int, script: Path, *args: str, timeout: int = TIMEOUT_S) -> 
     """Run ``script`` on ``world`` gloo ranks; returns the output, raises on failure."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}",
            "--master-addr=127.0.0.1", f"--master-port={free_port()}", str(script), *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
+    path = (str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH"))  # this checkout first
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, path))}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if done.returncode:
         raise AssertionError(f"torchrun failed ({done.returncode}):\n{done.stdout[-3000:]}\n"

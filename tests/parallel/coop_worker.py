@@ -6,7 +6,9 @@ For each checkpoint directory and each of the comma-separated WAYS (``plain``, `
 cooperative on one shared file system, ``node``: cooperative with the ranks grouped two
 per node, each node reading its own copy), every rank loads a meta model (bf16; an FP8
 checkpoint is dequantized) with ``TensorParallel(output="local", ...)`` on the default
-group and dumps ``OUT/<dir>.<way><N>.rank<r>.pt``:
+group, by transformers 5.24's plan on any version (``tests.parallel.plans``: each expert
+split over the ranks, DeepSeek-V3's MLA attention whole), and dumps
+``OUT/<dir>.<way><N>.rank<r>.pt``:
 ``{"tensors": {name: local tensor}, "bytes_read", "bytes_needed", "checkpoint_bytes",
 "network_bytes"}``.
 """
@@ -22,6 +24,7 @@ import torch.distributed as dist
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import weightplan
+from tests.parallel.plans import experts_split_plan
 
 
 NODES = {"local_world_size": 2, "storage": "node"}  # 4 ranks as 2 nodes × 2
@@ -37,6 +40,7 @@ def main() -> None:
                 model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(directory),
                                                          dtype=torch.bfloat16)
             tp = weightplan.TensorParallel(output="local", cooperative=way != "plain",
+                                           plan=experts_split_plan(model, mla_whole=True),
                                            **NODES if way == "node" else {})
             plan = weightplan.explain(model, directory, dtype=torch.bfloat16, tp=tp)
             report = plan.execute()

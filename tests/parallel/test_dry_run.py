@@ -72,7 +72,9 @@ def test_each_ranks_figures_are_its_own_plans(wide, name, fp8, world, ep, cooper
 
 
 def test_the_command_prints_the_dry_run_figures(wide, capsys):
-    directory = str(wide["dsv3"][1])
+    # (Mixtral FP8: the same plan on any transformers. DeepSeek-V3's MLA is column-sharded
+    # from 5.25 on, and this one's kv_b_proj, 768 rows, can't keep FP8 on 4 ranks: a problem)
+    directory = str(wide["mixtral"][1])
     assert main(["explain", directory, "--tp", "4", "--ep", "--cooperative", "--nodes", "2",
                  "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)

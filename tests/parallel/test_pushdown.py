@@ -104,6 +104,81 @@ def test_plan_problems_unknown_style_and_entries_matching_nothing():
     assert sharding.placement("a.weight") == Placement.plain()
 
 
+def test_styles_no_1d_placement_expresses_are_refused_by_name():
+    """transformers 5.25's ``unit_colwise`` / ``unit_rowwise`` put whole heads on a 2-D
+    (heads × replicas) mesh: a plan problem naming the style, and preparing a model for it
+    is a ParallelError before transformers is called (no mesh needed to refuse it)."""
+    import pytest
+
+    from weightplan.errors import ParallelError
+    from weightplan.parallel import prepare_tensor_parallel
+
+    model = module_with({"attn.q.weight": ((8, 4), F32), "attn.o.weight": ((4, 8), F32)})
+    plan = {"attn.q": "unit_colwise", "attn.o": "unit_rowwise"}
+    issues = {i.key: i.message for i in
+              resolve_sharding(model, TensorParallel(world_size=2, rank=0, plan=plan), 2).issues}
+    assert "parallel style 'unit_colwise' is not supported" in issues["attn.q"]
+    assert "2-D (heads × replicas) mesh" in issues["attn.q"] and "'colwise'" in issues["attn.q"]
+    assert "'rowwise' in plan=" in issues["attn.o"]
+    with pytest.raises(ParallelError, match=r"plan entry 'attn.q': parallel style 'unit_colwise'"
+                       r" is not supported.*\(and 1 more entries\)"):
+        prepare_tensor_parallel(model, TensorParallel(plan=plan), mesh=None)
+
+
+HAND_BUILT = """
+import os, torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+import weightplan
+from weightplan.parallel import TensorParallel, prepare_tensor_parallel
+dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:%d")
+mesh = init_device_mesh("cpu", (1,))
+with weightplan.init_empty():
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 4))   # no config, no mesh manager
+prepare_tensor_parallel(model, TensorParallel(plan={"0": "colwise", "1": "rowwise"}, mesh=mesh),
+                        mesh)
+assert isinstance(model[0].weight, DTensor) and model[0].weight.placements == (Shard(0),)
+assert model[1].weight.placements == (Shard(1),) and model[1].bias.placements == (Replicate(),)
+dist.destroy_process_group()
+"""
+
+
+def test_a_module_built_by_hand_without_a_config_is_prepared():
+    """transformers 5.25's ``apply_tensor_parallelism`` reads ``model.config`` and
+    ``model._mesh_manager``, which a plain ``nn.Module`` lacks: it is prepared all the same
+    (in a process of its own: a 1-rank gloo group)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.parallel.conftest import free_port
+
+    done = subprocess.run([sys.executable, "-c", HAND_BUILT % free_port()], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_a_column_sharded_mla_projection_needs_heads_dividing_the_ranks():
+    """DeepSeek-V3's ``kv_b_proj`` rows are whole query heads (column-sharded by transformers
+    5.25's plan, stated here): 4 heads over 3 ranks would cut one; over 2 they split."""
+    import transformers
+
+    from weightplan.bridge.distribute import heads_problem
+
+    config = transformers.DeepseekV3Config(
+        vocab_size=64, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=16,
+        qk_nope_head_dim=16, v_head_dim=16, intermediate_size=64, first_k_dense_replace=1)
+    with weightplan.init_empty():
+        model = transformers.DeepseekV3ForCausalLM(config)
+    tp = TensorParallel(plan={"model.layers.*.self_attn.kv_b_proj": "colwise"})
+    problem = heads_problem(model, tp, 3)
+    assert problem is not None and "num_attention_heads=4 doesn't split over 3 ranks" in problem
+    assert "MLA projections" in problem
+    assert heads_problem(model, tp, 2) is None
+
+
 def test_expert_parallel_needs_experts_divisible_by_world():
     model = module_with({"moe.experts.gate_up_proj": ((3, 4, 4), F32)})
     tp = TensorParallel(world_size=2, rank=0, plan={"moe.experts.gate_up_proj": "grouped_gemm"})

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import weightplan
+from tests.parallel.plans import experts_split_plan
 from tests.parallel.strided_fixtures import NAMES, build, family
 from weightplan.parallel import TensorParallel
 from weightplan.planner.core.geometry import Region
@@ -41,8 +42,9 @@ def meta(name: str, dtype=torch.bfloat16):
 
 
 def rank_plan(directory, name, world, rank, dtype=torch.bfloat16):
-    model = meta(name, dtype)
-    tp = TensorParallel(world_size=world, rank=rank, output="local")
+    model = meta(name, dtype)  # experts split over the ranks: their down_proj read by runs
+    tp = TensorParallel(world_size=world, rank=rank, output="local",
+                        plan=experts_split_plan(model))
     return model, weightplan.explain(model, directory, dtype=dtype, tp=tp)
 
 

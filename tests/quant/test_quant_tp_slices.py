@@ -18,6 +18,7 @@ from safetensors import safe_open
 import weightplan
 from tests.fp8.test_fp8_interop import meta_model
 from tests.fp8.test_fp8_tp import check_rank
+from tests.parallel.plans import experts_split_plan
 from tests.quant.checkpoints import quantized_checkpoint
 from weightplan.errors import QuantizationError
 from weightplan.parallel import TensorParallel
@@ -85,8 +86,9 @@ def test_each_rank_reads_its_slice_and_decodes_it_exactly(tmp_path_factory, kind
     per_element = stored_per_element(qdir, odir)
     plain = plain_keys(qdir, odir)
     for rank in range(world):
-        model = meta_model(WIDE)
-        tp = TensorParallel(world_size=world, rank=rank, plan="auto", output="local")
+        model = meta_model(WIDE)  # its experts split over the ranks too
+        tp = TensorParallel(world_size=world, rank=rank, plan=experts_split_plan(model),
+                            output="local")
         plan = weightplan.explain(model, qdir, dtype=torch.bfloat16, tp=tp)
         assert not plan.problems, str(plan)
         verify(plan.graph, plan.schedule.steps)
@@ -116,7 +118,8 @@ def test_expert_parallel_ranks_read_only_their_experts(tmp_path_factory, kind):
 def test_a_boundary_inside_a_group_is_a_problem(tmp_path_factory, kind, group):
     qdir, _, _ = full_load(tmp_path_factory.getbasetemp(), kind)
     model = meta_model(WIDE)  # 3 ranks: down_proj's 1024 columns are 342 + 341 + 341
-    tp = TensorParallel(world_size=3, rank=1, plan="auto", output="local")
+    experts = experts_split_plan(model)  # each expert split over the ranks, on any version
+    tp = TensorParallel(world_size=3, rank=1, plan=experts, output="local")
     plan = weightplan.explain(model, qdir, dtype=torch.bfloat16, tp=tp)
     split = [p for p in plan.problems if "inside a group" in p.message]
     key = "model.layers.0.mlp.experts.0.down_proj.weight_packed"
@@ -126,7 +129,7 @@ def test_a_boundary_inside_a_group_is_a_problem(tmp_path_factory, kind, group):
     with pytest.raises(QuantizationError):
         plan.execute()
     # the same world over a checkpoint whose groups it keeps whole: no such problem
-    tp = TensorParallel(world_size=2, rank=1, plan="auto", output="local")
+    tp = TensorParallel(world_size=2, rank=1, plan=experts, output="local")
     assert not weightplan.explain(meta_model(WIDE), qdir, dtype=torch.bfloat16, tp=tp).problems
 
 

@@ -22,11 +22,13 @@ from typing import Any
 from torch import nn
 
 from weightplan.errors import ParallelError
+from weightplan.planner.core.sharding import styles
 from weightplan.planner.core.sharding.advice import NO_TP_PLAN
 from weightplan.planner.core.sharding.config import TensorParallel
 from weightplan.planner.inputs.parallel_plan import plan_rules
 
 EXPERT_STYLES = frozenset({"grouped_gemm", "ep_dispatch_experts"})  # apply_expert_parallelism's
+MLA_HEAD_PROJECTIONS = ("q_b_proj", "kv_b_proj")  # their output rows are whole query heads
 
 
 def prepare_tensor_parallel(model: nn.Module, tp: TensorParallel, mesh: Any) -> nn.Module:
@@ -35,19 +37,21 @@ def prepare_tensor_parallel(model: nn.Module, tp: TensorParallel, mesh: Any) -> 
 
     Raises:
         ParallelError: transformers (5.x with ``transformers.distributed``) is missing, the
-            model has no plan, or transformers refuses the plan (unknown style, experts that
-            don't split over the ranks); the message says which.
+            model has no plan, a rule's style is one weightplan can't place (unknown, or
+            5.25's ``unit_colwise``), a head would be cut in two, or transformers refuses
+            the plan (experts that don't split over the ranks); the message says which.
     """
     tp_apply, ep_apply = _transformers_engine()
     rules = plan_rules(model, tp)
     if not rules:
         raise ParallelError(f"{type(model).__name__} has no tp_plan: {NO_TP_PLAN.python}")
     entries = expand_rules(model, rules)
+    _check_styles(model, rules)
     dense = {name: style for name, style in entries.items() if style not in EXPERT_STYLES}
     _check_heads(model, dense, mesh.size())
     experts = {name: style for name, style in entries.items() if style in EXPERT_STYLES}
     try:
-        tp_apply(model, mesh, dense)
+        tp_apply(_TransformersView(model), mesh, dense)
         if experts:  # one 1-D mesh: the expert group is the TP group, sharing one batch
             ep_apply(model, mesh, mesh, experts, ep_implementation="auto")
     except Exception as e:  # transformers raises KeyError / ValueError / RuntimeError
@@ -95,13 +99,33 @@ def heads_problem(model: nn.Module, tp: TensorParallel, world: int) -> str | Non
     return None
 
 
+def _check_styles(model: nn.Module, rules: dict[str, str]) -> None:
+    """Every rule's style is one the load plan places (the same test as the plan's)."""
+    bad = {rule: style for rule, style in rules.items() if not styles.known(style)}
+    if bad:
+        rule, style = next(iter(bad.items()))
+        raise ParallelError(f"{type(model).__name__}: plan entry {rule!r}: "
+                            f"{styles.unknown_message(style)}"
+                            + (f" (and {len(bad) - 1} more entries)" if len(bad) > 1 else ""))
+
+
 def _check_heads(model: nn.Module, dense: dict[str, str], world: int) -> None:
     """Column-sharded key projections split the attention heads over the ranks: a head cut
-    in two can't run (transformers' forward fails on reshaping it), so refuse it now."""
+    in two can't run (transformers' forward fails on reshaping it), so refuse it now. MLA's
+    per-head up projections (``q_b_proj``, ``kv_b_proj``: column-sharded from transformers
+    5.25 on) split the query heads the same way."""
     from transformers.distributed.tensor_parallel import get_kv_heads_per_rank
 
     config: Any = getattr(model, "config", None)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = getattr(text, "num_attention_heads", None)
+    if isinstance(heads, int) and heads % world and any(
+            key.rsplit(".", 1)[-1] in MLA_HEAD_PROJECTIONS and style == "colwise"
+            for key, style in dense.items()):
+        raise ParallelError(f"{type(model).__name__}: num_attention_heads={heads} doesn't "
+                            f"split over {world} ranks, and its MLA projections (q_b_proj, "
+                            "kv_b_proj) are column-sharded: a head would be cut in two and "
+                            f"the attention can't run; use a number of ranks dividing {heads}")
     for field in ("num_attention_heads", "num_key_value_heads"):
         heads = getattr(text, field, None)
         if isinstance(heads, int) and get_kv_heads_per_rank(dense, heads, world) is None:
@@ -109,6 +133,29 @@ def _check_heads(model: nn.Module, dense: dict[str, str], world: int) -> None:
                                 f"{world} ranks, and its key projections are column-sharded: "
                                 "a head would be cut in two and the attention can't run; use "
                                 f"a number of ranks dividing {heads}")
+
+
+class _TransformersView:
+    """What ``apply_tensor_parallelism`` reads of a model: its modules and parameters, the
+    text config (5.25 hands it to every style; a model built by hand has none) and the mesh
+    manager (only 5.25's ``unit_*`` styles use it, refused before)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self._model = model
+        config = getattr(model, "config", None)
+        self.config = config if hasattr(config, "get_text_config") else _NoConfig()
+        self._mesh_manager = getattr(model, "_mesh_manager", None)
+
+    def named_modules(self) -> Any:
+        return self._model.named_modules()
+
+    def named_parameters(self) -> Any:
+        return self._model.named_parameters()
+
+
+class _NoConfig:
+    def get_text_config(self) -> _NoConfig:
+        return self
 
 
 def _transformers_engine() -> tuple[Any, Any]:

@@ -151,8 +151,7 @@ def _apply_rules(model: nn.Module, rules: dict[str, str], source: str,
     compiled: list[Compiled] = [(rule, style, re.compile(_pattern(rule))) for rule, style in rules.items()]
     for rule, style, _ in compiled:
         if not styles.known(style):
-            issues.append(PlanIssue(rule, f"unknown parallel style {style!r}; known: "
-                                    f"{', '.join(sorted(styles.STYLES) + sorted(styles.MARKERS))}"))
+            issues.append(PlanIssue(rule, styles.unknown_message(style)))
     used: set[str] = set()
     for name, _ in model.named_modules():
         used.update(r for r, _, p in compiled if name and p.fullmatch(name))

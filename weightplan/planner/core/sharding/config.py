@@ -47,8 +47,10 @@ class TensorParallel:
         mesh: a 1-D ``DeviceMesh``; default: the whole default process group.
         world_size, rank: without a process group, plan (and with ``output="local"``,
             execute) for one rank of a world of that size: offline pre-sharding.
-        experts: ``"tp"`` shards every expert over the ranks; ``"ep"`` gives each rank
-            whole experts (``grouped_gemm``).
+        experts: ``"tp"``: the experts as ``model.tp_plan`` places them (transformers
+            ≤ 5.24 splits every expert over the ranks; 5.25 keeps them whole on every
+            rank, as its ``tp_plan="auto"`` does; name them in ``plan=`` to split them);
+            ``"ep"`` gives each rank whole experts (``model.ep_plan``: ``grouped_gemm``).
         output: ``"dtensor"`` (parameters become ``DTensor``\\ s with transformers'
             placements) or ``"local"`` (plain local tensors).
         cooperative: each tensor every rank holds whole (norms, routers, what the plan

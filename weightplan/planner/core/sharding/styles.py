@@ -21,8 +21,15 @@ style                          placement
 ``replicated_with_grad_all…``  plain (whole on every rank; only gradients are reduced)
 ``replicate``                  plain
 markers (``moe_tp_experts``,   plain: they change a module's forward, not its weights
-``ep_dispatch_experts``, …)
+``ep_dispatch_experts``,       (``mla_kv_a_proj``: MLA's ``kv_a_proj_with_mqa``, whole on
+``mla_kv_a_proj``, …)          every rank; its forward only reduces the rope part's gradient)
 =============================  =============================================================
+
+transformers 5.25 added ``unit_colwise`` / ``unit_rowwise``: whole attention heads per rank on
+a 2-D (heads × replicas) mesh, heads repeated where fewer than the ranks. weightplan places a
+parameter on a 1-D mesh, so those are :data:`UNSUPPORTED`: a plan naming them is refused by
+name (:func:`unknown_message`), as any style neither here nor in transformers is. 5.25 also
+dropped ``moe_identity_expert`` (kept here for 5.24's models).
 """
 
 from __future__ import annotations
@@ -87,8 +94,25 @@ MARKERS = frozenset({"moe_tp_experts", "ep_dispatch_experts", "moe_identity_expe
 EXPERT_PARALLEL = frozenset({"grouped_gemm"})
 
 
+# Styles transformers has that no 1-D placement expresses, and why.
+UNSUPPORTED = {
+    style: "keeps whole attention heads on each rank over a 2-D (heads × replicas) mesh "
+           "(transformers 5.25+), which weightplan's placements on a 1-D mesh can't express; "
+           f"give those modules {style.removeprefix('unit_')!r} in plan= when the heads divide "
+           "over the ranks"
+    for style in ("unit_colwise", "unit_rowwise")}
+
+
 def known(style: str) -> bool:
     return style in STYLES or style in MARKERS
+
+
+def unknown_message(style: str) -> str:
+    """Why ``style`` (not :func:`known`) can't be planned, naming it and what weightplan knows."""
+    if style in UNSUPPORTED:
+        return f"parallel style {style!r} is not supported: it {UNSUPPORTED[style]}"
+    return (f"unknown parallel style {style!r}; known: "
+            f"{', '.join(sorted(STYLES) + sorted(MARKERS))}")
 
 
 def placement_for(style: str, param: str, ndim: int) -> Placement:
