@@ -156,6 +156,11 @@ class ModelSink:
             return None
         return flat_bytes(handle)[offset:offset + nbytes]
 
+    def file_region(self, handle: torch.Tensor | OffloadFile, dest: Destination,
+                    offset: int) -> tuple[int, int, str] | None:
+        """A streamed tensor's file: where byte ``offset`` of it goes (else ``None``)."""
+        return None if isinstance(handle, torch.Tensor) else handle.region(offset)
+
     def write_view(self, handle: torch.Tensor | OffloadFile, dest: Destination, view: View,
                    src: torch.Tensor) -> None:
         if not isinstance(handle, torch.Tensor):  # (the plan streams only direct copies)

@@ -254,7 +254,7 @@ def _into_model(plan: PlanData) -> bool:
 def _sink_text(plan: PlanData) -> str:
     if plan.direction is not Direction.LOAD:
         return "the output files"
-    if not _into_model(plan):
+    if not isinstance(plan, LoadPlanData) or plan.model is None:
         return "the returned tensors"
     return "model memory or offload files" if _disk_bytes(plan)[1] > _disk_bytes(plan)[0] \
         else "model memory"

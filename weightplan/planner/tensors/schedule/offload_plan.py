@@ -3,14 +3,15 @@
 A tensor of a module placed on ``"disk"`` is read back at forward time by accelerate's
 hooks from a safetensors file (its offload index: ``{"safetensors_file", "weight_name",
 "dtype"}``; ``OffloadedWeightsLoader`` opens the file with ``safe_open`` and casts to
-``dtype``). When the plan's step for it is a plain copy of one whole checkpoint tensor
-(one read, no op, no dequantize, no shard, same shape, the dtype kept or a float cast
-the loader repeats; the load leaves the model's parameter on meta in the plan's dtype, as
-a resident one would be, so the hooks' cast to it is that one), that file is the
-checkpoint's own: the tensor is *referenced in place* and its step is dropped from the schedule (nothing read, nothing written; the
-checkpoint is only ever opened for reading). Anything converted (merged experts, a fused
-or split projection, a dequantized FP8 weight, a permutation, a shard) is *written* into
-``offload_folder`` by the executor, one safetensors file per tensor:
+``dtype``, then to the parameter's dtype: the load leaves the parameter on meta in the
+plan's dtype, as a resident one is installed). When the plan's step for it is a plain copy
+of one whole checkpoint tensor (one read, no op, no dequantize, no shard, same shape, the
+dtype kept or a float cast the loader repeats), that file is the checkpoint's own: the
+tensor is *referenced in place* and its step is dropped from the schedule (nothing read,
+nothing written; the checkpoint is only ever opened for reading). Anything converted
+(merged experts, a fused or split projection, a dequantized FP8 weight, a permutation, a
+shard) is *written* into ``offload_folder`` by the executor, one safetensors file per
+tensor:
 
 - *streamed* when every byte of it is a direct copy (merged experts, a fused projection:
   byte ranges of checkpoint tensors laid side by side): each read's bytes go straight
