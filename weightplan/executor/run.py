@@ -238,9 +238,13 @@ def _read_straight(run: _Execution, program: Step, step: _Step, task: ReadTask,
     f, entry = task.fragment, task.entry
     if not task.direct or f is None or entry.file is None:
         return False
-    dest, handle = program.destinations[f.target], step.handles[f.target]
+    handle = step.handles[f.target]
+    in_memory = isinstance(handle, torch.Tensor)  # (else a file, or nothing kept)
+    if in_memory and not run.reader.reads_straight(entry.file):
+        return False  # (a warm file into memory: the common case, decided first)
+    dest = program.destinations[f.target]
     offset = f.view.offset * dest.spec.dtype.itemsize + piece[0]
-    region = run.sink.file_region(handle, dest, offset)
+    region = None if in_memory else run.sink.file_region(handle, dest, offset)
     if region is not None:
         return run.reader.copy_into(entry.file, task.byte_range[0] + piece[0], piece[1],
                                     *region)  # (fd, offset, path)
