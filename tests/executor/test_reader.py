@@ -1,12 +1,13 @@
 """The read path: preadv straight into the destination for cold files, windows otherwise."""
 
+import errno
 import os
 
 import pytest
 import torch
 
 import weightplan
-from weightplan.errors import StaleCheckpointError, TruncatedCheckpointError
+from weightplan.errors import ExecutionError, StaleCheckpointError, TruncatedCheckpointError
 from weightplan.executor import reader as reader_module
 from weightplan.executor.reader import Reader, evict, is_cached
 from weightplan.planner.inputs.checkpoint import open_checkpoint
@@ -81,3 +82,72 @@ def test_cold_load_reads_straight_into_the_model(moe_dir, monkeypatch, threads):
     assert all(torch.equal(got[k], want[k]) for k in want)
     plan_files = {f.path for f in open_checkpoint(directory).files}
     assert calls and set(calls) <= plan_files
+
+
+def test_copy_into_copies_file_to_file_or_says_it_cannot(tmp_path, monkeypatch):
+    path, data = _file(tmp_path)
+    out = tmp_path / "out"
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        with Reader(_Stamped(path).checkpoint) as reader:
+            assert reader.copy_into(str(path), 8 + 50, len(data) - 100, fd, 3, str(out))
+
+            def full(*args):
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+            monkeypatch.setattr(os, "copy_file_range", full)
+            with pytest.raises(ExecutionError, match=f"into {out} at byte 0 failed: .*space"):
+                reader.copy_into(str(path), 8, 10, fd, 0, str(out))
+
+            def refuse(*args):
+                raise OSError(errno.EXDEV, "cross-device link")
+
+            monkeypatch.setattr(os, "copy_file_range", refuse)  # (another filesystem)
+            assert not reader.copy_into(str(path), 8, 10, fd, 0, str(out))  # nothing copied
+    finally:
+        os.close(fd)
+    assert out.read_bytes() == b"\x00" * 3 + data[50:-50].numpy().tobytes()
+
+
+def test_a_copy_from_a_truncated_file_is_a_typed_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(reader_module.LeaseGuard, "start", lambda self, fds: None)
+    path, _ = _file(tmp_path)
+    fd = os.open(tmp_path / "out", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        with pytest.raises(StaleCheckpointError):
+            with Reader(_Stamped(path).checkpoint) as reader:
+                os.truncate(path, 8 + (1 << 19))
+                with pytest.raises(TruncatedCheckpointError) as info:
+                    reader.copy_into(str(path), 8, 1 << 20, fd, 0, "out")
+    finally:
+        os.close(fd)
+    assert str(path) in str(info.value)
+
+
+def test_direct_reads_into_files_land_alike_copied_by_the_kernel_or_not(moe_dir, tmp_path,
+                                                                        monkeypatch):
+    """A direct read into a file (a converted shard's merged experts here; a streamed
+    offload file alike) is copied file to file by ``copy_file_range``; where the kernel
+    can't (another filesystem), out of a window: the same bytes."""
+    directory, _ = moe_dir
+    copied = []
+    kernel = os.copy_file_range
+
+    def counted(*args):
+        copied.append(args[2])
+        return kernel(*args)
+
+    monkeypatch.setattr(os, "copy_file_range", counted)
+    weightplan.explain_convert(directory, tmp_path / "kernel", mapping="mixtral").execute()
+    assert copied
+
+    def refuse(*args):
+        raise OSError(errno.EXDEV, "cross-device link")
+
+    monkeypatch.setattr(os, "copy_file_range", refuse)
+    weightplan.explain_convert(directory, tmp_path / "window", mapping="mixtral").execute()
+    names = sorted(p.name for p in (tmp_path / "kernel").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "window").iterdir())
+    for name in names:
+        assert (tmp_path / "kernel" / name).read_bytes() == \
+            (tmp_path / "window" / name).read_bytes(), name

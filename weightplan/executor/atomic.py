@@ -67,6 +67,11 @@ class GuardedSink:
         self._note(dest)
         return self.inner.byte_view(handle, dest, offset, nbytes)
 
+    def file_region(self, handle: torch.Tensor | OffloadFile, dest: Destination,
+                    offset: int) -> tuple[int, int, str] | None:
+        self._note(dest)
+        return self.inner.file_region(handle, dest, offset)
+
     def write_view(self, handle: torch.Tensor, dest: Destination, view: View,
                    src: torch.Tensor) -> None:
         self._note(dest)

@@ -28,6 +28,10 @@ class DictSink:
                   nbytes: int) -> torch.Tensor | None:
         return flat_bytes(handle)[offset:offset + nbytes]
 
+    def file_region(self, handle: torch.Tensor, dest: Destination, offset: int
+                    ) -> tuple[int, int, str] | None:
+        return None
+
     def write_view(self, handle: torch.Tensor, dest: Destination, view: View,
                    src: torch.Tensor) -> None:
         with torch.no_grad():

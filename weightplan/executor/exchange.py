@@ -52,6 +52,10 @@ class ExchangeSink:
                   ) -> torch.Tensor | None:
         return self.inner.byte_view(handle, dest, offset, nbytes)
 
+    def file_region(self, handle: Any, dest: Destination, offset: int
+                    ) -> tuple[int, int, str] | None:
+        return self.inner.file_region(handle, dest, offset)
+
     def write_view(self, handle: Any, dest: Destination, view: View, src: torch.Tensor
                    ) -> None:
         self.inner.write_view(handle, dest, view, src)

@@ -60,7 +60,7 @@ def _execute(plan: LoadPlanData, strict: bool, progress: bool | None, atomic: bo
     offload = plan.options.placement.offload if plan.options.placement is not None else None
     inner = ModelSink(model, info, fresh, initialize=True, dtype=plan.options.dtype,
                       devices=plan.options.devices, sharding=plan.sharding,
-                      streamed=offload.streamed_names() if offload is not None else frozenset())
+                      offload=offload)
     sink = GuardedSink(inner, atomic=atomic)  # see executor/atomic.py
     with partial_load_errors(sink):
         shared = _exchanged(sink, plan, mesh, agreement)

@@ -72,6 +72,9 @@ class DiscardSink:
                   nbytes: int) -> torch.Tensor | None:
         return None
 
+    def file_region(self, handle: Any, dest: Destination, offset: int) -> tuple[int, int, str] | None:
+        return None
+
     def write_view(self, handle: Any, dest: Destination, view: View, src: torch.Tensor) -> None:
         return None
 

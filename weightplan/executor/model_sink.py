@@ -20,6 +20,7 @@ from weightplan.planner.core.geometry import View
 if TYPE_CHECKING:
     from weightplan.executor.offload import OffloadFile
     from weightplan.executor.staging import Stager
+    from weightplan.planner.tensors.schedule.offload_plan import OffloadPlan
     from weightplan.planner.tensors.ir.shard_nodes import Sharding
 
 
@@ -73,6 +74,19 @@ def install(model: nn.Module, dest: Destination, tensor: torch.Tensor, info: Mod
             module._parameters[attr] = value
 
 
+def on_meta_as(model: nn.Module, aliases: tuple[str, ...], dtype: torch.dtype) -> None:
+    """An offloaded parameter left on meta in the plan's dtype, as a resident one is
+    installed (accelerate's hooks cast what they read back to the parameter's dtype)."""
+    tensor = current_tensor(model, aliases[0])
+    if tensor.dtype == dtype:
+        return
+    value = nn.Parameter(torch.empty(tensor.shape, dtype=dtype, device="meta"),
+                         requires_grad=tensor.requires_grad and dtype.is_floating_point)
+    for alias in aliases:
+        module, attr = module_and_attr(model, alias)
+        module._parameters[attr] = value
+
+
 def strided(base: torch.Tensor, view: View) -> torch.Tensor:
     """``base``'s storage seen through ``view``."""
     return torch.as_strided(base, view.shape, view.stride, base.storage_offset() + view.offset)
@@ -100,9 +114,10 @@ class ModelSink:
 
     def __init__(self, model: nn.Module, info: ModelInfo, missing: list[str], initialize: bool,
                  dtype: torch.dtype | None = None, devices: DeviceMap | None = None,
-                 sharding: Sharding | None = None, streamed: frozenset[str] = frozenset()):
+                 sharding: Sharding | None = None, offload: OffloadPlan | None = None):
         self.model, self.info, self.dtype, self.devices = model, info, dtype, devices
-        self.streamed = streamed  # disk tensors the plan streams into their files
+        self.offload = offload  # the disk's tensors: referenced in place, streamed or staged
+        self.streamed = offload.streamed_names() if offload is not None else frozenset()
         self.streaming: dict[str, OffloadFile] = {}  # streamed files open, by tensor
         self.sharding = sharding
         self.stager = _stager() if devices is not None and devices.uses_cuda else None
@@ -140,6 +155,11 @@ class ModelSink:
         if not isinstance(handle, torch.Tensor) or handle.device.type != "cpu":
             return None
         return flat_bytes(handle)[offset:offset + nbytes]
+
+    def file_region(self, handle: torch.Tensor | OffloadFile, dest: Destination,
+                    offset: int) -> tuple[int, int, str] | None:
+        """A streamed tensor's file: where byte ``offset`` of it goes (else ``None``)."""
+        return None if isinstance(handle, torch.Tensor) else handle.region(offset)
 
     def write_view(self, handle: torch.Tensor | OffloadFile, dest: Destination, view: View,
                    src: torch.Tensor) -> None:
@@ -204,6 +224,8 @@ class ModelSink:
                                                     requires_grad=tensor.requires_grad)
         for dest, tensor in self.results.values():
             install(self.model, dest, tensor, self.info.get(dest.key), self.sharding)
+        for t in self.offload.tensors if self.offload is not None else ():
+            on_meta_as(self.model, t.aliases or (t.name,), t.dtype)
 
     def device_bytes(self) -> dict[str, int]:
         """Bytes the load put on each device (``"disk"``: written to the offload folder)."""

@@ -70,6 +70,11 @@ class OffloadFile:
             self.close()
             raise
 
+    def region(self, offset: int) -> tuple[int, int, str]:
+        """The open file, where byte ``offset`` of the tensor's data lies in it, its path."""
+        assert self._fd is not None
+        return self._fd, self.start + offset, self.path
+
     def write(self, offset: int, data: torch.Tensor) -> None:
         """Bytes ``data`` (a flat ``uint8`` tensor on the CPU) at byte ``offset`` of the
         tensor's data."""

@@ -1,6 +1,6 @@
 """Byte-range reads from checkpoint files: straight into the destination, or a window.
 
-Two ways to move bytes, chosen per file when the reader opens it:
+Three ways to move bytes, chosen per file when the reader opens it (and per destination):
 
 * :meth:`Reader.read_into` ``preadv``\\ s a byte range straight into the destination's
   memory, in requests of :data:`REQUEST_BYTES`, after a ``POSIX_FADV_WILLNEED`` hint for
@@ -14,6 +14,11 @@ Two ways to move bytes, chosen per file when the reader opens it:
   ``copy_`` out of a mapping lets torch's parallel copy fault them faster than ``pread``
   faults them in kernel context (measured on the 1.5 GB benchmark checkpoint: 1.2-1.6 s
   with ``pread``, 0.43-0.49 s mapped).
+
+* :meth:`Reader.copy_into` copies a byte range into a *file* (a tensor streamed to the
+  offload folder, a shard a convert writes straight) in the kernel, ``copy_file_range``,
+  warm or cold: no mapping, no copy through user memory. Where the kernel can't copy
+  between the two files (another filesystem), a window is copied from instead.
 
 Only a file under a read lease is ever mapped (:mod:`~weightplan.executor.lease`: a
 truncation then waits until the window is copied). A file without one (``execute()`` in a
@@ -29,6 +34,7 @@ waiting for the disk) at its start, middle and end all find their bytes cached.
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import os
 import threading
@@ -38,7 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from weightplan.errors import (
-    CheckpointError, OpenFileLimitError, StaleCheckpointError, TruncatedCheckpointError,
+    CheckpointError, ExecutionError, OpenFileLimitError, StaleCheckpointError, TruncatedCheckpointError,
 )
 from weightplan.executor.fd_limit import limit_hint, out_of_descriptors  # (not lazily: no fd left)
 from weightplan.executor.lease import LeaseGuard
@@ -49,6 +55,8 @@ from weightplan.planner.inputs.paths import open_regular
 REQUEST_BYTES = 8 * 1024 * 1024  # one preadv request: large enough to stream, small to overlap
 IO_DEPTH = 4  # preadv requests in flight per read (the floor in benchmarks/load.py uses 4)
 _PROBE_BYTES = 4096
+# copy_file_range can't copy between these two files (other filesystems, old kernels)
+_NO_COPY = frozenset({errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL})
 _PROBES = 5
 
 
@@ -61,6 +69,7 @@ class Reader:
         self._lease = LeaseGuard()  # no SIGBUS: see executor/lease.py
         self._cold: set[str] = set()
         self._mappable: set[str] = set()  # leased files: the only ones ever mapped
+        self._no_copy: set[int] = set()  # output files the kernel can't copy into
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         try:
@@ -115,6 +124,40 @@ class Reader:
                                      min(nbytes, start + REQUEST_BYTES)) for start in starts]
         for future in futures:
             future.result()
+
+    def copy_into(self, path: str, offset: int, nbytes: int, out: int, at: int,
+                  out_path: str) -> bool:
+        """Copy ``nbytes`` at ``offset`` of ``path`` to byte ``at`` of the open file ``out``
+        (``out_path``) in the kernel (``copy_file_range``: page cache to page cache, no
+        mapping, no copy through user memory; a file truncated underneath gives a short
+        copy, never ``SIGBUS``). False, having copied nothing, when the kernel can't copy
+        between these two files (another filesystem, not Linux): the caller copies out of
+        a window.
+
+        Raises:
+            TruncatedCheckpointError: ``path`` shrank under the copy.
+            ExecutionError: the copy failed otherwise (a full disk: names both files).
+        """
+        if not hasattr(os, "copy_file_range") or out in self._no_copy:
+            return False
+        fd, done = self._fds[path], 0
+        if hasattr(os, "posix_fadvise"):  # the whole range is queued at once
+            os.posix_fadvise(fd, offset, nbytes, os.POSIX_FADV_WILLNEED)
+        while done < nbytes:
+            try:
+                got = os.copy_file_range(fd, out, nbytes - done, offset + done, at + done)
+            except OSError as e:
+                if done or e.errno not in _NO_COPY:
+                    raise ExecutionError(f"copying bytes {offset}..{offset + nbytes} of {path} "
+                                         f"into {out_path} at byte {at} failed: {e}") from e
+                self._no_copy.add(out)
+                return False
+            if got <= 0:
+                raise TruncatedCheckpointError(
+                    f"bytes {offset + done}..{offset + nbytes} are past the end of the file "
+                    "(it shrank during the load)", file=path)
+            done += got
+        return True
 
     def read_runs(self, path: str, offsets: Iterable[int], run: int, dest: torch.Tensor
                   ) -> None:

@@ -229,16 +229,28 @@ def _read_task(run: _Execution, program: Step, step: _Step, task: ReadTask,
 
 def _read_straight(run: _Execution, program: Step, step: _Step, task: ReadTask,
                    piece: tuple[int, int]) -> bool:
-    """A direct read of a cold (or unleased) file goes from the file straight into the
-    destination's bytes (:meth:`Reader.read_into`); False when it can't (warm leased file,
-    in-memory source, a sink without CPU bytes to read into)."""
+    """A direct read into a file (a tensor streamed to the disk, a shard written straight)
+    is copied file to file by the kernel (:meth:`Reader.copy_into`), warm or cold; one of a
+    cold (or unleased) file goes from the file straight into the destination's bytes
+    (:meth:`Reader.read_into`). False when neither can (a warm leased file into memory, an
+    in-memory source, a sink without CPU bytes, two files the kernel can't copy between):
+    the caller copies out of a window."""
     f, entry = task.fragment, task.entry
-    if (not task.direct or f is None or entry.file is None
-            or not run.reader.reads_straight(entry.file)):
+    if not task.direct or f is None or entry.file is None:
         return False
+    handle = step.handles[f.target]
+    in_memory = isinstance(handle, torch.Tensor)  # (else a file, or nothing kept)
+    if in_memory and not run.reader.reads_straight(entry.file):
+        return False  # (a warm file into memory: the common case, decided first)
     dest = program.destinations[f.target]
     offset = f.view.offset * dest.spec.dtype.itemsize + piece[0]
-    target = run.sink.byte_view(step.handles[f.target], dest, offset, piece[1])
+    region = None if in_memory else run.sink.file_region(handle, dest, offset)
+    if region is not None:
+        return run.reader.copy_into(entry.file, task.byte_range[0] + piece[0], piece[1],
+                                    *region)  # (fd, offset, path)
+    if not run.reader.reads_straight(entry.file):
+        return False
+    target = run.sink.byte_view(handle, dest, offset, piece[1])
     if target is None:
         return False
     run.reader.read_into(entry.file, task.byte_range[0] + piece[0], target)

@@ -6,6 +6,9 @@ The executor calls, in this order (1-3 from reader threads, 4-6 from the main th
 2. ``write_bytes(handle, dest, byte_offset, data)``: a direct byte copy; or, for a file
    not in the page cache, ``byte_view(handle, dest, byte_offset, nbytes)``: the handle's
    own bytes for the reader to ``preadv`` into (``None``: no CPU bytes, so write_bytes);
+   a direct read into a handle that is a file asks first ``file_region(handle, dest,
+   byte_offset)``: ``(fd, file offset, path)`` where those bytes go, for the reader to copy
+   file to file in the kernel (``None``: not a file);
 3. ``write_view(handle, dest, view, src)``: a strided / casting copy;
 4. ``update_view(handle, dest, view)`` (main thread, after the step's reads landed): the
    destination's own elements, for an op that updates them in place (a LoRA merge;
@@ -36,6 +39,9 @@ class Sink(Protocol):
 
     def byte_view(self, handle: Any, dest: Destination, offset: int,
                   nbytes: int) -> torch.Tensor | None: ...
+
+    def file_region(self, handle: Any, dest: Destination, offset: int
+                    ) -> tuple[int, int, str] | None: ...
 
     def write_view(self, handle: Any, dest: Destination, view: View,
                    src: torch.Tensor) -> None: ...

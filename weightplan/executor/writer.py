@@ -107,6 +107,14 @@ class FileSink:
                   nbytes: int) -> torch.Tensor | None:
         return None  # bytes go to the file with pwrite, never through a CPU view
 
+    def file_region(self, handle: torch.Tensor | None, dest: Destination, offset: int
+                    ) -> tuple[int, int, str] | None:
+        """A tensor written straight to its shard (not staged): where byte ``offset`` goes."""
+        if handle is not None:
+            return None
+        name, base = self.layout.locations[dest.key]
+        return self._fds[name], base + offset, str(self._partial[name])
+
     def write_bytes(self, handle: torch.Tensor | None, dest: Destination, offset: int,
                     data: torch.Tensor) -> None:
         name, base = self.layout.locations[dest.key]

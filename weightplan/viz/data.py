@@ -13,7 +13,7 @@ from weightplan.planner.core.paused_gc import paused_gc
 from weightplan.planner.tensors.schedule.budget import machine_fit
 from weightplan.viz.devices import placement_dict
 from weightplan.viz.adapter_text import adapter_dict
-from weightplan.viz.rows import mapping_rows
+from weightplan.viz.rows import disk_status, mapping_rows
 
 
 @paused_gc
@@ -30,7 +30,7 @@ def plan_to_dict(plan: LoadPlanData) -> dict[str, Any]:
         "mapping": {"key": plan.mapping.key, "reason": plan.mapping.reason,
                     "transforms": [t.describe() for t in plan.transforms],
                     "submodules": [submodule_to_dict(s) for s in plan.mapping.submodules]},
-        "rows": [asdict(r) for r in mapping_rows(plan.conversions)],
+        "rows": [asdict(r) for r in mapping_rows(plan.conversions, disk_status(plan))],
         "read_bytes": plan.read_bytes,
         "model_bytes": plan.model_bytes,
         "peak_bytes": plan.peak_bytes,

@@ -12,7 +12,7 @@ from html import escape
 from weightplan.errors import RenderError
 from weightplan.planner.pipelines.plan import LoadPlanData
 from weightplan.units import format_bytes
-from weightplan.viz.rows import Row, mapping_rows
+from weightplan.viz.rows import Row, disk_status, mapping_rows
 from weightplan.viz.text import header_lines, note_lines, problem_lines, total_lines
 
 _COLUMNS = ("#", "checkpoint keys", "model keys", "rule and ops", "dtype", "shape", "×",
@@ -33,7 +33,7 @@ def plan_html(plan: LoadPlanData, *, graph: bool = True) -> str:
     from weightplan.viz.timeline import timeline_svg
 
     parts = [_STYLE, '<div class="weightplan">',
-             _pre(header_lines(plan)), rows_table(mapping_rows(plan.conversions)),
+             _pre(header_lines(plan)), rows_table(mapping_rows(plan.conversions, disk_status(plan))),
              _pre(total_lines(plan) + problem_lines(plan) + note_lines(plan))]
     if graph:
         svg = graph_svg(plan)

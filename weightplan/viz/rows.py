@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from operator import attrgetter, indexOf
 
@@ -10,6 +10,7 @@ from weightplan.planner.tensors.ir.build import Conversion, TargetStatus
 from weightplan.planner.tensors.ir.nodes import DequantizeAttrs, Node, NodeKind, QuantizeAttrs
 from weightplan.planner.core.spec import short_dtype
 from weightplan.planner.keys.transforms import LEGACY
+from weightplan.planner.pipelines.plan import LoadPlanData, PlanData
 from weightplan.viz.folding import fold_keys, split_numbers
 
 _KIND, _KEY = attrgetter("kind"), attrgetter("key")
@@ -48,9 +49,23 @@ def rule_of(conv: Conversion) -> str:
     return "; ".join(parts) if parts else "as is"
 
 
-def _status(conv: Conversion) -> str:
-    statuses = sorted({t.status.value for t in conv.targets})
+def _status(conv: Conversion, disk: Mapping[str, str]) -> str:
+    """What happens to the conversion's targets; a loaded one the device map puts on the
+    disk says so (``disk``: model key → how, from the plan's offload)."""
+    statuses = sorted({disk.get(t.key, "load") if t.status is TargetStatus.LOAD
+                       else t.status.value for t in conv.targets})
     return "+".join(statuses)
+
+
+def disk_status(plan: PlanData) -> dict[str, str]:
+    """The model keys a load offloads (every alias) → ``"disk: referenced"`` (read back
+    from the checkpoint's own file) or ``"disk: written"`` (to ``offload_folder``)."""
+    placement = plan.options.placement if isinstance(plan, LoadPlanData) else None
+    off = placement.offload if placement is not None else None
+    if off is None:
+        return {}
+    return {alias: "disk: referenced" if t.referenced else "disk: written"
+            for t in off.tensors for alias in t.aliases or (t.name,)}
 
 
 def _dtype(conv: Conversion) -> str:
@@ -112,17 +127,19 @@ def _last(conv: Conversion, wanted: Callable[[Node], bool]) -> Node | None:
     return next((n for n in reversed(conv.nodes) if wanted(n)), None)
 
 
-def _signature(conv: Conversion) -> tuple:
+def _signature(conv: Conversion, disk: Mapping[str, str]) -> tuple:
     templates = tuple(split_numbers(t.key)[0] for t in conv.targets)
     return (rule_of(conv), templates, _ops(conv),
-            tuple(t.produced.shape for t in conv.targets), _dtype(conv), _status(conv))
+            tuple(t.produced.shape for t in conv.targets), _dtype(conv), _status(conv, disk))
 
 
-def mapping_rows(conversions: tuple[Conversion, ...]) -> list[Row]:
-    """Fold conversions whose keys differ only in numeric components."""
+def mapping_rows(conversions: tuple[Conversion, ...],
+                 disk: Mapping[str, str] | None = None) -> list[Row]:
+    """Fold conversions whose keys differ only in numeric components (and in what happens
+    to them: ``disk``, the model keys offloaded, see :func:`disk_status`)."""
     buckets: dict[tuple, list[Conversion]] = {}
     for conv in conversions:
-        buckets.setdefault(_signature(conv), []).append(conv)
+        buckets.setdefault(_signature(conv, disk or {}), []).append(conv)
     rows = []
     for signature, convs in buckets.items():
         first = convs[0]

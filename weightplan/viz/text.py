@@ -24,7 +24,7 @@ from weightplan.units import counted, format_bytes
 from weightplan.viz.adapter_text import adapter_lines
 from weightplan.viz.rows import Row
 from weightplan.viz.folding import fold_keys
-from weightplan.viz.rows import mapping_rows
+from weightplan.viz.rows import disk_status, mapping_rows
 from weightplan.viz.sharing import sharing_lines
 from weightplan.viz.strided import strided_lines
 from weightplan.viz.style import terminal_text
@@ -89,7 +89,21 @@ def _loaded_bytes(plan: LoadPlanData) -> int:
             and not t.keep_dtype
         fresh += t.spec.numel * (dtype.itemsize if cast and dtype is not None
                                  else t.spec.dtype.itemsize)
-    return plan.model_bytes + fresh
+    return plan.model_bytes + fresh + _disk_bytes(plan)[0]
+
+
+def _disk_bytes(plan: LoadPlanData) -> tuple[int, int]:
+    """Of the model's bytes, (those the disk holds in the checkpoint's own files, all
+    those offloaded to the disk)."""
+    placement = plan.options.placement
+    off = placement.offload if placement is not None else None
+    return (0, 0) if off is None else (off.referenced_bytes,
+                                       off.referenced_bytes + off.written_bytes)
+
+
+def _disk_text(plan: LoadPlanData) -> str:
+    on_disk = _disk_bytes(plan)[1]
+    return f", {format_bytes(on_disk)} of it offloaded to the disk" if on_disk else ""
 
 
 def _dtype_text(plan: PlanData) -> str:
@@ -136,7 +150,7 @@ def header_lines(plan: PlanData) -> list[str]:
     quantized = "" if plan.model_info is None else quantized_text(plan)
     model = "no model" if plan.model_info is None else (
         f"{plan.model_info.class_name} ({counted(len(plan.model_info.unique()), 'tensor')}, "
-        f"{format_bytes(_loaded_bytes(plan))}{_dtype_text(plan)}"
+        f"{format_bytes(_loaded_bytes(plan))}{_dtype_text(plan)}{_disk_text(plan)}"
         f"{'; ' + quantized if quantized else ''})")
     extra = len(plan.transforms) - len(plan.mapping.transforms)
     mapping = plan.mapping.key or "none"
@@ -165,7 +179,7 @@ def mapping_lines(plan: PlanData, width: int, fit: bool = False) -> list[str]:
     """One block per folded row: rule, checkpoint keys, then ``→ model key`` and sizes
     (``fit``: the sizes on a line of their own where the key and they pass ``width``)."""
     lines, previous, n = [], None, 0
-    for row in mapping_rows(plan.conversions):
+    for row in mapping_rows(plan.conversions, disk_status(plan)):
         rule = _rule_text(row)
         if rule != previous or row.ops:  # consecutive rows of one simple rule share a header
             n += 1
@@ -241,7 +255,10 @@ def _into_model(plan: PlanData) -> bool:
 def _sink_text(plan: PlanData) -> str:
     if plan.direction is not Direction.LOAD:
         return "the output files"
-    return "model memory" if _into_model(plan) else "the returned tensors"
+    if not isinstance(plan, LoadPlanData) or plan.model is None:
+        return "the returned tensors"
+    return "model memory or offload files" if _disk_bytes(plan)[1] > _disk_bytes(plan)[0] \
+        else "model memory"
 
 
 def direct_bytes(step: Step) -> int:

@@ -63,16 +63,22 @@ class Step:
     quantized: tuple[QuantizeTask, ...] = ()  # values quantized into FP8 weight + scale
     device_dequantize: frozenset[int] = frozenset()  # destinations dequantized on their device
     in_place: bool = False  # the one materialized op updates ``outputs`` where its reads landed
+    offloaded: frozenset[int] = frozenset()  # destinations written to the disk: never resident
+    offload_staged: frozenset[int] = frozenset()  # of those, assembled in host memory first
     read_bytes: int = field(init=False)  # (spans, or only their runs: strided.py)
-    dest_bytes: int = field(init=False)  # allocated and resident (0 when writing in place)
-    staged_bytes: int = field(init=False)  # output tensors assembled until finalized
+    dest_bytes: int = field(init=False)  # allocated and resident (0 when writing in place or to disk)
+    staged_bytes: int = field(init=False)  # output tensors assembled until finalized (then written)
     held_bytes: int = field(init=False)  # temporaries kept until the materialized ops run
     convert_bytes: int = field(init=False)  # upper bound of what the materialized ops allocate
 
     def __post_init__(self) -> None:
         reads = self.reads
         allocated = staged = 0
-        for d in self.destinations:
+        dests = self.destinations
+        if self.offloaded:  # (disk offload: held until written when staged, else not at all)
+            staged = sum(dests[i].spec.nbytes for i in self.offload_staged)
+            dests = tuple(d for i, d in enumerate(dests) if i not in self.offloaded)
+        for d in dests:
             if d.kind in ALLOCATED:  # (Destination.allocates, inline)
                 allocated += d.spec.nbytes
             if d.staged:

@@ -127,7 +127,7 @@ def place_devices(strategy: str, budgets: Sequence[DeviceBudget], tree: ModuleTr
     block, window = largest_whole(inp), host.window + _largest_step(schedule.steps)
     result, slots = _converged(strategy, budgets, inp, host, block, window)
     if DISK in result.values() and not offload_folder:
-        rest = [u for u, d in result.items() if d == DISK]
+        rest = [u or "the whole model" for u, d in result.items() if d == DISK]
         shown = ", ".join(rest[:4]) + (f", ... ({len(rest)} modules)" if len(rest) > 4 else "")
         raise PlanError("device_map: the devices in max_memory can't hold the model, the rest "
                         f"({shown}) goes to the disk: pass offload_folder= (a directory), or "
@@ -177,7 +177,7 @@ def fill_input(tree: ModuleTree, info: ModelInfo, steps: Iterable[Step],
                 continue
             name = canon.get(d.key, d.key)
             size[name] = d.spec.nbytes
-            host[name] = host_bytes_offloaded(step, i, info)
+            host[name] = host_bytes_offloaded(step, i)
             if not direct:
                 fp8 = _fp8_reads(step, i)
                 temp[name] = device_staging(fp8) if fp8 else \

@@ -3,13 +3,15 @@
 A tensor of a module placed on ``"disk"`` is read back at forward time by accelerate's
 hooks from a safetensors file (its offload index: ``{"safetensors_file", "weight_name",
 "dtype"}``; ``OffloadedWeightsLoader`` opens the file with ``safe_open`` and casts to
-``dtype``). When the plan's step for it is a plain copy of one whole checkpoint tensor
-(one read, no op, no dequantize, no shard, same shape, the dtype kept or a float cast
-the loader repeats), that file is the checkpoint's own: the tensor is *referenced in
-place* and its step is dropped from the schedule (nothing read, nothing written; the
-checkpoint is only ever opened for reading). Anything converted (merged experts, a fused
-or split projection, a dequantized FP8 weight, a permutation, a shard) is *written* into
-``offload_folder`` by the executor, one safetensors file per tensor:
+``dtype``, then to the parameter's dtype: the load leaves the parameter on meta in the
+plan's dtype, as a resident one is installed). When the plan's step for it is a plain copy
+of one whole checkpoint tensor (one read, no op, no dequantize, no shard, same shape, the
+dtype kept or a float cast the loader repeats), that file is the checkpoint's own: the
+tensor is *referenced in place* and its step is dropped from the schedule (nothing read,
+nothing written; the checkpoint is only ever opened for reading). Anything converted
+(merged experts, a fused or split projection, a dequantized FP8 weight, a permutation, a
+shard) is *written* into ``offload_folder`` by the executor, one safetensors file per
+tensor:
 
 - *streamed* when every byte of it is a direct copy (merged experts, a fused projection:
   byte ranges of checkpoint tensors laid side by side): each read's bytes go straight
@@ -23,6 +25,7 @@ reserves on the CPU for them, :func:`host_bytes_offloaded`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -105,30 +108,35 @@ class OffloadPlan:
 
 def plan_offload(steps: Iterable[Step], devices: DeviceMap, info: ModelInfo
                  ) -> tuple[OffloadPlan, tuple[Step, ...]]:
-    """The offload plan, and the steps still to run (a referenced tensor's step is gone)."""
+    """The offload plan, and the steps still to run: a referenced tensor's step is gone, a
+    written one's says which destinations go to the disk (``Step.offloaded``: never
+    resident) and which of them are staged in host memory until written
+    (``Step.offload_staged``), so the schedule's memory model and the executor's count
+    hold only those."""
     assert devices.offload_folder is not None
     kept: list[Step] = []
     tensors: list[OffloadedTensor] = []
     for step in steps:
-        disk = [d for d in step.destinations if _on_disk(d, devices, info)]
-        source = in_place_source(step) if len(disk) == len(step.destinations) == 1 \
-            and _model_dtype(disk[0], info) else None
+        dests = step.destinations
+        disk = [i for i, d in enumerate(dests) if _on_disk(d, devices, info)]
+        source = in_place_source(step) if len(disk) == len(dests) == 1 else None
         if source is not None:
             file, key = source
-            tensors.append(_tensor(disk[0], os.path.abspath(file), key, ""))
+            tensors.append(_tensor(dests[0], os.path.abspath(file), key, ""))
             continue
-        kept.append(step)
-        tensors.extend(_tensor(d, None, d.key, _why(step), not streams(step, i))
-                       for i, d in enumerate(step.destinations) if d in disk)
+        staged = frozenset(i for i in disk if not streams(step, i))
+        kept.append(dataclasses.replace(step, offloaded=frozenset(disk), offload_staged=staged)
+                    if disk else step)
+        tensors.extend(_tensor(dests[i], None, dests[i].key, _why(step), i in staged)
+                       for i in disk)
     return OffloadPlan(devices.offload_folder, tuple(tensors)), tuple(kept)
 
 
-def host_bytes_offloaded(step: Step, target: int, info: ModelInfo) -> int:
+def host_bytes_offloaded(step: Step, target: int) -> int:
     """Host bytes destination ``target`` of ``step`` holds on its way to the disk, were it
     offloaded: none when it is referenced in place or streamed, all of it when staged."""
     dest = step.destinations[target]
-    referenced = len(step.destinations) == 1 and _model_dtype(dest, info) \
-        and in_place_source(step) is not None
+    referenced = len(step.destinations) == 1 and in_place_source(step) is not None
     return 0 if referenced or streams(step, target) else dest.spec.nbytes
 
 
@@ -168,12 +176,6 @@ def _on_disk(dest: Destination, devices: DeviceMap, info: ModelInfo) -> bool:
     """As the model sink decides: an offloaded parameter (buffers stay resident)."""
     t = info.get(dest.key)
     return dest.allocates and devices.offloads(dest.key) and not (t is not None and t.is_buffer)
-
-
-def _model_dtype(dest: Destination, info: ModelInfo) -> bool:
-    """The hooks cast to the model's dtype: referenced only when the plan's is the same."""
-    t = info.get(dest.key)
-    return t is None or t.spec.dtype == dest.spec.dtype
 
 
 def _tensor(dest: Destination, file: str | None, key: str, why: str,
