@@ -20,7 +20,7 @@ import bisect
 import os
 from array import array
 from collections import Counter, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from itertools import compress
@@ -60,7 +60,55 @@ class MemoryPoint:
         return self.resident + self.in_flight + self.intermediate
 
 
-_event, _point = Event, MemoryPoint
+_KINDS = (_SUBMIT, _FINALIZE)  # an event's kind by its column value
+
+
+class Events(Sequence[Event]):
+    """The event list as columns: each event's step (a machine-integer array) and whether
+    it finalizes (a byte); an :class:`Event` is made when one is asked for. A plan of 1M
+    one-key steps has 2M events: as objects (and their step ints) ~140 B per step, as
+    columns 18."""
+
+    __slots__ = ("steps", "finalizes")
+
+    def __init__(self, steps: array[int], finalizes: bytes | bytearray) -> None:
+        self.steps, self.finalizes = steps, finalizes
+
+    @classmethod
+    def of(cls, events: Iterable[Event]) -> Events:
+        """The columns of ``events`` (objects: a schedule made by hand)."""
+        events = tuple(events)
+        return cls(array("q", [e.step for e in events]),
+                   bytes(e.kind is _FINALIZE for e in events))
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    @overload
+    def __getitem__(self, index: int) -> Event: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Event, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> Event | tuple[Event, ...]:
+        if isinstance(index, slice):
+            return tuple(map(Event, map(_KINDS.__getitem__, self.finalizes[index]),
+                             self.steps[index]))
+        return Event(_KINDS[self.finalizes[index]], self.steps[index])
+
+    def __iter__(self) -> Iterator[Event]:
+        return map(Event, map(_KINDS.__getitem__, self.finalizes), self.steps)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to any sequence of the same events (a tuple of them included)."""
+        if isinstance(other, Events):
+            return self.steps == other.steps and self.finalizes == other.finalizes
+        return isinstance(other, (tuple, list)) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Events({list(self)!r})"
 
 
 class Timeline(Sequence[MemoryPoint]):
@@ -71,7 +119,7 @@ class Timeline(Sequence[MemoryPoint]):
 
     __slots__ = ("_steps", "_events", "_resident", "_in_flight", "_intermediate")
 
-    def __init__(self, steps: Sequence[Step], events: Sequence[Event], resident: array[int],
+    def __init__(self, steps: Sequence[Step], events: Events, resident: array[int],
                  in_flight: array[int], intermediate: array[int]) -> None:
         self._steps, self._events = steps, events
         self._resident, self._in_flight, self._intermediate = resident, in_flight, intermediate
@@ -112,7 +160,7 @@ class Schedule:
     """Ordered programs, the event list the executor obeys, and the memory timeline."""
 
     steps: tuple[Step, ...]
-    events: tuple[Event, ...]
+    events: Events
     timeline: Timeline
     window_bytes: int
     threads: int
@@ -175,23 +223,32 @@ def make_schedule(steps: tuple[Step, ...], *, threads: int,
     return Schedule(steps, events, simulate(steps, events, workers), window, workers)
 
 
-def plan_events(steps: Sequence[Step], window: int) -> tuple[Event, ...]:
-    events: list[Event] = []
+def plan_events(steps: Sequence[Step], window: int) -> Events:
+    """Submit each step in order; before it, finalize the oldest pending steps until the
+    reads in flight and its own fit in ``window`` (as columns: :class:`Events`)."""
+    order, finalizes = array("q"), bytearray()
     pending: deque[int] = deque()
     in_flight = 0
-    for s, program in enumerate(steps):
-        while pending and in_flight + program.read_bytes > window:
+    sizes = list(map(_READ_BYTES, steps))
+    for s, size in enumerate(sizes):
+        while pending and in_flight + size > window:
             done = pending.popleft()
-            events.append(_event(_FINALIZE, done))
-            in_flight -= steps[done].read_bytes
-        events.append(_event(_SUBMIT, s))
+            order.append(done)
+            finalizes.append(1)
+            in_flight -= sizes[done]
+        order.append(s)
+        finalizes.append(0)
         pending.append(s)
-        in_flight += program.read_bytes
-    events.extend(_event(_FINALIZE, s) for s in pending)
-    return tuple(events)
+        in_flight += size
+    order.extend(pending)
+    finalizes += bytes([1]) * len(pending)
+    return Events(order, finalizes)
 
 
-def simulate(steps: Sequence[Step], events: Sequence[Event], threads: int) -> Timeline:
+_READ_BYTES = attrgetter("read_bytes")
+
+
+def simulate(steps: Sequence[Step], events: Events, threads: int) -> Timeline:
     """Planned memory after each event (see the module docstring).
 
     Kept incrementally (the pending steps' held bytes as a sum, their windows as a sorted
@@ -200,16 +257,16 @@ def simulate(steps: Sequence[Step], events: Sequence[Event], threads: int) -> Ti
     resident = 0
     residents, in_flights, intermediates = array("q"), array("q"), array("q")
     pending = _Pending(max(threads, 1))
-    for event in events:
-        program = steps[event.step]
+    for s, finalize in zip(events.steps, events.finalizes, strict=True):
+        program = steps[s]
         intermediate = 0
-        if event.kind is EventKind.SUBMIT:
+        if not finalize:
             resident += program.dest_bytes
             pending.add(program)
         else:
             intermediate = program.convert_bytes
         in_flight = pending.in_flight()
-        if event.kind is EventKind.FINALIZE:
+        if finalize:
             pending.remove(program)
         residents.append(resident)
         in_flights.append(in_flight)

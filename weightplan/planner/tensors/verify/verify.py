@@ -36,7 +36,7 @@ from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.tensors.ir.graph import PlanGraph
 from weightplan.planner.tensors.ir.nodes import Node
 from weightplan.planner.tensors.lower.placement import Step
-from weightplan.planner.tensors.schedule.schedule import Event, EventKind
+from weightplan.planner.tensors.schedule.schedule import Event, Events
 from weightplan.planner.tensors.verify.coverage import check_coverage
 from weightplan.planner.tensors.verify.graph_checks import Picker, Segments, check_graph, picker
 from weightplan.planner.tensors.verify.read_checks import Sections, read_problems, sections
@@ -150,18 +150,23 @@ def check_release(graph: PlanGraph, steps: Iterable[Step]) -> list[str]:
 
 
 def check_events(steps: int, events: Sequence[Event]) -> list[str]:
-    """Each of ``steps`` steps is submitted once, then finalized once (its release point)."""
+    """Each of ``steps`` steps is submitted once, then finalized once (its release point).
+    Read off the event columns (:class:`Events`: no event object is made)."""
+    columns = events if isinstance(events, Events) else Events.of(events)
     submitted: set[int] = set()
     finalized: set[int] = set()
     problems = []
-    for n, event in enumerate(events):
-        s = event.step
-        if event.kind is EventKind.SUBMIT and s in submitted:
-            problems.append(f"event {n}: step {s + 1} is submitted twice; submit each step once")
-        if event.kind is EventKind.FINALIZE and (s not in submitted or s in finalized):
+    for n, (s, finalize) in enumerate(zip(columns.steps, columns.finalizes, strict=True)):
+        if not finalize:
+            if s in submitted:
+                problems.append(f"event {n}: step {s + 1} is submitted twice; submit each "
+                                "step once")
+            submitted.add(s)
+            continue
+        if s not in submitted or s in finalized:
             problems.append(f"event {n}: step {s + 1} is finalized before it is submitted or "
                             "twice; finalize each submitted step once")
-        (submitted if event.kind is EventKind.SUBMIT else finalized).add(s)
+        finalized.add(s)
     never = sorted(set(range(steps)) - finalized)
     if never:
         problems.append(f"steps {[s + 1 for s in never][:5]} are never finalized, so their "
