@@ -1,5 +1,8 @@
 """The schedule by hand: exact events and memory timeline (no explain())."""
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from weightplan.planner.tensors.lower.placement import plan_step
 from weightplan.planner.tensors.schedule.schedule import (
     Event, EventKind, MemoryPoint, make_schedule,
@@ -66,8 +69,33 @@ def test_sorted_windows_add_and_remove_a_steps_windows_at_once():
     for size in (5, 1, 5, 3):
         one_by_one.add(size)
     at_once.add_all((5, 1, 5, 3))
-    assert at_once._sizes == one_by_one._sizes == [1, 3, 5, 5]
+    assert at_once.sizes() == one_by_one.sizes() == [1, 3, 5, 5]
     at_once.add_all((4, 5))
     assert at_once.largest(3) == 15
     at_once.remove_all((5, 5, 1))
-    assert at_once._sizes == [3, 4, 5] and at_once.largest(2) == 9
+    assert at_once.sizes() == [3, 4, 5] and at_once.largest(2) == 9
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.lists(st.integers(1, 9), min_size=1, max_size=6)),
+                max_size=40),
+       st.integers(1, 6))
+def test_sorted_windows_hold_what_a_sorted_list_would(moves, k):
+    """Steps' windows added and removed in any order (a pending step leaves once): the
+    sizes held and the sum of the ``k`` largest, as a plain sorted list says."""
+    from weightplan.planner.tensors.schedule.schedule import SortedWindows
+
+    windows, plain, pending = SortedWindows(), [], []
+    for add, sizes in moves:
+        if add or not pending:
+            windows.add_all(sizes)
+            plain += sizes
+            pending.append(sizes)
+        else:
+            gone = pending.pop(len(pending) // 2)
+            windows.remove_all(gone)
+            for size in gone:
+                plain.remove(size)
+        plain.sort()
+        assert windows.sizes() == plain
+        assert windows.largest(k) == sum(plain[-k:])

@@ -296,16 +296,21 @@ class _Pending:
 
 
 class SortedWindows:
-    """A multiset of window sizes with the sum of the ``k`` largest."""
+    """A multiset of window sizes with the sum of the ``k`` largest: each size counted, the
+    distinct sizes kept sorted. A header of 1M small tensors has ~175k steps pending at once
+    in a 256 MiB window, of a few thousand sizes: adding and removing a step costs its
+    sizes, not the pending windows (a sorted list of each window moved them all: 20k keys
+    6.7 µs a key, 100k keys 13.7)."""
 
     def __init__(self) -> None:
-        self._sizes: list[int] = []
+        self._count: dict[int, int] = {}
+        self._distinct: list[int] = []  # the sizes counted, ascending
 
     def add(self, size: int) -> None:
-        bisect.insort(self._sizes, size)
+        self.add_counts({size: 1})
 
     def remove(self, size: int) -> None:
-        del self._sizes[bisect.bisect_left(self._sizes, size)]
+        self.remove_counts({size: 1})
 
     def add_all(self, sizes: Sequence[int]) -> None:
         """Add every size (the reads of one step: a stack's are all one size, added at once)."""
@@ -315,14 +320,33 @@ class SortedWindows:
         self.remove_counts(Counter(sizes))
 
     def add_counts(self, counts: Mapping[int, int]) -> None:
-        for size, count in counts.items():
-            at = bisect.bisect_right(self._sizes, size)
-            self._sizes[at:at] = [size] * count
+        count = self._count
+        for size, n in counts.items():
+            had = count.get(size, 0)
+            if not had:
+                bisect.insort(self._distinct, size)
+            count[size] = had + n
 
     def remove_counts(self, counts: Mapping[int, int]) -> None:
-        for size, count in counts.items():
-            at = bisect.bisect_left(self._sizes, size)
-            del self._sizes[at:at + count]
+        count = self._count
+        for size, n in counts.items():
+            left = count[size] - n
+            if left > 0:
+                count[size] = left
+            else:
+                del count[size]
+                del self._distinct[bisect.bisect_left(self._distinct, size)]
 
     def largest(self, k: int) -> int:
-        return sum(self._sizes[-k:])
+        total = 0
+        for size in reversed(self._distinct):
+            if k <= 0:
+                break
+            n = min(k, self._count[size])
+            total += n * size
+            k -= n
+        return total
+
+    def sizes(self) -> list[int]:
+        """Every size held, ascending."""
+        return [size for size in self._distinct for _ in range(self._count[size])]
