@@ -34,8 +34,9 @@ def placed_reads(sources: Streams[Node], frags: Streams[tuple[Fragment, ...]],
                  dests: tuple[Destination, ...], piece_bytes: int) -> tuple[ReadTask, ...]:
     """A read task for each non-empty fragment each source lands in, with the layout of
     its geometry (:func:`_geometry`). A stream whose reads all share one geometry (a
-    stack: :func:`_stack_geometry` says so from the nodes and fragments, in columns) is
-    made in columns with that one layout; any other read by read. Either way, the same
+    stack: :func:`_stack_geometry` says so from the nodes and fragments, in columns; a
+    packed stack's layout is its parts' boxes) is made in columns with that one layout;
+    any other read by read. Either way, the same
     tasks. Items landing nowhere (another rank's experts) are left out first, so that a
     rank's experts of a stack are made in columns too."""
     tasks: list[ReadTask] = []
@@ -49,7 +50,10 @@ def placed_reads(sources: Streams[Node], frags: Streams[tuple[Fragment, ...]],
             _each_read(tasks, stream, placed, dtypes, piece_bytes)
             continue
         parts, entries, landed, region, target = stack
-        layout = _geometry(*parts, dtypes[target], piece_bytes)
+        if parts[0] is _PACKED:  # (one box per part, whatever the destination's dtype)
+            layout = packed_layout(stream[0], region) if region.numel else None
+        else:
+            layout = _geometry(*parts, dtypes[target], piece_bytes)
         if layout is not None:
             tasks += _tasks(len(stream), stream, entries, repeat(region), landed, repeat(layout))
     return tuple(tasks)
@@ -107,7 +111,7 @@ def _stack_geometry(stream: tuple[Node, ...], frags: tuple[tuple[Fragment, ...],
                     ) -> tuple[tuple, list[TensorEntry], Sequence[Fragment], Region, int] | None:
     """What every read of ``stream`` shares when it is a stack's, told in columns: each
     read of the same entry spec, placement (file or memory), contiguity and, for
-    dequantizes, scale spec and attrs; each landing in exactly one fragment, all of one
+    dequantizes, scale spec and attrs (packed ones: every part's spec); each landing in exactly one fragment, all of one
     region, view shape, stride and target (as a stack's are: :class:`StackFragments`
     says so without looking). Returns the geometry's parts up to the destination dtype
     (:func:`_geometry`'s first arguments), the entries read, the fragments, their region
@@ -135,7 +139,7 @@ def _alike_reads(stream: tuple[Node, ...]) -> tuple[tuple, list[TensorEntry]] | 
     """The entry spec's shape and dtype, whether in memory, whether contiguous, and the
     scale spec's shape, dtype and block (``None`` unless dequantized) that every node of
     ``stream`` reads with, and the entries it reads (``None``: they differ). Node by node:
-    :func:`_read_parts`."""
+    :func:`_read_parts`. Packed dequantizes: :func:`_alike_packed`."""
     kinds = list(map(_KIND, stream))
     kind = kinds[0]
     if kinds.count(kind) != len(kinds):
@@ -143,10 +147,11 @@ def _alike_reads(stream: tuple[Node, ...]) -> tuple[tuple, list[TensorEntry]] | 
     scale: tuple = (None, None, None)
     if kind is NodeKind.DEQUANTIZE:
         attrs = list(map(_ATTRS, stream))  # (a stack's share one object: compared by identity)
-        if not _same(attrs) or not isinstance(attrs[0], DequantizeAttrs) \
-                or attrs[0].scheme is not None:
-            return None  # (a packed format's reads: read by read)
+        if not _same(attrs) or not isinstance(attrs[0], DequantizeAttrs):
+            return None
         inputs = list(map(_INPUTS, stream))
+        if attrs[0].scheme is not None:
+            return _alike_packed(stream, inputs)
         scales = list(map(_ENTRY_SPEC, map(_SECOND, inputs)))
         if not _same(scales):
             return None
@@ -161,6 +166,26 @@ def _alike_reads(stream: tuple[Node, ...]) -> tuple[tuple, list[TensorEntry]] | 
         return None
     spec = specs[0]
     return (spec.shape, spec.dtype, memory > 0, entries[0].contiguous, *scale), entries
+
+
+def _alike_packed(stream: tuple[Node, ...], inputs: list[tuple[Node, ...]]
+                  ) -> tuple[tuple, list[TensorEntry]] | None:
+    """:func:`_alike_reads` of packed dequantizes (of one attrs object): one logical spec,
+    each part (role) of one spec, the stored weights all in files or all in memory; the
+    parts are :data:`_PACKED` and the part specs (a packed read's layout is its parts'
+    boxes: :func:`~weightplan.planner.tensors.lower.read_tasks.packed_layout` of the first
+    node, for all). The entries read are the stored weights'."""
+    if not (_same(list(map(_SPEC, stream))) and _same(list(map(len, inputs)))):
+        return None
+    roles = [list(map(_ENTRY, column)) for column in zip(*inputs, strict=True)]
+    specs = [list(map(_SPEC, column)) for column in roles]
+    if not all(map(_same, specs)) or list(map(_FILE, roles[0])).count(None) not in (
+            0, len(stream)):
+        return None
+    return (_PACKED, *[column[0] for column in specs]), roles[0]
+
+
+_PACKED = object()  # (the parts of a packed stack: see _alike_packed)
 
 
 def _same(column: Sequence[object]) -> bool:
