@@ -63,11 +63,12 @@ def routed_entries(ckpt: Checkpoint, pairing: PackedPairing | None) -> Checkpoin
     first_part = dict(zip(map(_KEY, firsts), map(_KEY, weights), strict=True))
     # kept: no companion, or a weight's first part (in its place)
     dropped = pairing.companions.difference(first_part)
-    items = list(compress(ckpt.entries.items(),
-                          map(not_, map(dropped.__contains__, ckpt.entries))))
-    keys = list(map(_FIRST, items))
-    named = list(map(first_part.get, keys, keys))
-    entries = dict(zip(named, map(logical.get, named, map(_SECOND, items)), strict=True))
+    items: list[tuple[str, TensorEntry]] = list(compress(
+        ckpt.entries.items(), map(not_, map(dropped.__contains__, ckpt.entries))))
+    keys: list[str] = list(map(_FIRST, items))
+    named: list[str] = list(map(first_part.get, keys, keys))
+    entries: dict[str, TensorEntry] = dict(zip(
+        named, map(logical.get, named, map(_SECOND, items)), strict=True))
     pairing.routed[id(ckpt)] = (ckpt, replace(ckpt, entries=entries))
     return pairing.routed[id(ckpt)][1]
 

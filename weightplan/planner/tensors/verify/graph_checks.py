@@ -166,7 +166,7 @@ def _packed_hold(dequantizes: list[Node], kept: list[bool], typed: list[bool]) -
     keeps its weight's shape (``kept``). The attrs are few objects (a stack shares one)."""
     attrs = list(map(_ATTRS, dequantizes))
     distinct = dict(zip(map(id, attrs), attrs, strict=True)).values()
-    parts = {id(a): len(a.scheme.roles) for a in distinct
+    parts = {id(a): len(a.scheme.roles) for a in distinct  # type: ignore[attr-defined]
              if isinstance(a, DequantizeAttrs) and a.scheme is not None}
     packed = list(map(parts.__contains__, map(id, attrs)))
     fed = map(eq, map(len, map(_INPUTS, dequantizes)), map(parts.get, map(id, attrs)))
