@@ -13,6 +13,7 @@ from weightplan.errors import PlanError
 from weightplan.ops import Concatenate, MergeModulelist
 from weightplan.planner.core.entry import StridedEntry
 from weightplan.planner.core.geometry import Fragment, Region, View, stack_fragments
+from weightplan.planner.core.quant.formats import Scheme, companion_shapes
 from weightplan.planner.core.spec import TensorSpec
 from weightplan.planner.inputs.checkpoint import TensorEntry
 from weightplan.planner.tensors.ir.build import stages
@@ -47,7 +48,28 @@ def _reference(stream, frags, dests, piece_bytes):
     return tuple(out)
 
 
-def _node(j: int, dequantize: bool, odd: str | None, memory: bool = False) -> Node:
+def _packed(j: int, odd: str | None, memory: bool) -> Node:
+    """An int4 pack-quantized weight of logical ``SHAPE`` (or ``[6, 4]``): its packed
+    words and group scales (a scale of another dtype, another group: ``odd``)."""
+    shape = (6, 4) if odd == "spec" else SHAPE
+    scheme = Scheme("int", group=3 if odd in ("scale", "block") else 2)
+    file = None if memory or odd in ("memory", "strided") else FILE
+    parts = companion_shapes(scheme, shape)
+    reads = tuple(
+        Node(NodeKind.READ, spec, (), ReadAttrs(TensorEntry(f"{role}.{j}", spec, file,
+                                                            1000 + 100 * j + 50 * r), (0, j)))
+        for r, role in enumerate(scheme.roles)
+        for spec in [TensorSpec(parts[role], torch.int32 if role == "packed"
+                                else F32 if odd == "dtype" else BF16)])
+    if odd == "kind":
+        return reads[0]
+    return Node(NodeKind.DEQUANTIZE, TensorSpec(shape, BF16), reads,
+                DequantizeAttrs(BF16, (), scheme))
+
+
+def _node(j: int, dequantize: bool | str, odd: str | None, memory: bool = False) -> Node:
+    if dequantize == "packed":
+        return _packed(j, odd, memory)
     dtype = F32 if odd == "dtype" else (FP8 if dequantize else BF16)
     shape = (6, 4) if odd == "spec" else SHAPE
     file = None if memory or odd in ("memory", "strided") else FILE
@@ -86,11 +108,11 @@ def _fragments(j: int, odd: str | None, half: bool = False) -> tuple[Fragment, .
 
 @st.composite
 def _streams(draw):
-    """A stream of reads or dequantizes and where each lands: all alike (a stack, in a
-    file or in memory, its fragments whole or halves, one by one or as
+    """A stream of reads, FP8 or packed dequantizes and where each lands: all alike (a
+    stack, in a file or in memory, its fragments whole or halves, one by one or as
     :class:`StackFragments`) but for up to two odd items."""
     n = draw(st.sampled_from([10, 8, 12, 1, 3, 7]))  # stacks (8 and more) first
-    dequantize = draw(st.booleans())
+    dequantize = draw(st.sampled_from([False, True, "packed"]))
     odd = {draw(st.integers(0, n - 1)): draw(st.sampled_from(ODD))
            for _ in range(draw(st.sampled_from([1, 0, 2])))}
     memory, half = draw(st.booleans()), draw(st.booleans())  # every entry, every fragment
@@ -114,7 +136,7 @@ def test_placed_reads_are_each_fragments_read_task(case):
     assert all(t.entry is (t.read.attrs.entry) for t in made)
 
 
-@pytest.mark.parametrize("dequantize", [False, True])
+@pytest.mark.parametrize("dequantize", [False, True, "packed"])
 @pytest.mark.parametrize("stacked", [False, True])
 def test_a_stack_is_made_in_columns_and_an_odd_stream_read_by_read(monkeypatch, dequantize,
                                                                     stacked):

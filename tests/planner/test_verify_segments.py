@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from weightplan.ops import MergeModulelist
+from weightplan.planner.core.quant.formats import Scheme
 from weightplan.planner.core.spec import TensorSpec
 from weightplan.planner.pipelines.lower import plan_graph
 from weightplan.planner.tensors.ir.destination import DestKind
@@ -143,9 +144,34 @@ def test_dequantizes_are_judged_all_at_once_and_a_broken_one_refused():
         assert "dequantize keeps the shape" in check(PlanGraph(good + broken))[0]
 
 
+def packed(tag="p", count=12, dtype=torch.bfloat16, extra=None):
+    """``count`` int4 weights (packed words and group scales) dequantized into their
+    logical ``[2, 3]``, each sunk; ``extra``: the index of one fed a third input."""
+    scheme = Scheme("int", group=2)
+    words, grid = TensorSpec((2, 1), torch.int32), TensorSpec((2, 2), torch.bfloat16)
+    attrs = DequantizeAttrs(dtype, (), scheme)
+    parts = [[Node(NodeKind.READ, spec, (), ReadAttrs(entry(f"{tag}{r}{i}", spec.shape, 8 * i,
+                                                            spec.dtype), (r, i)))
+              for i in range(count)] for r, spec in enumerate((words, grid))]
+    dqs = [Node(NodeKind.DEQUANTIZE, TensorSpec((2, 3), torch.bfloat16),
+                (w, s, s) if i == extra else (w, s), attrs)
+           for i, (w, s) in enumerate(zip(*parts, strict=True))]
+    return (*parts[0], *parts[1], *dqs, *(sink(d, f"{tag}{i}") for i, d in enumerate(dqs)))
+
+
+def test_packed_dequantizes_are_judged_in_columns_and_a_broken_one_refused():
+    """A packed dequantize yields its logical shape from its parts: sound when it takes
+    as many inputs as its scheme has parts and yields its attrs' dtype, beside FP8 ones."""
+    good = dequantized() + packed()
+    assert proven(good)
+    for broken in (packed("q", dtype=torch.float16), packed("q", extra=5)):
+        assert not proven(good + broken)
+        assert graph_problems(PlanGraph(good + broken))
+
+
 def _sound_nodes() -> tuple[Node, ...]:
     convs, _, _ = stacks(3)
-    return plan_graph(convs).nodes + dequantized("d", count=4)
+    return plan_graph(convs).nodes + dequantized("d", count=4) + packed("p", count=4)
 
 
 @settings(max_examples=150, deadline=None)

@@ -5,10 +5,10 @@ weights a model holds as stored (keep-quantized).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import replace
 from itertools import compress, repeat
-from operator import attrgetter, itemgetter, not_, or_
+from operator import add, attrgetter, eq, itemgetter, not_, or_
 
 import torch
 
@@ -18,27 +18,30 @@ from weightplan.planner.core.spec import TensorSpec
 from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.inputs.packed_pairs import PackedPairing, PackedWeight
 
-_SHAPE, _KEY, _FIRST = attrgetter("shape"), attrgetter("key"), itemgetter(0)
+_SHAPE, _KEY, _FIRST, _SECOND = attrgetter("shape"), attrgetter("key"), itemgetter(0), itemgetter(1)
 
 
 def kept_by_model(pairing: PackedPairing | None,
-                  held: Callable[[str], torch.dtype | None]) -> PackedPairing | None:
+                  held: Mapping[str, torch.dtype]) -> PackedPairing | None:
     """The pairing less the weights a model holds as stored (keep-quantized): a weight
-    whose stored weight tensor the model holds in its stored dtype (``held(key)``: the
-    model's dtype under the key, or the key with ``model.`` added or its first component
+    whose stored weight tensor the model holds in its stored dtype (``held``: the model's
+    dtype by name, under the key, or the key with ``model.`` added or its first component
     removed) is routed as its parts, plain reads of the bytes as they are; it moves to
     :attr:`PackedPairing.kept` (the plan's note). A floating parameter under the same
-    key (compressed-tensors FP8's ``weight``) is a dequantize's target, not a keep."""
+    key (compressed-tensors FP8's ``weight``) is a dequantize's target, not a keep. Told
+    in columns, a name at a time (Kimi-K2: 69k weights)."""
     if pairing is None or not pairing.weights:
         return pairing
-
-    def holds(entry: TensorEntry) -> bool:
-        key = entry.key
-        return entry.spec.dtype in (held(key), held(key.partition(".")[2]), held("model." + key))
-
-    kept = {k: w for k, w in pairing.weights.items() if holds(w.parts[0])}
-    if not kept:
+    firsts = list(map(_FIRST, map(_PARTS, pairing.weights.values())))
+    keys = list(map(_KEY, firsts))
+    stored = list(map(_DTYPE, firsts))
+    holds = [False] * len(keys)
+    for names in (keys, [k.partition(".")[2] for k in keys],
+                  list(map(add, repeat("model."), keys))):
+        holds = list(map(or_, holds, map(eq, stored, map(held.get, names))))
+    if not any(holds):
         return pairing
+    kept = dict(compress(pairing.weights.items(), holds))
     freed = {p.key for w in kept.values() for p in w.parts}
     freed |= {w.parts[0].key.rsplit(".", 1)[0] + s for w in kept.values()
               for s in (".weight_shape", ".weight_g_idx")}
@@ -58,12 +61,14 @@ def routed_entries(ckpt: Checkpoint, pairing: PackedPairing | None) -> Checkpoin
     firsts = list(map(_FIRST, map(_PARTS, weights)))
     logical = _logical_entries(weights, firsts)
     first_part = dict(zip(map(_KEY, firsts), map(_KEY, weights), strict=True))
-    keys = list(ckpt.entries)  # kept: no companion, or a weight's first part (in its place)
-    keys = list(compress(keys, map(or_, map(not_, map(pairing.companions.__contains__, keys)),
-                                   map(first_part.__contains__, keys))))
-    named = list(map(first_part.get, keys, keys))
-    entries = dict(zip(named, map(logical.get, named, map(ckpt.entries.__getitem__, keys)),
-                       strict=True))
+    # kept: no companion, or a weight's first part (in its place)
+    dropped = pairing.companions.difference(first_part)
+    items: list[tuple[str, TensorEntry]] = list(compress(
+        ckpt.entries.items(), map(not_, map(dropped.__contains__, ckpt.entries))))
+    keys: list[str] = list(map(_FIRST, items))
+    named: list[str] = list(map(first_part.get, keys, keys))
+    entries: dict[str, TensorEntry] = dict(zip(
+        named, map(logical.get, named, map(_SECOND, items)), strict=True))
     pairing.routed[id(ckpt)] = (ckpt, replace(ckpt, entries=entries))
     return pairing.routed[id(ckpt)][1]
 
@@ -85,3 +90,4 @@ def _logical_entries(weights: list[PackedWeight], firsts: list[TensorEntry]
 
 _ENTRY_SETTERS = slot_setters(TensorEntry, ("key", "spec", "file", "offset"))
 _PARTS, _FILE, _OFFSET = attrgetter("parts"), attrgetter("file"), attrgetter("offset")
+_DTYPE = attrgetter("spec.dtype")

@@ -12,14 +12,17 @@ tensor parallel, a rank's slice that cuts a quantization group is a problem too
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from itertools import chain, compress, groupby, repeat
+from operator import attrgetter, is_, itemgetter
 
 import torch
 
 from weightplan.planner.core.problems import Note, Problem, ProblemKind
 from weightplan.planner.core.quant.formats import Scheme, summary
 from weightplan.planner.tensors.ir.build import Conversion
-from weightplan.planner.tensors.ir.nodes import DequantizeAttrs, NodeKind
+from weightplan.planner.tensors.ir.nodes import DequantizeAttrs, Node, NodeKind
 from weightplan.planner.tensors.ir.quant_build import QuantContext
 from weightplan.planner.tensors.ir.shard_nodes import Sharding
 from weightplan.planner.tensors.lower.placement import Step
@@ -44,8 +47,10 @@ def _kept_notes(quant: QuantContext, conversions: Sequence[Conversion]) -> list[
     their own names, or read role by role into merged tensors: their stored weight
     tensor is a conversion's own entry)."""
     assert quant.packed is not None
-    read = {id(e) for conv in conversions for e in conv.group.entries}
-    merged = [w for w in quant.packed.weights.values() if id(w.parts[0]) in read]
+    read = set(map(id, chain.from_iterable(map(_ENTRIES, conversions))))
+    weights = list(quant.packed.weights.values())
+    merged = list(compress(weights, map(read.__contains__,
+                                        map(id, map(_FIRST, map(_PARTS, weights))))))
     seen: dict[Scheme, list[int]] = {}
     for w in [*quant.packed.kept.values(), *merged]:
         row = seen.setdefault(w.scheme, [0, 0])
@@ -56,20 +61,25 @@ def _kept_notes(quant: QuantContext, conversions: Sequence[Conversion]) -> list[
 
 
 def _lines(quant: QuantContext, conversions: Sequence[Conversion]) -> list[tuple[Scheme, str]]:
-    """One summary per scheme, in first-seen order: stored bytes → dequantized bytes."""
+    """One summary per scheme, in first-seen order: stored bytes → dequantized bytes.
+    Counted in columns: each conversion's dequantize nodes in runs sharing one attrs
+    object (a stack's experts), each run's specs counted by object (Kimi-K2: 69k nodes)."""
     assert quant.packed is not None
     seen: dict[Scheme, list[int]] = {}
     dtypes: dict[Scheme, torch.dtype] = {}
     for conv in conversions:
-        for n in conv.nodes:
-            a = n.attrs
-            if n.kind is not NodeKind.DEQUANTIZE or not isinstance(a, DequantizeAttrs) \
-                    or not isinstance(a.scheme, Scheme):
+        nodes = conv.nodes
+        dequantizes = list(compress(nodes, map(is_, map(_KIND, nodes), repeat(NodeKind.DEQUANTIZE))))
+        ids = map(id, map(_ATTRS, dequantizes))
+        for _, run in groupby(zip(ids, dequantizes, strict=True), _FIRST):
+            made = list(map(_SECOND, run))
+            a = made[0].attrs
+            if not isinstance(a, DequantizeAttrs) or not isinstance(a.scheme, Scheme):
                 continue
             row = seen.setdefault(a.scheme, [0, 0, 0])
-            row[0] += 1
-            row[1] += sum(i.spec.nbytes for i in n.inputs)
-            row[2] += n.spec.nbytes
+            row[0] += len(made)
+            row[1] += _spec_bytes(chain.from_iterable(map(_INPUTS, made)))
+            row[2] += _spec_bytes(made)
             dtypes[a.scheme] = a.dtype
     if not seen and not quant.packed.weights:
         return []
@@ -78,6 +88,19 @@ def _lines(quant: QuantContext, conversions: Sequence[Conversion]) -> list[tuple
                  f"{counted(len(quant.packed.weights), 'stored weight')}, none loaded")
                 for w in list(quant.packed.weights.values())[:1]]
     return [(s, summary(s, c, before, after, dtypes[s])) for s, (c, before, after) in seen.items()]
+
+
+def _spec_bytes(nodes: Iterable[Node]) -> int:
+    """The bytes of the nodes' specs, each spec object's counted once."""
+    specs = list(map(_SPEC, nodes))
+    counts = Counter(map(id, specs))
+    by_id = dict(zip(map(id, specs), specs, strict=True))
+    return sum(by_id[i].nbytes * n for i, n in counts.items())
+
+
+_KIND, _SPEC, _INPUTS = attrgetter("kind"), attrgetter("spec"), attrgetter("inputs")
+_ATTRS, _FIRST, _SECOND = attrgetter("attrs"), itemgetter(0), itemgetter(1)
+_ENTRIES, _PARTS = attrgetter("group.entries"), attrgetter("parts")
 
 
 def group_split_problems(steps: Sequence[Step], sharding: Sharding | None) -> list[Problem]:

@@ -10,6 +10,7 @@ chain's input in place of the read, landing straight in its destination slice.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter, is_, itemgetter
 
 import torch
 
@@ -53,11 +54,15 @@ def packed_stream(entries: Sequence[TensorEntry], sources: Sequence[tuple[int, i
     stream of packed weights only, each with as many parts (a stack's experts: Kimi-K2's
     384), is made in columns (:func:`stacked_packed`); any other entry by entry
     (:func:`each_packed`). Either way the same nodes."""
-    packed = [_dequantized(e, pairing.weights.get(e.key)) for e in entries]
+    found = list(map(pairing.weights.get, map(_KEY, entries)))
+    if found.count(None) == len(found):
+        return None
+    if None not in found and not any(map(is_, entries, map(_FIRST, map(_PARTS, found)))) \
+            and len(set(map(len, map(_PARTS, found)))) == 1:  # (told in columns)
+        return stacked_packed(found, sources, dtype)  # type: ignore[arg-type]
+    packed = list(map(_dequantized, entries, found))
     if not any(packed):
         return None
-    if None not in packed and len({len(w.parts) for w in packed if w is not None}) == 1:
-        return stacked_packed(packed, sources, dtype)  # type: ignore[arg-type]
     return each_packed(entries, packed, sources, dtype)
 
 
@@ -71,16 +76,20 @@ def stacked_packed(packed: Sequence[PackedWeight], sources: Sequence[tuple[int, 
                    dtype: torch.dtype) -> tuple[tuple[Node, ...], list[Node], list[Node]]:
     """:func:`packed_stream` of packed weights with as many parts each, role by role: the
     read nodes of each part in one column, then the dequantize nodes in one."""
-    roles = [read_nodes([w.parts[r] for w in packed], sources)
-             for r in range(len(packed[0].parts))]
-    attrs: dict[object, DequantizeAttrs] = {}
-    specs: dict[tuple[int, ...], TensorSpec] = {}
-    values = make_nodes(
-        NodeKind.DEQUANTIZE,
-        [specs.setdefault(w.shape, TensorSpec(w.shape, dtype)) for w in packed],
-        list(zip(*roles, strict=True)),
-        [attrs.setdefault(w.scheme, DequantizeAttrs(dtype, (), w.scheme)) for w in packed])
+    roles = [read_nodes(column, sources) for column in zip(*map(_PARTS, packed), strict=True)]
+    # one spec per shape, one attrs object per scheme object (a stack's share one)
+    shapes, schemes = list(map(_SHAPE, packed)), list(map(_SCHEME, packed))
+    specs = {shape: TensorSpec(shape, dtype) for shape in dict.fromkeys(shapes)}
+    attrs = {id(s): DequantizeAttrs(dtype, (), s) for s in dict(zip(map(id, schemes), schemes,
+                                                                     strict=True)).values()}
+    values = make_nodes(NodeKind.DEQUANTIZE, list(map(specs.__getitem__, shapes)),
+                        list(zip(*roles, strict=True)),
+                        list(map(attrs.__getitem__, map(id, schemes))))
     return tuple(values), roles[0], [n for role in roles[1:] for n in role] + values
+
+
+_KEY, _PARTS, _FIRST = attrgetter("key"), attrgetter("parts"), itemgetter(0)
+_SHAPE, _SCHEME = attrgetter("shape"), attrgetter("scheme")
 
 
 def each_packed(entries: Sequence[TensorEntry], packed: Sequence[PackedWeight | None],

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from operator import attrgetter
 
 import torch
 
@@ -45,6 +46,7 @@ from weightplan.planner.keys.groups import as_grids, per_tensor
 from weightplan.planner.keys.routing import Group
 
 ReadBytes = Callable[[TensorEntry], bytes]
+_KEY = attrgetter("key")
 Problems = list[tuple[str, str]]
 
 
@@ -145,16 +147,20 @@ def _roles(group: Group, pairing: PackedPairing, held: Callable[[str], TensorSpe
            entries: Callable[[str], TensorEntry | None]) -> list[Group] | None:
     """The role groups of a kept group (``None``: not all packed, or not held)."""
     weights = pairing.weights
+    first = weights.get(group.sources[0][0].key) if group.sources and group.sources[0] \
+        else None
+    if first is None:
+        return None
+    suffixes = [p.key[len(first.key):] for p in first.parts]
+    if _dtype(held(group.output_key(0, 0) + suffixes[0])) != first.parts[0].spec.dtype:
+        return None  # (told first: a model that dequantizes holds none of them)
     packed: list[list[PackedWeight]] = []
     for stream in group.sources:
-        row = [weights.get(e.key) for e in stream]
+        row = list(map(weights.get, map(_KEY, stream)))
         if not row or None in row:
             return None
         packed.append(row)  # type: ignore[arg-type]
-    first = packed[0][0]
-    suffixes = [p.key[len(first.key):] for p in first.parts]
-    if any(w.scheme.roles != first.scheme.roles for row in packed for w in row) \
-            or _dtype(held(group.output_key(0, 0) + suffixes[0])) != first.parts[0].spec.dtype:
+    if any(w.scheme.roles != first.scheme.roles for row in packed for w in row):
         return None
     roles = [[[w.parts[r] for w in row] for row in packed] for r in range(len(suffixes))]
     shapes = [[entries(w.key + "_shape") for w in row] for row in packed]

@@ -20,7 +20,7 @@ Whatever can't be done right is a problem on the plan (:func:`quant_problems`), 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import chain, compress, repeat
 from operator import attrgetter, itemgetter
@@ -85,7 +85,7 @@ def quant_context(source: object, ckpt: Checkpoint, info: ModelInfo | None,
     config = _checkpoint_config(source) or model_config
     packed = packed_pairing(source, ckpt)
     if info is not None:  # a model holding the stored tensors keeps them as they are
-        packed = kept_by_model(packed, _dtype_in(info))
+        packed = kept_by_model(packed, {name: t.spec.dtype for name, t in info.tensors.items()})
     plain = routed_entries(ckpt, packed)
     pairing = pair_scales((plain or ckpt).entries, config)
     fp8_model = fp8_params(info, model_config or config) if info is not None else None
@@ -93,14 +93,6 @@ def quant_context(source: object, ckpt: Checkpoint, info: ModelInfo | None,
     if not pairing.quantized and not pairing.problems and not has_model_fp8 and packed is None:
         return None
     return QuantContext(pairing, fp8_model, config, packed=packed)
-
-
-def _dtype_in(info: ModelInfo) -> Callable[[str], torch.dtype | None]:
-    """The model's dtype of a name (``None``: it has no such tensor)."""
-    def dtype(name: str) -> torch.dtype | None:
-        t = info.get(name)
-        return None if t is None else t.spec.dtype
-    return dtype
 
 
 def packed_pairing(source: object, ckpt: Checkpoint) -> PackedPairing | None:

@@ -23,7 +23,7 @@ from weightplan.planner.core.ops.base import Streams
 from weightplan.planner.core.quant.blocks import DEQUANTIZE_BYTES, workspace_bytes
 from weightplan.planner.core.geometry import CACHE_SIZE, Fragment, Region, _is_contiguous
 from weightplan.planner.tensors.ir.destination import Destination
-from weightplan.planner.tensors.lower.stack_reads import stack_geometry
+from weightplan.planner.tensors.lower.stack_reads import PACKED, stack_geometry
 from weightplan.planner.tensors.ir.nodes import DequantizeAttrs, Node, NodeKind, read_attrs
 from weightplan.planner.core.sharding.fp8_slices import scale_region
 from weightplan.planner.core.spec import TensorSpec
@@ -252,8 +252,8 @@ def placed_reads(sources: Streams[Node], frags: Streams[tuple[Fragment, ...]],
                  dests: tuple[Destination, ...], piece_bytes: int) -> tuple[ReadTask, ...]:
     """A read task for each non-empty fragment each source lands in, with the layout of
     its geometry (:func:`read_geometry`). A stream whose reads all share one geometry (a
-    stack: :func:`stack_geometry` says so from the nodes and fragments, in columns) is
-    made in columns with that one layout; any other read by read. Either way, the same
+    stack: :func:`stack_geometry` says so from the nodes and fragments, in columns; a
+    packed stack's layout is its parts' boxes) is made in columns with that one layout; any other read by read. Either way, the same
     tasks. Items landing nowhere (another rank's experts) are left out first, so that a
     rank's experts of a stack are made in columns too."""
     tasks: list[ReadTask] = []
@@ -267,7 +267,10 @@ def placed_reads(sources: Streams[Node], frags: Streams[tuple[Fragment, ...]],
             _each_read(tasks, stream, placed, dtypes, piece_bytes)
             continue
         parts, entries, landed, region, target = stack
-        layout = read_geometry(*parts, dtypes[target], piece_bytes)
+        if parts[0] is PACKED:  # (one box per part, whatever the destination's dtype)
+            layout = packed_layout(stream[0], region) if region.numel else None
+        else:
+            layout = read_geometry(*parts, dtypes[target], piece_bytes)
         if layout is not None:
             tasks += _tasks(len(stream), stream, entries, repeat(region), landed, repeat(layout))
     return tuple(tasks)

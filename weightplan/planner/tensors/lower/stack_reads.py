@@ -18,7 +18,7 @@ def stack_geometry(stream: tuple[Node, ...], frags: tuple[tuple[Fragment, ...], 
                    ) -> tuple[tuple, list[TensorEntry], Sequence[Fragment], Region, int] | None:
     """What every read of ``stream`` shares when it is a stack's, told in columns: each
     read of the same entry spec, placement (file or memory), contiguity and, for
-    dequantizes, scale spec and attrs; each landing in exactly one fragment, all of one
+    dequantizes, scale spec and attrs (packed ones: every part's spec); each landing in exactly one fragment, all of one
     region, view shape, stride and target (as a stack's are: :class:`StackFragments`
     says so without looking). Returns the geometry's parts up to the destination dtype
     (the first arguments of :func:`~weightplan.planner.tensors.lower.read_tasks.read_geometry`),
@@ -47,7 +47,8 @@ def _alike_reads(stream: tuple[Node, ...]) -> tuple[tuple, list[TensorEntry]] | 
     """The entry spec's shape and dtype, whether in memory, whether contiguous, and the
     scale spec's shape, dtype and block (``None`` unless dequantized) that every node of
     ``stream`` reads with, and the entries it reads (``None``: they differ). Node by node:
-    :func:`~weightplan.planner.tensors.lower.read_tasks.read_parts`."""
+    :func:`~weightplan.planner.tensors.lower.read_tasks.read_parts`. Packed dequantizes:
+    :func:`_alike_packed`."""
     kinds = list(map(_KIND, stream))
     kind = kinds[0]
     if kinds.count(kind) != len(kinds):
@@ -55,10 +56,11 @@ def _alike_reads(stream: tuple[Node, ...]) -> tuple[tuple, list[TensorEntry]] | 
     scale: tuple = (None, None, None)
     if kind is NodeKind.DEQUANTIZE:
         attrs = list(map(_ATTRS, stream))  # (a stack's share one object: compared by identity)
-        if not _same(attrs) or not isinstance(attrs[0], DequantizeAttrs) \
-                or attrs[0].scheme is not None:
-            return None  # (a packed format's reads: read by read)
+        if not _same(attrs) or not isinstance(attrs[0], DequantizeAttrs):
+            return None
         inputs = list(map(_INPUTS, stream))
+        if attrs[0].scheme is not None:
+            return _alike_packed(stream, inputs)
         scales = list(map(_ENTRY_SPEC, map(_SECOND, inputs)))
         if not _same(scales):
             return None
@@ -73,6 +75,26 @@ def _alike_reads(stream: tuple[Node, ...]) -> tuple[tuple, list[TensorEntry]] | 
         return None
     spec = specs[0]
     return (spec.shape, spec.dtype, memory > 0, entries[0].contiguous, *scale), entries
+
+
+def _alike_packed(stream: tuple[Node, ...], inputs: list[tuple[Node, ...]]
+                  ) -> tuple[tuple, list[TensorEntry]] | None:
+    """:func:`_alike_reads` of packed dequantizes (of one attrs object): one logical spec,
+    each part (role) of one spec, the stored weights all in files or all in memory; the
+    parts are :data:`PACKED` and the part specs (a packed read's layout is its parts'
+    boxes: :func:`~weightplan.planner.tensors.lower.read_tasks.packed_layout` of the first
+    node, for all). The entries read are the stored weights'."""
+    if not (_same(list(map(_SPEC, stream))) and _same(list(map(len, inputs)))):
+        return None
+    roles = [list(map(_ENTRY, column)) for column in zip(*inputs, strict=True)]
+    specs = [list(map(_SPEC, column)) for column in roles]
+    if not all(map(_same, specs)) or list(map(_FILE, roles[0])).count(None) not in (
+            0, len(stream)):
+        return None
+    return (PACKED, *[column[0] for column in specs]), roles[0]
+
+
+PACKED = object()  # (the parts of a packed stack: see _alike_packed)
 
 
 def _same(column: Sequence[object]) -> bool:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
-from operator import and_, attrgetter, eq, is_, itemgetter, lt
+from operator import and_, attrgetter, eq, is_, itemgetter, lt, not_, or_
 
 from weightplan.planner.tensors.ir.graph import PlanGraph
 from weightplan.planner.tensors.ir.nodes import (
@@ -36,7 +36,7 @@ _SPEC_RULED = frozenset((NodeKind.CAST, NodeKind.SINK, NodeKind.SHARD, NodeKind.
 _INPUTS, _KIND, _ATTRS_TYPE = attrgetter("inputs"), attrgetter("kind"), attrgetter("attrs.__class__")
 _SHAPE, _DTYPE, _ATTRS_DTYPE = (attrgetter("spec.shape"), attrgetter("spec.dtype"),
                                 attrgetter("attrs.dtype"))
-_FIRST = itemgetter(0)
+_FIRST, _ATTRS = itemgetter(0), attrgetter("attrs")
 Picker = Callable[[Sequence[Node]], tuple[Node, ...]]  # a segment → its nodes at some places
 
 
@@ -152,11 +152,26 @@ def _proven(segment: Sequence[Node], kinds: tuple[NodeKind, ...], classes: tuple
 def _specs_hold(dequantizes: list[Node], weights: list[Node], ruled: list[Node]) -> bool:
     """Every node's spec rule: the many dequantizes' at once (shape kept, dtype the
     attrs'); casts, sinks, shards and quantizes one by one (ops and reads have none)."""
-    kept = map(eq, map(_SHAPE, dequantizes), map(_SHAPE, weights))
-    typed = map(eq, map(_DTYPE, dequantizes), map(_ATTRS_DTYPE, dequantizes))
-    if not all(map(and_, kept, typed)):  # packed formats: judged node by node
-        return not any(map(_spec_problems, dequantizes)) and not any(map(_spec_problems, ruled))
+    kept = list(map(eq, map(_SHAPE, dequantizes), map(_SHAPE, weights)))
+    typed = list(map(eq, map(_DTYPE, dequantizes), map(_ATTRS_DTYPE, dequantizes)))
+    if not all(map(and_, kept, typed)) and not _packed_hold(dequantizes, kept, typed):
+        return False
     return not any(map(_spec_problems, ruled))
+
+
+def _packed_hold(dequantizes: list[Node], kept: list[bool], typed: list[bool]) -> bool:
+    """:func:`_spec_problems` finds nothing wrong with any of ``dequantizes`` (some with
+    a packed format's logical shape), told in columns: each yields its attrs' dtype
+    (``typed``), a packed one takes as many inputs as its scheme has parts, any other
+    keeps its weight's shape (``kept``). The attrs are few objects (a stack shares one)."""
+    attrs = list(map(_ATTRS, dequantizes))
+    distinct = dict(zip(map(id, attrs), attrs, strict=True)).values()
+    parts = {id(a): len(a.scheme.roles) for a in distinct  # type: ignore[attr-defined]
+             if isinstance(a, DequantizeAttrs) and a.scheme is not None}
+    packed = list(map(parts.__contains__, map(id, attrs)))
+    fed = map(eq, map(len, map(_INPUTS, dequantizes)), map(parts.get, map(id, attrs)))
+    shaped = map(or_, map(and_, packed, fed), map(and_, map(not_, packed), kept))
+    return all(map(and_, typed, shaped))
 
 
 def _well_formed(kind: NodeKind, attrs: type, arity: int) -> bool:
