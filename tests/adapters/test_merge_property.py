@@ -85,3 +85,30 @@ def test_rank_segments_fall_back_to_the_whole_rank():
     stripes = torch.zeros(2 * MAX_SEGMENTS, 2)
     stripes[::2, 0], stripes[1::2, 1] = 1, 1
     assert _rank_segments(stripes) == [(0, 2 * MAX_SEGMENTS, 0, 2)]
+
+
+def test_rank_segments_cover_every_experts_span():
+    from weightplan.planner.core.ops.merge import _rank_segments
+
+    b = torch.zeros(2, 6, 4)  # (E, out, r): expert 1's lower rows reach one column further
+    b[:, :3, :2], b[:, 3:, 2:] = 1, 1
+    b[1, 4, 1] = 1
+    assert _rank_segments(b) == [(0, 3, 0, 2), (3, 4, 2, 4), (4, 5, 1, 4), (5, 6, 2, 4)]
+    assert _rank_segments(b[:1]) == [(0, 3, 0, 2), (3, 6, 2, 4)]
+
+
+def test_a_merge_leaves_torchs_thread_count_as_it_was():
+    threads = torch.get_num_threads()
+    g = torch.Generator().manual_seed(0)
+    w, a, b = torch.randn(8, 8).to(BF16), torch.randn(2, 8, generator=g), torch.randn(8, 2)
+    streams = ((w,), (a,), (b,))
+    specs = tuple(tuple(TensorSpec.of(t) for t in s) for s in streams)
+    op = MergeLora(2.0, (1, 1, 1)).resolve(OpContext(("w",), (None,), (("w",), ("a",), ("b",))),
+                                           specs)
+    torch.set_num_threads(max(2, threads))
+    try:
+        merged = op.forward(streams)[0][0]
+        assert torch.get_num_threads() == max(2, threads)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(merged, (w.float() + (b @ a) * 2.0).to(BF16))

@@ -25,7 +25,8 @@ from weightplan.planner.core.geometry import Fragment, Region, View
 from weightplan.planner.core.ops.base import ConversionOp, OpContext, Streams
 from weightplan.planner.core.spec import TensorSpec
 
-CHUNK_ELEMENTS = 1 << 20  # float32 delta rows computed at a time (4 MiB: one buffer, reused)
+CHUNK_ELEMENTS = 1 << 18  # float32 delta elements computed at a time (1 MiB each of two
+# buffers, reused: in cache between the block's matmul and its rounding)
 _PARTS = ("base", "lora_a", "lora_b")
 
 
@@ -71,7 +72,7 @@ class MergeLora(ConversionOp):
             if op.allocates:
                 allocated[name] += sum(s.nbytes for stream in op.infer(specs) for s in stream)
         kept = allocated["lora_a"] + allocated["lora_b"] + 4 * (a.numel + b.numel
-                                                                + _chunk(w.shape))
+                                                                + 2 * _chunk(w.shape))
         work = kept + (allocated["base"] if placed is None else 0)
         return dataclasses.replace(self, base=base, lora_a=a_ops, lora_b=b_ops, work=work,
                                    kept=kept, placed=placed)
@@ -131,17 +132,22 @@ class MergeLora(ConversionOp):
         return self.kept
 
     def _add(self, out: torch.Tensor, lora_a: tuple, lora_b: tuple) -> None:
-        """``out += s·B·A`` (the delta in float32, on ``out``'s device, rounded once)."""
+        """``out += s·B·A`` (the delta in float32, on ``out``'s device, rounded once), expert
+        by expert over one set of rank segments (:func:`_rank_segments`, every expert's B
+        at once), on this thread alone (:func:`_one_thread`)."""
         a = self._chain(self.lora_a, lora_a).to(out.device, torch.float32)
         b = self._chain(self.lora_b, lora_b).to(out.device, torch.float32)
-        buffer = torch.empty(_chunk(out.shape), dtype=torch.float32, device=out.device)
         if self.experts == 1:
-            _add_delta(out, b, a, self.scale, self.transposed, buffer)
-            return
-        a = a.reshape(self.experts, -1, a.shape[-1])  # (E, r, in): expert axis slowest
-        b = b.reshape(b.shape[0], -1, self.experts).permute(2, 0, 1)  # (E, out, r)
-        for e in range(self.experts):
-            _add_delta(out[e], b[e], a[e], self.scale, self.transposed, buffer)
+            out, a, b = out[None], a[None], b[None]
+        else:
+            a = a.reshape(self.experts, -1, a.shape[-1])  # (E, r, in): expert axis slowest
+            b = b.reshape(b.shape[0], -1, self.experts).permute(2, 0, 1)  # (E, out, r)
+        work = _Work(out.shape[1:], out.device)
+        with _one_thread():
+            segments = [(0, b.shape[1], 0, b.shape[2])] if self.transposed else \
+                _rank_segments(b)
+            for e in range(len(out)):
+                _add_delta(out[e], b[e], a[e], self.scale, self.transposed, segments, work)
 
     def _base(self, streams: Streams[torch.Tensor]) -> torch.Tensor:
         """The base weight in a tensor of its own: each input copied once into its place
@@ -222,31 +228,60 @@ def _owns(chain: tuple[ConversionOp, ...]) -> bool:
     return bool(chain) and chain[-1].allocates
 
 
+class _Work:
+    """The two float32 buffers a block of delta rows is computed in (the delta, the base
+    rows widened): ``CHUNK_ELEMENTS`` each (a cache's worth), at least one row, reused."""
+
+    def __init__(self, shape: tuple[int, ...] | torch.Size, device: torch.device):
+        elements = _chunk(tuple(shape))
+        self.delta = torch.empty(elements, dtype=torch.float32, device=device)
+        self.wide = torch.empty(elements, dtype=torch.float32, device=device)
+
+
+class _one_thread:
+    """torch's intra-op threads at one while a merge runs: its ops are a cache's worth each,
+    too small to share, and an OpenMP team waits at every op for its slowest thread (on a
+    busy machine, a descheduled one: tens of times the op's own time)."""
+
+    def __enter__(self) -> None:
+        self.threads = torch.get_num_threads()
+        if self.threads != 1:
+            torch.set_num_threads(1)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.threads != 1:
+            torch.set_num_threads(self.threads)
+
+
 def _add_delta(out: torch.Tensor, b: torch.Tensor, a: torch.Tensor, scale: float,
-               transposed: bool, buffer: torch.Tensor) -> None:
+               transposed: bool, segments: list[tuple[int, int, int, int]], work: _Work) -> None:
     """``out = W + (B·A)·scale`` in float32, rounded once to ``out``'s dtype (transposed:
-    ``((B·A)·scale)ᵀ``), a block of rows at a time into ``buffer`` (float32, reused: a
-    fresh allocation per block costs its page faults), so the delta stays in cache."""
+    ``((B·A)·scale)ᵀ``), a block of rows at a time in ``work``'s buffers, so the delta stays
+    in cache; each run of B's rows multiplies only its span of the rank (``segments``)."""
     width = out.shape[-1]
-    rows = max(1, buffer.numel() // max(1, width))
+    rows = max(1, work.delta.numel() // max(1, width))
     if transposed:
         for start in range(0, out.shape[0], rows):
             stop = min(start + rows, out.shape[0])
-            delta = buffer[:(stop - start) * width].view(width, stop - start)
+            delta = work.delta[:(stop - start) * width].view(width, stop - start)
             torch.matmul(b, a[:, start:stop], out=delta)
-            _round_into(out[start:stop], delta.T, scale)
+            _round_into(out[start:stop], delta.T, scale, work)
         return
-    for first, last, k0, k1 in _rank_segments(b):
+    for first, last, k0, k1 in segments:
         for start in range(first, last, rows):
             stop = min(start + rows, last)
-            delta = buffer[:(stop - start) * width].view(stop - start, width)
+            delta = work.delta[:(stop - start) * width].view(stop - start, width)
             torch.matmul(b[start:stop, k0:k1], a[k0:k1], out=delta)
-            _round_into(out[start:stop], delta, scale)
+            _round_into(out[start:stop], delta, scale, work)
 
 
-def _round_into(block: torch.Tensor, delta: torch.Tensor, scale: float) -> None:
-    """``block = block + delta·scale``, in float32, rounded once to ``block``'s dtype."""
-    block.copy_(delta.mul_(scale).add_(block))
+def _round_into(block: torch.Tensor, delta: torch.Tensor, scale: float, work: _Work) -> None:
+    """``block = block + delta·scale``, in float32, rounded once to ``block``'s dtype (the
+    base rows widened into ``work.wide``: no temporary per block)."""
+    wide = work.wide[:block.numel()].view(block.shape)
+    wide.copy_(block)
+    wide.add_(delta.mul_(scale))
+    block.copy_(wide)
 
 
 MAX_SEGMENTS = 64  # past this many row runs, one matmul over the whole rank is cheaper
@@ -254,11 +289,14 @@ MAX_SEGMENTS = 64  # past this many row runs, one matmul over the whole rank is 
 
 def _rank_segments(b: torch.Tensor) -> list[tuple[int, int, int, int]]:
     """Runs of ``B``'s rows with the same span of non-zero columns, ``(first row, stop,
-    first column, stop)``: a fused pair's block-diagonal B multiplies only its own half of
+    first column, stop)``, over every expert at once (``B`` ``(E, out, r)``: a row's span
+    covers each expert's): a fused pair's block-diagonal B multiplies only its own half of
     A (the zero half adds exact zeros; skipping it halves the work). Rows without a non-zero
     take the whole rank; too many runs (no block structure): one run over all of it."""
-    n, k = b.shape
     nonzero = b != 0
+    if nonzero.dim() == 3:
+        nonzero = nonzero.any(0)
+    n, k = nonzero.shape
     if n == 0 or k == 0 or bool(nonzero.all()):
         return [(0, n, 0, k)]
     some = nonzero.any(1)
