@@ -74,55 +74,60 @@ def derived(base: Base, parts: Sequence[Part]) -> tuple[PlanGraph, Segments] | N
     proofs = list(base.segments.proofs)
     home = dict(base.segments.home)
     tails: dict[tuple[int, int, tuple[NodeKind, ...]], int] = {}  # (their proof indices)
+    forms: set[tuple[NodeKind, type, int]] = set()  # the tails' (kind, attrs type, arity)
     fresh: list[Node] = []  # the nodes no part of the base has
-    dropped: set[str] = set()  # model tensors the replaced tails wrote
-    written: list[str] = []  # those the new tails write
-    for k, (old, new) in enumerate(zip(base.parts, parts)):
+    dropped: list[Node] = []  # the replaced tails' sinks
+    added: list[Node] = []  # the new tails' sinks
+    for k, old, new in zip(count(), base.parts, parts):
         if new is old:
             continue
         start = next(compress(count(), map(is_not, old, new)), min(len(old), len(new)))
         gone, tail = old[start:], new[start:]
-        if not _tail_holds(gone, tail):
-            return None
         kept = set(map(id, gone))
+        if not _tail_holds(kept, gone, tail, forms):
+            return None
         fresh += (n for n in tail if id(n) not in kept)
-        for sink in _sinks(gone):
+        sinks = [n for n in gone if n.kind is NodeKind.SINK]
+        dropped += sinks
+        for sink in sinks:
             del home[id(sink)]
-        sinks = _sinks(tail)
-        home.update((id(s), k) for s in sinks)
-        dropped.update(_written(_sinks(gone)))
-        written += _written(sinks)
+        sinks = [n for n in tail if n.kind is NodeKind.SINK]
+        added += sinks
+        home.update(zip(map(id, sinks), repeat(k)))
         key = (base.segments.proofs[k], start, tuple(map(_KIND, tail)))
         proofs[k] = tails.setdefault(key, len(base.segments.ends) + len(tails))
-    new_hashes = set(map(_HASH, fresh))
-    if len(new_hashes) != len(fresh) or not new_hashes.isdisjoint(base.hashes):
+    if not all(well_formed(*form) for form in forms):
         return None
-    if len(set(written)) != len(written) or not (base.written - dropped).isdisjoint(written):
+    hashes = set(map(_HASH, fresh))
+    if len(hashes) != len(fresh) or not hashes.isdisjoint(base.hashes):
+        return None
+    written = _written(added)
+    if len(set(written)) != len(written) or \
+            not (base.written - set(_written(dropped))).isdisjoint(written):
         return None
     nodes = tuple(chain.from_iterable(parts))
     return PlanGraph(nodes, True), Segments(nodes, list(accumulate(map(len, parts))), proofs,
                                             home)
 
 
-def _tail_holds(gone: Part, tail: Part) -> bool:
-    """Checks 1 and 2 of the module docstring for ``tail`` in place of ``gone``."""
-    inside = set(map(id, gone))
-    fed = {id(x) for n in gone for x in n.inputs} - inside  # (nodes before the tail)
+def _tail_holds(kept: set[int], gone: Part, tail: Part,
+                forms: set[tuple[NodeKind, type, int]]) -> bool:
+    """Checks 1 and 2 of the module docstring for ``tail`` in place of ``gone`` (``kept``:
+    the ids of ``gone``'s nodes); each node's (kind, attrs type, arity) is added to
+    ``forms``, to be judged once for all tails."""
+    fed = {id(x) for n in gone for x in n.inputs} - kept  # (nodes before the tail)
     seen: set[int] = set()
     used: set[int] = set()
     for n in tail:
         ids = set(map(id, n.inputs))
-        if id(n) in seen or not all(i in seen or i in fed for i in ids) or not well_formed(n.kind, type(n.attrs), len(n.inputs)):
+        if id(n) in seen or not ids - fed <= seen:
             return False
         if n.kind in _RULED and spec_problems(n):
             return False
+        forms.add((n.kind, type(n.attrs), len(n.inputs)))
         used |= ids
         seen.add(id(n))
     return fed <= used and all(id(n) in used for n in tail if n.kind is not NodeKind.SINK)
-
-
-def _sinks(nodes: Part) -> list[Node]:
-    return [n for n in nodes if n.kind is NodeKind.SINK]
 
 
 def _written(sinks: Iterable[Node]) -> list[str]:

@@ -236,7 +236,7 @@ def spec_problems(node: Node) -> list[str]:
                      f"{a.dest.spec}; insert a cast node or fix the destination")
     elif isinstance(a, ShardAttrs) and first is not None:
         inside = all(len(p.starts) == len(first.shape) and all(
-            0 <= s and e <= n for s, e, n in zip(p.starts, p.stops, first.shape))
+            0 <= s and e <= n for s, e, n in zip(p.starts, p.stops, first.shape, strict=True))
             for p in a.pieces)  # (a piece of another number of dims: not inside)
         if a.local_shape != spec.shape or first.dtype != spec.dtype or not inside:
             wrong = (f"a shard yields its pieces {list(a.local_shape)} (inside the input "
