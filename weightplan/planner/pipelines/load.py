@@ -104,7 +104,7 @@ class Common:
     findings: Findings
     sharding: Sharding | None
     automatic: AutomaticRequest | None
-    lowered: Lowered = field(default_factory=Lowered)  # the steps the ranks share
+    lowered: Lowered = field(default_factory=Lowered)  # the steps and fronts ranks share
     # ``sharding``'s rank's conversions (:func:`shard_conversion`); a conversion no rank
     # changes is the common one itself (``None``: not tensor parallel)
     ranked: tuple[Conversion, ...] | None = None
@@ -148,8 +148,8 @@ def prepare_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     ranked = None if sharding is None else tuple(shard_conversion(c, sharding)
                                                  for c in conversions)
     return Common(model, ckpt, options, info, choice, transforms, routing, conversions,
-                  findings, sharding, automatic, dequantize_on=dequantize_on,
-                  quantized=quant is not None, ranked=ranked)
+                  findings, sharding, automatic, Lowered(conversions),
+                  dequantize_on=dequantize_on, quantized=quant is not None, ranked=ranked)
 
 
 @paused_gc

@@ -16,6 +16,8 @@ from weightplan.planner.tensors.ir.graph import PlanGraph
 from weightplan.planner.tensors.lower.placement import PIECE_BYTES, Step, plan_step
 from weightplan.planner.tensors.schedule.schedule import Schedule, make_schedule
 from weightplan.errors import GraphError
+from weightplan.planner.tensors.verify.derived import Base, base_of, derived
+from weightplan.planner.tensors.verify.graph_checks import Segments
 from weightplan.planner.tensors.verify.verify import Checked, check_events, verify
 
 StepOrder = Callable[[Iterable[Step]], tuple[Step, ...]]
@@ -30,11 +32,24 @@ def plan_graph(conversions: Sequence[Conversion]) -> PlanGraph:
 class Lowered:
     """The step of each conversion lowered so far, by identity (:func:`plan_step` is a
     function of its conversion): ranks planned together share the conversions no rank
-    changes, and lower each of them once."""
+    changes, and lower each of them once. ``base``: every rank's conversions, before any
+    rank changed them; each rank's graph is proven from theirs
+    (:mod:`~weightplan.planner.tensors.verify.derived`), the fronts they share once."""
 
-    def __init__(self) -> None:
+    def __init__(self, base: Sequence[Conversion] = ()) -> None:
         self._steps: dict[tuple[int, int], tuple[Conversion, Step]] = {}
         self.checked: Checked = {}  # (verify's verdicts on the shared steps)
+        self._conversions = tuple(base)
+        self._base: Base | None | bool = False  # (False: not proven yet)
+
+    def graph(self, drawn: Sequence[Conversion]) -> tuple[PlanGraph, Segments | None]:
+        """The graph of ``drawn`` (a rank's conversions that are drawn), and its segments
+        when they are proven from the base's (``None``: :func:`verify` checks it whole)."""
+        if self._base is False:
+            self._base = base_of([c.nodes for c in self._conversions if c.in_graph])
+        shown = None if not isinstance(self._base, Base) else \
+            derived(self._base, [c.nodes for c in drawn])
+        return shown if shown is not None else (plan_graph(drawn), None)
 
     def step(self, conv: Conversion, piece_bytes: int) -> Step:
         key = (id(conv), piece_bytes)
@@ -69,9 +84,9 @@ def lower(conversions: Sequence[Conversion], checkpoint: Checkpoint, *, order: S
         BudgetError: no schedule fits ``budget``.
     """
     drawn = [c for c in conversions if c.in_graph]
-    graph = plan_graph(drawn)
+    graph, proven = (plan_graph(drawn), None) if memo is None else memo.graph(drawn)
     steps = order(_lowered(conversions, piece_bytes, memo))
-    verify(graph, steps, checkpoint, None if memo is None else memo.checked)
+    verify(graph, steps, checkpoint, None if memo is None else memo.checked, proven)
     if share is not None:
         steps = share(steps)
     schedule = (make_schedule(steps, threads=threads) if budget is None  # (no budget: nothing to fit)

@@ -52,8 +52,9 @@ def picker(places: Sequence[int]) -> Picker:
 
 @dataclass(frozen=True, slots=True)
 class Segments:
-    """The graph's nodes cut where a sink is followed by a read, as :func:`graph_holds`
-    proved them."""
+    """The graph's nodes cut into segments, as :func:`graph_holds` proved them (where a
+    sink is followed by a read) or :func:`~weightplan.planner.tensors.verify.derived.
+    derived` did (one per conversion)."""
 
     nodes: Sequence[Node]
     ends: list[int]  # segment k is nodes[ends[k - 1]:ends[k]] (from 0)
@@ -131,7 +132,7 @@ def _proven(segment: Sequence[Node], kinds: tuple[NodeKind, ...], classes: tuple
     """The proof of one segment: every (kind, attrs type, arity) well formed, every input
     a node of the segment (as an object) listed before its consumer, every node but the
     sinks an input; ``None``: not so."""
-    if not all(_well_formed(*row) for row in set(zip(kinds, classes, arities, strict=True))):
+    if not all(well_formed(*row) for row in set(zip(kinds, classes, arities, strict=True))):
         return None
     count = len(segment)
     place = dict(zip(map(id, segment), range(count), strict=True))
@@ -156,11 +157,11 @@ def _specs_hold(dequantizes: list[Node], weights: list[Node], ruled: list[Node])
     typed = list(map(eq, map(_DTYPE, dequantizes), map(_ATTRS_DTYPE, dequantizes)))
     if not all(map(and_, kept, typed)) and not _packed_hold(dequantizes, kept, typed):
         return False
-    return not any(map(_spec_problems, ruled))
+    return not any(map(spec_problems, ruled))
 
 
 def _packed_hold(dequantizes: list[Node], kept: list[bool], typed: list[bool]) -> bool:
-    """:func:`_spec_problems` finds nothing wrong with any of ``dequantizes`` (some with
+    """:func:`spec_problems` finds nothing wrong with any of ``dequantizes`` (some with
     a packed format's logical shape), told in columns: each yields its attrs' dtype
     (``typed``), a packed one takes as many inputs as its scheme has parts, any other
     keeps its weight's shape (``kept``). The attrs are few objects (a stack shares one)."""
@@ -174,7 +175,7 @@ def _packed_hold(dequantizes: list[Node], kept: list[bool], typed: list[bool]) -
     return all(map(and_, typed, shaped))
 
 
-def _well_formed(kind: NodeKind, attrs: type, arity: int) -> bool:
+def well_formed(kind: NodeKind, attrs: type, arity: int) -> bool:
     """A node of ``kind`` may have attrs of type ``attrs`` and ``arity`` inputs."""
     want = ARITY.get(kind)
     if kind is NodeKind.DEQUANTIZE and arity != want:  # a packed format: its parts
@@ -234,10 +235,10 @@ def check_node(node: Node) -> list[str]:
                 f"{len(node.inputs)}; rewire it"]
     if node.kind is NodeKind.OP and not node.inputs:
         return [f"{node!r}: an op output with no inputs; wire it to the values it is made of"]
-    return _spec_problems(node)
+    return spec_problems(node)
 
 
-def _spec_problems(node: Node) -> list[str]:
+def spec_problems(node: Node) -> list[str]:
     a, spec = node.attrs, node.spec
     first = node.inputs[0].spec if node.inputs else None
     wrong: str | None = None
@@ -249,8 +250,9 @@ def _spec_problems(node: Node) -> list[str]:
             wrong = (f"a sink takes its input's spec {first} and its destination's "
                      f"{a.dest.spec}; insert a cast node or fix the destination")
     elif isinstance(a, ShardAttrs) and first is not None:
-        inside = all(0 <= s and e <= n for p in a.pieces
-                     for s, e, n in zip(p.starts, p.stops, first.shape, strict=True))
+        inside = all(len(p.starts) == len(first.shape) and all(
+            0 <= s and e <= n for s, e, n in zip(p.starts, p.stops, first.shape, strict=True))
+            for p in a.pieces)  # (a piece of another number of dims: not inside)
         if a.local_shape != spec.shape or first.dtype != spec.dtype or not inside:
             wrong = (f"a shard yields its pieces {list(a.local_shape)} (inside the input "
                      f"{list(first.shape)}) in {first.dtype}")

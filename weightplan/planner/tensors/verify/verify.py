@@ -20,7 +20,10 @@ Every node, read and fragment is looked at each time: nothing is taken from a su
 made when the plan was built. Ranks planned together share the steps no rank changes (as
 objects: :class:`~weightplan.planner.pipelines.lower.Lowered`); checks 3 and 4 of such a
 step, a function of the step and the checkpoint alone, are made by the first rank that
-verifies it and given to the others (:data:`Checked`).
+verifies it and given to the others (:data:`Checked`). They share every conversion's
+front too: check 1 is made once for the graph of the conversions no rank changed, and
+for each rank's graph only over the tails it replaced (:mod:`~weightplan.planner.tensors.
+verify.derived`).
 """
 
 from __future__ import annotations
@@ -56,18 +59,20 @@ def _strided_checks() -> ModuleType:
     return strided_checks
 
 def verify(graph: PlanGraph, steps: Sequence[Step] = (), checkpoint: Checkpoint | None = None,
-           checked: Checked | None = None) -> None:
+           checked: Checked | None = None, proven: Segments | None = None) -> None:
     """Raise :class:`GraphError` listing every broken invariant (see the module docstring);
-    ``checked`` keeps the verdicts of the steps other ranks share."""
-    problems = check(graph, steps, checkpoint, checked)
+    ``checked`` keeps the verdicts of the steps other ranks share; ``proven``: the graph's
+    segments, proven from the graph other ranks share (:mod:`~weightplan.planner.tensors.
+    verify.derived`)."""
+    problems = check(graph, steps, checkpoint, checked, proven)
     if problems:
         raise GraphError(problems)
 
 
 def check(graph: PlanGraph, steps: Sequence[Step] = (), checkpoint: Checkpoint | None = None,
-          checked: Checked | None = None) -> list[str]:
+          checked: Checked | None = None, proven: Segments | None = None) -> list[str]:
     """Every broken invariant, as messages (empty: the plan is consistent)."""
-    problems, segments = check_graph(graph)
+    problems, segments = check_graph(graph) if proven is None else ([], proven)
     if problems:  # the steps' checks assume a sound graph
         return problems
     steps = tuple(steps)
