@@ -49,7 +49,7 @@ def _reads(plan):
 @pytest.mark.parametrize("name, fp8, world, ep, cooperative, nodes", CASES)
 def test_each_ranks_figures_are_its_own_plans(wide, name, fp8, world, ep, cooperative, nodes):
     directory = str(wide[name][1 if fp8 else 0])
-    model, dtype = _model_for(directory, None)
+    model, dtype, _ = _model_for(directory, None)
     tp = _tp(world, ep, cooperative, nodes)
     dry = plan_ranks(model, directory, tp, dtype=dtype)
     assert [p.sharding.rank for p in dry] == list(range(world))
@@ -78,7 +78,7 @@ def test_the_command_prints_the_dry_run_figures(wide, capsys):
     assert main(["explain", directory, "--tp", "4", "--ep", "--cooperative", "--nodes", "2",
                  "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
-    model, dtype = _model_for(directory, None)
+    model, dtype, _ = _model_for(directory, None)
     alone = explain_load(model, directory, dtype=dtype, tp=_tp(4, True, True, 2, rank=3))
     assert printed[3] == rank_rows((alone,))[0]
     assert main(["explain", directory, "--tp", "4", "--ep", "--cooperative", "--nodes",
