@@ -17,8 +17,9 @@ from tests.parallel.conftest import torchrun
 from tests.parallel.strided_fixtures import build
 
 WORKER = Path(__file__).with_name("coop_worker.py")
-FIXTURES = {2: (("mixtral", 1),), 4: (("dsv3", 0),)}  # 1: FP8, 0: bf16
-WAYS = {2: "plain,coop", 4: "plain,coop,node"}  # node: 4 ranks as 2 nodes × 2
+FIXTURES = {2: (("mixtral", 1),), 4: (("dsv3", 0), ("dsv3", 1))}  # 1: FP8, 0: bf16
+WAYS = {2: "plain,coop", 4: "plain,coop,node,auto,autocoop"}  # node: 4 ranks as 2 nodes × 2
+# auto: the model's own plan (transformers 5.25: the fused experts whole on every rank)
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +80,59 @@ def test_two_nodes_with_a_copy_each_read_it_once_per_node(loaded):
         for ranks in ((0, 1), (2, 3)):  # a node: its shards and the replicated bytes, once
             sharded = sum(plain[r]["bytes_read"] for r in ranks) - 2 * replicated
             assert sum(node[r]["bytes_read"] for r in ranks) <= 1.05 * (sharded + replicated)
+
+
+def test_a_replicated_tensor_larger_than_a_share_is_cut_between_readers(loaded):
+    # DeepSeek-V3 by the model's own plan on 4 ranks: its fused expert stack (4 MiB of a
+    # 14.9 MiB checkpoint) is whole on every rank; dealt whole, one rank read 1.6× its share
+    out, names = loaded
+    for name in names[4]:
+        plain, coop = dumps(out, name, "auto", 4), dumps(out, name, "autocoop", 4)
+        total = plain[0]["checkpoint_bytes"]
+        stack = "model.layers.1.mlp.experts.gate_up_proj"
+        whole = plain[0]["tensors"][stack].shape == (4, 1024, 512)  # (5.24's plan splits it)
+        assert all((stack in c["cut"]) == whole for c in coop)
+        for p, c in zip(plain, coop, strict=True):
+            assert p["tensors"].keys() == c["tensors"].keys()
+            for key, tensor in p["tensors"].items():
+                assert torch.equal(tensor, c["tensors"][key]), (name, key)
+        assert sum(c["bytes_read"] for c in coop) <= 1.05 * total, name
+        assert max(c["bytes_read"] for c in coop) <= 1.05 * total / 4, \
+            (name, [c["bytes_read"] / (total / 4) for c in coop])
+
+
+@pytest.mark.parametrize("fp8", [0, 1])
+def test_the_dry_run_cuts_a_stack_larger_than_a_share_into_byte_ranges(tmp_path, fp8):
+    # the experts whole on every rank (no rule names them: 5.25's plan, on any version)
+    from weightplan.cli import _model_for
+    from weightplan.parallel import TensorParallel
+    from weightplan.planner.inputs.parallel_plan import plan_rules
+    from weightplan.planner.pipelines.ranks import plan_ranks
+
+    directory = str(build("dsv3", tmp_path)[fp8])
+    model, dtype, _ = _model_for(directory, None)
+    rules = {rule: style for rule, style in
+             plan_rules(model, TensorParallel(world_size=1, rank=0)).items()
+             if ".experts" not in rule}
+    tp = TensorParallel(world_size=4, rank=0, output="local", cooperative=True, plan=rules)
+    plans = plan_ranks(model, directory, tp, dtype=dtype)
+    total = plans[0].checkpoint.nbytes
+    assert sum(p.read_bytes for p in plans) <= 1.05 * total
+    assert max(p.read_bytes for p in plans) <= 1.05 * total / 4  # (dealt whole: 1.6×)
+    items = plans[0].exchange.items
+    assert all(p.exchange.items == items for p in plans)
+    stack = "model.layers.1.mlp.experts.gate_up_proj"
+    parts = sorted((i for i in items if i.key == stack), key=lambda i: i.start)
+    size = next(d.spec.nbytes for s in plans[0].schedule.steps for d in s.destinations
+                if d.key == stack)
+    assert len({i.slot for i in parts}) == len(parts) > 1
+    assert [i.start for i in parts] == [0, *(i.start + i.nbytes for i in parts[:-1])]
+    assert parts[-1].start + parts[-1].nbytes == size
+    for p in plans:  # each reader reads its part's experts, the others none of them
+        step = next(s for s in p.schedule.steps if s.destinations[0].key == stack)
+        mine = sum(i.nbytes for i in parts if i.slot == p.exchange.slot)
+        itemsize = size // (4 * 1024 * 512)
+        assert sum(r.fragment.view.numel for r in step.reads) * itemsize == mine
 
 
 def test_a_cooperative_dry_run_plans_and_shows_its_exchange_but_does_not_execute(tmp_path):

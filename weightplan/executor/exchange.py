@@ -4,7 +4,8 @@
 tensor is kept by key. At :meth:`ExchangeSink.commit`, every item of the plan's
 :class:`~weightplan.planner.pipelines.cooperative.Exchange` is broadcast from the rank
 that read it into the same destination on every other rank (``torch.distributed``
-broadcast of its bytes on the mesh's group: gloo here, NCCL on GPUs), in the exchange's
+broadcast of its bytes, or of the byte range one reader read when the step was cut, on
+the mesh's group: gloo here, NCCL on GPUs), in the exchange's
 order (the same on every rank), then the wrapped sink commits. Before the broadcasts the
 ranks agree (:mod:`~weightplan.planner.pipelines.agreement`): when one failed to read its
 part, the others raise :class:`~weightplan.errors.RankFailedError` instead of waiting.
@@ -96,7 +97,8 @@ class ExchangeSink:
                 raise ExecutionError(f"{item.key}: a shared tensor was never opened on rank "
                                      f"{exchange.rank}; explain() again on every rank")
             flat = tensor if tensor.is_contiguous() else tensor.contiguous()
-            dist.broadcast(flat_bytes(flat), src=ranks[exchange.owner(item)], group=group)
+            part = flat_bytes(flat)[item.start:item.start + item.nbytes]  # (a cut: its rows)
+            dist.broadcast(part, src=ranks[exchange.owner(item)], group=group)
             if flat is not tensor:
                 with torch.no_grad():
                     tensor.copy_(flat)

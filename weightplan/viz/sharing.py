@@ -17,11 +17,14 @@ def sharing_lines(plan: PlanData) -> list[str]:
     exchange = plan.exchange if isinstance(plan, LoadPlanData) else None
     if exchange is None:
         return []
-    mine = sum(1 for i in exchange.items if i.slot == exchange.slot)
+    mine = {i.key for i in exchange.items if i.slot == exchange.slot}
+    received = {i.key for i in exchange.items if i.slot != exchange.slot}
+    cut = {i.key for i in exchange.items if i.start}  # (read in parts by several ranks)
     return [f"cooperative rank {exchange.rank} of {exchange.world_size}: storage "
             f"{format_bytes(plan.read_bytes)}, network {format_bytes(exchange.network_bytes)} "
             f"(receives {format_bytes(exchange.received_bytes)} in "
-            f"{len(exchange.items) - mine} tensors, broadcasts {mine}{_nodes(exchange)}); peak "
+            f"{len(received)} tensors, broadcasts {len(mine)}{_nodes(exchange)}"
+            f"{f'; {len(cut)} cut between readers' if cut else ''}); peak "
             f"{format_bytes(plan.peak_bytes)} includes the receive buffers (the tensors' own "
             "memory)"]
 

@@ -253,9 +253,10 @@ def placed_reads(sources: Streams[Node], frags: Streams[tuple[Fragment, ...]],
     """A read task for each non-empty fragment each source lands in, with the layout of
     its geometry (:func:`read_geometry`). A stream whose reads all share one geometry (a
     stack: :func:`stack_geometry` says so from the nodes and fragments, in columns; a
-    packed stack's layout is its parts' boxes) is made in columns with that one layout; any other read by read. Either way, the same
-    tasks. Items landing nowhere (another rank's experts) are left out first, so that a
-    rank's experts of a stack are made in columns too."""
+    packed stack's layout is its parts' boxes) is made in columns with that one layout;
+    any other read by read. Either way, the same tasks. Items landing nowhere (another
+    rank's experts) are left out first, so that a rank's experts of a stack are made in
+    columns too."""
     tasks: list[ReadTask] = []
     dtypes = [d.spec.dtype for d in dests]
     for stream, placed in zip(sources, frags, strict=True):
