@@ -242,7 +242,7 @@ def _packed_layout(parts: tuple[tuple[tuple[int, ...], int], ...], in_file: bool
     read = packed_read_layout(scheme, shape, region, parts, in_file)  # type: ignore[arg-type]
     weight = read.parts[0]
     work = packed_workspace(scheme, read.cover.box.shape)  # type: ignore[arg-type]
-    window = sum(p.asked for p in read.parts) if in_file else 0
+    window = read.held  # (one expert's mapped spans at a time: see packed_reads)
     others = sum(p.nbytes for p in read.parts[1:])
     return ReadLayout(False, weight.first, weight.length, ((0, weight.length),), window + work,
                       others, sum(p.asked for p in read.parts), weight.runs, None, read)
@@ -253,9 +253,10 @@ def placed_reads(sources: Streams[Node], frags: Streams[tuple[Fragment, ...]],
     """A read task for each non-empty fragment each source lands in, with the layout of
     its geometry (:func:`read_geometry`). A stream whose reads all share one geometry (a
     stack: :func:`stack_geometry` says so from the nodes and fragments, in columns; a
-    packed stack's layout is its parts' boxes) is made in columns with that one layout; any other read by read. Either way, the same
-    tasks. Items landing nowhere (another rank's experts) are left out first, so that a
-    rank's experts of a stack are made in columns too."""
+    packed stack's layout is its parts' boxes) is made in columns with that one layout;
+    any other read by read. Either way, the same tasks. Items landing nowhere (another
+    rank's experts) are left out first, so that a rank's experts of a stack are made in
+    columns too."""
     tasks: list[ReadTask] = []
     dtypes = [d.spec.dtype for d in dests]
     for stream, placed in zip(sources, frags, strict=True):
