@@ -65,3 +65,30 @@ def test_gptoss_mxfp4_equals_transformers_dequantizer(gptoss):
         assert same(params[key].detach(), want), key
     gate_up = params["model.layers.0.mlp.experts.gate_up_proj"]
     assert tuple(gate_up.shape) == (4, 64, 192)  # (E, in, out): gate = even, up = odd columns
+
+
+@pytest.mark.parametrize("experts", [(0, 4), (1, 3)])
+def test_a_fused_stack_holds_one_experts_window_at_a_time(experts):
+    from weightplan.planner.core.geometry import Region
+    from weightplan.planner.core.quant.formats import Scheme
+    from weightplan.planner.tensors.lower.packed_reads import packed_read_layout
+
+    scheme = Scheme("mxfp4", transpose=True)
+    parts = (((4, 192, 2, 16), 1), ((4, 192, 2), 1))  # gate_up_proj: (E, in 64, out 192)
+    region = Region((experts[0], 0, 0), (experts[1], 64, 192))
+    read = packed_read_layout(scheme, (4, 64, 192), region, parts, True)
+    assert read.by_lead == (True, True)
+    assert read.held == 192 * 2 * 16 + 192 * 2  # one expert's blocks and scales
+    assert sum(p.asked for p in read.parts) == (experts[1] - experts[0]) * read.held
+    flat = packed_read_layout(scheme, (64, 192), Region((0, 0), (64, 192)),
+                              (((192, 2, 16), 1), ((192, 2), 1)), True)
+    assert flat.by_lead == (False, False) and flat.held == 192 * 2 * 16 + 192 * 2
+
+
+def test_gptoss_estimate_matches_what_the_executor_holds(gptoss):
+    qdir, _ = gptoss  # (one reader: with several, what overlaps depends on the timing)
+    with weightplan.init_empty():
+        model = T.GptOssForCausalLM(gptoss_config())
+    plan = weightplan.explain(model, qdir, dtype=torch.bfloat16, threads=0)
+    report = plan.execute()
+    assert report.peak_bytes <= plan.peak_bytes <= 1.05 * report.peak_bytes

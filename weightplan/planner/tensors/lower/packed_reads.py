@@ -6,6 +6,10 @@ is read like a plain region: its span (one window: a row slice's contiguous byte
 when the cost model prefers it, only its runs (a column slice's row segments, read by the
 strided-read machinery: :func:`~weightplan.planner.tensors.lower.strided.choose_runs`);
 the scale tiles and zero points of a weight read by runs are read by runs too.
+
+A stack's parts (the experts of a fused tensor) are mapped and decoded one leading index
+at a time: what a read holds mapped at once (:attr:`PackedRead.held`, the plan's window)
+is one expert's spans, not the stack's.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ class PackedRead:
 
     cover: PackedCover
     parts: tuple[PartRead, ...]
+    by_lead: tuple[bool, ...]  # parts cut per leading index (the rest: read once, whole)
+    held: int  # file bytes held at once: one leading index's spans, the others whole
 
 
 def packed_read_layout(scheme: Scheme, shape: tuple[int, ...], region: Region,
@@ -53,7 +59,23 @@ def packed_read_layout(scheme: Scheme, shape: tuple[int, ...], region: Region,
     weight = part_read(cover.parts[0], tuple(parts[0][0]), parts[0][1], in_file)
     rest = (part_read(box, tuple(s), size, in_file, weight.runs is not None)
             for box, (s, size) in zip(cover.parts[1:], parts[1:], strict=True))
-    return PackedRead(cover, (weight, *rest))
+    reads = (weight, *rest)
+    n = len(shape) - 2
+    by_lead = tuple(n > 0 and (box is not None or tuple(s[:n]) == tuple(shape[:n]))
+                    for box, (s, _) in zip(cover.parts, parts, strict=True))
+    held = sum(lead_span(r, tuple(s), n)[1] * size if cut and r.runs is None else r.asked
+               for r, cut, (s, size) in zip(reads, by_lead, parts, strict=True)) if in_file else 0
+    return PackedRead(cover, reads, by_lead, held)
+
+
+def lead_span(read: PartRead, shape: tuple[int, ...], n: int,
+              lead: tuple[int, ...] | None = None) -> tuple[int, int]:
+    """``(first element, count)`` of index ``lead`` (its first by default) of the ``n``
+    leading dims of a part's box, within the part."""
+    box = read.box if read.box is not None else Region.full(shape)
+    at = box.starts[:n] if lead is None else lead
+    sub = Region(tuple(at) + box.starts[n:], tuple(i + 1 for i in at) + box.stops[n:])
+    return sub.element_span(shape)
 
 
 def part_read(box: Region | None, shape: tuple[int, ...], itemsize: int, in_file: bool,

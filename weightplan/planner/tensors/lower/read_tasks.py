@@ -242,7 +242,7 @@ def _packed_layout(parts: tuple[tuple[tuple[int, ...], int], ...], in_file: bool
     read = packed_read_layout(scheme, shape, region, parts, in_file)  # type: ignore[arg-type]
     weight = read.parts[0]
     work = packed_workspace(scheme, read.cover.box.shape)  # type: ignore[arg-type]
-    window = sum(p.asked for p in read.parts) if in_file else 0
+    window = read.held  # (one expert's mapped spans at a time: see packed_reads)
     others = sum(p.nbytes for p in read.parts[1:])
     return ReadLayout(False, weight.first, weight.length, ((0, weight.length),), window + work,
                       others, sum(p.asked for p in read.parts), weight.runs, None, read)
