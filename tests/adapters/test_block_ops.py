@@ -14,6 +14,7 @@ from weightplan.errors import OpError
 from weightplan.ops import (
     BlockDiagonal, BlockDiagonalSplit, Flatten, MergeModulelist, Permute, Unflatten,
 )
+from weightplan.planner.core.geometry import Fragment, Region, View
 from weightplan.planner.core.ops import OpContext
 from weightplan.planner.core.spec import TensorSpec
 
@@ -104,3 +105,57 @@ def test_peft_packing_converts_and_reverts():
         assert not packed[:out, r * e + i::e].any()
     back = weightplan.revert({"experts.B": packed}, mapping)
     assert set(back) == set(tensors) and all(torch.equal(back[k], tensors[k]) for k in tensors)
+
+
+def _placed(op, t, out):
+    """``t`` written into a NaN destination of ``out``'s shape through ``op.place_one``;
+    None when the op doesn't place."""
+    dest = torch.full(out.shape, float("nan"))
+    f = op.place_one(Fragment(Region.full(tuple(out.shape)), 0, View.contiguous(tuple(out.shape))),
+                     TensorSpec.of(t), 0)
+    if f is None:
+        return None
+    piece = t[tuple(slice(a, b) for a, b in zip(f.region.starts, f.region.stops, strict=True))]
+    torch.as_strided(dest, f.view.shape, f.view.stride, f.view.offset).copy_(
+        piece.reshape(f.view.shape))
+    return dest
+
+
+@settings(max_examples=60, deadline=None)
+@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=4), data=st.data())
+def test_permute_and_flatten_place_as_their_kernels(shape, data):
+    """Placed reads land each element where the kernel puts it; a permutation keeping the
+    last dim last always places (the rows stay contiguous), one moving it places only
+    when the rows would not land element by element."""
+    t = torch.arange(torch.Size(shape).numel(), dtype=torch.float32).reshape(shape)
+    dims = tuple(data.draw(st.permutations(range(len(shape)))))
+    (out,), = Permute(dims).forward(((t,),))
+    placed = _placed(Permute(dims), t, out)
+    if dims[-1] == len(shape) - 1:
+        assert placed is not None
+    if placed is not None:
+        assert torch.equal(placed, out)
+    start = data.draw(st.integers(0, len(shape) - 1))
+    end = data.draw(st.integers(start, len(shape) - 1))
+    f = Flatten(start, end).resolve(CTX, _specs(t))
+    (flat,), = f.forward(((t,),))
+    assert torch.equal(_placed(f, t, flat), flat)
+
+
+def test_per_expert_lora_reads_straight_into_the_packed_factors(tmp_path):
+    """The per-expert lora_A factors are read into their rows of the packed (E·r', in)
+    parameter (no copy held); lora_B's packing writes the block-diagonal once, no flattened
+    copy of it."""
+    from tests.adapters.builders import MIXTRAL, per_expert_adapter
+    from tests.adapters.test_experts import _injected
+
+    d = str(tmp_path / "v4")
+    per_expert_adapter(d, MIXTRAL)
+    plan = weightplan.explain(_injected("mixtral", d), d)
+    steps = [s for s in plan.schedule.steps if "lora_" in s.label and ".experts." in s.label]
+    assert steps and not plan.problems
+    for s in steps:
+        if "lora_A" in s.label:
+            assert not s.materialize and s.held_bytes == 0, s.label
+        else:
+            assert not any(isinstance(op, Flatten) for op in s.ops), s.label

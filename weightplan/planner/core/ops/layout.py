@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from weightplan.errors import OpError
+from weightplan.planner.core.geometry import Fragment, Region, View
 from weightplan.planner.core.ops.base import TensorwiseOp, normalize_dim
 from weightplan.planner.core.spec import TensorSpec
 
@@ -45,6 +46,23 @@ class Permute(TensorwiseOp):
     def infer_one(self, spec, stream):
         self._check(len(spec.shape))
         return TensorSpec(tuple(spec.shape[d] for d in self.dims), spec.dtype)
+
+    def place_one(self, fragment, spec, stream):
+        """Output dim ``i`` is input dim ``dims[i]``: the region and the view's dims go
+        back to the input's order (the view stays strided: peft's ``lora_B`` packing,
+        expert axis fastest, lands each expert's factor at its columns)."""
+        if not fragment.aligned:
+            return None
+        self._check(len(spec.shape))
+        back = [0] * len(self.dims)
+        for i, d in enumerate(self.dims):
+            back[d] = i
+        r, v = fragment.region, fragment.view
+        view = View(tuple(v.shape[i] for i in back), tuple(v.stride[i] for i in back), v.offset)
+        if view.shape and view.shape[-1] > 1 and view.stride[-1] != 1:
+            return None  # (element by element: the reads would scatter; the op copies once)
+        return Fragment(Region(tuple(r.starts[i] for i in back), tuple(r.stops[i] for i in back)),
+                        fragment.target, view)
 
     def inverse(self) -> "Permute":
         back = [0] * len(self.dims)
@@ -91,6 +109,18 @@ class Flatten(TensorwiseOp):
         a, b = self._span(len(spec.shape))
         shape = (*spec.shape[:a], math.prod(spec.shape[a:b + 1]), *spec.shape[b + 1:])
         return TensorSpec(shape, spec.dtype)
+
+    def place_one(self, fragment, spec, stream):
+        """A fragment spanning the whole merged dim: its view split back into the merged
+        sizes (peft's ``lora_A`` packing, expert axis slowest, lands each expert's rows)."""
+        a, b = self._span(len(spec.shape))
+        sizes, r = tuple(spec.shape[a:b + 1]), fragment.region
+        if not fragment.aligned or (r.starts[a], r.stops[a]) != (0, math.prod(sizes)):
+            return None
+        n = len(sizes)
+        region = Region((*r.starts[:a], *(0,) * n, *r.starts[a + 1:]),
+                        (*r.stops[:a], *sizes, *r.stops[a + 1:]))
+        return Fragment(region, fragment.target, fragment.view.split(a, sizes))
 
     def inverse(self) -> "Unflatten":
         if self.sizes is None:
