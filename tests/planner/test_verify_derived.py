@@ -19,6 +19,7 @@ from weightplan.planner.tensors.verify.derived import base_of, derived
 from weightplan.planner.tensors.verify.graph_checks import graph_holds, graph_problems
 from weightplan.planner.tensors.verify.verify import check, release_holds
 
+from tests.planner.graph_mutations import mutated
 from tests.planner.test_verify_segments import stacks
 
 
@@ -62,19 +63,6 @@ def test_lowered_proves_each_rank_from_its_base_and_checks_the_rest_whole():
     assert segments is None and graph == plan_graph(strangers)
 
 
-def _broken(nodes, i, j, how):
-    nodes = list(nodes)
-    if how == "drop":
-        del nodes[i]
-    elif how == "move":
-        nodes.insert(j, nodes.pop(i))
-    elif how == "repeat":
-        nodes.insert(j, nodes[i])
-    elif how == "rewire" and nodes[i].inputs:
-        nodes[i] = dataclasses.replace(nodes[i], inputs=(nodes[j], *nodes[i].inputs[1:]))
-    return tuple(nodes)
-
-
 @settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_the_derived_proof_never_vouches_for_a_broken_graph(data):
@@ -94,7 +82,7 @@ def test_the_derived_proof_never_vouches_for_a_broken_graph(data):
         part = part[:i] + (dataclasses.replace(part[i], inputs=(other[j],) + part[i].inputs[1:])
                            if part[i].inputs else part[i],) + part[i + 1:]
     else:
-        part = _broken(part, i, j, how)
+        part = mutated(part, i, j, how)
     parts[k] = part
     shown = derived(base, parts)
     nodes = tuple(n for p in parts for n in p)

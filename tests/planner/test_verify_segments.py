@@ -22,6 +22,7 @@ from weightplan.planner.tensors.verify.graph_checks import graph_holds, graph_pr
 from weightplan.planner.tensors.verify.verify import check, release_holds
 
 from tests.planner.core import checkpoint, conversion, entry
+from tests.planner.graph_mutations import mutated
 from tests.planner.test_verify import broken_graphs, read_node, sink
 
 
@@ -180,18 +181,11 @@ def test_the_proof_and_the_per_node_pass_agree(data):
     """Whatever is done to a sound graph's node list (a node dropped, moved, repeated, or
     an input swapped for another node), the proof vouches only for lists the per-node
     pass finds sound, and refuses every list it finds broken."""
-    nodes = list(_sound_nodes())
+    nodes = _sound_nodes()
     i = data.draw(st.integers(0, len(nodes) - 1))
     j = data.draw(st.integers(0, len(nodes) - 1))
     how = data.draw(st.sampled_from(["drop", "move", "repeat", "rewire", "none"]))
-    if how == "drop":
-        del nodes[i]
-    elif how == "move":
-        nodes.insert(j, nodes.pop(i))
-    elif how == "repeat":
-        nodes.insert(j, nodes[i])
-    elif how == "rewire" and nodes[i].inputs:
-        nodes[i] = dataclasses.replace(nodes[i], inputs=(nodes[j], *nodes[i].inputs[1:]))
+    nodes = list(mutated(nodes, i, j, how))
     problems = graph_problems(PlanGraph(tuple(nodes)))
     assert proven(nodes) or problems or how != "none"
     if problems:
