@@ -97,7 +97,13 @@ class ExchangeSink:
                 raise ExecutionError(f"{item.key}: a shared tensor was never opened on rank "
                                      f"{exchange.rank}; explain() again on every rank")
             flat = tensor if tensor.is_contiguous() else tensor.contiguous()
-            part = flat_bytes(flat)[item.start:item.start + item.nbytes]  # (a cut: its rows)
+            whole = flat_bytes(flat)
+            if item.start + item.nbytes > whole.numel():  # (every rank would wait: refuse)
+                raise ExecutionError(
+                    f"{item.key}: bytes {item.start}..{item.start + item.nbytes} to share "
+                    f"lie past its {whole.numel()} bytes on rank {exchange.rank}; "
+                    "explain() again on every rank")
+            part = whole[item.start:item.start + item.nbytes]  # (a cut: its rows)
             dist.broadcast(part, src=ranks[exchange.owner(item)], group=group)
             if flat is not tensor:
                 with torch.no_grad():

@@ -33,7 +33,7 @@ from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.core.geometry import Region, row_major_strides
 from weightplan.planner.core.ops.base import Streams
 from weightplan.planner.tensors.lower.placement import ReadTask, Step
-from weightplan.planner.tensors.schedule.schedule import EventKind, Schedule
+from weightplan.planner.tensors.schedule.schedule import Schedule
 
 if TYPE_CHECKING:  # (a protocol: annotations only)
     from weightplan.executor.sink import Sink
@@ -84,11 +84,12 @@ class _Execution:
         self._lock = threading.Lock()
 
     def run(self) -> None:
-        for event in self.schedule.events:
-            if event.kind is EventKind.SUBMIT:
-                self.submit(event.step)
+        events = self.schedule.events  # (columns: no Event object per event)
+        for step, finalize in zip(events.steps, events.finalizes, strict=True):
+            if finalize:
+                self.finalize(step)
             else:
-                self.finalize(event.step)
+                self.submit(step)
 
     def submit(self, index: int) -> None:
         program = self.schedule.steps[index]

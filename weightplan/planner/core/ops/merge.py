@@ -143,7 +143,7 @@ class MergeLora(ConversionOp):
             a = a.reshape(self.experts, -1, a.shape[-1])  # (E, r, in): expert axis slowest
             b = b.reshape(b.shape[0], -1, self.experts).permute(2, 0, 1)  # (E, out, r)
         work = _Work(out.shape[1:], out.device)
-        with _one_thread():
+        with _one_thread(out.device):
             segments = [(0, b.shape[1], 0, b.shape[2])] if self.transposed else \
                 _rank_segments(b)
             for e in range(len(out)):
@@ -241,10 +241,14 @@ class _Work:
 class _one_thread:
     """torch's intra-op threads at one while a merge runs: its ops are a cache's worth each,
     too small to share, and an OpenMP team waits at every op for its slowest thread (on a
-    busy machine, a descheduled one: tens of times the op's own time)."""
+    busy machine, a descheduled one: tens of times the op's own time). On another device
+    the host's threads don't run the ops: left as they are."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cpu = device.type == "cpu"
 
     def __enter__(self) -> None:
-        self.threads = torch.get_num_threads()
+        self.threads = torch.get_num_threads() if self.cpu else 1
         if self.threads != 1:
             torch.set_num_threads(1)
 
