@@ -10,7 +10,7 @@ import shutil
 import textwrap
 from collections.abc import Iterable, Sequence
 import sys
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, TypeGuard, cast
 
 from weightplan.planner.core.quant.blocks import FP8_DTYPES
 from weightplan.planner.inputs.device import STAGING_BUFFERS, STAGING_CHUNK
@@ -247,7 +247,7 @@ def threads_text(plan: PlanData) -> str:
     return str(threads)
 
 
-def _into_model(plan: PlanData) -> bool:
+def _into_model(plan: PlanData) -> TypeGuard[LoadPlanData]:
     """A load into a model (not into the fresh tensors a plan without a model hands back)."""
     return isinstance(plan, LoadPlanData) and plan.model is not None
 
@@ -255,10 +255,10 @@ def _into_model(plan: PlanData) -> bool:
 def _sink_text(plan: PlanData) -> str:
     if plan.direction is not Direction.LOAD:
         return "the output files"
-    if not isinstance(plan, LoadPlanData) or plan.model is None:
+    if not _into_model(plan):
         return "the returned tensors"
-    return "model memory or offload files" if _disk_bytes(plan)[1] > _disk_bytes(plan)[0] \
-        else "model memory"
+    referenced, offloaded = _disk_bytes(plan)
+    return "model memory or offload files" if offloaded > referenced else "model memory"
 
 
 def direct_bytes(step: Step) -> int:

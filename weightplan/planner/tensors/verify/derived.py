@@ -33,13 +33,12 @@ from operator import attrgetter, is_, is_not
 from weightplan.planner.tensors.ir.graph import PlanGraph
 from weightplan.planner.tensors.ir.nodes import Node, NodeKind, SinkAttrs
 from weightplan.planner.tensors.verify.graph_checks import (
-    Segments, graph_holds, spec_problems, well_formed,
+    SPEC_RULED, Segments, graph_holds, spec_problems, well_formed,
 )
 
 Part = tuple[Node, ...]  # a conversion's nodes, in order
 _HASH, _KIND = attrgetter("_hash"), attrgetter("kind")
-_RULED = frozenset((NodeKind.CAST, NodeKind.SINK, NodeKind.SHARD, NodeKind.QUANTIZE,
-                    NodeKind.DEQUANTIZE))
+_RULED = SPEC_RULED | {NodeKind.DEQUANTIZE}
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,7 @@ from weightplan.planner.tensors.ir.nodes import (
 
 ARITY = {NodeKind.READ: 0, NodeKind.CAST: 1, NodeKind.SINK: 1, NodeKind.SHARD: 1,
          NodeKind.QUANTIZE: 1, NodeKind.DEQUANTIZE: 2}  # (an op's: any, but not none)
-_SPEC_RULED = frozenset((NodeKind.CAST, NodeKind.SINK, NodeKind.SHARD, NodeKind.QUANTIZE))
+SPEC_RULED = frozenset((NodeKind.CAST, NodeKind.SINK, NodeKind.SHARD, NodeKind.QUANTIZE))
 _INPUTS, _KIND, _ATTRS_TYPE = attrgetter("inputs"), attrgetter("kind"), attrgetter("attrs.__class__")
 _SHAPE, _DTYPE, _ATTRS_DTYPE = (attrgetter("spec.shape"), attrgetter("spec.dtype"),
                                 attrgetter("attrs.dtype"))
@@ -147,7 +147,7 @@ def _proven(segment: Sequence[Node], kinds: tuple[NodeKind, ...], classes: tuple
     first = dict(zip(reversed(consumers), reversed(at), strict=True))  # (each one's first)
     return _Proof(index, arities, classes, picker(at), picker(dequantizes),
                   picker([first[i] for i in dequantizes]),
-                  picker([i for i, k in enumerate(kinds) if k in _SPEC_RULED]), picker(sinks))
+                  picker([i for i, k in enumerate(kinds) if k in SPEC_RULED]), picker(sinks))
 
 
 def _specs_hold(dequantizes: list[Node], weights: list[Node], ruled: list[Node]) -> bool:
