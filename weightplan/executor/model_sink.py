@@ -65,13 +65,7 @@ def install(model: nn.Module, dest: Destination, tensor: torch.Tensor, info: Mod
     else:
         grad = (info.requires_grad if info is not None else True) and tensor.is_floating_point()
         value = nn.Parameter(tensor, requires_grad=grad)
-    for alias in dest.aliases:
-        module, attr = module_and_attr(model, alias)
-        if is_buffer:
-            module._buffers[attr] = value
-        else:
-            assert isinstance(value, nn.Parameter)
-            module._parameters[attr] = value
+    _set(model, dest.aliases, value, is_buffer)
 
 
 def on_meta_as(model: nn.Module, aliases: tuple[str, ...], dtype: torch.dtype) -> None:
@@ -82,9 +76,19 @@ def on_meta_as(model: nn.Module, aliases: tuple[str, ...], dtype: torch.dtype) -
         return
     value = nn.Parameter(torch.empty(tensor.shape, dtype=dtype, device="meta"),
                          requires_grad=tensor.requires_grad and dtype.is_floating_point)
+    _set(model, aliases, value, False)
+
+
+def _set(model: nn.Module, aliases: tuple[str, ...], value: torch.Tensor,
+         is_buffer: bool) -> None:
+    """``value`` as the buffer (or parameter) of every name in ``aliases``."""
     for alias in aliases:
         module, attr = module_and_attr(model, alias)
-        module._parameters[attr] = value
+        if is_buffer:
+            module._buffers[attr] = value
+        else:
+            assert isinstance(value, nn.Parameter)
+            module._parameters[attr] = value
 
 
 def strided(base: torch.Tensor, view: View) -> torch.Tensor:
