@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from weightplan.planner.pipelines.plan import LoadPlanData, PlanData
-from weightplan.units import format_bytes
+from weightplan.units import counted, format_bytes
 
 if TYPE_CHECKING:  # (a plan that isn't cooperative imports no cooperative module)
     from weightplan.planner.pipelines.cooperative import Exchange
@@ -17,13 +17,15 @@ def sharing_lines(plan: PlanData) -> list[str]:
     exchange = plan.exchange if isinstance(plan, LoadPlanData) else None
     if exchange is None:
         return []
+    # (a tensor cut between readers counts where this rank reads a part and where it
+    # receives one: "tensors" are tensors touched, not parts)
     mine = {i.key for i in exchange.items if i.slot == exchange.slot}
     received = {i.key for i in exchange.items if i.slot != exchange.slot}
     cut = {i.key for i in exchange.items if i.start}  # (read in parts by several ranks)
     return [f"cooperative rank {exchange.rank} of {exchange.world_size}: storage "
             f"{format_bytes(plan.read_bytes)}, network {format_bytes(exchange.network_bytes)} "
             f"(receives {format_bytes(exchange.received_bytes)} in "
-            f"{len(received)} tensors, broadcasts {len(mine)}{_nodes(exchange)}"
+            f"{counted(len(received), 'tensor')}, broadcasts {len(mine)}{_nodes(exchange)}"
             f"{f'; {len(cut)} cut between readers' if cut else ''}); peak "
             f"{format_bytes(plan.peak_bytes)} includes the receive buffers (the tensors' own "
             "memory)"]
