@@ -13,6 +13,7 @@ part, the others raise :class:`~weightplan.errors.RankFailedError` instead of wa
 
 from __future__ import annotations
 
+from itertools import groupby
 from typing import Any
 
 import torch
@@ -91,20 +92,21 @@ class ExchangeSink:
         if len(exchange.groups) > 1:  # one group per node: every rank makes every group
             made = [dist.new_group([ranks[r] for r in g]) for g in exchange.groups]
             group = made[exchange.groups.index(exchange.group)]
-        for item in exchange.items:
-            tensor = self.handles.get(item.key)
+        for key, parts in groupby(exchange.items, key=lambda item: item.key):
+            tensor = self.handles.get(key)
             if tensor is None:
-                raise ExecutionError(f"{item.key}: a shared tensor was never opened on rank "
+                raise ExecutionError(f"{key}: a shared tensor was never opened on rank "
                                      f"{exchange.rank}; explain() again on every rank")
-            flat = tensor if tensor.is_contiguous() else tensor.contiguous()
+            flat = tensor if tensor.is_contiguous() else tensor.contiguous()  # once a tensor
             whole = flat_bytes(flat)
-            if item.start + item.nbytes > whole.numel():  # (every rank would wait: refuse)
-                raise ExecutionError(
-                    f"{item.key}: bytes {item.start}..{item.start + item.nbytes} to share "
-                    f"lie past its {whole.numel()} bytes on rank {exchange.rank}; "
-                    "explain() again on every rank")
-            part = whole[item.start:item.start + item.nbytes]  # (a cut: its rows)
-            dist.broadcast(part, src=ranks[exchange.owner(item)], group=group)
+            for item in parts:  # (a tensor cut between readers: one part per reader)
+                if item.start + item.nbytes > whole.numel():  # (every rank would wait: refuse)
+                    raise ExecutionError(
+                        f"{key}: bytes {item.start}..{item.start + item.nbytes} to share "
+                        f"lie past its {whole.numel()} bytes on rank {exchange.rank}; "
+                        "explain() again on every rank")
+                part = whole[item.start:item.start + item.nbytes]
+                dist.broadcast(part, src=ranks[exchange.owner(item)], group=group)
             if flat is not tensor:
                 with torch.no_grad():
                     tensor.copy_(flat)

@@ -69,7 +69,8 @@ class Reader:
         self._lease = LeaseGuard()  # no SIGBUS: see executor/lease.py
         self._cold: set[str] = set()
         self._mappable: set[str] = set()  # leased files: the only ones ever mapped
-        self._no_copy: set[int] = set()  # output files the kernel can't copy into
+        self._no_copy: set[tuple[str, str]] = set()  # (checkpoint, output) pairs the kernel
+        # can't copy between (by path: a closed output's descriptor number is reused)
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         try:
@@ -138,7 +139,7 @@ class Reader:
             TruncatedCheckpointError: ``path`` shrank under the copy.
             ExecutionError: the copy failed otherwise (a full disk: names both files).
         """
-        if not hasattr(os, "copy_file_range") or out in self._no_copy:
+        if not hasattr(os, "copy_file_range") or (path, out_path) in self._no_copy:
             return False
         fd, done = self._fds[path], 0
         if hasattr(os, "posix_fadvise"):  # the whole range is queued at once
@@ -150,7 +151,7 @@ class Reader:
                 if done or e.errno not in _NO_COPY:
                     raise ExecutionError(f"copying bytes {offset}..{offset + nbytes} of {path} "
                                          f"into {out_path} at byte {at} failed: {e}") from e
-                self._no_copy.add(out)
+                self._no_copy.add((path, out_path))
                 return False
             if got <= 0:
                 raise TruncatedCheckpointError(
