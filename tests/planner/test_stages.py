@@ -72,7 +72,7 @@ def _conversions(draw):
     return _conversion(sizes, scaled), draw(st.sampled_from(ORDERS))
 
 
-ORDERS = ("as built", "reads reversed", "pairs reversed", "one more read")
+ORDERS = ("as built", "reads reversed", "pairs reversed", "one more read", "in columns")
 
 
 def _reordered(conv: Conversion, order: str) -> Conversion:
@@ -85,6 +85,11 @@ def _reordered(conv: Conversion, order: str) -> Conversion:
         end = next((i for i, n in enumerate(nodes) if n.kind is NodeKind.OP), len(nodes))
         pairs = [nodes[i:i + 2] for i in range(count, end, 2)]
         nodes = (*nodes[:count], *(n for pair in pairs[::-1] for n in pair), *nodes[end:])
+    elif order == "in columns":  # the scale reads, then the dequantizes (a packed stack's)
+        end = next((i for i, n in enumerate(nodes) if n.kind is NodeKind.OP), len(nodes))
+        middle = nodes[count:end]
+        nodes = (*nodes[:count], *(n for n in middle if n.kind is NodeKind.READ),
+                 *(n for n in middle if n.kind is not NodeKind.READ), *nodes[end:])
     elif order == "one more read":
         last = nodes[count - 1]
         i, j = last.attrs.source
@@ -111,7 +116,12 @@ def test_a_built_stack_is_cut_straight_from_its_nodes_and_a_mixed_one_looked_up(
     mixed = _conversion([4], [[True, False, True, True]])
     assert as_built(plain) == stages(plain)[0] == _definition(plain)[0]
     assert as_built(fp8) == stages(fp8)[0] == _definition(fp8)[0]
+    columns = _reordered(fp8, "in columns")  # (as a packed stack's nodes lie)
+    assert columns.nodes != fp8.nodes
+    assert as_built(columns) == stages(columns)[0] == _definition(columns)[0]
     assert all(n.kind is NodeKind.DEQUANTIZE for s in stages(fp8)[0] for n in s)
     assert as_built(mixed) is None and stages(mixed) == _definition(mixed)
+    more = _reordered(plain, "one more read")  # (of a source past the last)
+    assert as_built(more) is None and stages(more) == _definition(more)
     moved = dataclasses.replace(plain, nodes=(plain.nodes[1], plain.nodes[0], *plain.nodes[2:]))
     assert as_built(moved) is None and stages(moved) == _definition(moved)

@@ -5,8 +5,8 @@ read, or the dequantize in place of its weight's read (the scale's read, of the 
 source, sits behind it); stage k holds the outputs of op k-1 by their position. The
 nodes are the one description of a conversion, so lowering asks this module for the
 stages instead of being told them. One algorithm, with one shortcut chosen by one test:
-where the nodes lie as the builder lays them out (:func:`_as_built`), stage 0 is cut
-straight from them; anywhere else it is looked up by source (:func:`_by_source`).
+where the nodes lie as the builder lays them out (:func:`_as_built`: FP8 and packed
+dequantizes alike), stage 0 is cut straight from them; anywhere else it is looked up by source (:func:`_by_source`).
 """
 
 from __future__ import annotations
@@ -48,23 +48,26 @@ def _as_built(nodes: tuple[Node, ...], counts: tuple[int, ...], kinds: list[Node
               ) -> Streams[Node] | None:
     """Stage 0 cut straight from ``nodes`` when they lie as
     :func:`~weightplan.planner.tensors.ir.build.build_conversion` lays them out: every
-    source's read, in source order, then, when every source is dequantized, each one's
-    (scale read, dequantize) pair, in the same order, and no other read or dequantize.
-    ``None``: they lie otherwise (a stream partly dequantized, nodes made elsewhere)."""
+    source's read first, in source order; then, when every source is dequantized, one
+    dequantize per source, in the same order, each taking that read first (the other
+    reads, its scale's or a packed weight's other parts, anywhere after: they read the
+    sources already placed). ``None``: they lie otherwise (a stream partly dequantized, a
+    read of another source, nodes made elsewhere)."""
     total = sum(counts)
-    dequantized = kinds.count(NodeKind.DEQUANTIZE)
-    if dequantized not in (0, total) or kinds[:total].count(NodeKind.READ) != total or \
-            kinds.count(NodeKind.READ) != (2 * total if dequantized else total):
+    if kinds[:total].count(NodeKind.READ) != total:
         return None
     reads = nodes[:total]
-    if list(map(_SOURCE, reads)) != dense_sources(counts):
+    dense = dense_sources(counts)
+    if list(map(_SOURCE, reads)) != dense:
         return None
-    values = reads
-    if dequantized:
-        values = nodes[total + 1:3 * total:2]
-        if kinds[total + 1:3 * total:2].count(NodeKind.DEQUANTIZE) != total or \
-                tuple(map(_FIRST, map(_INPUTS, values))) != reads:
-            return None
+    rest, later = nodes[total:], kinds[total:]
+    values = tuple(compress(rest, map(is_, later, repeat(NodeKind.DEQUANTIZE))))
+    if values and (len(values) != total or tuple(map(_FIRST, map(_INPUTS, values))) != reads):
+        return None  # (dequantized partly, or not in source order)
+    others = compress(rest, map(is_, later, repeat(NodeKind.READ)))
+    if not _placed(counts).issuperset(map(_SOURCE, others)):
+        return None
+    values = values or reads
     ends = accumulate(counts)
     return tuple(values[end - n:end] for n, end in zip(counts, ends, strict=True))
 
@@ -78,6 +81,12 @@ def _by_source(nodes: tuple[Node, ...], kinds: list[NodeKind]) -> dict[tuple[int
     first.update(zip(map(_SOURCE, map(_FIRST, map(_INPUTS, dequantized))), dequantized,
                      strict=True))
     return first
+
+
+@lru_cache(maxsize=256)
+def _placed(counts: tuple[int, ...]) -> frozenset[tuple[int, int]]:
+    """:func:`dense_sources` as a set."""
+    return frozenset(dense_sources(counts))
 
 
 @lru_cache(maxsize=256)
