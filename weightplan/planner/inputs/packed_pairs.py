@@ -100,9 +100,10 @@ def pair_packed(entries: Mapping[str, TensorEntry], config: FormatConfig,
     keys = list(entries)
     templates = _templates(keys)
     known = frozenset(templates)
+    in_order = list(entries.values())
     stacks = [stack for template, positions in _by_template(templates, config).items()
-              if (stack := _stack(template, positions, keys, entries, config, known))
-              is not None]
+              if (stack := _stack(template, positions, keys, entries, in_order, config,
+                                  known)) is not None]
     shapes = [e for stack in stacks for e in stack.shape_reads()]
     values = dict(zip(map(id, shapes), read_small(shapes), strict=True))
     found: list[tuple[int, PackedWeight | PackedProblem]] = []
@@ -270,9 +271,10 @@ def _spec_of(entry: TensorEntry | None) -> TensorSpec | None:
 
 
 def _stack(template: str, positions: list[int], keys: list[str],
-           entries: Mapping[str, TensorEntry], config: FormatConfig,
-           templates: frozenset[str]) -> _Stack | None:
-    """The stored weights among the keys of ``template`` (``None``: none can be)."""
+           entries: Mapping[str, TensorEntry], in_order: list[TensorEntry],
+           config: FormatConfig, templates: frozenset[str]) -> _Stack | None:
+    """The stored weights among the keys of ``template`` (``None``: none can be);
+    ``in_order``: the entries in the order of ``keys``."""
     members = list(map(keys.__getitem__, positions))
     if config.method == "mxfp4":
         if not template.endswith("_blocks"):
@@ -302,9 +304,13 @@ def _stack(template: str, positions: list[int], keys: list[str],
         schemes = [config.scheme_for(module_of(base_template))] * len(members)
     else:
         schemes = list(map(config.scheme_for, map(module_of, bases)))
-    names = {role: _with(bases, suffix) for role, suffix in suffixes.items()
-             if (base_template + suffix).translate(_TO_ONE) in templates}
-    parts = {role: list(map(entries.get, column)) for role, column in names.items()}
+    # the stored weights themselves by position (no key hashed), their parts by name
+    stored, *others = suffixes
+    names = {stored: members} | {role: _with(bases, suffixes[role]) for role in others
+                                 if (base_template + suffixes[role]).translate(_TO_ONE)
+                                 in templates}
+    parts = {stored: list(map(in_order.__getitem__, positions))} | {
+        role: list(map(entries.get, names[role])) for role in names if role != stored}
     return _Stack(positions, bases, logical, schemes, suffixes, names, parts)
 
 

@@ -33,8 +33,10 @@ def kept_by_model(pairing: PackedPairing | None,
     if pairing is None or not pairing.weights:
         return pairing
     firsts = list(map(_FIRST, map(_PARTS, pairing.weights.values())))
-    keys = list(map(_KEY, firsts))
     stored = list(map(_DTYPE, firsts))
+    if set(stored).isdisjoint(held.values()):  # (no name can hold one: Kimi-K2 in bf16)
+        return pairing
+    keys = list(map(_KEY, firsts))
     holds = [False] * len(keys)
     for names in (keys, [k.partition(".")[2] for k in keys],
                   list(map(add, repeat("model."), keys))):

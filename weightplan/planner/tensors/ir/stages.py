@@ -48,23 +48,27 @@ def _as_built(nodes: tuple[Node, ...], counts: tuple[int, ...], kinds: list[Node
               ) -> Streams[Node] | None:
     """Stage 0 cut straight from ``nodes`` when they lie as
     :func:`~weightplan.planner.tensors.ir.build.build_conversion` lays them out: every
-    source's read, in source order, then, when every source is dequantized, each one's
-    (scale read, dequantize) pair, in the same order, and no other read or dequantize.
+    source's read, in source order, then, when every source is dequantized, the other
+    parts' reads and the dequantizes (FP8: each one's (scale read, dequantize) pair; a
+    packed stack: each part's reads, then the dequantizes), the dequantizes in source
+    order, each behind its source's read, and no other read or dequantize.
     ``None``: they lie otherwise (a stream partly dequantized, nodes made elsewhere)."""
     total = sum(counts)
     dequantized = kinds.count(NodeKind.DEQUANTIZE)
-    if dequantized not in (0, total) or kinds[:total].count(NodeKind.READ) != total or \
-            kinds.count(NodeKind.READ) != (2 * total if dequantized else total):
+    if dequantized not in (0, total) or kinds[:total].count(NodeKind.READ) != total:
         return None
     reads = nodes[:total]
     if list(map(_SOURCE, reads)) != dense_sources(counts):
         return None
     values = reads
     if dequantized:
-        values = nodes[total + 1:3 * total:2]
-        if kinds[total + 1:3 * total:2].count(NodeKind.DEQUANTIZE) != total or \
-                tuple(map(_FIRST, map(_INPUTS, values))) != reads:
+        values = tuple(compress(nodes, map(is_, kinds, repeat(NodeKind.DEQUANTIZE))))
+        inputs = list(map(_INPUTS, values))
+        if tuple(map(_FIRST, inputs)) != reads or \
+                kinds.count(NodeKind.READ) != sum(map(len, inputs)):
             return None
+    elif kinds.count(NodeKind.READ) != total:
+        return None
     ends = accumulate(counts)
     return tuple(values[end - n:end] for n, end in zip(counts, ends, strict=True))
 
