@@ -309,8 +309,9 @@ def _stack(template: str, positions: list[int], keys: list[str],
     names = {stored: members} | {role: _with(bases, suffixes[role]) for role in others
                                  if (base_template + suffixes[role]).translate(_TO_ONE)
                                  in templates}
-    parts = {stored: list(map(in_order.__getitem__, positions))} | {
+    parts: dict[str, list[TensorEntry | None]] = {
         role: list(map(entries.get, names[role])) for role in names if role != stored}
+    parts = {stored: list(map(in_order.__getitem__, positions)), **parts}
     return _Stack(positions, bases, logical, schemes, suffixes, names, parts)
 
 
