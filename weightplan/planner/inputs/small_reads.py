@@ -33,7 +33,10 @@ class SmallReader:
 
     def __call__(self, entries: Sequence[TensorEntry]) -> list[tuple[int, ...]]:
         out: list[tuple[int, ...]] = [()] * len(entries)
-        specs = list(map(_SPEC, entries))
+        if not entries:
+            return out
+        # (each entry read once: its three slots together, then as columns)
+        specs, files, offsets = map(list, zip(*map(_SLOTS, entries), strict=True))
         ids = list(map(id, specs))
         unique = dict(zip(ids, specs, strict=True))  # (the specs are shared)
         if any(spec.dtype not in INTEGER_CODES for spec in unique.values()):
@@ -41,7 +44,6 @@ class SmallReader:
             from weightplan.errors import QuantizationError
             raise QuantizationError(f"{entry.key} is not an integer tensor ({entry.spec})",
                                     file=entry.file, key=entry.key)
-        files = list(map(_FILE, entries))
         at = list(compress(range(len(entries)), map(is_not, files, repeat(None))))
         if len(at) < len(entries):  # (in-memory tensors: a dict's)
             assert self.tensors is not None
@@ -52,7 +54,7 @@ class SmallReader:
             return out
         if len(at) < len(entries):
             files, ids = list(map(files.__getitem__, at)), list(map(ids.__getitem__, at))
-        offsets = map(_OFFSET, map(entries.__getitem__, at))
+            offsets = list(map(offsets.__getitem__, at))
         self._read_files(entries, at, unique, files, ids, offsets, out)
         return out
 
@@ -133,7 +135,7 @@ class SmallReader:
 
 
 _GAP = 4096  # bytes between two small tensors read in one run
-_SPEC, _FILE, _OFFSET = attrgetter("spec"), attrgetter("file"), attrgetter("offset")
+_SLOTS = attrgetter("spec", "file", "offset")
 
 
 def _runs(which: np.ndarray, offset: np.ndarray, size: np.ndarray
