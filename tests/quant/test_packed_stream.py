@@ -2,6 +2,8 @@
 source is packed with as many parts (a stack's experts), else entry by entry: both ways
 give the same nodes, for every format and any run of experts."""
 
+import dataclasses
+
 import pytest
 
 from tests.quant.checkpoints import quantized_checkpoint
@@ -48,3 +50,41 @@ def test_a_stream_mixing_plain_sources_goes_entry_by_entry(tmp_path_factory):
     values, reads, added = packed_stream(entries, [(0, 0), (0, 1)], pairing, torch.bfloat16)
     assert values[0].kind.name == "DEQUANTIZE" and values[1].kind.name == "READ"
     assert values[1] in reads and values[0] in added
+
+
+@pytest.mark.parametrize("kind", ["int", "nvfp4", "modelopt"])
+def test_a_merged_stack_of_packed_experts_is_cut_straight_from_its_nodes(tmp_path_factory,
+                                                                         kind):
+    """A conversion merging packed experts lies as built (each part's reads, then the
+    dequantizes): its stage 0 is cut straight from the nodes, and is what the definition
+    (the dequantize of each source, looked up read by read) says."""
+    import torch
+
+    from tests.planner.test_stages import _definition
+    from weightplan import WeightConverter
+    from weightplan.ops import MergeModulelist
+    from weightplan.planner.inputs.fp8_pairs import Fp8Pairing
+    from weightplan.planner.keys.routing import Group, Route
+    from weightplan.planner.tensors.ir import stages as ir_stages
+    from weightplan.planner.tensors.ir.build import SinkKind, build_conversion, stages
+    from weightplan.planner.tensors.ir.nodes import NodeKind
+    from weightplan.planner.tensors.ir.quant_build import QuantContext
+
+    _, pairing = pairing_of(tmp_path_factory, kind)
+    keys = sorted(k for k in pairing.weights
+                  if ".layers.0.mlp.experts." in k and k.endswith("gate_proj.weight"))
+    assert len(keys) > 1
+    entries = tuple(pairing.entry(k) for k in keys)
+    quant = QuantContext(Fp8Pairing({}, (), frozenset()), None, None, packed=pairing)
+    converter = WeightConverter(["experts.*.gate"], ["w"], [MergeModulelist(0)])
+    group = Group(converter, (entries,), (tuple(Route(e.key, e.key, ()) for e in entries),),
+                  ("w",))
+    conv = build_conversion(group, None, torch.bfloat16, SinkKind.MEMORY, quant)
+    cut = ir_stages._as_built(conv.nodes, (len(entries),), [n.kind for n in conv.nodes])
+    assert cut is not None and all(n.kind is NodeKind.DEQUANTIZE for n in cut[0])
+    assert cut == stages(conv)[0] == _definition(conv)[0]
+    assert stages(conv) == _definition(conv)
+    reversed_reads = (*conv.nodes[:len(entries)][::-1], *conv.nodes[len(entries):])
+    moved = dataclasses.replace(conv, nodes=reversed_reads)
+    assert ir_stages._as_built(moved.nodes, (len(entries),), [n.kind for n in moved.nodes]) \
+        is None and stages(moved) == _definition(moved)

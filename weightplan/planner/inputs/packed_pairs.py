@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from itertools import compress, repeat
-from operator import add, and_, attrgetter, itemgetter, truth
+from itertools import chain, compress, repeat
+from operator import add, and_, attrgetter, is_not, itemgetter
 
 import torch
 
@@ -100,23 +100,25 @@ def pair_packed(entries: Mapping[str, TensorEntry], config: FormatConfig,
     keys = list(entries)
     templates = _templates(keys)
     known = frozenset(templates)
+    in_order = list(entries.values())
     stacks = [stack for template, positions in _by_template(templates, config).items()
-              if (stack := _stack(template, positions, keys, entries, config, known))
-              is not None]
+              if (stack := _stack(template, positions, keys, entries, in_order, config,
+                                  known)) is not None]
     shapes = [e for stack in stacks for e in stack.shape_reads()]
     values = dict(zip(map(id, shapes), read_small(shapes), strict=True))
     found: list[tuple[int, PackedWeight | PackedProblem]] = []
-    used: set[str] = set()
+    used: list[list[str]] = []
     for stack in stacks:
         found += stack.paired(entries, values, read_small, file_of, used)
+    companions = frozenset(chain.from_iterable(used))
     found.sort(key=_FIRST)  # checkpoint order (runs of positions, each sorted: a merge)
     made = list(map(_SECOND, found))
     problems = [m for m in made if isinstance(m, PackedProblem)]
     stored = [m for m in made if isinstance(m, PackedWeight)] if problems else made
     weights = dict(zip(map(_KEY, stored), stored, strict=True))
     problems += unmatched_ignores(config, entries, known)
-    problems += strays(config, keys, used)
-    return PackedPairing(weights, tuple(problems), frozenset(used), config)
+    problems += strays(config, keys, used, companions)
+    return PackedPairing(weights, tuple(problems), companions, config)
 
 
 _SPEC, _SHAPE = attrgetter("spec"), attrgetter("shape")
@@ -186,15 +188,17 @@ class _Stack:
                 and e.spec.dtype in INTEGER_CODES and len(e.spec.shape) == 1]
 
     def paired(self, entries: Mapping[str, TensorEntry], values: Mapping[int, Sequence[int]],
-               read_small: ReadSmall, file_of: Callable[[TensorEntry], str], used: set[str]
-               ) -> list[tuple[int, PackedWeight | PackedProblem]]:
+               read_small: ReadSmall, file_of: Callable[[TensorEntry], str],
+               used: list[list[str]]) -> list[tuple[int, PackedWeight | PackedProblem]]:
         """Each weight of the stack (by position) paired or refused, one :func:`_pair`
-        per layout; ``used`` gets the part keys of every weight with a scheme."""
+        per layout; ``used`` gets a column per role: the part keys of every weight with a
+        scheme, in the stack's order."""
         n = len(self.bases)
         schemes = self._adjusted()
         have = [s is not None for s in schemes]
-        for role, column in self.parts.items():
-            used.update(compress(self.names[role], map(and_, have, map(truth, column))))
+        for role, column in self.parts.items():  # (told by identity: no entry is read)
+            used.append(list(compress(self.names[role], map(
+                and_, have, map(is_not, column, repeat(None))))))
         absent: list[TensorEntry | None] = [None] * n
         shape_of = self.parts.get("shape", absent)
         values_of = list(map(values.get, map(id, shape_of))) if values else absent
@@ -205,9 +209,12 @@ class _Stack:
                 continue
             at = list(range(n)) if one else [i for i, s in enumerate(schemes) if s == scheme]
             columns = [list(map(self.parts.get(r, absent).__getitem__, at)) for r in scheme.roles]
-            ids = [list(map(id, map(_SPEC if all(c) else _spec_of, c))) for c in columns]
-            layouts = list(zip(*ids, map(values_of.__getitem__, at), strict=True))
-            first = dict(zip(reversed(layouts), reversed(at), strict=True))
+            ids: list[list[object]] = [list(map(id, map(_SPEC if all(c) else _spec_of, c)))
+                                       for c in columns]
+            ids.append(list(map(values_of.__getitem__, at)))
+            layouts: Sequence[tuple] = _layouts(ids)
+            first = {layouts[0]: at[0]} if layouts.count(layouts[0]) == len(at) else \
+                dict(zip(reversed(layouts), reversed(at), strict=True))
             verdict = {layout: self._pair(i, scheme, entries, values, read_small, file_of)
                        for layout, i in first.items()}
             if any(isinstance(v, PackedProblem) for v in verdict.values()):
@@ -216,7 +223,8 @@ class _Stack:
                     out.append((self.positions[i], made if isinstance(made, PackedWeight) else
                                 self._pair(i, scheme, entries, values, read_small, file_of)))
                 continue
-            shapes = list(map(_SHAPE, map(verdict.__getitem__, layouts)))
+            shapes = [_SHAPE(verdict[layouts[0]])] * len(at) if len(verdict) == 1 else \
+                list(map(_SHAPE, map(verdict.__getitem__, layouts)))
             logical = _with(list(map(self.bases.__getitem__, at)), self.logical_suffix)
             stored = _weights(len(at), logical, repeat(scheme), zip(*columns, strict=True), shapes)
             out += zip(map(self.positions.__getitem__, at), stored, strict=True)
@@ -249,14 +257,24 @@ class _Stack:
         return _pair(self.bases[i] + self.logical_suffix, scheme, names, entries, read, file_of)
 
 
+def _layouts(columns: list[list]) -> Sequence[tuple]:
+    """Each weight's layout: the row of its ids and ``weight_shape`` values; one row
+    repeated (a list of one object) when each column holds one value (a stack's
+    experts: counted by identity first, at C speed, not hashed weight by weight)."""
+    if all(c.count(c[0]) == len(c) for c in columns):
+        return [tuple(c[0] for c in columns)] * len(columns[0])
+    return list(zip(*columns, strict=True))
+
+
 def _spec_of(entry: TensorEntry | None) -> TensorSpec | None:
     return None if entry is None else entry.spec
 
 
 def _stack(template: str, positions: list[int], keys: list[str],
-           entries: Mapping[str, TensorEntry], config: FormatConfig,
-           templates: frozenset[str]) -> _Stack | None:
-    """The stored weights among the keys of ``template`` (``None``: none can be)."""
+           entries: Mapping[str, TensorEntry], in_order: list[TensorEntry],
+           config: FormatConfig, templates: frozenset[str]) -> _Stack | None:
+    """The stored weights among the keys of ``template`` (``None``: none can be);
+    ``in_order``: the entries in the order of ``keys``."""
     members = list(map(keys.__getitem__, positions))
     if config.method == "mxfp4":
         if not template.endswith("_blocks"):
@@ -286,9 +304,14 @@ def _stack(template: str, positions: list[int], keys: list[str],
         schemes = [config.scheme_for(module_of(base_template))] * len(members)
     else:
         schemes = list(map(config.scheme_for, map(module_of, bases)))
-    names = {role: _with(bases, suffix) for role, suffix in suffixes.items()
-             if (base_template + suffix).translate(_TO_ONE) in templates}
-    parts = {role: list(map(entries.get, column)) for role, column in names.items()}
+    # the stored weights themselves by position (no key hashed), their parts by name
+    stored, *others = suffixes
+    names = {stored: members} | {role: _with(bases, suffixes[role]) for role in others
+                                 if (base_template + suffixes[role]).translate(_TO_ONE)
+                                 in templates}
+    parts: dict[str, list[TensorEntry | None]] = {
+        role: list(map(entries.get, names[role])) for role in names if role != stored}
+    parts = {stored: list(map(in_order.__getitem__, positions)), **parts}
     return _Stack(positions, bases, logical, schemes, suffixes, names, parts)
 
 

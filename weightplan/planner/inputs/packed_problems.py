@@ -45,12 +45,17 @@ _PART_SUFFIXES = {"mxfp4": ("_scales",), "compressed-tensors": (
     ".weight_shape", ".weight_g_idx"), "modelopt": (".weight_scale", ".weight_scale_2")}
 
 
-def strays(config: FormatConfig, keys: list[str], used: set[str]) -> list[PackedProblem]:
+def strays(config: FormatConfig, keys: list[str], claimed: list[list[str]],
+           used: frozenset[str]) -> list[PackedProblem]:
     """Parts no stored weight claimed (a scale whose weight is missing or ignored), in
-    checkpoint order."""
+    checkpoint order. ``claimed``: the part keys of each role of each stack (keys of the
+    checkpoint, all of a column with its role's suffix), ``used`` all of them as a set.
+    None is a stray when as many keys have a part's suffix as claimed keys do, each
+    claimed once (a column counted by its first key)."""
     suffixes = _PART_SUFFIXES[config.method]
     parts = sum(map(str.endswith, keys, repeat(suffixes)))
-    if parts == sum(map(str.endswith, used, repeat(suffixes))):  # (used: keys of entries)
+    if len(used) == sum(map(len, claimed)) and parts == sum(
+            len(column) for column in claimed if column and column[0].endswith(suffixes)):
         return []
     out = []
     for key in [k for k in keys if k not in used and k.endswith(suffixes)]:

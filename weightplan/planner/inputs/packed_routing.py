@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 from itertools import compress, repeat
-from operator import add, attrgetter, eq, itemgetter, not_, or_
+from operator import add, attrgetter, eq, is_not, itemgetter, not_, or_
 
 import torch
 
@@ -33,8 +33,10 @@ def kept_by_model(pairing: PackedPairing | None,
     if pairing is None or not pairing.weights:
         return pairing
     firsts = list(map(_FIRST, map(_PARTS, pairing.weights.values())))
-    keys = list(map(_KEY, firsts))
     stored = list(map(_DTYPE, firsts))
+    if set(stored).isdisjoint(held.values()):  # (no name can hold one: Kimi-K2 in bf16)
+        return pairing
+    keys = list(map(_KEY, firsts))
     holds = [False] * len(keys)
     for names in (keys, [k.partition(".")[2] for k in keys],
                   list(map(add, repeat("model."), keys))):
@@ -51,7 +53,8 @@ def kept_by_model(pairing: PackedPairing | None,
 
 def routed_entries(ckpt: Checkpoint, pairing: PackedPairing | None) -> Checkpoint | None:
     """The checkpoint routing sees (``None``: unchanged): each stored weight under its
-    logical key, in its place; its parts left out."""
+    logical key, in its place; its parts left out. ``ckpt`` is the checkpoint whose
+    entries ``pairing`` paired (a stored weight's parts are its entries)."""
     if pairing is None or not (pairing.weights or pairing.companions):
         return None
     done = pairing.routed.get(id(ckpt))
@@ -59,22 +62,22 @@ def routed_entries(ckpt: Checkpoint, pairing: PackedPairing | None) -> Checkpoin
         return done[1]
     weights = list(pairing.weights.values())
     firsts = list(map(_FIRST, map(_PARTS, weights)))
-    logical = _logical_entries(weights, firsts)
-    first_part = dict(zip(map(_KEY, firsts), map(_KEY, weights), strict=True))
-    # kept: no companion, or a weight's first part (in its place)
-    dropped = pairing.companions.difference(first_part)
-    items: list[tuple[str, TensorEntry]] = list(compress(
-        ckpt.entries.items(), map(not_, map(dropped.__contains__, ckpt.entries))))
-    keys: list[str] = list(map(_FIRST, items))
-    named: list[str] = list(map(first_part.get, keys, keys))
-    entries: dict[str, TensorEntry] = dict(zip(
-        named, map(logical.get, named, map(_SECOND, items)), strict=True))
+    # each entry of the checkpoint, a stored weight's first part swapped for its logical
+    # entry (told by identity: no key hashed), kept unless it is another companion
+    swap = dict(zip(map(id, firsts), _logical_entries(weights, firsts), strict=True))
+    values = list(ckpt.entries.values())
+    swapped = list(map(swap.get, map(id, values), values))
+    first = list(map(is_not, swapped, values))
+    assert first.count(True) == len(weights), "routed_entries: not the paired checkpoint"
+    keep = map(or_, map(not_, map(pairing.companions.__contains__, ckpt.entries)), first)
+    routed = list(compress(swapped, keep))
+    entries: dict[str, TensorEntry] = dict(zip(map(_KEY, routed), routed, strict=True))
     pairing.routed[id(ckpt)] = (ckpt, replace(ckpt, entries=entries))
     return pairing.routed[id(ckpt)][1]
 
 
 def _logical_entries(weights: list[PackedWeight], firsts: list[TensorEntry]
-                     ) -> dict[str, TensorEntry]:
+                     ) -> list[TensorEntry]:
     """:meth:`PackedPairing.entry` of every weight, built column by column (the specs
     shared by shape)."""
     specs: dict[tuple[int, ...], TensorSpec] = {}
@@ -82,10 +85,9 @@ def _logical_entries(weights: list[PackedWeight], firsts: list[TensorEntry]
     for shape in dict.fromkeys(shapes):
         specs[shape] = TensorSpec(shape, torch.bfloat16)
     made = list(map(object.__new__, repeat(TensorEntry, len(weights))))
-    keys = list(map(_KEY, weights))
-    fill(made, _ENTRY_SETTERS, (keys, map(specs.__getitem__, shapes), map(_FILE, firsts),
-                                map(_OFFSET, firsts)))
-    return dict(zip(keys, made, strict=True))
+    fill(made, _ENTRY_SETTERS, (map(_KEY, weights), map(specs.__getitem__, shapes),
+                                map(_FILE, firsts), map(_OFFSET, firsts)))
+    return made
 
 
 _ENTRY_SETTERS = slot_setters(TensorEntry, ("key", "spec", "file", "offset"))

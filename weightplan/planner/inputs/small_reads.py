@@ -6,12 +6,16 @@ scale's raw bytes): a batch at a time, each file's in runs of nearby tensors, on
 from __future__ import annotations
 
 import os
-import struct
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import compress, repeat
+from operator import attrgetter, is_, is_not
 
+import numpy as np
 import torch
 
 from weightplan.planner.core.entry import TensorEntry
+from weightplan.planner.core.spec import TensorSpec
 
 INTEGER_CODES = {torch.int64: "q", torch.int32: "i", torch.int16: "h", torch.int8: "b",
            torch.uint8: "B"}
@@ -29,42 +33,81 @@ class SmallReader:
 
     def __call__(self, entries: Sequence[TensorEntry]) -> list[tuple[int, ...]]:
         out: list[tuple[int, ...]] = [()] * len(entries)
-        by_file: dict[str | None, list[int]] = {}
-        for i, entry in enumerate(entries):
-            if entry.spec.dtype not in INTEGER_CODES:
-                from weightplan.errors import QuantizationError
-                raise QuantizationError(f"{entry.key} is not an integer tensor ({entry.spec})",
-                                        file=entry.file, key=entry.key)
-            by_file.setdefault(entry.file, []).append(i)
-        for file, at in by_file.items():
-            if file is None:
-                assert self.tensors is not None
-                for i in at:
-                    out[i] = tuple(int(v) for v in self.tensors[entries[i].key].reshape(-1).tolist())
-                continue
-            at.sort(key=lambda i: entries[i].offset)
-            for run in _runs(entries, at):
-                self._read_run(file, entries, run, out)
+        if not entries:
+            return out
+        # (each entry read once: its three slots together, then as columns)
+        specs, files, offsets = map(list, zip(*map(_SLOTS, entries), strict=True))
+        ids = list(map(id, specs))
+        unique = dict(zip(ids, specs, strict=True))  # (the specs are shared)
+        if any(spec.dtype not in INTEGER_CODES for spec in unique.values()):
+            entry = next(e for e in entries if e.spec.dtype not in INTEGER_CODES)
+            from weightplan.errors import QuantizationError
+            raise QuantizationError(f"{entry.key} is not an integer tensor ({entry.spec})",
+                                    file=entry.file, key=entry.key)
+        at = list(compress(range(len(entries)), map(is_not, files, repeat(None))))
+        if len(at) < len(entries):  # (in-memory tensors: a dict's)
+            assert self.tensors is not None
+            for i in compress(range(len(entries)), map(is_, files, repeat(None))):
+                t = self.tensors[entries[i].key]
+                out[i] = tuple(int(v) for v in t.reshape(-1).tolist())
+        if not at:
+            return out
+        if len(at) < len(entries):
+            files, ids = list(map(files.__getitem__, at)), list(map(ids.__getitem__, at))
+            offsets = list(map(offsets.__getitem__, at))
+        self._read_files(entries, at, unique, files, ids, offsets, out)
         return out
 
-    def _read_run(self, file: str, entries: Sequence[TensorEntry], run: list[int],
-                  out: list[tuple[int, ...]]) -> None:
+    def _read_files(self, entries: Sequence[TensorEntry], at: list[int],
+                    specs: dict[int, TensorSpec], files: list[str], ids: list[int],
+                    offsets: Iterable[int], out: list[tuple[int, ...]]) -> None:
+        """The entries ``at`` (in ``files``, with the specs ``ids`` and ``offsets``) read
+        in runs (see :func:`_runs`), decoded in columns: each spec's values gathered from
+        the runs' bytes at once."""
+        n = len(at)
+        names = list(dict.fromkeys(files))
+        file_at = {f: i for i, f in enumerate(names)}
+        sizes = {i: spec.nbytes for i, spec in specs.items()}
+        spec_ids = np.array(ids, np.int64)  # (an id fits: a CPython address)
+        size = np.fromiter(map(sizes.__getitem__, ids), np.int64, n)
+        offset = np.fromiter(offsets, np.int64, n)
+        which = np.fromiter(map(file_at.__getitem__, files), np.int64, n)
+        starts, ends, first, order = _runs(which, offset, size)
+        blob = bytearray()
+        base = np.empty(len(starts), np.int64)  # each run's first byte in blob
+        length = np.empty(len(starts), np.int64)  # each run's bytes read
+        for r, (f, start, stop) in enumerate(zip(which[order][first].tolist(),
+                                                 starts.tolist(), ends.tolist(), strict=True)):
+            base[r] = len(blob)
+            blob += self._pread(names[f], stop - start, start)
+            length[r] = len(blob) - base[r]
+        run = np.zeros(n, np.int64)
+        run[first[1:]] = 1
+        run = np.cumsum(run)  # each sorted row's run
+        rel = offset[order] - starts[run]
+        short = np.flatnonzero(rel + size[order] > length[run])
+        if len(short):
+            entry = entries[at[int(order[short[0]])]]
+            from weightplan.errors import QuantizationError
+            raise QuantizationError(f"{entry.key} is cut short ({entry.spec})",
+                                    file=entry.file, key=entry.key)
+        data = np.frombuffer(blob, np.uint8)
+        where = base[run] + rel
+        sorted_ids = spec_ids[order]
+        for spec_id, spec in specs.items():
+            rows = np.flatnonzero(sorted_ids == spec_id)
+            if not len(rows) or spec.nbytes == 0:
+                continue
+            gathered = data[where[rows, None] + np.arange(spec.nbytes)]
+            values = gathered.view(f"<{INTEGER_CODES[spec.dtype]}").tolist()
+            positions = map(at.__getitem__, order[rows].tolist())
+            deque(map(out.__setitem__, positions, map(tuple, values)), maxlen=0)
+
+    def _pread(self, file: str, size: int, start: int) -> bytes:
         fd = self.handles.get(file)
         if fd is None:
             fd = self.handles[file] = os.open(file, os.O_RDONLY)
-        start = entries[run[0]].offset
-        data = os.pread(fd, run[-1] - start, start)  # (the run's end: see _runs)
-        formats: dict[int, tuple[str, int]] = {}  # by id(spec): the specs are shared
-        for i in run[:-1]:
-            entry = entries[i]
-            code, size = formats.get(id(entry.spec)) or formats.setdefault(id(entry.spec), (
-                f"<{entry.spec.numel}{INTEGER_CODES[entry.spec.dtype]}", entry.nbytes))
-            at = entry.offset - start
-            if at + size > len(data):
-                from weightplan.errors import QuantizationError
-                raise QuantizationError(f"{entry.key} is cut short ({entry.spec})",
-                                        file=entry.file, key=entry.key)
-            out[i] = struct.unpack_from(code, data, at)
+        return os.pread(fd, size, start)
 
     def raw(self, entry: TensorEntry) -> bytes:
         """A small tensor's bytes as stored (a per-tensor scale's 4: compared bit for bit)."""
@@ -92,25 +135,20 @@ class SmallReader:
 
 
 _GAP = 4096  # bytes between two small tensors read in one run
+_SLOTS = attrgetter("spec", "file", "offset")
 
 
-def _runs(entries: Sequence[TensorEntry], at: list[int]) -> list[list[int]]:
-    """The positions ``at`` (sorted by offset) cut into runs whose gaps are at most
-    :data:`_GAP` bytes; each run ends with the offset its bytes end at."""
-    runs: list[list[int]] = []
-    end = -_GAP - 1
-    sizes: dict[int, int] = {}  # by id(spec): the specs are shared
-    for i in at:
-        entry = entries[i]
-        if entry.offset - end > _GAP:
-            if runs:
-                runs[-1].append(end)
-            runs.append([])
-        runs[-1].append(i)
-        size = sizes.get(id(entry.spec))
-        if size is None:
-            size = sizes[id(entry.spec)] = entry.nbytes
-        end = max(end, entry.offset + size)
-    if runs:
-        runs[-1].append(end)
-    return runs
+def _runs(which: np.ndarray, offset: np.ndarray, size: np.ndarray
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The tensors (file index, offset, bytes) sorted by file and offset, cut into runs
+    whose gaps are at most :data:`_GAP` bytes: ``(starts, ends, first, order)``, each
+    run's first and end byte, the sorted position of its first tensor, and the order."""
+    end = offset + size
+    span = int(end.max()) + _GAP + 1  # (a file apart: past any gap)
+    key = which * span + offset
+    order = np.argsort(key, kind="stable")
+    key, stop = key[order], (which * span + end)[order]
+    reached = np.maximum.accumulate(stop)
+    first = np.flatnonzero(np.concatenate(([True], key[1:] - reached[:-1] > _GAP)))
+    last = np.concatenate((first[1:], [len(order)])) - 1
+    return offset[order][first], reached[last] - which[order][first] * span, first, order

@@ -10,6 +10,7 @@ chain's input in place of the read, landing straight in its destination slice.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import repeat
 from operator import attrgetter, is_, itemgetter
 
 import torch
@@ -55,9 +56,10 @@ def packed_stream(entries: Sequence[TensorEntry], sources: Sequence[tuple[int, i
     384), is made in columns (:func:`stacked_packed`); any other entry by entry
     (:func:`each_packed`). Either way the same nodes."""
     found = list(map(pairing.weights.get, map(_KEY, entries)))
-    if found.count(None) == len(found):
+    missing = list(map(is_, found, repeat(None)))  # (by identity: no __eq__ called)
+    if all(missing):
         return None
-    if None not in found and not any(map(is_, entries, map(_FIRST, map(_PARTS, found)))) \
+    if not any(missing) and not any(map(is_, entries, map(_FIRST, map(_PARTS, found)))) \
             and len(set(map(len, map(_PARTS, found)))) == 1:  # (told in columns)
         return stacked_packed(found, sources, dtype)  # type: ignore[arg-type]
     packed = list(map(_dequantized, entries, found))
