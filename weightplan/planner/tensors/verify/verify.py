@@ -42,7 +42,9 @@ from weightplan.planner.tensors.lower.placement import Step
 from weightplan.planner.tensors.schedule.schedule import Event, Events
 from weightplan.planner.tensors.verify.coverage import check_coverage
 from weightplan.planner.tensors.verify.graph_checks import Picker, Segments, check_graph, picker
-from weightplan.planner.tensors.verify.read_checks import Sections, read_problems, sections
+from weightplan.planner.tensors.verify.read_checks import (
+    Judged, Sections, read_problems, sections,
+)
 
 _LAYOUT, _RUNS, _SCALE_RUNS = attrgetter("layout"), attrgetter("runs"), attrgetter("scale_runs")
 _HASH = attrgetter("_hash")  # (Node's hash, kept on it: read without a call)
@@ -79,21 +81,23 @@ def check(graph: PlanGraph, steps: Sequence[Step] = (), checkpoint: Checkpoint |
     problems = [] if segments is not None and release_holds(segments, steps, graph.distinct) \
         else check_release(graph, steps)
     where = sections(checkpoint)
+    judged: Judged = {}  # (the geometries' verdicts, made once for this pass)
     if checked is None:  # (no other rank to hand the verdicts to)
         for step in steps:
-            problems += step_problems(step, where)
+            problems += step_problems(step, where, judged)
         return problems
     for step in steps:
         known = checked.get(id(step))
         if known is None or known[0] is not step or known[1] is not checkpoint:
-            known = checked[id(step)] = (step, checkpoint, step_problems(step, where))
+            known = checked[id(step)] = (step, checkpoint, step_problems(step, where, judged))
         problems += known[2]
     return problems
 
 
-def step_problems(step: Step, where: Sections) -> list[str]:
-    """Checks 3 and 4 of one step: its reads, its strided reads, its coverage."""
-    found, landed = read_problems(step, where)
+def step_problems(step: Step, where: Sections, judged: Judged | None = None) -> list[str]:
+    """Checks 3 and 4 of one step: its reads, its strided reads, its coverage (``judged``:
+    see :func:`read_problems`)."""
+    found, landed = read_problems(step, where, {} if judged is None else judged)
     problems = check_coverage(step, landed) + found
     layouts = list(map(_LAYOUT, step.reads))  # (C-level passes: most steps have none)
     if any(map(_RUNS, layouts)) or any(map(_SCALE_RUNS, layouts)):  # strided reads
