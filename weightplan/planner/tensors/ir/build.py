@@ -34,7 +34,7 @@ from weightplan.planner.core.ops.base import (
 )
 from weightplan.planner.tensors.ir.stages import read_stages, stage_specs
 from weightplan.planner.core.spec import TensorSpec
-from weightplan.planner.tensors.ir.targets import (  # (their importers' names, kept here)
+from weightplan.planner.tensors.ir.destination import (  # (their importers' names, kept here)
     Expected, OutputSpecs, SinkKind, Target, TargetStatus, destination, destination_dtype,
     expected_spec, make_target,
 )
