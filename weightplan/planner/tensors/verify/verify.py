@@ -105,10 +105,13 @@ def step_problems(step: Step, where: Sections, judged: Judged | None = None) -> 
     return problems
 
 
-def _ran(step: Step) -> Iterable[Node]:
+def _ran(step: Step) -> list[Node]:
     """The nodes a step runs: its sources, its materialized ops, its sinks."""
-    stages = chain.from_iterable(chain.from_iterable(step.materialize))
-    return chain(chain.from_iterable(step.sources), stages, step.sinks)
+    ran = list(chain.from_iterable(step.sources))
+    if step.materialize:  # (none when every op places)
+        ran += chain.from_iterable(chain.from_iterable(step.materialize))
+    ran += step.sinks
+    return ran
 
 
 def release_holds(segments: Segments, steps: Sequence[Step], distinct: bool = False) -> bool:
@@ -121,12 +124,13 @@ def release_holds(segments: Segments, steps: Sequence[Step], distinct: bool = Fa
     found: dict[tuple[int, int], Picker] = {}
     ran_all: list[Node] = []
     homes: list[int] = []
+    home, proofs, segment_of = segments.home.get, segments.proofs, segments.segment
     for step in steps:
-        k = segments.home.get(id(step.sinks[0]), -1) if step.sinks else -1
+        k = home(id(step.sinks[0]), -1) if step.sinks else -1
         if k < 0:
             return False
-        ran = list(_ran(step))
-        segment, key = segments.segment(k), (segments.proofs[k], len(ran))
+        ran = _ran(step)
+        segment, key = segment_of(k), (proofs[k], len(ran))
         pick = found.get(key)
         if pick is None or not all(map(is_, ran, pick(segment))):
             place = dict(zip(map(id, segment), range(len(segment)), strict=True))
