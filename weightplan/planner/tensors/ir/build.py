@@ -13,9 +13,8 @@ the converter, the keys and the op chain.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from enum import Enum
 from itertools import chain
 from functools import cache
 from operator import attrgetter
@@ -25,10 +24,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from weightplan.errors import ConflictingTransformError, OpError, ParallelError, WeightplanError
-from weightplan.planner.inputs.model_info import ModelInfo, ModelTensor
+from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.keys.routing import Group
-from weightplan.planner.tensors.ir.destination import Destination, DestKind
-from weightplan.planner.core.geometry import row_major_strides
 from weightplan.planner.tensors.ir.nodes import (
     CastAttrs, Node, NodeKind, OpAttrs, SinkAttrs, op_attrs, read_streams, sink_attrs,
 )
@@ -37,7 +34,14 @@ from weightplan.planner.core.ops.base import (
 )
 from weightplan.planner.tensors.ir.stages import read_stages, stage_specs
 from weightplan.planner.core.spec import TensorSpec
-from weightplan.planner.core.quant.blocks import FP8_DTYPES
+from weightplan.planner.tensors.ir.destination import (  # (their importers' names, kept here)
+    Expected, OutputSpecs, SinkKind, Target, TargetStatus, destination, destination_dtype,
+    expected_spec, make_target,
+)
+
+__all__ = ["Conversion", "Expected", "OutputSpecs", "SinkKind", "Target", "TargetStatus",
+           "build_conversion", "build_conversions", "destination", "destination_dtype",
+           "settle_claims", "shard_conversion", "stages"]
 
 if TYPE_CHECKING:
     from weightplan.planner.tensors.ir.quant_build import QuantContext
@@ -45,52 +49,6 @@ if TYPE_CHECKING:
 
 
 _SPEC, _KEY = attrgetter("spec"), attrgetter("key")
-
-
-class TargetStatus(Enum):
-    LOAD = "load"
-    UNEXPECTED = "unexpected"  # no such model tensor
-    MISMATCH = "mismatch"  # converted shape differs from the model's
-    TIED_DUPLICATE = "tied"  # another name of the same tied tensor is loaded instead
-
-
-class SinkKind(Enum):
-    """Where a plan's outputs go: the direction's sink."""
-
-    MODEL = "model"  # model tensors (allocated when on meta, else written in place)
-    FILE = "file"  # tensors of output files
-    MEMORY = "memory"  # fresh tensors handed back to the caller
-
-
-@dataclass(frozen=True)
-class OutputSpecs:
-    """The specs outputs must have when there is no model: a recorded checkpoint's keys."""
-
-    specs: Mapping[str, TensorSpec]
-
-
-Expected = ModelInfo | OutputSpecs | None
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """One output of a conversion and what happens to it."""
-
-    key: str
-    produced: TensorSpec  # what the op chain yields
-    position: tuple[int, int]  # (stream, index) in the final stage
-    model: ModelTensor | None  # the model tensor it loads into (loading only)
-    expected: TensorSpec | None  # the spec it must have (model's or recorded); None: any
-    dtype: torch.dtype  # dtype written
-    status: TargetStatus
-
-    @property
-    def dest(self) -> TensorSpec:
-        """What is written: the produced spec in the written dtype (``produced`` itself
-        when that is its dtype: one object per target, not one per ask)."""
-        produced = self.produced
-        return produced if produced.dtype == self.dtype else TensorSpec(produced.shape,
-                                                                          self.dtype)
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +185,7 @@ def _quantized_target(t: Target, quantized: tuple[Node, Node, str], expected: Ex
     """The scale parameter a quantize node writes, as a target of its own."""
     _, scale, key = quantized
     mt = expected.get(key) if isinstance(expected, ModelInfo) else None
-    want = _expected_spec(expected, key)
+    want = expected_spec(expected, key)
     status = TargetStatus.LOAD if want is None or want.shape == scale.spec.shape else TargetStatus.MISMATCH
     return Target(key, scale.spec, t.position, mt, want, scale.spec.dtype, status)
 
@@ -247,31 +205,9 @@ def _wired(inputs: Streams[Node], wires: tuple[tuple[int, int], ...]) -> tuple[N
     return tuple(inputs[a][b] for a, b in wires)
 
 
-def destination(t: Target, sink: SinkKind) -> Destination:
-    """Where target ``t`` lands: nowhere unless it loads; else the direction's sink."""
-    if t.status is not TargetStatus.LOAD:
-        return Destination(t.key, (t.key,), t.produced, DestKind.DISCARD,
-                           row_major_strides(t.produced.shape))
-    if sink is SinkKind.FILE or sink is SinkKind.MEMORY or t.model is None:
-        dest = t.dest
-        kind = DestKind.FILE if sink is SinkKind.FILE else DestKind.MEMORY
-        return Destination(t.key, (t.key,), dest, kind, row_major_strides(dest.shape))
-    kind = DestKind.ALLOCATE if t.model.allocates else DestKind.IN_PLACE
-    return Destination(t.key, t.model.aliases, t.dest, kind, t.model.stride)
-
-
-def _expected_spec(expected: Expected, key: str) -> TensorSpec | None:
-    if isinstance(expected, ModelInfo):
-        mt = expected.get(key)
-        return mt.spec if mt is not None else None
-    if isinstance(expected, OutputSpecs):
-        return expected.specs.get(key)
-    return None
-
-
 def _context(group: Group, expected: Expected) -> OpContext:
     names = group.targets if group.explicit is None else tuple(s[0] for s in group.explicit)
-    specs = tuple(_expected_spec(expected, t) for t in names)
+    specs = tuple(expected_spec(expected, t) for t in names)
     keys = tuple(tuple(map(_KEY, s)) for s in group.sources)
     config = expected.config if isinstance(expected, ModelInfo) else None
     return OpContext(group.targets, specs, keys, config)
@@ -316,37 +252,8 @@ def _targets(group: Group, outputs: Streams[TensorSpec], expected: Expected,
                           f"tensors where {count} were recorded")
         positions = stream_positions(i, len(stream))  # (shared by every conversion)
         for j, spec in enumerate(stream):
-            out.append(_target(group.output_key(i, j), spec, positions[j], expected, dtype))
+            out.append(make_target(group.output_key(i, j), spec, positions[j], expected, dtype))
     return tuple(out)
-
-
-def _target(key: str, spec: TensorSpec, position: tuple[int, int], expected: Expected,
-            dtype: torch.dtype | None) -> Target:
-    mt = expected.get(key) if isinstance(expected, ModelInfo) else None
-    want = _expected_spec(expected, key)
-    if expected is not None and want is None:
-        return Target(key, spec, position, None, None, spec.dtype, TargetStatus.UNEXPECTED)
-    status = TargetStatus.LOAD
-    if want is not None and tuple(want.shape) != tuple(spec.shape):
-        status = TargetStatus.MISMATCH
-    if isinstance(expected, OutputSpecs) and want is not None:
-        written = want.dtype  # a recorded checkpoint's dtype is written back as it was
-    else:
-        written = destination_dtype(spec, mt, dtype)
-    return Target(key, spec, position, mt, want, written, status)
-
-
-def destination_dtype(produced: TensorSpec, mt: ModelTensor | None,
-                      requested: torch.dtype | None) -> torch.dtype:
-    """Allocated tensors keep their dtype; new ones take ``requested`` (floats) or the model's."""
-    floating = produced.dtype.is_floating_point and produced.dtype not in FP8_DTYPES
-    if mt is not None and mt.spec.dtype in FP8_DTYPES:
-        return mt.spec.dtype  # FP8 parameters keep FP8 (a requested dtype is for floats)
-    if mt is None:
-        return requested if requested is not None and floating else produced.dtype
-    if not mt.on_meta or requested is None or mt.keep_dtype or not mt.spec.dtype.is_floating_point:
-        return mt.spec.dtype
-    return requested if floating else mt.spec.dtype
 
 
 def settle_claims(conversions: list[Conversion]) -> tuple[Conversion, ...]:

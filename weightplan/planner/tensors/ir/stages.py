@@ -36,6 +36,8 @@ def read_stages(nodes: tuple[Node, ...], counts: tuple[int, ...], label: str,
     first = _as_built(nodes, counts, kinds)
     if first is None:  # nodes in any other order
         first = _streams(label, 0, _by_source(nodes, kinds))
+    if NodeKind.OP not in kinds:  # (no op: the reads are the only stage)
+        return (first,)
     rows: list[dict[tuple[int, int], Node]] = []
     for n in compress(nodes, map(is_, kinds, repeat(NodeKind.OP))):
         a = op_attrs(n)
@@ -68,6 +70,8 @@ def _as_built(nodes: tuple[Node, ...], counts: tuple[int, ...], kinds: list[Node
     if not _placed(counts).issuperset(map(_SOURCE, others)):
         return None
     values = values or reads
+    if len(counts) == 1:  # (one stream: all of them)
+        return (values,)
     ends = accumulate(counts)
     return tuple(values[end - n:end] for n, end in zip(counts, ends, strict=True))
 

@@ -20,7 +20,7 @@ themselves (byte ranges, pieces, windows) are :mod:`~weightplan.planner.tensors.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cache, lru_cache
 from itertools import compress, filterfalse, repeat
 from operator import attrgetter, is_
@@ -28,11 +28,12 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from weightplan.errors import PlanError
+from weightplan.planner.core.makers import slot_setters
 from weightplan.planner.tensors.ir.build import Conversion, stages
 from weightplan.planner.tensors.ir.stages import stage_op, stage_specs
 from weightplan.planner.tensors.ir.destination import ALLOCATED, Destination, DestKind
 from weightplan.planner.core.geometry import Fragment, Region, View
-from weightplan.planner.tensors.ir.nodes import Node, NodeKind, sink_attrs
+from weightplan.planner.tensors.ir.nodes import Node, NodeKind
 from weightplan.planner.core.ops.base import ConversionOp, Streams
 from weightplan.planner.tensors.lower.read_tasks import (
     PIECE_BYTES, ReadTask, placed_reads, read_task,
@@ -43,14 +44,18 @@ if TYPE_CHECKING:
 
 _REQUESTED, _WINDOW_BYTES = attrgetter("layout.requested"), attrgetter("layout.window_bytes")
 _TMP_BYTES, _FRAGMENT, _KIND = attrgetter("tmp_bytes"), attrgetter("fragment"), attrgetter("kind")
+_DEST, _DEST_KIND = attrgetter("attrs.dest"), attrgetter("kind")
+_NONE: frozenset[int] = frozenset()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Step:
     """One conversion of the graph, lowered: what the executor does for it.
 
     Its byte counts are computed with it (every schedule reads them for every step; a
     slotted step holds no per-instance dict: a plan of 1M one-key steps is 400 MB lighter).
+    Its slots are written through their descriptors (past the frozen ``__setattr__``):
+    half the cost of a dataclass ``__init__``'s ``object.__setattr__`` per field.
     """
 
     label: str
@@ -61,17 +66,38 @@ class Step:
     materialize: tuple[Streams[Node], ...]  # op-node stages run on tensors (empty: all placed)
     outputs: Streams[tuple[Fragment, ...]]  # where the last materialized stage's outputs land
     quantized: tuple[QuantizeTask, ...] = ()  # values quantized into FP8 weight + scale
-    device_dequantize: frozenset[int] = frozenset()  # destinations dequantized on their device
+    device_dequantize: frozenset[int] = _NONE  # destinations dequantized on their device
     in_place: bool = False  # the one materialized op updates ``outputs`` where its reads landed
-    offloaded: frozenset[int] = frozenset()  # destinations written to the disk: never resident
-    offload_staged: frozenset[int] = frozenset()  # of those, assembled in host memory first
+    offloaded: frozenset[int] = _NONE  # destinations written to the disk: never resident
+    offload_staged: frozenset[int] = _NONE  # of those, assembled in host memory first
     read_bytes: int = field(init=False)  # (spans, or only their runs: strided.py)
     dest_bytes: int = field(init=False)  # allocated and resident (0 when writing in place or to disk)
     staged_bytes: int = field(init=False)  # output tensors assembled until finalized (then written)
     held_bytes: int = field(init=False)  # temporaries kept until the materialized ops run
     convert_bytes: int = field(init=False)  # upper bound of what the materialized ops allocate
 
-    def __post_init__(self) -> None:
+    def __init__(self, label: str, sinks: tuple[Node, ...],
+                 destinations: tuple[Destination, ...], reads: tuple[ReadTask, ...],
+                 sources: Streams[Node], materialize: tuple[Streams[Node], ...],
+                 outputs: Streams[tuple[Fragment, ...]], quantized: tuple[QuantizeTask, ...] = (),
+                 device_dequantize: frozenset[int] = _NONE, in_place: bool = False,
+                 offloaded: frozenset[int] = _NONE, offload_staged: frozenset[int] = _NONE
+                 ) -> None:
+        _set_label(self, label)
+        _set_sinks(self, sinks)
+        _set_destinations(self, destinations)
+        _set_reads(self, reads)
+        _set_sources(self, sources)
+        _set_materialize(self, materialize)
+        _set_outputs(self, outputs)
+        _set_quantized(self, quantized)
+        _set_device_dequantize(self, device_dequantize)
+        _set_in_place(self, in_place)
+        _set_offloaded(self, offloaded)
+        _set_offload_staged(self, offload_staged)
+        self._count_bytes()
+
+    def _count_bytes(self) -> None:
         reads = self.reads
         allocated = staged = 0
         dests = self.destinations
@@ -119,9 +145,10 @@ class Step:
         return Counter(sizes)
 
 
-_set_read_bytes, _set_dest_bytes, _set_staged_bytes, _set_held_bytes, _set_convert_bytes = (
-    getattr(Step, name).__set__
-    for name in ("read_bytes", "dest_bytes", "staged_bytes", "held_bytes", "convert_bytes"))
+(_set_label, _set_sinks, _set_destinations, _set_reads, _set_sources, _set_materialize,
+ _set_outputs, _set_quantized, _set_device_dequantize, _set_in_place, _set_offloaded,
+ _set_offload_staged, _set_read_bytes, _set_dest_bytes, _set_staged_bytes, _set_held_bytes,
+ _set_convert_bytes) = slot_setters(Step, [f.name for f in fields(Step)])
 
 
 def plan_step(conv: Conversion, piece_bytes: int = PIECE_BYTES) -> Step:
@@ -131,8 +158,7 @@ def plan_step(conv: Conversion, piece_bytes: int = PIECE_BYTES) -> Step:
     kinds = list(map(_KIND, nodes))
     values = stages(conv, kinds)
     sinks = _sinks(nodes, kinds)
-    written = [s for s in sinks if sink_attrs(s).dest.written]
-    dests = tuple(sink_attrs(s).dest for s in written)
+    written, dests = _written(sinks)
     if NodeKind.QUANTIZE in kinds:
         return _quantize_step(conv.label, sinks, values, written, dests, piece_bytes)
     frags = _final_fragments(values[-1], written, dests)
@@ -193,9 +219,24 @@ def _update_step(label: str, sinks: tuple[Node, ...], values: tuple[Streams[Node
 
 def _sinks(nodes: tuple[Node, ...], kinds: list[NodeKind]) -> tuple[Node, ...]:
     """The sink nodes, looked for from the first one on when the last node is one (as a
-    built conversion's is: its sinks follow its stages)."""
-    first = kinds.index(NodeKind.SINK) if NodeKind.SINK in kinds[-1:] else 0
-    return tuple(compress(nodes[first:], map(is_, kinds[first:], repeat(NodeKind.SINK))))
+    built conversion's is: its sinks follow its stages; then, when nothing else lies
+    among them, they are the nodes' tail as it is)."""
+    if NodeKind.SINK not in kinds[-1:]:
+        return tuple(compress(nodes, map(is_, kinds, repeat(NodeKind.SINK))))
+    first = kinds.index(NodeKind.SINK)
+    tail = kinds[first:]
+    if tail.count(NodeKind.SINK) == len(tail):
+        return nodes[first:]
+    return tuple(compress(nodes[first:], map(is_, tail, repeat(NodeKind.SINK))))
+
+
+def _written(sinks: tuple[Node, ...]) -> tuple[list[Node], tuple[Destination, ...]]:
+    """The sinks whose destination is written (not discarded), and those destinations."""
+    every = tuple(map(_DEST, sinks))
+    if DestKind.DISCARD not in map(_DEST_KIND, every):
+        return list(sinks), every
+    kept = [d.kind is not DestKind.DISCARD for d in every]
+    return list(compress(sinks, kept)), tuple(compress(every, kept))
 
 
 def _quantize_step(label: str, sinks: tuple[Node, ...], values: tuple[Streams[Node], ...],
@@ -230,30 +271,34 @@ def _final_fragments(outputs: Streams[Node], written: list[Node],
     cast unchanged, through a shard as the shard's pieces of its input (one per piece,
     each landing in its slice of the local destination)."""
     position = {n: (i, j) for i, stream in enumerate(outputs) for j, n in enumerate(stream)}
-    final: list[list[tuple[Fragment, ...]]] = [[() for _ in s] for s in outputs]
+    final: list[list[tuple[Fragment, ...]]] = [[()] * len(s) for s in outputs]
     for target, (sink, d) in enumerate(zip(written, dests, strict=True)):
-        value, view = sink.inputs[0], _whole_view(d.spec.shape, d.stride)
-        placed: tuple[Fragment, ...] = (Fragment(Region.full(d.spec.shape), target, view),)
+        value = sink.inputs[0]
+        placed = _whole(d.spec.shape, d.stride, target)
         while value not in position:
             if value.kind is NodeKind.SHARD:  # this rank's pieces of its input
-                placed = _shard_nodes().shard_fragments(value, target, view)
+                placed = _shard_nodes().shard_fragments(value, target, placed[0].view)
             elif value.kind is not NodeKind.CAST:
                 raise PlanError(f"{value!r} between the ops and {sink!r} can't be placed; only "
                                 "casts and shards may sit there")
             value = value.inputs[0]
         i, j = position[value]
         final[i][j] += placed
-    return tuple(tuple(row) for row in final)
+    return tuple(map(tuple, final))
 
 
-# a destination's whole view, shared by the destinations of one shape and stride
-_whole_view = lru_cache(maxsize=1 << 14)(View)
+@lru_cache(maxsize=1 << 14)
+def _whole(shape: tuple[int, ...], stride: tuple[int, ...], target: int
+           ) -> tuple[Fragment, ...]:
+    """A destination's whole fragment (its full region into its whole view), one object
+    for the destinations of one shape and stride landing at one place of their steps."""
+    return (Fragment(Region.full(shape), target, View(shape, stride)),)
 
 
 def _staging(dests: tuple[Destination, ...], reads: tuple[ReadTask, ...], materialized: bool
              ) -> tuple[Destination, ...]:
     """File destinations written by anything but direct byte copies are staged in memory."""
-    if all(d.kind is not DestKind.FILE for d in dests):
+    if DestKind.FILE not in map(_DEST_KIND, dests):
         return dests
     indirect = {r.fragment.target for r in reads if r.fragment is not None and not r.direct}
     return tuple(replace(d, staged=True)

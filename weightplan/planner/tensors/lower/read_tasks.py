@@ -10,7 +10,7 @@ that geometry: the 256 experts of a stack hold one layout, one region and one vi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 from itertools import compress, repeat
 from typing import TYPE_CHECKING
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from weightplan.planner.inputs.checkpoint import TensorEntry
-from weightplan.planner.core.makers import columns
+from weightplan.planner.core.makers import columns, slot_setters
 from weightplan.planner.core.ops.base import Streams
 from weightplan.planner.core.quant.blocks import DEQUANTIZE_BYTES, workspace_bytes
 from weightplan.planner.core.geometry import CACHE_SIZE, Fragment, Region, _is_contiguous
@@ -52,13 +52,14 @@ class ReadLayout:
     packed: PackedRead | None = None  # a packed dequantize: each part's box (packed_reads.py)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class ReadTask:
     """Read ``region`` of a checkpoint tensor; land it in ``fragment`` (or keep it whole).
 
     ``byte_range`` is (absolute file offset, length); ``pieces`` are (offset within the
     range, length) windows read in parallel. Built by :func:`read_task`; everything but
     the node, its entry, region and fragment is in ``layout``, one object per geometry.
+    (Its slots are written through their descriptors, past the frozen ``__setattr__``.)
     """
 
     node: Node  # the READ node this task lowers (or the DEQUANTIZE node behind a read)
@@ -66,6 +67,14 @@ class ReadTask:
     region: Region
     fragment: Fragment | None  # None: kept as an input of the materialized ops
     layout: ReadLayout
+
+    def __init__(self, node: Node, entry: TensorEntry, region: Region,
+                 fragment: Fragment | None, layout: ReadLayout) -> None:
+        _set_node(self, node)
+        _set_entry(self, entry)
+        _set_region(self, region)
+        _set_fragment(self, fragment)
+        _set_layout(self, layout)
 
     @property
     def direct(self) -> bool:
@@ -150,6 +159,10 @@ class ReadTask:
         if self.dequantize is not None:
             return self.region.numel * self.dequantize.dtype.itemsize
         return self.nbytes if self.entry.file is not None else 0
+
+
+_set_node, _set_entry, _set_region, _set_fragment, _set_layout = slot_setters(
+    ReadTask, [f.name for f in fields(ReadTask)])
 
 
 def read_task(node: Node, region: Region, fragment: Fragment | None, direct: bool,

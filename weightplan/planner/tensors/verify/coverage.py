@@ -71,6 +71,8 @@ def check_coverage(step: Step, landed: list[Landing]) -> list[str]:
     found them), its op outputs' and its quantized values' fragments. An op that updates
     its outputs in place (``Step.in_place``) writes over its reads: the reads cover each
     destination once, and so, on their own, do the outputs it updates."""
+    if not step.outputs and not step.quantized:  # (every op placed: the reads alone land)
+        return _covered(step, landed, _PLACED)
     dests = step.destinations
     outputs = chain.from_iterable(chain.from_iterable(step.outputs))
     if step.in_place:
@@ -78,11 +80,12 @@ def check_coverage(step: Step, landed: list[Landing]) -> list[str]:
                                        "to exactly one kept input")
                 + _covered(step, landings(outputs), "the outputs updated in place must be "
                                                     "the destinations, each whole, once"))
-    if step.outputs or step.quantized:
-        quantized = (_quant_steps().quantize_fragments(q, dests) for q in step.quantized)
-        landed = landed + landings(chain(outputs, chain.from_iterable(quantized)))
-    return _covered(step, landed, "the op's place() must map each output element to exactly "
-                                  "one input")
+    quantized = (_quant_steps().quantize_fragments(q, dests) for q in step.quantized)
+    landed = landed + landings(chain(outputs, chain.from_iterable(quantized)))
+    return _covered(step, landed, _PLACED)
+
+
+_PLACED = "the op's place() must map each output element to exactly one input"
 
 
 def _covered(step: Step, landed: list[Landing], fix: str) -> list[str]:
@@ -103,7 +106,11 @@ def _covered(step: Step, landed: list[Landing], fix: str) -> list[str]:
 
 
 def dest_view(dest: Destination) -> View:
-    return View(dest.spec.shape, dest.stride)
+    return _view(dest.spec.shape, dest.stride)
+
+
+# (one view per shape and stride: destinations of one geometry share it)
+_view = lru_cache(maxsize=1 << 12)(View)
 
 
 def coverage_problem(universe: View, landed: list[Landing]) -> str | None:

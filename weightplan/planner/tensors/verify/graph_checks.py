@@ -23,8 +23,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
-from operator import and_, attrgetter, eq, is_, itemgetter, lt, not_, or_
+from operator import and_, attrgetter, eq, is_, is_not, itemgetter, lt, not_, or_
 
+from weightplan.planner.tensors.ir.destination import DestKind
 from weightplan.planner.tensors.ir.graph import PlanGraph
 from weightplan.planner.tensors.ir.nodes import (
     ATTRS_OF, CastAttrs, DequantizeAttrs, Node, NodeKind, QuantizeAttrs, ShardAttrs, SinkAttrs,
@@ -37,6 +38,7 @@ _INPUTS, _KIND, _ATTRS_TYPE = attrgetter("inputs"), attrgetter("kind"), attrgett
 _SHAPE, _DTYPE, _ATTRS_DTYPE = (attrgetter("spec.shape"), attrgetter("spec.dtype"),
                                 attrgetter("attrs.dtype"))
 _FIRST, _ATTRS = itemgetter(0), attrgetter("attrs")
+_SPEC, _DEST, _ALIASES = attrgetter("spec"), attrgetter("attrs.dest"), attrgetter("aliases")
 Picker = Callable[[Sequence[Node]], tuple[Node, ...]]  # a segment → its nodes at some places
 
 
@@ -75,8 +77,8 @@ class _Proof:
     sources: Picker  # each node's inputs, in order: the nodes at these places
     dequantizes: Picker  # (their spec rule is judged for all of them at once)
     weights: Picker  # the dequantizes' first inputs
-    ruled: Picker  # the casts, sinks, shards and quantizes (spec rules judged one by one)
-    sinks: Picker
+    ruled: Picker  # the casts, shards and quantizes (spec rules judged one by one)
+    sinks: Picker  # (their spec rule and one producer per model tensor judged in columns)
 
 
 def check_graph(graph: PlanGraph) -> tuple[list[str], Segments | None]:
@@ -103,6 +105,7 @@ def graph_holds(nodes: Sequence[Node]) -> Segments | None:
     dequantizes: list[Node] = []
     weights: list[Node] = []
     ruled: list[Node] = []
+    sinks: list[Node] = []
     start = 0
     for end in ends:
         segment, key, fed = nodes[start:end], kinds[start:end], inputs[start:end]
@@ -116,13 +119,15 @@ def graph_holds(nodes: Sequence[Node]) -> Segments | None:
             if proof is None:
                 return None
             proofs[key] = proof
-        home.update(zip(map(id, proof.sinks(segment)), repeat(len(shared))))
+        picked = proof.sinks(segment)
+        home.update(zip(map(id, picked), repeat(len(shared))))
+        sinks += picked
         shared.append(proof.index)
         dequantizes += proof.dequantizes(segment)
         weights += proof.weights(segment)
         ruled += proof.ruled(segment)
         start = end
-    if not _specs_hold(dequantizes, weights, ruled) or any(_second_producers(ruled)):
+    if not _specs_hold(dequantizes, weights, ruled) or not _sinks_hold(sinks):
         return None
     return Segments(nodes, ends, shared, home)
 
@@ -147,7 +152,8 @@ def _proven(segment: Sequence[Node], kinds: tuple[NodeKind, ...], classes: tuple
     first = dict(zip(reversed(consumers), reversed(at), strict=True))  # (each one's first)
     return _Proof(index, arities, classes, picker(at), picker(dequantizes),
                   picker([first[i] for i in dequantizes]),
-                  picker([i for i, k in enumerate(kinds) if k in SPEC_RULED]), picker(sinks))
+                  picker([i for i, k in enumerate(kinds)
+                          if k in SPEC_RULED and k is not NodeKind.SINK]), picker(sinks))
 
 
 def _specs_hold(dequantizes: list[Node], weights: list[Node], ruled: list[Node]) -> bool:
@@ -158,6 +164,22 @@ def _specs_hold(dequantizes: list[Node], weights: list[Node], ruled: list[Node])
     if not all(map(and_, kept, typed)) and not _packed_hold(dequantizes, kept, typed):
         return False
     return not any(map(spec_problems, ruled))
+
+
+def _sinks_hold(sinks: list[Node]) -> bool:
+    """Every sink's spec rule (:func:`spec_problems`) and one producer per model tensor,
+    in columns: a sink whose input's spec and destination's spec are its own (the same
+    objects, as the builder makes them) keeps the rule; the others are judged one by
+    one. No alias of a written destination is written twice."""
+    specs = list(map(_SPEC, sinks))
+    fed = map(is_, specs, map(_SPEC, map(_FIRST, map(_INPUTS, sinks))))
+    dests = list(map(_DEST, sinks))
+    same = map(and_, fed, map(is_, specs, map(_SPEC, dests)))
+    if any(map(spec_problems, compress(sinks, map(not_, same)))):
+        return False
+    written = compress(dests, map(is_not, map(_KIND, dests), repeat(DestKind.DISCARD)))
+    aliases = list(chain.from_iterable(map(_ALIASES, written)))
+    return len(set(aliases)) == len(aliases)
 
 
 def _packed_hold(dequantizes: list[Node], kept: list[bool], typed: list[bool]) -> bool:

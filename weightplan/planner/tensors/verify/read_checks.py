@@ -45,10 +45,12 @@ def sections(checkpoint: Checkpoint | None) -> Sections:
     return {f.path: (f.data_start, f.size) for f in (checkpoint.files if checkpoint else ())}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Geometry:
     """What the reads sharing one geometry read: their layout's range within their tensor
-    and what it should be (the region's span), the scale window within the scale."""
+    and what it should be (the region's span), the scale window within the scale. (A
+    verdict of one verify pass, never changed: not frozen, as a frozen ``__init__`` costs
+    twice as much, once per geometry.)"""
 
     first: int
     length: int
@@ -77,9 +79,15 @@ class _Geometry:
         return section[0] - self.scale_first, section[1] - self.scale_first - self.scale_length
 
 
-def read_problems(step: Step, where: Sections) -> tuple[list[str], list[Landing]]:
+# the verdicts of one verify pass on each geometry (:func:`geometry_key`), made once for
+# the reads of every step that share it
+Judged = dict[tuple[int, ...], "_Geometry"]
+
+
+def read_problems(step: Step, where: Sections, judged: Judged
+                  ) -> tuple[list[str], list[Landing]]:
     """Every broken read invariant of ``step`` (see the module docstring), in read order,
-    and where its reads land (for the coverage check)."""
+    and where its reads land (for the coverage check); ``judged``: see :func:`_judged`."""
     problems: list[str] = []
     landed: list[Landing] = []
     layout = region = spec = scale_spec = attrs = None
@@ -101,7 +109,7 @@ def read_problems(step: Step, where: Sections) -> tuple[list[str], list[Landing]
             scale_spec, attrs, layout = scale.spec, node.attrs, None
         if task.layout is not layout or task.region is not region or entry.spec is not spec:
             layout, region, spec = task.layout, task.region, entry.spec
-            geometry = _judge(task, entry, scale)
+            geometry = _judged(judged, task, entry, scale)
             file, scale_file, landing = _NOTHING, _NOTHING, _NOWHERE
         fragment = task.fragment
         if fragment is not None:
@@ -126,6 +134,28 @@ def read_problems(step: Step, where: Sections) -> tuple[list[str], list[Landing]
             if not scale_low <= scale.offset <= scale_high:
                 problems.append(_scale_problem(scale, geometry, where))
     return problems, landed
+
+
+def _judged(judged: Judged, task: ReadTask, entry: TensorEntry, scale: TensorEntry | None
+            ) -> _Geometry:
+    """The verdict on ``task``'s geometry, judged once per verify pass (the objects it is
+    keyed by, :func:`geometry_key`, are alive as long as the pass: its steps hold them)."""
+    key = geometry_key(task, entry, scale)
+    found = judged.get(key)
+    if found is None:
+        found = judged[key] = _judge(task, entry, scale)
+    return found
+
+
+def geometry_key(task: ReadTask, entry: TensorEntry, scale: TensorEntry | None
+                 ) -> tuple[int, ...]:
+    """What :func:`_judge` reads of a task, by identity: its layout, region and entry spec;
+    a dequantize's attrs, its logical spec and its scale's spec."""
+    node = task.node
+    if node.kind is not _DEQUANTIZE:
+        return id(task.layout), id(task.region), id(entry.spec)
+    return (id(task.layout), id(task.region), id(entry.spec), id(node.attrs), id(node.spec),
+            id(None if scale is None else scale.spec))
 
 
 def _read_entries(node: Node) -> tuple[TensorEntry, TensorEntry | None]:

@@ -42,7 +42,9 @@ from weightplan.planner.tensors.lower.placement import Step
 from weightplan.planner.tensors.schedule.schedule import Event, Events
 from weightplan.planner.tensors.verify.coverage import check_coverage
 from weightplan.planner.tensors.verify.graph_checks import Picker, Segments, check_graph, picker
-from weightplan.planner.tensors.verify.read_checks import Sections, read_problems, sections
+from weightplan.planner.tensors.verify.read_checks import (
+    Judged, Sections, read_problems, sections,
+)
 
 _LAYOUT, _RUNS, _SCALE_RUNS = attrgetter("layout"), attrgetter("runs"), attrgetter("scale_runs")
 _HASH = attrgetter("_hash")  # (Node's hash, kept on it: read without a call)
@@ -79,21 +81,23 @@ def check(graph: PlanGraph, steps: Sequence[Step] = (), checkpoint: Checkpoint |
     problems = [] if segments is not None and release_holds(segments, steps, graph.distinct) \
         else check_release(graph, steps)
     where = sections(checkpoint)
+    judged: Judged = {}  # (the geometries' verdicts, made once for this pass)
     if checked is None:  # (no other rank to hand the verdicts to)
         for step in steps:
-            problems += step_problems(step, where)
+            problems += step_problems(step, where, judged)
         return problems
     for step in steps:
         known = checked.get(id(step))
         if known is None or known[0] is not step or known[1] is not checkpoint:
-            known = checked[id(step)] = (step, checkpoint, step_problems(step, where))
+            known = checked[id(step)] = (step, checkpoint, step_problems(step, where, judged))
         problems += known[2]
     return problems
 
 
-def step_problems(step: Step, where: Sections) -> list[str]:
-    """Checks 3 and 4 of one step: its reads, its strided reads, its coverage."""
-    found, landed = read_problems(step, where)
+def step_problems(step: Step, where: Sections, judged: Judged | None = None) -> list[str]:
+    """Checks 3 and 4 of one step: its reads, its strided reads, its coverage (``judged``:
+    see :func:`read_problems`)."""
+    found, landed = read_problems(step, where, {} if judged is None else judged)
     problems = check_coverage(step, landed) + found
     layouts = list(map(_LAYOUT, step.reads))  # (C-level passes: most steps have none)
     if any(map(_RUNS, layouts)) or any(map(_SCALE_RUNS, layouts)):  # strided reads
@@ -101,10 +105,13 @@ def step_problems(step: Step, where: Sections) -> list[str]:
     return problems
 
 
-def _ran(step: Step) -> Iterable[Node]:
+def _ran(step: Step) -> list[Node]:
     """The nodes a step runs: its sources, its materialized ops, its sinks."""
-    stages = chain.from_iterable(chain.from_iterable(step.materialize))
-    return chain(chain.from_iterable(step.sources), stages, step.sinks)
+    ran = list(chain.from_iterable(step.sources))
+    if step.materialize:  # (none when every op places)
+        ran += chain.from_iterable(chain.from_iterable(step.materialize))
+    ran += step.sinks
+    return ran
 
 
 def release_holds(segments: Segments, steps: Sequence[Step], distinct: bool = False) -> bool:
@@ -117,12 +124,13 @@ def release_holds(segments: Segments, steps: Sequence[Step], distinct: bool = Fa
     found: dict[tuple[int, int], Picker] = {}
     ran_all: list[Node] = []
     homes: list[int] = []
+    home, proofs, segment_of = segments.home.get, segments.proofs, segments.segment
     for step in steps:
-        k = segments.home.get(id(step.sinks[0]), -1) if step.sinks else -1
+        k = home(id(step.sinks[0]), -1) if step.sinks else -1
         if k < 0:
             return False
-        ran = list(_ran(step))
-        segment, key = segments.segment(k), (segments.proofs[k], len(ran))
+        ran = _ran(step)
+        segment, key = segment_of(k), (proofs[k], len(ran))
         pick = found.get(key)
         if pick is None or not all(map(is_, ran, pick(segment))):
             place = dict(zip(map(id, segment), range(len(segment)), strict=True))
