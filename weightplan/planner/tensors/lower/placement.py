@@ -135,25 +135,27 @@ class Fronts:
     tail, shard nodes and sinks, behind the front every rank shares)."""
 
     def __init__(self) -> None:
-        self._by_group: dict[int, tuple[Conversion, int, Front]] = {}
+        # id(group) → (the conversion lowered first, its stage nodes, its front)
+        self._by_group: dict[int, tuple[Conversion, tuple[Node, ...], Front]] = {}
 
     def of(self, conv: Conversion, kinds: list[NodeKind]) -> Front:
         hit = self._by_group.get(id(conv.group))
         if hit is not None and hit[0].group is conv.group and \
-                _same_front(hit[0].nodes, conv.nodes, kinds, hit[1]):
+                _same_front(hit[1], conv.nodes, kinds):
             return hit[2]
         front = _front(conv, kinds)
         cut = len(kinds)
         while cut and kinds[cut - 1] not in _STAGED:
             cut -= 1
-        self._by_group[id(conv.group)] = (conv, cut, front)
+        self._by_group[id(conv.group)] = (conv, conv.nodes[:cut], front)
         return front
 
 
-def _same_front(first: tuple[Node, ...], nodes: tuple[Node, ...], kinds: list[NodeKind],
-                cut: int) -> bool:
-    """Whether ``nodes`` hold ``first``'s stage nodes (its first ``cut``) and none after."""
-    return len(nodes) >= cut and all(map(is_, nodes[:cut], first[:cut])) and \
+def _same_front(staged: tuple[Node, ...], nodes: tuple[Node, ...], kinds: list[NodeKind]
+                ) -> bool:
+    """Whether ``nodes`` begin with the ``staged`` nodes and hold no stage node after."""
+    cut = len(staged)
+    return len(nodes) >= cut and all(map(is_, staged, nodes)) and \
         _STAGED.isdisjoint(kinds[cut:])
 
 
