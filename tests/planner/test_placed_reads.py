@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 from weightplan.errors import PlanError
 from weightplan.ops import Concatenate, MergeModulelist
 from weightplan.planner.core.entry import StridedEntry
-from weightplan.planner.core.geometry import Fragment, Region, View, stack_fragments
+from weightplan.planner.core.geometry import (
+    Fragment, Region, StackFragments, View, stack_fragments,
+)
 from weightplan.planner.core.quant.formats import Scheme, companion_shapes
 from weightplan.planner.core.spec import TensorSpec
 from weightplan.planner.inputs.checkpoint import TensorEntry
@@ -119,7 +121,12 @@ def _streams(draw):
     stream = tuple(_node(j, dequantize, odd.get(j), memory) for j in range(n))
     frags = tuple(_fragments(j, odd.get(j), half) for j in range(n))
     if not half and draw(st.booleans()) and not any(o in ODD[7:] for o in odd.values()):
-        frags = stack_fragments(Region.full(SHAPE), 0, SHAPE, (6, 1), 0, 24, n)
+        first, count = 0, n  # (the whole stack, or a run of it: a rank's experts)
+        if draw(st.booleans()):
+            first = draw(st.integers(0, n))
+            count = draw(st.integers(0, n - first))
+        frags = stack_fragments(Region.full(SHAPE), 0, SHAPE, (6, 1), 24 * first, 24, count,
+                                first, n)
     return stream, frags, draw(st.sampled_from([1 << 25, 16]))
 
 
@@ -152,6 +159,22 @@ def test_a_stack_is_made_in_columns_and_an_odd_stream_read_by_read(monkeypatch, 
     assert not calls and len({id(t.layout) for t in columns}) == 1
     assert placed_reads((odd,), (frags,), DESTS, 1 << 25) == _reference(odd, frags, DESTS, 1 << 25)
     assert len(calls) == 1
+
+
+def test_one_fragment_over_a_run_of_a_stack_places_as_one_stack_of_the_run():
+    """A rank's experts (items 2 to 5 of 8) land as a :class:`StackFragments` of the run,
+    the other items nowhere; the run read alone is a stack of its own."""
+    f = Fragment(Region((2, 0, 0), (5, *SHAPE)), 0, View((3, *SHAPE), (24, 6, 1), 0))
+    placed = MergeModulelist(0).place((((f,),),), ((TensorSpec(SHAPE, BF16),) * 8,))[0]
+    items = [(Fragment(Region.full(SHAPE), 0, View(SHAPE, (6, 1), 24 * (k - 2))),)
+             if 2 <= k < 5 else () for k in range(8)]
+    assert isinstance(placed, StackFragments) and placed.first == 2
+    assert placed == tuple(items)
+    run = placed.landing()
+    assert isinstance(run, StackFragments) and run == tuple(items[2:5]) and run.first == 0
+    stream = tuple(_node(j, False, None) for j in range(8))
+    assert placed_reads((stream,), (placed,), DESTS, 1 << 25) == \
+        _reference(stream, tuple(items), DESTS, 1 << 25)
 
 
 def _step(*streams) -> Step:

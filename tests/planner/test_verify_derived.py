@@ -14,7 +14,7 @@ from weightplan.planner.core.spec import TensorSpec
 from weightplan.planner.pipelines.lower import Lowered, plan_graph
 from weightplan.planner.tensors.ir.graph import PlanGraph
 from weightplan.planner.tensors.ir.nodes import Node, NodeKind, ShardAttrs, SinkAttrs
-from weightplan.planner.tensors.lower.placement import plan_step
+from weightplan.planner.tensors.lower.placement import Fronts, plan_step
 from weightplan.planner.tensors.verify.derived import base_of, derived
 from weightplan.planner.tensors.verify.graph_checks import graph_holds, graph_problems
 from weightplan.planner.tensors.verify.verify import check, release_holds
@@ -61,6 +61,26 @@ def test_lowered_proves_each_rank_from_its_base_and_checks_the_rest_whole():
     strangers = stacks(3)[0]  # conversions the base doesn't have: checked whole
     graph, segments = memo.graph(strangers)
     assert segments is None and graph == plan_graph(strangers)
+
+
+def test_ranks_lower_on_the_stages_of_the_front_they_share():
+    """A rank's conversion is lowered on the stages of the first conversion of its group
+    whose stage nodes are the same objects (its step is the one it lowers to alone); a
+    conversion of that group with other stage nodes gets its own."""
+    convs, _, _ = stacks(2)
+    fronts = Fronts()
+    kinds = [n.kind for n in convs[0].nodes]
+    shared = fronts.of(convs[0], kinds)
+    for rank in range(3):
+        for c in convs:
+            mine = sharded(c, rank)
+            assert plan_step(mine, fronts=fronts) == plan_step(mine)
+        assert fronts.of(sharded(convs[0], rank), [n.kind for n in sharded(convs[0], rank).nodes]) \
+            is shared
+    stranger = dataclasses.replace(convs[1], group=convs[0].group)  # (other nodes, same group)
+    own = fronts.of(stranger, [n.kind for n in stranger.nodes])
+    assert own is not shared and own[0][0][0][0] is convs[1].nodes[0]
+    assert own == fronts.of(stranger, [n.kind for n in stranger.nodes])
 
 
 @settings(max_examples=200, deadline=None)

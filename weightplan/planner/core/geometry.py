@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import repeat
+from itertools import chain, repeat
 from operator import add, mul
 
 from weightplan.planner.core.makers import columns
@@ -212,27 +212,45 @@ def stacked_fragments(region: Region, target: int, shape: tuple[int, ...],
 
 
 class StackFragments(tuple[tuple[Fragment, ...], ...]):
-    """A stream's fragments as ``place`` returns them (one tuple per item), for the items
-    of a stack landing one fragment each: item ``k``'s is ``fragments[k]``, and every one
-    has ``region``, ``target`` and a view of ``shape`` and ``stride`` at ``offset + k *
-    step`` (made by :func:`stack_fragments`, so that a reader needn't look at each one to
-    know it)."""
+    """A stream's fragments as ``place`` returns them (one tuple per item), for a stack
+    whose items ``first`` to ``first + len(fragments)`` land one fragment each (every item,
+    or one rank's experts; the others land none): item ``first + k``'s is
+    ``fragments[k]``, and every one has ``region``, ``target`` and a view of ``shape`` and
+    ``stride`` at ``offset + k * step`` (made by :func:`stack_fragments`, so that a reader
+    needn't look at each one to know it)."""
 
     fragments: list[Fragment]
     region: Region
     target: int
     shape: tuple[int, ...]
     stride: tuple[int, ...]
-    offset: int  # item k's view starts at offset + k * step
+    offset: int  # item first + k's view starts at offset + k * step
     step: int
+    first: int
+
+    def landing(self) -> StackFragments:
+        """The items that land, as a stack of their own (itself when every item does)."""
+        if len(self.fragments) == len(self):
+            return self
+        return _stack(self.fragments, self.region, self.target, self.shape, self.stride,
+                      self.offset, self.step, 0, 0)
 
 
 def stack_fragments(region: Region, target: int, shape: tuple[int, ...],
-                    stride: tuple[int, ...], offset: int, step: int, count: int
-                    ) -> StackFragments:
-    """:func:`stacked_fragments`, one tuple per item, saying what they share."""
+                    stride: tuple[int, ...], offset: int, step: int, count: int,
+                    first: int = 0, total: int | None = None) -> StackFragments:
+    """:func:`stacked_fragments`, one tuple per item, saying what they share: items
+    ``first`` to ``first + count`` of ``total`` (default: ``count``) land, the others none."""
     fragments = stacked_fragments(region, target, shape, stride, offset, step, count)
-    made = StackFragments(zip(fragments))
+    after = 0 if total is None else total - first - count
+    return _stack(fragments, region, target, shape, stride, offset, step, first, after)
+
+
+def _stack(fragments: list[Fragment], region: Region, target: int, shape: tuple[int, ...],
+           stride: tuple[int, ...], offset: int, step: int, first: int, after: int
+           ) -> StackFragments:
+    made = StackFragments(chain(repeat((), first), zip(fragments), repeat((), after)))
     made.fragments, made.region, made.target = fragments, region, target
     made.shape, made.stride, made.offset, made.step = shape, stride, offset, step
+    made.first = first
     return made

@@ -13,7 +13,7 @@ from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.tensors.schedule.budget import schedule_within
 from weightplan.planner.tensors.ir.build import Conversion
 from weightplan.planner.tensors.ir.graph import PlanGraph
-from weightplan.planner.tensors.lower.placement import PIECE_BYTES, Step, plan_step
+from weightplan.planner.tensors.lower.placement import PIECE_BYTES, Fronts, Step, plan_step
 from weightplan.planner.tensors.schedule.schedule import Schedule, make_schedule
 from weightplan.errors import GraphError
 from weightplan.planner.tensors.verify.derived import Base, base_of, derived
@@ -41,6 +41,7 @@ class Lowered:
         self.checked: Checked = {}  # (verify's verdicts on the shared steps)
         self._conversions = tuple(base)
         self._base: Base | None | bool = False  # (False: not proven yet)
+        self._fronts = Fronts()  # (each group's stages, lowered once for the ranks sharing them)
 
     def graph(self, drawn: Sequence[Conversion]) -> tuple[PlanGraph, Segments | None]:
         """The graph of ``drawn`` (a rank's conversions that are drawn), and its segments
@@ -55,7 +56,7 @@ class Lowered:
         key = (id(conv), piece_bytes)
         hit = self._steps.get(key)
         if hit is None or hit[0] is not conv:
-            hit = self._steps[key] = (conv, plan_step(conv, piece_bytes))
+            hit = self._steps[key] = (conv, plan_step(conv, piece_bytes, self._fronts))
         return hit[1]
 
 

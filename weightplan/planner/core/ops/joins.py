@@ -200,13 +200,12 @@ class MergeModulelist(ConversionOp):
         for (frags,), stream in zip(outputs, inputs, strict=True):
             d = self._dim(len(stream[0].shape))
             per_item: list[list[Fragment]] = []
-            whole: StackFragments | None = None  # one fragment of the whole stack: its items'
+            whole: StackFragments | None = None  # one fragment of a run of items: theirs
             for f in frags:
                 if not f.aligned:
                     return None
-                if len(frags) == 1 and f.region.starts[d] == 0 and \
-                        f.region.stops[d] == len(stream):
-                    whole = self._items(f, d, stack_fragments)
+                if len(frags) == 1:  # (one run of items: the whole stack, or a rank's experts)
+                    whole = self._items(f, d, stack_fragments, len(stream))
                     break
                 items = self._items(f, d)
                 per_item = per_item or [[] for _ in stream]
@@ -217,14 +216,17 @@ class MergeModulelist(ConversionOp):
         return tuple(placed)
 
     @staticmethod
-    def _items(f: Fragment, d: int, make: Callable[..., Any] = stacked_fragments) -> Any:
+    def _items(f: Fragment, d: int, make: Callable[..., Any] = stacked_fragments,
+               *total: int) -> Any:
         """Fragment ``f`` of the stack, split into its items' fragments along ``d`` (by
-        ``make``: a list, or a whole stack's :class:`StackFragments`): one region, shape
-        and stride for every item (shared: a stack of 256 experts holds one of each)."""
+        ``make``: a list, or, given the ``total`` items, the stack's
+        :class:`StackFragments`): one region, shape and stride for every item (shared: a
+        stack of 256 experts holds one of each)."""
         start, region, v = f.region.starts[d], f.region.drop(d), f.view
         shape, stride = v.shape[:d] + v.shape[d + 1:], v.stride[:d] + v.stride[d + 1:]
+        run = (start, *total) if total else ()
         return make(region, f.target, shape, stride, v.offset, v.stride[d],
-                    f.region.stops[d] - start)
+                    f.region.stops[d] - start, *run)
 
     def inverse(self) -> "SplitModulelist":
         return SplitModulelist(self.dim)

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from operator import is_
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from weightplan.planner.tensors.ir.destination import Destination, DestKind
-from weightplan.planner.core.geometry import Fragment, View, row_major_strides
+from weightplan.planner.core.geometry import CACHE_SIZE, Fragment, View, row_major_strides
 from weightplan.planner.tensors.ir.nodes import Node, NodeKind, ShardAttrs, SinkAttrs, sink_attrs
 from weightplan.planner.core.sharding.placements import DestShard, Placement, PlacementKind
 from weightplan.planner.core.sharding.shard_math import pieces
@@ -54,16 +55,30 @@ def shard_target(value: Node, dest: Destination, key: str, sharding: Sharding
     p = sharding.placement(key, len(shape))
     if p.kind is PlacementKind.PLAIN or dest.kind not in (DestKind.ALLOCATE, DestKind.MEMORY):
         return value, dest
-    note = DestShard(p, shape, sharding.rank, sharding.world_size)
-    if not p.is_sharded:
+    note, attrs = _rank_part(p, shape, sharding.rank, sharding.world_size)
+    if attrs is None:
         return value, replace(dest, shard=note)
-    boxes = tuple(pc.region for pc in pieces(p, shape, sharding.world_size, sharding.rank))
-    attrs = ShardAttrs(p, boxes, sharding.rank, sharding.world_size)
-    spec = TensorSpec(attrs.local_shape, value.spec.dtype)
-    node = Node(NodeKind.SHARD, spec, (value,), attrs)
-    local = replace(dest, spec=TensorSpec(spec.shape, dest.spec.dtype),
-                    stride=row_major_strides(spec.shape), shard=note)
+    local_shape = attrs.local_shape
+    node = Node(NodeKind.SHARD, _spec(local_shape, value.spec.dtype), (value,), attrs)
+    local = replace(dest, spec=_spec(local_shape, dest.spec.dtype),
+                    stride=row_major_strides(local_shape), shard=note)
     return node, local
+
+
+@lru_cache(maxsize=CACHE_SIZE)
+def _rank_part(p: Placement, shape: tuple[int, ...], rank: int, world_size: int
+               ) -> tuple[DestShard, ShardAttrs | None]:
+    """The note and (sharded) the shard attrs of ``rank``'s part of a tensor of ``shape``
+    under ``p``: one object each for every tensor of that shape and placement (the layers
+    of a model), made once per rank."""
+    note = DestShard(p, shape, rank, world_size)
+    if not p.is_sharded:
+        return note, None
+    boxes = tuple(pc.region for pc in pieces(p, shape, world_size, rank))
+    return note, ShardAttrs(p, boxes, rank, world_size)
+
+
+_spec = lru_cache(maxsize=CACHE_SIZE)(TensorSpec)  # (a local spec, shared like its shape)
 
 
 def shard_sinks(nodes: tuple[Node, ...], loads: Collection[str], sharding: Sharding

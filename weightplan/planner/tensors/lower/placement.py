@@ -35,6 +35,7 @@ from weightplan.planner.tensors.ir.destination import ALLOCATED, Destination, De
 from weightplan.planner.core.geometry import Fragment, Region, View
 from weightplan.planner.tensors.ir.nodes import Node, NodeKind
 from weightplan.planner.core.ops.base import ConversionOp, Streams
+from weightplan.planner.core.spec import TensorSpec
 from weightplan.planner.tensors.lower.read_tasks import (
     PIECE_BYTES, ReadTask, placed_reads, read_task,
 )
@@ -151,12 +152,53 @@ class Step:
  _set_convert_bytes) = slot_setters(Step, [f.name for f in fields(Step)])
 
 
-def plan_step(conv: Conversion, piece_bytes: int = PIECE_BYTES) -> Step:
+Front = tuple[tuple[Streams[Node], ...], tuple[Streams[TensorSpec], ...]]
+_STAGED = frozenset((NodeKind.READ, NodeKind.DEQUANTIZE, NodeKind.OP))  # (what stages read)
+
+
+class Fronts:
+    """Each conversion's stages and their specs, shared by the conversions of one group
+    whose stage nodes are the same objects (ranks planned together: each keeps its own
+    tail, shard nodes and sinks, behind the front every rank shares)."""
+
+    def __init__(self) -> None:
+        # id(group) → (the conversion lowered first, its stage nodes, its front)
+        self._by_group: dict[int, tuple[Conversion, tuple[Node, ...], Front]] = {}
+
+    def of(self, conv: Conversion, kinds: list[NodeKind]) -> Front:
+        hit = self._by_group.get(id(conv.group))
+        if hit is not None and hit[0].group is conv.group and \
+                _same_front(hit[1], conv.nodes, kinds):
+            return hit[2]
+        front = _front(conv, kinds)
+        cut = len(kinds)
+        while cut and kinds[cut - 1] not in _STAGED:
+            cut -= 1
+        self._by_group[id(conv.group)] = (conv, conv.nodes[:cut], front)
+        return front
+
+
+def _same_front(staged: tuple[Node, ...], nodes: tuple[Node, ...], kinds: list[NodeKind]
+                ) -> bool:
+    """Whether ``nodes`` begin with the ``staged`` nodes and hold no stage node after."""
+    cut = len(staged)
+    return len(nodes) >= cut and all(map(is_, staged, nodes)) and \
+        _STAGED.isdisjoint(kinds[cut:])
+
+
+def _front(conv: Conversion, kinds: list[NodeKind]) -> Front:
+    values = stages(conv, kinds)
+    return values, tuple(map(stage_specs, values))
+
+
+def plan_step(conv: Conversion, piece_bytes: int = PIECE_BYTES, fronts: Fronts | None = None
+              ) -> Step:
     """Destinations from the sinks, then fragments pushed back through the ops as far as
-    they go; reads land where the fragments say."""
+    they go; reads land where the fragments say. ``fronts``: the stages of conversions
+    lowered before, reused where this one's are the same nodes."""
     nodes = conv.nodes
     kinds = list(map(_KIND, nodes))
-    values = stages(conv, kinds)
+    values, specs = _front(conv, kinds) if fronts is None else fronts.of(conv, kinds)
     sinks = _sinks(nodes, kinds)
     written, dests = _written(sinks)
     if NodeKind.QUANTIZE in kinds:
@@ -164,7 +206,7 @@ def plan_step(conv: Conversion, piece_bytes: int = PIECE_BYTES) -> Step:
     frags = _final_fragments(values[-1], written, dests)
     m = len(values) - 1
     while m > 0:
-        placed = stage_op(values[m]).place(frags, stage_specs(values[m - 1]))
+        placed = stage_op(values[m]).place(frags, specs[m - 1])
         if placed is None:
             break
         frags, m = placed, m - 1
@@ -172,7 +214,7 @@ def plan_step(conv: Conversion, piece_bytes: int = PIECE_BYTES) -> Step:
         reads = placed_reads(values[0], frags, dests, piece_bytes)
         return Step(conv.label, sinks, _staging(dests, reads, False), reads, values[0], (), ())
     if m == 1 == len(values) - 1:
-        kept = stage_op(values[1]).place_kept(frags, stage_specs(values[0]))
+        kept = stage_op(values[1]).place_kept(frags, specs[0])
         if kept is not None and _updatable(values[1], frags, dests):
             return _update_step(conv.label, sinks, values, kept, frags, dests, piece_bytes)
     reads = tuple(read_task(n, Region.full(n.spec.shape), None, False, piece_bytes)

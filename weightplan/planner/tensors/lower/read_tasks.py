@@ -21,7 +21,9 @@ from weightplan.planner.inputs.checkpoint import TensorEntry
 from weightplan.planner.core.makers import columns, slot_setters
 from weightplan.planner.core.ops.base import Streams
 from weightplan.planner.core.quant.blocks import DEQUANTIZE_BYTES, workspace_bytes
-from weightplan.planner.core.geometry import CACHE_SIZE, Fragment, Region, _is_contiguous
+from weightplan.planner.core.geometry import (
+    CACHE_SIZE, Fragment, Region, StackFragments, _is_contiguous,
+)
 from weightplan.planner.tensors.ir.destination import Destination
 from weightplan.planner.tensors.lower.stack_reads import PACKED, stack_geometry
 from weightplan.planner.tensors.ir.nodes import DequantizeAttrs, Node, NodeKind, read_attrs
@@ -273,7 +275,10 @@ def placed_reads(sources: Streams[Node], frags: Streams[tuple[Fragment, ...]],
     tasks: list[ReadTask] = []
     dtypes = [d.spec.dtype for d in dests]
     for stream, placed in zip(sources, frags, strict=True):
-        if len(stream) >= _STACK and not all(placed):  # (expert parallel)
+        if isinstance(placed, StackFragments):  # (the run of a stack that lands: its own stack)
+            stream = stream[placed.first:placed.first + len(placed.fragments)]
+            placed = placed.landing()
+        elif len(stream) >= _STACK and not all(placed):  # (expert parallel)
             kept = list(map(bool, placed))
             stream, placed = tuple(compress(stream, kept)), tuple(compress(placed, kept))
         stack = stack_geometry(stream, placed) if len(stream) >= _STACK else None
