@@ -134,8 +134,8 @@ class _Execution:
             if program.in_place:
                 self._update(program, step)
                 return
-            streams = (self.pool.submit(_run_ops, program, step).result() if _merges(program)
-                       else _run_ops(program, step))  # (a merge: on a pool thread, see _pool)
+            streams = (self.pool.submit(_no_grad, _run_ops, program, step).result()
+                       if _merges(program) else _run_ops(program, step))  # (see _pool)
             for i, out_stream in enumerate(program.outputs):
                 for j, frags in enumerate(out_stream):
                     for f in frags:
