@@ -2,8 +2,9 @@
 
 Each piece is a run of one expert's rows over one span of the rank (:func:`rank_segments`),
 ``PIECE_ELEMENTS`` of the weight at most; it computes its delta a block of rows at a time
-in two float32 buffers of its own (the delta, the base rows widened: a cache's worth, so
-the block stays in cache between its matmul and its rounding) and rounds each block once
+in a pair of float32 buffers (the delta, the base rows widened: a cache's worth, so the
+block stays in cache between its matmul and its rounding; a pair per piece running at
+once, taken from the merge's pairs and given back) and rounds each block once
 into the weight's dtype. Pieces write disjoint elements: the caller may run them in any
 order, on any threads at once (the executor: on its pool, whose threads each hold torch at
 one intra-op thread, :mod:`weightplan.executor.intra_op`); ``forward`` runs them in turn.
@@ -18,6 +19,7 @@ once and differs, and ``addmm`` into the widened block (``beta = 1``) differs ev
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Callable
 from functools import partial
 
@@ -42,14 +44,15 @@ def delta_pieces(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: flo
     rows = _aligned(CHUNK_ELEMENTS // max(1, workers) // max(1, width))
     span = max(1, PIECE_ELEMENTS // max(1, width) // rows) * rows
     segments = [(0, out.shape[1], 0, b.shape[2])] if transposed else rank_segments(b)
-    pieces: list[Piece] = []
-    for e in range(len(out)):
-        for first, last, k0, k1 in segments:
-            for start in range(first, last, span):
-                stop = min(start + span, last)
-                pieces.append(partial(_piece, out[e], b[e], a[e], scale, transposed,
-                                      (start, stop, k0, k1), rows))
-    return pieces
+    cuts = [(e, (start, min(start + span, last), k0, k1)) for e in range(len(out))
+            for first, last, k0, k1 in segments for start in range(first, last, span)]
+    count = min(rows, max((cut[1] - cut[0] for _, cut in cuts), default=0)) * width
+    buffers: queue.SimpleQueue = queue.SimpleQueue()  # (a pair per piece running at once,
+    for _ in range(min(max(1, workers), len(cuts))):  # reused: no fresh pages per piece)
+        buffers.put(tuple(torch.empty(count, dtype=torch.float32, device=out.device)
+                          for _ in range(2)))
+    return [partial(_piece, out[e], b[e], a[e], scale, transposed, cut, rows, buffers)
+            for e, cut in cuts]
 
 
 def _aligned(rows: int) -> int:
@@ -60,14 +63,22 @@ def _aligned(rows: int) -> int:
 
 
 def _piece(out: torch.Tensor, b: torch.Tensor, a: torch.Tensor, scale: float,
-           transposed: bool, segment: tuple[int, int, int, int], rows: int) -> None:
+           transposed: bool, segment: tuple[int, int, int, int], rows: int,
+           buffers: queue.SimpleQueue) -> None:
     """Rows ``[start, stop)`` of ``out = W + (B·A)·scale`` over the rank span ``[k0, k1)``
     (transposed: rows of ``((B·A)·scale)ᵀ``, the whole rank), ``rows`` at a time."""
+    pair = buffers.get()
+    try:
+        _blocks(out, b, a, scale, transposed, segment, rows, *pair)
+    finally:
+        buffers.put(pair)
+
+
+def _blocks(out: torch.Tensor, b: torch.Tensor, a: torch.Tensor, scale: float,
+            transposed: bool, segment: tuple[int, int, int, int], rows: int,
+            delta: torch.Tensor, wide: torch.Tensor) -> None:
     start, stop, k0, k1 = segment
     width = out.shape[-1]
-    count = min(rows, stop - start) * width
-    delta = torch.empty(count, dtype=torch.float32, device=out.device)
-    wide = torch.empty(count, dtype=torch.float32, device=out.device)
     for first in range(start, stop, rows):
         last = min(first + rows, stop)
         block = out[first:last]
