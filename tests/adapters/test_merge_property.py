@@ -1,16 +1,19 @@
 """``MergeLora`` over random fused-expert shapes: the merged tensor equals, expert by
 expert, ``W + s·B·A`` computed in float32 and rounded once, whether the base inputs are
 copied into their place (the base chain places) or the chain runs on tensors, and whether
-B is block-diagonal (each half of A multiplied by its own rows only) or dense."""
+B is block-diagonal (each half of A multiplied by its own rows only) or dense, and whether
+the op runs whole (``forward``) or as ``update``'s pieces on several threads in any order."""
 
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from weightplan.planner.core.ops import lora_delta
 from weightplan.planner.core.ops.base import OpContext
 from weightplan.planner.core.ops.joins import Concatenate, MergeModulelist
 from weightplan.planner.core.ops.merge import MergeLora
@@ -34,7 +37,7 @@ def _fused_factors(g: torch.Generator, e: int, r: int, inter: int, hidden: int, 
 
 @settings(max_examples=25, deadline=None)
 @given(e=st.integers(2, 4), r=st.integers(1, 6), inter=st.integers(1, 40),
-       hidden=st.integers(1, 40), scale=st.sampled_from([0.5, 2.0, 1.7, 3 / 4 ** 0.5]),
+       hidden=st.integers(1, 40), scale=st.sampled_from([0.5, 1.0, 2.0, 1.7, 3 / 4 ** 0.5]),
        dense=st.booleans(), seed=st.integers(0, 2**16))
 def test_fused_merge_is_w_plus_sba_rounded_once(e, r, inter, hidden, scale, dense, seed):
     g = torch.Generator().manual_seed(seed)
@@ -50,12 +53,32 @@ def test_fused_merge_is_w_plus_sba_rounded_once(e, r, inter, hidden, scale, dens
     assert op.placed is not None  # (stack and concatenate place)
     merged = op.forward(streams)[0][0]
     assert torch.equal(dataclasses.replace(op, placed=None).forward(streams)[0][0], merged)
+    assert torch.equal(_pieces_on_threads(op, torch.cat([torch.stack(gate), torch.stack(up)],
+                                                        dim=1), (a,), (b,),
+                                          ((None,) * e, (None,) * e)), merged)
     packed_b = b.reshape(2 * inter, 2 * r, e)
     for x in range(e):
         w = torch.cat([gate[x], up[x]]).float()
         a_x, b_x = a.reshape(e, 2 * r, hidden)[x], packed_b[:, :, x]
         want = (w + (b_x @ a_x) * scale).to(BF16)
         assert torch.equal(merged[x], want), x
+
+
+def _pieces_on_threads(op: MergeLora, base: torch.Tensor, a: tuple, b: tuple,
+                       placed: tuple) -> torch.Tensor:
+    """``op.update``'s pieces on ``base`` (read in place), cut small (blocks of 16 rows,
+    pieces of 32), run in reverse order on three threads at once."""
+    saved = lora_delta.PIECE_ELEMENTS, lora_delta.CHUNK_ELEMENTS
+    width = base.shape[-1]
+    lora_delta.PIECE_ELEMENTS, lora_delta.CHUNK_ELEMENTS = 32 * width, 3 * 16 * width
+    try:
+        pieces = op.update(((base,),), (*placed, a, b), workers=3)
+    finally:
+        lora_delta.PIECE_ELEMENTS, lora_delta.CHUNK_ELEMENTS = saved
+    with ThreadPoolExecutor(3) as pool:
+        for done in [pool.submit(piece) for piece in reversed(pieces)]:
+            done.result()
+    return base
 
 
 @settings(max_examples=15, deadline=None)
@@ -74,10 +97,11 @@ def test_transposed_merge_is_the_delta_transposed(r, fan_in, fan_out, seed):
     merged = op.forward(streams)[0][0]
     assert torch.equal(merged, (w.float() + ((b @ a) * 1.5).T).to(BF16))
     assert torch.equal(w, kept)  # (a read buffer, not the op's to change)
+    assert torch.equal(_pieces_on_threads(op, w.clone(), (a,), (b,), ((None,),)), merged)
 
 
 def test_rank_segments_fall_back_to_the_whole_rank():
-    from weightplan.planner.core.ops.merge import MAX_SEGMENTS, _rank_segments
+    from weightplan.planner.core.ops.lora_delta import MAX_SEGMENTS, rank_segments as _rank_segments
 
     b = torch.zeros(6, 4)
     b[:3, :2], b[3:, 2:] = 1, 1
@@ -88,7 +112,7 @@ def test_rank_segments_fall_back_to_the_whole_rank():
 
 
 def test_rank_segments_cover_every_experts_span():
-    from weightplan.planner.core.ops.merge import _rank_segments
+    from weightplan.planner.core.ops.lora_delta import rank_segments as _rank_segments
 
     b = torch.zeros(2, 6, 4)  # (E, out, r): expert 1's lower rows reach one column further
     b[:, :3, :2], b[:, 3:, 2:] = 1, 1

@@ -31,3 +31,34 @@ def test_many_threads_many_small_reads(tmp_path, monkeypatch):
                 assert torch.equal(getattr(model.layer, str(layer)).fused, want), (attempt, layer)
     finally:
         sys.setswitchinterval(old)
+
+
+def _in_new_thread(fn):
+    import threading
+
+    out = []
+    thread = threading.Thread(target=lambda: out.append(fn()))
+    thread.start()
+    thread.join()
+    return out[0]
+
+
+def test_the_merge_pool_holds_its_threads_at_one_and_leaves_torchs_counts():
+    """A merge's pool: each of its threads runs torch on one intra-op thread; the calling
+    thread's count and the count a thread started later takes are left as they were."""
+    from weightplan.executor.intra_op import single_threaded_pool
+
+    threads, default = torch.get_num_threads(), _in_new_thread(torch.get_num_threads)
+    torch.set_num_threads(max(2, threads))
+    try:
+        pool = single_threaded_pool(3)
+        try:
+            seen = [pool.submit(torch.get_num_threads).result() for _ in range(6)]
+        finally:
+            pool.shutdown(wait=True)
+        assert seen == [1] * 6
+        assert torch.get_num_threads() == max(2, threads)
+        assert _in_new_thread(torch.get_num_threads) == max(2, threads)  # (set just above)
+    finally:
+        torch.set_num_threads(threads)
+        _in_new_thread(lambda: torch.set_num_threads(default))

@@ -137,16 +137,34 @@ def inject(model: torch.nn.Module, adapter: Adapter, base: Iterable[WeightTransf
 
 @contextlib.contextmanager
 def _without_peft_conversion(model: torch.nn.Module) -> Iterator[None]:
-    """peft's own v4 → v5 rewrite of the config skipped (it keys on ``model_type``): the
-    config is rewritten already, and peft's would move a shared expert's ``gate_proj``
-    (DeepSeek-V3) to the routed experts' parameter, dropping its LoRA, and double an
-    rsLoRA alpha."""
+    """peft's own v4 → v5 rewrite of the config skipped (it keys on the model config having
+    a ``model_type``): the config is rewritten already, and peft's would move a shared
+    expert's ``gate_proj`` (DeepSeek-V3) to the routed experts' parameter, dropping its LoRA,
+    and double an rsLoRA alpha; skipped, it doesn't build transformers' every conversion
+    mapping for it either (~0.2 s a process). The model's config is seen without
+    ``model_type`` meanwhile (:class:`_NoModelType`)."""
     config = getattr(model, "config", None)
-    if config is None or "model_type" in vars(config):
+    if config is None:
         yield
         return
-    config.model_type = ""
+    setattr(model, "config", _NoModelType(config))  # noqa: B010 (a plain attribute)
     try:
         yield
     finally:
-        del config.model_type
+        setattr(model, "config", config)  # noqa: B010
+
+
+class _NoModelType:
+    """A config whose every attribute but ``model_type`` is the wrapped one's, read and
+    written through (peft sets ``tie_word_embeddings``; ``to_dict`` is the config's)."""
+
+    def __init__(self, config: Any) -> None:
+        object.__setattr__(self, "_config", config)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "model_type":
+            raise AttributeError(name)
+        return getattr(self._config, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._config, name, value)

@@ -134,7 +134,8 @@ class _Execution:
             if program.in_place:
                 self._update(program, step)
                 return
-            streams = _run_ops(program, step)
+            streams = (self.pool.submit(_no_grad, _run_ops, program, step).result()
+                       if _merges(program) else _run_ops(program, step))  # (see _pool)
             for i, out_stream in enumerate(program.outputs):
                 for j, frags in enumerate(out_stream):
                     for f in frags:
@@ -168,12 +169,25 @@ class _Execution:
                         for i, s in enumerate(program.sources))
         (op,) = program.ops
         try:
-            with torch.no_grad():
-                op.update(tuple(views), streams)
+            workers = max(1, self.schedule.threads)  # (all of it on the pool, see _pool)
+            pieces = self.pool.submit(_no_grad, op.update, tuple(views), streams,
+                                      workers).result()
+            for done in [self.pool.submit(_no_grad, piece) for piece in pieces]:
+                done.result()
         except Exception as e:
             keys = ", ".join(n.label for s in program.sources for n in s)
             raise ExecutionError(f"{op!r} failed updating {program.label} in place (sources "
                                  f"{keys}): {e}") from e
+
+
+def _merges(program: Step) -> bool:
+    """Whether the step merges an adapter (its arithmetic runs on the pool's threads)."""
+    return program.in_place or any(op.merges_adapter for op in program.ops)
+
+
+def _no_grad(fn: Callable[..., Any], *args: Any) -> Any:
+    with torch.no_grad():  # (a pool thread: grad mode is per thread)
+        return fn(*args)
 
 
 def _run_ops(program: Step, step: _Step) -> Streams[torch.Tensor]:
@@ -305,6 +319,17 @@ def _slices(region: Region) -> tuple[slice, ...]:
     return tuple(slice(a, b) for a, b in zip(region.starts, region.stops, strict=True))
 
 
+def _pool(schedule: Schedule, threads: int) -> Executor:
+    """The reader threads; where a step merges an adapter (its pieces, or its ops, run on
+    them too), threads each holding torch at one intra-op thread (:mod:`.intra_op`, only
+    then)."""
+    if not any(map(_merges, schedule.steps)):
+        return ThreadPoolExecutor(threads, thread_name_prefix="weightplan")
+    from weightplan.executor.intra_op import single_threaded_pool
+
+    return single_threaded_pool(threads)
+
+
 def run_plan(schedule: Schedule, checkpoint: Checkpoint, sink: Sink, *, progress: bool | None,
              description: str = "loading") -> RunStats:
     """Execute ``schedule``'s steps from ``checkpoint`` into ``sink``; the sink commits only
@@ -312,8 +337,7 @@ def run_plan(schedule: Schedule, checkpoint: Checkpoint, sink: Sink, *, progress
     meter, tracker = RssMeter(), Tracker()
     started = time.perf_counter()
     threads = schedule.threads
-    pool: Executor = (ThreadPoolExecutor(threads, thread_name_prefix="weightplan") if threads
-                      else _InlinePool())
+    pool: Executor = (_InlinePool() if not threads else _pool(schedule, threads))
     total = sum(p.read_bytes for p in schedule.steps)
     bar = LoadProgress(total, wants_progress(progress), description)
     try:

@@ -30,6 +30,7 @@ and ``inverse``; the defaults of the rest are correct, only less precise.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import repeat
@@ -96,11 +97,12 @@ class ConversionOp:
         stream :meth:`update` takes as tensors); ``None``: the op runs on tensors."""
         return None
 
-    def update(self, outputs: Streams[torch.Tensor],
-               streams: Streams[torch.Tensor | None]) -> None:
-        """Finish ``outputs`` (the destinations' own elements, holding the inputs
+    def update(self, outputs: Streams[torch.Tensor], streams: Streams[torch.Tensor | None],
+               workers: int = 1) -> Sequence[Callable[[], None]]:
+        """What finishes ``outputs`` (the destinations' own elements, holding the inputs
         :meth:`place_kept` placed) in place from the other inputs (``None`` at the placed
-        positions)."""
+        positions): pieces writing disjoint elements, for the caller to run in any order,
+        ``workers`` of them at once on threads holding torch at one intra-op thread."""
         raise NotImplementedError(f"{type(self).__name__}.update")
 
     def update_bytes(self) -> int:

@@ -23,10 +23,9 @@ import torch
 from weightplan.errors import NotInvertibleError, OpError
 from weightplan.planner.core.geometry import Fragment, Region, View
 from weightplan.planner.core.ops.base import ConversionOp, OpContext, Streams
+from weightplan.planner.core.ops.lora_delta import CHUNK_ELEMENTS, Piece, delta_pieces
 from weightplan.planner.core.spec import TensorSpec
 
-CHUNK_ELEMENTS = 1 << 18  # float32 delta elements computed at a time (1 MiB each of two
-# buffers, reused: in cache between the block's matmul and its rounding)
 _PARTS = ("base", "lora_a", "lora_b")
 
 
@@ -95,13 +94,13 @@ class MergeLora(ConversionOp):
                           f"not the base weight's {list(w.shape)}")
 
     def infer(self, inputs: Streams[TensorSpec]) -> Streams[TensorSpec]:
-        w = self._chain(self.base, self._split(inputs)[0], TensorSpec.meta)
-        return ((TensorSpec.of(w),),)
+        return ((_inferred(self.base, self._split(inputs)[0]),),)
 
     def forward(self, streams: Streams[torch.Tensor]) -> Streams[torch.Tensor]:
         parts = self._split(streams)
         out = self._base(parts[0])
-        self._add(out, parts[1], parts[2])
+        for piece in self._pieces(out, parts[1], parts[2], 1):
+            piece()
         return ((out,),)
 
     def place_kept(self, outputs: Streams[tuple[Fragment, ...]], inputs: Streams[TensorSpec]
@@ -121,20 +120,20 @@ class MergeLora(ConversionOp):
             frags = placed
         return (*frags, *(None for _ in range(self.counts[1] + self.counts[2])))
 
-    def update(self, outputs: Streams[torch.Tensor],
-               streams: Streams[torch.Tensor | None]) -> None:
+    def update(self, outputs: Streams[torch.Tensor], streams: Streams[torch.Tensor | None],
+               workers: int = 1) -> list[Piece]:
         """``W += s·B·A`` where the base weight was read (see :meth:`place_kept`): float32,
-        rounded once into the output's dtype, a block of rows at a time."""
+        rounded once into the output's dtype, in pieces (:mod:`.lora_delta`)."""
         parts = self._split(streams)
-        self._add(outputs[0][0], parts[1], parts[2])
+        return self._pieces(outputs[0][0], parts[1], parts[2], workers)
 
     def update_bytes(self) -> int:
         return self.kept
 
-    def _add(self, out: torch.Tensor, lora_a: tuple, lora_b: tuple) -> None:
-        """``out += s·B·A`` (the delta in float32, on ``out``'s device, rounded once), expert
-        by expert over one set of rank segments (:func:`_rank_segments`, every expert's B
-        at once), on this thread alone (:func:`_one_thread`)."""
+    def _pieces(self, out: torch.Tensor, lora_a: tuple, lora_b: tuple, workers: int
+                ) -> list[Piece]:
+        """``out += s·B·A`` (the delta in float32, on ``out``'s device, rounded once) as
+        independent pieces (:func:`~.lora_delta.delta_pieces`), ``workers`` at once."""
         a = self._chain(self.lora_a, lora_a).to(out.device, torch.float32)
         b = self._chain(self.lora_b, lora_b).to(out.device, torch.float32)
         if self.experts == 1:
@@ -142,12 +141,7 @@ class MergeLora(ConversionOp):
         else:
             a = a.reshape(self.experts, -1, a.shape[-1])  # (E, r, in): expert axis slowest
             b = b.reshape(b.shape[0], -1, self.experts).permute(2, 0, 1)  # (E, out, r)
-        work = _Work(out.shape[1:], out.device)
-        with _one_thread(out.device):
-            segments = [(0, b.shape[1], 0, b.shape[2])] if self.transposed else \
-                _rank_segments(b)
-            for e in range(len(out)):
-                _add_delta(out[e], b[e], a[e], self.scale, self.transposed, segments, work)
+        return delta_pieces(out, a, b, self.scale, self.transposed, workers)
 
     def _base(self, streams: Streams[torch.Tensor]) -> torch.Tensor:
         """The base weight in a tensor of its own: each input copied once into its place
@@ -156,7 +150,7 @@ class MergeLora(ConversionOp):
         if self.placed is None:
             out = self._chain(self.base, streams)
             return out if _owns(self.base) else out.clone()
-        w = self._chain(self.base, streams, TensorSpec.meta)
+        w = _inferred(self.base, tuple(tuple(TensorSpec.of(t) for t in s) for s in streams))
         out = torch.empty(w.shape, dtype=w.dtype, device=streams[0][0].device)
         for stream, frags in zip(streams, self.placed, strict=True):
             for src, placed in zip(stream, frags, strict=True):
@@ -168,9 +162,8 @@ class MergeLora(ConversionOp):
         return out
 
     @staticmethod
-    def _chain(ops: tuple[ConversionOp, ...], streams: tuple, meta=None) -> torch.Tensor:
-        values: Streams[torch.Tensor] = tuple(tuple(meta(s) if meta else s for s in stream)
-                                              for stream in streams)
+    def _chain(ops: tuple[ConversionOp, ...], streams: Streams[torch.Tensor]) -> torch.Tensor:
+        values = streams
         for op in ops:
             values = op.forward(values)
         return values[0][0]
@@ -199,8 +192,16 @@ def _one(op: MergeLora, name: str, specs: Streams[TensorSpec]) -> TensorSpec:
     return specs[0][0]
 
 
+def _inferred(ops: tuple[ConversionOp, ...], specs: Streams[TensorSpec]) -> TensorSpec:
+    """The single spec a chain yields, inferred op by op (no tensor, not even on meta)."""
+    for op in ops:
+        specs = op.infer(specs)
+    return specs[0][0]
+
+
 def _chunk(shape: tuple[int, ...] | torch.Size) -> int:
-    """The float32 delta buffer's elements: ``CHUNK_ELEMENTS``, at least one row."""
+    """The elements of each float32 block buffer of :func:`~.lora_delta.delta_pieces` (all
+    the pieces running at once together): ``CHUNK_ELEMENTS``, at least one row."""
     numel = 1
     for n in shape:
         numel *= n
@@ -228,92 +229,6 @@ def _owns(chain: tuple[ConversionOp, ...]) -> bool:
     return bool(chain) and chain[-1].allocates
 
 
-class _Work:
-    """The two float32 buffers a block of delta rows is computed in (the delta, the base
-    rows widened): ``CHUNK_ELEMENTS`` each (a cache's worth), at least one row, reused."""
-
-    def __init__(self, shape: tuple[int, ...] | torch.Size, device: torch.device):
-        elements = _chunk(tuple(shape))
-        self.delta = torch.empty(elements, dtype=torch.float32, device=device)
-        self.wide = torch.empty(elements, dtype=torch.float32, device=device)
-
-
-class _one_thread:
-    """torch's intra-op threads at one while a merge runs: its ops are a cache's worth each,
-    too small to share, and an OpenMP team waits at every op for its slowest thread (on a
-    busy machine, a descheduled one: tens of times the op's own time). On another device
-    the host's threads don't run the ops: left as they are."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cpu = device.type == "cpu"
-
-    def __enter__(self) -> None:
-        self.threads = torch.get_num_threads() if self.cpu else 1
-        if self.threads != 1:
-            torch.set_num_threads(1)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.threads != 1:
-            torch.set_num_threads(self.threads)
-
-
-def _add_delta(out: torch.Tensor, b: torch.Tensor, a: torch.Tensor, scale: float,
-               transposed: bool, segments: list[tuple[int, int, int, int]], work: _Work) -> None:
-    """``out = W + (B·A)·scale`` in float32, rounded once to ``out``'s dtype (transposed:
-    ``((B·A)·scale)ᵀ``), a block of rows at a time in ``work``'s buffers, so the delta stays
-    in cache; each run of B's rows multiplies only its span of the rank (``segments``)."""
-    width = out.shape[-1]
-    rows = max(1, work.delta.numel() // max(1, width))
-    if transposed:
-        for start in range(0, out.shape[0], rows):
-            stop = min(start + rows, out.shape[0])
-            delta = work.delta[:(stop - start) * width].view(width, stop - start)
-            torch.matmul(b, a[:, start:stop], out=delta)
-            _round_into(out[start:stop], delta.T, scale, work)
-        return
-    for first, last, k0, k1 in segments:
-        for start in range(first, last, rows):
-            stop = min(start + rows, last)
-            delta = work.delta[:(stop - start) * width].view(stop - start, width)
-            torch.matmul(b[start:stop, k0:k1], a[k0:k1], out=delta)
-            _round_into(out[start:stop], delta, scale, work)
-
-
-def _round_into(block: torch.Tensor, delta: torch.Tensor, scale: float, work: _Work) -> None:
-    """``block = block + delta·scale``, in float32, rounded once to ``block``'s dtype (the
-    base rows widened into ``work.wide``: no temporary per block)."""
-    wide = work.wide[:block.numel()].view(block.shape)
-    wide.copy_(block)
-    wide.add_(delta.mul_(scale))
-    block.copy_(wide)
-
-
-MAX_SEGMENTS = 64  # past this many row runs, one matmul over the whole rank is cheaper
-
-
-def _rank_segments(b: torch.Tensor) -> list[tuple[int, int, int, int]]:
-    """Runs of ``B``'s rows with the same span of non-zero columns, ``(first row, stop,
-    first column, stop)``, over every expert at once (``B`` ``(E, out, r)``: a row's span
-    covers each expert's): a fused pair's block-diagonal B multiplies only its own half of
-    A (the zero half adds exact zeros; skipping it halves the work). Rows without a non-zero
-    take the whole rank; too many runs (no block structure): one run over all of it."""
-    nonzero = b != 0
-    if nonzero.dim() == 3:
-        nonzero = nonzero.any(0)
-    n, k = nonzero.shape
-    if n == 0 or k == 0 or bool(nonzero.all()):
-        return [(0, n, 0, k)]
-    some = nonzero.any(1)
-    lo = torch.where(some, nonzero.int().argmax(1), 0)
-    hi = torch.where(some, k - nonzero.flip(1).int().argmax(1), k)
-    key = lo * (k + 1) + hi
-    cuts = (torch.nonzero(key[1:] != key[:-1]).flatten() + 1).tolist()
-    if len(cuts) >= MAX_SEGMENTS:
-        return [(0, n, 0, k)]
-    bounds = [0, *cuts, n]
-    return [(s, e, int(lo[s]), int(hi[s])) for s, e in zip(bounds, bounds[1:], strict=False)]
-
-
 @dataclass(frozen=True, repr=False)
 class TakeTrained(ConversionOp):
     """A ``modules_to_save`` copy in place of its base tensor (both read, the copy kept):
@@ -339,8 +254,7 @@ class TakeTrained(ConversionOp):
         return dataclasses.replace(self, base=resolved[0], trained=resolved[1])
 
     def infer(self, inputs: Streams[TensorSpec]) -> Streams[TensorSpec]:
-        spec = MergeLora._chain(self.trained, inputs[self.counts[0]:], TensorSpec.meta)
-        return ((TensorSpec.of(spec),),)
+        return ((_inferred(self.trained, inputs[self.counts[0]:]),),)
 
     def forward(self, streams: Streams[torch.Tensor]) -> Streams[torch.Tensor]:
         return ((MergeLora._chain(self.trained, streams[self.counts[0]:]),),)

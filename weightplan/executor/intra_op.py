@@ -1,0 +1,59 @@
+"""The executor's pool for a plan with in-place updates (a merged adapter): threads that each
+run torch's ops on one intra-op thread.
+
+A merge's arithmetic comes in pieces (:meth:`ConversionOp.update`) that the pool runs side by
+side; each piece's ops are a cache's worth, too small to share, and an OpenMP team waits at
+every op for its slowest thread (on a busy machine, a descheduled one: tens of times the
+op's own time), so each pool thread holds torch at one thread of its own.
+
+torch's thread count is per thread, but setting it also makes it the count that threads
+started later take at their first parallel op: the pool's threads are started here, under
+a lock, each sets its own count, and torch's default is then put back from a throwaway
+thread. The calling thread's count is never touched; a thread elsewhere that runs its first
+parallel op in that window (the pool's start) takes one thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+_LOCK = threading.Lock()
+START_TIMEOUT_S = 60.0
+
+
+def single_threaded_pool(threads: int) -> ThreadPoolExecutor:
+    """``threads`` started threads, each holding torch at one intra-op thread."""
+    with _LOCK:
+        default = _in_new_thread(torch.get_num_threads)  # (what a new thread starts with)
+        pool = ThreadPoolExecutor(threads, thread_name_prefix="weightplan",
+                                  initializer=_one_thread)
+        try:
+            started = threading.Barrier(threads + 1, timeout=START_TIMEOUT_S)
+            waits = [pool.submit(started.wait) for _ in range(threads)]  # (each blocks
+            started.wait()  # until all have started: every submit starts a thread)
+            for wait in waits:
+                wait.result()
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        finally:
+            _in_new_thread(lambda: torch.set_num_threads(default))
+    return pool
+
+
+def _one_thread() -> None:
+    torch.get_num_threads()  # (this thread's count is set from the default first, once;
+    torch.set_num_threads(1)  # else its first parallel op would undo this)
+
+
+def _in_new_thread(fn: Callable[[], Any]) -> Any:
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(fn()), name="weightplan-threads")
+    thread.start()
+    thread.join()
+    return out[0]
