@@ -1,5 +1,7 @@
 """The schedule by hand: exact events and memory timeline (no explain())."""
 
+from collections import Counter
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -67,12 +69,12 @@ def test_sorted_windows_add_and_remove_a_steps_windows_at_once():
 
     one_by_one, at_once = SortedWindows(), SortedWindows()
     for size in (5, 1, 5, 3):
-        one_by_one.add(size)
-    at_once.add_all((5, 1, 5, 3))
+        one_by_one.add_counts({size: 1})
+    at_once.add_counts(Counter((5, 1, 5, 3)))
     assert at_once.sizes() == one_by_one.sizes() == [1, 3, 5, 5]
-    at_once.add_all((4, 5))
+    at_once.add_counts(Counter((4, 5)))
     assert at_once.largest(3) == 15
-    at_once.remove_all((5, 5, 1))
+    at_once.remove_counts(Counter((5, 5, 1)))
     assert at_once.sizes() == [3, 4, 5] and at_once.largest(2) == 9
 
 
@@ -88,12 +90,12 @@ def test_sorted_windows_hold_what_a_sorted_list_would(moves, k):
     windows, plain, pending = SortedWindows(), [], []
     for add, sizes in moves:
         if add or not pending:
-            windows.add_all(sizes)
+            windows.add_counts(Counter(sizes))
             plain += sizes
             pending.append(sizes)
         else:
             gone = pending.pop(len(pending) // 2)
-            windows.remove_all(gone)
+            windows.remove_counts(Counter(gone))
             for size in gone:
                 plain.remove(size)
         plain.sort()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import os
 from array import array
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -305,19 +305,6 @@ class SortedWindows:
     def __init__(self) -> None:
         self._count: dict[int, int] = {}
         self._distinct: list[int] = []  # the sizes counted, ascending
-
-    def add(self, size: int) -> None:
-        self.add_counts({size: 1})
-
-    def remove(self, size: int) -> None:
-        self.remove_counts({size: 1})
-
-    def add_all(self, sizes: Sequence[int]) -> None:
-        """Add every size (the reads of one step: a stack's are all one size, added at once)."""
-        self.add_counts(Counter(sizes))
-
-    def remove_all(self, sizes: Sequence[int]) -> None:
-        self.remove_counts(Counter(sizes))
 
     def add_counts(self, counts: Mapping[int, int]) -> None:
         count = self._count
