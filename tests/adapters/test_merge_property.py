@@ -136,3 +136,48 @@ def test_a_merge_leaves_torchs_thread_count_as_it_was():
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(merged, (w.float() + (b @ a) * 2.0).to(BF16))
+
+
+def test_wide_weights_merge_exactly_at_any_worker_count():
+    """A down_proj as wide as Llama-70B's (28,672), merged as the executor runs it (the
+    pieces on threads holding torch at one intra-op thread, ``workers`` = the plan's
+    threads), no constant patched: blocks of at least ``ROW_ALIGN`` rows whatever the
+    workers (1-3 row blocks take MKL's matrix-vector kernels: 67 elements differed at 4),
+    and the buffers within the planned ``block_elements``."""
+    g = torch.Generator().manual_seed(0)
+    out_f, in_f, r, s = 32, 28672, 16, 2.0
+    w = torch.randn(out_f, in_f, generator=g).to(torch.bfloat16)
+    a, b = torch.randn(r, in_f, generator=g), torch.randn(out_f, r, generator=g)
+    streams = ((w,), (a,), (b,))
+    specs = tuple(tuple(TensorSpec.of(t) for t in part) for part in streams)
+    op = MergeLora(s, (1, 1, 1)).resolve(OpContext(("w",), (None,), (("w",), ("a",), ("b",))),
+                                         specs)
+    want = (w.float() + (b @ a) * s).to(torch.bfloat16)
+    made = []
+    real_empty = torch.empty
+
+    def counted_empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        made.append(t.numel())
+        return t
+
+    for workers in (4, 8, 16, 1):
+        base, made[:] = w.clone(), []
+        torch_empty, lora_delta.torch.empty = lora_delta.torch.empty, counted_empty
+        try:
+            pieces = op.update(((base,),), (None, (a,), (b,)), workers)
+        finally:
+            lora_delta.torch.empty = torch_empty
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(_one_thread_call, pieces))
+        assert torch.equal(base, want), workers
+        assert sum(made) <= 2 * lora_delta.block_elements(w.shape), (workers, made)
+
+
+def _one_thread_call(piece):
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        piece()
+    finally:
+        torch.set_num_threads(before)

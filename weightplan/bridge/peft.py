@@ -162,7 +162,7 @@ class _NoModelType:
         object.__setattr__(self, "_config", config)
 
     def __getattr__(self, name: str) -> Any:
-        if name == "model_type":
+        if name in ("model_type", "_config"):  # (_config unset: a copy, an unpickle)
             raise AttributeError(name)
         return getattr(self._config, name)
 

@@ -53,7 +53,17 @@ def _one_thread() -> None:
 
 def _in_new_thread(fn: Callable[[], Any]) -> Any:
     out: list[Any] = []
-    thread = threading.Thread(target=lambda: out.append(fn()), name="weightplan-threads")
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as e:  # (raised again in the caller's thread)
+            failed.append(e)
+
+    thread = threading.Thread(target=run, name="weightplan-threads")
     thread.start()
     thread.join()
+    if failed:
+        raise failed[0]
     return out[0]

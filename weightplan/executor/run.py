@@ -135,7 +135,7 @@ class _Execution:
                 self._update(program, step)
                 return
             streams = (self.pool.submit(_no_grad, _run_ops, program, step).result()
-                       if _merges(program) else _run_ops(program, step))  # (see _pool)
+                       if _merges(program.in_place, program.ops) else _run_ops(program, step))  # (_pool)
             for i, out_stream in enumerate(program.outputs):
                 for j, frags in enumerate(out_stream):
                     for f in frags:
@@ -180,9 +180,10 @@ class _Execution:
                                  f"{keys}): {e}") from e
 
 
-def _merges(program: Step) -> bool:
-    """Whether the step merges an adapter (its arithmetic runs on the pool's threads)."""
-    return program.in_place or any(op.merges_adapter for op in program.ops)
+def _merges(in_place: bool, ops: tuple[Any, ...]) -> bool:
+    """Whether a step (``in_place``, its ``ops``) merges an adapter: its arithmetic runs on
+    the pool's threads."""
+    return in_place or any(op.merges_adapter for op in ops)
 
 
 def _no_grad(fn: Callable[..., Any], *args: Any) -> Any:
@@ -323,7 +324,7 @@ def _pool(schedule: Schedule, threads: int) -> Executor:
     """The reader threads; where a step merges an adapter (its pieces, or its ops, run on
     them too), threads each holding torch at one intra-op thread (:mod:`.intra_op`, only
     then)."""
-    if not any(map(_merges, schedule.steps)):
+    if not any(_merges(p.in_place, p.ops) for p in schedule.steps):
         return ThreadPoolExecutor(threads, thread_name_prefix="weightplan")
     from weightplan.executor.intra_op import single_threaded_pool
 

@@ -12,6 +12,7 @@ from operator import add, attrgetter, eq, is_not, itemgetter, not_, or_
 
 import torch
 
+from weightplan.errors import PlanError
 from weightplan.planner.core.entry import TensorEntry
 from weightplan.planner.core.makers import fill, slot_setters
 from weightplan.planner.core.spec import TensorSpec
@@ -68,7 +69,9 @@ def routed_entries(ckpt: Checkpoint, pairing: PackedPairing | None) -> Checkpoin
     values = list(ckpt.entries.values())
     swapped = list(map(swap.get, map(id, values), values))
     first = list(map(is_not, swapped, values))
-    assert first.count(True) == len(weights), "routed_entries: not the paired checkpoint"
+    if first.count(True) != len(weights):  # (the swap is told by identity: fail closed)
+        raise PlanError(f"{ckpt.description}: its entries are not the ones the packed "
+                        "weights were paired from; pair this checkpoint before routing it")
     keep = map(or_, map(not_, map(pairing.companions.__contains__, ckpt.entries)), first)
     routed = list(compress(swapped, keep))
     entries: dict[str, TensorEntry] = dict(zip(map(_KEY, routed), routed, strict=True))

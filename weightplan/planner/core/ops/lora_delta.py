@@ -40,15 +40,16 @@ def delta_pieces(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: flo
     ``(E, out, in)``, or ``(E, in, out)`` ``transposed``; ``a`` ``(E, r, in)``, ``b``
     ``(E, out, r)``, float32 on ``out``'s device); ``workers``: how many run at once (they
     share ``CHUNK_ELEMENTS``, at least one row each)."""
-    width = out.shape[-1]
-    rows = _aligned(CHUNK_ELEMENTS // max(1, workers) // max(1, width))
+    width = max(1, out.shape[-1])
+    rows = _aligned(max(ROW_ALIGN, CHUNK_ELEMENTS // max(1, workers) // width))
     span = max(1, PIECE_ELEMENTS // max(1, width) // rows) * rows
     segments = [(0, out.shape[1], 0, b.shape[2])] if transposed else rank_segments(b)
     cuts = [(e, (start, min(start + span, last), k0, k1)) for e in range(len(out))
             for first, last, k0, k1 in segments for start in range(first, last, span)]
     count = min(rows, max((cut[1] - cut[0] for _, cut in cuts), default=0)) * width
-    buffers: queue.SimpleQueue = queue.SimpleQueue()  # (a pair per piece running at once,
-    for _ in range(min(max(1, workers), len(cuts))):  # reused: no fresh pages per piece)
+    pairs = max(1, min(workers, len(cuts), CHUNK_ELEMENTS // max(1, count)))  # (planned:
+    buffers: queue.SimpleQueue = queue.SimpleQueue()  # block_elements; a pair per piece
+    for _ in range(pairs):  # running at once, reused: no fresh pages per piece)
         buffers.put(tuple(torch.empty(count, dtype=torch.float32, device=out.device)
                           for _ in range(2)))
     return [partial(_piece, out[e], b[e], a[e], scale, transposed, cut, rows, buffers)
@@ -56,10 +57,21 @@ def delta_pieces(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: flo
 
 
 def _aligned(rows: int) -> int:
-    """A block's rows: a multiple of ``ROW_ALIGN`` where there are that many (MKL's GEMM
-    sums a row in the same order as the whole ``B @ A`` does when the block starts on its
-    row tiling), at least one."""
-    return rows - rows % ROW_ALIGN if rows >= ROW_ALIGN else max(1, rows)
+    """A block's rows: a multiple of ``ROW_ALIGN``, at least ``ROW_ALIGN`` whatever the
+    workers (MKL's GEMM sums a row in the same order as the whole ``B @ A`` does when the
+    block starts on its row tiling; blocks of 1-3 rows take its matrix-vector kernels,
+    which sum in another order: 67 of 32×28672 bf16 elements differed at 4 workers)."""
+    return max(ROW_ALIGN, rows - rows % ROW_ALIGN)
+
+
+def block_elements(shape: tuple[int, ...] | torch.Size) -> int:
+    """The float32 elements of each of the two block buffers of :func:`delta_pieces`, all
+    the pieces running at once together: ``CHUNK_ELEMENTS``, or ``ROW_ALIGN`` rows of a
+    wider weight, at most the weight."""
+    numel = 1
+    for n in shape:
+        numel *= n
+    return min(numel, max(CHUNK_ELEMENTS, ROW_ALIGN * (shape[-1] if shape else 1)))
 
 
 def _piece(out: torch.Tensor, b: torch.Tensor, a: torch.Tensor, scale: float,

@@ -23,7 +23,7 @@ import torch
 from weightplan.errors import NotInvertibleError, OpError
 from weightplan.planner.core.geometry import Fragment, Region, View
 from weightplan.planner.core.ops.base import ConversionOp, OpContext, Streams
-from weightplan.planner.core.ops.lora_delta import CHUNK_ELEMENTS, Piece, delta_pieces
+from weightplan.planner.core.ops.lora_delta import Piece, block_elements, delta_pieces
 from weightplan.planner.core.spec import TensorSpec
 
 _PARTS = ("base", "lora_a", "lora_b")
@@ -71,7 +71,7 @@ class MergeLora(ConversionOp):
             if op.allocates:
                 allocated[name] += sum(s.nbytes for stream in op.infer(specs) for s in stream)
         kept = allocated["lora_a"] + allocated["lora_b"] + 4 * (a.numel + b.numel
-                                                                + 2 * _chunk(w.shape))
+                                                                + 2 * block_elements(w.shape))
         work = kept + (allocated["base"] if placed is None else 0)
         return dataclasses.replace(self, base=base, lora_a=a_ops, lora_b=b_ops, work=work,
                                    kept=kept, placed=placed)
@@ -197,15 +197,6 @@ def _inferred(ops: tuple[ConversionOp, ...], specs: Streams[TensorSpec]) -> Tens
     for op in ops:
         specs = op.infer(specs)
     return specs[0][0]
-
-
-def _chunk(shape: tuple[int, ...] | torch.Size) -> int:
-    """The elements of each float32 block buffer of :func:`~.lora_delta.delta_pieces` (all
-    the pieces running at once together): ``CHUNK_ELEMENTS``, at least one row."""
-    numel = 1
-    for n in shape:
-        numel *= n
-    return min(numel, max(CHUNK_ELEMENTS, shape[-1] if shape else 1))
 
 
 def _place(chain: list[tuple[ConversionOp, Streams[TensorSpec]]], w: TensorSpec
