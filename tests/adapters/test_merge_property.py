@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -138,14 +139,16 @@ def test_a_merge_leaves_torchs_thread_count_as_it_was():
     assert torch.equal(merged, (w.float() + (b @ a) * 2.0).to(BF16))
 
 
-def test_wide_weights_merge_exactly_at_any_worker_count():
-    """A down_proj as wide as Llama-70B's (28,672), merged as the executor runs it (the
-    pieces on threads holding torch at one intra-op thread, ``workers`` = the plan's
-    threads), no constant patched: blocks of at least ``ROW_ALIGN`` rows whatever the
-    workers (1-3 row blocks take MKL's matrix-vector kernels: 67 elements differed at 4),
-    and the buffers within the planned ``block_elements``."""
+@pytest.mark.parametrize("out_f, in_f", [(32, 28672), (35, 28672), (4099, 512), (67, 4096)])
+def test_wide_weights_merge_exactly_at_any_worker_count(out_f, in_f):
+    """A down_proj as wide as Llama-70B's (28,672), and odd row counts, merged as the
+    executor runs it (the pieces on threads holding torch at one intra-op thread,
+    ``workers`` = the plan's threads), no constant patched: blocks of at least
+    ``ROW_ALIGN`` rows whatever the workers, a short tail joined to the block before it
+    (1-3 row blocks take MKL's matrix-vector kernels: 67 elements of 32×28672 differed at
+    4 workers, 2 of 35×28672 at any), the buffers within the planned ``block_elements``."""
     g = torch.Generator().manual_seed(0)
-    out_f, in_f, r, s = 32, 28672, 16, 2.0
+    r, s = 16, 2.0
     w = torch.randn(out_f, in_f, generator=g).to(torch.bfloat16)
     a, b = torch.randn(r, in_f, generator=g), torch.randn(out_f, r, generator=g)
     streams = ((w,), (a,), (b,))

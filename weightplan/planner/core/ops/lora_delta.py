@@ -41,12 +41,13 @@ def delta_pieces(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: flo
     ``(E, out, r)``, float32 on ``out``'s device); ``workers``: how many run at once (they
     share ``CHUNK_ELEMENTS``, at least one row each)."""
     width = max(1, out.shape[-1])
-    rows = _aligned(max(ROW_ALIGN, CHUNK_ELEMENTS // max(1, workers) // width))
+    rows = _aligned(CHUNK_ELEMENTS // max(1, workers) // width - (ROW_ALIGN - 1))
     span = max(1, PIECE_ELEMENTS // max(1, width) // rows) * rows
     segments = [(0, out.shape[1], 0, b.shape[2])] if transposed else rank_segments(b)
-    cuts = [(e, (start, min(start + span, last), k0, k1)) for e in range(len(out))
-            for first, last, k0, k1 in segments for start in range(first, last, span)]
-    count = min(rows, max((cut[1] - cut[0] for _, cut in cuts), default=0)) * width
+    cuts = [(e, (start, stop, k0, k1)) for e in range(len(out))
+            for first, last, k0, k1 in segments for start, stop in runs(first, last, span)]
+    count = min(rows + ROW_ALIGN - 1, max((cut[1] - cut[0] for _, cut in cuts), default=0)
+                ) * width  # (a block and a short tail)
     pairs = max(1, min(workers, len(cuts), CHUNK_ELEMENTS // max(1, count)))  # (planned:
     buffers: queue.SimpleQueue = queue.SimpleQueue()  # block_elements; a pair per piece
     for _ in range(pairs):  # running at once, reused: no fresh pages per piece)
@@ -60,18 +61,29 @@ def _aligned(rows: int) -> int:
     """A block's rows: a multiple of ``ROW_ALIGN``, at least ``ROW_ALIGN`` whatever the
     workers (MKL's GEMM sums a row in the same order as the whole ``B @ A`` does when the
     block starts on its row tiling; blocks of 1-3 rows take its matrix-vector kernels,
-    which sum in another order: 67 of 32×28672 bf16 elements differed at 4 workers)."""
+    which sum in another order: 67 of 32×28672 bf16 elements differed at 4 workers); a
+    tail shorter than ``ROW_ALIGN`` joins the block before it (35 rows as 16 + 16 + 3:
+    2 of 35×28672 differed; as 16 + 19: none)."""
     return max(ROW_ALIGN, rows - rows % ROW_ALIGN)
+
+
+def runs(start: int, stop: int, step: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` in runs of ``step`` rows, a last one shorter than ``ROW_ALIGN``
+    joined to the run before it (see :func:`_aligned`)."""
+    bounds = list(range(start, stop, step))
+    if len(bounds) > 1 and stop - bounds[-1] < ROW_ALIGN:
+        del bounds[-1]
+    return list(zip(bounds, [*bounds[1:], stop], strict=True))
 
 
 def block_elements(shape: tuple[int, ...] | torch.Size) -> int:
     """The float32 elements of each of the two block buffers of :func:`delta_pieces`, all
-    the pieces running at once together: ``CHUNK_ELEMENTS``, or ``ROW_ALIGN`` rows of a
-    wider weight, at most the weight."""
+    the pieces running at once together: ``CHUNK_ELEMENTS``, or a block of ``ROW_ALIGN``
+    rows and a short tail of a wider weight, at most the weight."""
     numel = 1
     for n in shape:
         numel *= n
-    return min(numel, max(CHUNK_ELEMENTS, ROW_ALIGN * (shape[-1] if shape else 1)))
+    return min(numel, max(CHUNK_ELEMENTS, (2 * ROW_ALIGN - 1) * (shape[-1] if shape else 1)))
 
 
 def _piece(out: torch.Tensor, b: torch.Tensor, a: torch.Tensor, scale: float,
@@ -91,8 +103,7 @@ def _blocks(out: torch.Tensor, b: torch.Tensor, a: torch.Tensor, scale: float,
             delta: torch.Tensor, wide: torch.Tensor) -> None:
     start, stop, k0, k1 = segment
     width = out.shape[-1]
-    for first in range(start, stop, rows):
-        last = min(first + rows, stop)
+    for first, last in runs(start, stop, rows):
         block = out[first:last]
         if transposed:
             d = delta[:block.numel()].view(width, last - first)
