@@ -151,7 +151,8 @@ class Applier:
                 fires.append(r)
                 name = new
             if self.follow:  # (the probe too, changed or not: keys may be where it isn't)
-                twos = r.rename(twos) or twos
+                moved = r.rename(twos)
+                twos = twos if moved is None else moved
                 if apart(name, twos):
                     return None  # a regex after this might tell the keys apart
         for c in self.converters:
