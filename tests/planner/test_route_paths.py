@@ -39,11 +39,19 @@ _TRANSFORMS = [
     WeightConverter(r"e\.*\.x\.\d", "e.x", [MergeModulelist(0)]),  # a digit after the index
     WeightConverter(r"experts\.\d+\.w2", "experts.down", [MergeModulelist(0)]),  # no index
     WeightConverter("fc", "proj", [Transpose()], scope_prefix="vision"),
+    # literal digits inside names (decided by template), and renamings moving the digits
+    # keys differ in into names, where those literals could tell them apart
+    WeightConverter(r"experts\.*\.w1\.weight$", "experts.w1_stack", [MergeModulelist(0)]),
+    WeightRenaming(r"layers\.(\d+)\.", r"layer\1."),
+    WeightRenaming(r"\.(\d+)\.w(\d)", r".\2.w\1"),
+    WeightRenaming(r"layer1\.", "layer.first."),
+    WeightConverter(r"\.w3$", ".w_up", [Transpose()]),
+    WeightRenaming(r"fc2\.(\d+)", r"fc2_\1"),
 ]
 _NUMBERS = st.sampled_from(["0", "1", "2", "3", "9", "10", "11", "00", "01", "007"])
 _WORDS = st.sampled_from(["layers", "experts", "mlp", "block_sparse_moe", "LayerNorm",
                           "gamma", "weight", "model", "blocks", "e", "x", "a", "b", "w1",
-                          "w2", "w3", "vision", "fc"])
+                          "w2", "w3", "vision", "fc", "fc2", "layer1"])
 _KEY = st.lists(st.one_of(_WORDS, _NUMBERS), min_size=1, max_size=5).map(".".join)
 
 
@@ -55,7 +63,8 @@ def _experts(draw):
     parts = draw(st.sampled_from([["w1", "w2", "w3"], ["w1", "w3"], ["w2"], ["w1"]]))
     head = draw(st.sampled_from(["", "model."])) + "layers"
     moe = draw(st.sampled_from(["mlp", "block_sparse_moe"]))
-    return [f"{head}.{i}.{moe}.experts.{e}.{p}" for i in layers for e in range(count)
+    tail = draw(st.sampled_from(["", ".weight"]))
+    return [f"{head}.{i}.{moe}.experts.{e}.{p}{tail}" for i in layers for e in range(count)
             for p in parts]
 
 

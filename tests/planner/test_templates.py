@@ -11,18 +11,20 @@ from weightplan.ops import Concatenate, MergeModulelist
 from weightplan.planner.inputs.checkpoint import open_checkpoint
 from weightplan.planner.inputs.model_info import inspect_model
 from weightplan.planner.keys import route, router
+from weightplan.planner.keys.applier import Applier
 from weightplan.planner.keys.mappings import REGISTRY
 from weightplan.planner.keys.patterns import natural_key
 from weightplan.planner.keys.templates import (
     digit_blind, natural_order, sort_texts, template_of, templates_of,
 )
-from weightplan.planner.keys.transforms import LEGACY
+from weightplan.planner.keys.transforms import LEGACY, Renaming
 
 from tests.conftest import module_with
 
 
 def test_template_keeps_digit_positions_and_refuses_leading_zeros():
     assert template_of("model.layers.12.experts.3.w1") == "model.layers.11.experts.1.w1"
+    assert template_of("layers.12.experts.3.w2.fc20x.3a") == "layers.11.experts.1.w2.fc20x.3a"
     assert template_of("h.007.w") is None
     assert template_of("h.0.w") == "h.1.w"
 
@@ -32,7 +34,16 @@ def test_template_keeps_digit_positions_and_refuses_leading_zeros():
     (WeightRenaming(r"layers\.1\.", "first."), False),  # a literal digit
     (WeightRenaming(r"h\.(\d{2})\.", r"h.\1."), False),  # a counted quantifier
     (WeightRenaming("attn", "attention", scope_prefix="model.layers.0"), False),
-    (WeightRenaming("gamma", "weight2"), False),  # a digit in the target
+    (WeightRenaming("gamma", "weight2"), True),  # a digit in the target: the same in all
+    (WeightConverter(".experts.*.w1", ".experts.gate", [MergeModulelist(0)]), True),
+    (WeightRenaming(r"fc12\.(\d+)", r"b.\1"), True),  # digits inside a name
+    (WeightRenaming(r"w?1", "x"), False),  # a digit that may stand alone
+    (WeightRenaming(r"[w1]", "x"), False),  # a digit in a class
+    (WeightRenaming(r"w[^0]", "x"), False),
+    (WeightRenaming(r"w\x31", "x"), False),  # a digit by its code
+    (WeightRenaming(r"w\N{DIGIT ONE}", "x"), False),
+    (WeightRenaming(r"\.(?P<a>\d)\.(?P=a)", "x"), False),  # a back-reference by name
+    (WeightRenaming(r"w\d1", "x"), False),
     (PrefixChange(prefix_to_add="model"), True),
     (PrefixChange(prefix_to_remove="model2"), False),
 ])
@@ -133,3 +144,30 @@ def test_routes_come_in_natural_key_order():
              "a", "layers.9"]
     routed = route.route_checkpoint(_keys(*names), [], None)
     assert [r.key for r in routed.routes] == sorted(names, key=natural_key)
+
+
+def test_digits_moved_into_a_name_fall_back_where_a_literal_could_reach_them(monkeypatch):
+    # the template reads ``experts.1.w1``; the swap makes ``experts.3.w1`` read ``w3``,
+    # which only the converter's literal ``w3`` tells apart
+    swap = WeightRenaming(r"\.(\d+)\.w(\d)", r".\2.w\1")
+    up = WeightConverter(r"\.w3$", ".up", [MergeModulelist(0)])
+    ckpt = _keys(*[f"layers.{i}.experts.{e}.w1" for i in (1, 2) for e in range(5)])
+    fast, slow = _both(ckpt, [swap, up], None, monkeypatch)
+    assert fast == slow
+    claimed = {r.key for r in fast.routes if r.converter is not None}
+    assert claimed == {"layers.1.experts.3.w1", "layers.2.experts.3.w1"}
+
+
+def test_mixtral_experts_are_decided_once_per_template():
+    keys = [f"model.layers.{i}.block_sparse_moe.experts.{e}.w{w}.weight"
+            for i in range(4) for e in range(8) for w in (1, 2, 3)]
+    applier = Applier(*_split(REGISTRY.get("mixtral")), None)
+    assert applier.blind
+    for key in keys:
+        assert applier.decision(template_of(key)) is not None
+    assert len(applier.memo) == 3  # w1, w2, w3
+
+
+def _split(transforms):
+    renamings = [t for t in transforms if isinstance(t, Renaming)]
+    return renamings, [t for t in transforms if isinstance(t, WeightConverter)]

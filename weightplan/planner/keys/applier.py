@@ -7,8 +7,10 @@ their digits (one template) are routed together: the rule runs once on the templ
 each key then replays only the renamings that match, and its converter match is sliced
 out of it at the template's spans (:class:`~.templates.MatchShape`), for all the keys in
 C-level passes. Where the template can't decide (a key with a leading zero has no
-template; a transform that tells digits apart is not digit-blind) the keys take the rule
-one by one: :meth:`Applier.batch` chooses by ``decided is None``.
+template; a transform that tells digits apart is not digit-blind; renamings move digits
+the keys differ in where a literal digit of a regex could reach them, see
+:func:`~.templates.apart`) the keys take the rule one by one: :meth:`Applier.batch`
+chooses by ``decided is None``.
 
 A :class:`Batch` holds the routes and, for grouping (:mod:`~.groups`), each route's
 group (:func:`~.routing.bucket_of`) and the claimed routes cut into :class:`Run`\\ s.
@@ -26,7 +28,9 @@ from weightplan.planner.core.makers import columns
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.keys.patterns import PatternMatch
 from weightplan.planner.keys.routing import Route, bucket_of
-from weightplan.planner.keys.templates import MatchShape, all_blind
+from weightplan.planner.keys.templates import (
+    MatchShape, all_blind, apart, coarse, digit_free, probe,
+)
 from weightplan.planner.keys.transforms import (
     ConverterMatch, PatternTransform, Renaming, WeightConverter,
 )
@@ -95,7 +99,7 @@ class Decision:
     fires: tuple[Renaming, ...]  # those of them that change the template
     converter: WeightConverter | None
     shape: MatchShape | None  # where the converter matched the template's name
-    landable: bool  # some key of this template may exist in the model
+    landable: bool  # some key of this template may land in the model
 
 
 class Applier:
@@ -105,17 +109,18 @@ class Applier:
                  model_templates: frozenset[str] | None):
         self.renamings, self.converters = tuple(renamings), tuple(converters)
         self.blind = all_blind(self.renamings) and all_blind(self.converters)
-        self.model_templates = model_templates
-        self.memo: dict[str, Decision] = {}
+        # (a literal digit in a regex: the renamings are followed on a probe, see _decide)
+        self.follow = not all(map(digit_free, (*self.renamings, *self.converters)))
+        self.model_templates = model_templates  # the model's keys, every digit made 1
+        self.memo: dict[str, Decision | None] = {}
 
     def decision(self, template: str | None) -> Decision | None:
         """What the transforms do to ``template``'s keys; ``None`` where it can't tell."""
         if template is None or not self.blind:
             return None
-        decided = self.memo.get(template)
-        if decided is None:
-            decided = self.memo[template] = self._decide(template)
-        return decided
+        if template not in self.memo:
+            self.memo[template] = self._decide(template)
+        return self.memo[template]
 
     def batch(self, keys: list[str], decided: Decision | None) -> Batch:
         """The routes of ``keys`` (of the template ``decided`` was made for, in string
@@ -133,8 +138,9 @@ class Applier:
             return Batch(routes, keys, [])  # (a plain key is a group of its own)
         return _claimed(keys, names, fired, decided)
 
-    def _decide(self, template: str) -> Decision:
+    def _decide(self, template: str) -> Decision | None:
         matched, fires, name = [], [], template
+        twos = probe(template) if self.follow else name  # (see templates.apart)
         for r in self.renamings:
             if isinstance(r, PatternTransform) and r.first_match(name) is None:
                 continue  # (it misses the template: it misses every key of it)
@@ -144,6 +150,11 @@ class Applier:
             if new is not None:
                 fires.append(r)
                 name = new
+            if self.follow:  # (the probe too, changed or not: keys may be where it isn't)
+                moved = r.rename(twos)
+                twos = twos if moved is None else moved
+                if apart(name, twos):
+                    return None  # a regex after this might tell the keys apart
         for c in self.converters:
             shape = MatchShape.of(c, name)
             if shape is not None:
@@ -153,7 +164,15 @@ class Applier:
         return Decision(name, tuple(matched), tuple(fires), None, None, landable)
 
     def _landable(self, route: Route) -> bool:
-        return self.model_templates is None or lands(route, self.model_templates)
+        """Whether a key of the template ``route`` was made for may land: its name or a
+        target, every digit made ``1``, is a model key's (the keys differ from the
+        template in digits alone)."""
+        if self.model_templates is None:
+            return True
+        if route.converter is None:
+            return coarse(route.renamed) in self.model_templates
+        targets = route.converter.target_keys(route.match)
+        return any("*" in t or coarse(t) in self.model_templates for t in targets)
 
 
 def _claimed(keys: list[str], names: list[str], fired: Iterable[tuple[Renaming, ...]],

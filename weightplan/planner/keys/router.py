@@ -23,7 +23,7 @@ from operator import not_
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.keys.applier import Applier, Batch, Decision, Run, batch_of, lands
 from weightplan.planner.keys.routing import Route, bucket_of
-from weightplan.planner.keys.templates import natural_order, templates_of
+from weightplan.planner.keys.templates import coarse, natural_order, templates_of
 from weightplan.planner.keys.transforms import PrefixChange, Renaming, WeightConverter
 
 _KEPT = "kept its checkpoint name: the transformed name is not in the model but the original is"
@@ -52,8 +52,7 @@ class Router:
 
     def __init__(self, renamings: list[Renaming], converters: list[WeightConverter],
                  model: ModelInfo | None):
-        templates = None if model is None else frozenset(
-            t for t in templates_of(list(model.tensors)) if t is not None)
+        templates = None if model is None else frozenset(map(coarse, model.tensors))
         self.model, self.base = model, Applier(renamings, converters, templates)
         self.landed: dict[object, bool] = {}  # by converter group: the same for its members
         self.viable_fixups: dict[str | None, list[tuple[_Fixup, Decision | None]]] = {}

@@ -1,14 +1,22 @@
 """Key templates: route ``layers.7.experts.42.w1`` once for every layer and expert.
 
 A frontier checkpoint has ~92k keys but a few dozen distinct shapes of key once layer and
-expert numbers are abstracted. The *template* of a key replaces every ASCII digit with
-``1`` (lengths and positions of digits are kept, and ``int`` round-trips them because a
-run of ``1``\\ s has no leading zero). A transform is *digit-blind* when nothing in it
-can tell one digit from another: its source regexes, targets, scope and prefixes contain
-no ASCII digit (``\\d`` is fine; ``{2}``, ``[0-5]``, ``\\1`` back-references and literal
-digits are not). Digit-blind regexes match a key and its template at the same spans, so
-which transforms *match* is decided once per template; whether a matching renaming
-really changes the key, and what it captures, is still computed on the real key.
+expert numbers are abstracted. The *template* of a key makes ``1`` every ASCII digit of
+its all-digit components (``layers.12.experts.3.w1`` → ``layers.11.experts.1.w1``: the
+digits inside a name such as ``w1`` or ``fc2`` are kept; lengths and positions of digits
+are kept, and ``int`` round-trips them because a run of ``1``\\ s has no leading zero).
+A transform is *digit-blind* when nothing in it can tell the digits of an all-digit
+component apart: its scope and prefixes hold no ASCII digit, and in its source regexes
+every ASCII digit follows an unescaped ASCII letter or ``_`` (``w1``, ``fc12``: a
+literal in a name; ``\\d`` is fine; ``{2}``, ``[0-5]``, ``\\1`` back-references and a
+lone ``1`` are not). Digit-blind regexes match a key and its template at the same spans
+as long as every run of digits the keys differ in follows a dot or the start: so it is
+in a template; renamings may move such digits (``layers.3`` → ``layer3``), so where a
+list holds a literal digit its renamings are followed on two probes of the template
+(its abstracted digits ``1`` and ``2``: where they differ the keys may, see
+:func:`apart`). Which transforms *match* is decided once per template; whether a
+matching renaming really changes the key, and what it captures, is still computed on
+the real key.
 
 :func:`templates_of` computes every key's template in one pass over the keys' joined
 text, and :func:`natural_order` sorts keys as :func:`~.patterns.natural_key` does from a
@@ -26,30 +34,43 @@ from operator import itemgetter
 
 from weightplan.planner.keys.patterns import _INDEX_GROUP, natural_key
 from weightplan.planner.keys.transforms import (
-    PatternTransform, PrefixChange, WeightConverter, WeightRenaming,
+    PrefixChange, WeightConverter, WeightRenaming,
     WeightTransform,
 )
 
 _TO_ONE = str.maketrans("0123456789", "1111111111")
 _LEADING_ZERO = re.compile(r"(?<![0-9])0[0-9]")
 _DIGIT = re.compile(r"[0-9]")
+_COMPONENT_NUMBER = re.compile(r"(?<![^.])[0-9]+(?![^.])")
 _BYTES_TO_ONE = bytes.maketrans(b"0123456789", b"1111111111")
 # _LEADING_ZERO on bytes, led by its literal "0" (rare in keys): the search skips to each
 _BYTES_LEADING_ZERO = re.compile(rb"0(?<![0-9]0)[0-9]")
 
 
 def template_of(key: str) -> str | None:
-    """The key with every digit made ``1``; ``None`` when a number has a leading zero
-    (``experts.007``), whose value would not round-trip through ``int``."""
+    """The key with every digit of its all-digit components made ``1``; ``None`` when a
+    number has a leading zero (``experts.007``), whose value would not round-trip."""
     if _LEADING_ZERO.search(key) is not None:
         return None
+    return _COMPONENT_NUMBER.sub(_ones, key)
+
+
+def _ones(m: re.Match) -> str:
+    return "1" * (m.end() - m.start())
+
+
+def coarse(key: str) -> str:
+    """The key with every ASCII digit made ``1`` (what keys of a template may land on)."""
     return key.translate(_TO_ONE)
 
 
 def templates_of(keys: Sequence[str]) -> list[str | None]:
     """:func:`template_of` of every key, in bulk: one translation of the joined keys (ASCII
-    digits never occur inside a UTF-8 multi-byte sequence), then ``None`` for each key
-    holding a leading zero; key by key where a key holds a newline."""
+    digits never occur inside a UTF-8 multi-byte sequence) making every digit ``1``,
+    ``None`` for each key holding a leading zero, then the components of names holding
+    digits (``w1``) put back from the keys: where they are is the same for every key
+    translated alike (:func:`_named_pieces`), so that is done per translation in
+    C-level passes. Key by key where a key holds a newline."""
     text = "\n".join(keys).encode("utf-8", "surrogatepass")
     templates: list[str | None] = []
     templates += text.translate(_BYTES_TO_ONE).decode("utf-8", "surrogatepass").split("\n")
@@ -60,7 +81,33 @@ def templates_of(keys: Sequence[str]) -> list[str | None]:
         index += text.count(b"\n", last, found.start())
         last = found.start()
         templates[index] = None
+    named = {t: p for t in set(templates) if t is not None and (p := _named_pieces(t))[1]}
+    if named:
+        at: dict[str, list[int]] = {}
+        for i in [i for i, t in enumerate(templates) if t in named]:
+            at.setdefault(templates[i], []).append(i)  # type: ignore[arg-type]
+        for ones, positions in at.items():
+            pieces, spans = named[ones]
+            members = list(map(keys.__getitem__, positions))
+            columns: list[Iterable[str]] = [repeat(pieces[0])]
+            for span, piece in zip(spans, pieces[1:], strict=True):
+                columns += [map(itemgetter(span), members), repeat(piece)]
+            list(map(templates.__setitem__, positions, map("".join, zip(*columns, strict=False))))
     return templates
+
+
+def _named_pieces(ones: str) -> tuple[tuple[str, ...], tuple[slice, ...]]:
+    """Where a key translated to ``ones`` (every digit ``1``) has components holding
+    digits and more (taken from the key), and the text between them (``ones``')."""
+    pieces, spans, start, at = [], [], 0, 0
+    for part in ones.split("."):
+        if "1" in part and part.strip("1"):
+            pieces.append(ones[start:at])
+            spans.append(slice(at, at + len(part)))
+            start = at + len(part)
+        at += len(part) + 1
+    pieces.append(ones[start:])
+    return tuple(pieces), tuple(spans)
 
 
 def natural_order(batches: Sequence[tuple[str | None, Sequence[str]]]) -> list[int]:
@@ -121,7 +168,8 @@ def _no_digit(text: str | None) -> bool:
 
 
 def digit_blind(transform: WeightTransform) -> bool:
-    """True when ``transform`` treats every digit alike (see the module docstring)."""
+    """True when ``transform`` treats alike every digit of an all-digit component (see
+    the module docstring)."""
     if not _no_digit(transform.scope_prefix):
         return False
     if isinstance(transform, PrefixChange):
@@ -129,18 +177,78 @@ def digit_blind(transform: WeightTransform) -> bool:
                                           transform.model_prefix))
     if not isinstance(transform, (WeightRenaming, WeightConverter)):
         return False
-    return _pattern_blind(transform)
+    return all(_named_digits_only(s.regex.pattern) for s in transform.sources)
 
 
-def _pattern_blind(transform: PatternTransform) -> bool:
-    if not all(_no_digit(s.text) for s in transform.sources):
+def _named_digits_only(pattern: str) -> bool:
+    """Whether every ASCII digit of ``pattern`` is a literal following an unescaped ASCII
+    letter or ``_`` (through other such digits), outside a character class; and no named
+    back-reference (it would compare captured digits)."""
+    if "(?P=" in pattern:
         return False
-    return all(_no_digit(part) for t in transform._targets for part in t.parts
-               if isinstance(part, str))
+    named, i, count = False, 0, len(pattern)
+    while i < count:
+        c = pattern[i]
+        if c == "\\":  # an escape: a back-reference, a code (\x31, \N{...}) or a class
+            if pattern[i + 1:i + 2] in ("N", *"0123456789"):
+                return False
+            named, i = False, i + 2
+        elif c == "[":  # a class: no digit up to its closing bracket
+            j = i + 1 + (pattern[i + 1:i + 2] == "^")
+            j += pattern[j:j + 1] == "]"  # (a leading bracket is a literal)
+            while j < count and pattern[j] != "]":
+                if pattern[j] in "0123456789" or (
+                        pattern[j] == "\\" and pattern[j + 1:j + 2] in ("N", *"0123456789")):
+                    return False
+                j += 2 if pattern[j] == "\\" else 1
+            named, i = False, j + 1
+        elif c in "0123456789":
+            if not named:
+                return False
+            i += 1
+        else:
+            named, i = c.isascii() and (c.isalpha() or c == "_"), i + 1
+    return True
+
+
+def digit_free(transform: WeightTransform) -> bool:
+    """Whether ``transform`` holds no ASCII digit at all: then no renaming before it can
+    move digits where it tells them apart (see :func:`apart`)."""
+    if isinstance(transform, PrefixChange):
+        return True  # (digit-blind ones hold none)
+    assert isinstance(transform, (WeightRenaming, WeightConverter))
+    return all(_no_digit(s.regex.pattern) for s in transform.sources)
 
 
 def all_blind(transforms: Iterable[WeightTransform]) -> bool:
     return all(digit_blind(t) for t in transforms)
+
+
+def probe(template: str) -> str:
+    """``template`` with the digits of its all-digit components made ``2``: where this
+    and the template differ after the same renamings, the keys of the template may."""
+    return _COMPONENT_NUMBER.sub(_twos, template)
+
+
+def _twos(m: re.Match) -> str:
+    return "2" * (m.end() - m.start())
+
+
+def apart(ones: str, twos: str) -> bool:
+    """Whether a digit-blind regex may tell apart keys that read ``ones`` and ``twos``
+    (the template and :func:`probe` after the same renamings): where they differ in
+    length, or a run of digits they differ in doesn't follow a dot or the start (a
+    literal digit of the regex after a letter could reach it)."""
+    if len(ones) != len(twos):
+        return True
+    for i, (one, two) in enumerate(zip(ones, twos, strict=True)):
+        if one != two:
+            j = i
+            while j and ones[j - 1] in "0123456789":
+                j -= 1
+            if j and ones[j - 1] != ".":
+                return True
+    return False
 
 
 @dataclass(frozen=True, slots=True)
