@@ -216,7 +216,8 @@ def digit_free(transform: WeightTransform) -> bool:
     move digits where it tells them apart (see :func:`apart`)."""
     if isinstance(transform, PrefixChange):
         return True  # (digit-blind ones hold none)
-    assert isinstance(transform, (WeightRenaming, WeightConverter))
+    if not isinstance(transform, (WeightRenaming, WeightConverter)):
+        return False  # (a renaming of the user's own: it may hold any)
     return all(_no_digit(s.regex.pattern) for s in transform.sources)
 
 
