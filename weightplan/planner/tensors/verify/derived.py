@@ -25,15 +25,15 @@ whole, as any other.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate, chain, compress, count, repeat
 from operator import attrgetter, is_, is_not
 
 from weightplan.planner.tensors.ir.graph import PlanGraph
-from weightplan.planner.tensors.ir.nodes import Node, NodeKind, SinkAttrs
+from weightplan.planner.tensors.ir.nodes import Node, NodeKind
 from weightplan.planner.tensors.verify.graph_checks import (
-    SPEC_RULED, Segments, graph_holds, spec_problems, well_formed,
+    SPEC_RULED, Segments, graph_holds, spec_problems, well_formed, written_aliases,
 )
 
 Part = tuple[Node, ...]  # a conversion's nodes, in order
@@ -62,7 +62,7 @@ def base_of(parts: Sequence[Part]) -> Base | None:
     if len(hashes) != len(nodes):
         return None
     sinks = compress(nodes, map(is_, map(_KIND, nodes), repeat(NodeKind.SINK)))
-    return Base(tuple(parts), segments, hashes, frozenset(_written(sinks)))
+    return Base(tuple(parts), segments, hashes, frozenset(written_aliases(list(sinks))))
 
 
 def derived(base: Base, parts: Sequence[Part]) -> tuple[PlanGraph, Segments] | None:
@@ -100,9 +100,9 @@ def derived(base: Base, parts: Sequence[Part]) -> tuple[PlanGraph, Segments] | N
     hashes = set(map(_HASH, fresh))
     if len(hashes) != len(fresh) or not hashes.isdisjoint(base.hashes):
         return None
-    written = _written(added)
+    written = written_aliases(added)
     if len(set(written)) != len(written) or \
-            not (base.written - set(_written(dropped))).isdisjoint(written):
+            not (base.written - set(written_aliases(dropped))).isdisjoint(written):
         return None
     nodes = tuple(chain.from_iterable(parts))
     return PlanGraph(nodes, True), Segments(nodes, list(accumulate(map(len, parts))), proofs,
@@ -127,13 +127,3 @@ def _tail_holds(kept: set[int], gone: Part, tail: Part,
         used |= ids
         seen.add(id(n))
     return fed <= used and all(id(n) in used for n in tail if n.kind is not NodeKind.SINK)
-
-
-def _written(sinks: Iterable[Node]) -> list[str]:
-    """The model tensors ``sinks`` write (each alias of each written destination)."""
-    out: list[str] = []
-    for sink in sinks:
-        dest = sink.attrs.dest if isinstance(sink.attrs, SinkAttrs) else None
-        if dest is not None and dest.written:
-            out += dest.aliases
-    return out

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from itertools import chain, compress, repeat
 from operator import and_, attrgetter, eq, is_, is_not, itemgetter, lt, not_, or_
 
-from weightplan.planner.tensors.ir.destination import DestKind
+from weightplan.planner.tensors.ir.destination import DestKind, Destination
 from weightplan.planner.tensors.ir.graph import PlanGraph
 from weightplan.planner.tensors.ir.nodes import (
     ATTRS_OF, CastAttrs, DequantizeAttrs, Node, NodeKind, QuantizeAttrs, ShardAttrs, SinkAttrs,
@@ -177,9 +177,17 @@ def _sinks_hold(sinks: list[Node]) -> bool:
     same = map(and_, fed, map(is_, specs, map(_SPEC, dests)))
     if any(map(spec_problems, compress(sinks, map(not_, same)))):
         return False
-    written = compress(dests, map(is_not, map(_KIND, dests), repeat(DestKind.DISCARD)))
-    aliases = list(chain.from_iterable(map(_ALIASES, written)))
+    aliases = written_aliases(sinks, dests)
     return len(set(aliases)) == len(aliases)
+
+
+def written_aliases(sinks: Sequence[Node], dests: Sequence[Destination] | None = None
+                    ) -> list[str]:
+    """The model tensors ``sinks`` write: each alias of each written destination (``dests``:
+    the sinks' destinations, when the caller has them)."""
+    dests = list(map(_DEST, sinks)) if dests is None else dests
+    written = compress(dests, map(is_not, map(_KIND, dests), repeat(DestKind.DISCARD)))
+    return list(chain.from_iterable(map(_ALIASES, written)))
 
 
 def _packed_hold(dequantizes: list[Node], kept: list[bool], typed: list[bool]) -> bool:
