@@ -67,7 +67,7 @@ class Reader:
         self._fds: dict[str, int] = {}
         self._stamps = {stamp.path: stamp for stamp in checkpoint.files}
         self._lease = LeaseGuard()  # no SIGBUS: see executor/lease.py
-        self._cold: set[str] = set()
+        self._cold: set[str] = set()  # files (partly) missing from the page cache when opened
         self._mappable: set[str] = set()  # leased files: the only ones ever mapped
         self._no_copy: set[tuple[str, str]] = set()  # (checkpoint, output) pairs the kernel
         # can't copy between (by path: a closed output's descriptor number is reused)
@@ -100,10 +100,6 @@ class Reader:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         if not is_cached(fd, stamp.size):
             self._cold.add(stamp.path)
-
-    def is_cold(self, path: str) -> bool:
-        """Whether ``path`` was (partly) missing from the page cache when opened."""
-        return path in self._cold
 
     def reads_straight(self, path: str) -> bool:
         """Whether direct reads of ``path`` go straight into the destination
