@@ -64,9 +64,11 @@ def test_remote_code_and_low_memory_keywords(llama):
     with pytest.raises(ArgumentError, match="remote code never runs"):
         weightplan.from_pretrained(directory, trust_remote_code=True)
     with pytest.raises(ArgumentError, match="always loads with low memory use.*drop it"):
-        weightplan.from_pretrained(directory, low_cpu_mem_usage=True)
-    # the values that ask for what weightplan does anyway are taken
-    weightplan.from_pretrained(directory, trust_remote_code=False, use_safetensors=True)
+        weightplan.from_pretrained(directory, low_cpu_mem_usage=False)
+    # the values that ask for what weightplan does anyway are taken (transformers 5 takes
+    # low_cpu_mem_usage and _fast_init and ignores them: code written for it loads here too)
+    weightplan.from_pretrained(directory, trust_remote_code=False, use_safetensors=True,
+                               low_cpu_mem_usage=True, _fast_init=True)
 
 
 @pytest.mark.parametrize("keyword", sorted(REFUSED))

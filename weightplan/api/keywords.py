@@ -19,7 +19,8 @@ keyword                            here
 ``max_memory``, ``offload_folder`` as in transformers, with an automatic ``device_map``
 ``trust_remote_code``              ``False`` accepted; ``True`` refused: remote code never runs
 ``use_safetensors``                ``True`` accepted; ``False`` refused: pickles are never read
-``low_cpu_mem_usage``, ``_fast_init``  refused: weightplan always loads that way
+``low_cpu_mem_usage``, ``_fast_init``  ``True`` accepted (weightplan always loads that way,
+                                   transformers 5 ignores both); ``False`` refused
 ``tp_plan``, ``tp_size``,          refused: ``tp="auto"`` or ``tp=TensorParallel(...)``
 ``distributed_config``, ``device_mesh``
 ``offload_state_dict``, ``offload_buffers``  refused (``False`` accepted): buffers stay on
@@ -64,8 +65,10 @@ REFUSED = {
     "use_safetensors": Refusal("only safetensors are read (pickle checkpoints are never "
                                "unpickled); convert the checkpoint to safetensors", (True, None)),
     "low_cpu_mem_usage": Refusal("weightplan always loads with low memory use (the model "
-                                 "built on meta, each tensor written in place): drop it"),
-    "_fast_init": Refusal("weightplan never initializes what the checkpoint loads: drop it"),
+                                 "built on meta, each tensor written in place): drop it",
+                                 (True, None)),
+    "_fast_init": Refusal("weightplan never initializes what the checkpoint loads: drop it",
+                          (True, None)),
     "tp_plan": Refusal("pass tp='auto' (the model's tp_plan) or "
                        "tp=weightplan.TensorParallel(plan={module glob: style})"),
     "tp_size": Refusal("the size is the process group's (torchrun --nproc-per-node N); pass "
