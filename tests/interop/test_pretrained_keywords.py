@@ -85,6 +85,11 @@ def test_an_unknown_keyword_is_not_a_type_error_about_explain(llama):
         weightplan.from_pretrained(directory, output_hidden_states=True)
     assert "output_hidden_states=True" in str(caught.value) and "explain()" not in str(caught.value)
     assert "config overrides are not applied" in str(caught.value)
+    for typo, meant in (("dtpye", "dtype"), ("device_mapp", "device_map"),
+                        ("local_file_only", "local_files_only"), ("torch_type", "torch_dtype")):
+        with pytest.raises(ArgumentError, match=f"did you mean {meant}=") as caught:
+            weightplan.from_pretrained(directory, **{typo: "auto"})
+        assert "config overrides" not in str(caught.value)
     with pytest.raises(ArgumentError, match="weightplan.load"):
         weightplan.from_pretrained(torch.nn.Linear(2, 2))
     with pytest.raises(ArgumentError, match="not both"):
