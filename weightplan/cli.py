@@ -123,7 +123,8 @@ def cli_wording(message: str) -> str:
 
     for python, flags in (("pass overwrite=True", "pass --overwrite"),
                           ("pass mapping= (a registered name or transforms)",
-                           "pass --model-type NAME (weightplan mappings lists them)")):
+                           "pass --model-type NAME (weightplan mappings lists them)"),
+                          ("pass offload_folder= (a directory)", "pass --offload-folder DIR")):
         message = message.replace(python, flags)
     return tp_wording(message)
 
