@@ -67,3 +67,29 @@ def test_the_mapping_is_said_once(llama_dir):
     assert mapping.count("legacy renames") == 1 and mapping.endswith("(+2 legacy renames)")
     assert "notes:" not in text
     assert any(n.message == plan.mapping.reason for n in plan.notes)  # still on the plan
+
+
+def test_packed_dequantizes_name_their_format_and_share_one_header(tmp_path):
+    """A compressed-tensors INT4 checkpoint: each weight's row said 'dequantize  → bf16'
+    (no format, a double space) under a header of its own, one '#N' per projection."""
+    pytest.importorskip("compressed_tensors")
+    from tests.conftest import module_with
+    from tests.quant.makers import ct_compress, write_checkpoint
+
+    torch.manual_seed(0)
+    tensors, model = {}, {}
+    for name in ("k_proj", "o_proj", "q_proj", "v_proj"):
+        packed, _, _ = ct_compress(torch.randn(16, 64, dtype=torch.bfloat16), "int", "group",
+                                   group=32)
+        tensors |= {f"attn.{name}.{k}": v for k, v in packed.items()}
+        model[f"attn.{name}.weight"] = ((16, 64), torch.bfloat16)
+    config = {"quantization_config": {
+        "quant_method": "compressed-tensors", "format": "pack-quantized",
+        "config_groups": {"g": {"targets": ["Linear"], "weights": {
+            "num_bits": 4, "type": "int", "strategy": "group", "group_size": 32,
+            "symmetric": True}}}}}
+    directory = write_checkpoint(tmp_path / "c", tensors, config)
+    text = str(weightplan.explain(module_with(model), directory))
+    headers = [line for line in text.splitlines() if line.startswith("#")]
+    assert headers == ["#1   dequantize INT4 group 32 → bf16 (per source, with its scale)"], text
+    assert "dequantize  →" not in text
