@@ -93,3 +93,35 @@ def test_packed_dequantizes_name_their_format_and_share_one_header(tmp_path):
     headers = [line for line in text.splitlines() if line.startswith("#")]
     assert headers == ["#1   dequantize INT4 group 32 → bf16 (per source, with its scale)"], text
     assert "dequantize  →" not in text
+
+
+def test_an_adapters_base_layer_rename_is_folded_like_keys(tmp_path, capsys):
+    """peft's wrappers move every adapted base weight under ``base_layer``: the renaming
+    names each module (a regex alternation), which printed as one line of ~8,000 characters
+    for a 32-layer Llama with 7 targets, twice. Folded like keys, it is a line."""
+    peft = pytest.importorskip("peft")
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
+                                      num_hidden_layers=12, num_attention_heads=2,
+                                      num_key_value_heads=1)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    model.save_pretrained(tmp_path / "base")
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules=targets)).save_pretrained(
+        tmp_path / "lora")
+    out = _explain(capsys, tmp_path / "lora", "--base", tmp_path / "base")
+    assert max(map(len, out.splitlines())) < 400, max(out.splitlines(), key=len)
+    assert r"model.layers.{0..11}.self_attn.q_proj|" in out
+    assert r"\.(weight|bias)$ → \1.base_layer.\2" in out
+
+
+def test_fold_alternations_folds_literal_alternatives_only():
+    from weightplan.viz.folding import fold_alternations
+
+    many = "|".join(rf"model\.layers\.{i}\.mlp\.down_proj" for i in range(12))
+    assert (fold_alternations(rf"rename ^({many})\.(weight|bias)$ → \1.base_layer.\2")
+            == r"rename ^(model.layers.{0..11}.mlp.down_proj)\.(weight|bias)$ → \1.base_layer.\2")
+    regex = r"rename ^(a\d+|b.*|c|d)\.w$ → x"  # not literal: left as it is
+    assert fold_alternations(regex) == regex

@@ -11,7 +11,7 @@ from weightplan.planner.tensors.ir.nodes import DequantizeAttrs, Node, NodeKind,
 from weightplan.planner.core.spec import short_dtype
 from weightplan.planner.keys.transforms import LEGACY
 from weightplan.planner.pipelines.plan import LoadPlanData, PlanData
-from weightplan.viz.folding import fold_keys, split_numbers
+from weightplan.viz.folding import fold_alternations, fold_keys, split_numbers
 
 _KIND, _KEY = attrgetter("kind"), attrgetter("key")
 
@@ -36,13 +36,13 @@ def rule_of(conv: Conversion) -> str:
     for stream in conv.group.routes:
         for route in stream:
             for r in route.fired:
-                text = ("legacy " if r in LEGACY else "") + r.describe()
+                text = ("legacy " if r in LEGACY else "") + fold_alternations(r.describe())
                 if text not in fired:
                     fired.append(text)
     for t in conv.targets:
         for r in conv.group.renamed_output(*t.position)[1]:
-            if r.describe() not in fired:
-                fired.append(r.describe())
+            if fold_alternations(r.describe()) not in fired:
+                fired.append(fold_alternations(r.describe()))
     notes = {r.note for stream in conv.group.routes for r in stream if r.note}
     parts = fired + (["convert"] if conv.group.ops else [])
     parts += sorted(notes)
