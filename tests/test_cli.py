@@ -161,3 +161,17 @@ def test_merge_without_an_adapter_says_what_to_do(tmp_path, capsys):
     assert main(["explain", str(directory), "--model-type", "mixtral", "--merge"]) == 2
     err = capsys.readouterr().err
     assert "ArgumentError" in err and "--merge merges an adapter" in err
+
+
+def test_a_hub_id_not_cached_is_told_the_way_out_in_the_command_lines_words(
+        tmp_path, monkeypatch, capsys):
+    """The way out was Python's (`pass local_files_only=True`), which the command line has
+    no flag for: it says the environment variable instead."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["explain", "no-org/no-model"]) == 2
+    err = capsys.readouterr().err
+    assert "HF_HUB_OFFLINE is set so the Hub was not asked" in err, err
+    assert "then set HF_HUB_OFFLINE=1" in err and "local_files_only" not in err, err
+    assert err.count("\n") == 1

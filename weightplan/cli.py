@@ -124,7 +124,10 @@ def cli_wording(message: str) -> str:
     for python, flags in (("pass overwrite=True", "pass --overwrite"),
                           ("pass mapping= (a registered name or transforms)",
                            "pass --model-type NAME (weightplan mappings lists them)"),
-                          ("pass offload_folder= (a directory)", "pass --offload-folder DIR")):
+                          ("pass offload_folder= (a directory)", "pass --offload-folder DIR"),
+                          ("then pass local_files_only=True or set HF_HUB_OFFLINE=1",
+                           "then set HF_HUB_OFFLINE=1"),
+                          ("or pass token=", "or set HF_TOKEN")):
         message = message.replace(python, flags)
     return tp_wording(message)
 
