@@ -127,7 +127,11 @@ def cli_wording(message: str) -> str:
                           ("pass offload_folder= (a directory)", "pass --offload-folder DIR"),
                           ("then pass local_files_only=True or set HF_HUB_OFFLINE=1",
                            "then set HF_HUB_OFFLINE=1"),
-                          ("or pass token=", "or set HF_TOKEN")):
+                          ("or pass token=", "or set HF_TOKEN"),
+                          ("dequantize=True and to='fp8' exclude each other: dequantize "
+                           "writes bf16, to='fp8'",
+                           "--dequantize and --to fp8 exclude each other: --dequantize "
+                           "writes bf16, --to fp8")):
         message = message.replace(python, flags)
     return tp_wording(message)
 

@@ -191,6 +191,10 @@ def check_tensors(bound: inspect.BoundArguments) -> None:
 def check_explain_convert(bound: inspect.BoundArguments) -> None:
     check_checkpoint(bound.arguments.get("source"))
     check_path_argument(bound.arguments.get("directory"), what="directory")
+    to = bound.arguments.get("to")
+    if bound.arguments.get("dequantize") and to is not None:
+        raise ArgumentError(f"dequantize=True and to={to!r} exclude each other: dequantize "
+                            f"writes bf16, to={to!r} re-encodes MXFP4 as block FP8; pass one")
 
 
 def check_pretrained(bound: inspect.BoundArguments) -> None:
