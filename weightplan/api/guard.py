@@ -160,15 +160,18 @@ def check_explain(bound: inspect.BoundArguments) -> None:
     check_checkpoint(bound.arguments.get("checkpoint"))
 
 
-def check_load(bound: inspect.BoundArguments) -> None:
-    from weightplan.api.entry import explain  # (its keywords are load's **kwargs)
+def check_forwarded(name: str, fn: Callable, target: Callable, forwarded: Mapping) -> None:
+    """``fn``'s ``**kwargs`` are ``target``'s keywords (``load`` → ``explain``): one that
+    isn't is refused as a wrong call of ``fn``, listing both functions' keywords."""
+    theirs = inspect.signature(target).parameters
+    if any(k not in theirs for k in forwarded):
+        own = [p for p in inspect.signature(fn).parameters.values()
+               if p.kind is not p.VAR_KEYWORD]
+        both = own + [p for p in theirs.values() if p.kind is p.KEYWORD_ONLY]
+        raise ArgumentError(_wrong_call(name, inspect.Signature(both), (), dict(forwarded), None))
 
-    forwarded = bound.arguments.get("kwargs") or {}
-    explains = inspect.signature(explain).parameters
-    if any(k not in explains for k in forwarded):
-        own = [p for p in bound.signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
-        both = own + [p for p in explains.values() if p.kind is p.KEYWORD_ONLY]
-        raise ArgumentError(_wrong_call("load", inspect.Signature(both), (), forwarded, None))
+
+def check_load(bound: inspect.BoundArguments) -> None:
     check_explain(bound)
     check_flag(bound.arguments.get("strict", False), "strict")
     check_flag(bound.arguments.get("atomic", False), "atomic")
