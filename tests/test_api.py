@@ -69,6 +69,36 @@ def test_transformers_words_get_weightplans_word_in_explain_and_load(tmp_path):
         assert "->" not in str(e.value)  # the fix, not the whole signature
 
 
+def test_a_call_that_does_not_bind_names_the_function_called_and_the_fix(tmp_path):
+    """Not the whole signature (a wall of a thousand characters ending in the reason): the
+    function the user called, the word it is closest to, what goes by keyword."""
+    import pytest
+    import torch
+
+    import weightplan
+    from weightplan.errors import ArgumentError
+    from tests.conftest import write_checkpoint
+
+    directory = write_checkpoint(tmp_path / "c", {"weight": torch.ones(2, 2)})
+    model = torch.nn.Linear(2, 2, bias=False)
+    for call, name in [(weightplan.explain, "explain"), (weightplan.load, "load")]:
+        with pytest.raises(ArgumentError) as e:
+            call(model, directory, dtpye=torch.float32)
+        text = str(e.value)
+        assert text.startswith(f"{name}() got an unexpected keyword argument 'dtpye'"), text
+        assert "did you mean dtype=?" in text and "->" not in text
+        assert "budget" in text and (name == "explain" or "atomic" in text)  # its own too
+    with pytest.raises(ArgumentError) as e:
+        weightplan.save(model, tmp_path / "out", safe_serialization=True)
+    assert "save() got an unexpected keyword argument 'safe_serialization'" in str(e.value)
+    assert "max_shard_size" in str(e.value) and "->" not in str(e.value)  # its keywords
+    with pytest.raises(ArgumentError) as e:
+        weightplan.from_pretrained(directory, torch.float32)
+    text = str(e.value)
+    assert "from_pretrained() takes name_or_path by position" in text, text
+    assert "by keyword (its keywords: dtype, " in text and "->" not in text
+
+
 def test_a_device_map_that_is_neither_device_nor_strategy_names_the_strategies():
     import pytest
 

@@ -161,3 +161,35 @@ def test_merge_without_an_adapter_says_what_to_do(tmp_path, capsys):
     assert main(["explain", str(directory), "--model-type", "mixtral", "--merge"]) == 2
     err = capsys.readouterr().err
     assert "ArgumentError" in err and "--merge merges an adapter" in err
+
+
+def test_a_hub_id_not_cached_is_told_the_way_out_in_the_command_lines_words(
+        tmp_path, monkeypatch, capsys):
+    """The way out was Python's (`pass local_files_only=True`), which the command line has
+    no flag for: it says the environment variable instead."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["explain", "no-org/no-model"]) == 2
+    err = capsys.readouterr().err
+    assert "HF_HUB_OFFLINE is set so the Hub was not asked" in err, err
+    assert "then set HF_HUB_OFFLINE=1" in err and "local_files_only" not in err, err
+    assert err.count("\n") == 1
+
+
+def test_convert_dequantize_and_to_fp8_exclude_each_other(tmp_path, capsys):
+    """--to fp8 won silently over --dequantize (FP8 written where bf16 was asked for)."""
+    import pytest
+    import torch
+
+    import weightplan
+    from weightplan.errors import ArgumentError
+
+    directory = write_checkpoint(tmp_path / "c", {"w": torch.ones(2, 2)})
+    assert main(["convert", str(directory), str(tmp_path / "out"), "--dequantize",
+                 "--to", "fp8"]) == 2
+    err = capsys.readouterr().err
+    assert "--dequantize and --to fp8 exclude each other" in err, err
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ArgumentError, match="dequantize=True and to='fp8' exclude each other"):
+        weightplan.explain_convert(directory, tmp_path / "out", dequantize=True, to="fp8")

@@ -94,7 +94,15 @@ def test_every_readme_cli_line_runs(user_dirs, capsys):
     (["explain", "{root}/llama", "--max-memory", "cpu=8GiB"],
      "ArgumentError: --max-memory needs --device-map (e.g. --device-map auto)"),
     (["explain", "{root}/llama", "--offload-folder", "x"], "--offload-folder needs --device-map"),
+    # the fix in the command line's words, not Python's (offload_folder=)
+    (["explain", "{root}/llama", "--device-map", "auto", "--max-memory", "cpu=1KiB"],
+     "goes to the disk: pass --offload-folder DIR, or give the devices more memory"),
     (["explain", "{root}/llama", "--ep"], "ArgumentError: --ep needs --tp"),
+    # the picture's flags, alone, were ignored (the same text printed, no picture)
+    (["explain", "{root}/llama", "--only", "model.layers.0.*"],
+     "ArgumentError: --only needs --svg (e.g. --svg plan.svg)"),
+    (["explain", "{root}/llama", "--detail", "full"], "--detail needs --svg"),
+    (["explain", "{root}/llama", "--no-fold"], "--fold/--no-fold needs --svg"),
     (["explain", "{root}/llama", "--cooperative"], "--cooperative needs --tp"),
     (["explain", "{root}/llama", "--tp-plan", "{{}}"], "--tp-plan needs --tp"),
     (["explain", "{root}/llama", "--tp", "2", "--device-map", "auto"], "exclude each other"),

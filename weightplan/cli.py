@@ -123,7 +123,15 @@ def cli_wording(message: str) -> str:
 
     for python, flags in (("pass overwrite=True", "pass --overwrite"),
                           ("pass mapping= (a registered name or transforms)",
-                           "pass --model-type NAME (weightplan mappings lists them)")):
+                           "pass --model-type NAME (weightplan mappings lists them)"),
+                          ("pass offload_folder= (a directory)", "pass --offload-folder DIR"),
+                          ("then pass local_files_only=True or set HF_HUB_OFFLINE=1",
+                           "then set HF_HUB_OFFLINE=1"),
+                          ("or pass token=", "or set HF_TOKEN"),
+                          ("dequantize=True and to='fp8' exclude each other: dequantize "
+                           "writes bf16, to='fp8'",
+                           "--dequantize and --to fp8 exclude each other: --dequantize "
+                           "writes bf16, --to fp8")):
         message = message.replace(python, flags)
     return tp_wording(message)
 
@@ -225,8 +233,12 @@ def _check_flags(args: argparse.Namespace) -> None:
              ("--storage node", args.storage != "shared", "--tp N --cooperative"),
              ("--tp-plan", args.tp_plan is not None, "--tp"),
              ("--max-memory", args.max_memory is not None, "--device-map"),
-             ("--offload-folder", args.offload_folder is not None, "--device-map")]
+             ("--offload-folder", args.offload_folder is not None, "--device-map"),
+             ("--only", args.only is not None, "--svg"),
+             ("--detail", args.detail is not None, "--svg"),
+             ("--fold/--no-fold", args.fold is not None, "--svg")]
     present = {"--tp": args.tp is not None, "--device-map": args.device_map is not None,
+               "--svg": bool(args.svg),
                "--tp N --cooperative": args.tp is not None and args.cooperative}
     for flag, given, need in needs:
         if given and not present[need]:
@@ -247,7 +259,7 @@ def _check_flags(args: argparse.Namespace) -> None:
 
 
 def _example(flag: str) -> str:
-    return {"--tp": "--tp 8", "--device-map": "--device-map auto",
+    return {"--tp": "--tp 8", "--device-map": "--device-map auto", "--svg": "--svg plan.svg",
             "--tp N --cooperative": "--tp 8 --cooperative --nodes 2 --storage node"}[flag]
 
 

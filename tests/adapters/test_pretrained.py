@@ -164,3 +164,39 @@ def test_adapter_stays_float32_on_a_bf16_base_as_peft_keeps_it(mixtral):
     theirs, ours = _without_prefix(oracle), model.state_dict()
     assert {v.dtype for k, v in ours.items() if ".lora_" in k} == {torch.float32}
     assert [k for k in ours if not torch.equal(ours[k], theirs[k])] == []
+
+
+def test_saving_a_model_with_an_unmerged_adapter_asks_which(mixtral, tmp_path):
+    """``save(model, dir)`` of a base + adapter load wrote the base checkpoint with the
+    adapter's 52 tensors mixed in under peft's file names: a directory that neither
+    weightplan (52 unexpected keys) nor transformers loads as the adapted model. It is
+    refused before anything is written, naming both ways out."""
+    from weightplan.errors import SaveError
+
+    model = weightplan.from_pretrained(mixtral / "base", adapter=mixtral / "v4")
+    for call in (weightplan.save, weightplan.explain_save):
+        with pytest.raises(SaveError, match=r"adapter 'default'.*adapter_name='default'"
+                                            r".*merge=True"):
+            call(model, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    weightplan.save(model, tmp_path / "adapter", adapter_name="default")  # the adapter alone
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").exists()
+    merged = weightplan.from_pretrained(mixtral / "base", adapter=mixtral / "v4", merge=True)
+    weightplan.save(merged, tmp_path / "merged")  # the merged model: the base's layout
+    assert not weightplan.explain(None, tmp_path / "merged").unexpected
+
+
+def test_a_fused_adapter_file_is_not_said_to_be_converted_from_per_expert(mixtral, tmp_path):
+    """The adapter section said 'layout: per-expert w1, w3 → gate_up_proj: lora_A
+    concatenated…' for an adapter saved fused (peft's target_parameters), whose tensors
+    load as they are: only a file with per-expert linears gets those lines."""
+    model = weightplan.from_pretrained(mixtral / "base", adapter=mixtral / "v4")
+    per_expert = explain_with_adapter(build_empty_model(mixtral / "base").model,
+                                      mixtral / "base", mixtral / "v4")
+    assert [c.target for c in per_expert.adapter.conversions] == ["gate_up_proj", "down_proj"]
+    weightplan.save(model, tmp_path / "fused", adapter_name="default", layout="fused")
+    plan = explain_with_adapter(build_empty_model(mixtral / "base").model, mixtral / "base",
+                                tmp_path / "fused")
+    assert not plan.problems and plan.adapter.loaded_tensors == plan.adapter.file_tensors
+    assert plan.adapter.conversions == (), plan.adapter.conversions
+    assert "per-expert" not in str(plan).split("\n\n")[0]

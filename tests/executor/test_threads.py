@@ -62,3 +62,30 @@ def test_the_merge_pool_holds_its_threads_at_one_and_leaves_torchs_counts():
     finally:
         torch.set_num_threads(threads)
         _in_new_thread(lambda: torch.set_num_threads(default))
+
+
+def test_a_merge_pool_thread_that_fails_to_start_is_an_error_at_once(monkeypatch):
+    """A pool thread whose set-up fails surfaces as a typed error naming the cause, without
+    waiting for the start barrier's timeout (it was a bare BrokenBarrierError after 60 s)."""
+    import threading
+
+    import pytest
+
+    from weightplan.errors import ExecutionError
+    from weightplan.executor import intra_op
+
+    calls = []
+
+    def flaky() -> None:
+        calls.append(threading.current_thread().name)
+        if len(calls) == 2:
+            raise RuntimeError("no OpenMP team for you")
+        torch.set_num_threads(1)
+
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(intra_op, "_one_thread", flaky)
+    monkeypatch.setattr(intra_op, "START_TIMEOUT_S", 30.0)  # (a wait would end in a timeout)
+    with pytest.raises(ExecutionError, match="no OpenMP team for you") as caught:
+        intra_op.single_threaded_pool(3)
+    assert isinstance(caught.value.__cause__, RuntimeError)
+    assert torch.get_num_threads() == threads  # the caller's count untouched

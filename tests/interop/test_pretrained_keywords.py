@@ -64,9 +64,11 @@ def test_remote_code_and_low_memory_keywords(llama):
     with pytest.raises(ArgumentError, match="remote code never runs"):
         weightplan.from_pretrained(directory, trust_remote_code=True)
     with pytest.raises(ArgumentError, match="always loads with low memory use.*drop it"):
-        weightplan.from_pretrained(directory, low_cpu_mem_usage=True)
-    # the values that ask for what weightplan does anyway are taken
-    weightplan.from_pretrained(directory, trust_remote_code=False, use_safetensors=True)
+        weightplan.from_pretrained(directory, low_cpu_mem_usage=False)
+    # the values that ask for what weightplan does anyway are taken (transformers 5 takes
+    # low_cpu_mem_usage and _fast_init and ignores them: code written for it loads here too)
+    weightplan.from_pretrained(directory, trust_remote_code=False, use_safetensors=True,
+                               low_cpu_mem_usage=True, _fast_init=True)
 
 
 @pytest.mark.parametrize("keyword", sorted(REFUSED))
@@ -83,6 +85,11 @@ def test_an_unknown_keyword_is_not_a_type_error_about_explain(llama):
         weightplan.from_pretrained(directory, output_hidden_states=True)
     assert "output_hidden_states=True" in str(caught.value) and "explain()" not in str(caught.value)
     assert "config overrides are not applied" in str(caught.value)
+    for typo, meant in (("dtpye", "dtype"), ("device_mapp", "device_map"),
+                        ("local_file_only", "local_files_only"), ("torch_type", "torch_dtype")):
+        with pytest.raises(ArgumentError, match=f"did you mean {meant}=") as caught:
+            weightplan.from_pretrained(directory, **{typo: "auto"})
+        assert "config overrides" not in str(caught.value)
     with pytest.raises(ArgumentError, match="weightplan.load"):
         weightplan.from_pretrained(torch.nn.Linear(2, 2))
     with pytest.raises(ArgumentError, match="not both"):

@@ -67,3 +67,61 @@ def test_the_mapping_is_said_once(llama_dir):
     assert mapping.count("legacy renames") == 1 and mapping.endswith("(+2 legacy renames)")
     assert "notes:" not in text
     assert any(n.message == plan.mapping.reason for n in plan.notes)  # still on the plan
+
+
+def test_packed_dequantizes_name_their_format_and_share_one_header(tmp_path):
+    """A compressed-tensors INT4 checkpoint: each weight's row said 'dequantize  → bf16'
+    (no format, a double space) under a header of its own, one '#N' per projection."""
+    pytest.importorskip("compressed_tensors")
+    from tests.conftest import module_with
+    from tests.quant.makers import ct_compress, write_checkpoint
+
+    torch.manual_seed(0)
+    tensors, model = {}, {}
+    for name in ("k_proj", "o_proj", "q_proj", "v_proj"):
+        packed, _, _ = ct_compress(torch.randn(16, 64, dtype=torch.bfloat16), "int", "group",
+                                   group=32)
+        tensors |= {f"attn.{name}.{k}": v for k, v in packed.items()}
+        model[f"attn.{name}.weight"] = ((16, 64), torch.bfloat16)
+    config = {"quantization_config": {
+        "quant_method": "compressed-tensors", "format": "pack-quantized",
+        "config_groups": {"g": {"targets": ["Linear"], "weights": {
+            "num_bits": 4, "type": "int", "strategy": "group", "group_size": 32,
+            "symmetric": True}}}}}
+    directory = write_checkpoint(tmp_path / "c", tensors, config)
+    text = str(weightplan.explain(module_with(model), directory))
+    headers = [line for line in text.splitlines() if line.startswith("#")]
+    assert headers == ["#1   dequantize INT4 group 32 → bf16 (per source, with its scale)"], text
+    assert "dequantize  →" not in text
+
+
+def test_an_adapters_base_layer_rename_is_folded_like_keys(tmp_path, capsys):
+    """peft's wrappers move every adapted base weight under ``base_layer``: the renaming
+    names each module (a regex alternation), which printed as one line of ~8,000 characters
+    for a 32-layer Llama with 7 targets, twice. Folded like keys, it is a line."""
+    peft = pytest.importorskip("peft")
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
+                                      num_hidden_layers=12, num_attention_heads=2,
+                                      num_key_value_heads=1)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    model.save_pretrained(tmp_path / "base")
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules=targets)).save_pretrained(
+        tmp_path / "lora")
+    out = _explain(capsys, tmp_path / "lora", "--base", tmp_path / "base")
+    assert max(map(len, out.splitlines())) < 400, max(out.splitlines(), key=len)
+    assert r"model.layers.{0..11}.self_attn.q_proj|" in out
+    assert r"\.(weight|bias)$ → \1.base_layer.\2" in out
+
+
+def test_fold_alternations_folds_literal_alternatives_only():
+    from weightplan.viz.folding import fold_alternations
+
+    many = "|".join(rf"model\.layers\.{i}\.mlp\.down_proj" for i in range(12))
+    assert (fold_alternations(rf"rename ^({many})\.(weight|bias)$ → \1.base_layer.\2")
+            == r"rename ^(model.layers.{0..11}.mlp.down_proj)\.(weight|bias)$ → \1.base_layer.\2")
+    regex = r"rename ^(a\d+|b.*|c|d)\.w$ → x"  # not literal: left as it is
+    assert fold_alternations(regex) == regex

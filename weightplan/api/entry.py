@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from weightplan.api.plans import Plan, promote
-from weightplan.errors import AdapterError, CheckpointError, MappingError
+from weightplan.errors import AdapterError, CheckpointError, MappingError, SaveError
 from weightplan.planner.inputs.paths import is_adapter_dir
 from weightplan.planner.pipelines.load import explain_load
 from weightplan.planner.keys.lookup import Finder, is_transformers_class
@@ -143,11 +143,23 @@ def explain_save(model: torch.nn.Module, directory: str | os.PathLike[str], *,
 
     Raises:
         NotInvertibleError: a transform of the mapping has no unambiguous inverse.
-        SaveError: meta tensors, an unwritable or occupied directory, too little space.
+        SaveError: meta tensors, an unwritable or occupied directory, too little space; a
+            LoRA adapter loaded unmerged (``adapter_name=`` saves it).
     """
     from weightplan.api.write_plans import WritePlan
+    from weightplan.planner.pipelines.adapter_summary import CONFIGS_ATTRIBUTE
     from weightplan.planner.pipelines.save import explain_save_plan
 
+    loaded = getattr(model, CONFIGS_ATTRIBUTE, None) or ()
+    layers = {k.split(".lora_A.", 1)[1].split(".", 1)[0] for k, _ in model.named_parameters()
+              if ".lora_A." in k}
+    adapters = sorted(n for n in loaded if n in layers)  # (merged: no LoRA layers left)
+    if adapters:  # (loaded unmerged: its tensors would land in the base's shards)
+        names = ", ".join(map(repr, adapters))
+        raise SaveError(f"the model holds LoRA adapter {names}, loaded unmerged: its tensors "
+                        "would be mixed into the base checkpoint; save the adapter with "
+                        f"save(model, dir, adapter_name={adapters[0]!r}), or load with "
+                        "merge=True and save the merged model")
     data = explain_save_plan(model, directory, mapping=by_name(mapping), max_shard_size=max_shard_size,
                              overwrite=overwrite, threads=threads, quantize=quantize,
                              finder=bridge_for(model) if mapping is None else None)

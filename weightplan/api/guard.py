@@ -43,7 +43,7 @@ def public(fn: Callable, check: Callable[[inspect.BoundArguments], None] | None 
 
 
 def _wrong_call(name: str, signature: inspect.Signature, args: tuple, kwargs: dict,
-                error: TypeError) -> str:
+                error: TypeError | None) -> str:
     """A call that doesn't bind, said with the fix: a keyword transformers uses (a user
     migrating types ``torch_dtype=``, ``tp_plan=``) gets weightplan's word for it."""
     from weightplan.api.keywords import keyword_advice
@@ -53,7 +53,31 @@ def _wrong_call(name: str, signature: inspect.Signature, args: tuple, kwargs: di
             advice = keyword_advice(keyword)
             if advice is not None:
                 return f"{name}({keyword}=...): {advice}"
-    return f"{name}{signature}: {error}"
+    return unbound_text(name, signature, len(args), kwargs, error)
+
+
+def unbound_text(name: str, signature: inspect.Signature, given: int, kwargs: Mapping,
+                 error: object) -> str:
+    """Why a call of ``name`` doesn't bind, short: the unknown keyword and the one it is
+    closest to, or what goes by position; with the keywords ``name`` takes (never the whole
+    signature, whose thousand characters hid the reason at their end)."""
+    import difflib
+
+    params = signature.parameters.values()
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY,
+                                                       p.POSITIONAL_OR_KEYWORD)]
+    keywords = [p.name for p in params if p.kind is p.KEYWORD_ONLY]
+    takes = f"its keywords: {', '.join(keywords)}" if keywords else "it takes no keywords"
+    unknown = [k for k in kwargs if k not in signature.parameters]
+    if unknown and not any(p.kind is p.VAR_KEYWORD for p in params):
+        close = difflib.get_close_matches(unknown[0], [*positional, *keywords], n=1,
+                                          cutoff=0.75)
+        hint = f"; did you mean {close[0]}=?" if close else ""
+        return f"{name}() got an unexpected keyword argument {unknown[0]!r}{hint} ({takes})"
+    if given > len(positional):
+        return (f"{name}() takes {', '.join(positional)} by position, the rest by keyword "
+                f"({takes}); got {given} positional arguments")
+    return f"{name}(): {error} ({takes})"
 
 
 def call_typed(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -136,6 +160,17 @@ def check_explain(bound: inspect.BoundArguments) -> None:
     check_checkpoint(bound.arguments.get("checkpoint"))
 
 
+def check_forwarded(name: str, fn: Callable, target: Callable, forwarded: Mapping) -> None:
+    """``fn``'s ``**kwargs`` are ``target``'s keywords (``load`` → ``explain``): one that
+    isn't is refused as a wrong call of ``fn``, listing both functions' keywords."""
+    theirs = inspect.signature(target).parameters
+    if any(k not in theirs for k in forwarded):
+        own = [p for p in inspect.signature(fn).parameters.values()
+               if p.kind is not p.VAR_KEYWORD]
+        both = own + [p for p in theirs.values() if p.kind is p.KEYWORD_ONLY]
+        raise ArgumentError(_wrong_call(name, inspect.Signature(both), (), dict(forwarded), None))
+
+
 def check_load(bound: inspect.BoundArguments) -> None:
     check_explain(bound)
     check_flag(bound.arguments.get("strict", False), "strict")
@@ -159,6 +194,10 @@ def check_tensors(bound: inspect.BoundArguments) -> None:
 def check_explain_convert(bound: inspect.BoundArguments) -> None:
     check_checkpoint(bound.arguments.get("source"))
     check_path_argument(bound.arguments.get("directory"), what="directory")
+    to = bound.arguments.get("to")
+    if bound.arguments.get("dequantize") and to is not None:
+        raise ArgumentError(f"dequantize=True and to={to!r} exclude each other: dequantize "
+                            f"writes bf16, to={to!r} re-encodes MXFP4 as block FP8; pass one")
 
 
 def check_pretrained(bound: inspect.BoundArguments) -> None:

@@ -19,7 +19,8 @@ keyword                            here
 ``max_memory``, ``offload_folder`` as in transformers, with an automatic ``device_map``
 ``trust_remote_code``              ``False`` accepted; ``True`` refused: remote code never runs
 ``use_safetensors``                ``True`` accepted; ``False`` refused: pickles are never read
-``low_cpu_mem_usage``, ``_fast_init``  refused: weightplan always loads that way
+``low_cpu_mem_usage``, ``_fast_init``  ``True`` accepted (weightplan always loads that way,
+                                   transformers 5 ignores both); ``False`` refused
 ``tp_plan``, ``tp_size``,          refused: ``tp="auto"`` or ``tp=TensorParallel(...)``
 ``distributed_config``, ``device_mesh``
 ``offload_state_dict``, ``offload_buffers``  refused (``False`` accepted): buffers stay on
@@ -30,13 +31,15 @@ keyword                            here
 ``key_mapping``, ``variant``, …    :func:`weightplan.load` it, ``mapping=``, a file path)
 anything else                      refused: config overrides (``output_hidden_states=True``)
                                    are not applied; edit the config or build the model yourself
+                                   (a misspelt keyword, ``dtpye``: the one it is closest to)
 =================================  ==========================================================
 """
 
 from __future__ import annotations
 
+import difflib
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,8 +67,10 @@ REFUSED = {
     "use_safetensors": Refusal("only safetensors are read (pickle checkpoints are never "
                                "unpickled); convert the checkpoint to safetensors", (True, None)),
     "low_cpu_mem_usage": Refusal("weightplan always loads with low memory use (the model "
-                                 "built on meta, each tensor written in place): drop it"),
-    "_fast_init": Refusal("weightplan never initializes what the checkpoint loads: drop it"),
+                                 "built on meta, each tensor written in place): drop it",
+                                 (True, None)),
+    "_fast_init": Refusal("weightplan never initializes what the checkpoint loads: drop it",
+                          (True, None)),
     "tp_plan": Refusal("pass tp='auto' (the model's tp_plan) or "
                        "tp=weightplan.TensorParallel(plan={module glob: style})"),
     "tp_size": Refusal("the size is the process group's (torchrun --nproc-per-node N); pass "
@@ -121,9 +126,11 @@ def keyword_advice(keyword: str) -> str | None:
     return None if refusal is None else refusal.advice
 
 
-def fold_transformers_keywords(extra: Mapping[str, Any], dtype: Any) -> Any:
+def fold_transformers_keywords(extra: Mapping[str, Any], dtype: Any,
+                               own: Iterable[str] = ()) -> Any:
     """The ``dtype`` to use after ``torch_dtype``; refuses every other keyword in ``extra``
-    (what ``from_pretrained`` got beyond its own arguments) that isn't harmless.
+    (what ``from_pretrained`` got beyond its own arguments, ``own``) that isn't harmless;
+    a misspelt one is told the keyword it is closest to.
 
     Raises:
         ArgumentError: a refused keyword or value (the message says what to do instead), or
@@ -142,14 +149,24 @@ def fold_transformers_keywords(extra: Mapping[str, Any], dtype: Any) -> Any:
     for name, value in extra.items():
         refusal = REFUSED.get(name)
         if refusal is None:
-            raise ArgumentError(f"from_pretrained got {name}={value!r}, which weightplan "
-                                "doesn't take: config overrides are not applied (edit "
-                                f"config.json, or {OWN_MODEL}); weightplan's keywords are "
-                                "listed in help(weightplan.from_pretrained)")
+            raise ArgumentError(_unknown(name, value, own))
         if not any(value is h or (type(value) is type(h) and value == h)
                    for h in refusal.harmless):
             raise ArgumentError(f"from_pretrained({name}={value!r}): {refusal.advice}")
     return dtype
+
+
+def _unknown(name: str, value: Any, own: Iterable[str]) -> str:
+    """Why ``name`` is refused: a misspelling of a keyword (``dtpye``), else a config
+    override (which transformers applies to the config and weightplan doesn't)."""
+    close = difflib.get_close_matches(name, [*own, "torch_dtype", *REFUSED], n=1, cutoff=0.8)
+    if close:
+        return (f"from_pretrained got {name}={value!r}: no such keyword; did you mean "
+                f"{close[0]}=? (weightplan's keywords are listed in "
+                "help(weightplan.from_pretrained))")
+    return (f"from_pretrained got {name}={value!r}, which weightplan doesn't take: config "
+            f"overrides are not applied (edit config.json, or {OWN_MODEL}); weightplan's "
+            "keywords are listed in help(weightplan.from_pretrained)")
 
 
 def device_from_map(device_map: object, device: object, tp: object,

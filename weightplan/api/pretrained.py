@@ -78,7 +78,7 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
         >>> model = weightplan.from_pretrained("org/tiny-llama", tp="auto")  # doctest: +SKIP
     """
     _one_return(return_report, output_loading_info, dequantize_on)
-    dtype, tp = fold_transformers_keywords(transformers_only, dtype), _alone(tp, adapter)
+    dtype, tp = fold_transformers_keywords(transformers_only, dtype, _OWN), _alone(tp, adapter)
     device, keep, (tensor_parallel, mesh) = (device_from_map(device_map, device, tp),
                                              keeps_quantized(dequantize, dtype, tp) and not merge, _parallel(tp))
     directory, adapter = _resolved(name_or_path, adapter, revision=revision, cache_dir=cache_dir,
@@ -93,6 +93,10 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
     report = plan.execute(strict=strict, progress=progress)
     return _finished(model, directory, generation_config, report, output_loading_info,
                      return_report)
+
+
+_OWN = tuple(from_pretrained.__code__.co_varnames[
+    :from_pretrained.__code__.co_argcount + from_pretrained.__code__.co_kwonlyargcount])
 
 
 def _finished(model: torch.nn.Module, directory: Path, generation_config: Any, report: Any,

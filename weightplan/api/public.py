@@ -54,6 +54,7 @@ def __getattr__(name: str) -> Any:
 def load(model: torch.nn.Module, checkpoint: object, *, strict: bool = False,
          progress: bool | None = None, atomic: bool = False, **kwargs: Any) -> LoadReport:
     """``explain(model, checkpoint, **kwargs).execute(strict=..., progress=..., atomic=...)``."""
+    _guard.check_forwarded("load", load, explain, kwargs)
     return explain(model, checkpoint, **kwargs).execute(strict=strict, progress=progress,
                                                         atomic=atomic)
 

@@ -10,7 +10,9 @@ torch's thread count is per thread, but setting it also makes it the count that 
 started later take at their first parallel op: the pool's threads are started here, under
 a lock, each sets its own count, and torch's default is then put back from a throwaway
 thread. The calling thread's count is never touched; a thread elsewhere that runs its first
-parallel op in that window (the pool's start) takes one thread.
+parallel op in that window (the pool's start) takes one thread. A thread that fails to set
+itself up aborts the start at once (an :class:`ExecutionError` naming the cause), instead of
+leaving the others at the start barrier until its timeout.
 """
 
 from __future__ import annotations
@@ -22,24 +24,50 @@ from typing import Any
 
 import torch
 
+from weightplan.errors import ExecutionError
+
 _LOCK = threading.Lock()
 START_TIMEOUT_S = 60.0
 
 
 def single_threaded_pool(threads: int) -> ThreadPoolExecutor:
-    """``threads`` started threads, each holding torch at one intra-op thread."""
+    """``threads`` started threads, each holding torch at one intra-op thread.
+
+    Raises:
+        ExecutionError: a thread failed to start or to set its count (the cause chained),
+            at once: the others, waiting for all to start, are released.
+    """
+    failed: list[BaseException] = []
+    started = threading.Barrier(threads + 1, timeout=START_TIMEOUT_S)
+
+    def set_up() -> None:  # (an initializer that raises would break the pool silently)
+        try:
+            _one_thread()
+        except BaseException as e:
+            failed.append(e)
+
+    def arrive() -> None:  # a thread that failed its set-up releases the others
+        if failed:
+            started.abort()
+        started.wait()
+
     with _LOCK:
         default = _in_new_thread(torch.get_num_threads)  # (what a new thread starts with)
-        pool = ThreadPoolExecutor(threads, thread_name_prefix="weightplan",
-                                  initializer=_one_thread)
+        pool = ThreadPoolExecutor(threads, thread_name_prefix="weightplan", initializer=set_up)
         try:
-            started = threading.Barrier(threads + 1, timeout=START_TIMEOUT_S)
-            waits = [pool.submit(started.wait) for _ in range(threads)]  # (each blocks
+            waits = [pool.submit(arrive) for _ in range(threads)]  # (each blocks
             started.wait()  # until all have started: every submit starts a thread)
             for wait in waits:
                 wait.result()
-        except BaseException:
+        except BaseException as e:
+            started.abort()
             pool.shutdown(wait=False, cancel_futures=True)
+            if failed:
+                raise ExecutionError(f"a thread of the merge pool failed to start: "
+                                     f"{type(failed[0]).__name__}: {failed[0]}") from failed[0]
+            if isinstance(e, threading.BrokenBarrierError):
+                raise ExecutionError(f"the merge pool's {threads} threads did not all start "
+                                     f"within {START_TIMEOUT_S:g} s") from e
             raise
         finally:
             _in_new_thread(lambda: torch.set_num_threads(default))

@@ -274,3 +274,22 @@ def _fold(by_shape: _Shapes, blocks: dict[str, list[_Block]]) -> list[str]:
             it = iter(each)
             folded.append(".".join(p if p is not None else next(it) for p in template))
     return folded
+
+
+_ALTERNATION = re.compile(r"\((?:[^()|]+\|){3,}[^()|]+\)")  # (a|b|c|d…): 4+ alternatives
+_ESCAPED = re.compile(r"\\(.)")
+
+
+def fold_alternations(text: str) -> str:
+    """``text`` (a transform's description) with each regex alternation of 4+ literal
+    names folded like keys: ``^(model\\.layers\\.0\\.mlp\\.down_proj|…)`` (every module a
+    LoRA wraps, thousands of characters) → ``^(model.layers.{0..31}.mlp.down_proj|…)``.
+    An alternative that is a pattern, not an escaped literal, leaves its group as it is."""
+    def fold(found: re.Match[str]) -> str:
+        words = found.group(0)[1:-1].split("|")
+        literal = [_ESCAPED.sub(r"\1", w) for w in words]
+        if any(re.escape(plain) != word for plain, word in zip(literal, words, strict=True)):
+            return found.group(0)
+        return "(" + "|".join(fold_keys(literal)) + ")"
+
+    return _ALTERNATION.sub(fold, text)

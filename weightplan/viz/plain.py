@@ -23,7 +23,7 @@ from weightplan.planner.tensors.ir.nodes import NodeKind
 from weightplan.planner.tensors.schedule.schedule import Schedule
 from weightplan.units import format_bytes
 from weightplan.viz.boxes import Box
-from weightplan.viz.folding import fold_keys
+from weightplan.viz.folding import fold_alternations, fold_keys
 from weightplan.viz.style import KIND_COLOURS
 
 FOLD_AT = 200  # conversions: from here a picture folds its plain copies by default
@@ -72,7 +72,7 @@ def plain_box(plain: Sequence[Conversion], peak_line: str | None) -> Box:
 
 def _described(transforms: Iterable[Any], into: list[str]) -> None:
     for r in transforms:
-        text = ("legacy " if r in LEGACY else "") + r.describe()
+        text = ("legacy " if r in LEGACY else "") + fold_alternations(r.describe())
         if text not in into:
             into.append(text)
 

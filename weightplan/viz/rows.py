@@ -11,7 +11,7 @@ from weightplan.planner.tensors.ir.nodes import DequantizeAttrs, Node, NodeKind,
 from weightplan.planner.core.spec import short_dtype
 from weightplan.planner.keys.transforms import LEGACY
 from weightplan.planner.pipelines.plan import LoadPlanData, PlanData
-from weightplan.viz.folding import fold_keys, split_numbers
+from weightplan.viz.folding import fold_alternations, fold_keys, split_numbers
 
 _KIND, _KEY = attrgetter("kind"), attrgetter("key")
 
@@ -36,13 +36,13 @@ def rule_of(conv: Conversion) -> str:
     for stream in conv.group.routes:
         for route in stream:
             for r in route.fired:
-                text = ("legacy " if r in LEGACY else "") + r.describe()
+                text = ("legacy " if r in LEGACY else "") + fold_alternations(r.describe())
                 if text not in fired:
                     fired.append(text)
     for t in conv.targets:
         for r in conv.group.renamed_output(*t.position)[1]:
-            if r.describe() not in fired:
-                fired.append(r.describe())
+            if fold_alternations(r.describe()) not in fired:
+                fired.append(fold_alternations(r.describe()))
     notes = {r.note for stream in conv.group.routes for r in stream if r.note}
     parts = fired + (["convert"] if conv.group.ops else [])
     parts += sorted(notes)
@@ -104,14 +104,29 @@ def _ops(conv: Conversion) -> str:
 
 
 def quant_label(node: Node) -> str:
-    """``dequantize 128×128 → bf16`` / ``quantize 128×128 → f8_e4m3`` / ``… → scale f32``."""
+    """``dequantize 128×128 → bf16`` / ``dequantize INT4 group 32 → bf16`` / ``quantize
+    128×128 → f8_e4m3`` / ``… → scale f32``."""
     a = node.attrs
     assert isinstance(a, (DequantizeAttrs, QuantizeAttrs)), node
     block = "×".join(map(str, a.block))
     if isinstance(a, DequantizeAttrs):
-        return f"dequantize {block} → {short_dtype(a.dtype)}"
+        what = _scheme_words(a.scheme) if a.scheme is not None else block
+        return f"dequantize {what} → {short_dtype(a.dtype)}"
     what = "scale " if a.scale else ""
     return f"quantize {block} → {what}{short_dtype(a.dtype)}"
+
+
+def _scheme_words(scheme: object) -> str:
+    """A packed format in a few words: ``MXFP4``, ``NVFP4``, ``INT4 group 32``, ``FP8 per
+    channel`` (the notes give the whole description)."""
+    fmt = getattr(scheme, "format", "")
+    if fmt in ("mxfp4", "nvfp4"):
+        return fmt.upper()
+    name = "FP8" if fmt == "fp8" else f"INT{getattr(scheme, 'bits', '')}"
+    strategy, group, block = (getattr(scheme, k, None) for k in ("strategy", "group", "block"))
+    how = {"tensor": "per tensor", "channel": "per channel", "group": f"group {group}",
+           "block": "block " + "×".join(map(str, block or ()))}.get(str(strategy), "")
+    return f"{name} {how}".strip()
 
 
 def _last_of(nodes: tuple[Node, ...], kind: NodeKind) -> Node | None:

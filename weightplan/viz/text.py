@@ -181,10 +181,11 @@ def mapping_lines(plan: PlanData, width: int, fit: bool = False) -> list[str]:
     lines, previous, n = [], None, 0
     for row in mapping_rows(plan.conversions, disk_status(plan)):
         rule = _rule_text(row)
-        if rule != previous or row.ops:  # consecutive rows of one simple rule share a header
-            n += 1
+        one_to_one = len(row.sources) == 1 and len(row.targets) == 1
+        if rule != previous or (row.ops and not one_to_one):  # consecutive rows of one rule
+            n += 1  # share a header, unless they gather or split keys (their own block each)
             lines.append(f"#{n:<3} {rule}")
-        previous = rule
+        previous = rule if one_to_one or not row.ops else None
         count = f" ×{row.count}" if row.count > 1 else ""
         writes = plan.direction is not Direction.LOAD
         status = row.status.replace("load", "write") if writes else row.status

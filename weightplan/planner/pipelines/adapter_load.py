@@ -120,7 +120,9 @@ def with_adapter(data: LoadPlanData, adapter: Adapter, injected: InjectedAdapter
                            f"a place in the model's adapter {injected.name!r} (e.g. "
                            f"{example!r}; the model holds {wanted or 'no adapter tensors'}): "
                            "is it the adapter of another base model?")
-    conversions = tuple(_layouts(adapter.config, injected, fused))
+    converted = [e.key for c in data.conversions if c.loads and c.group.ops
+                 for e in c.group.entries if e.key in mine]  # (per-expert linears fused)
+    conversions = tuple(_layouts(adapter.config, injected, fused, converted))
     written = {t.key for c in data.conversions if c.loads for t in c.targets
                if t.status is TargetStatus.LOAD}
     changes = tuple(_scale_changes(adapter.config, injected, fused, written))
@@ -195,11 +197,13 @@ def _halves(data: LoadPlanData, adapter: Adapter, fused: tuple[FusedTarget, ...]
             "load it into a model with per-expert linears"))
 
 
-def _layouts(config: AdapterConfig, injected: InjectedAdapter,
-             fused: tuple[FusedTarget, ...]) -> Iterable[LayoutConversion]:
+def _layouts(config: AdapterConfig, injected: InjectedAdapter, fused: tuple[FusedTarget, ...],
+             converted: list[str]) -> Iterable[LayoutConversion]:
+    """The fused parameters whose LoRA tensors the file holds per expert (``converted``:
+    the adapter's keys that went through a converter); a file saved fused loads as it is."""
     for f in fused:
         layer = next((x for x in injected.layers.values() if x.parameter == f.parameter), None)
-        if layer is None:
+        if layer is None or not any(f".{f.linears[0]}." in k for k in converted):
             continue
         r, alpha = config.rank_alpha(f.linears[0])
         model_r = layer.r
