@@ -27,14 +27,15 @@ def readme_cli_lines() -> list[str]:
 
 @pytest.fixture(scope="module")
 def user_dirs(tmp_path_factory):
-    """A tiny Llama and Mixtral as ``save_pretrained`` writes them, and a peft LoRA adapter."""
+    """A tiny Llama and Mixtral as ``save_pretrained`` writes them, and a peft LoRA adapter
+    (8 key/value heads: the README's ``--tp 8`` can run on them, exit 0)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     peft = pytest.importorskip("peft")
     root = tmp_path_factory.mktemp("user")
     torch.manual_seed(0)
     small = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+                 num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=64)
     llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(**small))
     llama.save_pretrained(root / "llama")
     transformers.MixtralForCausalLM(transformers.MixtralConfig(

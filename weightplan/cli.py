@@ -285,9 +285,10 @@ def _explain_ranks(model: Any, dtype: Any, args: argparse.Namespace) -> int:
 
     cant_run = heads_problem(model, tp, args.tp)
     if cant_run is not None:  # planned all the same: the bytes are right, the forward isn't
-        print(f"weightplan: note: loading with tp={args.tp} is refused: {cant_run}",
-              file=sys.stderr)
-    return _status([p for plan in plans for p in plan.problems], args)
+        print(f"weightplan: problem: loading with tp={args.tp} is refused: {cant_run}",
+              file=sys.stderr)  # (a problem for the status: the deployment can't run)
+    refused = [cant_run] if cant_run is not None else []
+    return _status([p for plan in plans for p in plan.problems] + refused, args)
 
 
 def _tp_plan(text: str | None) -> Any:

@@ -7,7 +7,8 @@ from weightplan.cli import _model_for, main
 
 
 def test_explain_tp_prints_one_row_per_rank(tp_checkpoints, capsys):
-    assert main(["explain", str(tp_checkpoints["mixtral"]), "--tp", "4"]) == 0
+    # (4 key/value heads: the tiny Mixtral's 2 can't run on 4 ranks, exit 1)
+    assert main(["explain", str(tp_checkpoints["llama4kv"]), "--tp", "4"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("tensor parallel over 4 ranks (model.tp_plan)")
     assert [line.split()[0] for line in lines[2:6]] == ["0", "1", "2", "3"]
@@ -84,13 +85,17 @@ def test_explain_nodes_must_split_the_ranks(tp_checkpoints, capsys):
 
 
 def test_a_head_cut_in_two_is_said_beside_the_rank_table(tp_checkpoints, capsys):
-    """The dry run plans the bytes of a load over 4 ranks of 2 key/value heads (exit 0), and
-    says that loading it with ``tp=4`` is refused (transformers' forward can't reshape half a
-    head); over 2 ranks (or with 4 key/value heads) it says nothing."""
-    assert main(["explain", str(tp_checkpoints["llama"]), "--tp", "4"]) == 0
+    """The dry run plans the bytes of a load over 4 ranks of 2 key/value heads, and says that
+    loading it with ``tp=4`` is refused (transformers' forward can't reshape half a head): a
+    problem for the exit status (1; ``--allow-problems`` 0), since the deployment can't run;
+    over 2 ranks (or with 4 key/value heads) it says nothing."""
+    assert main(["explain", str(tp_checkpoints["llama"]), "--tp", "4"]) == 1
     err = capsys.readouterr().err
-    assert "note: loading with tp=4 is refused" in err
+    assert "problem: loading with tp=4 is refused" in err
     assert "num_key_value_heads=2 doesn't split over 4 ranks" in err
+    assert "exit status 1" in err
+    assert main(["explain", str(tp_checkpoints["llama"]), "--tp", "4", "--allow-problems"]) == 0
+    capsys.readouterr()
     for name, ranks in (("llama", "2"), ("llama4kv", "4")):
         assert main(["explain", str(tp_checkpoints[name]), "--tp", ranks]) == 0
         assert "refused" not in capsys.readouterr().err
