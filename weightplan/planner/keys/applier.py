@@ -126,7 +126,7 @@ class Applier:
         """The routes of ``keys`` (of the template ``decided`` was made for, in string
         order): from the decision, or key by key where there is none."""
         if decided is None:
-            return batch_of([apply(key, self.renamings, self.converters) for key in keys])
+            return batch_of(self.each(keys))
         count = len(keys)
         names: list[str] = keys
         fired: Iterable[tuple[Renaming, ...]] = repeat(())
@@ -137,6 +137,39 @@ class Applier:
             routes = _routes(count, keys, names, fired, repeat(None), repeat(None), repeat(""))
             return Batch(routes, keys, [])  # (a plain key is a group of its own)
         return _claimed(keys, names, fired, decided)
+
+    def each(self, keys: list[str]) -> list[Route]:
+        """:func:`apply` on each of ``keys``, transform by transform over all of them: one
+        that :meth:`~.transforms.WeightTransform.may_match` none of their names (their
+        joined text holds none of its sources' literals) is skipped for all; the others are
+        asked key by key, as ``apply`` asks them."""
+        count = len(keys)
+        names, fired = list(keys), [()] * count
+        for r in self.renamings:
+            if not r.may_match("\n".join(names)):
+                continue
+            for i, name in enumerate(names):
+                new = r.rename(name)
+                if new is not None:
+                    names[i] = new
+                    fired[i] += (r,)
+        converters: list[WeightConverter | None] = [None] * count
+        claims: list[ConverterMatch | None] = [None] * count
+        pending = range(count)
+        for c in self.converters:
+            if not pending:
+                break
+            if not c.may_match("\n".join(map(names.__getitem__, pending))):
+                continue
+            left = []
+            for i in pending:
+                m = c.match(names[i])
+                if m is None:
+                    left.append(i)
+                else:
+                    converters[i], claims[i] = c, m
+            pending = left
+        return _routes(count, keys, names, fired, converters, claims, repeat(""))
 
     def _decide(self, template: str) -> Decision | None:
         matched, fires, name = [], [], template

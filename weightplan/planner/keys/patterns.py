@@ -43,6 +43,7 @@ class SourcePattern:
     regex: re.Pattern
     has_index: bool
     user_groups: tuple[int, ...]  # regex group numbers of the user's groups, in order
+    literal: str = ""  # text every match holds (:func:`required_literal`)
 
     def search(self, key: str) -> PatternMatch | None:
         m = self.regex.search(key)
@@ -67,7 +68,25 @@ def compile_source(text: str) -> SourcePattern:
         raise PatternError(f"source pattern {text!r} is not a valid regex: {e}") from e
     index_group = regex.groupindex.get(_INDEX_GROUP)
     user = tuple(g for g in range(1, regex.groups + 1) if g != index_group)
-    return SourcePattern(text, regex, index_group is not None, user)
+    return SourcePattern(text, regex, index_group is not None, user, required_literal(regex))
+
+
+def required_literal(regex: re.Pattern) -> str:
+    """The longest run of literal characters in ``regex``'s top-level sequence: text that
+    every match holds (``""``: none, or a case-insensitive regex). A key that doesn't hold
+    it can't match, so a batch of keys whose joined text doesn't is skipped whole."""
+    if regex.flags & re.IGNORECASE:
+        return ""
+    from re import _constants, _parser  # type: ignore[attr-defined]  # (the regex's own parse)
+
+    best: list[str] = []
+    run: list[str] = []
+    for op, arg in _parser.parse(regex.pattern, regex.flags):
+        if op is _constants.LITERAL:
+            run.append(chr(arg))
+            continue
+        best, run = max(best, run, key=len), []
+    return "".join(max(best, run, key=len))
 
 
 @dataclass(frozen=True, slots=True)
