@@ -144,7 +144,8 @@ class Applier:
         joined text holds none of its sources' literals) is skipped for all; the others are
         asked key by key, as ``apply`` asks them."""
         count = len(keys)
-        names, fired = list(keys), [()] * count
+        names = list(keys)
+        fired: list[tuple[Renaming, ...]] = [()] * count
         for r in self.renamings:
             if not r.may_match("\n".join(names)):
                 continue
@@ -155,7 +156,7 @@ class Applier:
                     fired[i] += (r,)
         converters: list[WeightConverter | None] = [None] * count
         claims: list[ConverterMatch | None] = [None] * count
-        pending = range(count)
+        pending: Sequence[int] = range(count)
         for c in self.converters:
             if not pending:
                 break

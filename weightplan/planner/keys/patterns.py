@@ -79,14 +79,13 @@ def required_literal(regex: re.Pattern) -> str:
         return ""
     from re import _constants, _parser  # type: ignore[attr-defined]  # (the regex's own parse)
 
-    best: list[str] = []
-    run: list[str] = []
+    best = run = ""
     for op, arg in _parser.parse(regex.pattern, regex.flags):
-        if op is _constants.LITERAL:
-            run.append(chr(arg))
+        if op == _constants.LITERAL:
+            run += chr(arg)
             continue
-        best, run = max(best, run, key=len), []
-    return "".join(max(best, run, key=len))
+        best, run = best if len(best) >= len(run) else run, ""
+    return best if len(best) >= len(run) else run
 
 
 @dataclass(frozen=True, slots=True)
