@@ -20,6 +20,12 @@ from dataclasses import dataclass
 
 from weightplan.errors import PatternError
 
+try:  # (the regex's own parse: required_literal)
+    from re import _constants, _parser  # type: ignore[attr-defined]
+except ImportError:  # Python 3.10
+    import sre_constants as _constants
+    import sre_parse as _parser
+
 _WILDCARD = re.compile(r"(?:(?<=^)|(?<=\^)|(?<=\.)|(?<=\\\.))\*(?=\\?\.)")
 _INDEX_GROUP = "_wp_index"
 _TARGET_META = set("()[]{}?+|")
@@ -77,8 +83,6 @@ def required_literal(regex: re.Pattern) -> str:
     it can't match, so a batch of keys whose joined text doesn't is skipped whole."""
     if regex.flags & re.IGNORECASE:
         return ""
-    from re import _constants, _parser  # type: ignore[attr-defined]  # (the regex's own parse)
-
     best = run = ""
     for op, arg in _parser.parse(regex.pattern, regex.flags):
         if op == _constants.LITERAL:
