@@ -9,8 +9,9 @@ out of it at the template's spans (:class:`~.templates.MatchShape`), for all the
 C-level passes. Where the template can't decide (a key with a leading zero has no
 template; a transform that tells digits apart is not digit-blind; renamings move digits
 the keys differ in where a literal digit of a regex could reach them, see
-:func:`~.templates.apart`) the keys take the rule one by one: :meth:`Applier.batch`
-chooses by ``decided is None``.
+:func:`~.templates.apart`) the keys take the rule one by one, each transform over all of
+them (:meth:`Applier.each`: one whose literals none of the names holds is skipped for
+all): :meth:`Applier.batch` chooses by ``decided is None``.
 
 A :class:`Batch` holds the routes and, for grouping (:mod:`~.groups`), each route's
 group (:func:`~.routing.bucket_of`) and the claimed routes cut into :class:`Run`\\ s.
@@ -61,7 +62,9 @@ class Batch:
 
 def apply(key: str, renamings: Sequence[Renaming], converters: Sequence[WeightConverter]
           ) -> Route:
-    """The rule for one key: the renamings chained, then the first converter that matches."""
+    """The rule for one key: the renamings chained, then the first converter that matches
+    (what :meth:`Applier.batch` gives each key, by template or :meth:`Applier.each`: the
+    reference its property test holds them to)."""
     name, fired = renamed(key, renamings)
     for c in converters:
         m = c.match(name)
