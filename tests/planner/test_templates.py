@@ -129,6 +129,9 @@ def test_bulk_templates_and_natural_order_agree_with_the_per_key_ones(keys):
     flat = [k for members in batches.values() for k in members]
     order = natural_order(list(batches.items()))
     assert [flat[i] for i in order] == sorted(flat, key=natural_key)
+    # and as keys sharing no template (the joined text's sort texts, leading zeros too)
+    order = natural_order([(None, flat)])
+    assert [flat[i] for i in order] == sorted(flat, key=natural_key)
 
 
 def test_sort_texts_order_numbers_by_value_and_shorter_keys_first():

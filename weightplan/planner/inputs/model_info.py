@@ -83,7 +83,8 @@ def inspect_model(model: torch.nn.Module) -> ModelInfo:
     :mod:`.ties`) even if the build convention gave them separate meta tensors.
     """
     state = model.state_dict(keep_vars=True)
-    buffers = {name for name, _ in model.named_buffers(remove_duplicate=False)}
+    every_buffer = list(model.named_buffers(remove_duplicate=False))
+    buffers = {name for name, _ in every_buffer}
     groups, retied = _groups(model, state)
     entries: dict[str, ModelTensor] = {}
     for names in groups:
@@ -95,7 +96,7 @@ def inspect_model(model: torch.nn.Module) -> ModelInfo:
             bool(getattr(tensor, "requires_grad", False)), False)
         for name in names:
             entries[name] = entry
-    named_buffers = list(model.named_buffers())
+    named_buffers = _first_each(every_buffer)  # (model.named_buffers(), one walk fewer)
     meta_buffers = tuple(name for name, b in named_buffers if b.is_meta and name not in state)
     config = getattr(model, "config", None)
     missing, unexpected = ignore_patterns(model, [name for name, _ in named_buffers])
@@ -103,6 +104,19 @@ def inspect_model(model: torch.nn.Module) -> ModelInfo:
                      getattr(config, "model_type", None),
                      getattr(model, "base_model_prefix", None) or None, meta_buffers,
                      rebuildable(model, meta_buffers), retied, missing, unexpected)
+
+
+def _first_each(named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """Each tensor of ``named`` (a walk that keeps duplicates) at its first name: what the
+    deduplicating walk gives (it skips only what it met before, so it meets each tensor
+    first where the other walk does)."""
+    seen: set[int] = set()
+    firsts = []
+    for name, tensor in named:
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            firsts.append((name, tensor))
+    return firsts
 
 
 def restrict_model(info: ModelInfo, keep: Callable[[str], bool]) -> ModelInfo:

@@ -9,8 +9,9 @@ out of it at the template's spans (:class:`~.templates.MatchShape`), for all the
 C-level passes. Where the template can't decide (a key with a leading zero has no
 template; a transform that tells digits apart is not digit-blind; renamings move digits
 the keys differ in where a literal digit of a regex could reach them, see
-:func:`~.templates.apart`) the keys take the rule one by one: :meth:`Applier.batch`
-chooses by ``decided is None``.
+:func:`~.templates.apart`) the keys take the rule one by one, each transform over all of
+them (:meth:`Applier.each`: one whose literals none of the names holds is skipped for
+all): :meth:`Applier.batch` chooses by ``decided is None``.
 
 A :class:`Batch` holds the routes and, for grouping (:mod:`~.groups`), each route's
 group (:func:`~.routing.bucket_of`) and the claimed routes cut into :class:`Run`\\ s.
@@ -61,7 +62,9 @@ class Batch:
 
 def apply(key: str, renamings: Sequence[Renaming], converters: Sequence[WeightConverter]
           ) -> Route:
-    """The rule for one key: the renamings chained, then the first converter that matches."""
+    """The rule for one key: the renamings chained, then the first converter that matches
+    (what :meth:`Applier.batch` gives each key, by template or :meth:`Applier.each`: the
+    reference its property test holds them to)."""
     name, fired = renamed(key, renamings)
     for c in converters:
         m = c.match(name)
@@ -126,7 +129,7 @@ class Applier:
         """The routes of ``keys`` (of the template ``decided`` was made for, in string
         order): from the decision, or key by key where there is none."""
         if decided is None:
-            return batch_of([apply(key, self.renamings, self.converters) for key in keys])
+            return batch_of(self.each(keys))
         count = len(keys)
         names: list[str] = keys
         fired: Iterable[tuple[Renaming, ...]] = repeat(())
@@ -137,6 +140,40 @@ class Applier:
             routes = _routes(count, keys, names, fired, repeat(None), repeat(None), repeat(""))
             return Batch(routes, keys, [])  # (a plain key is a group of its own)
         return _claimed(keys, names, fired, decided)
+
+    def each(self, keys: list[str]) -> list[Route]:
+        """:func:`apply` on each of ``keys``, transform by transform over all of them: one
+        that :meth:`~.transforms.WeightTransform.may_match` none of their names (their
+        joined text holds none of its sources' literals) is skipped for all; the others are
+        asked key by key, as ``apply`` asks them."""
+        count = len(keys)
+        names = list(keys)
+        fired: list[tuple[Renaming, ...]] = [()] * count
+        for r in self.renamings:
+            if not r.may_match("\n".join(names)):
+                continue
+            for i, name in enumerate(names):
+                new = r.rename(name)
+                if new is not None:
+                    names[i] = new
+                    fired[i] += (r,)
+        converters: list[WeightConverter | None] = [None] * count
+        claims: list[ConverterMatch | None] = [None] * count
+        pending: Sequence[int] = range(count)
+        for c in self.converters:
+            if not pending:
+                break
+            if not c.may_match("\n".join(map(names.__getitem__, pending))):
+                continue
+            left = []
+            for i in pending:
+                m = c.match(names[i])
+                if m is None:
+                    left.append(i)
+                else:
+                    converters[i], claims[i] = c, m
+            pending = left
+        return _routes(count, keys, names, fired, converters, claims, repeat(""))
 
     def _decide(self, template: str) -> Decision | None:
         matched, fires, name = [], [], template

@@ -99,7 +99,8 @@ def lookup_mapping(model: nn.Module, registry: MappingRegistry, *,
 
 def _visit(walk: _Walk, path: str, module: nn.Module) -> None:
     class_name = type(module).__name__
-    if _claimed_above(walk.claimed.get(class_name, ()), path):
+    claimed = walk.claimed.get(class_name)
+    if claimed is not None and _claimed_above(claimed, path):
         _skip(walk, path, module, class_name, Via.CLASS)
         return
     model_type = model_type_of(module)
@@ -110,7 +111,8 @@ def _visit(walk: _Walk, path: str, module: nn.Module) -> None:
     if model_type is not None and typed and not blocked:
         choices.append((Via.MODEL_TYPE, model_type))
     for via, identifier in choices:
-        found = walk.find(module, identifier, bridge=not _known(walk, class_name, model_type))
+        found = walk.find(module, identifier, bridge=walk.bridge is not None
+                          and not _known(walk, class_name, model_type))
         if found is not None:
             _apply(walk, path, module, identifier, via, found)
             return

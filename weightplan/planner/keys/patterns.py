@@ -20,6 +20,12 @@ from dataclasses import dataclass
 
 from weightplan.errors import PatternError
 
+try:  # (the regex's own parse: required_literal)
+    from re import _constants, _parser  # type: ignore[attr-defined]
+except ImportError:  # Python 3.10
+    import sre_constants as _constants
+    import sre_parse as _parser
+
 _WILDCARD = re.compile(r"(?:(?<=^)|(?<=\^)|(?<=\.)|(?<=\\\.))\*(?=\\?\.)")
 _INDEX_GROUP = "_wp_index"
 _TARGET_META = set("()[]{}?+|")
@@ -43,6 +49,7 @@ class SourcePattern:
     regex: re.Pattern
     has_index: bool
     user_groups: tuple[int, ...]  # regex group numbers of the user's groups, in order
+    literal: str = ""  # text every match holds (:func:`required_literal`)
 
     def search(self, key: str) -> PatternMatch | None:
         m = self.regex.search(key)
@@ -67,7 +74,22 @@ def compile_source(text: str) -> SourcePattern:
         raise PatternError(f"source pattern {text!r} is not a valid regex: {e}") from e
     index_group = regex.groupindex.get(_INDEX_GROUP)
     user = tuple(g for g in range(1, regex.groups + 1) if g != index_group)
-    return SourcePattern(text, regex, index_group is not None, user)
+    return SourcePattern(text, regex, index_group is not None, user, required_literal(regex))
+
+
+def required_literal(regex: re.Pattern) -> str:
+    """The longest run of literal characters in ``regex``'s top-level sequence: text that
+    every match holds (``""``: none, or a case-insensitive regex). A key that doesn't hold
+    it can't match, so a batch of keys whose joined text doesn't is skipped whole."""
+    if regex.flags & re.IGNORECASE:
+        return ""
+    best = run = ""
+    for op, arg in _parser.parse(regex.pattern, regex.flags):
+        if op == _constants.LITERAL:
+            run += chr(arg)
+            continue
+        best, run = best if len(best) >= len(run) else run, ""
+    return best if len(best) >= len(run) else run
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,8 +4,10 @@ with the base-model-prefix fix-ups, in natural key order.
 The keys are sorted into their templates (:func:`~.templates.templates_of`) and each
 template's keys are routed together, in string order (within a template, the natural
 one), by the mapping's :class:`~.applier.Applier`; the keys alone in their template and
-those without one form one batch, routed key by key (a decision would not be reused).
-The routes are then put in natural key order (:func:`~.templates.natural_order`).
+those without one form one batch, routed without a decision (it would not be reused:
+:meth:`~.applier.Applier.each`).
+The routes are then put in natural key order (:func:`~.templates.natural_order`, batch by
+batch).
 When a model is known, a key whose route doesn't land (:func:`~.applier.lands`) tries the
 fix-ups in turn: the model's ``base_model_prefix`` removed, then added, each after and
 then before the renamings, each with its own applier; the first whose route fires the
@@ -93,7 +95,7 @@ class Router:
             routes += made.routes
             idents += made.idents
             runs += made.runs
-        order = natural_order(shared + alone)
+        order = natural_order(batches)
         return Routed(list(map(routes.__getitem__, order)), list(map(idents.__getitem__, order)),
                       runs)
 

@@ -18,9 +18,10 @@ list holds a literal digit its renamings are followed on two probes of the templ
 matching renaming really changes the key, and what it captures, is still computed on
 the real key.
 
-:func:`templates_of` computes every key's template in one pass over the keys' joined
-text, and :func:`natural_order` sorts keys as :func:`~.patterns.natural_key` does from a
-string per key that a template turns out cheaply (see :func:`sort_texts`).
+:func:`templates_of` computes every key's template in passes over the keys' joined text,
+and :func:`natural_order` sorts keys as :func:`~.patterns.natural_key` does from a string
+per key that a template turns out cheaply (see :func:`sort_texts`), or, for keys that
+share no template, the keys' joined text (:func:`joined_sort_texts`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
-from operator import itemgetter
+from operator import itemgetter, methodcaller
 
 from weightplan.planner.keys.patterns import _INDEX_GROUP, natural_key
 from weightplan.planner.keys.transforms import (
@@ -45,6 +46,12 @@ _COMPONENT_NUMBER = re.compile(r"(?<![^.])[0-9]+(?![^.])")
 _BYTES_TO_ONE = bytes.maketrans(b"0123456789", b"1111111111")
 # _LEADING_ZERO on bytes, led by its literal "0" (rare in keys): the search skips to each
 _BYTES_LEADING_ZERO = re.compile(rb"0(?<![0-9]0)[0-9]")
+# every digit made 1: a component holding a 1 and another character (``w1``)
+_BYTES_NAMED = re.compile(rb"1(?:[^.\n1]|(?<=[^.\n1]1))")
+# in keys each led by a dot and ended by a newline: an all-digit component with its dot
+# (led by a literal: the regex engine skips from dot to dot)
+_BYTES_NUMBERS = re.compile(rb"(\.[0-9]+)(?=[.\n])")
+_NUMBERS = re.compile(r"(\.[0-9]+)(?=[.\n])")
 
 
 def template_of(key: str) -> str | None:
@@ -66,75 +73,75 @@ def coarse(key: str) -> str:
 
 def templates_of(keys: Sequence[str]) -> list[str | None]:
     """:func:`template_of` of every key, in bulk: one translation of the joined keys (ASCII
-    digits never occur inside a UTF-8 multi-byte sequence) making every digit ``1``,
-    ``None`` for each key holding a leading zero, then the components of names holding
-    digits (``w1``) put back from the keys: where they are is the same for every key
-    translated alike (:func:`_named_pieces`), so that is done per translation in
-    C-level passes. Key by key where a key holds a newline."""
+    digits never occur inside a UTF-8 multi-byte sequence) making every digit ``1``, which
+    is every key's template where no component mixes digits with other characters (``w1``);
+    where one does, the all-digit components are found in the joined keys by one regex
+    split instead (:data:`_BYTES_NUMBERS`) and only they are made ``1``\\ s. ``None`` for
+    each key holding a leading zero. Key by key where a key holds a newline."""
     text = "\n".join(keys).encode("utf-8", "surrogatepass")
+    ones = text.translate(_BYTES_TO_ONE)
+    if _BYTES_NAMED.search(ones) is not None:  # (every key led by a dot, ended by a newline)
+        pieces = _BYTES_NUMBERS.split(b"." + text.replace(b"\n", b"\n.") + b"\n")
+        pieces[1::2] = map(methodcaller("translate", _BYTES_TO_ONE), pieces[1::2])
+        ones = b"".join(pieces)[1:-1].replace(b"\n.", b"\n")
     templates: list[str | None] = []
-    templates += text.translate(_BYTES_TO_ONE).decode("utf-8", "surrogatepass").split("\n")
-    if len(templates) != len(keys):  # a key holds a newline
+    templates += ones.decode("utf-8", "surrogatepass").split("\n")
+    if len(templates) != len(keys):  # a key holds a newline (or there is none)
         return [template_of(k) for k in keys]
     index = last = 0
     for found in _BYTES_LEADING_ZERO.finditer(text):  # (the key it is in: newlines before it)
         index += text.count(b"\n", last, found.start())
         last = found.start()
         templates[index] = None
-    named = {t: p for t in set(templates) if t is not None and (p := _named_pieces(t))[1]}
-    if named:
-        at: dict[str, list[int]] = {}
-        for i in [i for i, t in enumerate(templates) if t in named]:
-            at.setdefault(templates[i], []).append(i)  # type: ignore[arg-type]
-        for ones, positions in at.items():
-            pieces, spans = named[ones]
-            members = list(map(keys.__getitem__, positions))
-            columns: list[Iterable[str]] = [repeat(pieces[0])]
-            for span, piece in zip(spans, pieces[1:], strict=True):
-                columns += [map(itemgetter(span), members), repeat(piece)]
-            list(map(templates.__setitem__, positions, map("".join, zip(*columns, strict=False))))
     return templates
 
 
-def _named_pieces(ones: str) -> tuple[tuple[str, ...], tuple[slice, ...]]:
-    """Where a key translated to ``ones`` (every digit ``1``) has components holding
-    digits and more (taken from the key), and the text between them (``ones``')."""
-    pieces, spans, start, at = [], [], 0, 0
-    for part in ones.split("."):
-        if "1" in part and part.strip("1"):
-            pieces.append(ones[start:at])
-            spans.append(slice(at, at + len(part)))
-            start = at + len(part)
-        at += len(part) + 1
-    pieces.append(ones[start:])
-    return tuple(pieces), tuple(spans)
-
-
 def natural_order(batches: Sequence[tuple[str | None, Sequence[str]]]) -> list[int]:
-    """The keys of ``batches`` (each a template and its keys; the keys taken one batch
-    after another) in natural key order (:func:`~.patterns.natural_key`, ties kept in
-    that order): their positions, sorted. Sorted by a string per key that its template
-    turns out cheaply (:func:`sort_texts`) where every key has a template and its text
-    is ASCII without a character below ``\\x03``; else by ``natural_key`` itself."""
+    """The keys of ``batches`` (each a template and its keys, ``None`` for keys that share
+    none; the keys taken one batch after another) in natural key order
+    (:func:`~.patterns.natural_key`, ties kept in that order): their positions, sorted.
+    Sorted by a string per key, made per template where the keys share one
+    (:func:`sort_texts`), else from the keys' joined text (:func:`joined_sort_texts`),
+    where the keys are ASCII without a newline or a character below ``\\x03``; else by
+    ``natural_key`` itself."""
     keys: list[str] = []
     for _, members in batches:
         keys += members
     text = "".join(keys)
-    if (text.isascii() and not any(c in text for c in "\x00\x01\x02")
-            and all(template for template, _ in batches)):  # ("": an empty key, rare)
+    if text.isascii() and not any(c in text for c in "\x00\x01\x02\n"):
         texts: list[str] = []
         for template, members in batches:
-            assert template is not None  # (just checked: every batch has one)
-            texts += sort_texts(template, members)
+            texts += joined_sort_texts(members) if template is None else \
+                sort_texts(template, members)
         return sorted(range(len(keys)), key=texts.__getitem__)
     natural = list(map(natural_key, keys))
     return sorted(range(len(keys)), key=natural.__getitem__)
 
 
+def joined_sort_texts(keys: Sequence[str]) -> list[str]:
+    """:func:`sort_texts` of ``keys`` (ASCII, no newline nor character below ``\\x03``; any
+    templates, leading zeros too) from their joined text: its all-digit components found
+    by one regex split (:data:`_NUMBERS`; a key's lead becomes ``\\x00``), each encoded
+    (leading zeros dropped: the value's digits), the dots between the rest made
+    ``\\x00\\x02``. No step is per key."""
+    if not keys:
+        return []
+    pieces = _NUMBERS.split("." + "\n.".join(keys) + "\n")
+    digits = list(map(itemgetter(slice(1, None)), pieces[1::2]))
+    if "0" in "".join(map(itemgetter(0), digits)):
+        digits = [d.lstrip("0") or "0" for d in digits]
+    lengths = list(map(len, digits))
+    heads = [f"\x00\x01{chr(48 + n)}" for n in range(max(lengths, default=0) + 1)]
+    pieces[1::2] = map(str.__add__, map(heads.__getitem__, lengths), digits)
+    texts = "".join(pieces).replace(".", "\x00\x02").split("\n")
+    texts.pop()  # (after the last newline: nothing)
+    return texts
+
+
 def sort_texts(template: str, keys: Sequence[str]) -> list[str]:
     """For each of ``keys`` (all of ``template``: ASCII, no leading zeros, no character
     below ``\\x03``), a string whose order is :func:`~.patterns.natural_key`'s. Components
-    are joined by ``\\x00`` (a shorter key sorts first); a number is ``\\x01``, its length,
+    are each led by ``\\x00`` (a shorter key sorts first); a number is ``\\x01``, its length,
     its digits; any other component ``\\x02`` and its text. Which components hold digits,
     and how many, is the template's: a key gives only their text, sliced out in C-level
     passes and joined with the template's fixed pieces."""
@@ -160,6 +167,7 @@ def _sort_pieces(template: str) -> tuple[tuple[str, ...], tuple[slice, ...]]:
             spans.append(slice(at, at + len(part)))  # a key's digits sit where its template's do
         at += len(part) + 1
     pieces.append("\x00".join(text))
+    pieces[0] = "\x00" + pieces[0]  # (the first component's lead, as joined_sort_texts')
     return tuple(pieces), tuple(spans)
 
 

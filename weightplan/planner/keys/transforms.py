@@ -66,6 +66,11 @@ class WeightTransform:
         copy: Any = self  # every concrete transform is a dataclass with a scope_prefix field
         return dataclasses.replace(copy, scope_prefix=join_scope(prefix, self.scope_prefix))
 
+    def may_match(self, text: str) -> bool:
+        """False only where no key whose name ``text`` holds can match (renamings of the
+        user's own, and prefix changes: always True)."""
+        return True
+
     def inverse(self) -> "WeightTransform":
         raise NotInvertibleError(f"{self!r} has no inverse")
 
@@ -98,6 +103,13 @@ class PatternTransform(WeightTransform):
     @property
     def sources(self) -> tuple[SourcePattern, ...]:
         return self._sources
+
+    def may_match(self, text: str) -> bool:
+        """Whether ``text`` holds the scope and some source's literal (every match holds
+        its source's :func:`~.patterns.required_literal`)."""
+        if self.scope_prefix and self.scope_prefix + "." not in text:
+            return False
+        return any(s.literal in text for s in self._sources)
 
     def first_match(self, key: str) -> tuple[int, str, str, PatternMatch] | None:
         """The first source matching ``key`` in scope: (index, scope head, rest, match)."""

@@ -84,8 +84,8 @@ def lower(conversions: Sequence[Conversion], checkpoint: Checkpoint, *, order: S
             ``place`` that doesn't cover its output exactly once).
         BudgetError: no schedule fits ``budget``.
     """
-    drawn = [c for c in conversions if c.in_graph]
-    graph, proven = (plan_graph(drawn), None) if memo is None else memo.graph(drawn)
+    graph, proven = (plan_graph(conversions), None) if memo is None else \
+        memo.graph([c for c in conversions if c.in_graph])
     steps = order(_lowered(conversions, piece_bytes, memo))
     verify(graph, steps, checkpoint, None if memo is None else memo.checked, proven)
     if share is not None:

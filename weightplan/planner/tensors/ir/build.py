@@ -66,8 +66,7 @@ class Conversion:
     @property
     def in_graph(self) -> bool:
         """Drawn and verified: something loads, or a mismatch shows where it would."""
-        statuses = list(map(_STATUS, self.targets))
-        return _LOAD in statuses or TargetStatus.MISMATCH in statuses
+        return not _DRAWN.isdisjoint(map(_STATUS, self.targets))
 
     @property
     def ops(self) -> tuple[ConversionOp, ...]:
@@ -92,6 +91,7 @@ class Conversion:
 
 
 _LOAD, _STATUS = TargetStatus.LOAD, attrgetter("status")
+_DRAWN = frozenset((_LOAD, TargetStatus.MISMATCH))
 
 
 def stages(conv: Conversion, kinds: list[NodeKind] | None = None

@@ -251,48 +251,35 @@ _READ_BYTES = attrgetter("read_bytes")
 def simulate(steps: Sequence[Step], events: Events, threads: int) -> Timeline:
     """Planned memory after each event (see the module docstring).
 
-    Kept incrementally (the pending steps' held bytes as a sum, their windows as a sorted
-    list), so a checkpoint of many small tensors, all pending at once, stays linear-ish.
+    Kept incrementally (the pending steps' held op inputs and staged outputs as a sum,
+    the windows they map as a :class:`SortedWindows`, of which the ``threads`` largest can
+    be mapped at once), so a checkpoint of many small tensors, all pending at once, stays
+    linear-ish.
     """
-    resident = 0
+    resident = held = 0
     residents, in_flights, intermediates = array("q"), array("q"), array("q")
-    pending = _Pending(max(threads, 1))
+    windows, readers = SortedWindows(), max(threads, 1)
+    counts: list[Mapping[int, int]] = [_NO_WINDOWS] * len(steps)  # (a pending step's windows)
     for s, finalize in zip(events.steps, events.finalizes, strict=True):
         program = steps[s]
-        intermediate = 0
         if not finalize:
             resident += program.dest_bytes
-            pending.add(program)
+            held += program.held_bytes + program.staged_bytes
+            counts[s] = counted = program.window_counts()
+            windows.add_counts(counted)
+            in_flights.append(held + windows.largest(readers))
+            intermediates.append(0)
         else:
-            intermediate = program.convert_bytes
-        in_flight = pending.in_flight()
-        if finalize:
-            pending.remove(program)
+            in_flights.append(held + windows.largest(readers))
+            held -= program.held_bytes + program.staged_bytes
+            windows.remove_counts(counts[s])
+            counts[s] = _NO_WINDOWS
+            intermediates.append(program.convert_bytes)
         residents.append(resident)
-        in_flights.append(in_flight)
-        intermediates.append(intermediate)
     return Timeline(steps, events, residents, in_flights, intermediates)
 
 
-class _Pending:
-    """Held op inputs and staged outputs of the pending steps, plus the largest windows
-    that ``threads`` readers can map at once."""
-
-    def __init__(self, threads: int) -> None:
-        self.threads, self.held, self.windows = threads, 0, SortedWindows()
-        self.counts: dict[int, dict[int, int]] = {}  # a pending step's window sizes, counted
-
-    def add(self, step: Step) -> None:
-        self.held += step.held_bytes + step.staged_bytes
-        self.counts[id(step)] = counts = step.window_counts()
-        self.windows.add_counts(counts)
-
-    def remove(self, step: Step) -> None:
-        self.held -= step.held_bytes + step.staged_bytes
-        self.windows.remove_counts(self.counts.pop(id(step)))
-
-    def in_flight(self) -> int:
-        return self.held + self.windows.largest(self.threads)
+_NO_WINDOWS: Mapping[int, int] = {}
 
 
 class SortedWindows:
