@@ -109,12 +109,14 @@ def quantized_input(source: object, ckpt: Checkpoint, info: ModelInfo | None,
                     model: object = None) -> bool:
     """Whether ``source`` (opened as ``ckpt``) or the model (``info``, ``model``) carries
     anything quantized (see the module docstring); ``False``: the quantized phases would
-    find nothing. The checkpoint is looked at first (an FP8 one answers at its first weight)."""
+    find nothing. The configs are looked at first (a quantized checkpoint's names its
+    format: one small read, not a pass over every entry), then the checkpoint (an FP8 one
+    answers at its first weight)."""
     entries = ckpt.entries
-    return (_any_fp8(map(_SPEC_DTYPE, entries.values()))
-            or any(map(str.endswith, entries, repeat(SCALE_SUFFIXES)))
-            or _config_next_to(source)
+    return (_config_next_to(source)
             or model_quantization_config(model) is not None
+            or _any_fp8(map(_SPEC_DTYPE, entries.values()))
+            or any(map(str.endswith, entries, repeat(SCALE_SUFFIXES)))
             or (info is not None and _any_fp8(map(_SPEC_DTYPE, info.tensors.values()))))
 
 

@@ -167,15 +167,14 @@ def _with(bases: list[str], suffix: str) -> list[str]:
 class _Stack:
     """The stored weights of one key template, as columns: each one's position in the
     checkpoint, base (its key less the role's suffix) and scheme (``None``: ignored);
-    the suffix of every role the format names, and the part keys and entries of each
-    role the checkpoint has (a role whose template has no key is absent for all)."""
+    the suffix of every role the format names, and the part entries of each role the
+    checkpoint has (a role whose template has no key is absent for all)."""
 
     positions: list[int]
     bases: list[str]
     logical_suffix: str
     schemes: list[Scheme | None]
     suffixes: dict[str, str]
-    names: dict[str, list[str]]
     parts: dict[str, list[TensorEntry | None]]
 
     def shape_reads(self) -> list[TensorEntry]:
@@ -196,9 +195,11 @@ class _Stack:
         n = len(self.bases)
         schemes = self._adjusted()
         have = [s is not None for s in schemes]
-        for role, column in self.parts.items():  # (told by identity: no entry is read)
-            used.append(list(compress(self.names[role], map(
-                and_, have, map(is_not, column, repeat(None))))))
+        for column in self.parts.values():  # (told by identity: no entry is read)
+            # each part's key as its entry holds it (the checkpoint's own key object: a
+            # set of them finds each entry's key by identity, without comparing bytes)
+            used.append(list(map(_KEY, compress(column, map(
+                and_, have, map(is_not, column, repeat(None)))))))
         absent: list[TensorEntry | None] = [None] * n
         shape_of = self.parts.get("shape", absent)
         values_of = list(map(values.get, map(id, shape_of))) if values else absent
@@ -312,7 +313,7 @@ def _stack(template: str, positions: list[int], keys: list[str],
     parts: dict[str, list[TensorEntry | None]] = {
         role: list(map(entries.get, names[role])) for role in names if role != stored}
     parts = {stored: list(map(in_order.__getitem__, positions)), **parts}
-    return _Stack(positions, bases, logical, schemes, suffixes, names, parts)
+    return _Stack(positions, bases, logical, schemes, suffixes, parts)
 
 
 def _mxfp4_module(base: str) -> str:

@@ -47,10 +47,12 @@ def _kept_notes(quant: QuantContext, conversions: Sequence[Conversion]) -> list[
     their own names, or read role by role into merged tensors: their stored weight
     tensor is a conversion's own entry)."""
     assert quant.packed is not None
-    read = set(map(id, chain.from_iterable(map(_ENTRIES, conversions))))
     weights = list(quant.packed.weights.values())
-    merged = list(compress(weights, map(read.__contains__,
-                                        map(id, map(_FIRST, map(_PARTS, weights))))))
+    firsts = list(map(id, map(_FIRST, map(_PARTS, weights))))
+    # (the firsts a conversion reads, found by a pass over the conversions' entries)
+    read = set(firsts).intersection(map(id, chain.from_iterable(chain.from_iterable(
+        map(_SOURCES, conversions)))))
+    merged = list(compress(weights, map(read.__contains__, firsts))) if read else []
     seen: dict[Scheme, list[int]] = {}
     for w in [*quant.packed.kept.values(), *merged]:
         row = seen.setdefault(w.scheme, [0, 0])
@@ -100,7 +102,7 @@ def _spec_bytes(nodes: Iterable[Node]) -> int:
 
 _KIND, _SPEC, _INPUTS = attrgetter("kind"), attrgetter("spec"), attrgetter("inputs")
 _ATTRS, _FIRST, _SECOND = attrgetter("attrs"), itemgetter(0), itemgetter(1)
-_ENTRIES, _PARTS = attrgetter("group.entries"), attrgetter("parts")
+_SOURCES, _PARTS = attrgetter("group.sources"), attrgetter("parts")
 
 
 def group_split_problems(steps: Sequence[Step], sharding: Sharding | None) -> list[Problem]:

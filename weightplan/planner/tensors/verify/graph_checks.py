@@ -23,8 +23,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
-from operator import and_, attrgetter, eq, is_, is_not, itemgetter, lt, not_, or_
+from operator import and_, attrgetter, is_, is_not, itemgetter, lt, not_
 
+from weightplan.planner.core.spec import TensorSpec
 from weightplan.planner.tensors.ir.destination import DestKind, Destination
 from weightplan.planner.tensors.ir.graph import PlanGraph
 from weightplan.planner.tensors.ir.nodes import (
@@ -35,9 +36,7 @@ ARITY = {NodeKind.READ: 0, NodeKind.CAST: 1, NodeKind.SINK: 1, NodeKind.SHARD: 1
          NodeKind.QUANTIZE: 1, NodeKind.DEQUANTIZE: 2}  # (an op's: any, but not none)
 SPEC_RULED = frozenset((NodeKind.CAST, NodeKind.SINK, NodeKind.SHARD, NodeKind.QUANTIZE))
 _INPUTS, _KIND, _ATTRS_TYPE = attrgetter("inputs"), attrgetter("kind"), attrgetter("attrs.__class__")
-_SHAPE, _DTYPE, _ATTRS_DTYPE = (attrgetter("spec.shape"), attrgetter("spec.dtype"),
-                                attrgetter("attrs.dtype"))
-_FIRST, _ATTRS = itemgetter(0), attrgetter("attrs")
+_FIRST, _SECOND, _ATTRS = itemgetter(0), itemgetter(1), attrgetter("attrs")
 _SPEC, _DEST, _ALIASES = attrgetter("spec"), attrgetter("attrs.dest"), attrgetter("aliases")
 Picker = Callable[[Sequence[Node]], tuple[Node, ...]]  # a segment → its nodes at some places
 
@@ -157,13 +156,35 @@ def _proven(segment: Sequence[Node], kinds: tuple[NodeKind, ...], classes: tuple
 
 
 def _specs_hold(dequantizes: list[Node], weights: list[Node], ruled: list[Node]) -> bool:
-    """Every node's spec rule: the many dequantizes' at once (shape kept, dtype the
-    attrs'); casts, sinks, shards and quantizes one by one (ops and reads have none)."""
-    kept = list(map(eq, map(_SHAPE, dequantizes), map(_SHAPE, weights)))
-    typed = list(map(eq, map(_DTYPE, dequantizes), map(_ATTRS_DTYPE, dequantizes)))
-    if not all(map(and_, kept, typed)) and not _packed_hold(dequantizes, kept, typed):
+    """Every node's spec rule: the many dequantizes' judged once per distinct row of the
+    objects the rule reads (their spec, attrs and weight's spec, and their arity: a
+    stack's dequantizes share them, Kimi-K2's 69k are a few rows), found in C-level
+    passes; casts, sinks, shards and quantizes one by one (ops and reads have none)."""
+    specs, attrs = list(map(_SPEC, dequantizes)), list(map(_ATTRS, dequantizes))
+    fed = list(map(_SPEC, weights))
+    rows = dict(zip(zip(map(id, specs), map(id, attrs), map(id, fed),
+                        map(len, map(_INPUTS, dequantizes)), strict=True),
+                    range(len(specs)), strict=True))
+    judged = [_dequantize_rule(specs[i], attrs[i], fed[i], row[3]) for row, i in rows.items()]
+    # each keeps its weight's shape; or a packed one takes as many inputs as its scheme
+    # has parts and any other keeps its weight's shape (:func:`spec_problems`)
+    if not all(map(_FIRST, judged)) and not all(map(_SECOND, judged)):
         return False
     return not any(map(spec_problems, ruled))
+
+
+def _dequantize_rule(spec: TensorSpec, attrs: object, weight: TensorSpec, arity: int
+                     ) -> tuple[bool, bool]:
+    """Whether a dequantize with these objects yields its attrs' dtype keeping its
+    weight's shape, and whether it keeps :func:`spec_problems`' rule (a packed format's
+    logical shape: as many inputs as its scheme has parts)."""
+    if not isinstance(attrs, DequantizeAttrs):  # (proven well formed before: not met)
+        return False, False
+    typed = spec.dtype == attrs.dtype
+    kept = typed and spec.shape == weight.shape
+    if attrs.scheme is None:
+        return kept, kept
+    return kept, typed and arity == len(attrs.scheme.roles)  # type: ignore[attr-defined]
 
 
 def _sinks_hold(sinks: list[Node]) -> bool:
@@ -188,21 +209,6 @@ def written_aliases(sinks: Sequence[Node], dests: Sequence[Destination] | None =
     dests = list(map(_DEST, sinks)) if dests is None else dests
     written = compress(dests, map(is_not, map(_KIND, dests), repeat(DestKind.DISCARD)))
     return list(chain.from_iterable(map(_ALIASES, written)))
-
-
-def _packed_hold(dequantizes: list[Node], kept: list[bool], typed: list[bool]) -> bool:
-    """:func:`spec_problems` finds nothing wrong with any of ``dequantizes`` (some with
-    a packed format's logical shape), told in columns: each yields its attrs' dtype
-    (``typed``), a packed one takes as many inputs as its scheme has parts, any other
-    keeps its weight's shape (``kept``). The attrs are few objects (a stack shares one)."""
-    attrs = list(map(_ATTRS, dequantizes))
-    distinct = dict(zip(map(id, attrs), attrs, strict=True)).values()
-    parts = {id(a): len(a.scheme.roles) for a in distinct  # type: ignore[attr-defined]
-             if isinstance(a, DequantizeAttrs) and a.scheme is not None}
-    packed = list(map(parts.__contains__, map(id, attrs)))
-    fed = map(eq, map(len, map(_INPUTS, dequantizes)), map(parts.get, map(id, attrs)))
-    shaped = map(or_, map(and_, packed, fed), map(and_, map(not_, packed), kept))
-    return all(map(and_, typed, shaped))
 
 
 def well_formed(kind: NodeKind, attrs: type, arity: int) -> bool:
