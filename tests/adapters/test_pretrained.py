@@ -200,3 +200,20 @@ def test_a_fused_adapter_file_is_not_said_to_be_converted_from_per_expert(mixtra
     assert not plan.problems and plan.adapter.loaded_tensors == plan.adapter.file_tensors
     assert plan.adapter.conversions == (), plan.adapter.conversions
     assert "per-expert" not in str(plan).split("\n\n")[0]
+
+
+def test_saving_a_model_with_an_unmerged_embedding_adapter_is_refused_too(tmp_path):
+    """An adapter on ``embed_tokens`` alone holds ``lora_embedding_A`` / ``_B``, no
+    ``lora_A``: ``save(model, dir)`` wasn't refused and wrote the base shards with its
+    ``lora_embedding_A`` / ``_B`` tensors mixed in, as it did for ``lora_A`` adapters."""
+    from weightplan.errors import SaveError
+
+    tiny_model("llama").save_pretrained(tmp_path / "base")
+    peft.get_peft_model(tiny_model("llama"), peft.LoraConfig(
+        r=2, lora_alpha=4, target_modules=["embed_tokens"], init_lora_weights=False)
+    ).save_pretrained(str(tmp_path / "lora"), save_embedding_layers=False)
+    model = weightplan.from_pretrained(tmp_path / "base", adapter=tmp_path / "lora")
+    assert any(".lora_embedding_A." in n for n, _ in model.named_parameters())
+    with pytest.raises(SaveError, match=r"adapter 'default'.*adapter_name='default'"):
+        weightplan.save(model, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

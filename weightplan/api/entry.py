@@ -147,12 +147,12 @@ def explain_save(model: torch.nn.Module, directory: str | os.PathLike[str], *,
             LoRA adapter loaded unmerged (``adapter_name=`` saves it).
     """
     from weightplan.api.write_plans import WritePlan
+    from weightplan.planner.inputs.adapter_model import injected_adapters
     from weightplan.planner.pipelines.adapter_summary import CONFIGS_ATTRIBUTE
     from weightplan.planner.pipelines.save import explain_save_plan
 
     loaded = getattr(model, CONFIGS_ATTRIBUTE, None) or ()
-    layers = {k.split(".lora_A.", 1)[1].split(".", 1)[0] for k, _ in model.named_parameters()
-              if ".lora_A." in k}
+    layers = set(injected_adapters(model))  # (lora_A or lora_embedding_A layers)
     adapters = sorted(n for n in loaded if n in layers)  # (merged: no LoRA layers left)
     if adapters:  # (loaded unmerged: its tensors would land in the base's shards)
         names = ", ".join(map(repr, adapters))
