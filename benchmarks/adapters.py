@@ -8,8 +8,12 @@ Each contender runs in a fresh process, alternated (reference, weightplan, merge
 reference, ...); medians of ``--repeat`` are printed with the ratios and the issue's
 targets: wall ≤ 0.5× the reference, peak RSS added by the load ≤ 1.05× the bytes the loaded
 model holds (base and adapter, the adapter in float32 as peft keeps it), merge=True ≤ 1.3×
-the plain load's wall. RSS is the high-water mark when the load returns (a forward pass
-after it, the same for every contender, is not the load's). The adapted logits must equal
+the plain load's wall. Beside them, the floor of that last target on this machine: the
+same merges in plain torch (``floor``: each adapted weight widened to float32 a block of rows
+at a time, ``B @ A`` into a reused buffer, times ``s``, added, rounded once; one thread,
+the tensors already in memory), as a fraction of the plain load: where the plain load keeps
+every core busy, merged ≥ plain + floor / cores. RSS is the high-water mark when the load
+returns (a forward pass after it, the same for every contender, is not the load's). The adapted logits must equal
 the reference's (merged: one merged weight equals W + s·B·A rounded once), else the numbers
 are refused.
 
@@ -66,6 +70,35 @@ print(json.dumps({"seconds": seconds, "rss": rss, "held": held, "exact": exact,
                   "logits": logits[0, -1, :8].tolist()}))
 """
 
+FLOOR = """
+import json, sys, time, torch
+from safetensors import safe_open
+torch.set_num_threads(1)
+base, adapter, rows = sys.argv[1], sys.argv[2], 128
+config = json.load(open(f"{adapter}/adapter_config.json"))
+s = config["lora_alpha"] / config["r"]
+with safe_open(f"{adapter}/adapter_model.safetensors", "pt") as f:
+    lora = {k[len("base_model.model."):]: f.get_tensor(k).float() for k in f.keys()}
+with safe_open(f"{base}/model.safetensors", "pt") as f:
+    jobs = [(f.get_tensor(k).clone(), lora[k.replace(".weight", ".lora_A.weight")],
+             lora[k.replace(".weight", ".lora_B.weight")]) for k in f.keys()
+            if k.replace(".weight", ".lora_A.weight") in lora]
+width = max(w.shape[1] for w, _, _ in jobs)
+delta, wide = torch.empty(rows * width), torch.empty(rows * width)
+want = (jobs[0][0].float() + (jobs[0][2] @ jobs[0][1]) * s).to(jobs[0][0].dtype)
+start = time.perf_counter()
+for w, a, b in jobs:  # (rows a multiple of 16 and dividing every weight: as B @ A sums)
+    for i in range(0, len(w), rows):
+        block = w[i:i + rows]
+        d, x = delta[:block.numel()].view(block.shape), wide[:block.numel()].view(block.shape)
+        torch.mm(b[i:i + rows], a, out=d)
+        x.copy_(block)
+        x.add_(d.mul_(s))
+        block.copy_(x)
+seconds = time.perf_counter() - start
+print(json.dumps({"seconds": seconds, "exact": torch.equal(jobs[0][0], want)}))
+"""
+
 
 def build(directory: Path, gb: float, rank: int) -> int:
     """A bf16 Mixtral-style base of about ``gb`` GB and a per-expert adapter; its bytes."""
@@ -94,7 +127,8 @@ def build(directory: Path, gb: float, rank: int) -> int:
 def run(directory: Path, which: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TRANSFORMERS_VERBOSITY": "error",
            "PYTHONWARNINGS": "ignore"}
-    done = subprocess.run([sys.executable, "-c", RUN, str(directory / "base"),
+    done = subprocess.run([sys.executable, "-c", FLOOR if which == "floor" else RUN,
+                           str(directory / "base"),
                            str(directory / "adapter"), which], capture_output=True,
                           text=True, env=env, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -110,12 +144,14 @@ def main() -> None:
     directory = args.dir or Path(tempfile.mkdtemp(prefix="wp-adapters-"))
     model_bytes = build(directory, args.gb, args.rank)
     results: dict[str, list[dict]] = {"reference": [], "weightplan": [], "merged": [],
-                                      "plain": []}
+                                      "plain": [], "floor": []}
     for _ in range(args.repeat):
         for which in results:
             results[which].append(run(directory, which))
     _check_logits(results)
     wall = {k: statistics.median(r["seconds"] for r in v) for k, v in results.items()}
+    floor = wall.pop("floor")
+    del results["floor"]
     rss = {k: statistics.median(r["rss"] for r in v) for k, v in results.items()}
     held = {k: v[0]["held"] for k, v in results.items()}
     print(f"base {model_bytes / 1e9:.2f} GB, adapter rank {args.rank} on every expert, "
@@ -130,9 +166,14 @@ def main() -> None:
     print(f"  wall ratio merged/plain load: {wall['merged'] / wall['plain']:.2f} "
           "(target ≤ 1.3); merged peak RSS / model bytes: "
           f"{rss['merged'] / held['merged']:.2f}")
+    print(f"  floor: the merges alone in plain torch, one thread: {floor:.2f} s = "
+          f"{floor / wall['plain']:.2f}× the plain load (where the plain load keeps every "
+          f"core busy, merged/plain ≥ {1 + floor / wall['plain'] / (os.cpu_count() or 1):.2f})")
 
 
 def _check_logits(results: dict[str, list[dict]]) -> None:
+    if not all(r["exact"] for r in results["floor"]):
+        raise SystemExit("the floor's merged weight is not W + s·B·A rounded once")
     ref = results["reference"][0]["logits"]
     if results["weightplan"][0]["logits"] != ref:
         raise SystemExit(f"the adapted logits differ: {ref} vs {results['weightplan'][0]}")
