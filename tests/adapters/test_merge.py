@@ -94,6 +94,35 @@ def test_merged_weights_are_w_plus_sba_cast_once(tmp_path, family, rslora, store
                                                scale))
 
 
+def test_a_bf16_base_merged_into_a_float32_model_is_rounded_only_to_float32(tmp_path):
+    """The sum W + s·B·A in float32 is the float32 model's weight: never first rounded to
+    the checkpoint's bf16 (it was: up to 1e-3 off peft's merge_and_unload in float32)."""
+    base = _base(tmp_path, MIXTRAL.name, BF16)
+    r, alpha = 4, 6
+    adapter = per_expert_adapter(str(tmp_path / "v4"), MIXTRAL, r=r, alpha=alpha)
+    scale = alpha / r
+    model, plan = _merged(tmp_path, dtype=torch.float32)
+    merges = [s for s in plan.schedule.steps if s.ops and isinstance(s.ops[0], MergeLora)]
+    assert merges and all(s.ops[0].dtype is torch.float32 and not s.in_place for s in merges)
+    assert "into float32" in repr(merges[0].ops[0])
+    state = model.state_dict()
+
+    def exact(key):
+        w, a, b = (base[f"{key}.weight"], adapter[f"{PREFIX}{key}.lora_A.weight"],
+                   adapter[f"{PREFIX}{key}.lora_B.weight"])
+        return w.float() + (b.float() @ a.float()) * scale
+
+    for layer in range(2):
+        q = f"model.layers.{layer}.self_attn.q_proj"
+        assert state[f"{q}.weight"].dtype is torch.float32
+        assert torch.equal(state[f"{q}.weight"], exact(q))
+        experts = f"model.layers.{layer}.{MIXTRAL.experts}"
+        for e in range(4):
+            rows = [exact(f"{experts}.{e}.{lin}") for lin in (MIXTRAL.gate, MIXTRAL.up)]
+            fused = state[f"model.layers.{layer}.mlp.experts.gate_up_proj"][e]
+            assert torch.equal(fused, torch.cat(rows)), (layer, e)
+
+
 def test_plain_modules_equal_peft_merge_and_unload(tmp_path):
     # (a bf16 checkpoint: from a float32 one, weightplan adds the delta to the float32
     # weight and rounds once, where peft adds it to the weight already rounded to bf16)

@@ -63,6 +63,9 @@ class OpContext:
     target_specs: tuple[TensorSpec | None, ...]  # model tensor per target (None: not in model)
     source_keys: tuple[tuple[str, ...], ...]
     config: object | None = field(default=None, compare=False)
+    # the dtype target ``i`` is written in when its chain yields floats (``None``: unknown)
+    written_dtype: Callable[[int], torch.dtype | None] | None = field(default=None,
+                                                                      compare=False)
 
 
 class ConversionOp:

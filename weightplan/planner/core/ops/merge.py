@@ -5,7 +5,10 @@ sources (``counts`` streams each); each part first runs its own layout chain (th
 mapping's fused experts, peft's packing of a wrapped parameter), then the delta is added
 in float32, a block of rows at a time, into the base weight's own tensor: the output has
 the base weight's dtype (rounded once, there), and where that is not the model's (a float32
-checkpoint, an FP8 one dequantized to float32) the plan casts it once at the sink.
+checkpoint, an FP8 one dequantized to float32) the plan casts it once at the sink. Where
+the model's dtype is finer than the base weight's (a bf16 checkpoint into a float32 model),
+the output takes the model's dtype instead: the base widened into it, the sum rounded once
+there (never first to the checkpoint's dtype).
 
 Orientation (peft's ``get_delta_weight``): ``A (r, in)``, ``B (out, r)``, delta ``B·A``
 ``(out, in)``; transposed (``(in, out)``) for embeddings, ``fan_in_fan_out`` layers and
@@ -44,6 +47,7 @@ class MergeLora(ConversionOp):
     lora_b: tuple[ConversionOp, ...] = ()
     experts: int = 1
     transposed: bool = False
+    dtype: torch.dtype | None = field(default=None, kw_only=True)  # the output's, when not W's
     work: int = field(default=0, kw_only=True, compare=False)  # temporaries' bytes
     kept: int = field(default=0, kw_only=True, compare=False)  # update()'s temporaries
     # where each base input lands in the merged tensor (None: the base chain runs on tensors)
@@ -65,6 +69,8 @@ class MergeLora(ConversionOp):
             chains.append((tuple(resolved), _one(self, name, specs)))
         (base, w), (a_ops, a), (b_ops, b) = chains
         self._check(w, a, b)
+        want = ctx.written_dtype(0) if ctx.written_dtype is not None else None
+        dtype = want if want is not None and _finer(want, w.dtype) else None
         placed = _place([(op, specs) for name, op, specs in stages if name == "base"], w)
         allocated = {name: 0 for name in _PARTS}
         for name, op, specs in stages:
@@ -74,7 +80,7 @@ class MergeLora(ConversionOp):
                                                                 + 2 * block_elements(w.shape))
         work = kept + (allocated["base"] if placed is None else 0)
         return dataclasses.replace(self, base=base, lora_a=a_ops, lora_b=b_ops, work=work,
-                                   kept=kept, placed=placed)
+                                   kept=kept, placed=placed, dtype=dtype)
 
     def _split(self, streams: tuple) -> tuple[tuple, ...]:
         if len(streams) != sum(self.counts):
@@ -94,7 +100,8 @@ class MergeLora(ConversionOp):
                           f"not the base weight's {list(w.shape)}")
 
     def infer(self, inputs: Streams[TensorSpec]) -> Streams[TensorSpec]:
-        return ((_inferred(self.base, self._split(inputs)[0]),),)
+        w = _inferred(self.base, self._split(inputs)[0])
+        return ((w if self.dtype is None else TensorSpec(w.shape, self.dtype),),)
 
     def forward(self, streams: Streams[torch.Tensor]) -> Streams[torch.Tensor]:
         parts = self._split(streams)
@@ -107,7 +114,10 @@ class MergeLora(ConversionOp):
                    ) -> tuple[tuple[tuple[Fragment, ...], ...] | None, ...] | None:
         """The base weight's inputs land where the base chain puts them in the output (a
         plain load's reads); ``lora_A`` and ``lora_B`` are taken as tensors by
-        :meth:`update`. ``None`` where a base op can't place."""
+        :meth:`update`. ``None`` where a base op can't place, or the output is widened
+        (the reads' bytes are not the output's)."""
+        if self.dtype is not None:
+            return None
         specs, chain = self._split(inputs)[0], []
         for op in self.base:
             chain.append((op, specs))
@@ -149,9 +159,11 @@ class MergeLora(ConversionOp):
         chain run (and its result copied when it is a read buffer, not ours to change)."""
         if self.placed is None:
             out = self._chain(self.base, streams)
+            if self.dtype is not None:
+                return out.to(self.dtype)
             return out if _owns(self.base) else out.clone()
         w = _inferred(self.base, tuple(tuple(TensorSpec.of(t) for t in s) for s in streams))
-        out = torch.empty(w.shape, dtype=w.dtype, device=streams[0][0].device)
+        out = torch.empty(w.shape, dtype=self.dtype or w.dtype, device=streams[0][0].device)
         for stream, frags in zip(streams, self.placed, strict=True):
             for src, placed in zip(stream, frags, strict=True):
                 for f in placed:
@@ -181,6 +193,7 @@ class MergeLora(ConversionOp):
                            for name in _PARTS)
         how = f", {self.experts} experts" if self.experts > 1 else ""
         how += ", transposed" if self.transposed else ""
+        how += f", into {str(self.dtype).removeprefix('torch.')}" if self.dtype else ""
         return f"MergeLora(W + {self.scale:.6g}·B·A in float32{how}; {chains})"
 
 
@@ -213,6 +226,12 @@ def _place(chain: list[tuple[ConversionOp, Streams[TensorSpec]]], w: TensorSpec
             return None
         frags = placed
     return frags
+
+
+def _finer(want: torch.dtype, have: torch.dtype) -> bool:
+    """Whether floats of ``want`` hold a float32 sum more closely than ``have``'s."""
+    return (want.is_floating_point and have.is_floating_point
+            and torch.finfo(want).eps < torch.finfo(have).eps)
 
 
 def _owns(chain: tuple[ConversionOp, ...]) -> bool:

@@ -133,7 +133,7 @@ def build_conversion(group: Group, expected: Expected, dtype: torch.dtype | None
         values, nodes = (packed_build.packed_source_streams(group, quant, expected, dtype)
                          or quant_build.source_streams(group, quant, expected, dtype))
     ops = group.ops
-    ctx = _context(group, expected) if ops else None
+    ctx = _context(group, expected, dtype) if ops else None
     for k, op in enumerate(ops):
         assert ctx is not None
         resolved, out_specs, wiring = _apply_op(op, ctx, stage_specs(values), group, k)
@@ -205,12 +205,20 @@ def _wired(inputs: Streams[Node], wires: tuple[tuple[int, int], ...]) -> tuple[N
     return tuple(inputs[a][b] for a, b in wires)
 
 
-def _context(group: Group, expected: Expected) -> OpContext:
+def _context(group: Group, expected: Expected, dtype: torch.dtype | None) -> OpContext:
     names = group.targets if group.explicit is None else tuple(s[0] for s in group.explicit)
     specs = tuple(expected_spec(expected, t) for t in names)
     keys = tuple(tuple(map(_KEY, s)) for s in group.sources)
     config = expected.config if isinstance(expected, ModelInfo) else None
-    return OpContext(group.targets, specs, keys, config)
+
+    def written(i: int) -> torch.dtype | None:  # (what destination_dtype gives a float)
+        mt = expected.get(names[i]) if isinstance(expected, ModelInfo) else None
+        return None if mt is None and dtype is None else destination_dtype(_FLOAT, mt, dtype)
+
+    return OpContext(group.targets, specs, keys, config, written)
+
+
+_FLOAT = TensorSpec((), torch.float32)
 
 
 def _apply_op(op: ConversionOp, ctx: OpContext, inputs: Streams[TensorSpec], group: Group,
