@@ -40,6 +40,8 @@ class InjectedAdapter:
     prefix: str  # ``"base_model.model."`` for a PeftModel, else ``""``
     layers: Mapping[str, LoraLayer]  # by target
     saved_modules: tuple[str, ...]  # paths of modules_to_save wrappers holding ``name``
+    modules: frozenset[str] = frozenset()  # every module path of the model
+    parameters: frozenset[str] = frozenset()  # every parameter name of the model
 
     def owns(self, tensor_name: str) -> bool:
         """Whether a model tensor belongs to this adapter (its LoRA factors, DoRA
@@ -69,15 +71,17 @@ def inspect_adapter(model: torch.nn.Module, name: str) -> InjectedAdapter:
     params = [n for n, _ in model.named_parameters(remove_duplicate=False)]
     prefix = PEFT_PREFIX if params and all(n.startswith(PEFT_PREFIX) for n in params) else ""
     layers: dict[str, LoraLayer] = {}
-    saved = []
+    saved, paths = [], []
     for path, module in model.named_modules():
+        paths.append(path)
         copies = getattr(module, "modules_to_save", None)
         if isinstance(copies, torch.nn.ModuleDict) and name in copies:
             saved.append(path)
         layer = _lora_layer(path, module, name)
         if layer is not None:
             layers[layer.target] = layer
-    return InjectedAdapter(name, prefix, MappingProxyType(layers), tuple(saved))
+    return InjectedAdapter(name, prefix, MappingProxyType(layers), tuple(saved),
+                           frozenset(paths), frozenset(params))
 
 
 def _lora_layer(path: str, module: torch.nn.Module, name: str) -> LoraLayer | None:

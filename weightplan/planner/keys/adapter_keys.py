@@ -16,7 +16,8 @@ converters, one per LoRA factor, in peft's packing of a wrapped parameter:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from weightplan.errors import AdapterError
@@ -24,6 +25,7 @@ from weightplan.planner.core.ops import (
     BlockDiagonal, Concatenate, ConversionOp, Flatten, MergeModulelist, Permute,
 )
 from weightplan.planner.inputs.adapter_model import PEFT_PREFIX, InjectedAdapter
+from weightplan.planner.keys.templates import template_of
 from weightplan.planner.keys.transforms import (
     Renaming, WeightConverter, WeightRenaming, WeightTransform,
 )
@@ -183,7 +185,9 @@ def base_and_adapter_transforms(base: Iterable[WeightTransform], injected: Injec
     then the base keys moved where the LoRA wrappers put the base tensors
     (``q_proj.weight`` → ``q_proj.base_layer.weight``, a fused parameter one
     ``base_layer`` deeper per wrapped parameter, ``lm_head.weight`` →
-    ``lm_head.original_module.weight``)."""
+    ``lm_head.original_module.weight``). The wrapped paths are written as patterns over
+    their layer numbers where that is exact (:func:`path_alternatives`), so these
+    renamings are routed once per key template, not key by key."""
     base = tuple(base)
     adapter, fused = adapter_transforms(base, injected, modules_to_save)
     plain = [layer.path for layer in injected.layers.values() if layer.parameter is None]
@@ -191,46 +195,109 @@ def base_and_adapter_transforms(base: Iterable[WeightTransform], injected: Injec
     for paths, target in ((plain, r"\1.base_layer.\2"),
                           (injected.saved_modules, r"\1.original_module.\2")):
         if paths:
-            alternatives = "|".join(re.escape(p) for p in sorted(paths))
+            alternatives = path_alternatives(paths, injected.modules)
             out.append(WeightRenaming(rf"^({alternatives})\.(weight|bias)$", target))
-    out += _moved_parameters(injected)
+    holders = _holders(injected)
+    out += _moved_parameters(injected, holders)
     for t in base:
         if isinstance(t, WeightConverter):
-            out.append(_relocated(t, injected))
+            out += _relocated(t, holders)
     return tuple(out), fused
 
 
-def _depths(injected: InjectedAdapter) -> dict[str, int]:
-    """Wrapped module path → how many parameter wrappers nest around it."""
-    depths: dict[str, int] = {}
-    for layer in injected.layers.values():
-        if layer.parameter is not None:
-            owner = layer.target[:-len(layer.parameter) - 1]
-            depths[owner] = depths.get(owner, 0) + 1
-    return depths
+def path_alternatives(paths: Iterable[str], modules: Collection[str]) -> str:
+    """A regex (``|``-joined alternatives, no group) matching exactly the paths ``paths``
+    among ``modules`` (the model's modules, or those of a kind: the holders of a
+    parameter). The paths of one key template (every number of an all-digit component
+    made ``1``, lengths kept) that are *all* the modules of that template become one
+    alternative, each such number ``\\d`` per digit (``model\\.layers\\.\\d\\d\\.mlp``: the
+    same rename holds for every such layer, so the renaming routes once per key
+    template); the paths of a template with more modules (an adapter on some layers
+    only) stay literal, and route key by key."""
+    wanted: dict[str | None, set[str]] = {}
+    for path in paths:
+        wanted.setdefault(template_of(path), set()).add(path)
+    universe = set(modules)
+    counts = Counter(map(template_of, universe))
+    alternatives: list[str] = []
+    for template, members in sorted(wanted.items(), key=lambda item: str(item[0])):
+        if template is not None and counts[template] == len(members) and members <= universe:
+            alternatives.append(r"\.".join(r"\d" * len(c) if c.isascii() and c.isdigit()
+                                            else re.escape(c)
+                                            for c in template.split(".")))
+        else:
+            alternatives += (re.escape(p) for p in sorted(members))
+    return "|".join(alternatives)
 
 
-def _moved_parameters(injected: InjectedAdapter) -> list[WeightRenaming]:
-    """A fused parameter saved as it is (``experts.gate_up_proj``) → its inner module."""
-    moved = []
-    for layer in injected.layers.values():
-        if layer.parameter is not None:
-            owner = layer.target[:-len(layer.parameter) - 1]
-            inner = owner + ".base_layer" * _depths(injected)[owner]
-            moved.append(WeightRenaming(rf"^{re.escape(layer.target)}$",
-                                        f"{inner}.{layer.parameter}"))
-    return moved
+def _holders(injected: InjectedAdapter) -> dict[str, dict[str, int]]:
+    """Each parameter name → the modules holding one (``base_layer`` wrappers left out of
+    their paths) → how many wrappers nest around it there."""
+    held: dict[str, dict[str, int]] = {}
+    for name in injected.parameters:
+        module, _, last = name.rpartition(".")
+        owner = module
+        while owner.endswith(_BASE):
+            owner = owner[:-len(_BASE)]
+        held.setdefault(last, {})[owner] = (len(module) - len(owner)) // len(_BASE)
+    return held
 
 
-def _relocated(converter: WeightConverter, injected: InjectedAdapter) -> WeightConverter:
-    """A base converter whose fused output is wrapped, its target moved to the inner module."""
+_BASE = ".base_layer"
+
+
+def _by_depth(held: dict[str, int]) -> dict[int, set[str]]:
+    out: dict[int, set[str]] = {}
+    for owner, depth in held.items():
+        if depth:
+            out.setdefault(depth, set()).add(owner)
+    return out
+
+
+def _moved_parameters(injected: InjectedAdapter, holders: dict[str, dict[str, int]]
+                      ) -> list[WeightRenaming]:
+    """A parameter of a module whose parameters are wrapped, saved as it is
+    (``experts.gate_up_proj``, ``experts.down_proj``) → where it sits in the model, below
+    every wrapper of its module (one renaming per parameter and depth)."""
+    wrapped = {x.target[:-len(x.parameter) - 1] for x in injected.layers.values()
+               if x.parameter is not None}
+    out = []
+    for parameter, held in sorted(holders.items()):
+        moved = {o: d for o, d in held.items() if d and o in wrapped}
+        out += [WeightRenaming(rf"^({path_alternatives(owners, held)})\.{re.escape(parameter)}$",
+                               rf"\1{_BASE * depth}.{parameter}")
+                for depth, owners in sorted(_by_depth(moved).items())]
+    return out
+
+
+def _relocated(converter: WeightConverter, holders: dict[str, dict[str, int]]
+               ) -> list[WeightConverter]:
+    """A base converter whose fused output is wrapped, its target moved to the inner module.
+    Where the model's holders of that parameter sit at one depth, one converter; where they
+    differ (an adapter wrapping the experts of some layers only, or deeper on some), one per
+    depth, its sources anchored to those holders' paths, then the converter as it is."""
     if len(converter.target_patterns) != 1:
-        return converter
+        return [converter]
     module, _, parameter = converter.target_patterns[0].rpartition(".")
-    depths = {d for owner, d in _depths(injected).items() if any(
-        layer.target == f"{owner}.{parameter}" for layer in injected.layers.values())}
-    if len(depths) != 1:
-        return converter
-    target = f"{module}{'.base_layer' * depths.pop()}.{parameter}"
-    return WeightConverter(converter.source_patterns, target, converter.operations,
-                           scope_prefix=converter.scope_prefix)
+    held = holders.get(parameter, {})
+    depths = set(held.values())
+    if depths == {0} or not depths:
+        return [converter]
+    if len(depths) == 1:
+        return [WeightConverter(converter.source_patterns, f"{module}{_BASE * depths.pop()}."
+                                f"{parameter}", converter.operations,
+                                scope_prefix=converter.scope_prefix)]
+    anchored = any(s.startswith("^") for s in converter.source_patterns)
+    if anchored or not _MODULE.fullmatch(module) or any(
+            not o.endswith(module) for o, d in held.items() if d):
+        return [converter]  # (a converter this can't anchor: left where the base puts it)
+    out, every = [], {o[:-len(module)] for o in held if o.endswith(module)}
+    for depth, owners in sorted(_by_depth(held).items()):
+        heads = path_alternatives([o[:-len(module)] for o in owners], every)
+        out.append(WeightConverter([f"^({heads}){s}" for s in converter.source_patterns],
+                                   rf"\1{module}{_BASE * depth}.{parameter}",
+                                   converter.operations, scope_prefix=converter.scope_prefix))
+    return [*out, converter]
+
+
+_MODULE = re.compile(r"(?:\.[A-Za-z_][A-Za-z0-9_]*)+")

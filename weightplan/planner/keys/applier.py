@@ -30,7 +30,7 @@ from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.keys.patterns import PatternMatch
 from weightplan.planner.keys.routing import Route, bucket_of
 from weightplan.planner.keys.templates import (
-    MatchShape, all_blind, apart, coarse, digit_free, probe,
+    MatchShape, Moves, all_blind, apart, coarse, digit_free, probe,
 )
 from weightplan.planner.keys.transforms import (
     ConverterMatch, PatternTransform, Renaming, WeightConverter,
@@ -103,6 +103,9 @@ class Decision:
     converter: WeightConverter | None
     shape: MatchShape | None  # where the converter matched the template's name
     landable: bool  # some key of this template may land in the model
+    # where each key's numbers land in its name when every matched renaming replaces text
+    # holding none of them (:func:`~.templates.spliced`); else None: each key replays them
+    moves: Moves | None = None
 
 
 class Applier:
@@ -133,7 +136,9 @@ class Applier:
         count = len(keys)
         names: list[str] = keys
         fired: Iterable[tuple[Renaming, ...]] = repeat(())
-        if decided.matched:  # (each key asks the renamings that match its template)
+        if decided.matched and decided.moves is not None:  # (their text the same in every key)
+            names, fired = decided.moves.names(keys), repeat(decided.fires)
+        elif decided.matched:  # (each key asks the renamings that match its template)
             pairs = [renamed(key, decided.matched) for key in keys]
             names, fired = [name for name, _ in pairs], [f for _, f in pairs]
         if decided.converter is None:
@@ -178,12 +183,14 @@ class Applier:
     def _decide(self, template: str) -> Decision | None:
         matched, fires, name = [], [], template
         twos = probe(template) if self.follow else name  # (see templates.apart)
+        moves: Moves | None = Moves.of(template)
         for r in self.renamings:
             if isinstance(r, PatternTransform) and r.first_match(name) is None:
                 continue  # (it misses the template: it misses every key of it)
             new = r.rename(name)
             if new is not None or isinstance(r, PatternTransform):  # (a prefix change
                 matched.append(r)  # fires on a key if and only if it fires on its template)
+                moves = moves and moves.spliced(r, name)
             if new is not None:
                 fires.append(r)
                 name = new
@@ -196,9 +203,11 @@ class Applier:
             shape = MatchShape.of(c, name)
             if shape is not None:
                 landable = self._landable(Route(template, name, (), c, c.match(name)))
-                return Decision(name, tuple(matched), tuple(fires), c, shape, landable)
+                return Decision(name, tuple(matched), tuple(fires), c, shape, landable,
+                                moves and moves.to(name))
         landable = self._landable(Route(template, name, ()))
-        return Decision(name, tuple(matched), tuple(fires), None, None, landable)
+        return Decision(name, tuple(matched), tuple(fires), None, None, landable,
+                        moves and moves.to(name))
 
     def _landable(self, route: Route) -> bool:
         """Whether a key of the template ``route`` was made for may land: its name or a

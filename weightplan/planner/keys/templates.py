@@ -261,6 +261,67 @@ def apart(ones: str, twos: str) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class Moves:
+    """Where the numbers (all-digit components) of a template's keys sit in the name its
+    renamings make, while each renaming that matches replaces and captures text holding
+    none of them: a digit-blind regex matches every key of the template at the template's
+    spans, so its replacement is the same for every key, and each key's name is the
+    template's name with the key's own numbers put back (:meth:`names`, in C-level
+    passes) instead of the renamings replayed key by key."""
+
+    spans: tuple[tuple[int, int], ...]  # each number's span in the keys
+    at: tuple[int, ...]  # where each starts in the name the renamings made so far
+    pieces: tuple[str, ...] = ()  # the final name's text around the numbers (see :meth:`to`)
+
+    @classmethod
+    def of(cls, template: str) -> "Moves":
+        spans = tuple(m.span() for m in _COMPONENT_NUMBER.finditer(template))
+        return cls(spans, tuple(a for a, _ in spans))
+
+    def spliced(self, renaming: WeightTransform, name: str) -> "Moves | None":
+        """The moves after ``renaming`` (which matches ``name``, the template renamed so
+        far) renames it; ``None`` where its match or a group (the index included) holds
+        a number, or it is no :class:`WeightRenaming` (a prefix change)."""
+        if not isinstance(renaming, WeightRenaming):
+            return None
+        found = renaming.first_match(name)
+        if found is None:
+            return None
+        i, head, rest, _ = found
+        m = renaming.sources[i].regex.search(rest)
+        assert m is not None, name  # first_match found it in ``rest``
+        base = len(head)
+        start, end = base + m.start(), base + m.end()
+        spans = [(start, end), *((base + m.start(g), base + m.end(g))
+                                 for g in range(1, m.re.groups + 1) if m.start(g) >= 0)]
+        lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
+        for a, (first, last) in zip(self.at, self.spans, strict=True):
+            if a < hi and a + last - first > lo:
+                return None  # (a number in the text it replaces or takes)
+        new = renaming.rename(name)
+        delta = 0 if new is None else len(new) - len(name)
+        return Moves(self.spans, tuple(a if a < start else a + delta for a in self.at))
+
+    def to(self, name: str) -> "Moves":
+        """These moves with the final ``name``'s text around the numbers."""
+        pieces, last = [], 0
+        for a, (first, end) in zip(self.at, self.spans, strict=True):
+            pieces.append(name[last:a])
+            last = a + end - first
+        pieces.append(name[last:])
+        return Moves(self.spans, self.at, tuple(pieces))
+
+    def names(self, keys: Sequence[str]) -> list[str]:
+        """The final name of each of ``keys`` (all of the template)."""
+        if not self.spans:
+            return list(repeat(self.pieces[0], len(keys)))
+        columns: list[Iterable[str]] = [repeat(self.pieces[0])]
+        for span, piece in zip(self.spans, self.pieces[1:], strict=True):
+            columns += [map(itemgetter(slice(*span)), keys), repeat(piece)]
+        return list(map("".join, zip(*columns, strict=False)))  # repeat() never ends
+
+
+@dataclass(frozen=True, slots=True)
 class MatchShape:
     """Where a converter's source matched a template: spans (absolute in the key) that
     are the same in every key of the template, so the real match is rebuilt by slicing."""

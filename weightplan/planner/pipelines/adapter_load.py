@@ -83,10 +83,16 @@ def explain_base_and_adapter(model: torch.nn.Module, base_files: list[str], adap
     transforms, fused = base_and_adapter_transforms(base.transforms, injected,
                                                     adapter.config.modules_to_save)
     choice = MappingChoice(base.key, base.reason, transforms, base.submodules)
-    data = explain_load(model, base_and_adapter(base_files, adapter), mapping=choice,
+    checkpoint = base_and_adapter(base_files, adapter)
+    data = explain_load(model, checkpoint, mapping=choice,
                         view=lambda info: keep_dtype_of(info, injected.owns), **options)
-    return with_adapter(data, adapter, injected, fused,
-                        keys=tuple(open_checkpoint(adapter.weights).entries))
+    return with_adapter(data, adapter, injected, fused, keys=_last_file_keys(checkpoint))
+
+
+def _last_file_keys(checkpoint: Checkpoint) -> tuple[str, ...]:
+    """The keys of the checkpoint's last file (the adapter's), its header not read again."""
+    last = checkpoint.files[-1].path
+    return tuple(k for k, e in checkpoint.entries.items() if e.file == last)
 
 
 def base_and_adapter(base_files: list[str], adapter: Adapter) -> Checkpoint:
