@@ -113,7 +113,8 @@ def test_an_adapters_base_layer_rename_is_folded_like_keys(tmp_path, capsys):
         tmp_path / "lora")
     out = _explain(capsys, tmp_path / "lora", "--base", tmp_path / "base")
     assert max(map(len, out.splitlines())) < 400, max(out.splitlines(), key=len)
-    assert r"model.layers.{0..11}.self_attn.q_proj|" in out
+    # (a pattern over layer numbers: \d for layers 0-9, \d\d for 10-11, one alternative)
+    assert r"model.layers.\d{1,2}.self_attn.q_proj|" in out
     assert r"\.(weight|bias)$ → \1.base_layer.\2" in out
 
 
@@ -125,3 +126,6 @@ def test_fold_alternations_folds_literal_alternatives_only():
             == r"rename ^(model.layers.{0..11}.mlp.down_proj)\.(weight|bias)$ → \1.base_layer.\2")
     regex = r"rename ^(a\d+|b.*|c|d)\.w$ → x"  # not literal: left as it is
     assert fold_alternations(regex) == regex
+    runs = r"rename ^(m\.\d\.w|m\.\d\d\.w|n\.\d\d\d\.w|m\.\d\d\d\d\.w|c)\.x$ → y"
+    assert (fold_alternations(runs)
+            == r"rename ^(c|m.(\d|\d\d|\d\d\d\d).w|n.\d\d\d.w)\.x$ → y")

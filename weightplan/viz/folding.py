@@ -284,12 +284,35 @@ def fold_alternations(text: str) -> str:
     """``text`` (a transform's description) with each regex alternation of 4+ literal
     names folded like keys: ``^(model\\.layers\\.0\\.mlp\\.down_proj|…)`` (every module a
     LoRA wraps, thousands of characters) → ``^(model.layers.{0..31}.mlp.down_proj|…)``.
-    An alternative that is a pattern, not an escaped literal, leaves its group as it is."""
+    Alternatives that differ only in how many digits a ``\\d`` run matches (a renaming over
+    layers 0-9 and 10-99) are one: ``model.layers.\\d{1,2}.mlp.down_proj``. An alternative
+    that is another pattern, not an escaped literal, leaves its group as it is."""
     def fold(found: re.Match[str]) -> str:
         words = found.group(0)[1:-1].split("|")
-        literal = [_ESCAPED.sub(r"\1", w) for w in words]
-        if any(re.escape(plain) != word for plain, word in zip(literal, words, strict=True)):
-            return found.group(0)
-        return "(" + "|".join(fold_keys(literal)) + ")"
+        literal, runs = [], {}  # literal words; word shape → its \d run's lengths
+        for word in words:
+            parts = _DIGITS.split(word)
+            plain = [_ESCAPED.sub(r"\1", p) for p in parts[::2]]
+            if any(re.escape(x) != p for x, p in zip(plain, parts[::2], strict=True)):
+                return found.group(0)
+            if len(parts) == 1:
+                literal.append(plain[0])
+            elif len(parts) == 3:  # one run of \d: merged with its other lengths
+                runs.setdefault(tuple(plain), set()).add(len(parts[1]) // 2)
+            else:
+                return found.group(0)
+        shaped = [f"{a}{_run(sorted(n))}{b}" for (a, b), n in runs.items()]
+        return "(" + "|".join([*fold_keys(literal), *shaped]) + ")"
 
     return _ALTERNATION.sub(fold, text)
+
+
+_DIGITS = re.compile(r"((?:\\d)+)")
+
+
+def _run(lengths: list[int]) -> str:
+    """A run of ``\\d`` matching each of ``lengths`` digits (``\\d{1,2}``), when they are
+    consecutive; else each length as an alternative."""
+    if lengths == list(range(lengths[0], lengths[-1] + 1)):
+        return "\\d" * lengths[0] if len(lengths) == 1 else f"\\d{{{lengths[0]},{lengths[-1]}}}"
+    return "(" + "|".join("\\d" * n for n in lengths) + ")"
