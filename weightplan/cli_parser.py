@@ -196,8 +196,19 @@ def _ranks(text: str) -> int:
 
 
 def _max_memory(text: str) -> dict[str, str]:
-    """``cuda:0=80GiB,cpu=200GiB`` → ``{"cuda:0": "80GiB", "cpu": "200GiB"}``."""
+    """``cuda:0=80GiB,cpu=200GiB`` → ``{"cuda:0": "80GiB", "cpu": "200GiB"}``; each size
+    is read here, so that one that isn't is said as the flag's (the devices are read with
+    the plan)."""
+    from weightplan.errors import PlanError
+    from weightplan.units import parse_bytes
+
     pairs = [p.partition("=") for p in text.split(",") if p.strip()]
     if not pairs or any(not sep or not k.strip() or not v.strip() for k, sep, v in pairs):
         raise argparse.ArgumentTypeError(f"expected DEVICE=SIZE[,DEVICE=SIZE...], got {text!r}")
-    return {k.strip(): v.strip() for k, _, v in pairs}
+    budgets = {k.strip(): v.strip() for k, _, v in pairs}
+    for key, size in budgets.items():
+        try:
+            parse_bytes(size, what="the size")
+        except PlanError as e:
+            raise argparse.ArgumentTypeError(f"{key}={size}: {e}") from e
+    return budgets
