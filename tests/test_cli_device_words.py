@@ -78,3 +78,12 @@ def test_the_same_errors_speak_python_to_a_caller(llama):
         model = transformers.LlamaForCausalLM(config)
     with pytest.raises(PlanError, match=r"pass offload_folder= \(a directory\)"):
         weightplan.explain(model, llama / "llama", device_map="auto", max_memory={"cpu": "1KiB"})
+
+
+def test_a_gpu_named_by_its_index_as_in_transformers(llama, capsys):
+    """``--max-memory 0=...`` is ``max_memory={0: ...}``: GPU 0 (was: "max_memory key '0' is
+    not a device: Invalid device string: '0'")."""
+    assert main(["explain", str(llama / "llama"), "--device-map", "auto",
+                 "--max-memory", "0=60KiB,cpu=1GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "  cuda:0 (absent)" in out and "60 KiB" in out
