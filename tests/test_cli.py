@@ -74,7 +74,7 @@ def test_explain_with_budget(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "BudgetError" in err and "smallest possible peak" in err
     assert main(["explain", str(directory), "--model-type", "mixtral", "--budget", "lots"]) == 2
-    assert "can't parse budget" in capsys.readouterr().err
+    assert "can't parse --budget" in capsys.readouterr().err
 
 
 def test_the_program_prints_everything_before_it_leaves(tmp_path, capsys):
@@ -220,3 +220,18 @@ def test_convert_reverse_with_nothing_to_reverse_says_so(tmp_path, capsys):
                  "mixtral"]) == 0
     assert main(["convert", str(tmp_path / "fused"), str(tmp_path / "back"), "--model-type",
                  "mixtral", "--reverse", "--dry-run"]) == 0
+
+
+def test_a_bad_size_or_count_is_named_as_its_flag(tmp_path, capsys):
+    """(was: 'can't parse max_shard_size 'lots'', 'threads must be ...': the keywords)"""
+    source = write_checkpoint(tmp_path / "c", moe_checkpoint())
+    for args, says in (
+            (["convert", str(source), str(tmp_path / "o"), "--model-type", "mixtral",
+              "--max-shard-size", "lots"], "can't parse --max-shard-size 'lots'"),
+            (["convert", str(source), str(tmp_path / "o"), "--model-type", "mixtral",
+              "--threads", "-1"], "--threads must be a non-negative int, got -1"),
+            (["explain", str(source), "--model-type", "mixtral", "--budget", "lots"],
+             "can't parse --budget 'lots'")):
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1, err

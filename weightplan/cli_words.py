@@ -22,7 +22,11 @@ PHRASES = (
     # a file changed between the plan and its execution (convert plans, then executes)
     ("Call explain() again", "Run the command again"),
     ("call explain() again", "run the command again"),
-    ("reverse=True turns", "--reverse turns"),  # (convert on a checkpoint with nothing to)
+    ("reverse=True turns", "--reverse turns"),
+    # sizes and counts the flags take (units.parse_bytes, load.parse_threads)
+    ("can't parse max_shard_size ", "can't parse --max-shard-size "),
+    ("can't parse budget ", "can't parse --budget "),
+    ("threads must be", "--threads must be"),  # (convert on a checkpoint with nothing to)
     # device_map= & co. (explain --device-map): the placement's requests and its fixes
     ("places a model's modules: pass the model",
      "places a model's modules: give a checkpoint directory with its config.json (and no "
