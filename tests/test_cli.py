@@ -74,7 +74,7 @@ def test_explain_with_budget(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "BudgetError" in err and "smallest possible peak" in err
     assert main(["explain", str(directory), "--model-type", "mixtral", "--budget", "lots"]) == 2
-    assert "can't parse budget" in capsys.readouterr().err
+    assert "can't parse --budget" in capsys.readouterr().err
 
 
 def test_the_program_prints_everything_before_it_leaves(tmp_path, capsys):
@@ -193,3 +193,45 @@ def test_convert_dequantize_and_to_fp8_exclude_each_other(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
     with pytest.raises(ArgumentError, match="dequantize=True and to='fp8' exclude each other"):
         weightplan.explain_convert(directory, tmp_path / "out", dequantize=True, to="fp8")
+
+
+def test_convert_reverse_with_nothing_to_reverse_says_so(tmp_path, capsys):
+    """A checkpoint in the original layout has nothing to reverse: one line, exit 2, nothing
+    written (was: every tensor copied as it is, exit 0), as --dequantize says of a
+    checkpoint with nothing quantized; the model's layout still reverses."""
+    import pytest
+
+    import weightplan
+    from weightplan.errors import PlanError
+
+    legacy = write_checkpoint(tmp_path / "legacy", moe_checkpoint())
+    assert main(["convert", str(legacy), str(tmp_path / "out"), "--model-type", "mixtral",
+                 "--reverse"]) == 2
+    out, err = capsys.readouterr()
+    assert not out and err.count("\n") == 1, err
+    assert (f"PlanError: {legacy}: nothing to reverse: no key is in the layout the mapping "
+            "'mixtral' converts to (this is the original one); --reverse turns a checkpoint "
+            "in the model's layout back into the original one") in err, err
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(PlanError, match="nothing to reverse: the mapping renames and converts "
+                                        "nothing; reverse=True turns"):
+        weightplan.explain_convert(legacy, tmp_path / "out", mapping=[], reverse=True)
+    assert main(["convert", str(legacy), str(tmp_path / "fused"), "--model-type",
+                 "mixtral"]) == 0
+    assert main(["convert", str(tmp_path / "fused"), str(tmp_path / "back"), "--model-type",
+                 "mixtral", "--reverse", "--dry-run"]) == 0
+
+
+def test_a_bad_size_or_count_is_named_as_its_flag(tmp_path, capsys):
+    """(was: 'can't parse max_shard_size 'lots'', 'threads must be ...': the keywords)"""
+    source = write_checkpoint(tmp_path / "c", moe_checkpoint())
+    for args, says in (
+            (["convert", str(source), str(tmp_path / "o"), "--model-type", "mixtral",
+              "--max-shard-size", "lots"], "can't parse --max-shard-size 'lots'"),
+            (["convert", str(source), str(tmp_path / "o"), "--model-type", "mixtral",
+              "--threads", "-1"], "--threads must be a non-negative int, got -1"),
+            (["explain", str(source), "--model-type", "mixtral", "--budget", "lots"],
+             "can't parse --budget 'lots'")):
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1, err

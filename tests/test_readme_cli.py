@@ -90,7 +90,7 @@ def test_every_readme_cli_line_runs(user_dirs, capsys):
     (["explain", "{root}/llama", "--max-memory", "garbage", "--device-map", "auto"],
      "argument --max-memory: expected DEVICE=SIZE"),
     (["explain", "{root}/llama", "--device-map", "auto", "--max-memory", "cpu=lots"],
-     "PlanError: can't parse max_memory['cpu'] 'lots'"),
+     "argument --max-memory: cpu=lots: can't parse the size 'lots'"),
     (["explain", "{root}/llama", "--tp", "0"], "argument --tp: '0': give the number of ranks"),
     (["explain", "{root}/llama", "--max-memory", "cpu=8GiB"],
      "ArgumentError: --max-memory needs --device-map (e.g. --device-map auto)"),

@@ -11,6 +11,7 @@ import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from weightplan.cli_parser import build_parser
+from weightplan.cli_words import cli_wording
 from weightplan.errors import WeightplanError
 
 OK, PROBLEMS, ERROR, CLOSED, INTERRUPTED = 0, 1, 2, 120, 130  # the exit status (see above)
@@ -115,25 +116,6 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(_safe(recover(args.directory)))
         return OK
     return _explain(args)
-
-
-def cli_wording(message: str) -> str:
-    """An error's or problem's advice in the command line's words (its flags)."""
-    from weightplan.planner.core.sharding.advice import cli_wording as tp_wording
-
-    for python, flags in (("pass overwrite=True", "pass --overwrite"),
-                          ("pass mapping= (a registered name or transforms)",
-                           "pass --model-type NAME (weightplan mappings lists them)"),
-                          ("pass offload_folder= (a directory)", "pass --offload-folder DIR"),
-                          ("then pass local_files_only=True or set HF_HUB_OFFLINE=1",
-                           "then set HF_HUB_OFFLINE=1"),
-                          ("or pass token=", "or set HF_TOKEN"),
-                          ("dequantize=True and to='fp8' exclude each other: dequantize "
-                           "writes bf16, to='fp8'",
-                           "--dequantize and --to fp8 exclude each other: --dequantize "
-                           "writes bf16, --to fp8")):
-        message = message.replace(python, flags)
-    return tp_wording(message)
 
 
 def _status(problems: object, args: argparse.Namespace) -> int:

@@ -127,7 +127,8 @@ def _explain_parser(exp: argparse.ArgumentParser) -> None:
                      help="place the modules automatically (a per-device table: weights, "
                           "staging, peak, budget); devices this machine lacks may be named")
     exp.add_argument("--max-memory", metavar="DEV=SIZE,...", type=_max_memory,
-                     help="with --device-map: budgets, e.g. cuda:0=80GiB,cuda:1=80GiB,cpu=200GiB")
+                     help="with --device-map: budgets, e.g. cuda:0=80GiB,cuda:1=80GiB,cpu=200GiB "
+                          "(a bare number is a GPU index: 0=80GiB)")
     exp.add_argument("--offload-folder", metavar="DIR",
                      help="with --device-map: where modules placed on the disk would go")
     exp.add_argument("--base", metavar="BASE_DIR", help="a LoRA adapter directory's base")
@@ -195,9 +196,26 @@ def _ranks(text: str) -> int:
     return value
 
 
-def _max_memory(text: str) -> dict[str, str]:
-    """``cuda:0=80GiB,cpu=200GiB`` → ``{"cuda:0": "80GiB", "cpu": "200GiB"}``."""
+def _max_memory(text: str) -> dict[str | int, str]:
+    """``cuda:0=80GiB,0=80GiB,cpu=200GiB`` → ``{"cuda:0": "80GiB", 0: "80GiB", "cpu":
+    "200GiB"}`` (a bare number is a GPU index, as transformers' ``max_memory={0: ...}``);
+    each size is read here, so that one that isn't is said as the flag's (the devices are
+    read with the plan)."""
+    from weightplan.errors import PlanError
+    from weightplan.units import parse_bytes
+
     pairs = [p.partition("=") for p in text.split(",") if p.strip()]
     if not pairs or any(not sep or not k.strip() or not v.strip() for k, sep, v in pairs):
         raise argparse.ArgumentTypeError(f"expected DEVICE=SIZE[,DEVICE=SIZE...], got {text!r}")
-    return {k.strip(): v.strip() for k, _, v in pairs}
+    budgets: dict[str | int, str] = {_device_key(k.strip()): v.strip() for k, _, v in pairs}
+    for key, size in budgets.items():
+        try:
+            parse_bytes(size, what="the size")
+        except PlanError as e:
+            raise argparse.ArgumentTypeError(f"{key}={size}: {e}") from e
+    return budgets
+
+
+def _device_key(key: str) -> str | int:
+    """``"0"`` → ``0`` (a GPU index, as transformers takes it), a name as it is."""
+    return int(key) if key.isascii() and key.isdigit() else key

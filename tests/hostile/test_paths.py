@@ -162,11 +162,12 @@ def test_name_too_long_is_typed(tmp_path):
 def test_index_is_bounded_and_strict(tmp_path):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    save_file({"w": torch.ones(1)}, str(ckpt / "model.safetensors"))
-    (ckpt / INDEX).write_text('{"weight_map": {"w": "model.safetensors", "w": "other"}}')
+    # (a shard not named model.safetensors: that one is the checkpoint, index or not)
+    save_file({"w": torch.ones(1)}, str(ckpt / "shard.safetensors"))
+    (ckpt / INDEX).write_text('{"weight_map": {"w": "shard.safetensors", "w": "other"}}')
     with pytest.raises(CheckpointError, match="twice"):
         open_checkpoint(ckpt)
     (ckpt / INDEX).write_text("[" * 100000 + "]" * 100000)
     with pytest.raises(CheckpointError, match="nested"):
         open_checkpoint(ckpt)
-    assert load_file(str(ckpt / "model.safetensors"))["w"].item() == 1.0
+    assert load_file(str(ckpt / "shard.safetensors"))["w"].item() == 1.0

@@ -96,6 +96,20 @@ def test_an_unknown_keyword_is_not_a_type_error_about_explain(llama):
         weightplan.from_pretrained(directory, return_report=True, output_loading_info=True)
 
 
+def test_a_refused_value_is_named_in_one_short_line(llama):
+    """from_pretrained(dir, config=cfg) named the config by its repr: 40 lines of JSON."""
+    directory, cls, _ = llama
+    config = cls.config_class.from_pretrained(directory)
+    with pytest.raises(ArgumentError) as caught:
+        weightplan.from_pretrained(directory, config=config)
+    message = str(caught.value)
+    assert message.startswith(f"from_pretrained(config={type(config).__name__}(...)): the "
+                              "model is built from the checkpoint's config.json"), message
+    assert "\n" not in message and len(message) < 400, message
+    with pytest.raises(ArgumentError, match=r"got output_attentions=True, which"):
+        weightplan.from_pretrained(directory, output_attentions=True)  # short: as it is
+
+
 def test_attention_implementation_and_generation_config(llama):
     directory, _, _ = llama
     from transformers import GenerationConfig

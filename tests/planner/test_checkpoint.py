@@ -42,6 +42,19 @@ def test_sharded_directory_with_index(tmp_path):
     assert len(files) == 2
 
 
+def test_model_safetensors_beside_an_index_is_the_checkpoint_as_for_transformers(tmp_path):
+    """transformers' from_pretrained loads ``model.safetensors`` when a directory also holds
+    an index (a single-file save left over, or the other way round); weightplan read the
+    index's shards: another checkpoint than transformers' (repro: a directory with both,
+    different values in each, loaded the shards' values)."""
+    d = write_checkpoint(tmp_path / "both", {f"k{i}": torch.ones(i + 1) for i in range(3)},
+                         shards=2)
+    save_file({f"k{i}": torch.zeros(i + 1) for i in range(3)}, str(d / "model.safetensors"))
+    ckpt = open_checkpoint(d)
+    assert [f.path for f in ckpt.files] == [str(d / "model.safetensors")]
+    assert {e.file for e in ckpt.entries.values()} == {str(d / "model.safetensors")}
+
+
 def test_offsets_point_at_the_data(tmp_path):
     d = write_checkpoint(tmp_path / "x", {"t": torch.arange(6, dtype=torch.int32)})
     entry = open_checkpoint(d).entries["t"]

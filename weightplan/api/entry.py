@@ -213,6 +213,8 @@ def explain_convert(source: object, directory: str | os.PathLike[str], *, mappin
     Raises:
         MappingError: no mapping, or a converter finds only part of its sources.
         NotInvertibleError: ``reverse`` and a transform has no unambiguous inverse.
+        PlanError: ``reverse`` and nothing to reverse (every tensor would be copied as it
+            is: the checkpoint is in the original layout already).
         SaveError: an unwritable or occupied directory, too little space.
     """
     from weightplan.api.model_config import check_companions, companion_files

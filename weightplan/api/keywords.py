@@ -152,8 +152,20 @@ def fold_transformers_keywords(extra: Mapping[str, Any], dtype: Any,
             raise ArgumentError(_unknown(name, value, own))
         if not any(value is h or (type(value) is type(h) and value == h)
                    for h in refusal.harmless):
-            raise ArgumentError(f"from_pretrained({name}={value!r}): {refusal.advice}")
+            raise ArgumentError(f"from_pretrained({name}={shown(value)}): {refusal.advice}")
     return dtype
+
+
+SHOWN_AT_MOST = 60  # characters of a value's repr in a message
+
+
+def shown(value: Any) -> str:
+    """``value`` as a message names it: its repr when that is one short line, else its
+    type (``LlamaConfig(...)``: a config's repr is its whole JSON)."""
+    text = repr(value)
+    if "\n" in text or len(text) > SHOWN_AT_MOST:
+        return f"{type(value).__name__}(...)"
+    return text
 
 
 def _unknown(name: str, value: Any, own: Iterable[str]) -> str:
@@ -161,10 +173,10 @@ def _unknown(name: str, value: Any, own: Iterable[str]) -> str:
     override (which transformers applies to the config and weightplan doesn't)."""
     close = difflib.get_close_matches(name, [*own, "torch_dtype", *REFUSED], n=1, cutoff=0.8)
     if close:
-        return (f"from_pretrained got {name}={value!r}: no such keyword; did you mean "
+        return (f"from_pretrained got {name}={shown(value)}: no such keyword; did you mean "
                 f"{close[0]}=? (weightplan's keywords are listed in "
                 "help(weightplan.from_pretrained))")
-    return (f"from_pretrained got {name}={value!r}, which weightplan doesn't take: config "
+    return (f"from_pretrained got {name}={shown(value)}, which weightplan doesn't take: config "
             f"overrides are not applied (edit config.json, or {OWN_MODEL}); weightplan's "
             "keywords are listed in help(weightplan.from_pretrained)")
 

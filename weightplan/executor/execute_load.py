@@ -72,10 +72,12 @@ def _execute(plan: LoadPlanData, strict: bool, progress: bool | None, atomic: bo
 
         remember_adapter(model, plan.adapter)
     if plan.missing or plan.unexpected:
-        log.warning("%d missing tensor(s) %s (%d initialized by the model's own init) and %d "
-                    "unexpected checkpoint key(s) %s not loaded", len(plan.missing),
-                    _some(plan.missing), len(sink.initialized), len(plan.unexpected),
-                    _some(plan.unexpected))
+        said = [f"{len(plan.missing)} missing tensor(s) {_some(plan.missing)} "
+                f"({len(sink.initialized)} initialized by the model's own init)"] \
+            if plan.missing else []
+        said += [f"{len(plan.unexpected)} unexpected checkpoint key(s) "
+                 f"{_some(plan.unexpected)} not loaded"] if plan.unexpected else []
+        log.warning("%s", " and ".join(said))
     return LoadReport(
         bytes_read=plan.read_bytes,
         bytes_needed=sum(p.needed_bytes for p in plan.schedule.steps),
@@ -130,10 +132,9 @@ def preflight(plan: LoadPlanData, strict: bool) -> tuple[nn.Module, ModelInfo]:
         raise QuantizationError(f"{len(fp8)} FP8 problem(s), nothing was loaded: "
                                 + "; ".join(p.message for p in fp8[:5]))
     if strict and (plan.missing or plan.unexpected):
-        raise StrictLoadError(f"strict load: {len(plan.missing)} missing "
-                              f"({', '.join(sorted(plan.missing)[:5])}) and "
-                              f"{len(plan.unexpected)} unexpected "
-                              f"({', '.join(sorted(plan.unexpected)[:5])}); nothing was loaded")
+        found = [f"{len(keys)} {what} {_some(keys)}" for what, keys
+                 in (("missing", plan.missing), ("unexpected", plan.unexpected)) if keys]
+        raise StrictLoadError(f"strict load: {' and '.join(found)}; nothing was loaded")
     refuse_meta_buffers(plan)
     info = plan.model_info
     for program in plan.schedule.steps:  # as planned: see executor/model_check.py
@@ -186,4 +187,5 @@ def _some(names: frozenset[str]) -> str:
     from weightplan.terminal import terminal_text  # (a warning's: a clean load doesn't need it)
 
     shown = [terminal_text(n) for n in sorted(names)[:3]]  # (keys come from the file)
-    return f"[{', '.join(shown)}{', ...' if len(names) > 3 else ''}]" if names else ""
+    more = f", … {len(names) - 3} more" if len(names) > 3 else ""
+    return f"[{', '.join(shown)}{more}]"

@@ -1,7 +1,8 @@
 """Checkpoint sources, read from headers only.
 
-A checkpoint is a ``.safetensors`` file, a directory (one file, or shards named by a
-``*.safetensors.index.json``), a list of files, or an in-memory ``{key: tensor}`` dict.
+A checkpoint is a ``.safetensors`` file, a directory (``model.safetensors``, else the shards
+a ``*.safetensors.index.json`` names, as transformers picks), a list of files, or an
+in-memory ``{key: tensor}`` dict.
 :func:`open_checkpoint` parses and validates every header (8-byte little-endian length,
 JSON, data offsets) without touching tensor bytes, so bad input fails here, before any
 parameter is touched. Pickle-based formats are refused: they can execute code.
@@ -38,6 +39,7 @@ from weightplan.planner.core.spec import TensorSpec
 __all__ = ["Checkpoint", "FileStamp", "TensorEntry", "open_checkpoint", "read_header"]
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+SINGLE_FILE = "model.safetensors"  # transformers' SAFE_WEIGHTS_NAME
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,12 @@ def _from_memory(tensors: Mapping) -> Checkpoint:
 
 
 def _directory_files(path: Path) -> list[tuple[str, IndexShard | None]]:
+    """The files a directory's checkpoint is: ``model.safetensors`` where there is one (as
+    transformers' ``from_pretrained`` picks it before an index beside it), else the shards
+    its index names, else every ``.safetensors`` file."""
+    single = path / SINGLE_FILE
+    if single.is_file():
+        return [(str(single), None)]
     indexes = sorted(path.glob("*.safetensors.index.json"))
     if len(indexes) > 1:
         raise HeaderError(f"several index files: {[i.name for i in indexes]}", file=str(path))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from weightplan.errors import ConflictingTransformError, MappingError, SaveError
+from weightplan.errors import ConflictingTransformError, MappingError, PlanError, SaveError
 from weightplan.planner.core.problems import Note
 from weightplan.planner.core.spec import TensorSpec
 from weightplan.planner.inputs.checkpoint import Checkpoint, open_checkpoint
@@ -109,12 +109,29 @@ def explain_convert_plan(source: object, directory: str | os.PathLike[str], *, m
         return _dequantized_copy(source, ckpt, choice, directory, max_shard_size, overwrite,
                                  threads, to)
     groups = derived_groups(choice.transforms, ckpt) if reverse else forward_groups(choice, ckpt)
+    conversions = build(groups)
+    if reverse and all(_as_is(c) for c in conversions):
+        name = f"the mapping {choice.key!r}" if choice.key is not None else "the mapping"
+        why = (f"{name} renames and converts nothing" if not choice.transforms else
+               f"no key is in the layout {name} converts to (this is the original one)")
+        raise PlanError(f"{ckpt.description}: nothing to reverse: {why}; {REVERSE_WHAT}")
     order = tuple(e.key for e in sorted(ckpt.entries.values(),
                                         key=lambda e: (e.file or "", e.offset)))
     how = Inversion.REVERSE if reverse else Inversion.FORWARD
-    return make_write_plan(directory, ckpt, build(groups), groups.notes, choice, how,
+    return make_write_plan(directory, ckpt, conversions, groups.notes, choice, how,
                            order=order, metadata=dict(ckpt.metadata) or {"format": "pt"},
                            max_shard_size=max_shard_size, overwrite=overwrite, threads=threads)
+
+
+# what ``reverse=True`` is for, said where there is nothing to reverse
+REVERSE_WHAT = "reverse=True turns a checkpoint in the model's layout back into the original one"
+
+
+def _as_is(conv: Conversion) -> bool:
+    """One tensor written under its own name, unchanged."""
+    entries = conv.group.entries
+    return (not conv.ops and len(entries) == 1
+            and tuple(t.key for t in conv.targets) == (entries[0].key,))
 
 
 def _dequantized_copy(source: object, ckpt: Checkpoint, choice: MappingChoice,

@@ -1,0 +1,89 @@
+"""``weightplan explain --device-map``: every error the placement can give the command line
+says its fix in flags (``--max-memory``, ``--offload-folder``, ``--device-map auto``), not in
+the Python keywords the same error says to a caller (``max_memory``, ``offload_folder=``)."""
+
+from __future__ import annotations
+
+import pytest
+
+import weightplan
+from weightplan.cli import main
+from weightplan.errors import PlanError
+
+PYTHON_WORDS = ("max_memory", "offload_folder", "device_map=", "device_map:", "pass the model")
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    root = tmp_path_factory.mktemp("devices")
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )).save_pretrained(root / "llama")
+    (root / "bare").mkdir()
+    (root / "bare" / "model.safetensors").write_bytes(
+        (root / "llama" / "model.safetensors").read_bytes())
+    (root / "a_file").write_text("")
+    return root
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--max-memory", "cpu=1KiB"], "--device-map: the devices in --max-memory can't hold the "
+     "model, the rest (the whole model) goes to the disk: pass --offload-folder DIR"),
+    (["--max-memory", "cpu=1KiB", "--offload-folder", "{root}/off"],
+     "cpu would hold 16 KiB > its --max-memory 1 KiB"),
+    (["--max-memory", "cpu=1KiB,disk=1KiB"], "disk is full too (1 KiB); raise --max-memory"),
+    (["--max-memory", "foo=1GiB"], "--max-memory key 'foo' is not a device"),
+    (["--max-memory", "meta=1GiB"], "--max-memory: 'meta' holds nothing"),
+    (["--max-memory", "cuda:0=1GiB,cuda=1GiB"], "--max-memory names cuda:0 twice ('cuda')"),
+    (["--offload-folder", "{root}/a_file"],
+     "--offload-folder {root}/a_file exists and is not a directory"),
+    # a size that isn't one is the flag's argument error (was PlanError: max_memory['cpu'])
+    (["--max-memory", "cpu=lots"], "argument --max-memory: cpu=lots: can't parse the size "
+     "'lots': use bytes or a string like '8GiB'"),
+])
+def test_device_map_errors_speak_in_flags(llama, capsys, args, says):
+    argv = ["explain", str(llama / "llama"), "--device-map", "auto",
+            *(a.format(root=llama) for a in args)]
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    out, err = capsys.readouterr()
+    assert code == 2 and not out and err.count("\n") == 1, err
+    assert says.format(root=llama) in err, err
+    assert not [w for w in PYTHON_WORDS if w in err], err
+
+
+@pytest.mark.parametrize("extra", [[], ["--model-type", "llama"]])
+def test_a_device_map_without_a_model_says_what_the_command_needs(llama, capsys, extra):
+    where = llama / ("bare" if not extra else "llama")
+    assert main(["explain", str(where), "--device-map", "auto", *extra]) == 2
+    err = capsys.readouterr().err
+    assert ("--device-map auto places a model's modules: give a checkpoint directory with its "
+            "config.json (and no --model-type)") in err, err
+    assert not [w for w in PYTHON_WORDS if w in err], err
+
+
+def test_the_same_errors_speak_python_to_a_caller(llama):
+    with pytest.raises(PlanError, match="device_map='auto' places a model's modules: pass the "
+                                        "model"):
+        weightplan.explain(None, llama / "bare", device_map="auto")
+    transformers = pytest.importorskip("transformers")
+    config = transformers.AutoConfig.from_pretrained(llama / "llama")
+    with weightplan.init_empty():
+        model = transformers.LlamaForCausalLM(config)
+    with pytest.raises(PlanError, match=r"pass offload_folder= \(a directory\)"):
+        weightplan.explain(model, llama / "llama", device_map="auto", max_memory={"cpu": "1KiB"})
+
+
+def test_a_gpu_named_by_its_index_as_in_transformers(llama, capsys):
+    """``--max-memory 0=...`` is ``max_memory={0: ...}``: GPU 0 (was: "max_memory key '0' is
+    not a device: Invalid device string: '0'")."""
+    assert main(["explain", str(llama / "llama"), "--device-map", "auto",
+                 "--max-memory", "0=60KiB,cpu=1GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "  cuda:0 (absent)" in out and "60 KiB" in out
