@@ -26,3 +26,17 @@ def test_a_plan_of_1000_kib_says_0_977_mib(tmp_path):
     ckpt = write_checkpoint(tmp_path / "c", {"w": tensor})
     text = str(weightplan.explain(module_with({"w": ((256_000,), torch.float32)}), ckpt))
     assert "0.977 MiB" in text and "e+03" not in text
+
+
+def test_a_lower_case_b_is_refused_not_read_as_bytes_or_bits():
+    """transformers and accelerate read '5Gb' as gigabits (625 MB), '5GB' as bytes: the
+    lower-case spelling is refused, naming both, instead of an 8× surprise either way."""
+    import pytest
+
+    from weightplan.errors import PlanError
+
+    for text in ("5Gb", "500mb", "20Kb"):
+        with pytest.raises(PlanError, match="bits to transformers.*write '"):
+            parse_bytes(text, what="max_shard_size")
+    assert parse_bytes("5GB") == 5 * 10**9 and parse_bytes("20KiB") == 20 * 1024
+    assert parse_bytes("7b") == 7 and parse_bytes("3kib") == 3 * 1024

@@ -31,6 +31,11 @@ def parse_bytes(value: int | float | str, *, what: str = "size") -> int:
     if not m or m.group(2).lower() not in _UNITS:
         raise PlanError(f"can't parse {what} {value!r}: use bytes or a string like '8GiB', "
                         "'512MB', '1.5GB'")
+    if len(m.group(2)) == 2 and m.group(2).endswith("b"):  # (transformers reads bits)
+        unit = m.group(2)[0].upper()
+        raise PlanError(f"{what} {value!r}: a lower-case 'b' means bits to transformers and "
+                        f"accelerate ('5Gb' is 625MB), bytes elsewhere; write "
+                        f"'{m.group(1)}{unit}B' for bytes, or the size in bytes")
     number = float(m.group(1)) * _UNITS[m.group(2).lower()]
     if not math.isfinite(number):
         raise PlanError(f"{what} {value!r} is too large")
