@@ -94,8 +94,9 @@ def test_a_resized_vocabulary_loads_into_a_model_resized_as_for_peft(tmp_path):
     assert model.lm_head.weight is model.get_parameter(f"{EMBED}.base_layer.weight")
 
 
-def test_merged_into_the_adapters_embedding(tmp_path):
-    _adapter(tmp_path, ["embed_tokens", "q_proj"])
+@pytest.mark.parametrize("tied", [False, True])
+def test_merged_into_the_adapters_embedding(tmp_path, tied):
+    _adapter(tmp_path, ["embed_tokens", "q_proj"], tied)
     model = weightplan.from_pretrained(tmp_path / "base", adapter=tmp_path / "lora", merge=True)
     assert not any("lora" in n for n, _ in model.named_parameters())
     _same(model, _peft(tmp_path, merge=True))
@@ -131,3 +132,21 @@ def test_two_sources_in_one_file_still_conflict(tmp_path):
               str(base), metadata={"format": "pt"})
     with pytest.raises(ConflictingTransformError, match="two checkpoint sources"):
         weightplan.from_pretrained(tmp_path / "base", adapter=tmp_path / "lora")
+
+
+def test_saved_back_with_its_embedding(tmp_path):
+    """``save(model, dir, adapter_name=)`` writes the file as it was, the embedding saved
+    with the adapter included (else loading it back would give the base's); merged, the
+    base's layout with the merged embedding."""
+    _adapter(tmp_path, ["embed_tokens", "q_proj"])
+    model = weightplan.from_pretrained(tmp_path / "base", adapter=tmp_path / "lora")
+    weightplan.save(model, tmp_path / "out", adapter_name="default")
+    file = "adapter_model.safetensors"
+    before, after = load_file(str(tmp_path / "lora" / file)), load_file(str(tmp_path / "out" / file))
+    assert sorted(after) == sorted(before)
+    assert [k for k in before if not torch.equal(before[k], after[k])] == []
+    merged = weightplan.from_pretrained(tmp_path / "base", adapter=tmp_path / "lora", merge=True)
+    weightplan.save(merged, tmp_path / "merged")
+    written = load_file(str(tmp_path / "merged" / "model.safetensors"))
+    assert sorted(written) == sorted(load_file(str(tmp_path / "base" / "model.safetensors")))
+    assert torch.equal(written[f"{EMBED}.weight"], merged.get_parameter(f"{EMBED}.weight"))

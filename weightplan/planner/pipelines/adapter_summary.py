@@ -59,6 +59,12 @@ class AdapterSummary:
     merged: int = 0  # base weights the adapter is folded into (merge=True)
     replaced: tuple[Replacement, ...] = ()  # base tensors the adapter's file replaces
 
+    def merged_as(self) -> dict[str, str]:
+        """Merged: the adapter's key of each base tensor it replaced → the base's key, which
+        a save of the merged model writes it as."""
+        return {r.adapter_key: r.base_key for r in self.replaced
+                if self.merged and "," not in r.adapter_key + r.base_key}
+
 
 CONFIGS_ATTRIBUTE = "_weightplan_adapter_configs"  # adapter name → its adapter_config.json
 
