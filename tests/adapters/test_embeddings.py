@@ -136,15 +136,17 @@ def test_two_sources_in_one_file_still_conflict(tmp_path):
 
 def test_saved_back_with_its_embedding(tmp_path):
     """``save(model, dir, adapter_name=)`` writes the file as it was, the embedding saved
-    with the adapter included (else loading it back would give the base's); merged, the
-    base's layout with the merged embedding."""
+    with the adapter included (else loading it back would give the base's), in the layout
+    it was loaded from or one chosen; merged, the base's layout with the merged embedding."""
     _adapter(tmp_path, ["embed_tokens", "q_proj"])
     model = weightplan.from_pretrained(tmp_path / "base", adapter=tmp_path / "lora")
-    weightplan.save(model, tmp_path / "out", adapter_name="default")
     file = "adapter_model.safetensors"
-    before, after = load_file(str(tmp_path / "lora" / file)), load_file(str(tmp_path / "out" / file))
-    assert sorted(after) == sorted(before)
-    assert [k for k in before if not torch.equal(before[k], after[k])] == []
+    before = load_file(str(tmp_path / "lora" / file))
+    for layout in (None, "fused"):  # (as loaded; in a layout chosen: peft's rule)
+        weightplan.save(model, tmp_path / str(layout), adapter_name="default", layout=layout)
+        after = load_file(str(tmp_path / str(layout) / file))
+        assert sorted(after) == sorted(before)
+        assert [k for k in before if not torch.equal(before[k], after[k])] == []
     merged = weightplan.from_pretrained(tmp_path / "base", adapter=tmp_path / "lora", merge=True)
     weightplan.save(merged, tmp_path / "merged")
     written = load_file(str(tmp_path / "merged" / "model.safetensors"))
