@@ -65,7 +65,8 @@ def _execute(plan: LoadPlanData, strict: bool, progress: bool | None, atomic: bo
     with partial_load_errors(sink):
         shared = _exchanged(sink, plan, mesh, agreement)
         stats = run_plan(plan.schedule, plan.checkpoint, shared, progress=progress)
-    record = record_of_conversions(plan.conversions, plan.checkpoint, plan.unexpected)
+    record = record_of_conversions(plan.conversions, plan.checkpoint, plan.unexpected,
+                                   plan.adapter.merged_as() if plan.adapter else None)
     attach_record(model, merge_records(get_record(model), record))
     if plan.adapter is not None:  # (its config goes back with it when saved)
         from weightplan.planner.pipelines.adapter_summary import remember_adapter

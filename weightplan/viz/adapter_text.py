@@ -29,6 +29,9 @@ def adapter_lines(plan: PlanData) -> list[str]:
         lines.append(f"  merged: s·B·A folded into {counted(summary.merged, 'base weight')} (MergeLora "
                      "nodes, float32, cast once to the model's dtype); the model has no "
                      "LoRA layers")
+    for r in summary.replaced:
+        lines.append(f"  {r.target} from the adapter file, {r.adapter_key} (replaces the "
+                     f"base's {r.base_key}: not read)")
     for c in summary.conversions:
         lines.append(f"  layout: {c.description}; rank {c.rank[0]} → {c.rank[1]}, alpha "
                      f"{c.alpha[0]:g} → {c.alpha[1]:g}")

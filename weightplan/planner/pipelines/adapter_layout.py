@@ -45,7 +45,10 @@ def explain_adapter_layout_save(model: torch.nn.Module, directory: str | os.Path
     injected = inspect_adapter(model, name)
     if not injected.layers and not injected.saved_modules:
         raise SaveError(f"the model has no adapter {name!r} to save")
-    state = {k: v.detach() for k, v in model.state_dict().items() if injected.owns(k)}
+    full = model.state_dict()
+    embeddings = {f"{x.path}.base_layer.weight" for x in injected.layers.values()
+                  if f"{x.path}.lora_embedding_A.{name}" in full}  # (saved with it, as peft does)
+    state = {k: v.detach() for k, v in full.items() if injected.owns(k) or k in embeddings}
     meta = sorted(k for k, v in state.items() if v.is_meta)
     if meta:
         raise SaveError(f"{len(meta)} adapter tensor(s) are on meta: {', '.join(meta[:5])}")

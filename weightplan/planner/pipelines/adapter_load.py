@@ -30,8 +30,9 @@ from weightplan.planner.keys.adapter_keys import (
 )
 from weightplan.planner.keys.lookup import Finder
 from weightplan.planner.keys.registry import MappingChoice
+from weightplan.planner.keys.routing import Routing
 from weightplan.planner.pipelines.adapter_summary import (
-    AdapterSummary, LayoutConversion, ScaleChange,
+    AdapterSummary, LayoutConversion, Replacement, ScaleChange,
 )
 from weightplan.planner.pipelines.load import choose_mapping, explain_load
 from weightplan.planner.pipelines.plan import LoadPlanData
@@ -84,15 +85,48 @@ def explain_base_and_adapter(model: torch.nn.Module, base_files: list[str], adap
                                                     adapter.config.modules_to_save)
     choice = MappingChoice(base.key, base.reason, transforms, base.submodules)
     checkpoint = base_and_adapter(base_files, adapter)
+    keys = _last_file_keys(checkpoint)
+    replaced: dict[str, Replacement] = {}
     data = explain_load(model, checkpoint, mapping=choice,
-                        view=lambda info: keep_dtype_of(info, injected.owns), **options)
-    return with_adapter(data, adapter, injected, fused, keys=_last_file_keys(checkpoint))
+                        view=lambda info: keep_dtype_of(info, injected.owns),
+                        regroup=lambda r: adapter_first(r, frozenset(keys), injected, replaced),
+                        **options)
+    return with_adapter(data, adapter, injected, fused, keys=keys,
+                        replaced=tuple(replaced.values()))
 
 
 def _last_file_keys(checkpoint: Checkpoint) -> tuple[str, ...]:
     """The keys of the checkpoint's last file (the adapter's), its header not read again."""
     last = checkpoint.files[-1].path
     return tuple(k for k, e in checkpoint.entries.items() if e.file == last)
+
+
+def adapter_first(routing: Routing, keys: frozenset[str], injected: InjectedAdapter,
+                  replaced: dict[str, Replacement]) -> Routing:
+    """``routing`` without the base checkpoint's group of each model tensor that the
+    adapter's file (``keys``) holds too, outside the adapter's own tensors: an embedding
+    peft saved with the adapter (``save_embedding_layers``; its vocabulary may be resized).
+    peft loads the adapter's over the base's, so the base's is not read; each is recorded
+    in ``replaced``. Two groups of one side for one tensor stay: a real conflict, refused
+    when the conversions are built."""
+    sides: dict[str, tuple[list[int], list[int]]] = {}
+    for i, g in enumerate(routing.groups):
+        if len(g.targets) != 1 or "*" in g.targets[0]:
+            continue
+        ours = {e.key in keys for e in g.entries}
+        if len(ours) == 1:
+            sides.setdefault(g.output_key(0, 0), ([], []))[0 if True in ours else 1].append(i)
+    dropped = set()
+    for key, (mine, base) in sides.items():
+        if len(mine) == 1 and len(base) == 1 and not injected.owns(key):
+            kept, gone = routing.groups[mine[0]], routing.groups[base[0]]
+            replaced[key] = Replacement(key, ", ".join(e.key for e in kept.entries),
+                                        ", ".join(e.key for e in gone.entries))
+            dropped.add(base[0])
+    if not dropped:
+        return routing
+    return dataclasses.replace(routing, groups=tuple(
+        g for i, g in enumerate(routing.groups) if i not in dropped))
 
 
 def base_and_adapter(base_files: list[str], adapter: Adapter) -> Checkpoint:
@@ -110,10 +144,11 @@ def _model_names(keys: Iterable[str], prefix: str) -> frozenset[str]:
 
 
 def with_adapter(data: LoadPlanData, adapter: Adapter, injected: InjectedAdapter,
-                 fused: tuple[FusedTarget, ...], keys: tuple[str, ...] | None = None
-                 ) -> LoadPlanData:
+                 fused: tuple[FusedTarget, ...], keys: tuple[str, ...] | None = None,
+                 replaced: tuple[Replacement, ...] = ()) -> LoadPlanData:
     """``data`` with the adapter's section and problems; raises when nothing lands.
-    ``keys``: the adapter's (default: the plan's whole checkpoint)."""
+    ``keys``: the adapter's (default: the plan's whole checkpoint); ``replaced``: the base
+    tensors the adapter's file replaces (:func:`adapter_first`)."""
     keys = tuple(data.checkpoint.entries) if keys is None else keys
     mine = set(keys)
     loaded = {e.key for c in data.conversions if c.loads for e in c.group.entries} & mine
@@ -140,7 +175,7 @@ def with_adapter(data: LoadPlanData, adapter: Adapter, injected: InjectedAdapter
         scale_of(config.r, config.lora_alpha, config.use_rslora), config.use_rslora,
         config.use_dora, _targets(config), config.modules_to_save, len(keys), len(loaded),
         *_bytes(data, mine), conversions, changes,
-        json.dumps(dict(config.raw), indent=2, sort_keys=True) + "\n")
+        json.dumps(dict(config.raw), indent=2, sort_keys=True) + "\n", replaced=replaced)
     findings = dataclasses.replace(data.findings, problems=tuple(problems)
                                    + data.findings.problems,
                                    notes=data.findings.notes + tuple(_shared_only(config, fused)))

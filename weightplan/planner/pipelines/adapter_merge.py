@@ -14,6 +14,7 @@ writes the merged model in the base checkpoint's layout.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import torch
@@ -27,8 +28,11 @@ from weightplan.planner.inputs.checkpoint import open_checkpoint
 from weightplan.planner.keys.adapter_keys import adapter_transforms
 from weightplan.planner.keys.registry import MappingChoice
 from weightplan.planner.keys.routing import Group, Routing
-from weightplan.planner.keys.transforms import WeightConverter
-from weightplan.planner.pipelines.adapter_load import base_and_adapter, with_adapter
+from weightplan.planner.keys.transforms import WeightConverter, WeightRenaming
+from weightplan.planner.pipelines.adapter_load import (
+    adapter_first, base_and_adapter, with_adapter,
+)
+from weightplan.planner.pipelines.adapter_summary import Replacement
 from weightplan.planner.pipelines.load import explain_load
 from weightplan.planner.pipelines.plan import LoadPlanData
 
@@ -53,19 +57,34 @@ def explain_merged_load(model: torch.nn.Module, injected_model: torch.nn.Module,
                            "merge=True")
     injected = inspect_adapter(injected_model, name)
     transforms, fused = adapter_transforms(base.transforms, injected, config.modules_to_save)
-    transforms += tuple(t for t in base.transforms if isinstance(t, WeightConverter))
+    transforms += (*_unwrapped(injected),
+                   *(t for t in base.transforms if isinstance(t, WeightConverter)))
     choice = MappingChoice(base.key, base.reason, transforms, base.submodules)
     notes: list[Note] = []
-    data = explain_load(model, base_and_adapter(base_files, adapter), mapping=choice,
-                        regroup=lambda r: merged_routing(r, injected, notes), **options)
     keys = tuple(open_checkpoint(adapter.weights).entries)
-    data = with_adapter(data, adapter, injected, fused, keys=keys)
+    replaced: dict[str, Replacement] = {}
+    data = explain_load(model, base_and_adapter(base_files, adapter), mapping=choice,
+                        regroup=lambda r: merged_routing(
+                            adapter_first(r, frozenset(keys), injected, replaced),
+                            injected, notes), **options)
+    data = with_adapter(data, adapter, injected, fused, keys=keys,
+                        replaced=tuple(replaced.values()))
     assert data.adapter is not None
     merged = sum(1 for c in data.conversions if c.loads and len(c.ops) == 1
                  and isinstance(c.ops[0], MergeLora))
     findings = dataclasses.replace(data.findings, notes=data.findings.notes + tuple(notes))
     return dataclasses.replace(data, adapter=dataclasses.replace(data.adapter, merged=merged),
                                findings=findings)
+
+
+def _unwrapped(injected: InjectedAdapter) -> tuple[WeightRenaming, ...]:
+    """A base layer the adapter's file holds (an embedding peft saved with it) → the plain
+    model's tensor, which the adapter's then replaces (:func:`adapter_first`)."""
+    plain = sorted(x.path for x in injected.layers.values() if x.parameter is None)
+    if not plain:
+        return ()
+    alternatives = "|".join(re.escape(p) for p in plain)
+    return (WeightRenaming(rf"^({alternatives})\.base_layer\.(weight|bias)$", r"\1.\2"),)
 
 
 def merged_routing(routing: Routing, injected: InjectedAdapter, notes: list[Note]) -> Routing:

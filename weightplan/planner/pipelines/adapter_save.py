@@ -16,7 +16,9 @@ from weightplan.errors import SaveError
 from weightplan.planner.core.ops import BlockDiagonal
 from weightplan.planner.core.ops.blocks import off_diagonal_zero
 from weightplan.planner.inputs.adapter import WEIGHTS_FILE
-from weightplan.planner.inputs.adapter_model import InjectedAdapter, inspect_adapter
+from weightplan.planner.inputs.adapter_model import (
+    PEFT_PREFIX, InjectedAdapter, inspect_adapter,
+)
 from weightplan.planner.inputs.checkpoint import open_checkpoint
 from weightplan.planner.keys.registry import MappingChoice
 from weightplan.planner.pipelines.adapter_summary import CONFIGS_ATTRIBUTE
@@ -61,10 +63,14 @@ def explain_adapter_save(model: torch.nn.Module, directory: str | os.PathLike[st
 
 
 def _adapter_record(model: torch.nn.Module, injected: InjectedAdapter) -> LoadRecord:
+    """The load record's conversions of the adapter: its own tensors, and base-layer ones
+    its file held (an embedding peft saved with it: all keys with peft's prefix)."""
     record = get_record(model)
-    mine = tuple(c for c in (record.conversions if record is not None else ())
-                 if c.targets and all(injected.owns(k) for k, _ in c.targets))
-    if record is None or not mine:
+    conversions = record.conversions if record is not None else ()
+    mine = tuple(c for c in conversions if c.targets and (
+        all(injected.owns(k) for k, _ in c.targets)
+        or all(k.startswith(PEFT_PREFIX) for k in c.keys)))
+    if record is None or not any(all(injected.owns(k) for k, _ in c.targets) for c in mine):
         raise SaveError(f"the model's adapter {injected.name!r} was not loaded by weightplan, "
                         "so its file's layout is unknown; load it with weightplan.explain("
                         "model, ADAPTER_DIR).execute() or from_pretrained(base, adapter=...)")

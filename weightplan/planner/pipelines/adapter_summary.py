@@ -26,6 +26,16 @@ class LayoutConversion:
 
 
 @dataclass(frozen=True)
+class Replacement:
+    """A base-layer tensor the adapter's file holds (peft's ``save_embedding_layers``: an
+    embedding saved with the adapter, resized or not), loaded in place of the base's."""
+
+    target: str  # the model tensor
+    adapter_key: str  # its key in the adapter's file
+    base_key: str  # the base checkpoint's key for it, not read
+
+
+@dataclass(frozen=True)
 class AdapterSummary:
     """The adapter's part of a plan: type, rank, alpha, scale, targets, conversions, bytes."""
 
@@ -47,6 +57,13 @@ class AdapterSummary:
     scale_changes: tuple[ScaleChange, ...] = ()
     config_json: str = ""  # the adapter_config.json as read (written back when saving)
     merged: int = 0  # base weights the adapter is folded into (merge=True)
+    replaced: tuple[Replacement, ...] = ()  # base tensors the adapter's file replaces
+
+    def merged_as(self) -> dict[str, str]:
+        """Merged: the adapter's key of each base tensor it replaced → the base's key, which
+        a save of the merged model writes it as."""
+        return {r.adapter_key: r.base_key for r in self.replaced
+                if self.merged and "," not in r.adapter_key + r.base_key}
 
 
 CONFIGS_ATTRIBUTE = "_weightplan_adapter_configs"  # adapter name → its adapter_config.json

@@ -65,11 +65,14 @@ class LoadRecord:
 
 
 def record_of_conversions(conversions: Sequence[Conversion], checkpoint: Checkpoint,
-                          unexpected: frozenset[str] = frozenset()) -> LoadRecord:
-    """The record of conversions run on ``checkpoint`` (a load, or an in-memory convert)."""
+                          unexpected: frozenset[str] = frozenset(),
+                          merged_as: Mapping[str, str] | None = None) -> LoadRecord:
+    """The record of conversions run on ``checkpoint`` (a load, or an in-memory convert);
+    ``merged_as``: an adapter's key → the base key a weight merged into it is saved as (an
+    embedding saved with the adapter, which replaced the base's)."""
     kept, not_loaded = [], set(unexpected)
     for conv in conversions:
-        recorded = _record(conv)
+        recorded = _record(conv, merged_as or {})
         if recorded is None:
             not_loaded.update(e.key for e in conv.group.entries)
         else:
@@ -93,7 +96,7 @@ def _place(entry: TensorEntry) -> tuple[str, int]:
     return entry.file or "", entry.offset
 
 
-def _record(conv: Conversion) -> RecordedConversion | None:
+def _record(conv: Conversion, merged_as: Mapping[str, str]) -> RecordedConversion | None:
     """``None`` when some output went nowhere: the sources can't be rebuilt from the model."""
     if any(t.status not in _WRITTEN for t in conv.targets):
         return None
@@ -105,11 +108,14 @@ def _record(conv: Conversion) -> RecordedConversion | None:
         elif n.kind is NodeKind.QUANTIZE:
             quantizes.append(n)
     ops, streams, routes = conv.ops, conv.group.sources, conv.group.routes
+    saved_as: Mapping[str, str] = {}
     if len(ops) == 1 and ops[0].merges_adapter:  # saved as the base it was merged into
         merged = cast("MergeLora | TakeTrained", ops[0])
         first = merged.counts[0]
         ops, streams, routes = merged.base, streams[:first], routes[:first]
-    sources = tuple(tuple((e.key, widened[e.key].spec if e.key in widened else e.spec)
+        saved_as = merged_as
+    sources = tuple(tuple((saved_as.get(e.key, e.key),
+                           widened[e.key].spec if e.key in widened else e.spec)
                           for e in stream) for stream in streams)
     fired: list[Renaming] = []
     for stream in routes:
