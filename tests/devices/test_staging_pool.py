@@ -92,3 +92,16 @@ def test_the_cli_shows_the_pool_it_counts(llama, capsys):
     main(["explain", str(directory), "--device-map", "auto", "--max-memory", "0=60KiB,cpu=150KiB"])
     out = capsys.readouterr().out
     assert "host staging (pinned, for device copies): 12 KiB" in out  # (was 256 MiB)
+
+
+def test_the_users_budgets_plan_with_the_disk(llama, tmp_path):
+    """``max_memory={0: "60KiB", "cpu": "30KiB"}`` with an offload folder: the rest goes to
+    the disk, the CPU holds its temporaries and the 12 KiB pool (was: "cpu would hold
+    256 MiB > its max_memory 30 KiB")."""
+    cls, cfg, directory = llama
+    plan = weightplan.explain(empty(cls, cfg), directory, device_map="auto",
+                              max_memory={0: "60KiB", "cpu": "30KiB"}, offload_folder=tmp_path)
+    placement = plan.options.placement
+    cpu = next(u for u in placement.uses if u.device == "cpu")
+    assert placement.pinned_bytes == 12 * 1024 and cpu.peak <= 30 * 1024
+    assert any(d == "disk" for _, d in placement.device_map)
