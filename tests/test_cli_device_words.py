@@ -87,3 +87,19 @@ def test_a_gpu_named_by_its_index_as_in_transformers(llama, capsys):
                  "--max-memory", "0=60KiB,cpu=1GiB"]) == 0
     out = capsys.readouterr().out
     assert "  cuda:0 (absent)" in out and "60 KiB" in out
+
+
+def test_repeated_max_memory_flags_add_up(llama, capsys):
+    """``--max-memory 0=60KiB --max-memory cpu=1GiB`` is both budgets (was: the last flag
+    alone, GPU 0 dropped without a word: the whole model on the CPU)."""
+    assert main(["explain", str(llama / "llama"), "--device-map", "auto",
+                 "--max-memory", "0=60KiB", "--max-memory", "cpu=1GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "  cuda:0 (absent)" in out and "60 KiB" in out and "1 GiB" in out
+    with pytest.raises(SystemExit):
+        main(["explain", str(llama / "llama"), "--device-map", "auto",
+              "--max-memory", "cpu=2GiB", "--max-memory", "cpu=1GiB"])
+    assert "cpu is given twice" in capsys.readouterr().err
+    assert main(["explain", str(llama / "llama"), "--device-map", "auto",
+                 "--max-memory", "0=60KiB", "--max-memory", "cuda:0=1GiB"]) == 2
+    assert "names cuda:0 twice" in capsys.readouterr().err

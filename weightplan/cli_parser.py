@@ -127,8 +127,9 @@ def _explain_parser(exp: argparse.ArgumentParser) -> None:
                      help="place the modules automatically (a per-device table: weights, "
                           "staging, peak, budget); devices this machine lacks may be named")
     exp.add_argument("--max-memory", metavar="DEV=SIZE,...", type=_max_memory,
+                     action=_MergeBudgets,
                      help="with --device-map: budgets, e.g. cuda:0=80GiB,cuda:1=80GiB,cpu=200GiB "
-                          "(a bare number is a GPU index: 0=80GiB)")
+                          "(a bare number is a GPU index: 0=80GiB); may be repeated")
     exp.add_argument("--offload-folder", metavar="DIR",
                      help="with --device-map: where modules placed on the disk would go")
     exp.add_argument("--base", metavar="BASE_DIR", help="a LoRA adapter directory's base")
@@ -214,6 +215,21 @@ def _max_memory(text: str) -> dict[str | int, str]:
         except PlanError as e:
             raise argparse.ArgumentTypeError(f"{key}={size}: {e}") from e
     return budgets
+
+
+class _MergeBudgets(argparse.Action):
+    """``--max-memory 0=60KiB --max-memory cpu=30KiB``: the flags' budgets together (was:
+    the last flag alone, the GPU dropped without a word). A key given in two flags is
+    refused here; two names of one device (``0``, ``cuda:0``) where the budgets are read."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        assert isinstance(values, dict)
+        budgets = dict(getattr(namespace, self.dest, None) or {})
+        again = [k for k in values if k in budgets]
+        if again:
+            raise argparse.ArgumentError(self, f"{again[0]} is given twice")
+        setattr(namespace, self.dest, {**budgets, **values})
 
 
 def _device_key(key: str) -> str | int:

@@ -6,6 +6,7 @@ import torch
 
 import weightplan
 from weightplan.planner.inputs.device import CPU, parse_device
+from weightplan.planner.tensors.schedule.device_plan import staging_of
 from weightplan.errors import PlanError
 from weightplan.units import format_bytes
 
@@ -75,6 +76,11 @@ def test_a_device_map_splits_the_model(tmp_path):
     cls, cfg, _ = FAMILIES["llama"]()
     cls(cfg).save_pretrained(tmp_path)
     model = build(cls, cfg, "meta")
-    weightplan.load(model, tmp_path, device={"model.layers": "cuda:0", "": "cpu"})
+    plan = weightplan.explain(model, tmp_path, device={"model.layers": "cuda:0", "": "cpu"})
+    report = plan.execute()
     assert model.model.layers[0].mlp.up_proj.weight.device.type == "cuda"
+    # the pinned buffers the copies went through: within the plan's pool, itself within the
+    # bytes that went to the GPU (was up to 8 × 32 MiB for any model)
+    pool = staging_of(plan.schedule.steps, plan.options.devices)
+    assert 0 < report.staging_bytes <= pool.nbytes <= report.device_bytes["cuda:0"]
     assert model.lm_head.weight.device == CPU and model.model.embed_tokens.weight.device == CPU

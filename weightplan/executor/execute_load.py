@@ -23,6 +23,7 @@ from weightplan.planner.pipelines.plan import LoadPlanData
 from weightplan.planner.write.record import attach_record, get_record, merge_records, record_of_conversions
 
 if TYPE_CHECKING:  # (a protocol, and what a cooperative load imports: annotations only)
+    from weightplan.planner.inputs.device import StagingPool
     from weightplan.executor.sink import Sink
     from weightplan.planner.pipelines.agreement import Agreement
 
@@ -60,7 +61,8 @@ def _execute(plan: LoadPlanData, strict: bool, progress: bool | None, atomic: bo
     offload = plan.options.placement.offload if plan.options.placement is not None else None
     inner = ModelSink(model, info, fresh, initialize=True, dtype=plan.options.dtype,
                       devices=plan.options.devices, sharding=plan.sharding,
-                      offload=offload)
+                      offload=offload,
+                      staging=_staging(plan))
     sink = GuardedSink(inner, atomic=atomic)  # see executor/atomic.py
     with partial_load_errors(sink):
         shared = _exchanged(sink, plan, mesh, agreement)
@@ -91,6 +93,16 @@ def _execute(plan: LoadPlanData, strict: bool, progress: bool | None, atomic: bo
         offloaded={**_referenced(plan), **inner.offloaded},
         device_bytes=_with_referenced(inner.device_bytes(), plan),
         staging_bytes=inner.staging_bytes, offload_written_bytes=inner.disk_bytes)
+
+
+def _staging(plan: LoadPlanData) -> StagingPool | None:
+    """The plan's pinned pool for its CUDA copies (``None``: nothing goes to CUDA)."""
+    devices = plan.options.devices
+    if devices is None or not devices.uses_cuda:
+        return None
+    from weightplan.planner.tensors.schedule.device_plan import staging_of  # (CUDA only)
+
+    return staging_of(plan.schedule.steps, devices)
 
 
 def _referenced(plan: LoadPlanData) -> dict[str, str]:

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from weightplan.errors import ExecutionError, PlanError
-from weightplan.planner.inputs.device import DeviceMap
+from weightplan.planner.inputs.device import DeviceMap, StagingPool
 from weightplan.executor.init import initialize_fresh
 from weightplan.planner.inputs.model_info import ModelInfo, ModelTensor
 from weightplan.planner.tensors.ir.destination import Destination
@@ -102,11 +102,11 @@ def flat_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return flat.view(torch.uint8)
 
 
-def _stager() -> Stager:
+def _stager(pool: StagingPool) -> Stager:
     """Pinned staging buffers, for a load onto CUDA devices (their module imported then)."""
     from weightplan.executor.staging import Stager
 
-    return Stager()
+    return Stager(pool)
 
 
 class ModelSink:
@@ -118,13 +118,15 @@ class ModelSink:
 
     def __init__(self, model: nn.Module, info: ModelInfo, missing: list[str], initialize: bool,
                  dtype: torch.dtype | None = None, devices: DeviceMap | None = None,
-                 sharding: Sharding | None = None, offload: OffloadPlan | None = None):
+                 sharding: Sharding | None = None, offload: OffloadPlan | None = None,
+                 staging: StagingPool | None = None):
         self.model, self.info, self.dtype, self.devices = model, info, dtype, devices
         self.offload = offload  # the disk's tensors: referenced in place, streamed or staged
         self.streamed = offload.streamed_names() if offload is not None else frozenset()
         self.streaming: dict[str, OffloadFile] = {}  # streamed files open, by tensor
         self.sharding = sharding
-        self.stager = _stager() if devices is not None and devices.uses_cuda else None
+        self.stager = _stager(staging) if staging is not None and staging.nbytes \
+            and devices is not None and devices.uses_cuda else None  # the plan's pool
         self.missing, self.initialize = missing, initialize
         self.results: dict[str, tuple[Destination, torch.Tensor]] = {}
         self.initialized: dict[str, str] = {}

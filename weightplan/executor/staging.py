@@ -3,8 +3,10 @@
 A reader thread copies the bytes it read (a mapped file window) into a free pinned buffer,
 queues a non-blocking copy to the device on a copy stream and goes on reading: the
 device copy overlaps the next reads. A buffer is reused once its copy's event completed;
-:meth:`Stager.finish` waits for every queued copy. Host staging is at most ``buffers``
-× ``chunk`` bytes, whatever the model size; device bytes are the destination tensors.
+:meth:`Stager.finish` waits for every queued copy. Host staging is at most the plan's
+pool (:func:`~weightplan.planner.tensors.schedule.device_plan.staging_of`: ``buffers`` ×
+``chunk`` bytes, never more than the bytes moved), allocated as the copies need buffers;
+device bytes are the destination tensors.
 """
 
 from __future__ import annotations
@@ -13,16 +15,14 @@ import threading
 
 import torch
 
-from weightplan.planner.inputs.device import STAGING_BUFFERS, STAGING_CHUNK
-
-CHUNK, BUFFERS = STAGING_CHUNK, STAGING_BUFFERS
+from weightplan.planner.inputs.device import StagingPool
 
 
 class Stager:
     """Pinned buffers, a copy stream per device, one event per buffer in flight."""
 
-    def __init__(self, chunk: int = CHUNK, buffers: int = BUFFERS):
-        self.chunk, self.count = chunk, buffers
+    def __init__(self, pool: StagingPool):
+        self.chunk, self.count = max(1, pool.chunk), max(1, pool.buffers)
         self._free: list[torch.Tensor] = []
         self._busy: list[tuple[torch.cuda.Event, torch.Tensor]] = []
         self._streams: dict[torch.device, torch.cuda.Stream] = {}

@@ -13,7 +13,6 @@ import sys
 from typing import TYPE_CHECKING, TypeGuard, cast
 
 from weightplan.planner.core.quant.blocks import FP8_DTYPES
-from weightplan.planner.inputs.device import STAGING_BUFFERS, STAGING_CHUNK
 from weightplan.planner.tensors.ir.nodes import NodeKind
 from weightplan.planner.core.problems import Note, Problem, ProblemKind
 from weightplan.planner.pipelines.plan import Direction, LoadPlanData, PlanData
@@ -288,8 +287,12 @@ def device_lines(plan: PlanData) -> list[str]:
                 name = str(devices.device_for(dest.key))
                 per[name] = per.get(name, 0) + dest.spec.nbytes
     text = ", ".join(f"{d} {format_bytes(n)}" for d, n in sorted(per.items()))
-    staging = f"; host staging (pinned) ≤ {format_bytes(STAGING_BUFFERS * STAGING_CHUNK)}" \
-        if devices.uses_cuda else ""
+    staging = ""
+    if devices.uses_cuda:
+        from weightplan.planner.tensors.schedule.device_plan import staging_of  # (CUDA only)
+
+        pool = staging_of(plan.schedule.steps, devices).nbytes
+        staging = f"; host staging (pinned) ≤ {format_bytes(pool)}" if pool else ""
     return [f"devices: {text or 'nothing allocated'}{staging}"] + sided
 
 

@@ -10,7 +10,7 @@ tensors, and an allocated tensor is written where it already is).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -18,8 +18,33 @@ import torch
 from weightplan.errors import PlanError
 
 CPU = torch.device("cpu")
-STAGING_CHUNK = 32 << 20  # bytes per pinned host buffer CUDA copies go through
-STAGING_BUFFERS = 8  # buffers in the pool: host staging is at most their product
+STAGING_CHUNK = 32 << 20  # bytes per pinned host buffer CUDA copies go through, at most
+STAGING_BUFFERS = 8  # buffers in the pool, at most: host staging is at most their product
+
+
+@dataclass(frozen=True)
+class StagingPool:
+    """The pinned host buffers copies to an accelerator go through: ``buffers`` of
+    ``chunk`` bytes (a larger copy goes through in chunks)."""
+
+    chunk: int = 0
+    buffers: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.chunk * self.buffers
+
+
+def staging_pool(copies: Iterable[int]) -> StagingPool:
+    """The pool for host → accelerator copies of these byte sizes (one per tensor): buffers
+    the size of the largest copy (at most :data:`STAGING_CHUNK`), as many as the copies
+    fill (at most :data:`STAGING_BUFFERS`, at least one): never more than the bytes moved,
+    nothing when nothing is moved."""
+    sizes = [n for n in copies if n > 0]
+    if not sizes:
+        return StagingPool()
+    chunk = min(STAGING_CHUNK, max(sizes))
+    return StagingPool(chunk, max(1, min(STAGING_BUFFERS, sum(sizes) // chunk)))
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from weightplan.errors import ParallelError, PlanError
-from weightplan.planner.inputs.device import (
-    STAGING_BUFFERS, STAGING_CHUNK, placed_map,
-)
+from weightplan.planner.inputs.device import placed_map
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.inputs.module_tree import module_tree
 from weightplan.planner.pipelines.plan import PlanOptions
@@ -76,9 +74,10 @@ class AutomaticRequest:
 
 
 def host_costs(schedule: Schedule) -> HostCosts:
-    """The schedule's host temporaries, its read window and the pinned staging pool."""
+    """The schedule's host temporaries and its read window (the pinned staging pool depends
+    on what the placement puts on CUDA: counted by it)."""
     temporaries = max((p.in_flight + p.intermediate for p in schedule.timeline), default=0)
-    return HostCosts(temporaries, schedule.window_bytes, STAGING_BUFFERS * STAGING_CHUNK)
+    return HostCosts(temporaries, schedule.window_bytes)
 
 
 def automatic_request(device: object, max_memory: object, offload_folder: object,

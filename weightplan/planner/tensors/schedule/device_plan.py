@@ -8,9 +8,10 @@ Per device, the planned peak is
   a strided write; an FP8 weight dequantized there, its FP8 bytes, scale tiles and fp32
   workspace; ``concurrent`` of them at once, the largest counted);
 - on the CPU: the weights placed there + the load's host side: the schedule's temporaries
-  (reads in flight, op intermediates), the pinned staging buffers device copies go
-  through, and the tensors on their way to the disk that are assembled in host memory
-  (a window of them; the ones referenced in place or streamed take none);
+  (reads in flight, op intermediates), the pinned staging buffers CUDA copies go through
+  (sized by what goes there: :func:`staging_of`), and the tensors on their way to the disk
+  that are assembled in host memory (a window of them; the ones referenced in place or
+  streamed take none);
 - on the disk: the bytes written to ``offload_folder``.
 
 When anything is offloaded, room for the largest whole block is also kept on the main
@@ -22,12 +23,13 @@ the others allow; ``"sequential"`` fills each to its budget.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from weightplan.errors import BudgetError, PlanError
+from weightplan.planner.inputs.device import DeviceMap, StagingPool, staging_pool
 from weightplan.planner.inputs.module_tree import ModuleTree
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.core.geometry import Fragment
@@ -72,7 +74,7 @@ class DevicePlacement:
     device_map: tuple[tuple[str, str], ...]  # (module or tensor, device), in module order
     uses: tuple[DeviceUse, ...]
     offload_folder: str | None = None
-    pinned_bytes: int = 0  # host staging for device copies (pinned buffers)
+    pinned_bytes: int = 0  # host staging for CUDA copies (pinned buffers), in the CPU's
     offload: OffloadPlan | None = None  # the disk's tensors: referenced in place or written
 
     def device_of(self, name: str) -> str:
@@ -107,7 +109,6 @@ class HostCosts:
 
     temporaries: int  # the schedule's largest reads-in-flight + intermediates
     window: int  # bytes of reads in flight at most
-    pinned: int  # pinned staging buffers, when anything goes to an accelerator
 
 
 def place_devices(strategy: str, budgets: Sequence[DeviceBudget], tree: ModuleTree,
@@ -125,7 +126,13 @@ def place_devices(strategy: str, budgets: Sequence[DeviceBudget], tree: ModuleTr
                         f"{', '.join(map(repr, STRATEGIES))}")
     inp = fill_input(tree, info, schedule.steps, dtype, schedule.threads)
     block, window = largest_whole(inp), host.window + _largest_step(schedule.steps)
-    result, slots = _converged(strategy, budgets, inp, host, block, window)
+    copies = _copies(schedule.steps, inp.canon)
+
+    def pinned_of(result: Mapping[str, str]) -> int:  # the pool for what lands on CUDA
+        on = frozenset().union(*(inp.tensors(u) for u, d in result.items() if _cuda(d)))
+        return staging_pool(copies[t] for t in on if t in copies).nbytes
+
+    result, slots, pinned = _converged(strategy, budgets, inp, host, block, window, pinned_of)
     if DISK in result.values() and not offload_folder:
         rest = [u or "the whole model" for u, d in result.items() if d == DISK]
         shown = ", ".join(rest[:4]) + (f", ... ({len(rest)} modules)" if len(rest) > 4 else "")
@@ -133,30 +140,58 @@ def place_devices(strategy: str, budgets: Sequence[DeviceBudget], tree: ModuleTr
                         f"({shown}) goes to the disk: pass offload_folder= (a directory), or "
                         "give the devices more memory")
     uses = _uses(inp, result, slots, budgets)
-    pinned = host.pinned if any(u.weights for u in uses if u.device not in (CPU, DISK)) else 0
     return DevicePlacement(strategy, tuple(result.items()), uses, offload_folder, pinned)
 
 
 def _converged(strategy: str, budgets: Sequence[DeviceBudget], inp: FillInput,
-               host: HostCosts, block: int, window: int
-               ) -> tuple[dict[str, str], list[Slot]]:
+               host: HostCosts, block: int, window: int,
+               pinned_of: Callable[[Mapping[str, str]], int]
+               ) -> tuple[dict[str, str], list[Slot], int]:
     """Fill, keeping room for what the fill offloads: a block on the main device, and on
     the CPU the tensors on their way to the disk (at most a read window of them, at most
-    what goes there). Each pass keeps at least as much as the last, so it settles; after
-    a few passes the window's worth is kept whole."""
-    keep_block, disk = False, 0
+    what goes there) and the pinned staging of what lands on CUDA (``pinned_of``). The
+    room kept only grows, so it settles, and the pool follows what is on CUDA (the CPU's
+    room doesn't change it); after a few passes the window's worth is kept whole. Also
+    returns the pinned bytes the CPU was given: the pool of the result's CUDA share."""
+    keep_block, disk, pinned = False, 0, 0
     for _ in range(PASSES):
-        slots = _slots(strategy, budgets, inp, host, kept=block if keep_block else 0,
-                       disk=disk)
+        slots = _slots(strategy, budgets, inp, host, block if keep_block else 0, disk, pinned)
         result = fill(inp, slots)
         on_disk = inp.host_bytes_offloaded(frozenset().union(
             *(inp.tensors(u) for u, d in result.items() if d == DISK)))
-        needed = (keep_block or _offloads(result, budgets), max(disk, min(window, on_disk)))
-        if needed == (keep_block, disk):
-            return result, slots
-        keep_block, disk = needed
-    slots = _slots(strategy, budgets, inp, host, kept=block, disk=window)
-    return fill(inp, slots), slots
+        needed = (keep_block or _offloads(result, budgets), max(disk, min(window, on_disk)),
+                  pinned_of(result))
+        if needed == (keep_block, disk, pinned):
+            return result, slots, pinned
+        keep_block, disk, pinned = needed
+    for _ in range(2):
+        slots = _slots(strategy, budgets, inp, host, block, window, pinned)
+        result = fill(inp, slots)
+        if pinned_of(result) == pinned:
+            return result, slots, pinned
+        pinned = pinned_of(result)
+    return result, _slots(strategy, budgets, inp, host, block, window, pinned), pinned
+
+
+def staging_of(steps: Iterable[Step], devices: DeviceMap | None) -> StagingPool:
+    """The pinned pool a load's CUDA copies go through: sized by the tensors it allocates
+    on a CUDA device (:func:`~weightplan.planner.inputs.device.staging_pool`). The
+    executor's stager holds no more; an automatic placement counts the same pool in the
+    CPU's budget."""
+    if devices is None or not devices.uses_cuda:
+        return StagingPool()
+    return staging_pool(d.spec.nbytes for s in steps for d in s.destinations
+                        if d.allocates and devices.device_for(d.key).type == "cuda")
+
+
+def _copies(steps: Iterable[Step], canon: Mapping[str, str]) -> dict[str, int]:
+    """Canonical name → bytes of the tensors the load allocates (copied to their device)."""
+    return {canon.get(d.key, d.key): d.spec.nbytes for s in steps for d in s.destinations
+            if d.allocates}
+
+
+def _cuda(device: str) -> bool:
+    return device not in (CPU, DISK) and torch.device(device).type == "cuda"
 
 
 def fill_input(tree: ModuleTree, info: ModelInfo, steps: Iterable[Step],
@@ -201,7 +236,7 @@ def _fp8_reads(step: Step, target: int) -> list[ReadTask]:
 
 
 def _slots(strategy: str, budgets: Sequence[DeviceBudget], inp: FillInput, host: HostCosts,
-           kept: int, disk: int = 0) -> list[Slot]:
+           kept: int, disk: int, pinned: int) -> list[Slot]:
     caps = _balanced(strategy, budgets, inp)
     accelerators = [b for b in budgets if b.is_accelerator]
     slots = []
@@ -209,7 +244,7 @@ def _slots(strategy: str, budgets: Sequence[DeviceBudget], inp: FillInput, host:
         fixed, room = 0, 0
         if b.device == CPU:
             room = kept if disk else 0  # (a disk block runs from the CPU's memory)
-            fixed = host.temporaries + (host.pinned if accelerators else 0) + disk
+            fixed = host.temporaries + pinned + disk
         elif accelerators and b is accelerators[0]:
             room = kept
         slots.append(Slot(b.device, caps.get(b.device, b.budget), fixed + room,
