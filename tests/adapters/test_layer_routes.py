@@ -112,3 +112,11 @@ def test_fused_parameters_wrapped_on_one_layer_route_right(tmp_path, fused, down
     inner = model.model.layers[1].mlp.experts.base_layer
     assert (inner.base_layer if down else inner).gate_up_proj is not None
     assert hasattr(model.model.layers[2].mlp.experts, "base_layer") is down
+
+
+def test_path_alternatives_leave_a_leading_zero_module_out():
+    """A module numbered with a leading zero (a ModuleDict's ``"01"``) has no template, but a
+    ``\\d\\d`` pattern matches it: the paths of its length are not all the modules then."""
+    modules = {"", "h", "h.01", "h.10", "h.11"}
+    regex = re.compile(rf"^(?:{path_alternatives({'h.10', 'h.11'}, frozenset(modules))})$")
+    assert {m for m in modules if regex.match(m)} == {"h.10", "h.11"}
