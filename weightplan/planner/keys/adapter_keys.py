@@ -303,4 +303,6 @@ def _relocated(converter: WeightConverter, holders: dict[str, dict[str, int]]
     return [*out, converter]
 
 
-_MODULE = re.compile(r"(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+# (``.experts`` as mixtral writes it, or ``mlp.experts`` as qwen2_moe does: the head before
+# it, ``model.layers.1.`` then, ends in the dot)
+_MODULE = re.compile(r"\.?[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
