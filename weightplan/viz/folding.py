@@ -289,7 +289,8 @@ def fold_alternations(text: str) -> str:
     that is another pattern, not an escaped literal, leaves its group as it is."""
     def fold(found: re.Match[str]) -> str:
         words = found.group(0)[1:-1].split("|")
-        literal, runs = [], {}  # literal words; word shape → its \d run's lengths
+        literal: list[str] = []  # literal words
+        runs: dict[tuple[str, ...], set[int]] = {}  # word shape → its \d run's lengths
         for word in words:
             parts = _DIGITS.split(word)
             plain = [_ESCAPED.sub(r"\1", p) for p in parts[::2]]
