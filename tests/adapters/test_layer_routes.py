@@ -99,16 +99,26 @@ def test_plain_modules_on_some_layers_route_right(tmp_path):
     assert not hasattr(model.model.layers[10].self_attn.q_proj, "base_layer")
 
 
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
 @pytest.mark.parametrize("fused", [False, True], ids=["per-expert-base", "fused-base"])
 @pytest.mark.parametrize("down", [True, False], ids=["down-everywhere", "no-down"])
-def test_fused_parameters_wrapped_on_one_layer_route_right(tmp_path, fused, down):
+def test_fused_parameters_wrapped_on_one_layer_route_right(tmp_path, fused, down, family):
     """gate_up_proj wrapped on layer 1 only: with down_proj wrapped on every layer, both
     sit two base_layers deep there and one elsewhere; else layer 1's one deep, the other
-    layers' not wrapped at all."""
+    layers' not wrapped at all. (qwen2_moe: its converters' targets are ``mlp.experts.…``,
+    no leading dot.)"""
     config = peft.LoraConfig(r=2, lora_alpha=4, init_lora_weights=False,
                              target_modules=["q_proj"], target_parameters=[
                                  "layers.1.mlp.experts.gate_up_proj", *(["down_proj"] * down)])
-    model = _layer_specific(tmp_path, "mixtral", config, fused=fused)
+    model = _layer_specific(tmp_path, family, config, fused=fused)
     inner = model.model.layers[1].mlp.experts.base_layer
     assert (inner.base_layer if down else inner).gate_up_proj is not None
     assert hasattr(model.model.layers[2].mlp.experts, "base_layer") is down
+
+
+def test_path_alternatives_leave_a_leading_zero_module_out():
+    """A module numbered with a leading zero (a ModuleDict's ``"01"``) has no template, but a
+    ``\\d\\d`` pattern matches it: the paths of its length are not all the modules then."""
+    modules = {"", "h", "h.01", "h.10", "h.11"}
+    regex = re.compile(rf"^(?:{path_alternatives({'h.10', 'h.11'}, frozenset(modules))})$")
+    assert {m for m in modules if regex.match(m)} == {"h.10", "h.11"}

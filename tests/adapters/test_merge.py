@@ -123,6 +123,35 @@ def test_a_bf16_base_merged_into_a_float32_model_is_rounded_only_to_float32(tmp_
             assert torch.equal(fused, torch.cat(rows)), (layer, e)
 
 
+@pytest.mark.parametrize("stored, dtype", [(torch.float16, BF16), (BF16, torch.float16)],
+                         ids=["fp16-into-bf16", "bf16-into-fp16"])
+def test_a_half_base_merged_into_the_other_half_model_is_rounded_once(tmp_path, stored, dtype):
+    """Neither half dtype holds the other's values: the float32 sum W + s·B·A is rounded
+    once to the model's dtype (an fp16 checkpoint into a bf16 model was rounded to fp16
+    first, then to bf16: 46 of 768 weights here off by one bf16 step)."""
+    base = _base(tmp_path, "llama", stored)
+    g = torch.Generator().manual_seed(3)
+    tensors = {}
+    for layer in range(2):
+        for name, (out, fan_in) in {"q_proj": (16, 16), "v_proj": (8, 16)}.items():
+            key = f"{PREFIX}model.layers.{layer}.self_attn.{name}"
+            tensors[f"{key}.lora_A.weight"] = torch.randn(2, fan_in, generator=g) * 0.1
+            tensors[f"{key}.lora_B.weight"] = torch.randn(out, 2, generator=g) * 0.1
+    (tmp_path / "lora").mkdir()
+    save_file(tensors, str(tmp_path / "lora" / "adapter_model.safetensors"))
+    write_config(str(tmp_path / "lora"), target_modules=["q_proj", "v_proj"])
+    model, _ = _merged(tmp_path, "lora", dtype=dtype)
+    state = model.state_dict()
+    for layer in range(2):
+        for name in ("q_proj", "v_proj"):
+            key = f"model.layers.{layer}.self_attn.{name}"
+            w, a, b = (base[f"{key}.weight"], tensors[f"{PREFIX}{key}.lora_A.weight"],
+                       tensors[f"{PREFIX}{key}.lora_B.weight"])
+            want = (w.float() + (b @ a) * 4.0).to(dtype)
+            assert state[f"{key}.weight"].dtype == dtype
+            assert torch.equal(state[f"{key}.weight"], want), key
+
+
 def test_plain_modules_equal_peft_merge_and_unload(tmp_path):
     # (a bf16 checkpoint: from a float32 one, weightplan adds the delta to the float32
     # weight and rounds once, where peft adds it to the weight already rounded to bf16)

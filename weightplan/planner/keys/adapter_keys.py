@@ -31,6 +31,7 @@ from weightplan.planner.keys.transforms import (
 )
 
 _NAME = re.compile(r"[A-Za-z0-9_\-]+")
+_LEADING_ZERO = re.compile(r"(?<![^.])0(?=[0-9])")
 _WEIGHT = re.compile(r"\\?\.weight\$?$")
 
 
@@ -218,7 +219,9 @@ def path_alternatives(paths: Iterable[str], modules: Collection[str]) -> str:
     for path in paths:
         wanted.setdefault(template_of(path), set()).add(path)
     universe = set(modules)
-    counts = Counter(map(template_of, universe))
+    # (a module numbered with a leading zero, ``h.01``, has no template but a ``\\d\\d``
+    # pattern matches it: counted with the modules whose numbers have its lengths)
+    counts = Counter(template_of(m) or template_of(_LEADING_ZERO.sub("1", m)) for m in universe)
     alternatives: list[str] = []
     for template, members in sorted(wanted.items(), key=lambda item: str(item[0])):
         if template is not None and counts[template] == len(members) and members <= universe:
@@ -300,4 +303,6 @@ def _relocated(converter: WeightConverter, holders: dict[str, dict[str, int]]
     return [*out, converter]
 
 
-_MODULE = re.compile(r"(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+# (``.experts`` as mixtral writes it, or ``mlp.experts`` as qwen2_moe does: the head before
+# it, ``model.layers.1.`` then, ends in the dot)
+_MODULE = re.compile(r"\.?[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")

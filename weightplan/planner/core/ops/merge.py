@@ -8,7 +8,8 @@ the base weight's dtype (rounded once, there), and where that is not the model's
 checkpoint, an FP8 one dequantized to float32) the plan casts it once at the sink. Where
 the model's dtype is finer than the base weight's (a bf16 checkpoint into a float32 model),
 the output takes the model's dtype instead: the base widened into it, the sum rounded once
-there (never first to the checkpoint's dtype).
+there (never first to the checkpoint's dtype); where neither holds the other's values (an
+fp16 checkpoint into a bf16 model), float32, rounded once at the sink.
 
 Orientation (peft's ``get_delta_weight``): ``A (r, in)``, ``B (out, r)``, delta ``B·A``
 ``(out, in)``; transposed (``(in, out)``) for embeddings, ``fan_in_fan_out`` layers and
@@ -70,7 +71,7 @@ class MergeLora(ConversionOp):
         (base, w), (a_ops, a), (b_ops, b) = chains
         self._check(w, a, b)
         want = ctx.written_dtype(0) if ctx.written_dtype is not None else None
-        dtype = want if want is not None and _finer(want, w.dtype) else None
+        dtype = None if want is None else _widened(want, w.dtype)
         placed = _place([(op, specs) for name, op, specs in stages if name == "base"], w)
         allocated = {name: 0 for name in _PARTS}
         for name, op, specs in stages:
@@ -228,10 +229,16 @@ def _place(chain: list[tuple[ConversionOp, Streams[TensorSpec]]], w: TensorSpec
     return frags
 
 
-def _finer(want: torch.dtype, have: torch.dtype) -> bool:
-    """Whether floats of ``want`` hold a float32 sum more closely than ``have``'s."""
-    return (want.is_floating_point and have.is_floating_point
-            and torch.finfo(want).eps < torch.finfo(have).eps)
+def _widened(want: torch.dtype, have: torch.dtype) -> torch.dtype | None:
+    """The output's dtype where the base weight's (``have``) is not enough: the model's
+    (``want``) where it holds every value of ``have`` (bf16 into float32); else one holding
+    both (an fp16 base into a bf16 model: float32, which the sink rounds once; fp16 first
+    would round twice). ``None``: ``have`` holds the model's values (or FP8, not floats)."""
+    if not (want.is_floating_point and have.is_floating_point) or min(
+            want.itemsize, have.itemsize) < 2:
+        return None
+    wider = torch.promote_types(want, have)
+    return None if wider == have else wider
 
 
 def _owns(chain: tuple[ConversionOp, ...]) -> bool:
