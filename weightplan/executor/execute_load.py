@@ -74,13 +74,7 @@ def _execute(plan: LoadPlanData, strict: bool, progress: bool | None, atomic: bo
         from weightplan.planner.pipelines.adapter_summary import remember_adapter
 
         remember_adapter(model, plan.adapter)
-    if plan.missing or plan.unexpected:
-        said = [f"{len(plan.missing)} missing tensor(s) {_some(plan.missing)} "
-                f"({len(sink.initialized)} initialized by the model's own init)"] \
-            if plan.missing else []
-        said += [f"{len(plan.unexpected)} unexpected checkpoint key(s) "
-                 f"{_some(plan.unexpected)} not loaded"] if plan.unexpected else []
-        log.warning("%s", " and ".join(said))
+    _warn_unloaded(plan, len(sink.initialized))
     return LoadReport(
         bytes_read=plan.read_bytes,
         bytes_needed=sum(p.needed_bytes for p in plan.schedule.steps),
@@ -93,6 +87,17 @@ def _execute(plan: LoadPlanData, strict: bool, progress: bool | None, atomic: bo
         offloaded={**_referenced(plan), **inner.offloaded},
         device_bytes=_with_referenced(inner.device_bytes(), plan),
         staging_bytes=inner.staging_bytes, offload_written_bytes=inner.disk_bytes)
+
+
+def _warn_unloaded(plan: LoadPlanData, initialized: int) -> None:
+    """A lenient load's missing and unexpected tensors, said once as a warning."""
+    if plan.missing or plan.unexpected:
+        said = [f"{len(plan.missing)} missing tensor(s) {_some(plan.missing)} "
+                f"({initialized} initialized by the model's own init)"] \
+            if plan.missing else []
+        said += [f"{len(plan.unexpected)} unexpected checkpoint key(s) "
+                 f"{_some(plan.unexpected)} not loaded"] if plan.unexpected else []
+        log.warning("%s", " and ".join(said))
 
 
 def _staging(plan: LoadPlanData) -> StagingPool | None:
