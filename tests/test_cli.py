@@ -195,6 +195,27 @@ def test_convert_dequantize_and_to_fp8_exclude_each_other(tmp_path, capsys):
         weightplan.explain_convert(directory, tmp_path / "out", dequantize=True, to="fp8")
 
 
+def test_convert_reverse_with_dequantize_or_to_is_refused(tmp_path, capsys):
+    """--reverse was silently ignored beside --dequantize / --to fp8 (keys kept as they
+    are): refused, in flags, nothing written."""
+    import pytest
+    import torch
+
+    import weightplan
+    from weightplan.errors import ArgumentError
+
+    directory = write_checkpoint(tmp_path / "c", {"w": torch.ones(2, 2)})
+    for flags, said in ((["--dequantize"], "--reverse and --dequantize exclude each other"),
+                        (["--to", "fp8"], "--reverse and --to fp8 exclude each other")):
+        assert main(["convert", str(directory), str(tmp_path / "out"), "--reverse",
+                     *flags]) == 2
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1, err
+        assert not (tmp_path / "out").exists()
+    with pytest.raises(ArgumentError, match="reverse=True and dequantize=True exclude"):
+        weightplan.explain_convert(directory, tmp_path / "out", reverse=True, dequantize=True)
+
+
 def test_convert_reverse_with_nothing_to_reverse_says_so(tmp_path, capsys):
     """A checkpoint in the original layout has nothing to reverse: one line, exit 2, nothing
     written (was: every tensor copied as it is, exit 0), as --dequantize says of a

@@ -20,6 +20,10 @@ PHRASES = (
     ("dequantize=True and to='fp8' exclude each other: dequantize writes bf16, to='fp8'",
      "--dequantize and --to fp8 exclude each other: --dequantize writes bf16, --to fp8"),
     # a file changed between the plan and its execution (convert plans, then executes)
+    ("reverse=True and dequantize=True exclude each other: dequantize=True keeps",
+     "--reverse and --dequantize exclude each other: --dequantize keeps"),
+    ("reverse=True and to='fp8' exclude each other: to='fp8' keeps",
+     "--reverse and --to fp8 exclude each other: --to fp8 keeps"),
     ("Call explain() again", "Run the command again"),
     ("call explain() again", "run the command again"),
     ("reverse=True turns", "--reverse turns"),

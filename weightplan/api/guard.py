@@ -198,6 +198,10 @@ def check_explain_convert(bound: inspect.BoundArguments) -> None:
     if bound.arguments.get("dequantize") and to is not None:
         raise ArgumentError(f"dequantize=True and to={to!r} exclude each other: dequantize "
                             f"writes bf16, to={to!r} re-encodes MXFP4 as block FP8; pass one")
+    if bound.arguments.get("reverse") and (bound.arguments.get("dequantize") or to is not None):
+        what = "dequantize=True" if bound.arguments.get("dequantize") else f"to={to!r}"
+        raise ArgumentError(f"reverse=True and {what} exclude each other: {what} keeps the "
+                            "keys as they are; convert twice (reverse, then the other)")
 
 
 def check_pretrained(bound: inspect.BoundArguments) -> None:
