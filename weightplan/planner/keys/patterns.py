@@ -81,10 +81,15 @@ def required_literal(regex: re.Pattern) -> str:
     """The longest run of literal characters in ``regex``'s top-level sequence: text that
     every match holds (``""``: none, or a case-insensitive regex). A key that doesn't hold
     it can't match, so a batch of keys whose joined text doesn't is skipped whole."""
-    if regex.flags & re.IGNORECASE:
+    return _required_literal(regex.pattern, regex.flags)
+
+
+@functools.lru_cache(maxsize=4096)  # (a mapping's transforms are made again for every plan)
+def _required_literal(pattern: str, flags: int) -> str:
+    if flags & re.IGNORECASE:
         return ""
     best = run = ""
-    for op, arg in _parser.parse(regex.pattern, regex.flags):
+    for op, arg in _parser.parse(pattern, flags):
         if op == _constants.LITERAL:
             run += chr(arg)
             continue
