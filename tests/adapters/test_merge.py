@@ -44,6 +44,21 @@ def _merged(tmp_path, adapter="v4", **options):
     return model, plan
 
 
+def _qv_lora(tmp_path, size):
+    """A rank-2 LoRA on a tiny Llama's q_proj and v_proj, written as peft does (``lora/``)."""
+    g = torch.Generator().manual_seed(3)
+    tensors = {}
+    for layer in range(2):
+        for name, (out, fan_in) in {"q_proj": (16, 16), "v_proj": (8, 16)}.items():
+            key = f"{PREFIX}model.layers.{layer}.self_attn.{name}"
+            tensors[f"{key}.lora_A.weight"] = torch.randn(2, fan_in, generator=g) * size
+            tensors[f"{key}.lora_B.weight"] = torch.randn(out, 2, generator=g) * size
+    (tmp_path / "lora").mkdir()
+    save_file(tensors, str(tmp_path / "lora" / "adapter_model.safetensors"))
+    write_config(str(tmp_path / "lora"), target_modules=["q_proj", "v_proj"])
+    return tensors
+
+
 def _expected(base, adapter, key, scale):
     """(W + (B·A)·s) in float32, cast once to bf16."""
     w, a, b = (base[f"{key}.weight"], adapter[f"{PREFIX}{key}.lora_A.weight"],
@@ -130,16 +145,7 @@ def test_a_half_base_merged_into_the_other_half_model_is_rounded_once(tmp_path, 
     once to the model's dtype (an fp16 checkpoint into a bf16 model was rounded to fp16
     first, then to bf16: 46 of 768 weights here off by one bf16 step)."""
     base = _base(tmp_path, "llama", stored)
-    g = torch.Generator().manual_seed(3)
-    tensors = {}
-    for layer in range(2):
-        for name, (out, fan_in) in {"q_proj": (16, 16), "v_proj": (8, 16)}.items():
-            key = f"{PREFIX}model.layers.{layer}.self_attn.{name}"
-            tensors[f"{key}.lora_A.weight"] = torch.randn(2, fan_in, generator=g) * 0.1
-            tensors[f"{key}.lora_B.weight"] = torch.randn(out, 2, generator=g) * 0.1
-    (tmp_path / "lora").mkdir()
-    save_file(tensors, str(tmp_path / "lora" / "adapter_model.safetensors"))
-    write_config(str(tmp_path / "lora"), target_modules=["q_proj", "v_proj"])
+    tensors = _qv_lora(tmp_path, 0.1)
     model, _ = _merged(tmp_path, "lora", dtype=dtype)
     state = model.state_dict()
     for layer in range(2):
@@ -156,16 +162,7 @@ def test_plain_modules_equal_peft_merge_and_unload(tmp_path):
     # (a bf16 checkpoint: from a float32 one, weightplan adds the delta to the float32
     # weight and rounds once, where peft adds it to the weight already rounded to bf16)
     base = _base(tmp_path, "llama", BF16)
-    g = torch.Generator().manual_seed(3)
-    tensors = {}
-    for layer in range(2):
-        for name, (out, fan_in) in {"q_proj": (16, 16), "v_proj": (8, 16)}.items():
-            key = f"{PREFIX}model.layers.{layer}.self_attn.{name}"
-            tensors[f"{key}.lora_A.weight"] = torch.randn(2, fan_in, generator=g)
-            tensors[f"{key}.lora_B.weight"] = torch.randn(out, 2, generator=g)
-    (tmp_path / "lora").mkdir()
-    save_file(tensors, str(tmp_path / "lora" / "adapter_model.safetensors"))
-    write_config(str(tmp_path / "lora"), target_modules=["q_proj", "v_proj"])
+    _qv_lora(tmp_path, 1.0)
     oracle = peft.PeftModel.from_pretrained(tiny_model("llama").to(BF16), str(tmp_path / "lora"))
     theirs = oracle.merge_and_unload().state_dict()
     model, _ = _merged(tmp_path, "lora", dtype=BF16)
