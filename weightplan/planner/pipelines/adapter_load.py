@@ -66,8 +66,9 @@ def explain_adapter_load(model: torch.nn.Module, adapter: Adapter, *, name: str 
     transforms, fused = adapter_transforms(base.transforms, injected,
                                            adapter.config.modules_to_save)
     choice = MappingChoice(base.key, base.reason, transforms, base.submodules)
-    file_keys = _model_names(open_checkpoint(adapter.weights).entries, injected.prefix)
-    data = explain_load(model, adapter.weights, mapping=choice,
+    checkpoint = open_checkpoint(adapter.weights)  # (read once: its keys, then the plan)
+    file_keys = _model_names(checkpoint.entries, injected.prefix)
+    data = explain_load(model, checkpoint, mapping=choice,
                         view=lambda info: restrict_model(
                             info, lambda n: injected.owns(n) or n in file_keys), **options)
     return with_adapter(data, adapter, injected, fused)
@@ -85,7 +86,7 @@ def explain_base_and_adapter(model: torch.nn.Module, base_files: list[str], adap
                                                     adapter.config.modules_to_save)
     choice = MappingChoice(base.key, base.reason, transforms, base.submodules)
     checkpoint = base_and_adapter(base_files, adapter)
-    keys = _last_file_keys(checkpoint)
+    keys = last_file_keys(checkpoint)
     replaced: dict[str, Replacement] = {}
     data = explain_load(model, checkpoint, mapping=choice,
                         view=lambda info: keep_dtype_of(info, injected.owns),
@@ -95,7 +96,7 @@ def explain_base_and_adapter(model: torch.nn.Module, base_files: list[str], adap
                         replaced=tuple(replaced.values()))
 
 
-def _last_file_keys(checkpoint: Checkpoint) -> tuple[str, ...]:
+def last_file_keys(checkpoint: Checkpoint) -> tuple[str, ...]:
     """The keys of the checkpoint's last file (the adapter's), its header not read again."""
     last = checkpoint.files[-1].path
     return tuple(k for k, e in checkpoint.entries.items() if e.file == last)

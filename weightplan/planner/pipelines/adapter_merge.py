@@ -24,13 +24,12 @@ from weightplan.planner.core.ops.merge import MergeLora, TakeTrained
 from weightplan.planner.core.problems import Note
 from weightplan.planner.inputs.adapter import Adapter
 from weightplan.planner.inputs.adapter_model import InjectedAdapter, LoraLayer, inspect_adapter
-from weightplan.planner.inputs.checkpoint import open_checkpoint
 from weightplan.planner.keys.adapter_keys import adapter_transforms
 from weightplan.planner.keys.registry import MappingChoice
 from weightplan.planner.keys.routing import Group, Routing
 from weightplan.planner.keys.transforms import WeightConverter, WeightRenaming
 from weightplan.planner.pipelines.adapter_load import (
-    adapter_first, base_and_adapter, with_adapter,
+    adapter_first, base_and_adapter, last_file_keys, with_adapter,
 )
 from weightplan.planner.pipelines.adapter_summary import Replacement
 from weightplan.planner.pipelines.load import explain_load
@@ -61,9 +60,10 @@ def explain_merged_load(model: torch.nn.Module, injected_model: torch.nn.Module,
                    *(t for t in base.transforms if isinstance(t, WeightConverter)))
     choice = MappingChoice(base.key, base.reason, transforms, base.submodules)
     notes: list[Note] = []
-    keys = tuple(open_checkpoint(adapter.weights).entries)
+    checkpoint = base_and_adapter(base_files, adapter)
+    keys = last_file_keys(checkpoint)
     replaced: dict[str, Replacement] = {}
-    data = explain_load(model, base_and_adapter(base_files, adapter), mapping=choice,
+    data = explain_load(model, checkpoint, mapping=choice,
                         regroup=lambda r: merged_routing(
                             adapter_first(r, frozenset(keys), injected, replaced),
                             injected, notes), **options)
