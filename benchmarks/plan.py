@@ -89,13 +89,14 @@ def meta_model(directory: Path):
 
 
 class PhaseTimer:
-    """Wraps the pipeline functions ``explain`` calls and sums the time spent in each."""
+    """Wraps the pipeline functions ``explain`` calls (``phases``: (module, function)
+    pairs) and sums the time spent in each."""
 
-    def __init__(self):
+    def __init__(self, phases: tuple[tuple[str, str], ...] = PHASES):
         import importlib
 
         self.seconds, self.saved = {}, []
-        for module_name, name in PHASES:
+        for module_name, name in phases:
             module = importlib.import_module(module_name)
             fn = getattr(module, name)
             self.saved.append((module, name, fn))

@@ -3,6 +3,7 @@ Kimi-K2-Thinking (compressed-tensors INT4 routed experts, bf16 rest), explained 
 weightplan into their floating models on meta.
 
     python benchmarks/quant.py [--only gpt-oss-120b] [--repeat 5] [--cache DIR] [--layers N]
+                               [--phases]
 
 The fixtures are sparse safetensors (:mod:`benchmarks.frontier`'s writer) with the real key
 names, dtypes, shapes and shard counts, each file laid out as the ``safetensors`` library
@@ -11,7 +12,9 @@ side), plus the only data bytes a plan reads: each ``weight_shape`` (pack-quanti
 logical shape). Kimi-K2 uses DeepSeek-V3's model class
 (its ``model_type`` ``kimi_k2`` is remote code; the architecture is DeepSeek-V3's). It
 prints the median ``explain()`` CPU time (target ≤ 1.0 s each), the problem count (target
-0), and the plan's format note (stored bytes → dequantized bytes).
+0), and the plan's format note (stored bytes → dequantized bytes); ``--phases``, the CPU time by
+pipeline phase as well (:mod:`benchmarks.plan`'s, the quantized context's pairing and routed
+checkpoint inside it).
 
 The loads themselves (each format → bf16 vs transformers' dequantizing load and the copy
 floor, with peak RSS) are :mod:`benchmarks.quant_load`: ``python benchmarks/quant_load.py
@@ -142,25 +145,54 @@ def fixture(cache: Path, name: str, layers: int | None = None) -> Path:
     return directory
 
 
-def measure(directory: Path, repeat: int) -> dict:
+# ``--phases``: benchmarks/plan.py's phases, the quantized context's two parts (the
+# pairing, and the checkpoint routing sees: indented, inside it) and the packed findings
+_QUANT = "weightplan.planner.tensors.ir.quant_build"
+NESTED = ((_QUANT, "packed_pairing"), (_QUANT, "routed_entries"))
+
+
+def _phases() -> tuple[tuple[str, str], ...]:
+    """plan.py's phases, the nested ones right after the quantized context."""
+    from benchmarks.plan import PHASES
+
+    at = [name for _, name in PHASES].index("_quant_context") + 1
+    return PHASES[:at] + NESTED + PHASES[at:]
+
+
+def measure(directory: Path, repeat: int, phases: bool = False) -> dict:
     import torch
 
     import weightplan
-    from benchmarks.plan import meta_model
+    from benchmarks.plan import PhaseTimer, meta_model
 
     model = meta_model(directory)
-    cpu, wall = [], []
+    cpu, wall, split = [], [], []
     plan = None
     for _ in range(repeat):
         plan = None
+        timer = PhaseTimer(_phases()) if phases else None
         start, start_cpu = time.perf_counter(), time.process_time()
         plan = weightplan.explain(model, directory, dtype=torch.bfloat16)
         wall.append(time.perf_counter() - start)
         cpu.append(time.process_time() - start_cpu)
+        if timer is not None:
+            timer.close()
+            split.append(timer.seconds)
     assert plan is not None
     notes = [n.message for n in plan.notes if n.key.startswith("<")]
     return {"keys": len(plan.checkpoint), "cpu": statistics.median(cpu),
-            "wall": statistics.median(wall), "problems": len(plan.problems), "notes": notes}
+            "wall": statistics.median(wall), "problems": len(plan.problems), "notes": notes,
+            "phases": {name: statistics.median(s.get(name, 0.0) for s in split)
+                       for _, name in _phases()} if split else {}}
+
+
+def print_phases(r: dict) -> None:
+    """The median split of ``explain()``'s CPU time by phase (the nested ones indented)."""
+    nested = {name for _, name in NESTED}
+    rest = r["cpu"] - sum(s for name, s in r["phases"].items() if name not in nested)
+    for name, seconds in (*r["phases"].items(), ("(the rest)", rest)):
+        label = ("  " if name in nested else "") + name
+        print(f"    {label:<24}{seconds:>7.3f} s  {100 * seconds / r['cpu']:>5.1f}%")
 
 
 def main() -> None:
@@ -169,13 +201,17 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--layers", type=int)
     parser.add_argument("--cache", type=Path, default=Path("/tmp/weightplan-quant-fixtures"))
+    parser.add_argument("--phases", action="store_true",
+                        help="print explain()'s CPU time by pipeline phase too (medians)")
     args = parser.parse_args()
     for name in [args.only] if args.only else FIXTURES:
-        r = measure(fixture(args.cache, name, args.layers), args.repeat)
+        r = measure(fixture(args.cache, name, args.layers), args.repeat, args.phases)
         print(f"{name}: {r['keys']:,} keys — explain {r['cpu']:.3f} s of CPU "
               f"({r['wall']:.3f} s wall; medians; target ≤ 1.0 s), {r['problems']} problems")
         for note in r["notes"]:
             print(f"  {note}")
+        if r["phases"]:
+            print_phases(r)
 
 
 if __name__ == "__main__":
