@@ -168,13 +168,21 @@ def shown(value: Any) -> str:
     return text
 
 
+def did_you_mean(word: str, words: Iterable[str]) -> str | None:
+    """The keyword ``word`` most likely misspells (``dtpye`` → ``dtype``), if one is close:
+    the one test of every "did you mean" a keyword gets (``from_pretrained``'s and a
+    guarded call's), so that a word is a misspelling everywhere or nowhere."""
+    close = difflib.get_close_matches(word, list(words), n=1, cutoff=0.8)
+    return close[0] if close else None
+
+
 def _unknown(name: str, value: Any, own: Iterable[str]) -> str:
     """Why ``name`` is refused: a misspelling of a keyword (``dtpye``), else a config
     override (which transformers applies to the config and weightplan doesn't)."""
-    close = difflib.get_close_matches(name, [*own, "torch_dtype", *REFUSED], n=1, cutoff=0.8)
+    close = did_you_mean(name, [*own, "torch_dtype", *REFUSED])
     if close:
         return (f"from_pretrained got {name}={shown(value)}: no such keyword; did you mean "
-                f"{close[0]}=? (weightplan's keywords are listed in "
+                f"{close}=? (weightplan's keywords are listed in "
                 "help(weightplan.from_pretrained))")
     return (f"from_pretrained got {name}={shown(value)}, which weightplan doesn't take: config "
             f"overrides are not applied (edit config.json, or {OWN_MODEL}); weightplan's "
