@@ -191,7 +191,7 @@ def make_write_plan(directory: str | os.PathLike, source: Checkpoint,
         else Direction.SAVE
     return WritePlanData(direction, source, choice, choice.transforms, conversions, graph,
                          schedule, options, how, str(directory), layout, overwrite,
-                         tuple(Note(str(directory), n) for n in notes))
+                         source.left_out_notes() + tuple(Note(str(directory), n) for n in notes))
 
 
 def _check_outputs(conversions: tuple[Conversion, ...]) -> None:
