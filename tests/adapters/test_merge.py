@@ -158,6 +158,27 @@ def test_a_half_base_merged_into_the_other_half_model_is_rounded_once(tmp_path, 
             assert torch.equal(state[f"{key}.weight"], want), key
 
 
+@pytest.mark.parametrize("stored", [torch.float64, torch.float32])
+def test_a_float64_merge_is_computed_in_float64(tmp_path, stored):
+    """Into a float64 model the sum W + s·B·A is formed in float64 (was: the base weight
+    widened into a float32 block, 1e-8 off in every element of a float64 checkpoint, and
+    the delta's products rounded to float32)."""
+    base = _base(tmp_path, "llama", stored)
+    tensors = _qv_lora(tmp_path, 0.1)
+    model, plan = _merged(tmp_path, "lora", dtype=torch.float64)
+    merges = [s.ops[0] for s in plan.schedule.steps if s.ops and isinstance(s.ops[0], MergeLora)]
+    assert merges and all("in float64" in repr(op) for op in merges)
+    state = model.state_dict()
+    for layer in range(2):
+        for name in ("q_proj", "v_proj"):
+            key = f"model.layers.{layer}.self_attn.{name}"
+            w, a, b = (base[f"{key}.weight"], tensors[f"{PREFIX}{key}.lora_A.weight"],
+                       tensors[f"{PREFIX}{key}.lora_B.weight"])
+            want = w.double() + (b.double() @ a.double()) * 4.0
+            assert state[f"{key}.weight"].dtype == torch.float64
+            assert torch.equal(state[f"{key}.weight"], want), key
+
+
 def test_plain_modules_equal_peft_merge_and_unload(tmp_path):
     # (a bf16 checkpoint: from a float32 one, weightplan adds the delta to the float32
     # weight and rounds once, where peft adds it to the weight already rounded to bf16)
