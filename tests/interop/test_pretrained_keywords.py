@@ -122,6 +122,26 @@ def test_attention_implementation_and_generation_config(llama):
         weightplan.from_pretrained(directory, attn_implementation="no-such-attention")
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, "auto"])
+def test_the_config_says_the_dtype_loaded_as_transformers_sets_it(dtype, llama):
+    """``model.config.dtype`` (and a composite's sub-configs') is the dtype the model was
+    loaded in (was: config.json's, float32 for a model loaded in float16)."""
+    directory, cls, _ = llama
+    ours = weightplan.from_pretrained(directory, dtype=dtype)
+    theirs = pretrained(cls, directory, dtype=dtype)
+    assert ours.config.dtype == theirs.config.dtype == next(ours.parameters()).dtype
+    from transformers import LlavaConfig, LlamaConfig
+
+    config = LlavaConfig(text_config=LlamaConfig(**ours.config.to_dict()))
+    composite = torch.nn.Module()
+    composite.config = config
+    from weightplan.api.pretrained import _record_dtype
+
+    _record_dtype(composite, torch.float16)
+    assert config.dtype == config.text_config.dtype == config.vision_config.dtype == \
+        torch.float16
+
+
 def test_output_loading_info_is_transformers_dict(llama, tmp_path):
     directory, _, _ = llama
     tensors = load_file(str(directory / "model.safetensors"))

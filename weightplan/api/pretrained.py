@@ -92,7 +92,7 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
                         max_memory=max_memory, offload_folder=offload_folder, dequantize_on=dequantize_on)
     report = plan.execute(strict=strict, progress=progress)
     return _finished(model, directory, generation_config, report, output_loading_info,
-                     return_report)
+                     return_report, plan.options.dtype)
 
 
 _OWN = tuple(from_pretrained.__code__.co_varnames[
@@ -100,11 +100,27 @@ _OWN = tuple(from_pretrained.__code__.co_varnames[
 
 
 def _finished(model: torch.nn.Module, directory: Path, generation_config: Any, report: Any,
-              output_loading_info: bool, return_report: bool) -> Any:
-    """Like transformers: the generation config read, eval mode, the extras asked for."""
+              output_loading_info: bool, return_report: bool, dtype: torch.dtype | None) -> Any:
+    """Like transformers: the dtype loaded on the config, the generation config read, eval
+    mode, the extras asked for."""
+    _record_dtype(model, dtype)
     _generation_config(_finish_quantized(model).eval(), directory, generation_config)
     extra = loading_info(report) if output_loading_info else report if return_report else None
     return model if extra is None else (model, extra)
+
+
+def _record_dtype(model: torch.nn.Module, dtype: torch.dtype | None) -> None:
+    """The dtype loaded, on the model's config and its sub-configs, as transformers sets it
+    (``model.config.dtype`` said the config.json's: bfloat16 for a model loaded in float16,
+    which code choosing a dtype from the config, and a save of the config, took for it)."""
+    config = getattr(model, "config", None)
+    if dtype is None or config is None or not hasattr(config, "dtype"):
+        return
+    config.dtype = dtype
+    for key in getattr(config, "sub_configs", None) or ():
+        sub = getattr(config, key, None)
+        if sub is not None and hasattr(sub, "dtype"):
+            sub.dtype = dtype
 
 
 def _alone(tp: object, adapter: object) -> object:
