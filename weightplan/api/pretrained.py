@@ -61,7 +61,7 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
 
     Args:
         name_or_path: a checkpoint directory or a Hub repo id (``"org/name"``).
-        dtype: ``"auto"`` (the config's, else the checkpoint's), a dtype, or ``None`` (fp32).
+        dtype: ``"auto"`` (the config's, else the checkpoint's; ``None`` too, as in transformers 5) or a dtype.
         dequantize: whether a quantized (block FP8) checkpoint loads dequantized (:func:`keeps_quantized`).
         device, device_map, max_memory, offload_folder: as :func:`explain` (placed on
             several devices or the disk, the model runs through accelerate's hooks).
