@@ -85,7 +85,7 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
                                    local_files_only=local_files_only, token=token,
                                    subfolder=subfolder)
     model = _sided(_built(directory, tensor_parallel, mesh, (attn_implementation, experts_implementation),
-                          progress, keep), dequantize_on)
+                          progress, _runs_kept(keep, dequantize, directory)), dequantize_on)
     with status(f"planning the load of {directory}", "planned the load", progress):
         plan = _explain(model, directory, adapter, adapter_name, merge, dtype=dtype, mapping=mapping,
                         budget=budget, threads=threads, device=_rank_device(device, mesh), tp=tensor_parallel,
@@ -168,6 +168,34 @@ def keeps_quantized(dequantize: bool | None, dtype: object, tp: object) -> bool:
     if dequantize is not None:
         return not dequantize
     return tp is None and (dtype is None or dtype == "auto")
+
+
+def _runs_kept(keep: bool, dequantize: bool | None, directory: Path) -> bool:
+    """``keep``, as transformers decides for a block-FP8 checkpoint: its FP8 layers run on
+    a CUDA GPU of compute capability 8.9 or more, or an XPU; on any other machine it loads
+    dequantized, with a warning (a kept model there failed at its first forward, where
+    transformers' ran), unless ``dequantize=False`` asks to keep it anyway."""
+    if not keep or dequantize is not None or _fp8_runs_here():
+        return keep
+    from weightplan.bridge.config_guard import read_config_json
+
+    path = directory / "config.json"
+    quantization = read_config_json(path).get("quantization_config") if path.is_file() else None
+    if isinstance(quantization, dict) and quantization.get("quant_method") == "fp8":
+        import warnings
+
+        warnings.warn(f"{directory}: FP8 layers need a GPU of compute capability 8.9+ or an "
+                      "XPU, and this machine has none: loaded dequantized, as transformers "
+                      "does (dequantize=False keeps the FP8 weights)", UserWarning, stacklevel=3)
+    return False
+
+
+def _fp8_runs_here() -> bool:
+    """Whether transformers runs FP8 layers on this machine (its quantizer's test)."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_capability() >= (8, 9)
+    xpu = getattr(torch, "xpu", None)
+    return bool(xpu is not None and xpu.is_available())
 
 
 def _sided(model: torch.nn.Module, dequantize_on: str) -> torch.nn.Module:
