@@ -284,3 +284,32 @@ def test_fp8_base_dequantizes_to_float32_merges_and_rounds_once(tmp_path):
     saved = load_file(str(tmp_path / "requantized" / "model.safetensors"))
     assert saved["model.layers.0.self_attn.q_proj.weight"].dtype == torch.float8_e4m3fn
     assert "model.layers.0.self_attn.q_proj.weight_scale_inv" in saved
+
+
+def test_a_trained_copy_of_a_tied_module_is_refused_merged_and_loads_unmerged(tmp_path):
+    """``modules_to_save=["lm_head"]`` on a model whose lm_head is tied to its embedding
+    (Llama 3.2, Gemma): merged, the copy would replace a tensor the embedding shares, so the
+    merge is refused saying to load unmerged (was: "lm_head.weight ... has no place in the
+    model's adapter ... inject the adapter with the same targets it was trained with");
+    unmerged it equals peft's."""
+    from tests.adapters.builders import tiny_config
+
+    config = tiny_config("llama")
+    config.tie_word_embeddings = True
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_config(config).eval()
+    base.save_pretrained(tmp_path / "base")
+    lora = peft.get_peft_model(AutoModelForCausalLM.from_config(config), peft.LoraConfig(
+        r=2, lora_alpha=4, target_modules=["q_proj"], modules_to_save=["lm_head"],
+        init_lora_weights=False))
+    lora.save_pretrained(tmp_path / "lora")
+    with pytest.raises(AdapterError, match=r"copy of lm_head \(modules_to_save\) would replace "
+                                           r"lm_head.weight, which this model ties"):
+        weightplan.from_pretrained(tmp_path / "base", adapter=tmp_path / "lora", merge=True)
+    oracle = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(
+        tmp_path / "base"), str(tmp_path / "lora"))
+    theirs = {k.removeprefix("base_model.model."): v for k, v in oracle.state_dict().items()}
+    ours = weightplan.from_pretrained(tmp_path / "base", adapter=tmp_path / "lora").state_dict()
+    assert set(ours) == set(theirs) and all(torch.equal(ours[k], v) for k, v in theirs.items())
