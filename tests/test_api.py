@@ -109,3 +109,29 @@ def test_a_device_map_that_is_neither_device_nor_strategy_names_the_strategies()
         device_from_map("fastest", None, None)
     assert device_from_map("cpu", None, None) == "cpu"
     assert device_from_map("auto", None, None) == "auto"
+
+
+def test_a_misspelling_is_one_everywhere_or_nowhere(tmp_path):
+    """One "did you mean" test for ``from_pretrained``'s keywords and a guarded call's:
+    ``dtyep`` is ``dtype`` to both; ``devixes`` (0.77 like ``device``) to neither (was:
+    ``explain`` suggested ``device=`` at 0.75, ``from_pretrained`` called it a config
+    override at 0.8)."""
+    import pytest
+    import torch
+
+    import weightplan
+    from weightplan.errors import ArgumentError
+    from tests.conftest import write_checkpoint
+
+    directory = write_checkpoint(tmp_path / "c", {"weight": torch.ones(2, 2)})
+    model = torch.nn.Linear(2, 2, bias=False)
+    for word, close in [("dtyep", "dtype"), ("devixes", None)]:
+        texts = []
+        with pytest.raises(ArgumentError) as e:
+            weightplan.explain(model, directory, **{word: 1})
+        texts.append(str(e.value))
+        with pytest.raises(ArgumentError) as e:
+            weightplan.from_pretrained(directory, **{word: 1})
+        texts.append(str(e.value))
+        for text in texts:
+            assert (f"did you mean {close}=?" in text) if close else "did you mean" not in text

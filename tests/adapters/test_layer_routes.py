@@ -65,9 +65,10 @@ def test_an_adapter_on_every_layer_is_routed_by_template():
                for p in getattr(t, "source_patterns", ()))
 
 
-def _layer_specific(tmp_path, family: str, config, layers: int = 12, fused: bool = False):
+def _layer_specific(tmp_path, family: str, config, layers: int = 12, fused: bool = False,
+                    mapping=None):
     """``fused``: the base saved as the model holds it (fused experts), not as transformers
-    saves it (per expert)."""
+    saves it (per expert); ``mapping``: the base's, given (else looked up)."""
     base = tiny_model(family, layers=layers)
     base.save_pretrained(tmp_path / "base")
     if fused:
@@ -79,9 +80,10 @@ def _layer_specific(tmp_path, family: str, config, layers: int = 12, fused: bool
     oracle = peft.PeftModel.from_pretrained(tiny_model(family, layers=layers),
                                             str(tmp_path / "lora"))
     plan = explain_with_adapter(build_empty_model(tmp_path / "base").model, tmp_path / "base",
-                                tmp_path / "lora")
+                                tmp_path / "lora", mapping=mapping)
     assert not plan.problems and not plan.missing and not plan.unexpected, plan.problems
-    model = weightplan.from_pretrained(tmp_path / "base", adapter=tmp_path / "lora")
+    model = weightplan.from_pretrained(tmp_path / "base", adapter=tmp_path / "lora",
+                                       mapping=mapping)
     theirs = {k.removeprefix("base_model.model."): v for k, v in oracle.state_dict().items()}
     ours = model.state_dict()
     assert set(theirs) == set(ours)
@@ -114,6 +116,22 @@ def test_fused_parameters_wrapped_on_one_layer_route_right(tmp_path, fused, down
     inner = model.model.layers[1].mlp.experts.base_layer
     assert (inner.base_layer if down else inner).gate_up_proj is not None
     assert hasattr(model.model.layers[2].mlp.experts, "base_layer") is down
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+def test_a_scoped_converter_over_fused_parameters_at_two_depths_is_anchored_in_its_scope(
+        tmp_path, family):
+    """The base mapping scoped to ``model`` (as a user's ``scope_prefix``, or a text model's
+    mapping inside a composite): its sources are searched below ``model.``, so the per-depth
+    converters are anchored to the holders' paths below it (were anchored to the whole
+    paths and matched nothing: every layer's gate_up_proj was unexpected, its base_layer
+    tensors missing)."""
+    config = peft.LoraConfig(r=2, lora_alpha=4, init_lora_weights=False,
+                             target_modules=["q_proj"], target_parameters=[
+                                 "layers.1.mlp.experts.gate_up_proj", "down_proj"])
+    scoped = [t.with_scope("model") for t in weightplan.get_mapping(family)]
+    model = _layer_specific(tmp_path, family, config, layers=3, mapping=scoped)
+    assert model.model.layers[1].mlp.experts.base_layer.base_layer.gate_up_proj is not None
 
 
 def test_path_alternatives_leave_a_leading_zero_module_out():

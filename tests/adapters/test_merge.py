@@ -158,6 +158,27 @@ def test_a_half_base_merged_into_the_other_half_model_is_rounded_once(tmp_path, 
             assert torch.equal(state[f"{key}.weight"], want), key
 
 
+@pytest.mark.parametrize("stored", [torch.float64, torch.float32])
+def test_a_float64_merge_is_computed_in_float64(tmp_path, stored):
+    """Into a float64 model the sum W + s·B·A is formed in float64 (was: the base weight
+    widened into a float32 block, 1e-8 off in every element of a float64 checkpoint, and
+    the delta's products rounded to float32)."""
+    base = _base(tmp_path, "llama", stored)
+    tensors = _qv_lora(tmp_path, 0.1)
+    model, plan = _merged(tmp_path, "lora", dtype=torch.float64)
+    merges = [s.ops[0] for s in plan.schedule.steps if s.ops and isinstance(s.ops[0], MergeLora)]
+    assert merges and all("in float64" in repr(op) for op in merges)
+    state = model.state_dict()
+    for layer in range(2):
+        for name in ("q_proj", "v_proj"):
+            key = f"model.layers.{layer}.self_attn.{name}"
+            w, a, b = (base[f"{key}.weight"], tensors[f"{PREFIX}{key}.lora_A.weight"],
+                       tensors[f"{PREFIX}{key}.lora_B.weight"])
+            want = w.double() + (b.double() @ a.double()) * 4.0
+            assert state[f"{key}.weight"].dtype == torch.float64
+            assert torch.equal(state[f"{key}.weight"], want), key
+
+
 def test_plain_modules_equal_peft_merge_and_unload(tmp_path):
     # (a bf16 checkpoint: from a float32 one, weightplan adds the delta to the float32
     # weight and rounds once, where peft adds it to the weight already rounded to bf16)
@@ -263,3 +284,32 @@ def test_fp8_base_dequantizes_to_float32_merges_and_rounds_once(tmp_path):
     saved = load_file(str(tmp_path / "requantized" / "model.safetensors"))
     assert saved["model.layers.0.self_attn.q_proj.weight"].dtype == torch.float8_e4m3fn
     assert "model.layers.0.self_attn.q_proj.weight_scale_inv" in saved
+
+
+def test_a_trained_copy_of_a_tied_module_is_refused_merged_and_loads_unmerged(tmp_path):
+    """``modules_to_save=["lm_head"]`` on a model whose lm_head is tied to its embedding
+    (Llama 3.2, Gemma): merged, the copy would replace a tensor the embedding shares, so the
+    merge is refused saying to load unmerged (was: "lm_head.weight ... has no place in the
+    model's adapter ... inject the adapter with the same targets it was trained with");
+    unmerged it equals peft's."""
+    from tests.adapters.builders import tiny_config
+
+    config = tiny_config("llama")
+    config.tie_word_embeddings = True
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_config(config).eval()
+    base.save_pretrained(tmp_path / "base")
+    lora = peft.get_peft_model(AutoModelForCausalLM.from_config(config), peft.LoraConfig(
+        r=2, lora_alpha=4, target_modules=["q_proj"], modules_to_save=["lm_head"],
+        init_lora_weights=False))
+    lora.save_pretrained(tmp_path / "lora")
+    with pytest.raises(AdapterError, match=r"copy of lm_head \(modules_to_save\) would replace "
+                                           r"lm_head.weight, which this model ties"):
+        weightplan.from_pretrained(tmp_path / "base", adapter=tmp_path / "lora", merge=True)
+    oracle = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(
+        tmp_path / "base"), str(tmp_path / "lora"))
+    theirs = {k.removeprefix("base_model.model."): v for k, v in oracle.state_dict().items()}
+    ours = weightplan.from_pretrained(tmp_path / "base", adapter=tmp_path / "lora").state_dict()
+    assert set(ours) == set(theirs) and all(torch.equal(ours[k], v) for k, v in theirs.items())

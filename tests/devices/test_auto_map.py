@@ -7,6 +7,7 @@ import torch
 from weightplan.errors import BudgetError, PlanError
 from weightplan.planner.inputs.module_tree import ModuleNode, ModuleTree, module_tree
 from weightplan.planner.tensors.schedule.auto_map import FillInput, Slot, fill, largest_whole
+from weightplan.planner.tensors.schedule.device_plan import HostCosts, _converged
 from weightplan.planner.tensors.schedule.device_budgets import (
     DeviceBudget, device_name, parse_max_memory,
 )
@@ -137,3 +138,22 @@ def test_max_memory_words():
         parse_max_memory({0: "1GiB", "cuda:0": "1GiB"})
     with pytest.raises(PlanError, match="max_memory"):
         parse_max_memory({"cpu": "lots"})
+
+
+def test_an_unsettled_pinned_pool_returns_the_slots_it_filled():
+    """The placement's pool may not settle (here: one that grows with what the CPU holds,
+    so it swings between 0 and 900): the result is still the fill of the slots returned,
+    and the CPU's room covers the result's pool (was: the last pool's slots, refilled by
+    nobody, beside the fill of the pool before)."""
+    inp = inputs(tree())
+    budgets = [DeviceBudget("cuda:0", 300, False), DeviceBudget("cpu", 700, True),
+               DeviceBudget("disk", None, True)]
+
+    def pinned_of(result: dict[str, str]) -> int:
+        return 300 * sum(1 for d in result.values() if d == "cpu")
+
+    result, slots, pinned = _converged("sequential", budgets, inp, HostCosts(0, 0), 200, 0,
+                                       pinned_of)
+    assert fill(inp, slots) == result
+    cpu = next(s for s in slots if s.device == "cpu")
+    assert cpu.fixed - cpu.kept == pinned >= pinned_of(result)

@@ -270,3 +270,23 @@ def test_streamed_files_are_alike_where_the_kernel_cannot_copy(saved, tmp_path, 
         plan.execute()
         files[kernel] = {p.name: p.read_bytes() for p in folder.iterdir()}
     assert files[True] == files[False] and files[True]
+
+
+@pytest.mark.parametrize("family", ["llama", "mixtral"])
+def test_a_model_offloaded_to_the_disk_saves_as_transformers_loads_it(saved, family, tmp_path):
+    """``weightplan.save`` of a model loaded with part of it on the disk: the offloaded
+    tensors are read from their files (the checkpoint's own, or the ones the load wrote:
+    Mixtral's merged experts), the others from memory (was: "N tensor(s) are on the meta
+    device and have no values to save", where transformers' save_pretrained saves it)."""
+    cls, _, inputs, directory = saved[family]
+    model = weightplan.from_pretrained(directory, device_map="auto", max_memory={"cpu": "200KiB"},
+                                       offload_folder=tmp_path / "off", progress=False)
+    assert "disk" in set(model.hf_device_map.values())
+    assert any(p.is_meta for p in model.parameters())
+    weightplan.save(model, tmp_path / "out")
+    reference = pretrained(cls, directory).state_dict()
+    back = pretrained(cls, tmp_path / "out").state_dict()
+    assert set(back) == set(reference)
+    assert [k for k, v in reference.items() if not torch.equal(back[k], v)] == []
+    assert output(pretrained(cls, tmp_path / "out"), inputs).equal(
+        output(pretrained(cls, directory), inputs))

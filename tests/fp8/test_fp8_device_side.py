@@ -153,7 +153,8 @@ def test_from_pretrained_takes_the_side(fp8_checkpoints, monkeypatch):
     with pytest.raises(PlanError, match="dequantize_on='gpu'"):  # before anything is built
         weightplan.from_pretrained(fp8_dir, dequantize=True, dequantize_on="gpu")
     with pytest.raises(ArgumentError, match="keeps the quantized weights"):
-        weightplan.from_pretrained(fp8_dir, dequantize_on="device")  # nothing dequantized
+        weightplan.from_pretrained(fp8_dir, dequantize_on="device",
+                                   dequantize=False)  # nothing dequantized
 
 
 def test_the_cli_shows_the_side(fp8_checkpoints, capsys):

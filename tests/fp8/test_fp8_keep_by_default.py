@@ -61,6 +61,7 @@ def test_from_pretrained_keeps_fp8_as_transformers_loads_it(fp8_checkpoints, mon
     from transformers.quantizers.quantizer_finegrained_fp8 import FineGrainedFP8HfQuantizer
     monkeypatch.setattr(FineGrainedFP8HfQuantizer, "validate_environment",
                         lambda self, *a, **k: None)
+    monkeypatch.setattr("weightplan.api.pretrained._fp8_runs_here", lambda: True)  # (its own)
     _, fp8_dir = fp8_checkpoints("dsv3")
     model = weightplan.from_pretrained(fp8_dir, progress=False)
     reference = AutoModelForCausalLM.from_pretrained(fp8_dir)
@@ -79,7 +80,7 @@ def test_from_pretrained_keeps_fp8_as_transformers_loads_it(fp8_checkpoints, mon
 
 def test_a_kept_model_saves_the_checkpoint_back_bit_for_bit(fp8_checkpoints, tmp_path):
     _, fp8_dir = fp8_checkpoints("mixtral")
-    model = weightplan.from_pretrained(fp8_dir, progress=False)
+    model = weightplan.from_pretrained(fp8_dir, progress=False, dequantize=False)
     weightplan.save(model, tmp_path / "out")
     original = load_file(str(fp8_dir / "model.safetensors"))
     written = {}
@@ -87,6 +88,26 @@ def test_a_kept_model_saves_the_checkpoint_back_bit_for_bit(fp8_checkpoints, tmp
         written.update(load_file(str(path)))
     assert set(written) == set(original)
     assert all(same(written[k], v) for k, v in original.items())
+
+
+def test_where_fp8_layers_cannot_run_it_loads_dequantized_as_transformers(
+        fp8_checkpoints, monkeypatch):
+    """No GPU (of compute capability 8.9+) nor XPU: transformers loads a block-FP8
+    checkpoint dequantized to bf16, and so does ``from_pretrained``, saying so (was: FP8
+    layers kept, whose first forward failed on this CPU); ``dequantize=False`` keeps them."""
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # (for both)
+    _, fp8_dir = fp8_checkpoints("mixtral")
+    with pytest.warns(UserWarning, match="loaded dequantized, as transformers does"):
+        model = weightplan.from_pretrained(fp8_dir, progress=False)
+    reference = AutoModelForCausalLM.from_pretrained(fp8_dir)
+    got, expected = model.state_dict(), reference.state_dict()
+    assert set(got) == set(expected)
+    assert all(got[k].dtype == v.dtype and same(got[k], v) for k, v in expected.items())
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    kept = weightplan.from_pretrained(fp8_dir, progress=False, dequantize=False)
+    assert any(p.dtype == torch.float8_e4m3fn for p in kept.parameters())
 
 
 @pytest.mark.parametrize("options", [{"dequantize": True}, {"dtype": torch.bfloat16}])

@@ -33,6 +33,24 @@ def test_torch_dtype_is_dtype_with_transformers_deprecation(llama):
         weightplan.from_pretrained(directory, dtype=torch.float16, torch_dtype=torch.bfloat16)
 
 
+def test_dtype_none_is_auto_as_in_transformers(llama, tmp_path):
+    """transformers 5 reads ``dtype=None`` (and ``torch_dtype=None``) as ``"auto"``: a bf16
+    checkpoint loads in bf16 (was: float32 here, twice the memory and another model than
+    the migrated code got); ``dtype=None`` beside ``torch_dtype=`` takes the latter."""
+    directory, cls, _ = llama
+    bf16 = tmp_path / "bf16"
+    pretrained(cls, directory).to(torch.bfloat16).save_pretrained(bf16)
+    theirs = pretrained(cls, bf16, dtype=None)
+    assert next(theirs.parameters()).dtype == torch.bfloat16
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        for kwargs in ({"dtype": None}, {"torch_dtype": None}, {"dtype": None, "torch_dtype": None}):
+            model = weightplan.from_pretrained(bf16, **kwargs)
+            assert {p.dtype for p in model.parameters()} == {torch.bfloat16}, kwargs
+        model = weightplan.from_pretrained(bf16, dtype=None, torch_dtype=torch.float16)
+    assert {p.dtype for p in model.parameters()} == {torch.float16}
+
+
 def test_device_map_is_the_device(llama):
     directory, cls, inputs = llama
     reference = output(pretrained(cls, directory), inputs)
@@ -120,6 +138,26 @@ def test_attention_implementation_and_generation_config(llama):
     assert model.generation_config.max_new_tokens == 3
     with pytest.raises(ModelBuildError):
         weightplan.from_pretrained(directory, attn_implementation="no-such-attention")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, "auto"])
+def test_the_config_says_the_dtype_loaded_as_transformers_sets_it(dtype, llama):
+    """``model.config.dtype`` (and a composite's sub-configs') is the dtype the model was
+    loaded in (was: config.json's, float32 for a model loaded in float16)."""
+    directory, cls, _ = llama
+    ours = weightplan.from_pretrained(directory, dtype=dtype)
+    theirs = pretrained(cls, directory, dtype=dtype)
+    assert ours.config.dtype == theirs.config.dtype == next(ours.parameters()).dtype
+    from transformers import LlavaConfig, LlamaConfig
+
+    config = LlavaConfig(text_config=LlamaConfig(**ours.config.to_dict()))
+    composite = torch.nn.Module()
+    composite.config = config
+    from weightplan.api.pretrained import _record_dtype
+
+    _record_dtype(composite, torch.float16)
+    assert config.dtype == config.text_config.dtype == config.vision_config.dtype == \
+        torch.float16
 
 
 def test_output_loading_info_is_transformers_dict(llama, tmp_path):

@@ -19,6 +19,9 @@ def configs():
 
     return {
         "llama": (T.LlamaForCausalLM, T.LlamaConfig(**COMMON, intermediate_size=96, head_dim=16)),
+        # lm_head tied to the embedding: one tensor, sharded once (rows of the vocabulary)
+        "llamatied": (T.LlamaForCausalLM, T.LlamaConfig(**{**COMMON, "tie_word_embeddings": True},
+                                                        intermediate_size=96, head_dim=16)),
         # every head its own key/value head: its attention runs on 4 ranks (2 KV heads can't)
         "llama4kv": (T.LlamaForCausalLM, T.LlamaConfig(**{**COMMON, "num_key_value_heads": 4},
                                                        intermediate_size=96, head_dim=16)),

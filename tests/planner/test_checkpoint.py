@@ -55,6 +55,32 @@ def test_model_safetensors_beside_an_index_is_the_checkpoint_as_for_transformers
     assert {e.file for e in ckpt.entries.values()} == {str(d / "model.safetensors")}
 
 
+def test_safetensors_files_the_checkpoint_leaves_out_are_noted(tmp_path):
+    """A shard the index doesn't name (a download's leftover, a shard added by hand) is not
+    read, as by transformers, and the plan and a conversion's plan say so (was: not a word,
+    while a user converting the directory lost its tensors); so are shards beside a
+    ``model.safetensors``."""
+    import weightplan
+
+    d = write_checkpoint(tmp_path / "sh", {f"k{i}": torch.ones(i + 1) for i in range(4)},
+                         shards=2)
+    save_file({"extra": torch.ones(2)}, str(d / "model-00003-of-00003.safetensors"))
+    ckpt = open_checkpoint(d)
+    assert "extra" not in ckpt.entries
+    assert [name for name, _ in ckpt.left_out] == ["model-00003-of-00003.safetensors"]
+    for plan in (weightplan.explain(None, d), weightplan.explain_convert(d, tmp_path / "out",
+                                                                         mapping=[])):
+        note = next(n for n in plan.notes if n.key == "model-00003-of-00003.safetensors")
+        assert "not read: the index doesn't name it" in note.message
+        assert "model-00003-of-00003.safetensors" in str(plan)
+    save_file({"k0": torch.ones(1)}, str(d / "model.safetensors"))
+    assert [name for name, _ in open_checkpoint(d).left_out] == [
+        "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+        "model-00003-of-00003.safetensors"]
+    assert "model.safetensors is read alone" in open_checkpoint(d).left_out[0][1]
+    assert open_checkpoint(write_checkpoint(tmp_path / "one", tensors())).left_out == ()
+
+
 def test_offsets_point_at_the_data(tmp_path):
     d = write_checkpoint(tmp_path / "x", {"t": torch.arange(6, dtype=torch.int32)})
     entry = open_checkpoint(d).entries["t"]

@@ -2,6 +2,7 @@
 key at a time gives: the same templates, numbers, order and ranges, odd keys included."""
 
 import itertools
+import re
 
 from hypothesis import given, settings, strategies as st
 
@@ -115,3 +116,33 @@ def test_fold_keys_reads_stacks_whole_and_folds_them_as_the_regex_pass():
                 [f"a.{i}.w" for i in range(3)]):
         assert _one_number(odd) is None
         assert fold_keys(odd) == one_at_a_time(odd)
+
+
+def unfolded(lines: list[str]) -> list[str]:
+    """The keys folded lines name: each ``{a..b,c}`` range expanded."""
+    keys = []
+    for line in lines:
+        parts = re.split(r"\{([^{}]*)\}", line)
+        choices = [[p] if i % 2 == 0 else
+                   [str(v) for r in p.split(",")
+                    for v in (range(int(r.split("..")[0]), int(r.split("..")[-1]) + 1))]
+                   for i, p in enumerate(parts)]
+        keys += ["".join(c) for c in itertools.product(*choices)]
+    return keys
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(stream_strategy, max_size=6))
+def test_folded_lines_name_exactly_the_keys(streams):
+    """``layers.01`` and ``layers.1`` are two keys: a number with a leading zero is part of
+    its name, not a number to fold (was: both read as 1, folded into ``layers.1`` alone)."""
+    keys = list(itertools.chain.from_iterable(streams))
+    assert sorted(unfolded(fold_keys(*streams))) == sorted(set(keys))
+
+
+def test_a_leading_zero_is_not_folded_away():
+    keys = [f"m.layers.{i}.w" for i in range(12)] + ["m.layers.01.w", "m.layers.007.w"]
+    assert fold_keys(keys) == ["m.layers.{0..11}.w", "m.layers.01.w", "m.layers.007.w"]
+    assert fold_keys(keys[:12], keys[12:]) == fold_keys(keys)
+    padded = [f"m.layers.{i:02d}.w" for i in range(12)]  # a stack of 00..11: names kept
+    assert sorted(unfolded(fold_keys(padded))) == sorted(padded)

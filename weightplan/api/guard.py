@@ -61,7 +61,7 @@ def unbound_text(name: str, signature: inspect.Signature, given: int, kwargs: Ma
     """Why a call of ``name`` doesn't bind, short: the unknown keyword and the one it is
     closest to, or what goes by position; with the keywords ``name`` takes (never the whole
     signature, whose thousand characters hid the reason at their end)."""
-    import difflib
+    from weightplan.api.keywords import did_you_mean
 
     params = signature.parameters.values()
     positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY,
@@ -70,9 +70,8 @@ def unbound_text(name: str, signature: inspect.Signature, given: int, kwargs: Ma
     takes = f"its keywords: {', '.join(keywords)}" if keywords else "it takes no keywords"
     unknown = [k for k in kwargs if k not in signature.parameters]
     if unknown and not any(p.kind is p.VAR_KEYWORD for p in params):
-        close = difflib.get_close_matches(unknown[0], [*positional, *keywords], n=1,
-                                          cutoff=0.75)
-        hint = f"; did you mean {close[0]}=?" if close else ""
+        close = did_you_mean(unknown[0], [*positional, *keywords])
+        hint = f"; did you mean {close}=?" if close else ""
         return f"{name}() got an unexpected keyword argument {unknown[0]!r}{hint} ({takes})"
     if given > len(positional):
         return (f"{name}() takes {', '.join(positional)} by position, the rest by keyword "

@@ -128,7 +128,8 @@ def keyword_advice(keyword: str) -> str | None:
 
 def fold_transformers_keywords(extra: Mapping[str, Any], dtype: Any,
                                own: Iterable[str] = ()) -> Any:
-    """The ``dtype`` to use after ``torch_dtype``; refuses every other keyword in ``extra``
+    """The ``dtype`` to use after ``torch_dtype`` (``None`` for both is ``"auto"``, as in
+    transformers 5); refuses every other keyword in ``extra``
     (what ``from_pretrained`` got beyond its own arguments, ``own``) that isn't harmless;
     a misspelt one is told the keyword it is closest to.
 
@@ -141,10 +142,10 @@ def fold_transformers_keywords(extra: Mapping[str, Any], dtype: Any,
         torch_dtype = extra.pop("torch_dtype")
         warnings.warn("from_pretrained(torch_dtype=...) is deprecated, as in transformers: "
                       "use dtype=", FutureWarning, stacklevel=5)
-        if dtype != "auto" and torch_dtype is not None and torch_dtype != dtype:
+        if dtype not in (None, "auto") and torch_dtype is not None and torch_dtype != dtype:
             raise ArgumentError(f"from_pretrained got dtype={dtype!r} and torch_dtype="
                                 f"{torch_dtype!r}: pass dtype= only")
-        if torch_dtype is not None:
+        if torch_dtype is not None and dtype in (None, "auto"):
             dtype = torch_dtype
     for name, value in extra.items():
         refusal = REFUSED.get(name)
@@ -153,7 +154,7 @@ def fold_transformers_keywords(extra: Mapping[str, Any], dtype: Any,
         if not any(value is h or (type(value) is type(h) and value == h)
                    for h in refusal.harmless):
             raise ArgumentError(f"from_pretrained({name}={shown(value)}): {refusal.advice}")
-    return dtype
+    return "auto" if dtype is None else dtype
 
 
 SHOWN_AT_MOST = 60  # characters of a value's repr in a message
@@ -168,13 +169,21 @@ def shown(value: Any) -> str:
     return text
 
 
+def did_you_mean(word: str, words: Iterable[str]) -> str | None:
+    """The keyword ``word`` most likely misspells (``dtpye`` → ``dtype``), if one is close:
+    the one test of every "did you mean" a keyword gets (``from_pretrained``'s and a
+    guarded call's), so that a word is a misspelling everywhere or nowhere."""
+    close = difflib.get_close_matches(word, list(words), n=1, cutoff=0.8)
+    return close[0] if close else None
+
+
 def _unknown(name: str, value: Any, own: Iterable[str]) -> str:
     """Why ``name`` is refused: a misspelling of a keyword (``dtpye``), else a config
     override (which transformers applies to the config and weightplan doesn't)."""
-    close = difflib.get_close_matches(name, [*own, "torch_dtype", *REFUSED], n=1, cutoff=0.8)
+    close = did_you_mean(name, [*own, "torch_dtype", *REFUSED])
     if close:
         return (f"from_pretrained got {name}={shown(value)}: no such keyword; did you mean "
-                f"{close[0]}=? (weightplan's keywords are listed in "
+                f"{close}=? (weightplan's keywords are listed in "
                 "help(weightplan.from_pretrained))")
     return (f"from_pretrained got {name}={shown(value)}, which weightplan doesn't take: config "
             f"overrides are not applied (edit config.json, or {OWN_MODEL}); weightplan's "

@@ -61,7 +61,7 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
 
     Args:
         name_or_path: a checkpoint directory or a Hub repo id (``"org/name"``).
-        dtype: ``"auto"`` (the config's, else the checkpoint's), a dtype, or ``None`` (fp32).
+        dtype: ``"auto"`` (the config's, else the checkpoint's; ``None`` too, as in transformers 5) or a dtype.
         dequantize: whether a quantized (block FP8) checkpoint loads dequantized (:func:`keeps_quantized`).
         device, device_map, max_memory, offload_folder: as :func:`explain` (placed on
             several devices or the disk, the model runs through accelerate's hooks).
@@ -85,14 +85,14 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
                                    local_files_only=local_files_only, token=token,
                                    subfolder=subfolder)
     model = _sided(_built(directory, tensor_parallel, mesh, (attn_implementation, experts_implementation),
-                          progress, keep), dequantize_on)
+                          progress, _runs_kept(keep, dequantize, directory)), dequantize_on)
     with status(f"planning the load of {directory}", "planned the load", progress):
         plan = _explain(model, directory, adapter, adapter_name, merge, dtype=dtype, mapping=mapping,
                         budget=budget, threads=threads, device=_rank_device(device, mesh), tp=tensor_parallel,
                         max_memory=max_memory, offload_folder=offload_folder, dequantize_on=dequantize_on)
     report = plan.execute(strict=strict, progress=progress)
     return _finished(model, directory, generation_config, report, output_loading_info,
-                     return_report)
+                     return_report, plan.options.dtype)
 
 
 _OWN = tuple(from_pretrained.__code__.co_varnames[
@@ -100,11 +100,27 @@ _OWN = tuple(from_pretrained.__code__.co_varnames[
 
 
 def _finished(model: torch.nn.Module, directory: Path, generation_config: Any, report: Any,
-              output_loading_info: bool, return_report: bool) -> Any:
-    """Like transformers: the generation config read, eval mode, the extras asked for."""
+              output_loading_info: bool, return_report: bool, dtype: torch.dtype | None) -> Any:
+    """Like transformers: the dtype loaded on the config, the generation config read, eval
+    mode, the extras asked for."""
+    _record_dtype(model, dtype)
     _generation_config(_finish_quantized(model).eval(), directory, generation_config)
     extra = loading_info(report) if output_loading_info else report if return_report else None
     return model if extra is None else (model, extra)
+
+
+def _record_dtype(model: torch.nn.Module, dtype: torch.dtype | None) -> None:
+    """The dtype loaded, on the model's config and its sub-configs, as transformers sets it
+    (``model.config.dtype`` said the config.json's: bfloat16 for a model loaded in float16,
+    which code choosing a dtype from the config, and a save of the config, took for it)."""
+    config = getattr(model, "config", None)
+    if dtype is None or config is None or not hasattr(config, "dtype"):
+        return
+    config.dtype = dtype
+    for key in getattr(config, "sub_configs", None) or ():
+        sub = getattr(config, key, None)
+        if sub is not None and hasattr(sub, "dtype"):
+            sub.dtype = dtype
 
 
 def _alone(tp: object, adapter: object) -> object:
@@ -152,6 +168,34 @@ def keeps_quantized(dequantize: bool | None, dtype: object, tp: object) -> bool:
     if dequantize is not None:
         return not dequantize
     return tp is None and (dtype is None or dtype == "auto")
+
+
+def _runs_kept(keep: bool, dequantize: bool | None, directory: Path) -> bool:
+    """``keep``, as transformers decides for a block-FP8 checkpoint: its FP8 layers run on
+    a CUDA GPU of compute capability 8.9 or more, or an XPU; on any other machine it loads
+    dequantized, with a warning (a kept model there failed at its first forward, where
+    transformers' ran), unless ``dequantize=False`` asks to keep it anyway."""
+    if not keep or dequantize is not None or _fp8_runs_here():
+        return keep
+    from weightplan.bridge.config_guard import read_config_json
+
+    path = directory / "config.json"
+    quantization = read_config_json(path).get("quantization_config") if path.is_file() else None
+    if isinstance(quantization, dict) and quantization.get("quant_method") == "fp8":
+        import warnings
+
+        warnings.warn(f"{directory}: FP8 layers need a GPU of compute capability 8.9+ or an "
+                      "XPU, and this machine has none: loaded dequantized, as transformers "
+                      "does (dequantize=False keeps the FP8 weights)", UserWarning, stacklevel=3)
+    return False
+
+
+def _fp8_runs_here() -> bool:
+    """Whether transformers runs FP8 layers on this machine (its quantizer's test)."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_capability() >= (8, 9)
+    xpu = getattr(torch, "xpu", None)
+    return bool(xpu is not None and xpu.is_available())
 
 
 def _sided(model: torch.nn.Module, dequantize_on: str) -> torch.nn.Module:

@@ -64,17 +64,23 @@ def prepare_tensor_parallel(model: nn.Module, tp: TensorParallel, mesh: Any) -> 
 
 def expand_rules(model: nn.Module, rules: dict[str, str]) -> dict[str, str]:
     """One entry per parameter (its own rule, else its module's) and per module (its own
-    rule), modules in ``named_modules`` order, each one's parameters before it."""
+    rule), modules in ``named_modules`` order, each one's parameters before it. A tied
+    parameter's other names have none: it is one tensor, sharded once under the name
+    ``named_parameters`` gives it (a tied ``lm_head.weight`` was a name transformers' TP
+    utilities don't know: KeyError; transformers shards before it ties)."""
     compiled = [(re.compile(r"[^.]+".join(map(re.escape, rule.split("*")))), style)
                 for rule, style in rules.items()]
 
     def style_of(name: str) -> str | None:
         return next((style for pattern, style in compiled if pattern.fullmatch(name)), None)
 
+    named = {name for name, _ in model.named_parameters()}
     out: dict[str, str] = {}
     for module_name, module in model.named_modules():
         for param_name, _ in module.named_parameters(recurse=False):
             name = f"{module_name}.{param_name}" if module_name else param_name
+            if name not in named:
+                continue
             style = style_of(name) or (style_of(module_name) if module_name else None)
             if style is not None:
                 out[name] = style

@@ -21,6 +21,7 @@ import torch
 from weightplan.errors import ExecutionError, PlanError
 from weightplan.planner.tensors.schedule.device_budgets import DISK
 from weightplan.planner.tensors.schedule.device_plan import DevicePlacement
+from weightplan.planner.write.offloaded import attach_offloaded
 
 
 def needs_hooks(placement: DevicePlacement) -> bool:
@@ -64,6 +65,7 @@ def dispatch(model: torch.nn.Module, placement: DevicePlacement,
                        offload_index=index or None)
     except (ValueError, RuntimeError, KeyError) as e:
         raise ExecutionError(f"accelerate's dispatch_model refused the placement: {e}") from e
+    attach_offloaded(model, index)  # (a save reads the offloaded tensors from there)
 
 
 def _weight_name(name: str, offloaded: Mapping[str, str]) -> str:

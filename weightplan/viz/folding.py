@@ -14,13 +14,14 @@ from itertools import repeat
 from weightplan.planner.keys.patterns import natural_key
 
 
-# a whole numeric component, matched in "." + key (no look-behind: several times faster)
-_NUMBER = re.compile(r"\.([0-9]+)(?=\.|$)")
+# a whole numeric component, matched in "." + key (no look-behind: several times faster),
+# written as a number writes it: "01" or "5\n" is a name (folded as 1 or 5, it was misnamed)
+_NUMBER = re.compile(r"\.(0|[1-9][0-9]*)(?=\.|\Z)")
 # the same in many keys joined by _SEP, "." + "\x01.".join(keys): one regex pass for them
-# all. A key ends at the separator or the string's end ("$" above also allows one final
-# newline before it), so each key's matches are exactly those of _NUMBER on it alone.
+# all. A key ends at the separator or the string's end, so each key's matches are exactly
+# those of _NUMBER on it alone.
 _SEP = "\x01"
-_NUMBERS = re.compile(r"\.([0-9]+)(?=\.|\n?(?:\x01|\Z))")
+_NUMBERS = re.compile(r"\.(0|[1-9][0-9]*)(?=\.|\x01|\Z)")
 
 
 def split_numbers(key: str) -> tuple[tuple[str | None, ...], tuple[int, ...]]:
@@ -228,7 +229,8 @@ def _one_number(keys: Sequence[str]) -> tuple[str, _Block] | None:
     if between != cut.join(_decimals(n)):  # (the usual stack: 0 .. n-1, in order)
         texts = between.split(cut)
         digits = "".join(texts)
-        if len(texts) != n or not (all(texts) and digits.isascii() and digits.isdigit()):
+        if len(texts) != n or not (all(texts) and digits.isascii() and digits.isdigit()) \
+                or any(len(t) > 1 and t[0] == "0" for t in texts):
             return None
         middles = list(map(int, texts))
     numbers = list(map(int, _NUMBER.findall("." + first)))

@@ -26,6 +26,7 @@ from weightplan.errors import (
 )
 from weightplan.planner.core.paused_gc import paused_gc
 from weightplan.planner.core.entry import TensorEntry
+from weightplan.planner.core.problems import Note
 from weightplan.planner.inputs.fingerprint import FileStamp, stamp_fd
 from weightplan.planner.inputs.paths import (
     check_path_argument, open_regular, pread_exactly, refuse_interrupted_save,
@@ -51,6 +52,9 @@ class Checkpoint:
     tensors: Mapping[str, torch.Tensor] | None = field(default=None, compare=False)
     metadata: Mapping[str, str] = field(default_factory=dict)
     description: str = "<memory>"
+    # ``.safetensors`` files of the checkpoint's directory it doesn't read (a shard its
+    # index doesn't name, shards beside a ``model.safetensors``): (name, why), noted
+    left_out: tuple[tuple[str, str], ...] = ()
 
     @cached_property
     def nbytes(self) -> int:
@@ -59,6 +63,11 @@ class Checkpoint:
 
     def __len__(self) -> int:
         return len(self.entries)
+
+    def left_out_notes(self) -> tuple[Note, ...]:
+        """A note per file of :attr:`left_out` (transformers skips them without a word)."""
+        return tuple(Note(name, f"{name} is in {self.description} but not read: {why}")
+                     for name, why in self.left_out)
 
 
 @paused_gc
@@ -76,7 +85,8 @@ def open_checkpoint(source: object) -> Checkpoint:
         path = Path(check_path_argument(source))
         if _is_dir(path):
             refuse_interrupted_save(path)
-            return _from_files(_directory_files(path), description=str(path))
+            found = _directory_files(path)
+            return _from_files(found, description=str(path), left_out=_left_out(path, found))
         refuse_interrupted_save(path.parent)
         return _from_files([(str(path), None)], description=str(path))
     if isinstance(source, Sequence) and not isinstance(source, (bytes, bytearray)):
@@ -136,8 +146,20 @@ def _directory_files(path: Path) -> list[tuple[str, IndexShard | None]]:
     raise CheckpointError("no .safetensors file in this directory", file=str(path))
 
 
-def _from_files(files: list[tuple[str, IndexShard | None]], *, description: str
-                ) -> Checkpoint:
+def _left_out(path: Path, files: list[tuple[str, IndexShard | None]]
+              ) -> tuple[tuple[str, str], ...]:
+    """``path``'s ``.safetensors`` files that are not among ``files``, each with why."""
+    read = {Path(f).name for f, _ in files}
+    if SINGLE_FILE in read and files[0][1] is None:
+        why = f"{SINGLE_FILE} is read alone (as transformers reads it)"
+    else:
+        why = "the index doesn't name it (transformers reads only the shards it names)"
+    return tuple((p.name, why) for p in sorted(path.glob("*.safetensors"))
+                 if p.name not in read)
+
+
+def _from_files(files: list[tuple[str, IndexShard | None]], *, description: str,
+                left_out: tuple[tuple[str, str], ...] = ()) -> Checkpoint:
     """Each file's header read and checked against the index in turn (the first file at
     fault raises), then all entries in one dict, a key of two files refused."""
     specs: SpecCache = {}  # the files share one spec per (dtype, shape)
@@ -156,7 +178,8 @@ def _from_files(files: list[tuple[str, IndexShard | None]], *, description: str
     entries = dict(zip(chain.from_iterable(keys), chain.from_iterable(made), strict=True))
     if len(entries) != sum(map(len, keys)):
         _refuse_repeats(keys, [path for path, _ in files])
-    return Checkpoint(entries, tuple(stamps), metadata=metadata, description=description)
+    return Checkpoint(entries, tuple(stamps), metadata=metadata, description=description,
+                      left_out=left_out)
 
 
 def _refuse_repeats(read: list[list[str]], paths: list[str]) -> None:

@@ -278,11 +278,16 @@ def _relocated(converter: WeightConverter, holders: dict[str, dict[str, int]]
     """A base converter whose fused output is wrapped, its target moved to the inner module.
     Where the model's holders of that parameter sit at one depth, one converter; where they
     differ (an adapter wrapping the experts of some layers only, or deeper on some), one per
-    depth, its sources anchored to those holders' paths, then the converter as it is."""
+    depth, its sources anchored to those holders' paths, then the converter as it is. A
+    scoped converter counts the holders in its scope, by their paths below it (what its
+    sources are searched in)."""
     if len(converter.target_patterns) != 1:
         return [converter]
     module, _, parameter = converter.target_patterns[0].rpartition(".")
     held = holders.get(parameter, {})
+    if converter.scope_prefix:
+        head = converter.scope_prefix + "."
+        held = {o[len(head):]: d for o, d in held.items() if o.startswith(head)}
     depths = set(held.values())
     if depths == {0} or not depths:
         return [converter]

@@ -63,10 +63,12 @@ def explain_merged_load(model: torch.nn.Module, injected_model: torch.nn.Module,
     checkpoint = base_and_adapter(base_files, adapter)
     keys = last_file_keys(checkpoint)
     replaced: dict[str, Replacement] = {}
+    tied = frozenset(n for n, _ in model.named_parameters(remove_duplicate=False)) - \
+        frozenset(n for n, _ in model.named_parameters())
     data = explain_load(model, checkpoint, mapping=choice,
                         regroup=lambda r: merged_routing(
                             adapter_first(r, frozenset(keys), injected, replaced),
-                            injected, notes), **options)
+                            injected, notes, tied), **options)
     data = with_adapter(data, adapter, injected, fused, keys=keys,
                         replaced=tuple(replaced.values()))
     assert data.adapter is not None
@@ -87,9 +89,14 @@ def _unwrapped(injected: InjectedAdapter) -> tuple[WeightRenaming, ...]:
     return (WeightRenaming(rf"^({alternatives})\.base_layer\.(weight|bias)$", r"\1.\2"),)
 
 
-def merged_routing(routing: Routing, injected: InjectedAdapter, notes: list[Note]) -> Routing:
+def merged_routing(routing: Routing, injected: InjectedAdapter, notes: list[Note],
+                   tied: frozenset[str] = frozenset()) -> Routing:
     """``routing`` with each adapted weight's group and its factors' groups made one
-    (a :class:`MergeLora` op), and each ``modules_to_save`` copy in its base's place."""
+    (a :class:`MergeLora` op), and each ``modules_to_save`` copy in its base's place.
+
+    Raises:
+        AdapterError: a copy whose base is another name of a tied tensor (``tied``).
+    """
     index = {g.output_key(0, 0): i for i, g in enumerate(routing.groups)
              if len(g.targets) == 1 and "*" not in g.targets[0]}
     groups: list[Group | None] = list(routing.groups)
@@ -105,6 +112,9 @@ def merged_routing(routing: Routing, injected: InjectedAdapter, notes: list[Note
         groups[a] = groups[b] = None
     marker = f".modules_to_save.{injected.name}."
     for key, i in index.items():
+        if marker in key and key.replace(marker, ".") in tied:
+            raise AdapterError(_TIED_COPY.format(module=key.split(marker)[0],
+                                                 base=key.replace(marker, ".")))
         base = index.get(key.replace(marker, ".")) if marker in key else None
         if base is not None:
             gw, gs = routing.groups[base], routing.groups[i]
@@ -115,6 +125,12 @@ def merged_routing(routing: Routing, injected: InjectedAdapter, notes: list[Note
                               "(modules_to_save); the base checkpoint's tensor is read and "
                               "dropped"))
     return dataclasses.replace(routing, groups=tuple(g for g in groups if g is not None))
+
+
+_TIED_COPY = ("merging the adapter: its trained copy of {module} (modules_to_save) would replace "
+              "{base}, which this model ties to another tensor (one tensor, two names): merged, "
+              "the two would differ and the tie would break; load the adapter unmerged "
+              "(merge=False: peft's wrapper holds the copy beside the original)")
 
 
 def _factors(index: dict[str, int], layer: LoraLayer, name: str

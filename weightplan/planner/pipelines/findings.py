@@ -27,9 +27,9 @@ class Findings:
 
 
 def collect_findings(model: ModelInfo | None, routing: Routing,
-                     conversions: tuple[Conversion, ...]) -> Findings:
+                     conversions: tuple[Conversion, ...], checkpoint_notes: tuple[Note, ...] = ()) -> Findings:
     problems: list[Problem] = []
-    notes: list[Note] = []
+    notes = list(checkpoint_notes)
     unexpected: set[str] = set()
     mismatched: dict[str, Mismatch] = {}
     produced: set[str] = set()

@@ -140,8 +140,8 @@ def prepare_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     sharding = _kept_sharding(sharding, quant, info)
     routing, conversions, kept_problems = _convert(ckpt, transforms, info, options, quant,
                                                    sharding, regroup)
-    findings = _with_quant_findings(collect_findings(info, routing, conversions), quant,
-                                    conversions, kept_problems)
+    found = collect_findings(info, routing, conversions, ckpt.left_out_notes())
+    findings = _with_quant_findings(found, quant, conversions, kept_problems)
     findings = _with_mapping_findings(findings, choice,
                                       looked_up=mapping is None and model is not None)
     findings = _with_parallel_findings(findings, sharding)

@@ -38,6 +38,7 @@ from weightplan.planner.tensors.lower.placement import Step
 from weightplan.planner.write.fp8_save import (
     blocks_to_quantize, check_quantize, quantization_config, quantize_outputs,
 )
+from weightplan.planner.write.offloaded import get_offloaded, model_source
 from weightplan.planner.write.record import LoadRecord, get_record
 from weightplan.planner.write.reverse import (
     ReverseGroups, derived_groups, forward_groups, record_groups,
@@ -59,7 +60,7 @@ def explain_save_plan(model: torch.nn.Module, directory: str | os.PathLike[str],
     check_quantize(quantize)
     record = get_record(model) if mapping is None else None
     info = inspect_model(model)  # (once: the state's names, tied aliases)
-    source = open_checkpoint(model_state(model, info, aliases=record is not None))
+    source = model_state(model, info, aliases=record is not None)
     if record is not None:
         names = {a: t.aliases for t in info.unique() for a in t.aliases}
         reverse = record_groups(record, source, names)
@@ -156,17 +157,14 @@ def _dequantized_copy(source: object, ckpt: Checkpoint, choice: MappingChoice,
                            max_shard_size=max_shard_size, overwrite=overwrite, threads=threads)
 
 
-def model_state(model: torch.nn.Module, info: ModelInfo, *, aliases: bool
-                ) -> dict[str, torch.Tensor]:
+def model_state(model: torch.nn.Module, info: ModelInfo, *, aliases: bool) -> Checkpoint:
     """The model's parameters and persistent buffers, detached (tied names once, unless
-    ``aliases``); meta tensors can't be saved."""
+    ``aliases``), as a checkpoint: the ones offloaded to the disk read from their files
+    (:mod:`~weightplan.planner.write.offloaded`); other meta tensors can't be saved."""
     state = model.state_dict()
     keep = set(state) if aliases else {t.name for t in info.unique()}
-    meta = sorted(k for k in keep if state[k].is_meta)
-    if meta:
-        raise SaveError(f"{len(meta)} tensor(s) are on the meta device and have no values to "
-                        f"save: {', '.join(meta[:5])}")
-    return {k: v for k, v in state.items() if k in keep}
+    return model_source({k: v for k, v in state.items() if k in keep}, info,
+                        get_offloaded(model))
 
 
 def make_write_plan(directory: str | os.PathLike, source: Checkpoint,
@@ -191,7 +189,7 @@ def make_write_plan(directory: str | os.PathLike, source: Checkpoint,
         else Direction.SAVE
     return WritePlanData(direction, source, choice, choice.transforms, conversions, graph,
                          schedule, options, how, str(directory), layout, overwrite,
-                         tuple(Note(str(directory), n) for n in notes))
+                         source.left_out_notes() + tuple(Note(str(directory), n) for n in notes))
 
 
 def _check_outputs(conversions: tuple[Conversion, ...]) -> None:

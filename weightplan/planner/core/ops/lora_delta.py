@@ -2,10 +2,10 @@
 
 Each piece is a run of one expert's rows over one span of the rank (:func:`rank_segments`),
 ``PIECE_ELEMENTS`` of the weight at most; it computes its delta a block of rows at a time
-in a pair of float32 buffers (the delta, the base rows widened: a cache's worth, so the
-block stays in cache between its matmul and its rounding; a pair per piece running at
-once, taken from the merge's pairs and given back) and rounds each block once
-into the weight's dtype. Pieces write disjoint elements: the caller may run them in any
+in a pair of float32 buffers (float64 for a float64 weight; the delta, the base rows
+widened: a cache's worth, so the block stays in cache between its matmul and its rounding;
+a pair per piece running at once, taken from the merge's pairs and given back) and rounds
+each block once into the weight's dtype. Pieces write disjoint elements: the caller may run them in any
 order, on any threads at once (the executor: on its pool, whose threads each hold torch at
 one intra-op thread, :mod:`weightplan.executor.intra_op`); ``forward`` runs them in turn.
 
@@ -40,7 +40,8 @@ def delta_pieces(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: flo
                  transposed: bool, workers: int) -> list[Piece]:
     """The pieces adding ``scale·B_e·A_e`` into ``out[e]`` for every expert ``e`` (``out``
     ``(E, out, in)``, or ``(E, in, out)`` ``transposed``; ``a`` ``(E, r, in)``, ``b``
-    ``(E, out, r)``, float32 on ``out``'s device); ``workers``: how many run at once (they
+    ``(E, out, r)``, float32 or float64, on ``out``'s device: the sum is formed in their
+    dtype); ``workers``: how many run at once (they
     share ``CHUNK_ELEMENTS``, at least one row each)."""
     width = max(1, out.shape[-1])
     rows = _aligned(CHUNK_ELEMENTS // max(1, workers) // width - (ROW_ALIGN - 1))
@@ -53,7 +54,7 @@ def delta_pieces(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: flo
     pairs = max(1, min(workers, len(cuts), CHUNK_ELEMENTS // max(1, count)))  # (planned:
     buffers: queue.SimpleQueue = queue.SimpleQueue()  # block_elements; a pair per piece
     for _ in range(pairs):  # running at once, reused: no fresh pages per piece)
-        buffers.put(tuple(torch.empty(count, dtype=torch.float32, device=out.device)
+        buffers.put(tuple(torch.empty(count, dtype=a.dtype, device=out.device)
                           for _ in range(2)))
     return [partial(_piece, out[e], b[e], a[e], scale, transposed, cut, rows, buffers)
             for e, cut in cuts]

@@ -3,7 +3,8 @@
 Its inputs are the base weight's sources, then the adapter's ``lora_A`` and ``lora_B``
 sources (``counts`` streams each); each part first runs its own layout chain (the base
 mapping's fused experts, peft's packing of a wrapped parameter), then the delta is added
-in float32, a block of rows at a time, into the base weight's own tensor: the output has
+in float32 (float64 where the output is float64), a block of rows at a time, into the
+base weight's own tensor: the output has
 the base weight's dtype (rounded once, there), and where that is not the model's (a float32
 checkpoint, an FP8 one dequantized to float32) the plan casts it once at the sink. Where
 the model's dtype is finer than the base weight's (a bf16 checkpoint into a float32 model),
@@ -35,8 +36,9 @@ _PARTS = ("base", "lora_a", "lora_b")
 
 @dataclass(frozen=True, repr=False)
 class MergeLora(ConversionOp):
-    """``W + scale·B·A``, computed in float32 (see the module docstring). Not invertible: saving a
-    merged model writes the base layout from the base chain alone (the load record keeps it)."""
+    """``W + scale·B·A``, computed in float32, or float64 into float64 (see the module
+    docstring). Not invertible: saving a merged model writes the base layout from the base
+    chain alone (the load record keeps it)."""
 
     compute_dtype = torch.float32  # (an FP8 base weight dequantizes straight to float32)
     merges_adapter = True
@@ -49,6 +51,7 @@ class MergeLora(ConversionOp):
     experts: int = 1
     transposed: bool = False
     dtype: torch.dtype | None = field(default=None, kw_only=True)  # the output's, when not W's
+    precision: torch.dtype = field(default=torch.float32, kw_only=True)  # the sum's (_precision)
     work: int = field(default=0, kw_only=True, compare=False)  # temporaries' bytes
     kept: int = field(default=0, kw_only=True, compare=False)  # update()'s temporaries
     # where each base input lands in the merged tensor (None: the base chain runs on tensors)
@@ -77,11 +80,12 @@ class MergeLora(ConversionOp):
         for name, op, specs in stages:
             if op.allocates:
                 allocated[name] += sum(s.nbytes for stream in op.infer(specs) for s in stream)
-        kept = allocated["lora_a"] + allocated["lora_b"] + 4 * (a.numel + b.numel
-                                                                + 2 * block_elements(w.shape))
+        precision = _precision(dtype or w.dtype)
+        kept = allocated["lora_a"] + allocated["lora_b"] + precision.itemsize * (
+            a.numel + b.numel + 2 * block_elements(w.shape))
         work = kept + (allocated["base"] if placed is None else 0)
         return dataclasses.replace(self, base=base, lora_a=a_ops, lora_b=b_ops, work=work,
-                                   kept=kept, placed=placed, dtype=dtype)
+                                   kept=kept, placed=placed, dtype=dtype, precision=precision)
 
     def _split(self, streams: tuple) -> tuple[tuple, ...]:
         if len(streams) != sum(self.counts):
@@ -133,8 +137,9 @@ class MergeLora(ConversionOp):
 
     def update(self, outputs: Streams[torch.Tensor], streams: Streams[torch.Tensor | None],
                workers: int = 1) -> list[Piece]:
-        """``W += s·B·A`` where the base weight was read (see :meth:`place_kept`): float32,
-        rounded once into the output's dtype, in pieces (:mod:`.lora_delta`)."""
+        """``W += s·B·A`` where the base weight was read (see :meth:`place_kept`): float32
+        (float64 into float64), rounded once into the output's dtype, in pieces
+        (:mod:`.lora_delta`)."""
         parts = self._split(streams)
         return self._pieces(outputs[0][0], parts[1], parts[2], workers)
 
@@ -143,10 +148,12 @@ class MergeLora(ConversionOp):
 
     def _pieces(self, out: torch.Tensor, lora_a: tuple, lora_b: tuple, workers: int
                 ) -> list[Piece]:
-        """``out += s·B·A`` (the delta in float32, on ``out``'s device, rounded once) as
-        independent pieces (:func:`~.lora_delta.delta_pieces`), ``workers`` at once."""
-        a = self._chain(self.lora_a, lora_a).to(out.device, torch.float32)
-        b = self._chain(self.lora_b, lora_b).to(out.device, torch.float32)
+        """``out += s·B·A`` (the delta in :func:`_precision` of ``out``, on its device,
+        rounded once) as independent pieces (:func:`~.lora_delta.delta_pieces`),
+        ``workers`` at once."""
+        precision = _precision(out.dtype)
+        a = self._chain(self.lora_a, lora_a).to(out.device, precision)
+        b = self._chain(self.lora_b, lora_b).to(out.device, precision)
         if self.experts == 1:
             out, a, b = out[None], a[None], b[None]
         else:
@@ -195,7 +202,8 @@ class MergeLora(ConversionOp):
         how = f", {self.experts} experts" if self.experts > 1 else ""
         how += ", transposed" if self.transposed else ""
         how += f", into {str(self.dtype).removeprefix('torch.')}" if self.dtype else ""
-        return f"MergeLora(W + {self.scale:.6g}·B·A in float32{how}; {chains})"
+        within = str(self.precision).removeprefix("torch.")
+        return f"MergeLora(W + {self.scale:.6g}·B·A in {within}{how}; {chains})"
 
 
 def _one(op: MergeLora, name: str, specs: Streams[TensorSpec]) -> TensorSpec:
@@ -227,6 +235,12 @@ def _place(chain: list[tuple[ConversionOp, Streams[TensorSpec]]], w: TensorSpec
             return None
         frags = placed
     return frags
+
+
+def _precision(dtype: torch.dtype) -> torch.dtype:
+    """What the sum ``W + s·B·A`` is formed in for an output of ``dtype``: float64 for
+    float64 (float32 would round its base weight), else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _widened(want: torch.dtype, have: torch.dtype) -> torch.dtype | None:

@@ -29,7 +29,9 @@ from dataclasses import dataclass
 import torch
 
 from weightplan.errors import BudgetError, PlanError
-from weightplan.planner.inputs.device import DeviceMap, StagingPool, staging_pool
+from weightplan.planner.inputs.device import (
+    STAGING_BUFFERS, STAGING_CHUNK, DeviceMap, StagingPool, staging_pool,
+)
 from weightplan.planner.inputs.module_tree import ModuleTree
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.core.geometry import Fragment
@@ -46,6 +48,7 @@ from weightplan.units import format_bytes
 
 STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 PASSES = 4  # fills before the room kept for offloading is taken at its bound
+POOL_BOUND = STAGING_CHUNK * STAGING_BUFFERS  # the pinned pool, at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +155,9 @@ def _converged(strategy: str, budgets: Sequence[DeviceBudget], inp: FillInput,
     what goes there) and the pinned staging of what lands on CUDA (``pinned_of``). The
     room kept only grows, so it settles, and the pool follows what is on CUDA (the CPU's
     room doesn't change it); after a few passes the window's worth is kept whole. Also
-    returns the pinned bytes the CPU was given: the pool of the result's CUDA share."""
+    returns the pinned bytes the CPU was given: the pool of the result's CUDA share, or
+    (should that pool not settle) at least it: the result is always the fill of the slots
+    returned, and the CPU's room covers its pool."""
     keep_block, disk, pinned = False, 0, 0
     for _ in range(PASSES):
         slots = _slots(strategy, budgets, inp, host, block if keep_block else 0, disk, pinned)
@@ -164,13 +169,14 @@ def _converged(strategy: str, budgets: Sequence[DeviceBudget], inp: FillInput,
         if needed == (keep_block, disk, pinned):
             return result, slots, pinned
         keep_block, disk, pinned = needed
-    for _ in range(2):
+    for _ in range(PASSES):  # the room kept at its bound; the pool only grows
         slots = _slots(strategy, budgets, inp, host, block, window, pinned)
         result = fill(inp, slots)
-        if pinned_of(result) == pinned:
+        if pinned_of(result) <= pinned:
             return result, slots, pinned
         pinned = pinned_of(result)
-    return result, _slots(strategy, budgets, inp, host, block, window, pinned), pinned
+    slots = _slots(strategy, budgets, inp, host, block, window, POOL_BOUND)
+    return fill(inp, slots), slots, POOL_BOUND
 
 
 def staging_of(steps: Iterable[Step], devices: DeviceMap | None) -> StagingPool:
