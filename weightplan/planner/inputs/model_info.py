@@ -87,12 +87,16 @@ def inspect_model(model: torch.nn.Module) -> ModelInfo:
     buffers = {name for name, _ in every_buffer}
     groups, retied = _groups(model, state)
     entries: dict[str, ModelTensor] = {}
+    specs: dict[tuple[tuple[int, ...], torch.dtype], TensorSpec] = {}
     for names in groups:
         tensor = state[names[0]]
-        shape, on_meta = tuple(tensor.shape), tensor.is_meta
+        shape, on_meta, dtype = tuple(tensor.shape), tensor.is_meta, tensor.dtype
+        spec = specs.get((shape, dtype))  # (one spec per shape and dtype: a frontier
+        if spec is None:  # model's 90k tensors are a few hundred)
+            spec = specs[(shape, dtype)] = TensorSpec(shape, dtype)
         entry = ModelTensor(  # (name, spec, aliases, is_buffer, on_meta, stride, ...)
-            names[0], TensorSpec(shape, tensor.dtype), tuple(names), names[0] in buffers,
-            on_meta, row_major_strides(shape) if on_meta else tuple(tensor.stride()),
+            names[0], spec, tuple(names), names[0] in buffers, on_meta,
+            row_major_strides(spec.shape) if on_meta else tuple(tensor.stride()),
             bool(getattr(tensor, "requires_grad", False)), False)
         for name in names:
             entries[name] = entry
