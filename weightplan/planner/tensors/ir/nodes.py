@@ -217,7 +217,7 @@ def read_nodes(entries: Sequence[TensorEntry], sources: Sequence[tuple[int, int]
     made one by one: the columns' iterators cost more than they save)."""
     count = len(entries)
     if count < _FEW:
-        return [Node(_READ, e.spec, (), ReadAttrs(e, s)) for e, s in zip(entries, sources)]
+        return [Node(_READ, e.spec, (), ReadAttrs(e, s)) for e, s in zip(entries, sources, strict=False)]
     return make_nodes(_READ, map(_SPEC, entries), [()] * count,
                       _read_attrs(count, entries, sources))
 

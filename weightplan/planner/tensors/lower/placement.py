@@ -316,7 +316,7 @@ def _final_fragments(outputs: Streams[Node], written: list[Node],
     cast unchanged, through a shard as the shard's pieces of its input (one per piece,
     each landing in its slice of the local destination)."""
     counts = tuple(map(len, outputs))
-    position = dict(zip(chain.from_iterable(outputs), dense_sources(counts)))
+    position = dict(zip(chain.from_iterable(outputs), dense_sources(counts), strict=True))
     final: list[list[tuple[Fragment, ...]]] = [[()] * n for n in counts]
     for target, (sink, d) in enumerate(zip(written, dests, strict=True)):
         value = sink.inputs[0]
