@@ -42,13 +42,16 @@ Picker = Callable[[Sequence[Node]], tuple[Node, ...]]  # a segment → its nodes
 
 
 def picker(places: Sequence[int]) -> Picker:
-    """``segment`` → the tuple of its nodes at ``places`` (one C call)."""
+    """``segment`` → the tuple of its nodes at ``places`` (one C call: for one place or
+    none, the slice of the segment that holds them)."""
     if len(places) > 1:
         return itemgetter(*places)
     if places:
-        only = places[0]
-        return lambda segment: (segment[only],)
-    return lambda segment: ()
+        return itemgetter(slice(places[0], places[0] + 1))
+    return _NONE
+
+
+_NONE: Picker = itemgetter(slice(0, 0))
 
 
 @dataclass(frozen=True, slots=True)
