@@ -140,6 +140,9 @@ class Step:
 
     def window_counts(self) -> dict[int, int]:
         """Mapped file windows of the reads, by size, each live only while its read runs."""
+        if len(self.reads) == 1:  # (a plain key's step)
+            size = self.reads[0].layout.window_bytes
+            return {size: 1} if size else {}
         sizes = list(filter(None, map(_WINDOW_BYTES, self.reads)))
         if not sizes or sizes.count(sizes[0]) == len(sizes):  # (one size: a lone read, a stack)
             return {sizes[0]: len(sizes)} if sizes else {}
@@ -321,15 +324,16 @@ def _final_fragments(outputs: Streams[Node], written: list[Node],
     for target, (sink, d) in enumerate(zip(written, dests, strict=True)):
         value = sink.inputs[0]
         placed = _whole(d.spec.shape, d.stride, target)
-        while value not in position:
+        at = position.get(value)
+        while at is None:
             if value.kind is NodeKind.SHARD:  # this rank's pieces of its input
                 placed = _shard_nodes().shard_fragments(value, target, placed[0].view)
             elif value.kind is not NodeKind.CAST:
                 raise PlanError(f"{value!r} between the ops and {sink!r} can't be placed; only "
                                 "casts and shards may sit there")
             value = value.inputs[0]
-        i, j = position[value]
-        final[i][j] += placed
+            at = position.get(value)
+        final[at[0]][at[1]] += placed
     return tuple(map(tuple, final))
 
 
