@@ -182,7 +182,7 @@ def order_steps(programs: Iterable[Step], file_order: Sequence[str]) -> tuple[St
 
     Each step's key is taken as it comes (``programs`` may be the steps as they are
     made: their reads are still in the CPU cache then)."""
-    rank = {f: i for i, f in enumerate(file_order)}
+    rank: dict[str | None, int] = {f: i for i, f in enumerate(file_order)}
 
     def key(p: Step) -> tuple[int, int]:
         # the lowest rank of the files its reads are in (a read in memory, or in a file
