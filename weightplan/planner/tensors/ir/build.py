@@ -169,7 +169,7 @@ def build_conversion(group: Group, expected: Expected, dtype: torch.dtype | None
 
 def _fed(values: Streams[Node], position: tuple[int, int]) -> tuple[Node, ...]:
     """The inputs of the node fed the value at ``position``: its stream as it is when that
-    value is all of it (a plain key's read: one tuple fewer per key), else a new one."""
+    value is all of it (a plain key's read: no tuple made for it), else a new one."""
     stream = values[position[0]]
     return stream if len(stream) == 1 else (stream[position[1]],)
 
