@@ -23,6 +23,7 @@ import torch
 
 from weightplan.planner.inputs.model_init import ignore_patterns, rebuildable
 from weightplan.planner.core.geometry import row_major_strides
+from weightplan.planner.core.makers import columns
 from weightplan.planner.core.spec import TensorSpec
 
 
@@ -42,6 +43,9 @@ class ModelTensor:
     @property
     def allocates(self) -> bool:
         return self.on_meta
+
+
+_model_tensors = columns(ModelTensor)  # (a model's tensors, in one pass per field)
 
 
 @dataclass(frozen=True)
@@ -86,14 +90,20 @@ def inspect_model(model: torch.nn.Module) -> ModelInfo:
     every_buffer = list(model.named_buffers(remove_duplicate=False))
     buffers = {name for name, _ in every_buffer}
     groups, retied = _groups(model, state)
-    entries: dict[str, ModelTensor] = {}
+    specs: dict[tuple[tuple[int, ...], torch.dtype], TensorSpec] = {}
+    rows = []  # (each tensor's fields; made in columns below)
     for names in groups:
         tensor = state[names[0]]
-        shape, on_meta = tuple(tensor.shape), tensor.is_meta
-        entry = ModelTensor(  # (name, spec, aliases, is_buffer, on_meta, stride, ...)
-            names[0], TensorSpec(shape, tensor.dtype), tuple(names), names[0] in buffers,
-            on_meta, row_major_strides(shape) if on_meta else tuple(tensor.stride()),
-            bool(getattr(tensor, "requires_grad", False)), False)
+        shape, on_meta, dtype = tuple(tensor.shape), tensor.is_meta, tensor.dtype
+        spec = specs.get((shape, dtype))  # (one spec per shape and dtype: a frontier
+        if spec is None:  # model's 90k tensors are a few hundred)
+            spec = specs[(shape, dtype)] = TensorSpec(shape, dtype)
+        rows.append((names[0], spec, tuple(names), names[0] in buffers, on_meta,
+                     row_major_strides(spec.shape) if on_meta else tuple(tensor.stride()),
+                     bool(getattr(tensor, "requires_grad", False)), False))
+    made = _model_tensors(len(rows), *zip(*rows, strict=True)) if rows else []
+    entries: dict[str, ModelTensor] = {}
+    for names, entry in zip(groups, made, strict=True):
         for name in names:
             entries[name] = entry
     named_buffers = _first_each(every_buffer)  # (model.named_buffers(), one walk fewer)

@@ -115,7 +115,8 @@ def ignore_patterns(model: torch.nn.Module, buffers: Iterable[str] | None = None
     unexpected: set[str] = set()
     done: set[type] = set()  # classes whose patterns are in (a module's own ones aside)
     for module in model.modules():
-        own = _MISSING in vars(module) or _UNEXPECTED in vars(module)
+        attrs = vars(module)
+        own = _MISSING in attrs or _UNEXPECTED in attrs
         if not own and type(module) in done:
             continue
         missing.update(_patterns(module, _MISSING))

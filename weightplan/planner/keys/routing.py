@@ -65,6 +65,9 @@ class Group:
 
     def output_key(self, stream: int, index: int) -> str:
         """The key of output ``index`` of output stream ``stream``."""
+        if self.explicit is None and not self.post_rename:  # (no renaming to record)
+            pattern = self.targets[stream]
+            return pattern.replace("*", str(index)) if "*" in pattern else pattern
         return self.renamed_output(stream, index)[0]
 
     def renamed_output(self, stream: int, index: int) -> tuple[str, tuple[Renaming, ...]]:

@@ -158,11 +158,20 @@ def build_conversion(group: Group, expected: Expected, dtype: torch.dtype | None
                       Node(NodeKind.SINK, quantized[1].spec, (quantized[1],),
                            SinkAttrs(destination(scale_target, sink)))]
             continue
+        fed = _fed(values, t.position)  # (the stream itself when it is the one value)
         if t.status is TargetStatus.LOAD and t.dtype != t.produced.dtype:
-            value = Node(NodeKind.CAST, t.dest, (value,), CastAttrs(t.dtype))
+            value = Node(NodeKind.CAST, t.dest, fed, CastAttrs(t.dtype))
             nodes.append(value)
-        nodes.append(Node(NodeKind.SINK, value.spec, (value,), SinkAttrs(destination(t, sink))))
+            fed = (value,)
+        nodes.append(Node(NodeKind.SINK, value.spec, fed, SinkAttrs(destination(t, sink))))
     return Conversion(group, tuple(targets), tuple(nodes))
+
+
+def _fed(values: Streams[Node], position: tuple[int, int]) -> tuple[Node, ...]:
+    """The inputs of the node fed the value at ``position``: its stream as it is when that
+    value is all of it (a plain key's read: no tuple made for it), else a new one."""
+    stream = values[position[0]]
+    return stream if len(stream) == 1 else (stream[position[1]],)
 
 
 @cache
@@ -249,6 +258,9 @@ def _targets(group: Group, outputs: Streams[TensorSpec], expected: Expected,
         raise OpError(f"{_describe(group)}: the ops yield {len(outputs)} output "
                       f"stream(s) but the converter has {len(group.targets)} target(s) "
                       f"({', '.join(group.targets)})")
+    if len(outputs) == 1 and len(outputs[0]) == 1 and \
+            (group.explicit is None or len(group.explicit[0]) == 1):  # (one output, as recorded)
+        return (make_target(group.output_key(0, 0), outputs[0][0], _ONE, expected, dtype),)
     out = []
     for i, (pattern, stream) in enumerate(zip(group.targets, outputs, strict=True)):
         count = len(group.explicit[i]) if group.explicit is not None else None
@@ -262,6 +274,9 @@ def _targets(group: Group, outputs: Streams[TensorSpec], expected: Expected,
         for j, spec in enumerate(stream):
             out.append(make_target(group.output_key(i, j), spec, positions[j], expected, dtype))
     return tuple(out)
+
+
+_ONE = stream_positions(0, 1)[0]  # (the position of a lone output)
 
 
 def settle_claims(conversions: list[Conversion]) -> tuple[Conversion, ...]:

@@ -164,6 +164,9 @@ def expected_spec(expected: Expected, key: str) -> TensorSpec | None:
 def make_target(key: str, spec: TensorSpec, position: tuple[int, int], expected: Expected,
                 dtype: torch.dtype | None) -> Target:
     """The target of output ``key`` of spec ``spec`` (the model tensor looked up once)."""
+    if expected is None:  # (nothing to match: it loads, as produced or in ``dtype``)
+        return Target(key, spec, position, None, None, destination_dtype(spec, None, dtype),
+                      TargetStatus.LOAD)
     mt = expected.get(key) if isinstance(expected, ModelInfo) else None
     want = (mt.spec if mt is not None else None) if isinstance(expected, ModelInfo) \
         else expected_spec(expected, key)
@@ -182,6 +185,8 @@ def make_target(key: str, spec: TensorSpec, position: tuple[int, int], expected:
 def destination_dtype(produced: TensorSpec, mt: ModelTensor | None,
                       requested: torch.dtype | None) -> torch.dtype:
     """Allocated tensors keep their dtype; new ones take ``requested`` (floats) or the model's."""
+    if mt is None and requested is None:  # (nothing asked of it: as produced)
+        return produced.dtype
     floating = produced.dtype.is_floating_point and produced.dtype not in FP8_DTYPES
     if mt is not None and mt.spec.dtype in FP8_DTYPES:
         return mt.spec.dtype  # FP8 parameters keep FP8 (a requested dtype is for floats)

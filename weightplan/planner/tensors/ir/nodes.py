@@ -209,12 +209,16 @@ _SETTERS = slot_setters(Node, ("kind", "spec", "inputs", "attrs", "_hash"))
 _set_kind, _set_spec, _set_inputs, _set_attrs, _set_hash = _SETTERS
 _NEW = object.__new__
 _read_attrs = columns(ReadAttrs)
+_READ = NodeKind.READ
 
 
 def read_nodes(entries: Sequence[TensorEntry], sources: Sequence[tuple[int, int]]) -> list[Node]:
-    """``Node(READ, e.spec, (), ReadAttrs(e, source))`` for each entry and source."""
+    """``Node(READ, e.spec, (), ReadAttrs(e, source))`` for each entry and source (a few
+    made one by one: the columns' iterators cost more than they save)."""
     count = len(entries)
-    return make_nodes(NodeKind.READ, map(_SPEC, entries), [()] * count,
+    if count < _FEW:
+        return [Node(_READ, e.spec, (), ReadAttrs(e, s)) for e, s in zip(entries, sources, strict=False)]
+    return make_nodes(_READ, map(_SPEC, entries), [()] * count,
                       _read_attrs(count, entries, sources))
 
 
@@ -223,6 +227,9 @@ _SPEC = attrgetter("spec")
 
 def read_streams(sources: Sequence[Sequence[TensorEntry]]) -> tuple[Streams[Node], list[Node]]:
     """A plain conversion's inputs: a read per source, by stream; and those reads in order."""
+    if len(sources) == 1:  # (one stream, as a plain key's: its row is every read)
+        row = read_nodes(sources[0], stream_positions(0, len(sources[0])))
+        return (tuple(row),), row
     rows = [read_nodes(entries, stream_positions(i, len(entries)))
             for i, entries in enumerate(sources)]
     return tuple(map(tuple, rows)), [n for row in rows for n in row]

@@ -59,17 +59,18 @@ def _as_built(nodes: tuple[Node, ...], counts: tuple[int, ...], kinds: list[Node
     if kinds[:total].count(NodeKind.READ) != total:
         return None
     reads = nodes[:total]
-    dense = dense_sources(counts)
-    if list(map(_SOURCE, reads)) != dense:
+    if list(map(_SOURCE, reads)) != dense_sources(counts):
         return None
-    rest, later = nodes[total:], kinds[total:]
-    values = tuple(compress(rest, map(is_, later, repeat(NodeKind.DEQUANTIZE))))
-    if values and (len(values) != total or tuple(map(_FIRST, map(_INPUTS, values))) != reads):
-        return None  # (dequantized partly, or not in source order)
-    others = compress(rest, map(is_, later, repeat(NodeKind.READ)))
-    if not _placed(counts).issuperset(map(_SOURCE, others)):
-        return None
-    values = values or reads
+    later = kinds[total:]  # (a plain key's: its sink; no dequantize, no other read)
+    values = reads
+    if NodeKind.DEQUANTIZE in later:
+        values = tuple(compress(nodes[total:], map(is_, later, repeat(NodeKind.DEQUANTIZE))))
+        if len(values) != total or tuple(map(_FIRST, map(_INPUTS, values))) != reads:
+            return None  # (dequantized partly, or not in source order)
+    if NodeKind.READ in later:
+        others = compress(nodes[total:], map(is_, later, repeat(NodeKind.READ)))
+        if not _placed(counts).issuperset(map(_SOURCE, others)):
+            return None
     if len(counts) == 1:  # (one stream: all of them)
         return (values,)
     ends = accumulate(counts)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, fields, replace
 from functools import cache, lru_cache
-from itertools import compress, filterfalse, repeat
+from itertools import chain, compress, filterfalse, repeat
 from operator import attrgetter, is_
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from weightplan.errors import PlanError
 from weightplan.planner.core.makers import slot_setters
 from weightplan.planner.tensors.ir.build import Conversion, stages
-from weightplan.planner.tensors.ir.stages import stage_op, stage_specs
+from weightplan.planner.tensors.ir.stages import dense_sources, stage_op, stage_specs
 from weightplan.planner.tensors.ir.destination import ALLOCATED, Destination, DestKind
 from weightplan.planner.core.geometry import Fragment, Region, View
 from weightplan.planner.tensors.ir.nodes import Node, NodeKind
@@ -140,6 +140,9 @@ class Step:
 
     def window_counts(self) -> dict[int, int]:
         """Mapped file windows of the reads, by size, each live only while its read runs."""
+        if len(self.reads) == 1:  # (a plain key's step)
+            size = self.reads[0].layout.window_bytes
+            return {size: 1} if size else {}
         sizes = list(filter(None, map(_WINDOW_BYTES, self.reads)))
         if not sizes or sizes.count(sizes[0]) == len(sizes):  # (one size: a lone read, a stack)
             return {sizes[0]: len(sizes)} if sizes else {}
@@ -152,6 +155,7 @@ class Step:
  _set_convert_bytes) = slot_setters(Step, [f.name for f in fields(Step)])
 
 
+# a conversion's stages, and the specs of its op inputs (every stage but the last)
 Front = tuple[tuple[Streams[Node], ...], tuple[Streams[TensorSpec], ...]]
 _STAGED = frozenset((NodeKind.READ, NodeKind.DEQUANTIZE, NodeKind.OP))  # (what stages read)
 
@@ -187,8 +191,10 @@ def _same_front(staged: tuple[Node, ...], nodes: tuple[Node, ...], kinds: list[N
 
 
 def _front(conv: Conversion, kinds: list[NodeKind]) -> Front:
+    """The stages, and the specs of each stage an op reads (all but the last: none when
+    there is no op)."""
     values = stages(conv, kinds)
-    return values, tuple(map(stage_specs, values))
+    return values, tuple(map(stage_specs, values[:-1]))
 
 
 def plan_step(conv: Conversion, piece_bytes: int = PIECE_BYTES, fronts: Fronts | None = None
@@ -312,20 +318,22 @@ def _final_fragments(outputs: Streams[Node], written: list[Node],
     """Each destination as fragments of the last stage's value it comes from: through a
     cast unchanged, through a shard as the shard's pieces of its input (one per piece,
     each landing in its slice of the local destination)."""
-    position = {n: (i, j) for i, stream in enumerate(outputs) for j, n in enumerate(stream)}
-    final: list[list[tuple[Fragment, ...]]] = [[()] * len(s) for s in outputs]
+    counts = tuple(map(len, outputs))
+    position = dict(zip(chain.from_iterable(outputs), dense_sources(counts), strict=True))
+    final: list[list[tuple[Fragment, ...]]] = [[()] * n for n in counts]
     for target, (sink, d) in enumerate(zip(written, dests, strict=True)):
         value = sink.inputs[0]
         placed = _whole(d.spec.shape, d.stride, target)
-        while value not in position:
+        at = position.get(value)
+        while at is None:
             if value.kind is NodeKind.SHARD:  # this rank's pieces of its input
                 placed = _shard_nodes().shard_fragments(value, target, placed[0].view)
             elif value.kind is not NodeKind.CAST:
                 raise PlanError(f"{value!r} between the ops and {sink!r} can't be placed; only "
                                 "casts and shards may sit there")
             value = value.inputs[0]
-        i, j = position[value]
-        final[i][j] += placed
+            at = position.get(value)
+        final[at[0]][at[1]] += placed
     return tuple(map(tuple, final))
 
 

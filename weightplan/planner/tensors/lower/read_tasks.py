@@ -273,7 +273,6 @@ def placed_reads(sources: Streams[Node], frags: Streams[tuple[Fragment, ...]],
     rank's experts) are left out first, so that a rank's experts of a stack are made in
     columns too."""
     tasks: list[ReadTask] = []
-    dtypes = [d.spec.dtype for d in dests]
     for stream, placed in zip(sources, frags, strict=True):
         if isinstance(placed, StackFragments):  # (the run of a stack that lands: its own stack)
             stream = stream[placed.first:placed.first + len(placed.fragments)]
@@ -283,13 +282,13 @@ def placed_reads(sources: Streams[Node], frags: Streams[tuple[Fragment, ...]],
             stream, placed = tuple(compress(stream, kept)), tuple(compress(placed, kept))
         stack = stack_geometry(stream, placed) if len(stream) >= _STACK else None
         if stack is None:
-            _each_read(tasks, stream, placed, dtypes, piece_bytes)
+            _each_read(tasks, stream, placed, dests, piece_bytes)
             continue
         parts, entries, landed, region, target = stack
         if parts[0] is PACKED:  # (one box per part, whatever the destination's dtype)
             layout = packed_layout(stream[0], region) if region.numel else None
         else:
-            layout = read_geometry(*parts, dtypes[target], piece_bytes)
+            layout = read_geometry(*parts, dests[target].spec.dtype, piece_bytes)
         if layout is not None:
             tasks += _tasks(len(stream), stream, entries, repeat(region), landed, repeat(layout))
     return tuple(tasks)
@@ -299,7 +298,7 @@ _STACK = 8  # fewer reads in a stream: telling whether they are alike costs what
 
 
 def _each_read(tasks: list[ReadTask], stream: tuple[Node, ...],
-               frags: tuple[tuple[Fragment, ...], ...], dtypes: list[torch.dtype],
+               frags: tuple[tuple[Fragment, ...], ...], dests: tuple[Destination, ...],
                piece_bytes: int) -> None:
     """The read tasks of one stream, node by node, fragment by fragment."""
     last: tuple = ()
@@ -333,7 +332,7 @@ def _each_read(tasks: list[ReadTask], stream: tuple[Node, ...],
             # dtypes, the same region object): one layout for all of them
             key = (spec.shape, spec.dtype, entry.file is None, entry.contiguous,
                    scale_shape, scale_dtype, block, f.region, v.shape, v.stride,
-                   dtypes[f.target], piece_bytes)
+                   dests[f.target].spec.dtype, piece_bytes)
             if key != last:
                 last, layout = key, read_geometry(*key)
             if layout is not None:

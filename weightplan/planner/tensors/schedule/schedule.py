@@ -182,12 +182,15 @@ def order_steps(programs: Iterable[Step], file_order: Sequence[str]) -> tuple[St
 
     Each step's key is taken as it comes (``programs`` may be the steps as they are
     made: their reads are still in the CPU cache then)."""
-    rank = {f: i for i, f in enumerate(file_order)}
+    rank: dict[str | None, int] = {f: i for i, f in enumerate(file_order)}
 
     def key(p: Step) -> tuple[int, int]:
         # the lowest rank of the files its reads are in (a read in memory, or in a file
         # not in the order: -1), then the smallest first byte of its reads in those
         reads = p.reads
+        if len(reads) == 1:  # (a plain key's step)
+            read = reads[0]
+            return rank.get(read.entry.file, -1), read.entry.offset + read.layout.first
         if not reads:
             return -1, 0
         files = list(map(_FILE, reads))

@@ -13,7 +13,9 @@ segments where a sink is followed by a read (where one conversion ends and the n
 begins); each input must be a node of its own segment, listed before its consumer. The
 first segment of each sequence of kinds is checked with a map of its nodes' places, which
 gives each input's place in it; every later segment of those kinds is checked by
-comparing each of its inputs with its own node at that place (identity, or equality).
+comparing each of its inputs with its own node at that place (identity, or equality);
+the back-to-back segments of one length after it (a header of plain keys: thousands of
+read → sink), in columns, every ``length``-th node at once (:func:`_run_holds`).
 When anything is not shown so (an input in another segment included),
 :func:`graph_problems` walks the nodes one by one and words each problem.
 """
@@ -22,8 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import chain, compress, repeat
-from operator import and_, attrgetter, is_, is_not, itemgetter, lt, not_
+from itertools import chain, compress, groupby, repeat
+from operator import and_, attrgetter, eq, is_, is_not, itemgetter, lt, not_, sub
 
 from weightplan.planner.core.spec import TensorSpec
 from weightplan.planner.tensors.ir.destination import DestKind, Destination
@@ -42,13 +44,16 @@ Picker = Callable[[Sequence[Node]], tuple[Node, ...]]  # a segment → its nodes
 
 
 def picker(places: Sequence[int]) -> Picker:
-    """``segment`` → the tuple of its nodes at ``places`` (one C call)."""
+    """``segment`` → the tuple of its nodes at ``places`` (one C call: for one place or
+    none, the slice of the segment that holds them)."""
     if len(places) > 1:
         return itemgetter(*places)
     if places:
-        only = places[0]
-        return lambda segment: (segment[only],)
-    return lambda segment: ()
+        return itemgetter(slice(places[0], places[0] + 1))
+    return _NONE
+
+
+_NONE: Picker = itemgetter(slice(0, 0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +83,9 @@ class _Proof:
     weights: Picker  # the dequantizes' first inputs
     ruled: Picker  # the casts, shards and quantizes (spec rules judged one by one)
     sinks: Picker  # (their spec rule and one producer per model tensor judged in columns)
+    # the places the pickers pick (a run of segments of this kind sequence: in columns)
+    places: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...],
+                  tuple[int, ...]] = ((), (), (), (), ())
 
 
 def check_graph(graph: PlanGraph) -> tuple[list[str], Segments | None]:
@@ -99,14 +107,11 @@ def graph_holds(nodes: Sequence[Node]) -> Segments | None:
             if i + 1 < count and kinds[i + 1] is NodeKind.READ]
     ends.append(count)
     proofs: dict[tuple[NodeKind, ...], _Proof] = {}
-    shared: list[int] = []
-    home: dict[int, int] = {}
-    dequantizes: list[Node] = []
-    weights: list[Node] = []
-    ruled: list[Node] = []
-    sinks: list[Node] = []
-    start = 0
-    for end in ends:
+    found = _Found([], {}, [], [], [], [])
+    run_ends = _run_ends(ends)  # (per segment: where its run of one length ends)
+    start, k, total, alone = 0, 0, len(ends), 0
+    while k < total:
+        end = ends[k]
         segment, key, fed = nodes[start:end], kinds[start:end], inputs[start:end]
         arities = list(map(len, fed))
         flat = tuple(chain.from_iterable(fed))
@@ -118,17 +123,74 @@ def graph_holds(nodes: Sequence[Node]) -> Segments | None:
             if proof is None:
                 return None
             proofs[key] = proof
-        picked = proof.sinks(segment)
-        home.update(zip(map(id, picked), repeat(len(shared))))
-        sinks += picked
-        shared.append(proof.index)
-        dequantizes += proof.dequantizes(segment)
-        weights += proof.weights(segment)
-        ruled += proof.ruled(segment)
-        start = end
-    if not _specs_hold(dequantizes, weights, ruled) or not _sinks_hold(sinks):
+        found.add(segment, proof)
+        length, start, k = end - start, end, k + 1
+        # the segments of its length after it: when they all follow its proof, at once
+        after = run_ends[k - 1] - k
+        if after < _RUN or k < alone:
+            continue
+        if not _run_holds(nodes, kinds, inputs, start, length, after, key, proof):
+            alone = run_ends[k - 1]  # (the rest of the run: segment by segment)
+            continue
+        found.add_run(nodes, start, length, after, proof)
+        start, k = start + length * after, k + after
+    if not _specs_hold(found.dequantizes, found.weights, found.ruled) or \
+            not _sinks_hold(found.sinks):
         return None
-    return Segments(nodes, ends, shared, home)
+    return Segments(nodes, ends, found.shared, found.home)
+
+
+@dataclass(slots=True)
+class _Found:
+    """What :func:`graph_holds` gathers of the segments proven so far: each one's proof,
+    where each sink is, and the nodes whose spec rules are judged at the end."""
+
+    shared: list[int]  # per segment: its proof
+    home: dict[int, int]  # id(sink) → its segment
+    dequantizes: list[Node]
+    weights: list[Node]  # (each dequantize's weight)
+    ruled: list[Node]
+    sinks: list[Node]
+
+    def add(self, segment: Sequence[Node], proof: _Proof) -> None:
+        picked = proof.sinks(segment)
+        self.home.update(zip(map(id, picked), repeat(len(self.shared))))
+        self.sinks += picked
+        self.shared.append(proof.index)
+        self.dequantizes += proof.dequantizes(segment)
+        self.weights += proof.weights(segment)
+        self.ruled += proof.ruled(segment)
+
+    def add_run(self, nodes: Sequence[Node], start: int, length: int, count: int,
+                proof: _Proof) -> None:
+        """``count`` segments of ``length`` from ``start`` on, all following ``proof``
+        (:func:`_run_holds`): each place of theirs taken as a column."""
+        stop, first = start + length * count, len(self.shared)
+        _, at_dequantizes, at_weights, at_ruled, at_sinks = proof.places
+        for p in at_sinks:
+            column = nodes[start + p:stop:length]
+            self.home.update(zip(map(id, column), range(first, first + count), strict=True))
+            self.sinks += column
+        self.shared += [proof.index] * count
+        for p, w in zip(at_dequantizes, at_weights, strict=True):
+            self.dequantizes += nodes[start + p:stop:length]
+            self.weights += nodes[start + w:stop:length]
+        for p in at_ruled:
+            self.ruled += nodes[start + p:stop:length]
+
+
+_RUN = 4  # (fewer segments of one length after one: taken one by one)
+
+
+def _run_ends(ends: list[int]) -> list[int]:
+    """For each segment, the index after the last segment of the run of back-to-back
+    segments of its length it is in."""
+    lengths = list(map(sub, ends, [0, *ends[:-1]]))
+    out: list[int] = []
+    for _, run in groupby(lengths):
+        count = sum(1 for _ in run)
+        out += [len(out) + count] * count
+    return out
 
 
 def _proven(segment: Sequence[Node], kinds: tuple[NodeKind, ...], classes: tuple[type, ...],
@@ -149,10 +211,37 @@ def _proven(segment: Sequence[Node], kinds: tuple[NodeKind, ...], classes: tuple
         return None  # (a node that is neither consumed nor a sink)
     dequantizes = [i for i, k in enumerate(kinds) if k is NodeKind.DEQUANTIZE]
     first = dict(zip(reversed(consumers), reversed(at), strict=True))  # (each one's first)
-    return _Proof(index, arities, classes, picker(at), picker(dequantizes),
-                  picker([first[i] for i in dequantizes]),
-                  picker([i for i, k in enumerate(kinds)
-                          if k in SPEC_RULED and k is not NodeKind.SINK]), picker(sinks))
+    weights = [first[i] for i in dequantizes]
+    ruled = [i for i, k in enumerate(kinds) if k in SPEC_RULED and k is not NodeKind.SINK]
+    return _Proof(index, arities, classes, picker(at), picker(dequantizes), picker(weights),
+                  picker(ruled), picker(sinks),
+                  (tuple(at), tuple(dequantizes), tuple(weights), tuple(ruled), tuple(sinks)))
+
+
+def _run_holds(nodes: Sequence[Node], kinds: tuple[NodeKind, ...],
+               inputs: tuple[tuple[Node, ...], ...], start: int, length: int, count: int,
+               key: tuple[NodeKind, ...], proof: _Proof) -> bool:
+    """Whether the ``count`` segments of ``length`` nodes from ``start`` on all follow
+    ``proof`` (of kinds ``key``), shown in columns: node ``p`` of each segment (every
+    ``length``-th node) has kind ``key[p]``, the proof's attrs type and arity, and its
+    inputs are, as objects, the nodes of its own segment at the proven places (what the
+    segment-by-segment pass shows of each, by equality)."""
+    stop = start + length * count
+    flat = 0
+    for p in range(length):
+        column = slice(start + p, stop, length)
+        fed = inputs[column]
+        arity = proof.arities[p]
+        if kinds[column].count(key[p]) != count or \
+                not all(map(is_, map(_ATTRS_TYPE, nodes[column]), repeat(proof.classes[p]))) or \
+                not all(map(eq, map(len, fed), repeat(arity))):
+            return False
+        for q in range(arity):
+            place = proof.places[0][flat + q]
+            if not all(map(is_, map(itemgetter(q), fed), nodes[start + place:stop:length])):
+                return False
+        flat += arity
+    return True
 
 
 def _specs_hold(dequantizes: list[Node], weights: list[Node], ruled: list[Node]) -> bool:

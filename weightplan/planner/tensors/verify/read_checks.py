@@ -35,7 +35,7 @@ from weightplan.planner.tensors.lower.placement import Step
 from weightplan.planner.tensors.lower.read_tasks import ReadLayout, ReadTask
 
 Sections = dict[str, tuple[int, int]]  # file → (first data byte, file size)
-_ANYWHERE = (-1 << 62, 1 << 62)  # (an entry in memory, or in a file without a section)
+ANYWHERE = (-1 << 62, 1 << 62)  # (an entry in memory, or in a file without a section)
 _DEQUANTIZE = NodeKind.DEQUANTIZE
 # a READ node's entry (an AttributeError for any other kind: its attrs hold none)
 _ENTRY = cast(Callable[[Node], TensorEntry], attrgetter("attrs.entry"))
@@ -118,7 +118,7 @@ def read_problems(step: Step, where: Sections, judged: Judged
                     fragment.region is not landing.region or fragment.target != landing.target:
                 landing = Landing(fragment.target, fragment.region, view.shape, view.stride)
                 landed.append(landing)
-                misplaced = _landing_problem(task, fragment, step.destinations)
+                misplaced = landing_problem(task, fragment, step.destinations)
             landing.offsets.append(view.offset)
             if misplaced is not None:
                 problems.append(f"read of {entry.key}: {misplaced}")
@@ -143,13 +143,13 @@ def _judged(judged: Judged, task: ReadTask, entry: TensorEntry, scale: TensorEnt
     key = geometry_key(task, entry, scale)
     found = judged.get(key)
     if found is None:
-        found = judged[key] = _judge(task, entry, scale)
+        found = judged[key] = judge(task, entry, scale)
     return found
 
 
 def geometry_key(task: ReadTask, entry: TensorEntry, scale: TensorEntry | None
                  ) -> tuple[int, ...]:
-    """What :func:`_judge` reads of a task, by identity: its layout, region and entry spec;
+    """What :func:`judge` reads of a task, by identity: its layout, region and entry spec;
     a dequantize's attrs, its logical spec and its scale's spec."""
     node = task.node
     if node.kind is not _DEQUANTIZE:
@@ -195,10 +195,10 @@ def _not_a_read(step: Step, node: Node) -> str:
 
 
 def _section(where: Sections, file: str | None) -> tuple[int, int]:
-    return where.get(file, _ANYWHERE) if file is not None else _ANYWHERE
+    return where.get(file, ANYWHERE) if file is not None else ANYWHERE
 
 
-def _judge(task: ReadTask, entry: TensorEntry, scale: TensorEntry | None) -> _Geometry:
+def judge(task: ReadTask, entry: TensorEntry, scale: TensorEntry | None) -> _Geometry:
     """The verdict on a read's geometry (layout, region, entry spec, scale spec, block),
     for every read sharing it."""
     layout, spec = task.layout, entry.spec
@@ -238,7 +238,7 @@ def _pieces_problem(layout: ReadLayout) -> str | None:
     return None
 
 
-def _landing_problem(task: ReadTask, fragment: Fragment, dests: tuple[Destination, ...]
+def landing_problem(task: ReadTask, fragment: Fragment, dests: tuple[Destination, ...]
                      ) -> str | None:
     """A placed read lands the region it reads; a direct one copies exactly the bytes of a
     contiguous view (the executor writes its byte range at the view's first byte)."""
@@ -286,7 +286,7 @@ def _range_problems(task: ReadTask, entry: TensorEntry, where: Sections, geometr
                         f"bytes [{entry.offset}, {entry.offset + entry.nbytes}); the fragment's "
                         "region must lie inside the tensor")
     section = _section(where, entry.file)
-    if section is not _ANYWHERE and not (section[0] <= start and start + length <= section[1]):
+    if section is not ANYWHERE and not (section[0] <= start and start + length <= section[1]):
         problems.append(f"read of {entry.key} [{start}, {start + length}) leaves the data "
                         f"section [{section[0]}, {section[1]}) of {entry.file}; the header's "
                         "offsets are wrong: re-open the checkpoint")

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from functools import cache
-from itertools import chain, repeat
-from operator import attrgetter, is_
+from itertools import chain, compress, repeat
+from operator import attrgetter, is_, not_
 from types import ModuleType
 
 from weightplan.errors import GraphError
@@ -42,6 +42,7 @@ from weightplan.planner.tensors.lower.placement import Step
 from weightplan.planner.tensors.schedule.schedule import Event, Events
 from weightplan.planner.tensors.verify.coverage import check_coverage
 from weightplan.planner.tensors.verify.graph_checks import Picker, Segments, check_graph, picker
+from weightplan.planner.tensors.verify.lone_reads import sound_steps
 from weightplan.planner.tensors.verify.read_checks import (
     Judged, Sections, read_problems, sections,
 )
@@ -82,14 +83,16 @@ def check(graph: PlanGraph, steps: Sequence[Step] = (), checkpoint: Checkpoint |
         else check_release(graph, steps)
     where = sections(checkpoint)
     judged: Judged = {}  # (the geometries' verdicts, made once for this pass)
+    sound = sound_steps(steps, where)  # (a plain key's step, shown sound in columns)
     if checked is None:  # (no other rank to hand the verdicts to)
-        for step in steps:
+        for step in compress(steps, map(not_, sound)):
             problems += step_problems(step, where, judged)
         return problems
-    for step in steps:
+    for step, shown in zip(steps, sound, strict=True):
         known = checked.get(id(step))
         if known is None or known[0] is not step or known[1] is not checkpoint:
-            known = checked[id(step)] = (step, checkpoint, step_problems(step, where, judged))
+            known = checked[id(step)] = (step, checkpoint,
+                                         [] if shown else step_problems(step, where, judged))
         problems += known[2]
     return problems
 
