@@ -59,6 +59,16 @@ class _Step:
 
 
 @dataclass
+class _Updating:
+    """An in-place step whose pieces run on the pool (``pieces``: the task queueing them)."""
+
+    program: Step
+    step: _Step
+    start: float
+    pieces: Future | None = None
+
+
+@dataclass
 class RunStats:
     """What one execution measured (the sink-specific report is built from it)."""
 
@@ -82,6 +92,7 @@ class _Execution:
         self.read_seconds = 0.0
         self.convert_seconds = 0.0
         self._lock = threading.Lock()
+        self.updating: _Updating | None = None  # the last in-place step, its pieces running
 
     def run(self) -> None:
         events = self.schedule.events  # (columns: no Event object per event)
@@ -90,6 +101,7 @@ class _Execution:
                 self.finalize(step)
             else:
                 self.submit(step)
+        self._updated()
 
     def submit(self, index: int) -> None:
         program = self.schedule.steps[index]
@@ -101,11 +113,23 @@ class _Execution:
                 step.futures.append(self.pool.submit(self._read, program, step, task, piece))
 
     def finalize(self, index: int) -> None:
+        """The step's reads awaited, its ops run, its destinations closed; an in-place
+        step's update is started instead, and the previous one's awaited (see
+        :meth:`_update`)."""
         program, step = self.schedule.steps[index], self.steps.pop(index)
         for future in step.futures:
             future.result()
+        if program.in_place:
+            started = self._update(program, step)
+            self._updated()
+            self.updating = started
+            return
+        self._updated()
         if program.materialize or program.quantized:
             self._convert(program, step)
+        self._close(program, step)
+
+    def _close(self, program: Step, step: _Step) -> None:
         for dest, handle in zip(program.destinations, step.handles, strict=True):
             self.sink.close(dest, handle)
         self.tracker.sub(program.staged_bytes)
@@ -131,9 +155,6 @@ class _Execution:
         start = time.perf_counter()
         self.tracker.add(program.convert_bytes)
         try:
-            if program.in_place:
-                self._update(program, step)
-                return
             streams = (self.pool.submit(_no_grad, _run_ops, program, step).result()
                        if _merges(program.in_place, program.ops) else _run_ops(program, step))  # (_pool)
             for i, out_stream in enumerate(program.outputs):
@@ -151,10 +172,15 @@ class _Execution:
             step.held.clear()
             self.convert_seconds += time.perf_counter() - start
 
-
-    def _update(self, program: Step, step: _Step) -> None:
-        """The step's op finishes its outputs where its reads landed (``Step.in_place``),
-        from the held reads (``None`` at the positions read into the destinations)."""
+    def _update(self, program: Step, step: _Step) -> _Updating:
+        """Start the step's op finishing its outputs where its reads landed
+        (``Step.in_place``), from the held reads (``None`` at the positions read into the
+        destinations): one task on the pool makes its pieces and queues them there, behind
+        the previous step's (no wait for this thread between them). They are awaited, and
+        the step closed, at the next finalize or the run's end (:meth:`_updated`; the
+        schedule counts its held reads and intermediates until then)."""
+        self.tracker.add(program.convert_bytes)
+        started = _Updating(program, step, time.perf_counter())
         views = []
         for out_stream in program.outputs:
             row = []
@@ -162,22 +188,39 @@ class _Execution:
                 view = self.sink.update_view(step.handles[f.target],
                                              program.destinations[f.target], f.view)
                 if view is None:  # (a sink that keeps nothing: nothing to update)
-                    return
+                    return started
                 row.append(view)
             views.append(tuple(row))
         streams = tuple(tuple(step.held.get((i, j)) for j in range(len(s)))
                         for i, s in enumerate(program.sources))
         (op,) = program.ops
+        workers = max(1, self.schedule.threads)  # (all of it on the pool, see _pool)
+
+        def queued() -> list[Future]:
+            return [self.pool.submit(_no_grad, p) for p in op.update(tuple(views), streams, workers)]
+
+        started.pieces = self.pool.submit(_no_grad, queued)
+        return started
+
+    def _updated(self) -> None:
+        """The started in-place step's pieces awaited, its temporaries released, its
+        destinations closed (nothing when none is running)."""
+        started, self.updating = self.updating, None
+        if started is None:
+            return
+        program, step = started.program, started.step
         try:
-            workers = max(1, self.schedule.threads)  # (all of it on the pool, see _pool)
-            pieces = self.pool.submit(_no_grad, op.update, tuple(views), streams,
-                                      workers).result()
-            for done in [self.pool.submit(_no_grad, piece) for piece in pieces]:
+            for done in started.pieces.result() if started.pieces is not None else ():
                 done.result()
         except Exception as e:
             keys = ", ".join(n.label for s in program.sources for n in s)
-            raise ExecutionError(f"{op!r} failed updating {program.label} in place (sources "
-                                 f"{keys}): {e}") from e
+            raise ExecutionError(f"{program.ops[0]!r} failed updating {program.label} in "
+                                 f"place (sources {keys}): {e}") from e
+        finally:
+            self.tracker.sub(program.convert_bytes + program.held_bytes)
+            step.held.clear()
+            self.convert_seconds += time.perf_counter() - started.start
+        self._close(program, step)
 
 
 def _merges(in_place: bool, ops: tuple[Any, ...]) -> bool:

@@ -14,7 +14,6 @@ writes the merged model in the base checkpoint's layout.
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any
 
 import torch
@@ -24,7 +23,7 @@ from weightplan.planner.core.ops.merge import MergeLora, TakeTrained
 from weightplan.planner.core.problems import Note
 from weightplan.planner.inputs.adapter import Adapter
 from weightplan.planner.inputs.adapter_model import InjectedAdapter, LoraLayer, inspect_adapter
-from weightplan.planner.keys.adapter_keys import adapter_transforms
+from weightplan.planner.keys.adapter_keys import adapter_transforms, path_alternatives
 from weightplan.planner.keys.registry import MappingChoice
 from weightplan.planner.keys.routing import Group, Routing
 from weightplan.planner.keys.transforms import WeightConverter, WeightRenaming
@@ -81,11 +80,15 @@ def explain_merged_load(model: torch.nn.Module, injected_model: torch.nn.Module,
 
 def _unwrapped(injected: InjectedAdapter) -> tuple[WeightRenaming, ...]:
     """A base layer the adapter's file holds (an embedding peft saved with it) → the plain
-    model's tensor, which the adapter's then replaces (:func:`adapter_first`)."""
-    plain = sorted(x.path for x in injected.layers.values() if x.parameter is None)
+    model's tensor, which the adapter's then replaces (:func:`adapter_first`). The wrapped
+    paths as patterns over their layer numbers where that is exact
+    (:func:`~weightplan.planner.keys.adapter_keys.path_alternatives`): every key is asked
+    this renaming, and a literal path per layer made the whole checkpoint route key by key
+    (the merged load planned in ~0.1 s more than the unmerged one, 20 layers)."""
+    plain = [x.path for x in injected.layers.values() if x.parameter is None]
     if not plain:
         return ()
-    alternatives = "|".join(re.escape(p) for p in plain)
+    alternatives = path_alternatives(plain, injected.modules)
     return (WeightRenaming(rf"^({alternatives})\.base_layer\.(weight|bias)$", r"\1.\2"),)
 
 

@@ -11,6 +11,9 @@ in flight plus the new step's fit in ``window_bytes``. The resulting event list 
                    + in flight (temporaries of pending reads, held op inputs)
                    + intermediate (tensors the finalized step's ops allocate)
 
+An in-place step's update (a merged adapter's pieces) is only started at its finalize; it
+finishes on the pool while the events after it run, and is awaited at the next finalize
+(or the end): until then its held inputs and intermediates count at every event.
 ``peak_bytes`` is the maximum over events.
 """
 
@@ -259,7 +262,7 @@ def simulate(steps: Sequence[Step], events: Events, threads: int) -> Timeline:
     be mapped at once), so a checkpoint of many small tensors, all pending at once, stays
     linear-ish.
     """
-    resident = held = 0
+    resident = held = updating = 0  # (updating: the last in-place step's, see below)
     residents, in_flights, intermediates = array("q"), array("q"), array("q")
     windows, readers = SortedWindows(), max(threads, 1)
     counts: list[Mapping[int, int]] = [_NO_WINDOWS] * len(steps)  # (a pending step's windows)
@@ -270,14 +273,15 @@ def simulate(steps: Sequence[Step], events: Events, threads: int) -> Timeline:
             held += program.held_bytes + program.staged_bytes
             counts[s] = counted = program.window_counts()
             windows.add_counts(counted)
-            in_flights.append(held + windows.largest(readers))
+            in_flights.append(held + updating + windows.largest(readers))
             intermediates.append(0)
         else:
             in_flights.append(held + windows.largest(readers))
             held -= program.held_bytes + program.staged_bytes
             windows.remove_counts(counts[s])
             counts[s] = _NO_WINDOWS
-            intermediates.append(program.convert_bytes)
+            intermediates.append(program.convert_bytes + updating)
+            updating = program.convert_bytes + program.held_bytes if program.in_place else 0
         residents.append(resident)
     return Timeline(steps, events, residents, in_flights, intermediates)
 
