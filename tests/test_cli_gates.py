@@ -53,7 +53,7 @@ def test_a_clean_plan_exits_0_and_an_error_2(tmp_path, capsys):
 
 def test_the_exit_statuses_are_documented():
     epilog = build_parser().epilog
-    for status in ("0 ", "1 ", "2 ", "120", "130"):
+    for status in ("0 ", "1 ", "2 ", "120", "130", "143"):
         assert f"\n    {status}" in epilog
     assert "--allow-problems" in epilog
 

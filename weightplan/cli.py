@@ -7,14 +7,16 @@ import argparse
 import gc
 import json
 import os
+import signal
 import sys
+import threading
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from weightplan.cli_parser import build_parser
 from weightplan.cli_words import cli_wording
 from weightplan.errors import WeightplanError
 
-OK, PROBLEMS, ERROR, CLOSED, INTERRUPTED = 0, 1, 2, 120, 130  # the exit status (see above)
+OK, PROBLEMS, ERROR, CLOSED, INTERRUPTED, TERMINATED = 0, 1, 2, 120, 130, 143  # (see above)
 
 if TYPE_CHECKING:
     from torch import nn
@@ -58,12 +60,26 @@ def _exit_now(code: int) -> NoReturn:
     os._exit(code)
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, ``timeout``, a CI runner's cancel), raised in the main thread as
+    Ctrl-C is: a save or convert removes its temporaries and its lock on the way out."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
+    raise _Terminated
+
+
 def _run(args: argparse.Namespace) -> int:
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return _dispatch(args)
-    except KeyboardInterrupt:
-        print("weightplan: interrupted", file=sys.stderr)
-        return INTERRUPTED
+    except KeyboardInterrupt as e:
+        how = " (SIGTERM)" if isinstance(e, _Terminated) else ""
+        print(f"weightplan: interrupted{how}", file=sys.stderr)
+        return TERMINATED if isinstance(e, _Terminated) else INTERRUPTED
     except BrokenPipeError:  # the reader left (``| head``): nothing is wrong, stop quietly
         _drop_stdout()
         return CLOSED
@@ -78,6 +94,9 @@ def _run(args: argparse.Namespace) -> int:
         message = cli_wording(" ".join(str(e).split()))
         print(f"weightplan: error: {kind}: {_safe(message)}", file=sys.stderr)
         return ERROR
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _safe(text: str) -> str:

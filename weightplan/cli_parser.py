@@ -25,7 +25,8 @@ exit status:
          problems): printed, nothing loaded; --allow-problems exits 0 anyway
     2    an error (one line on stderr; --debug adds the traceback), or bad arguments
     120  stdout was closed early (| head)
-    130  interrupted
+    130  interrupted (Ctrl-C)
+    143  terminated (SIGTERM); like 130, a convert's temporaries are removed first
 
 Keys, paths and messages are printed with control and bidi characters escaped.
 """
