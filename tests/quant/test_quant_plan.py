@@ -103,6 +103,22 @@ def test_forbidden_scale_dtype_and_missing_part(tmp_path):
     _refused(directory, "needs a.weight_shape")
 
 
+def test_a_compressed_tensors_fp8_weight_without_its_scale_names_its_own_part(tmp_path):
+    """compressed-tensors names an FP8 weight's scale ``weight_scale``: a missing one is
+    that key, in that file, not DeepSeek's ``weight_scale_inv``."""
+    torch.manual_seed(0)
+    packed, _, _ = ct_compress(torch.randn(40, 96, dtype=torch.bfloat16), "fp8", "channel")
+    tensors = {f"a.{k}": v for k, v in packed.items() if k != "weight_scale"}
+    config = {"quant_method": "compressed-tensors", "format": "float-quantized",
+              "config_groups": {"g": {"targets": ["Linear"], "weights": {
+                  "num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True}}}}
+    directory = write_checkpoint(tmp_path / "fp8", tensors, {"quantization_config": config})
+    _refused(directory, "model.safetensors: a.weight", "needs a.weight_scale and the checkpoint "
+                                                       "has none")
+    text = str(weightplan.explain(_target(), directory))
+    assert "weight_scale_inv" not in text, text
+
+
 def test_ignore_naming_nothing(tmp_path):
     directory, _ = _int4_dir(tmp_path, config={**INT4, "ignore": ["lm_haed"]})
     _refused(directory, "ignore entry 'lm_haed' names no module")

@@ -87,7 +87,8 @@ def quant_context(source: object, ckpt: Checkpoint, info: ModelInfo | None,
     if info is not None:  # a model holding the stored tensors keeps them as they are
         packed = kept_by_model(packed, {name: t.spec.dtype for name, t in info.tensors.items()})
     plain = routed_entries(ckpt, packed)
-    pairing = pair_scales((plain or ckpt).entries, config)
+    # (an empty one is still the answer: every entry a refused packed weight's part)
+    pairing = pair_scales((ckpt if plain is None else plain).entries, config)
     fp8_model = fp8_params(info, model_config or config) if info is not None else None
     has_model_fp8 = fp8_model is not None and (fp8_model.params or fp8_model.unscaled)
     if not pairing.quantized and not pairing.problems and not has_model_fp8 and packed is None:
@@ -117,7 +118,8 @@ def _checkpoint_config(source: object) -> QuantConfig | None:
 def routed_checkpoint(ckpt: Checkpoint, quant: QuantContext | None) -> Checkpoint:
     """The checkpoint routing sees: scales travel with their weights, not on their own."""
     if quant is not None and quant.packed is not None:
-        ckpt = routed_entries(ckpt, quant.packed) or ckpt
+        routed = routed_entries(ckpt, quant.packed)
+        ckpt = ckpt if routed is None else routed
     if quant is None or not quant.pairing.companions:
         return ckpt
     entries = dict(ckpt.entries)  # a copy keeps the order; deleting ~half is C-level
