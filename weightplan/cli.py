@@ -215,7 +215,7 @@ def _explain(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
     else:
-        sys.stdout.write(explain_text(plan, width=args.width))
+        sys.stdout.write(explain_text(plan, width=args.width, wording=cli_wording))
     _pictures(plan, args)
     return _status(plan.problems, args)
 
