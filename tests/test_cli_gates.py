@@ -65,6 +65,22 @@ def test_a_model_without_tp_plan_gets_cli_advice(tmp_path, capsys):
     assert "the model has no tp_plan: pass --tp-plan" in out and "TensorParallel(" not in out
 
 
+def test_the_rank_json_says_why_the_status_is_1(tmp_path, capsys):
+    """``--tp N --json`` exits 1 on problems: each rank's row lists them (the plan's own,
+    and a deployment that can't run), as the table and plain ``--json`` do."""
+    saved("bert", tmp_path / "bert")
+    assert main(["explain", str(tmp_path / "bert"), "--tp", "2", "--json"]) == 1
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["rank"] for r in rows] == [0, 1]
+    assert all(any("has no tp_plan" in p["message"] and p["kind"] == "parallel"
+                   for p in r["problems"]) for r in rows), rows
+    saved("llama", tmp_path / "llama")
+    assert main(["explain", str(tmp_path / "llama"), "--tp", "3", "--json"]) == 1
+    rows = json.loads(capsys.readouterr().out)
+    assert all(any("doesn't split over 3 ranks" in p["message"] for p in r["problems"])
+               for r in rows), rows
+
+
 def test_a_tp_plan_given_on_the_command_line(tmp_path, capsys):
     saved("bert", tmp_path / "bert")
     plan = {"bert.encoder.layer.*.intermediate.dense": "colwise", "nothing.*": "rowwise"}

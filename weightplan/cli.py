@@ -280,11 +280,17 @@ def _explain_ranks(model: Any, dtype: Any, args: argparse.Namespace) -> int:
                         local_world_size=per_node(args.tp, args.nodes))
     plans = plan_ranks(model, args.checkpoint, tp, mapping=args.mapping, dtype=dtype,
                        budget=args.budget, dequantize_on=args.dequantize_on)
-    print(json.dumps(rank_rows(plans), indent=2) if args.json
-          else _safe(rank_table(plans, wording=cli_wording, width=args.width)))
     from weightplan.bridge.distribute import heads_problem
 
     cant_run = heads_problem(model, tp, args.tp)
+    if args.json:
+        rows = rank_rows(plans)
+        if cant_run is not None:  # (every rank's: the deployment can't run)
+            for row in rows:
+                row["problems"].append({"kind": "parallel", "key": "", "message": cant_run})
+        print(json.dumps(rows, indent=2))
+    else:
+        print(_safe(rank_table(plans, wording=cli_wording, width=args.width)))
     if cant_run is not None:  # planned all the same: the bytes are right, the forward isn't
         print(f"weightplan: problem: loading with tp={args.tp} is refused: {cant_run}",
               file=sys.stderr)  # (a problem for the status: the deployment can't run)
