@@ -52,6 +52,7 @@ def test_loads_and_names_the_format(tmp_path):
     model = _target()
     plan = weightplan.explain(model, directory)
     assert not plan.problems and not plan.unexpected and not plan.missing, str(plan)
+    assert "INT4 pack-quantized dequantized to bfloat16 (1 checkpoint weight)" in str(plan)
     plan.execute()
     assert torch.equal(model.a.weight, oracle)
 

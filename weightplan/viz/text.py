@@ -137,7 +137,7 @@ def quantized_text(plan: LoadPlanData) -> str:
     packed = [n.message for n in plan.findings.notes if n.key == "<kept quantized>"]
     parts = [f"FP8 kept ({kept} tensors in {'/'.join(held)}, with their scales)"] \
         if kept > 0 and not packed else []  # (a packed format's F8 parts: said below)
-    parts += [f"{what} ({n} checkpoint weights)" for what, n in dequantized.items()]
+    parts += [f"{what} ({counted(n, 'checkpoint weight')})" for what, n in dequantized.items()]
     parts += packed
     if quantized:
         parts.append(f"quantized to FP8 ({quantized} tensors)")
