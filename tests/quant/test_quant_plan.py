@@ -57,6 +57,19 @@ def test_loads_and_names_the_format(tmp_path):
     assert torch.equal(model.a.weight, oracle)
 
 
+def test_to_dict_says_what_the_header_says_of_the_format(tmp_path):
+    """``plan.to_dict()`` (``--json``) carries the header's quantization line: which format,
+    dequantized to what (or kept), as ``print(plan)``'s first line says it."""
+    directory, _ = _int4_dir(tmp_path)
+    plan = weightplan.explain(_target(), directory)
+    said = plan.to_dict()["model"]["quantization"]
+    assert said == "INT4 pack-quantized dequantized to bfloat16 (1 checkpoint weight)"
+    assert said in str(plan).splitlines()[0]
+    plain = write_checkpoint(tmp_path / "plain", {"head.weight": torch.ones(4, 96)})
+    model = module_with({"head.weight": ((4, 96), torch.float32)})
+    assert weightplan.explain(model, plain).to_dict()["model"]["quantization"] is None
+
+
 def test_scale_grid_that_does_not_cover_the_weight(tmp_path):
     def cut(t):
         t["a.weight_scale"] = t["a.weight_scale"][:, :2].contiguous()
