@@ -35,7 +35,7 @@ def dequantize_context(source: object, ckpt: Checkpoint) -> QuantContext:
         config = read_quant_config(path if path.is_dir() else path.parent)
     routed = routed_entries(ckpt, packed)
     pairing = pair_scales((ckpt if routed is None else routed).entries, config)
-    wrong = [f"{p.key}: {p.message}" for p in pairing.problems
+    wrong = [p.message for p in pairing.problems  # (each names its file and key)
              if p.kind is not Fp8ProblemKind.STRAY_SCALE]
     wrong += [p.message for p in (packed.problems if packed is not None else ())]
     if wrong:
