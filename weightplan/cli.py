@@ -230,7 +230,7 @@ def _check_flags(args: argparse.Namespace) -> None:
     from weightplan.errors import ArgumentError
 
     needs = [("--ep", args.ep, "--tp"), ("--cooperative", args.cooperative, "--tp"),
-             ("--nodes", args.nodes is not None, "--tp"),
+             ("--nodes", args.nodes is not None, "--tp N --cooperative"),
              ("--storage node", args.storage != "shared", "--tp N --cooperative"),
              ("--tp-plan", args.tp_plan is not None, "--tp"),
              ("--max-memory", args.max_memory is not None, "--device-map"),
