@@ -53,7 +53,7 @@ def test_a_clean_plan_exits_0_and_an_error_2(tmp_path, capsys):
 
 def test_the_exit_statuses_are_documented():
     epilog = build_parser().epilog
-    for status in ("0 ", "1 ", "2 ", "120", "130"):
+    for status in ("0 ", "1 ", "2 ", "120", "130", "143"):
         assert f"\n    {status}" in epilog
     assert "--allow-problems" in epilog
 
@@ -63,6 +63,22 @@ def test_a_model_without_tp_plan_gets_cli_advice(tmp_path, capsys):
     assert main(["explain", str(tmp_path / "bert"), "--tp", "2"]) == 1
     out = capsys.readouterr().out
     assert "the model has no tp_plan: pass --tp-plan" in out and "TensorParallel(" not in out
+
+
+def test_the_rank_json_says_why_the_status_is_1(tmp_path, capsys):
+    """``--tp N --json`` exits 1 on problems: each rank's row lists them (the plan's own,
+    and a deployment that can't run), as the table and plain ``--json`` do."""
+    saved("bert", tmp_path / "bert")
+    assert main(["explain", str(tmp_path / "bert"), "--tp", "2", "--json"]) == 1
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["rank"] for r in rows] == [0, 1]
+    assert all(any("has no tp_plan" in p["message"] and p["kind"] == "parallel"
+                   for p in r["problems"]) for r in rows), rows
+    saved("llama", tmp_path / "llama")
+    assert main(["explain", str(tmp_path / "llama"), "--tp", "3", "--json"]) == 1
+    rows = json.loads(capsys.readouterr().out)
+    assert all(any("doesn't split over 3 ranks" in p["message"] for p in r["problems"])
+               for r in rows), rows
 
 
 def test_a_tp_plan_given_on_the_command_line(tmp_path, capsys):

@@ -105,6 +105,9 @@ def test_every_readme_cli_line_runs(user_dirs, capsys):
     (["explain", "{root}/llama", "--detail", "full"], "--detail needs --svg"),
     (["explain", "{root}/llama", "--no-fold"], "--fold/--no-fold needs --svg"),
     (["explain", "{root}/llama", "--cooperative"], "--cooperative needs --tp"),
+    # nodes only group the ranks that share reads: without --cooperative they changed nothing
+    (["explain", "{root}/llama", "--tp", "2", "--nodes", "2"],
+     "ArgumentError: --nodes needs --tp N --cooperative"),
     (["explain", "{root}/llama", "--tp-plan", "{{}}"], "--tp-plan needs --tp"),
     (["explain", "{root}/llama", "--tp", "2", "--device-map", "auto"], "exclude each other"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),

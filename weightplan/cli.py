@@ -7,14 +7,16 @@ import argparse
 import gc
 import json
 import os
+import signal
 import sys
+import threading
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from weightplan.cli_parser import build_parser
 from weightplan.cli_words import cli_wording
 from weightplan.errors import WeightplanError
 
-OK, PROBLEMS, ERROR, CLOSED, INTERRUPTED = 0, 1, 2, 120, 130  # the exit status (see above)
+OK, PROBLEMS, ERROR, CLOSED, INTERRUPTED, TERMINATED = 0, 1, 2, 120, 130, 143  # (see above)
 
 if TYPE_CHECKING:
     from torch import nn
@@ -58,12 +60,26 @@ def _exit_now(code: int) -> NoReturn:
     os._exit(code)
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, ``timeout``, a CI runner's cancel), raised in the main thread as
+    Ctrl-C is: a save or convert removes its temporaries and its lock on the way out."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
+    raise _Terminated
+
+
 def _run(args: argparse.Namespace) -> int:
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return _dispatch(args)
-    except KeyboardInterrupt:
-        print("weightplan: interrupted", file=sys.stderr)
-        return INTERRUPTED
+    except KeyboardInterrupt as e:
+        how = " (SIGTERM)" if isinstance(e, _Terminated) else ""
+        print(f"weightplan: interrupted{how}", file=sys.stderr)
+        return TERMINATED if isinstance(e, _Terminated) else INTERRUPTED
     except BrokenPipeError:  # the reader left (``| head``): nothing is wrong, stop quietly
         _drop_stdout()
         return CLOSED
@@ -78,6 +94,9 @@ def _run(args: argparse.Namespace) -> int:
         message = cli_wording(" ".join(str(e).split()))
         print(f"weightplan: error: {kind}: {_safe(message)}", file=sys.stderr)
         return ERROR
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _safe(text: str) -> str:
@@ -196,7 +215,7 @@ def _explain(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
     else:
-        sys.stdout.write(explain_text(plan, width=args.width))
+        sys.stdout.write(explain_text(plan, width=args.width, wording=cli_wording))
     _pictures(plan, args)
     return _status(plan.problems, args)
 
@@ -211,7 +230,7 @@ def _check_flags(args: argparse.Namespace) -> None:
     from weightplan.errors import ArgumentError
 
     needs = [("--ep", args.ep, "--tp"), ("--cooperative", args.cooperative, "--tp"),
-             ("--nodes", args.nodes is not None, "--tp"),
+             ("--nodes", args.nodes is not None, "--tp N --cooperative"),
              ("--storage node", args.storage != "shared", "--tp N --cooperative"),
              ("--tp-plan", args.tp_plan is not None, "--tp"),
              ("--max-memory", args.max_memory is not None, "--device-map"),
@@ -261,11 +280,17 @@ def _explain_ranks(model: Any, dtype: Any, args: argparse.Namespace) -> int:
                         local_world_size=per_node(args.tp, args.nodes))
     plans = plan_ranks(model, args.checkpoint, tp, mapping=args.mapping, dtype=dtype,
                        budget=args.budget, dequantize_on=args.dequantize_on)
-    print(json.dumps(rank_rows(plans), indent=2) if args.json
-          else _safe(rank_table(plans, wording=cli_wording, width=args.width)))
     from weightplan.bridge.distribute import heads_problem
 
     cant_run = heads_problem(model, tp, args.tp)
+    if args.json:
+        rows = rank_rows(plans)
+        if cant_run is not None:  # (every rank's: the deployment can't run)
+            for row in rows:
+                row["problems"].append({"kind": "parallel", "key": "", "message": cant_run})
+        print(json.dumps(rows, indent=2))
+    else:
+        print(_safe(rank_table(plans, wording=cli_wording, width=args.width)))
     if cant_run is not None:  # planned all the same: the bytes are right, the forward isn't
         print(f"weightplan: problem: loading with tp={args.tp} is refused: {cant_run}",
               file=sys.stderr)  # (a problem for the status: the deployment can't run)

@@ -25,7 +25,8 @@ exit status:
          problems): printed, nothing loaded; --allow-problems exits 0 anyway
     2    an error (one line on stderr; --debug adds the traceback), or bad arguments
     120  stdout was closed early (| head)
-    130  interrupted
+    130  interrupted (Ctrl-C)
+    143  terminated (SIGTERM); like 130, a convert's temporaries are removed first
 
 Keys, paths and messages are printed with control and bidi characters escaped.
 """
@@ -150,7 +151,8 @@ def _parallel_flags(exp: argparse.ArgumentParser) -> None:
     exp.add_argument("--cooperative", action="store_true", help="with --tp: each "
                      "replicated tensor read by one rank and broadcast (storage vs network)")
     exp.add_argument("--nodes", type=_ranks, metavar="N",
-                     help="with --tp: the ranks make N nodes (numbered node by node)")
+                     help="with --tp and --cooperative: the ranks make N nodes (numbered "
+                     "node by node) that share reads")
     exp.add_argument("--storage", choices=("shared", "node"), default="shared", help="with "
                      "--cooperative: one file system for all nodes, or a copy on each node")
     exp.add_argument("--tp-plan", metavar="JSON",

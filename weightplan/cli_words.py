@@ -38,6 +38,10 @@ PHRASES = (
     ("pass offload_folder= (a directory)", "pass --offload-folder DIR"),
     ("offload_folder ", "--offload-folder "),
     ("device_map: ", "--device-map: "),
+    # FP8 that can't be kept (a block cut by a shard, a weight without its scale)
+    ("load it dequantized (a floating model)", "pass --dequantize"),
+    ("load it into a floating model instead", "pass --dequantize instead"),
+    ("give the model floating parameters to dequantize instead", "pass --dequantize instead"),
 )
 # the keyword's name where a message names it (``max_memory key 'x'``, ``raise
 # max_memory``), and ``device_map='auto'`` as the flag and its value

@@ -135,3 +135,34 @@ def test_the_rank_table_takes_the_width(frontier_fp8, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) > 12 and any("FP8 kept" in line for line in lines)
     assert all(len(line) <= 60 or len(line.split()) == 1 for line in lines)  # a key stays whole
+
+
+def test_the_command_line_advises_its_own_flag_to_dequantize(fp8_checkpoints, capsys):
+    """A kept FP8 weight split inside a block (the tiny DeepSeek's shared experts over 2
+    ranks) or without its scale: the advice is ``--dequantize``, not Python's words."""
+    directory = fp8_checkpoints("dsv3")[1]
+    assert main(["explain", str(directory), "--tp", "2", "--ep"]) == 1
+    out = capsys.readouterr().out
+    assert "inside a 128×128 block; pass --dequantize" in out, out
+    assert "floating model" not in out, out
+
+
+def test_a_kept_fp8_weight_without_its_scale_is_not_called_unscaled(fp8_checkpoints, tmp_path,
+                                                                   capsys):
+    """An FP8 weight whose scale is missing is FP8 all the same: the problem says that its
+    scale is what's wrong, once, and what to run instead."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    directory = tmp_path / "noscale"
+    shutil.copytree(fp8_checkpoints("dsv3")[1], directory)
+    tensors = load_file(str(directory / "model.safetensors"))
+    key = "model.layers.0.self_attn.q_b_proj.weight"
+    del tensors[key + "_scale_inv"]
+    save_file(tensors, str(directory / "model.safetensors"))
+    assert main(["explain", str(directory)]) == 1
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "can't keep FP8" in x)
+    assert f"{key} keeps FP8 but {key} is f8_e4m3 and has no {key}_scale_inv that fits it" in line, line
+    assert "not a scaled FP8 weight" not in line and line.endswith("pass --dequantize instead")

@@ -136,6 +136,18 @@ def test_scale_dtype_and_stray_scales(tmp_path):
                      "a.gone.weight_scale_inv": Fp8ProblemKind.STRAY_SCALE}
 
 
+def test_every_problem_names_the_file_of_the_tensor_it_is_about(tmp_path):
+    """A sharded checkpoint's reader needs the file as much as the key: each problem's
+    message starts with the file holding the tensor it names."""
+    file = str(tmp_path / "model.safetensors")
+    cases = ({"a.q_proj.weight_scale_inv": None}, {"a.q_proj.weight_scale_inv": torch.ones(1, 2)},
+             {"a.q_proj.weight_scale_inv": torch.ones(2, 2, dtype=torch.int32)},
+             {"a.norm.weight_scale_inv": torch.ones(2)})
+    for changes in cases:
+        [problem] = pair_scales(fp8_checkpoint(tmp_path, **changes).entries).problems
+        assert problem.message.startswith(f"{file}: {problem.key} "), problem.message
+
+
 def test_unquantized_checkpoint_has_no_pairs(tmp_path):
     save_file({"w.weight": torch.ones(4, 4)}, str(tmp_path / "model.safetensors"))
     pairing = pair_scales(open_checkpoint(tmp_path).entries)

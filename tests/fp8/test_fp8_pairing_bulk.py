@@ -34,18 +34,21 @@ def _reference(entries, config):
         if scale is None:
             problems.append(Fp8Problem(
                 Fp8ProblemKind.MISSING_SCALE, key,
-                f"{key} is {short_dtype(weight.spec.dtype)}{list(shape)} but the checkpoint "
+                f"{fp8_pairs.at(weight)}{key} is {short_dtype(weight.spec.dtype)}{list(shape)} "
+                "but the checkpoint "
                 f"has no {key}_scale_inv; without it the weight can't be dequantized (a plain "
                 "cast would be wrong). Add the scale tensor, or load a checkpoint that has it",
                 shape, None, expected))
         elif scale.spec.dtype not in SCALE_DTYPES:
             problems.append(Fp8Problem(
                 Fp8ProblemKind.SCALE_DTYPE, scale.key,
-                f"{scale.key} is {short_dtype(scale.spec.dtype)}; a scale is f32, bf16, f16 or "
+                f"{fp8_pairs.at(scale)}{scale.key} is {short_dtype(scale.spec.dtype)}; a scale "
+                "is f32, bf16, f16 or "
                 "e8m0 (u8 / f8_e8m0)", shape, scale.spec.shape, expected))
         elif not grid_fits(shape, scale.spec.shape, block):
             problems.append(Fp8Problem(Fp8ProblemKind.SCALE_GRID, scale.key,
-                                       fp8_pairs._grid_text(weight, scale, block), shape,
+                                       fp8_pairs.at(scale) + fp8_pairs._grid_text(
+                                           weight, scale, block), shape,
                                        scale.spec.shape, expected))
         else:
             activation = next((entries[k] for k in fp8_pairs.activation_keys(key)
@@ -62,7 +65,8 @@ def _reference(entries, config):
         what = ("no such tensor" if weight is None
                 else f"it is {short_dtype(weight.spec.dtype)}, not FP8")
         problems.append(Fp8Problem(Fp8ProblemKind.STRAY_SCALE, key,
-                                   f"{key} scales {owner}, but {what}: the scale is not applied",
+                                   f"{fp8_pairs.at(entry)}{key} scales {owner}, but {what}: "
+                                   "the scale is not applied",
                                    None if weight is None else weight.spec.shape, entry.spec.shape))
     return pairs, tuple(problems), companions
 

@@ -80,7 +80,8 @@ def test_explain_tp_cooperative_json_rows_read_the_checkpoint_about_once(tp_chec
 
 
 def test_explain_nodes_must_split_the_ranks(tp_checkpoints, capsys):
-    assert main(["explain", str(tp_checkpoints["llama"]), "--tp", "4", "--nodes", "3"]) == 2
+    assert main(["explain", str(tp_checkpoints["llama"]), "--tp", "4", "--cooperative",
+                 "--nodes", "3"]) == 2
     assert "3 nodes: the 4 ranks" in capsys.readouterr().err
 
 

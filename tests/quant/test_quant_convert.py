@@ -48,3 +48,17 @@ def test_convert_dequantize_refuses_plain_checkpoints(tmp_path):
     import weightplan
     with pytest.raises(QuantizationError, match="nothing to dequantize"):
         weightplan.explain_convert(tmp_path / "c", tmp_path / "o", dequantize=True)
+
+
+def test_convert_dequantize_names_file_then_key_once(tmp_path, capsys):
+    """A block-FP8 scale that doesn't fit: the one error line names the file, then the key,
+    once each (was: the key, then the file, then the key again)."""
+    from tests.fp8.test_fp8_pairing import fp8_checkpoint
+
+    (tmp_path / "c").mkdir()
+    fp8_checkpoint(tmp_path / "c", **{"a.q_proj.weight_scale_inv": torch.ones(1, 2)})
+    assert main(["convert", str(tmp_path / "c"), str(tmp_path / "o"), "--dequantize"]) == 2
+    err = capsys.readouterr().err
+    file = tmp_path / "c" / "model.safetensors"
+    assert f"can't dequantize: {file}: a.q_proj.weight_scale_inv is [1, 2] but" in err, err
+    assert err.count("a.q_proj.weight_scale_inv") == 1, err

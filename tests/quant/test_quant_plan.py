@@ -52,8 +52,22 @@ def test_loads_and_names_the_format(tmp_path):
     model = _target()
     plan = weightplan.explain(model, directory)
     assert not plan.problems and not plan.unexpected and not plan.missing, str(plan)
+    assert "INT4 pack-quantized dequantized to bfloat16 (1 checkpoint weight)" in str(plan)
     plan.execute()
     assert torch.equal(model.a.weight, oracle)
+
+
+def test_to_dict_says_what_the_header_says_of_the_format(tmp_path):
+    """``plan.to_dict()`` (``--json``) carries the header's quantization line: which format,
+    dequantized to what (or kept), as ``print(plan)``'s first line says it."""
+    directory, _ = _int4_dir(tmp_path)
+    plan = weightplan.explain(_target(), directory)
+    said = plan.to_dict()["model"]["quantization"]
+    assert said == "INT4 pack-quantized dequantized to bfloat16 (1 checkpoint weight)"
+    assert said in str(plan).splitlines()[0]
+    plain = write_checkpoint(tmp_path / "plain", {"head.weight": torch.ones(4, 96)})
+    model = module_with({"head.weight": ((4, 96), torch.float32)})
+    assert weightplan.explain(model, plain).to_dict()["model"]["quantization"] is None
 
 
 def test_scale_grid_that_does_not_cover_the_weight(tmp_path):
@@ -101,6 +115,22 @@ def test_forbidden_scale_dtype_and_missing_part(tmp_path):
         del t["a.weight_shape"]
     directory, _ = _int4_dir(tmp_path, drop, name="d")
     _refused(directory, "needs a.weight_shape")
+
+
+def test_a_compressed_tensors_fp8_weight_without_its_scale_names_its_own_part(tmp_path):
+    """compressed-tensors names an FP8 weight's scale ``weight_scale``: a missing one is
+    that key, in that file, not DeepSeek's ``weight_scale_inv``."""
+    torch.manual_seed(0)
+    packed, _, _ = ct_compress(torch.randn(40, 96, dtype=torch.bfloat16), "fp8", "channel")
+    tensors = {f"a.{k}": v for k, v in packed.items() if k != "weight_scale"}
+    config = {"quant_method": "compressed-tensors", "format": "float-quantized",
+              "config_groups": {"g": {"targets": ["Linear"], "weights": {
+                  "num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True}}}}
+    directory = write_checkpoint(tmp_path / "fp8", tensors, {"quantization_config": config})
+    _refused(directory, "model.safetensors: a.weight", "needs a.weight_scale and the checkpoint "
+                                                       "has none")
+    text = str(weightplan.explain(_target(), directory))
+    assert "weight_scale_inv" not in text, text
 
 
 def test_ignore_naming_nothing(tmp_path):

@@ -14,6 +14,7 @@ from weightplan.planner.tensors.schedule.budget import machine_fit
 from weightplan.viz.devices import placement_dict
 from weightplan.viz.adapter_text import adapter_dict
 from weightplan.viz.rows import disk_status, mapping_rows
+from weightplan.viz.text import quantized_text
 
 
 @paused_gc
@@ -26,7 +27,9 @@ def plan_to_dict(plan: LoadPlanData) -> dict[str, Any]:
                        "tensors": len(plan.checkpoint), "bytes": plan.checkpoint.nbytes},
         "model": None if info is None else {"class": info.class_name,
                                             "model_type": info.model_type,
-                                            "tensors": len(info.unique()), "bytes": info.nbytes},
+                                            "tensors": len(info.unique()), "bytes": info.nbytes,
+                                            # (the header's words: kept, or dequantized to)
+                                            "quantization": quantized_text(plan) or None},
         "mapping": {"key": plan.mapping.key, "reason": plan.mapping.reason,
                     "transforms": [t.describe() for t in plan.transforms],
                     "submodules": [submodule_to_dict(s) for s in plan.mapping.submodules]},

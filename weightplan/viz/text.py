@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shutil
 import textwrap
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 import sys
 from typing import TYPE_CHECKING, TypeGuard, cast
 
@@ -48,17 +48,20 @@ MIN_WIDTH = 40  # narrower than this, a key and its sizes don't fit on a line an
 
 
 @paused_gc
-def explain_text(plan: PlanData, width: int | None = None) -> str:
+def explain_text(plan: PlanData, width: int | None = None,
+                 wording: Callable[[str], str] = str) -> str:
     """Render ``plan`` as the text ``print(plan)`` shows: lines wrapped at ``width`` (or the
     terminal's); printed to a file or a pipe without ``width``, long lines stay whole (one
-    line per fact, for grep) and rows choose their layout for 120 columns."""
+    line per fact, for grep) and rows choose their layout for 120 columns. ``wording``
+    rewrites the advice of the problems (the command line's flags)."""
     wrap = width is not None or sys.stdout.isatty()
     if width is None:
         width = shutil.get_terminal_size((120, 24)).columns if sys.stdout.isatty() else 120
     width = max(width, MIN_WIDTH)
     lines = header_lines(plan) + adapter_lines(plan) + [""]
     lines += mapping_lines(plan, width, fit=wrap) + [""]
-    lines += total_lines(plan) + parallel_lines(plan) + problem_lines(plan) + note_lines(plan)
+    lines += total_lines(plan) + parallel_lines(plan) + [*map(wording, problem_lines(plan))]
+    lines += note_lines(plan)
     out: Iterable[str] = map(terminal_text, lines)
     if wrap:
         out = (part for line in out for part in wrapped(line, width))
@@ -134,7 +137,7 @@ def quantized_text(plan: LoadPlanData) -> str:
     packed = [n.message for n in plan.findings.notes if n.key == "<kept quantized>"]
     parts = [f"FP8 kept ({kept} tensors in {'/'.join(held)}, with their scales)"] \
         if kept > 0 and not packed else []  # (a packed format's F8 parts: said below)
-    parts += [f"{what} ({n} checkpoint weights)" for what, n in dequantized.items()]
+    parts += [f"{what} ({counted(n, 'checkpoint weight')})" for what, n in dequantized.items()]
     parts += packed
     if quantized:
         parts.append(f"quantized to FP8 ({quantized} tensors)")

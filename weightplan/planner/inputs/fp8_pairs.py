@@ -234,16 +234,21 @@ def _problem(weight: TensorEntry, scale: TensorEntry | None, fault: Fp8ProblemKi
     expected = scale_grid(shape, block) if len(shape) >= 2 else None
     if scale is None:
         return Fp8Problem(fault, key,
-                          f"{key} is {short_dtype(weight.spec.dtype)}{list(shape)} but the "
-                          f"checkpoint has no {scale_key(key)}; without it the weight can't "
+                          f"{at(weight)}{key} is {short_dtype(weight.spec.dtype)}{list(shape)} "
+                          f"but the checkpoint has no {scale_key(key)}; without it the weight can't "
                           "be dequantized (a plain cast would be wrong). Add the scale "
                           "tensor, or load a checkpoint that has it", shape, None, expected)
     if fault is Fp8ProblemKind.SCALE_DTYPE:
         return Fp8Problem(fault, scale.key,
-                          f"{scale.key} is {short_dtype(scale.spec.dtype)}; a scale is f32, "
-                          "bf16, f16 or e8m0 (u8 / f8_e8m0)", shape, scale.spec.shape, expected)
-    return Fp8Problem(fault, scale.key, _grid_text(weight, scale, block), shape,
+                          f"{at(scale)}{scale.key} is {short_dtype(scale.spec.dtype)}; a scale "
+                          "is f32, bf16, f16 or e8m0 (u8 / f8_e8m0)", shape, scale.spec.shape, expected)
+    return Fp8Problem(fault, scale.key, at(scale) + _grid_text(weight, scale, block), shape,
                       scale.spec.shape, expected)
+
+
+def at(entry: TensorEntry) -> str:
+    """``"FILE: "``, the file holding ``entry`` (``""`` for a tensor in memory)."""
+    return f"{entry.file}: " if entry.file is not None else ""
 
 
 def _grid_text(weight: TensorEntry, scale: TensorEntry, block: Block) -> str:
@@ -272,6 +277,7 @@ def _strays(entries: Mapping[str, TensorEntry], pairs: Mapping[str, ScaledWeight
         what = ("no such tensor" if weight is None
                 else f"it is {short_dtype(weight.spec.dtype)}, not FP8")
         out.append(Fp8Problem(Fp8ProblemKind.STRAY_SCALE, key,
-                              f"{key} scales {owner}, but {what}: the scale is not applied",
+                              f"{at(entries[key])}{key} scales {owner}, but {what}: the "
+                              "scale is not applied",
                               None if weight is None else weight.spec.shape, entries[key].spec.shape))
     return out

@@ -289,8 +289,11 @@ def _stack(template: str, positions: list[int], keys: list[str],
             keep = [entries[k].spec.dtype == torch.uint8 for k in members]
             suffixes = {"packed": ".weight", "scale": ".weight_scale",
                         "global": ".weight_scale_2"}
-        else:  # compressed-tensors FP8: an F8 weight with a weight_scale
-            keep = [entries[k].spec.dtype == F8 and k + "_scale" in entries for k in members]
+        else:  # compressed-tensors FP8: an F8 weight, unless DeepSeek's weight_scale_inv
+            # is its scale (one without either is refused here, naming weight_scale)
+            keep = [entries[k].spec.dtype == F8 and (k + "_scale" in entries
+                                                     or k + "_scale_inv" not in entries)
+                    for k in members]
             suffixes = {"weight": ".weight", "scale": ".weight_scale"}
         if not any(keep):
             return None

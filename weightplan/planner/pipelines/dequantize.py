@@ -33,8 +33,9 @@ def dequantize_context(source: object, ckpt: Checkpoint) -> QuantContext:
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         config = read_quant_config(path if path.is_dir() else path.parent)
-    pairing = pair_scales((routed_entries(ckpt, packed) or ckpt).entries, config)
-    wrong = [f"{p.key}: {p.message}" for p in pairing.problems
+    routed = routed_entries(ckpt, packed)
+    pairing = pair_scales((ckpt if routed is None else routed).entries, config)
+    wrong = [p.message for p in pairing.problems  # (each names its file and key)
              if p.kind is not Fp8ProblemKind.STRAY_SCALE]
     wrong += [p.message for p in (packed.problems if packed is not None else ())]
     if wrong:

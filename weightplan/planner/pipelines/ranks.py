@@ -12,6 +12,7 @@ are planned in one call (``--tp 1000000`` would plan for half an hour);
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 
@@ -61,9 +62,12 @@ def whole_reads(plan: LoadPlanData) -> tuple[str, ...]:
         d.shard is not None and d.shard.placement.is_sharded for d in s.destinations))
 
 
-def rank_rows(plans: tuple[LoadPlanData, ...]) -> list[dict[str, int]]:
-    """The table's rows as data (``--json``)."""
+def rank_rows(plans: tuple[LoadPlanData, ...]) -> list[dict[str, Any]]:
+    """The table's rows as data (``--json``), each with its rank's problems (as
+    ``plan.to_dict()`` lists them)."""
     return [{"rank": p.sharding.rank if p.sharding else 0, "read_bytes": read_bytes(p),
              "storage_bytes": p.read_bytes, "network_bytes": network_bytes(p),
              "held_bytes": p.held_bytes, "replicated_bytes": p.replicated_bytes,
-             "peak_bytes": p.peak_bytes} for p in plans]
+             "peak_bytes": p.peak_bytes,
+             "problems": [{"kind": q.kind.value, "key": q.key, "message": q.message}
+                          for q in p.problems]} for p in plans]

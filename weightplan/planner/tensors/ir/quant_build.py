@@ -50,7 +50,7 @@ from weightplan.planner.inputs.packed_pairs import PackedPairing, pair_packed
 from weightplan.planner.inputs.packed_routing import kept_by_model, routed_entries
 from weightplan.planner.inputs.small_reads import SmallReader
 from weightplan.planner.inputs.quant_formats import read_format_config
-from weightplan.planner.core.spec import TensorSpec
+from weightplan.planner.core.spec import TensorSpec, short_dtype
 
 
 _KEY, _SPEC = attrgetter("key"), attrgetter("spec")
@@ -87,7 +87,8 @@ def quant_context(source: object, ckpt: Checkpoint, info: ModelInfo | None,
     if info is not None:  # a model holding the stored tensors keeps them as they are
         packed = kept_by_model(packed, {name: t.spec.dtype for name, t in info.tensors.items()})
     plain = routed_entries(ckpt, packed)
-    pairing = pair_scales((plain or ckpt).entries, config)
+    # (an empty one is still the answer: every entry a refused packed weight's part)
+    pairing = pair_scales((ckpt if plain is None else plain).entries, config)
     fp8_model = fp8_params(info, model_config or config) if info is not None else None
     has_model_fp8 = fp8_model is not None and (fp8_model.params or fp8_model.unscaled)
     if not pairing.quantized and not pairing.problems and not has_model_fp8 and packed is None:
@@ -117,7 +118,8 @@ def _checkpoint_config(source: object) -> QuantConfig | None:
 def routed_checkpoint(ckpt: Checkpoint, quant: QuantContext | None) -> Checkpoint:
     """The checkpoint routing sees: scales travel with their weights, not on their own."""
     if quant is not None and quant.packed is not None:
-        ckpt = routed_entries(ckpt, quant.packed) or ckpt
+        routed = routed_entries(ckpt, quant.packed)
+        ckpt = ckpt if routed is None else routed
     if quant is None or not quant.pairing.companions:
         return ckpt
     entries = dict(ckpt.entries)  # a copy keeps the order; deleting ~half is C-level
@@ -272,6 +274,14 @@ def scale_format(attrs: QuantizeAttrs) -> str:
     return "ue8m0" if E8M0 is not None and attrs.dtype == E8M0 else "float"
 
 
+def _unscaled(entries: list[TensorEntry]) -> str:
+    """Why each of ``entries`` has no pair: an FP8 weight's scale is missing or doesn't fit
+    (its own problem says which), anything else is not FP8."""
+    return "; ".join(f"{e.key} is {short_dtype(e.spec.dtype)} and has no {scale_key(e.key)} "
+                     "that fits it" if e.spec.dtype in FP8_DTYPES else
+                     f"{e.key} is {short_dtype(e.spec.dtype)}, not FP8" for e in entries)
+
+
 def scale_group(group: Group, ops: tuple[ConversionOp, ...],
                 specs: tuple[Streams[TensorSpec], ...], quant: QuantContext) -> Group:
     """The sibling group that carries the scales of a kept conversion through its ops.
@@ -284,11 +294,11 @@ def scale_group(group: Group, ops: tuple[ConversionOp, ...],
     sources = []
     for stream in group.sources:
         pairs = [quant.pairing.pairs.get(e.key) for e in stream]
-        missing = [e.key for e, p in zip(stream, pairs, strict=True) if p is None]
+        missing = [e for e, p in zip(stream, pairs, strict=True) if p is None]
         if missing:
-            raise QuantizationError(f"{', '.join(missing)} is not a scaled FP8 weight, but "
-                                    f"{group.targets[0]} keeps FP8: load it into a floating "
-                                    "model instead", key=group.targets[0])
+            raise QuantizationError(f"{group.targets[0]} keeps FP8 but {_unscaled(missing)}: "
+                                    "load it into a floating model instead",
+                                    key=group.targets[0])
         sources.append(tuple(p.scale for p in pairs if p is not None))
     block = quant.pairing.pairs[group.sources[0][0].key].block
     scale_ops = tuple(scale_op(op, tuple(s for stream in spec for s in stream), block,

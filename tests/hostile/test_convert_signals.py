@@ -1,0 +1,40 @@
+"""``weightplan convert`` stopped by Ctrl-C (SIGINT) or by ``kill`` / ``timeout`` / a CI
+runner's cancel (SIGTERM) while its temporaries exist: both remove them and the directory
+lock, leave the target as it was, and exit with the status the help text gives (130, 143)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import moe_checkpoint, write_checkpoint
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_stopped_convert_leaves_nothing_behind(tmp_path, sig, status):
+    src = write_checkpoint(tmp_path / "src", moe_checkpoint())
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    (dst / "notes.txt").write_text("mine")
+    env = dict(os.environ, PYTHONPATH=str(HERE.parents[1]))
+    child = subprocess.Popen([sys.executable, str(HERE / "convert_child.py"), str(src),
+                              str(dst)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True, env=env)
+    try:
+        assert child.stderr.readline().strip() == "ready"
+        assert any(p.name.endswith(".weightplan-partial") for p in dst.iterdir())
+        child.send_signal(sig)
+        _, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == status, err
+    assert "weightplan: interrupted" in err
+    assert sorted(p.name for p in dst.iterdir()) == ["notes.txt"]
