@@ -169,8 +169,42 @@ def test_disk_needs_a_folder_and_words_need_a_strategy(saved):
                            max_memory={"cpu": "100KiB"})
     with pytest.raises(PlanError, match="automatic placement"):
         weightplan.explain(empty(cls, cfg), directory, max_memory={"cpu": "1GiB"})
-    with pytest.raises(ArgumentError, match="disk"):
+    with pytest.raises(PlanError, match="offload_folder"):  # (a dict naming the disk too)
         weightplan.from_pretrained(directory, device_map={"": "disk"})
+
+
+EXPLICIT = {"model.embed_tokens": "cpu", "model.layers": "disk", "model.norm": "cpu",
+            "model.rotary_emb": "cpu", "lm_head": "cpu"}
+
+
+@pytest.mark.parametrize("family", ["llama", "mixtral"])  # (mixtral: experts written, fused)
+@pytest.mark.parametrize("device_map", [EXPLICIT, {"": "disk"}])
+def test_a_dict_map_naming_the_disk_runs_like_transformers(saved, tmp_path, family, device_map):
+    cls, _, inputs, directory = saved[family]
+    model = weightplan.from_pretrained(directory, device_map=device_map,
+                                       offload_folder=tmp_path / "ours")
+    for name, p in model.named_parameters():  # what the map puts on the disk is not resident
+        assert p.is_meta == any(name == k or name.startswith(k + ".") or not k
+                                for k, d in device_map.items() if d == "disk"), name
+    reference = pretrained(cls, directory, device_map=device_map,
+                           offload_folder=str(tmp_path / "theirs"))
+    assert model.hf_device_map == reference.hf_device_map == device_map
+    assert torch.equal(output(model, inputs), output(reference, inputs))
+
+
+def test_a_dict_map_naming_the_disk_is_complete_and_flat(saved, tmp_path):
+    cls, cfg, _, directory = saved["llama"]
+    partial = {"model.layers": "disk", "lm_head": "cpu"}  # transformers: a ValueError too
+    with pytest.raises(PlanError, match="model.embed_tokens.weight, model.norm.weight"):
+        weightplan.explain(empty(cls, cfg), directory, device_map=partial,
+                           offload_folder=tmp_path)
+    nested = {"model.layers.1": "disk", "": "cpu"}  # accelerate's dispatch fails it
+    with pytest.raises(PlanError, match="inside"):
+        weightplan.explain(empty(cls, cfg), directory, device_map=nested,
+                           offload_folder=tmp_path)
+    with pytest.raises(PlanError, match="max_memory"):
+        weightplan.explain(empty(cls, cfg), directory, device_map=EXPLICIT,
+                           max_memory={"cpu": "1GiB"}, offload_folder=tmp_path)
 
 
 def test_cli_dry_run(saved, capsys):

@@ -32,7 +32,7 @@ from weightplan.errors import BudgetError, PlanError
 from weightplan.planner.inputs.device import (
     STAGING_BUFFERS, STAGING_CHUNK, DeviceMap, StagingPool, staging_pool,
 )
-from weightplan.planner.inputs.module_tree import ModuleTree
+from weightplan.planner.inputs.module_tree import ModuleTree, subtree_tensors
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.core.geometry import Fragment
 from weightplan.planner.tensors.lower.placement import Step
@@ -144,6 +144,75 @@ def place_devices(strategy: str, budgets: Sequence[DeviceBudget], tree: ModuleTr
                         "give the devices more memory")
     uses = _uses(inp, result, slots, budgets)
     return DevicePlacement(strategy, tuple(result.items()), uses, offload_folder, pinned)
+
+
+def given_placement(pairs: Sequence[tuple[str, str]], tree: ModuleTree, info: ModelInfo,
+                    schedule: Schedule, dtype: torch.dtype | None, host: HostCosts,
+                    offload_folder: str | None) -> DevicePlacement:
+    """A dict ``device_map`` that puts modules on ``"disk"`` (transformers' explicit offload):
+    the map as given (``pairs``: prefix, device name), each device's use read off the
+    plan's sizes as for an automatic one (no budgets: nothing is filled).
+
+    Raises:
+        PlanError: no ``offload_folder``; a tensor of the model's state no prefix covers
+            (accelerate's ``dispatch_model`` runs only a complete map, as transformers says);
+            an entry inside another, one of them on the disk (accelerate fails it).
+    """
+    _check_given(pairs, offload_folder)
+    inp = fill_input(tree, info, schedule.steps, dtype, schedule.threads)
+    per = _given_tensors(pairs, tree, inp.canon)
+    copies = _copies(schedule.steps, inp.canon)
+    pinned = staging_pool(copies[t] for d, ts in per.items() if _cuda(d) for t in ts
+                          if t in copies).nbytes
+    window = host.window + _largest_step(schedule.steps)
+    on_disk = min(window, inp.host_bytes_offloaded(frozenset(per.get(DISK, ()))))
+    uses = []
+    for device in sorted({d for _, d in pairs} | {CPU}, key=lambda d: (d == DISK, d == CPU, d)):
+        tensors = frozenset(per.get(device, ()))
+        if device in (CPU, DISK):
+            staging = host.temporaries + pinned + on_disk if device == CPU else 0
+        else:
+            staging = sum(sorted(inp.temp.get(t, 0) for t in tensors)[-inp.concurrent:])
+        uses.append(DeviceUse(device, None, inp.bytes_of(tensors), staging, 0,
+                              sum(d == device for _, d in pairs), True))
+    return DevicePlacement("dict", tuple(pairs), tuple(uses), offload_folder, pinned)
+
+
+def _check_given(pairs: Sequence[tuple[str, str]], offload_folder: str | None) -> None:
+    if not offload_folder:
+        disk = [p or "the whole model" for p, d in pairs if d == DISK]
+        raise PlanError(f"device_map puts {', '.join(map(repr, disk))} on 'disk': pass "
+                        "offload_folder= (a directory its tensors are written to)")
+    nested = [(p, q) for p, d in pairs for q, e in pairs if p != q and DISK in (d, e)
+              and (not q or p.startswith(q + "."))]
+    if nested:
+        inner, outer = nested[0]
+        raise PlanError(f"device_map: {inner!r} lies inside "
+                        f"{repr(outer) if outer else 'the whole model'}, and "
+                        "one of them is on 'disk': accelerate's hooks can't run a module "
+                        "offloaded inside another entry (transformers' load fails the same way "
+                        "at dispatch); map sibling modules instead")
+
+
+def _given_tensors(pairs: Sequence[tuple[str, str]], tree: ModuleTree,
+                   canon: Mapping[str, str]) -> dict[str, set[str]]:
+    """Device → the canonical tensors its entries cover (the longest prefix decides)."""
+    by_length = sorted(pairs, key=lambda p: -len(p[0]))
+    per: dict[str, set[str]] = {}
+    uncovered = []
+    for name in subtree_tensors(tree, ""):
+        device = next((d for p, d in by_length
+                       if not p or name == p or name.startswith(p + ".")), None)
+        if device is None:
+            uncovered += [] if name in tree.extra_bytes else [name]
+            device = CPU  # (a non-persistent buffer: where the load keeps it)
+        per.setdefault(device, set()).add(canon.get(name, name))
+    if uncovered:
+        raise PlanError("device_map gives no device for "
+                        f"{', '.join(uncovered[:4])}{' ...' if len(uncovered) > 4 else ''} "
+                        f"({len(uncovered)} tensors): name their modules (as transformers, every "
+                        "tensor of the state needs a device)")
+    return per
 
 
 def _converged(strategy: str, budgets: Sequence[DeviceBudget], inp: FillInput,
