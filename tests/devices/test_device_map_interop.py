@@ -216,3 +216,30 @@ def test_cli_dry_run(saved, capsys):
     assert main(["explain", str(directory), "--device-map", "auto", "--json",
                  "--max-memory", "cuda:0=80GiB"]) == 0
     assert json.loads(capsys.readouterr().out)["device_map"] == {"": "cuda:0"}
+
+
+def test_a_cpu_budget_below_the_reads_of_tensors_referenced_in_place_loads(tmp_path):
+    """max_memory={"cpu": "40KiB"} with a tiny gpt-oss: transformers offloads the whole model
+    to the disk and runs; weightplan refused ("cpu would hold 96.1 KiB > its max_memory"):
+    it counted the host temporaries of reads that the disk's tensors, referenced in place in
+    the checkpoint, never make. Now the CPU holds the temporaries of the schedule that runs."""
+    import transformers as T
+
+    config = T.GptOssConfig(hidden_size=64, intermediate_size=96, num_local_experts=4,
+                            num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=16, vocab_size=128,
+                            layer_types=["sliding_attention", "full_attention"])
+    torch.manual_seed(0)
+    T.GptOssForCausalLM(config).to(torch.bfloat16).save_pretrained(tmp_path / "base")
+    words = dict(device_map="auto", max_memory={"cpu": "40KiB"})
+    model = weightplan.from_pretrained(tmp_path / "base", offload_folder=tmp_path / "ours",
+                                       **words)
+    reference = pretrained(T.GptOssForCausalLM, tmp_path / "base",
+                           offload_folder=str(tmp_path / "theirs"), **words)
+    assert model.hf_device_map == reference.hf_device_map == {"": "disk"}
+    inputs = {"input_ids": torch.tensor([[1, 5, 9, 14, 2]])}
+    assert torch.equal(output(model, inputs), output(reference, inputs))
+    plan = weightplan.explain(empty(T.GptOssForCausalLM, config), tmp_path / "base",
+                              offload_folder=tmp_path / "plan", dtype="auto", **words)
+    cpu = next(u for u in plan.options.placement.uses if u.device == "cpu")
+    assert cpu.peak <= plan.peak_bytes + 1024  # (nothing read: no host temporaries)

@@ -29,7 +29,7 @@ from weightplan.planner.tensors.schedule.device_budgets import (
     CPU, DISK, DeviceBudget, device_name, parse_max_memory,
 )
 from weightplan.planner.tensors.schedule.device_plan import (
-    STRATEGIES, HostCosts, given_placement, place_devices,
+    STRATEGIES, HostCosts, check_budgets, given_placement, place_devices, rehosted,
 )
 from weightplan.planner.tensors.schedule.offload_plan import plan_offload
 from weightplan.planner.tensors.schedule.schedule import Schedule, make_schedule
@@ -53,19 +53,21 @@ class AutomaticRequest:
         if info is None:
             raise PlanError("automatic placement needs a model")
         schedule = self.windowed(schedule)
+        host = host_costs(schedule)
         if self.given is not None:
             placement = given_placement(self.given, module_tree(model), info, schedule,
-                                        options.dtype, host_costs(schedule), self.offload_folder)
+                                        options.dtype, host, self.offload_folder)
         else:
             placement = place_devices(self.strategy, self.budgets, module_tree(model), info,
-                                      schedule, options.dtype, host_costs(schedule),
-                                      self.offload_folder)
+                                      schedule, options.dtype, host, self.offload_folder)
         devices = placed_map(placement.device_map, self.offload_folder)
         if devices.disk and self.offload_folder is not None:
             offload, steps = plan_offload(schedule.steps, devices, info)
-            placement = dataclasses.replace(placement, offload=offload)
             schedule = make_schedule(steps, threads=schedule.threads,
                                      window_bytes=schedule.window_bytes)
+            placement = rehosted(dataclasses.replace(placement, offload=offload),
+                                 host.temporaries, host_costs(schedule).temporaries)
+        check_budgets(placement)
         return dataclasses.replace(options, devices=devices, placement=placement), schedule
 
     def windowed(self, schedule: Schedule) -> Schedule:

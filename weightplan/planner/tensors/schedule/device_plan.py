@@ -23,6 +23,7 @@ the others allow; ``"sequential"`` fills each to its budget.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -122,7 +123,8 @@ def place_devices(strategy: str, budgets: Sequence[DeviceBudget], tree: ModuleTr
     Raises:
         PlanError: an unknown strategy, or the map puts tensors on the disk with no
             ``offload_folder``.
-        BudgetError: the devices together can't hold the model.
+        BudgetError: the devices together can't hold the model (the budgets of the
+            placement are checked once the disk's tensors are planned: :func:`check_budgets`).
     """
     if strategy not in STRATEGIES:
         raise PlanError(f"device_map={strategy!r}: automatic strategies are "
@@ -377,9 +379,22 @@ def _uses(inp: FillInput, result: Mapping[str, str], slots: Sequence[Slot],
         kept = slot.kept if weights else 0  # (a device given nothing runs nothing)
         uses.append(DeviceUse(slot.device, b.budget, weights, staging, kept,
                               counts.get(slot.device, 0), b.present))
-    for u in uses:
+    return tuple(uses)
+
+
+def rehosted(placement: DevicePlacement, before: int, after: int) -> DevicePlacement:
+    """``placement`` with the CPU's host temporaries those of the schedule that runs (``after``:
+    nothing is read for the disk's tensors referenced in place) when fewer than ``before``
+    (more: the staged ones, counted on their way to the disk already)."""
+    uses = tuple(dataclasses.replace(u, staging=max(0, u.staging - before + min(before, after)))
+                 if u.device == CPU else u for u in placement.uses)
+    return dataclasses.replace(placement, uses=uses)
+
+
+def check_budgets(placement: DevicePlacement) -> None:
+    """A :class:`BudgetError` when a device's peak and room kept pass its ``max_memory``."""
+    for u in placement.uses:
         if u.budget is not None and u.peak + u.kept > u.budget:
             raise BudgetError(f"automatic placement: {u.device} would hold "
                               f"{format_bytes(u.peak + u.kept)} > its max_memory "
                               f"{format_bytes(u.budget)}", minimum_bytes=u.peak + u.kept)
-    return tuple(uses)
