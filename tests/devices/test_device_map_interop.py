@@ -162,15 +162,33 @@ def test_automatic_placement_and_tp_are_exclusive(saved):
         weightplan.explain(empty(cls, cfg), directory, device_map="auto", tp="auto")
 
 
-def test_disk_needs_a_folder_and_words_need_a_strategy(saved):
-    cls, cfg, _, directory = saved["llama"]
-    with pytest.raises(PlanError, match="offload_folder"):
+def test_the_disk_needs_a_folder_for_converted_tensors_and_words_need_a_strategy(saved):
+    """As transformers: a tensor converted on its way to the disk (mixtral's fused experts)
+    needs offload_folder (transformers: "needed to be re-saved ... provide an
+    offload_folder"); tensors the checkpoint holds as they are are read back from it."""
+    cls, cfg, _, directory = saved["mixtral"]
+    with pytest.raises(PlanError, match=r"experts.*merged from .* offload_folder="):
         weightplan.explain(empty(cls, cfg), directory, device_map="auto",
                            max_memory={"cpu": "100KiB"})
     with pytest.raises(PlanError, match="automatic placement"):
         weightplan.explain(empty(cls, cfg), directory, max_memory={"cpu": "1GiB"})
     with pytest.raises(PlanError, match="offload_folder"):  # (a dict naming the disk too)
         weightplan.from_pretrained(directory, device_map={"": "disk"})
+    with pytest.raises(ValueError, match="offload_folder"):
+        pretrained(cls, directory, device_map={"": "disk"})
+
+
+@pytest.mark.parametrize("device_map", ["auto", {"": "disk"}])
+def test_tensors_read_back_in_place_need_no_folder(saved, device_map):
+    """llama's tensors are all in the checkpoint as they are: transformers offloads them
+    without offload_folder (was refused here: "pass offload_folder=")."""
+    cls, _, inputs, directory = saved["llama"]
+    words = {"device_map": device_map, "max_memory": {"cpu": "100KiB"}} \
+        if device_map == "auto" else {"device_map": device_map}
+    model = weightplan.from_pretrained(directory, **words)
+    reference = pretrained(cls, directory, **words)
+    assert model.hf_device_map == reference.hf_device_map and "disk" in str(model.hf_device_map)
+    assert torch.equal(output(model, inputs), output(reference, inputs))
 
 
 EXPLICIT = {"model.embed_tokens": "cpu", "model.layers": "disk", "model.norm": "cpu",

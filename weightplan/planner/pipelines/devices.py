@@ -29,9 +29,10 @@ from weightplan.planner.tensors.schedule.device_budgets import (
     CPU, DISK, DeviceBudget, device_name, parse_max_memory,
 )
 from weightplan.planner.tensors.schedule.device_plan import (
-    STRATEGIES, HostCosts, check_budgets, given_placement, place_devices, rehosted,
+    STRATEGIES, DevicePlacement, HostCosts, check_budgets, given_placement, place_devices,
+    rehosted,
 )
-from weightplan.planner.tensors.schedule.offload_plan import plan_offload
+from weightplan.planner.tensors.schedule.offload_plan import OffloadPlan, plan_offload
 from weightplan.planner.tensors.schedule.schedule import Schedule, make_schedule
 
 WINDOW_SHARE = 8  # the read-ahead window is at most 1/8 of the CPU's max_memory
@@ -61,8 +62,9 @@ class AutomaticRequest:
             placement = place_devices(self.strategy, self.budgets, module_tree(model), info,
                                       schedule, options.dtype, host, self.offload_folder)
         devices = placed_map(placement.device_map, self.offload_folder)
-        if devices.disk and self.offload_folder is not None:
+        if devices.disk:
             offload, steps = plan_offload(schedule.steps, devices, info)
+            _needs_folder(offload, placement)
             schedule = make_schedule(steps, threads=schedule.threads,
                                      window_bytes=schedule.window_bytes)
             placement = rehosted(dataclasses.replace(placement, offload=offload),
@@ -119,6 +121,27 @@ def automatic_request(device: object, max_memory: object, offload_folder: object
     if max_memory is not None and not isinstance(max_memory, Mapping):
         raise PlanError(f"max_memory must be a dict {{device: size}}, got {max_memory!r}")
     return AutomaticRequest(device, parse_max_memory(max_memory), folder)
+
+
+def _needs_folder(offload: OffloadPlan, placement: DevicePlacement) -> None:
+    """As transformers: the disk's tensors the checkpoint holds as they are are read back
+    from it in place (no folder); a converted one must be written to ``offload_folder``.
+
+    Raises:
+        PlanError: a tensor to write and no ``offload_folder`` (names them, and why).
+    """
+    written = [t for t in offload.tensors if not t.referenced]
+    if offload.folder is not None or not written:
+        return
+    rest = [u or "the whole model" for u, d in placement.device_map if d == DISK]
+    shown = ", ".join(rest[:4]) + (f", ... ({len(rest)} modules)" if len(rest) > 4 else "")
+    names = ", ".join(t.name for t in written[:3]) + (" ..." if len(written) > 3 else "")
+    why = f"the map puts {shown}" if placement.strategy == "dict" else \
+        f"the devices in max_memory can't hold the model, the rest ({shown}) goes"
+    raise PlanError(f"device_map: {why} to the disk, where {len(written)} tensors ({names}: "
+                    f"{written[0].why_written}) are converted, not read back from the "
+                    "checkpoint as they are: pass offload_folder= (a directory), or give the "
+                    "devices more memory")
 
 
 def _meta_model(model: torch.nn.Module | None, what: str) -> None:

@@ -121,8 +121,7 @@ def place_devices(strategy: str, budgets: Sequence[DeviceBudget], tree: ModuleTr
     """The placement for ``strategy`` (see the module docstring).
 
     Raises:
-        PlanError: an unknown strategy, or the map puts tensors on the disk with no
-            ``offload_folder``.
+        PlanError: an unknown strategy.
         BudgetError: the devices together can't hold the model (the budgets of the
             placement are checked once the disk's tensors are planned: :func:`check_budgets`).
     """
@@ -138,12 +137,6 @@ def place_devices(strategy: str, budgets: Sequence[DeviceBudget], tree: ModuleTr
         return staging_pool(copies[t] for t in on if t in copies).nbytes
 
     result, slots, pinned = _converged(strategy, budgets, inp, host, block, window, pinned_of)
-    if DISK in result.values() and not offload_folder:
-        rest = [u or "the whole model" for u, d in result.items() if d == DISK]
-        shown = ", ".join(rest[:4]) + (f", ... ({len(rest)} modules)" if len(rest) > 4 else "")
-        raise PlanError("device_map: the devices in max_memory can't hold the model, the rest "
-                        f"({shown}) goes to the disk: pass offload_folder= (a directory), or "
-                        "give the devices more memory")
     uses = _uses(inp, result, slots, budgets)
     return DevicePlacement(strategy, tuple(result.items()), uses, offload_folder, pinned)
 
@@ -156,11 +149,11 @@ def given_placement(pairs: Sequence[tuple[str, str]], tree: ModuleTree, info: Mo
     plan's sizes as for an automatic one (no budgets: nothing is filled).
 
     Raises:
-        PlanError: no ``offload_folder``; a tensor of the model's state no prefix covers
+        PlanError: a tensor of the model's state no prefix covers
             (accelerate's ``dispatch_model`` runs only a complete map, as transformers says);
             an entry inside another, one of them on the disk (accelerate fails it).
     """
-    _check_given(pairs, offload_folder)
+    _check_given(pairs)
     inp = fill_input(tree, info, schedule.steps, dtype, schedule.threads)
     per = _given_tensors(pairs, tree, inp.canon)
     copies = _copies(schedule.steps, inp.canon)
@@ -180,11 +173,7 @@ def given_placement(pairs: Sequence[tuple[str, str]], tree: ModuleTree, info: Mo
     return DevicePlacement("dict", tuple(pairs), tuple(uses), offload_folder, pinned)
 
 
-def _check_given(pairs: Sequence[tuple[str, str]], offload_folder: str | None) -> None:
-    if not offload_folder:
-        disk = [p or "the whole model" for p, d in pairs if d == DISK]
-        raise PlanError(f"device_map puts {', '.join(map(repr, disk))} on 'disk': pass "
-                        "offload_folder= (a directory its tensors are written to)")
+def _check_given(pairs: Sequence[tuple[str, str]]) -> None:
     nested = [(p, q) for p, d in pairs for q, e in pairs if p != q and DISK in (d, e)
               and (not q or p.startswith(q + "."))]
     if nested:
