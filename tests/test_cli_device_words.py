@@ -27,14 +27,19 @@ def llama(tmp_path_factory):
     (root / "bare" / "model.safetensors").write_bytes(
         (root / "llama" / "model.safetensors").read_bytes())
     (root / "a_file").write_text("")
+    from tests.interop.matrix import FAMILIES  # (fused experts: converted on their way to
+    cls, config, _ = FAMILIES["mixtral"]()      # the disk, so written to --offload-folder)
+    cls(config).save_pretrained(root / "mixtral")
     return root
 
 
 @pytest.mark.parametrize("args, says", [
-    (["--max-memory", "cpu=1KiB"], "--device-map: the devices in --max-memory can't hold the "
-     "model, the rest (the whole model) goes to the disk: pass --offload-folder DIR"),
-    (["--max-memory", "cpu=1KiB", "--offload-folder", "{root}/off"],
-     "cpu would hold 16 KiB > its --max-memory 1 KiB"),
+    (["--max-memory", "cpu=1KiB", "mixtral"], "--device-map: the devices in --max-memory can't "
+     "hold the model, the rest (the whole model) goes to the disk, where 4 tensors"),
+    (["--max-memory", "cpu=1KiB", "mixtral"], "are converted, not read back from the "
+     "checkpoint as they are: pass --offload-folder DIR, or give the devices more memory"),
+    (["--max-memory", "cpu=1KiB", "--offload-folder", "{root}/off", "mixtral"],
+     "cpu would hold 12 KiB > its --max-memory 1 KiB"),
     (["--max-memory", "cpu=1KiB,disk=1KiB"], "disk is full too (1 KiB); raise --max-memory"),
     (["--max-memory", "foo=1GiB"], "--max-memory key 'foo' is not a device"),
     (["--max-memory", "meta=1GiB"], "--max-memory: 'meta' holds nothing"),
@@ -46,8 +51,9 @@ def llama(tmp_path_factory):
      "'lots': use bytes or a string like '8GiB'"),
 ])
 def test_device_map_errors_speak_in_flags(llama, capsys, args, says):
-    argv = ["explain", str(llama / "llama"), "--device-map", "auto",
-            *(a.format(root=llama) for a in args)]
+    name = args[-1] if args[-1] == "mixtral" else "llama"
+    argv = ["explain", str(llama / name), "--device-map", "auto",
+            *(a.format(root=llama) for a in args if a != "mixtral")]
     try:
         code = main(argv)
     except SystemExit as e:  # argparse's own errors
@@ -73,11 +79,12 @@ def test_the_same_errors_speak_python_to_a_caller(llama):
                                         "model"):
         weightplan.explain(None, llama / "bare", device_map="auto")
     transformers = pytest.importorskip("transformers")
-    config = transformers.AutoConfig.from_pretrained(llama / "llama")
+    config = transformers.AutoConfig.from_pretrained(llama / "mixtral")
     with weightplan.init_empty():
-        model = transformers.LlamaForCausalLM(config)
+        model = transformers.MixtralForCausalLM(config)
     with pytest.raises(PlanError, match=r"pass offload_folder= \(a directory\)"):
-        weightplan.explain(model, llama / "llama", device_map="auto", max_memory={"cpu": "1KiB"})
+        weightplan.explain(model, llama / "mixtral", device_map="auto",
+                           max_memory={"cpu": "1KiB"})
 
 
 def test_a_gpu_named_by_its_index_as_in_transformers(llama, capsys):

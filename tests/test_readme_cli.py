@@ -96,8 +96,9 @@ def test_every_readme_cli_line_runs(user_dirs, capsys):
      "ArgumentError: --max-memory needs --device-map (e.g. --device-map auto)"),
     (["explain", "{root}/llama", "--offload-folder", "x"], "--offload-folder needs --device-map"),
     # the fix in the command line's words, not Python's (offload_folder=)
-    (["explain", "{root}/llama", "--device-map", "auto", "--max-memory", "cpu=1KiB"],
-     "goes to the disk: pass --offload-folder DIR, or give the devices more memory"),
+    (["explain", "{root}/mixtral", "--device-map", "auto", "--max-memory", "cpu=1KiB"],
+     "converted, not read back from the checkpoint as they are: pass --offload-folder DIR, "
+     "or give the devices more memory"),
     (["explain", "{root}/llama", "--ep"], "ArgumentError: --ep needs --tp"),
     # the picture's flags, alone, were ignored (the same text printed, no picture)
     (["explain", "{root}/llama", "--only", "model.layers.0.*"],

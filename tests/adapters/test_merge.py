@@ -289,30 +289,32 @@ def test_fp8_base_dequantizes_to_float32_merges_and_rounds_once(tmp_path):
     assert "model.layers.0.self_attn.q_proj.weight_scale_inv" in saved
 
 
-def test_a_trained_copy_of_a_tied_module_is_refused_merged_and_loads_unmerged(tmp_path):
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gemma3"])
+def test_a_trained_copy_of_a_tied_module_merges_untied_as_peft_does(tmp_path, family):
     """``modules_to_save=["lm_head"]`` on a model whose lm_head is tied to its embedding
-    (Llama 3.2, Gemma): merged, the copy would replace a tensor the embedding shares, so the
-    merge is refused saying to load unmerged (was: "lm_head.weight ... has no place in the
-    model's adapter ... inject the adapter with the same targets it was trained with");
-    unmerged it equals peft's."""
-    from tests.adapters.builders import tiny_config
+    (Llama 3.2, Gemma): peft's ``merge_and_unload`` unties them (lm_head: the trained copy,
+    the embedding: the base's; ``config.tie_word_embeddings=False``); merged, weightplan
+    gives the same model, and its save reloads to it (was refused: "its trained copy of
+    lm_head (modules_to_save) would replace lm_head.weight, which this model ties ...")."""
+    from tests.interop.matrix import FAMILIES, output
 
-    config = tiny_config("llama")
+    cls, config, inputs = FAMILIES[family]()
     config.tie_word_embeddings = True
-    from transformers import AutoModelForCausalLM
-
     torch.manual_seed(0)
-    base = AutoModelForCausalLM.from_config(config).eval()
-    base.save_pretrained(tmp_path / "base")
-    lora = peft.get_peft_model(AutoModelForCausalLM.from_config(config), peft.LoraConfig(
+    cls(config).eval().save_pretrained(tmp_path / "base")
+    lora = peft.get_peft_model(cls(config), peft.LoraConfig(
         r=2, lora_alpha=4, target_modules=["q_proj"], modules_to_save=["lm_head"],
         init_lora_weights=False))
     lora.save_pretrained(tmp_path / "lora")
-    with pytest.raises(AdapterError, match=r"copy of lm_head \(modules_to_save\) would replace "
-                                           r"lm_head.weight, which this model ties"):
-        weightplan.from_pretrained(tmp_path / "base", adapter=tmp_path / "lora", merge=True)
-    oracle = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(
-        tmp_path / "base"), str(tmp_path / "lora"))
-    theirs = {k.removeprefix("base_model.model."): v for k, v in oracle.state_dict().items()}
-    ours = weightplan.from_pretrained(tmp_path / "base", adapter=tmp_path / "lora").state_dict()
-    assert set(ours) == set(theirs) and all(torch.equal(ours[k], v) for k, v in theirs.items())
+    oracle = peft.PeftModel.from_pretrained(cls.from_pretrained(tmp_path / "base"),
+                                            str(tmp_path / "lora")).merge_and_unload()
+    ours = weightplan.from_pretrained(tmp_path / "base", adapter=tmp_path / "lora", merge=True)
+    for model in (ours, oracle):
+        assert model.get_output_embeddings().weight is not model.get_input_embeddings().weight
+        assert model.config.tie_word_embeddings is False
+    theirs, got = oracle.state_dict(), ours.state_dict()
+    assert set(got) == set(theirs) and all(torch.equal(got[k], v) for k, v in theirs.items())
+    expected = output(oracle, inputs)
+    assert torch.equal(output(ours, inputs), expected)
+    weightplan.save(ours, tmp_path / "merged")
+    assert torch.equal(output(cls.from_pretrained(tmp_path / "merged"), inputs), expected)

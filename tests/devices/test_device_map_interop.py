@@ -162,15 +162,67 @@ def test_automatic_placement_and_tp_are_exclusive(saved):
         weightplan.explain(empty(cls, cfg), directory, device_map="auto", tp="auto")
 
 
-def test_disk_needs_a_folder_and_words_need_a_strategy(saved):
-    cls, cfg, _, directory = saved["llama"]
-    with pytest.raises(PlanError, match="offload_folder"):
+def test_the_disk_needs_a_folder_for_converted_tensors_and_words_need_a_strategy(saved):
+    """As transformers: a tensor converted on its way to the disk (mixtral's fused experts)
+    needs offload_folder (transformers: "needed to be re-saved ... provide an
+    offload_folder"); tensors the checkpoint holds as they are are read back from it."""
+    cls, cfg, _, directory = saved["mixtral"]
+    with pytest.raises(PlanError, match=r"experts.*merged from .* offload_folder="):
         weightplan.explain(empty(cls, cfg), directory, device_map="auto",
                            max_memory={"cpu": "100KiB"})
     with pytest.raises(PlanError, match="automatic placement"):
         weightplan.explain(empty(cls, cfg), directory, max_memory={"cpu": "1GiB"})
-    with pytest.raises(ArgumentError, match="disk"):
+    with pytest.raises(PlanError, match="offload_folder"):  # (a dict naming the disk too)
         weightplan.from_pretrained(directory, device_map={"": "disk"})
+    with pytest.raises(ValueError, match="offload_folder"):
+        pretrained(cls, directory, device_map={"": "disk"})
+
+
+@pytest.mark.parametrize("device_map", ["auto", {"": "disk"}])
+def test_tensors_read_back_in_place_need_no_folder(saved, device_map):
+    """llama's tensors are all in the checkpoint as they are: transformers offloads them
+    without offload_folder (was refused here: "pass offload_folder=")."""
+    cls, _, inputs, directory = saved["llama"]
+    words = {"device_map": device_map, "max_memory": {"cpu": "100KiB"}} \
+        if device_map == "auto" else {"device_map": device_map}
+    model = weightplan.from_pretrained(directory, **words)
+    reference = pretrained(cls, directory, **words)
+    assert model.hf_device_map == reference.hf_device_map and "disk" in str(model.hf_device_map)
+    assert torch.equal(output(model, inputs), output(reference, inputs))
+
+
+EXPLICIT = {"model.embed_tokens": "cpu", "model.layers": "disk", "model.norm": "cpu",
+            "model.rotary_emb": "cpu", "lm_head": "cpu"}
+
+
+@pytest.mark.parametrize("family", ["llama", "mixtral"])  # (mixtral: experts written, fused)
+@pytest.mark.parametrize("device_map", [EXPLICIT, {"": "disk"}])
+def test_a_dict_map_naming_the_disk_runs_like_transformers(saved, tmp_path, family, device_map):
+    cls, _, inputs, directory = saved[family]
+    model = weightplan.from_pretrained(directory, device_map=device_map,
+                                       offload_folder=tmp_path / "ours")
+    for name, p in model.named_parameters():  # what the map puts on the disk is not resident
+        assert p.is_meta == any(name == k or name.startswith(k + ".") or not k
+                                for k, d in device_map.items() if d == "disk"), name
+    reference = pretrained(cls, directory, device_map=device_map,
+                           offload_folder=str(tmp_path / "theirs"))
+    assert model.hf_device_map == reference.hf_device_map == device_map
+    assert torch.equal(output(model, inputs), output(reference, inputs))
+
+
+def test_a_dict_map_naming_the_disk_is_complete_and_flat(saved, tmp_path):
+    cls, cfg, _, directory = saved["llama"]
+    partial = {"model.layers": "disk", "lm_head": "cpu"}  # transformers: a ValueError too
+    with pytest.raises(PlanError, match="model.embed_tokens.weight, model.norm.weight"):
+        weightplan.explain(empty(cls, cfg), directory, device_map=partial,
+                           offload_folder=tmp_path)
+    nested = {"model.layers.1": "disk", "": "cpu"}  # accelerate's dispatch fails it
+    with pytest.raises(PlanError, match="inside"):
+        weightplan.explain(empty(cls, cfg), directory, device_map=nested,
+                           offload_folder=tmp_path)
+    with pytest.raises(PlanError, match="max_memory"):
+        weightplan.explain(empty(cls, cfg), directory, device_map=EXPLICIT,
+                           max_memory={"cpu": "1GiB"}, offload_folder=tmp_path)
 
 
 def test_cli_dry_run(saved, capsys):
@@ -182,3 +234,30 @@ def test_cli_dry_run(saved, capsys):
     assert main(["explain", str(directory), "--device-map", "auto", "--json",
                  "--max-memory", "cuda:0=80GiB"]) == 0
     assert json.loads(capsys.readouterr().out)["device_map"] == {"": "cuda:0"}
+
+
+def test_a_cpu_budget_below_the_reads_of_tensors_referenced_in_place_loads(tmp_path):
+    """max_memory={"cpu": "40KiB"} with a tiny gpt-oss: transformers offloads the whole model
+    to the disk and runs; weightplan refused ("cpu would hold 96.1 KiB > its max_memory"):
+    it counted the host temporaries of reads that the disk's tensors, referenced in place in
+    the checkpoint, never make. Now the CPU holds the temporaries of the schedule that runs."""
+    import transformers as T
+
+    config = T.GptOssConfig(hidden_size=64, intermediate_size=96, num_local_experts=4,
+                            num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=16, vocab_size=128,
+                            layer_types=["sliding_attention", "full_attention"])
+    torch.manual_seed(0)
+    T.GptOssForCausalLM(config).to(torch.bfloat16).save_pretrained(tmp_path / "base")
+    words = dict(device_map="auto", max_memory={"cpu": "40KiB"})
+    model = weightplan.from_pretrained(tmp_path / "base", offload_folder=tmp_path / "ours",
+                                       **words)
+    reference = pretrained(T.GptOssForCausalLM, tmp_path / "base",
+                           offload_folder=str(tmp_path / "theirs"), **words)
+    assert model.hf_device_map == reference.hf_device_map == {"": "disk"}
+    inputs = {"input_ids": torch.tensor([[1, 5, 9, 14, 2]])}
+    assert torch.equal(output(model, inputs), output(reference, inputs))
+    plan = weightplan.explain(empty(T.GptOssForCausalLM, config), tmp_path / "base",
+                              offload_folder=tmp_path / "plan", dtype="auto", **words)
+    cpu = next(u for u in plan.options.placement.uses if u.device == "cpu")
+    assert cpu.peak <= plan.peak_bytes + 1024  # (nothing read: no host temporaries)

@@ -48,3 +48,25 @@ def test_the_cli_explains_in_the_checkpoints_dtype(tmp_path, capsys):
     cls(cfg).to(torch.bfloat16).save_pretrained(tmp_path)
     assert main(["explain", str(tmp_path)]) == 0
     assert "in bfloat16)" in capsys.readouterr().out.splitlines()[0]
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gemma3", "deepseek_v3", "whisper"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, "auto"])
+def test_buffers_and_parameters_take_the_dtype_transformers_builds_them_in(family, dtype,
+                                                                           tmp_path):
+    """transformers builds the model under torch's default dtype set to the load's: a buffer
+    made in the default dtype holds it (Gemma 3's embed_scale, rounded), one made in float32
+    stays float32 (rotary inv_freq); float32 kept where the model keeps it (deepseek)."""
+    cls, cfg, inputs = FAMILIES[family]()
+    torch.manual_seed(0)
+    saved = cls(cfg)
+    (saved.to(torch.bfloat16) if dtype == "auto" else saved).save_pretrained(tmp_path)
+    reference = pretrained(cls, tmp_path, dtype=dtype)
+    model = weightplan.from_pretrained(tmp_path, dtype=dtype)
+    theirs = dict(reference.named_buffers()) | dict(reference.named_parameters())
+    ours = dict(model.named_buffers()) | dict(model.named_parameters())
+    assert ours.keys() == theirs.keys()
+    for name, tensor in theirs.items():
+        assert ours[name].dtype == tensor.dtype and torch.equal(ours[name], tensor), name
+    inputs = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in inputs.items()}
+    assert torch.equal(output(model, inputs), output(reference, inputs))

@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 
 import weightplan
 from weightplan.api.keywords import AUTOMATIC, REFUSED
-from weightplan.errors import ArgumentError, ModelBuildError
+from weightplan.errors import ArgumentError, ModelBuildError, PlanError
 
 from tests.interop.matrix import FAMILIES, output, pretrained
 
@@ -71,8 +71,9 @@ def test_automatic_placement_loads(strategy, llama):
 
 def test_device_map_that_cannot_mean_a_device(llama):
     directory, _, _ = llama
-    with pytest.raises(ArgumentError, match="for disk offload pass device_map='auto'"):
-        weightplan.from_pretrained(directory, device_map={"model.layers.0": "disk", "": "cpu"})
+    with pytest.raises(PlanError, match="lies inside the whole model"):  # (dispatch fails it)
+        weightplan.from_pretrained(directory, device_map={"model.layers.0": "disk", "": "cpu"},
+                                   offload_folder=directory / "offload")
     with pytest.raises(ArgumentError, match="not both"):
         weightplan.from_pretrained(directory, device_map="cpu", device="cpu")
 

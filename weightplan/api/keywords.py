@@ -15,7 +15,8 @@ keyword                            here
 ``device_map``                     ``device=``: one device, or ``{module prefix: device}``;
                                    ``"auto"`` / ``"balanced"`` / ``"balanced_low_0"`` /
                                    ``"sequential"``: placed by the plan under ``max_memory``,
-                                   the rest on ``"disk"`` in ``offload_folder``
+                                   the rest on ``"disk"`` in ``offload_folder`` (a dict
+                                   may name ``"disk"`` too)
 ``max_memory``, ``offload_folder`` as in transformers, with an automatic ``device_map``
 ``trust_remote_code``              ``False`` accepted; ``True`` refused: remote code never runs
 ``use_safetensors``                ``True`` accepted; ``False`` refused: pickles are never read
@@ -196,8 +197,7 @@ def device_from_map(device_map: object, device: object, tp: object,
     strategy passes as its name (placed once the model is built).
 
     Raises:
-        ArgumentError: both given; with ``tp=`` (exclusive, as in transformers); a
-            ``"disk"`` entry in a dict (offloading comes with an automatic strategy).
+        ArgumentError: both given; with ``tp=`` (exclusive, as in transformers).
     """
     if device_map is None:
         return device
@@ -217,13 +217,7 @@ def device_from_map(device_map: object, device: object, tp: object,
                 "{'model.layers.0': 'cuda:0', 'model.layers.1': 'cuda:1', '': 'cpu'}")
         return device_map  # an automatic strategy: resolved once the model is built
     if isinstance(device_map, Mapping):
-        offloaded = [k for k, v in device_map.items() if v == "disk"]
-        if offloaded:
-            raise ArgumentError(f"{caller}: device_map puts {', '.join(map(repr, offloaded))} "
-                                "on 'disk': a dict map gives each prefix a device; for disk "
-                                "offload pass device_map='auto' with max_memory= and "
-                                "offload_folder=")
-        return dict(device_map)
+        return dict(device_map)  # ("disk" entries: offloaded to offload_folder, as given)
     if isinstance(device_map, str):
         import torch
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -85,7 +86,7 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
                                    local_files_only=local_files_only, token=token,
                                    subfolder=subfolder)
     model = _sided(_built(directory, tensor_parallel, mesh, (attn_implementation, experts_implementation),
-                          progress, _runs_kept(keep, dequantize, directory)), dequantize_on)
+                          progress, _runs_kept(keep, dequantize, directory), dtype), dequantize_on)
     with status(f"planning the load of {directory}", "planned the load", progress):
         plan = _explain(model, directory, adapter, adapter_name, merge, dtype=dtype, mapping=mapping,
                         budget=budget, threads=threads, device=_rank_device(device, mesh), tp=tensor_parallel,
@@ -267,7 +268,7 @@ def _parallel(tp: object) -> tuple[TensorParallel | None, Any]:
 
 def _built(directory: Path, tp: TensorParallel | None, mesh: Any,
            implementations: tuple[str | None, str | None], progress: bool | None,
-           keep_quantized: bool) -> torch.nn.Module:
+           keep_quantized: bool, dtype: object) -> torch.nn.Module:
     from weightplan.bridge.distribute import prepare_tensor_parallel
     from weightplan.bridge.hub import build_empty_model
 
@@ -276,10 +277,29 @@ def _built(directory: Path, tp: TensorParallel | None, mesh: Any,
         attn, experts = implementations
         model = build_empty_model(directory, attn_implementation=attn,
                                   experts_implementation=experts,
-                                  keep_quantized=keep_quantized).model
+                                  keep_quantized=keep_quantized,
+                                  dtype=_build_dtype(dtype, directory)).model
         if tp is not None:
             prepare_tensor_parallel(model, tp, mesh)
     return model
+
+
+def _build_dtype(dtype: object, directory: Path) -> torch.dtype | None:
+    """The dtype the load will write, as transformers resolves it before building the model
+    (``"auto"``: config.json's, else the checkpoint's): the model is built under it."""
+    from weightplan.planner.core.spec import parse_dtype
+
+    if not (isinstance(dtype, str) and dtype.lower() == "auto"):
+        return parse_dtype(dtype)  # type: ignore[arg-type]
+    from weightplan.bridge.config_guard import read_config_json
+    from weightplan.planner.inputs.checkpoint import open_checkpoint
+    from weightplan.planner.inputs.dtype import checkpoint_dtype, config_dtype
+
+    path = directory / "config.json"
+    words = read_config_json(path) if path.is_file() else {}
+    configured = config_dtype(SimpleNamespace(**{k: v for k, v in words.items()
+                                                 if k in ("dtype", "torch_dtype")}))
+    return configured if configured is not None else checkpoint_dtype(open_checkpoint(directory))
 
 
 def _finish_quantized(model: torch.nn.Module) -> torch.nn.Module:

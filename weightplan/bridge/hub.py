@@ -10,6 +10,8 @@ for more layers or experts than :mod:`weightplan.limits` allows is refused befor
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,12 +43,18 @@ def config_path(checkpoint: str | Path) -> Path | None:
 
 def build_empty_model(checkpoint: str | Path, *, attn_implementation: str | None = None,
                       experts_implementation: str | None = None,
-                      keep_quantized: bool = False) -> BuiltModel:
+                      keep_quantized: bool = False,
+                      dtype: torch.dtype | None = None) -> BuiltModel:
     """Build the model ``config.json`` describes, with its parameters on ``meta``
     (``attn_implementation`` / ``experts_implementation``: as transformers' keywords).
     ``keep_quantized``: when the config says the checkpoint is quantized in a format the
     model can hold (block FP8), build it with the quantized layers, as serving keeps them
     (:mod:`weightplan.bridge.quantized`); else the model is the plain one, loaded dequantized.
+    ``dtype``: the load's, built under as transformers' ``from_pretrained`` builds (torch's
+    default dtype set to it): what ``__init__`` makes in the default dtype (Gemma 3's
+    ``embed_scale`` buffer) holds it, what it makes in float32 (rotary ``inv_freq``) stays;
+    the meta tensors made in it are float32 again, as a float32 build gives them (the plan
+    casts each to the load's dtype, keeping the ones the model keeps in float32).
 
     Raises:
         ModelBuildError: there is no ``config.json``, transformers is not installed, or
@@ -69,19 +77,41 @@ def build_empty_model(checkpoint: str | Path, *, attn_implementation: str | None
         config._experts_implementation = experts_implementation
     cls, name = _model_class(transformers, config, path)
     try:
-        with init_empty():
+        with init_empty(), _default_dtype(dtype):
             model = (cls(config) if name != "auto"
                      else cls.from_config(config, trust_remote_code=False))
     except Exception as e:  # transformers raises anything from a model's __init__
         raise ModelBuildError(f"{path}: transformers can't build {type(config).__name__} "
                               f"into {getattr(cls, '__name__', cls)}: "
                               f"{type(e).__name__}: {e}") from e
+    _meta_as_float32(model, dtype)
     held = None
     if keep_quantized:
         from weightplan.bridge.quantized import hold_quantized
 
         held = hold_quantized(model, config, path)
     return BuiltModel(model, path, type(model).__name__, _dtype(config), held)
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype | None) -> Iterator[None]:
+    if dtype is None or not dtype.is_floating_point or dtype.itemsize < 2:
+        yield
+        return
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+def _meta_as_float32(model: nn.Module, dtype: torch.dtype | None) -> None:
+    if dtype is None or dtype == torch.float32:
+        return
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if tensor.is_meta and tensor.dtype == dtype:
+            tensor.data = torch.empty(tensor.shape, dtype=torch.float32, device="meta")
 
 
 def _read_config(transformers: Any, path: Path) -> Any:

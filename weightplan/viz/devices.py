@@ -32,7 +32,7 @@ def placement_lines(p: DevicePlacement) -> list[str]:
     if p.absent:
         lines.append(f"  dry run: this machine has no {', '.join(p.absent)} (explains, doesn't "
                      "load)")
-    if p.offload_folder and any(d == "disk" for _, d in p.device_map):
+    if (p.offload_folder or p.offload) and any(d == "disk" for _, d in p.device_map):
         lines += offload_lines(p)
     lines.append("device map:")
     for u in p.uses:
@@ -53,7 +53,7 @@ def offload_lines(p: DevicePlacement) -> list[str]:
     lines = [f"  disk: read back by accelerate's hooks at forward time; "
              f"{format_bytes(off.referenced_bytes)} referenced in place in the checkpoint "
              f"(not read by the load), {format_bytes(off.written_bytes)} written to "
-             f"{p.offload_folder}"]
+             f"{p.offload_folder or '(no offload_folder: nothing to write)'}"]
     modules = off.by_module(m for m, d in p.device_map if d == "disk")
     for module, (ref, wrote, nbytes) in list(modules.items())[:MAX_NAMES]:
         how = [f"{ref} referenced"] if ref else []

@@ -62,12 +62,11 @@ def explain_merged_load(model: torch.nn.Module, injected_model: torch.nn.Module,
     checkpoint = base_and_adapter(base_files, adapter)
     keys = last_file_keys(checkpoint)
     replaced: dict[str, Replacement] = {}
-    tied = frozenset(n for n, _ in model.named_parameters(remove_duplicate=False)) - \
-        frozenset(n for n, _ in model.named_parameters())
+    untied = _untie_copies(model, injected)
     data = explain_load(model, checkpoint, mapping=choice,
                         regroup=lambda r: merged_routing(
                             adapter_first(r, frozenset(keys), injected, replaced),
-                            injected, notes, tied), **options)
+                            injected, notes, untied, replaced), **options)
     data = with_adapter(data, adapter, injected, fused, keys=keys,
                         replaced=tuple(replaced.values()))
     assert data.adapter is not None
@@ -92,14 +91,36 @@ def _unwrapped(injected: InjectedAdapter) -> tuple[WeightRenaming, ...]:
     return (WeightRenaming(rf"^({alternatives})\.base_layer\.(weight|bias)$", r"\1.\2"),)
 
 
-def merged_routing(routing: Routing, injected: InjectedAdapter, notes: list[Note],
-                   tied: frozenset[str] = frozenset()) -> Routing:
-    """``routing`` with each adapted weight's group and its factors' groups made one
-    (a :class:`MergeLora` op), and each ``modules_to_save`` copy in its base's place.
+def _untie_copies(model: torch.nn.Module, injected: InjectedAdapter) -> dict[str, str]:
+    """Untie each parameter a ``modules_to_save`` copy replaces that the model ties to
+    another (lm_head to the embedding: Llama 3.2, Gemma), as peft's ``merge_and_unload``
+    leaves it: the module holds the trained copy, the other name keeps the base tensor,
+    and the config says ``tie_word_embeddings=False``. Returns ``{untied name: the name
+    it was tied to}``."""
+    saved = {m.removeprefix(injected.prefix) for m in injected.saved_modules}
+    first: dict[int, str] = {}
+    untied: dict[str, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first and name.rpartition(".")[0] in saved:
+            path, _, attr = name.rpartition(".")
+            module = model.get_submodule(path)
+            module._parameters[attr] = torch.nn.Parameter(torch.empty_like(p),
+                                                           requires_grad=p.requires_grad)
+            untied[name] = first[id(p)]
+        first.setdefault(id(p), name)
+    config = getattr(model, "config", None)
+    if untied and config is not None and getattr(config, "tie_word_embeddings", False):
+        config.tie_word_embeddings = False  # (what peft's merge sets)
+    return untied
 
-    Raises:
-        AdapterError: a copy whose base is another name of a tied tensor (``tied``).
-    """
+
+def merged_routing(routing: Routing, injected: InjectedAdapter, notes: list[Note],
+                   untied: dict[str, str] | None = None,
+                   replaced: dict[str, Replacement] | None = None) -> Routing:
+    """``routing`` with each adapted weight's group and its factors' groups made one
+    (a :class:`MergeLora` op), and each ``modules_to_save`` copy in its base's place (a base
+    the checkpoints lack, untied from the tensor they hold (``untied``): the copy alone,
+    noted in ``replaced``: a save writes it under the base's name)."""
     index = {g.output_key(0, 0): i for i, g in enumerate(routing.groups)
              if len(g.targets) == 1 and "*" not in g.targets[0]}
     groups: list[Group | None] = list(routing.groups)
@@ -115,11 +136,16 @@ def merged_routing(routing: Routing, injected: InjectedAdapter, notes: list[Note
         groups[a] = groups[b] = None
     marker = f".modules_to_save.{injected.name}."
     for key, i in index.items():
-        if marker in key and key.replace(marker, ".") in tied:
-            raise AdapterError(_TIED_COPY.format(module=key.split(marker)[0],
-                                                 base=key.replace(marker, ".")))
         base = index.get(key.replace(marker, ".")) if marker in key else None
-        if base is not None:
+        if base is None and marker in key and key.replace(marker, ".") in (untied or {}):
+            gs, to = routing.groups[i], key.replace(marker, ".")
+            groups[i] = Group(None, gs.sources, gs.routes, (to,), ((to,),), (), gs.ops)
+            if replaced is not None:
+                replaced[to] = Replacement(to, ", ".join(e.key for e in gs.entries), to)
+            notes.append(Note(to, f"untied from {(untied or {})[to]} and loaded from the "
+                              "adapter's trained copy (modules_to_save), as peft's "
+                              "merge_and_unload leaves it (config.tie_word_embeddings=False)"))
+        elif base is not None:
             gw, gs = routing.groups[base], routing.groups[i]
             groups[base] = _joined(gw, (gs,), TakeTrained((len(gw.sources), len(gs.sources)),
                                                        gw.ops, gs.ops))
@@ -128,12 +154,6 @@ def merged_routing(routing: Routing, injected: InjectedAdapter, notes: list[Note
                               "(modules_to_save); the base checkpoint's tensor is read and "
                               "dropped"))
     return dataclasses.replace(routing, groups=tuple(g for g in groups if g is not None))
-
-
-_TIED_COPY = ("merging the adapter: its trained copy of {module} (modules_to_save) would replace "
-              "{base}, which this model ties to another tensor (one tensor, two names): merged, "
-              "the two would differ and the tie would break; load the adapter unmerged "
-              "(merge=False: peft's wrapper holds the copy beside the original)")
 
 
 def _factors(index: dict[str, int], layer: LoraLayer, name: str

@@ -21,17 +21,18 @@ from dataclasses import dataclass
 import torch
 
 from weightplan.errors import ParallelError, PlanError
-from weightplan.planner.inputs.device import placed_map
+from weightplan.planner.inputs.device import parse_device, placed_map
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.inputs.module_tree import module_tree
 from weightplan.planner.pipelines.plan import PlanOptions
 from weightplan.planner.tensors.schedule.device_budgets import (
-    CPU, DeviceBudget, parse_max_memory,
+    CPU, DISK, DeviceBudget, device_name, parse_max_memory,
 )
 from weightplan.planner.tensors.schedule.device_plan import (
-    STRATEGIES, HostCosts, place_devices,
+    STRATEGIES, DevicePlacement, HostCosts, check_budgets, given_placement, place_devices,
+    rehosted,
 )
-from weightplan.planner.tensors.schedule.offload_plan import plan_offload
+from weightplan.planner.tensors.schedule.offload_plan import OffloadPlan, plan_offload
 from weightplan.planner.tensors.schedule.schedule import Schedule, make_schedule
 
 WINDOW_SHARE = 8  # the read-ahead window is at most 1/8 of the CPU's max_memory
@@ -44,6 +45,7 @@ class AutomaticRequest:
     strategy: str
     budgets: tuple[DeviceBudget, ...]
     offload_folder: str | None
+    given: tuple[tuple[str, str], ...] | None = None  # a dict map naming "disk": as given
 
     def placed(self, options: PlanOptions, model: torch.nn.Module, info: ModelInfo | None,
                schedule: Schedule) -> tuple[PlanOptions, Schedule]:
@@ -52,15 +54,22 @@ class AutomaticRequest:
         if info is None:
             raise PlanError("automatic placement needs a model")
         schedule = self.windowed(schedule)
-        placement = place_devices(self.strategy, self.budgets, module_tree(model), info,
-                                  schedule, options.dtype, host_costs(schedule),
-                                  self.offload_folder)
+        host = host_costs(schedule)
+        if self.given is not None:
+            placement = given_placement(self.given, module_tree(model), info, schedule,
+                                        options.dtype, host, self.offload_folder)
+        else:
+            placement = place_devices(self.strategy, self.budgets, module_tree(model), info,
+                                      schedule, options.dtype, host, self.offload_folder)
         devices = placed_map(placement.device_map, self.offload_folder)
-        if devices.disk and self.offload_folder is not None:
+        if devices.disk:
             offload, steps = plan_offload(schedule.steps, devices, info)
-            placement = dataclasses.replace(placement, offload=offload)
+            _needs_folder(offload, placement)
             schedule = make_schedule(steps, threads=schedule.threads,
                                      window_bytes=schedule.window_bytes)
+            placement = rehosted(dataclasses.replace(placement, offload=offload),
+                                 host.temporaries, host_costs(schedule).temporaries)
+        check_budgets(placement)
         return dataclasses.replace(options, devices=devices, placement=placement), schedule
 
     def windowed(self, schedule: Schedule) -> Schedule:
@@ -82,13 +91,23 @@ def host_costs(schedule: Schedule) -> HostCosts:
 
 def automatic_request(device: object, max_memory: object, offload_folder: object,
                       model: torch.nn.Module | None, tp: object) -> AutomaticRequest | None:
-    """The request when ``device`` names a strategy, else ``None``.
+    """The request when ``device`` names a strategy, or is a dict map putting modules on
+    ``"disk"`` (placed as given), else ``None``.
 
     Raises:
-        PlanError: ``max_memory`` / ``offload_folder`` without a strategy, no model, a
-            model with allocated tensors, a folder that is a file.
+        PlanError: ``max_memory`` without a strategy, ``offload_folder`` without one or a
+            disk entry, no model, a model with allocated tensors, a folder that is a file,
+            a device of a dict map that isn't one (or that this machine lacks).
         ParallelError: with ``tp=`` (exclusive, as in transformers).
     """
+    given = _given(device)
+    if given is not None:
+        if max_memory is not None:
+            raise PlanError("max_memory= sizes an automatic placement; a dict device_map "
+                            "places each prefix itself: drop max_memory=, or pass "
+                            "device_map='auto'")
+        _meta_model(model, "a dict device_map with 'disk' entries")
+        return AutomaticRequest("dict", (), _folder(offload_folder), given)
     if not (isinstance(device, str) and device in STRATEGIES):
         if max_memory is not None or offload_folder is not None:
             raise PlanError("max_memory= and offload_folder= size an automatic placement: pass "
@@ -97,17 +116,56 @@ def automatic_request(device: object, max_memory: object, offload_folder: object
     if tp is not None:
         raise ParallelError("tp= places each rank's part on its own device: drop "
                             f"device_map={device!r} (exclusive, as in transformers)")
-    if model is None:
-        raise PlanError(f"device_map={device!r} places a model's modules: pass the model")
-    allocated = [n for n, t in model.state_dict(keep_vars=True).items() if not t.is_meta]
-    if allocated:
-        raise PlanError(f"device_map={device!r} places a model built on meta (weightplan."
-                        f"init_empty()); {allocated[0]} is already allocated on "
-                        f"{model.state_dict(keep_vars=True)[allocated[0]].device}")
+    _meta_model(model, f"device_map={device!r}")
     folder = _folder(offload_folder)
     if max_memory is not None and not isinstance(max_memory, Mapping):
         raise PlanError(f"max_memory must be a dict {{device: size}}, got {max_memory!r}")
     return AutomaticRequest(device, parse_max_memory(max_memory), folder)
+
+
+def _needs_folder(offload: OffloadPlan, placement: DevicePlacement) -> None:
+    """As transformers: the disk's tensors the checkpoint holds as they are are read back
+    from it in place (no folder); a converted one must be written to ``offload_folder``.
+
+    Raises:
+        PlanError: a tensor to write and no ``offload_folder`` (names them, and why).
+    """
+    written = [t for t in offload.tensors if not t.referenced]
+    if offload.folder is not None or not written:
+        return
+    rest = [u or "the whole model" for u, d in placement.device_map if d == DISK]
+    shown = ", ".join(rest[:4]) + (f", ... ({len(rest)} modules)" if len(rest) > 4 else "")
+    names = ", ".join(t.name for t in written[:3]) + (" ..." if len(written) > 3 else "")
+    why = f"the map puts {shown}" if placement.strategy == "dict" else \
+        f"the devices in max_memory can't hold the model, the rest ({shown}) goes"
+    raise PlanError(f"device_map: {why} to the disk, where {len(written)} tensors ({names}: "
+                    f"{written[0].why_written}) are converted, not read back from the "
+                    "checkpoint as they are: pass offload_folder= (a directory), or give the "
+                    "devices more memory")
+
+
+def _meta_model(model: torch.nn.Module | None, what: str) -> None:
+    if model is None:
+        raise PlanError(f"{what} places a model's modules: pass the model")
+    allocated = [n for n, t in model.state_dict(keep_vars=True).items() if not t.is_meta]
+    if allocated:
+        raise PlanError(f"{what} places a model built on meta (weightplan.init_empty()); "
+                        f"{allocated[0]} is already allocated on "
+                        f"{model.state_dict(keep_vars=True)[allocated[0]].device}")
+
+
+def _given(device: object) -> tuple[tuple[str, str], ...] | None:
+    """A dict map with ``"disk"`` entries as (prefix, device name) pairs (its devices
+    checked against this machine), else ``None``."""
+    if not isinstance(device, Mapping) or DISK not in device.values():
+        return None
+    keys = [k for k in device if not isinstance(k, str)]
+    if keys:
+        raise PlanError(f"device map keys are module prefixes (str), got {keys[0]!r}")
+    on = parse_device({k: v for k, v in device.items() if v != DISK})
+    assert on is not None
+    return tuple((k.strip("."), DISK if v == DISK else device_name(on.device_for(k.strip("."))))
+                 for k, v in device.items())
 
 
 def _folder(offload_folder: object) -> str | None:

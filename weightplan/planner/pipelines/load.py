@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -210,7 +210,8 @@ def _automatic(device: object, max_memory: object, offload_folder: object,
                model: torch.nn.Module | None, tp: object) -> AutomaticRequest | None:
     """An automatic placement's request (a strategy named, or its keywords given; the
     devices module judges), else ``None`` without importing it."""
-    if not isinstance(device, str) and max_memory is None and offload_folder is None:
+    disk = isinstance(device, Mapping) and "disk" in device.values()
+    if not (isinstance(device, str) or disk) and max_memory is None and offload_folder is None:
         return None
     from weightplan.planner.pipelines.devices import automatic_request
 

@@ -108,13 +108,11 @@ def _record(conv: Conversion, merged_as: Mapping[str, str]) -> RecordedConversio
         elif n.kind is NodeKind.QUANTIZE:
             quantizes.append(n)
     ops, streams, routes = conv.ops, conv.group.sources, conv.group.routes
-    saved_as: Mapping[str, str] = {}
     if len(ops) == 1 and ops[0].merges_adapter:  # saved as the base it was merged into
         merged = cast("MergeLora | TakeTrained", ops[0])
         first = merged.counts[0]
         ops, streams, routes = merged.base, streams[:first], routes[:first]
-        saved_as = merged_as
-    sources = tuple(tuple((saved_as.get(e.key, e.key),
+    sources = tuple(tuple((merged_as.get(e.key, e.key),
                            widened[e.key].spec if e.key in widened else e.spec)
                           for e in stream) for stream in streams)
     fired: list[Renaming] = []

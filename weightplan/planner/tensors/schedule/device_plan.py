@@ -23,6 +23,7 @@ the others allow; ``"sequential"`` fills each to its budget.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -32,7 +33,7 @@ from weightplan.errors import BudgetError, PlanError
 from weightplan.planner.inputs.device import (
     STAGING_BUFFERS, STAGING_CHUNK, DeviceMap, StagingPool, staging_pool,
 )
-from weightplan.planner.inputs.module_tree import ModuleTree
+from weightplan.planner.inputs.module_tree import ModuleTree, subtree_tensors
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.core.geometry import Fragment
 from weightplan.planner.tensors.lower.placement import Step
@@ -120,9 +121,9 @@ def place_devices(strategy: str, budgets: Sequence[DeviceBudget], tree: ModuleTr
     """The placement for ``strategy`` (see the module docstring).
 
     Raises:
-        PlanError: an unknown strategy, or the map puts tensors on the disk with no
-            ``offload_folder``.
-        BudgetError: the devices together can't hold the model.
+        PlanError: an unknown strategy.
+        BudgetError: the devices together can't hold the model (the budgets of the
+            placement are checked once the disk's tensors are planned: :func:`check_budgets`).
     """
     if strategy not in STRATEGIES:
         raise PlanError(f"device_map={strategy!r}: automatic strategies are "
@@ -136,14 +137,73 @@ def place_devices(strategy: str, budgets: Sequence[DeviceBudget], tree: ModuleTr
         return staging_pool(copies[t] for t in on if t in copies).nbytes
 
     result, slots, pinned = _converged(strategy, budgets, inp, host, block, window, pinned_of)
-    if DISK in result.values() and not offload_folder:
-        rest = [u or "the whole model" for u, d in result.items() if d == DISK]
-        shown = ", ".join(rest[:4]) + (f", ... ({len(rest)} modules)" if len(rest) > 4 else "")
-        raise PlanError("device_map: the devices in max_memory can't hold the model, the rest "
-                        f"({shown}) goes to the disk: pass offload_folder= (a directory), or "
-                        "give the devices more memory")
     uses = _uses(inp, result, slots, budgets)
     return DevicePlacement(strategy, tuple(result.items()), uses, offload_folder, pinned)
+
+
+def given_placement(pairs: Sequence[tuple[str, str]], tree: ModuleTree, info: ModelInfo,
+                    schedule: Schedule, dtype: torch.dtype | None, host: HostCosts,
+                    offload_folder: str | None) -> DevicePlacement:
+    """A dict ``device_map`` that puts modules on ``"disk"`` (transformers' explicit offload):
+    the map as given (``pairs``: prefix, device name), each device's use read off the
+    plan's sizes as for an automatic one (no budgets: nothing is filled).
+
+    Raises:
+        PlanError: a tensor of the model's state no prefix covers
+            (accelerate's ``dispatch_model`` runs only a complete map, as transformers says);
+            an entry inside another, one of them on the disk (accelerate fails it).
+    """
+    _check_given(pairs)
+    inp = fill_input(tree, info, schedule.steps, dtype, schedule.threads)
+    per = _given_tensors(pairs, tree, inp.canon)
+    copies = _copies(schedule.steps, inp.canon)
+    pinned = staging_pool(copies[t] for d, ts in per.items() if _cuda(d) for t in ts
+                          if t in copies).nbytes
+    window = host.window + _largest_step(schedule.steps)
+    on_disk = min(window, inp.host_bytes_offloaded(frozenset(per.get(DISK, ()))))
+    uses = []
+    for device in sorted({d for _, d in pairs} | {CPU}, key=lambda d: (d == DISK, d == CPU, d)):
+        tensors = frozenset(per.get(device, ()))
+        if device in (CPU, DISK):
+            staging = host.temporaries + pinned + on_disk if device == CPU else 0
+        else:
+            staging = sum(sorted(inp.temp.get(t, 0) for t in tensors)[-inp.concurrent:])
+        uses.append(DeviceUse(device, None, inp.bytes_of(tensors), staging, 0,
+                              sum(d == device for _, d in pairs), True))
+    return DevicePlacement("dict", tuple(pairs), tuple(uses), offload_folder, pinned)
+
+
+def _check_given(pairs: Sequence[tuple[str, str]]) -> None:
+    nested = [(p, q) for p, d in pairs for q, e in pairs if p != q and DISK in (d, e)
+              and (not q or p.startswith(q + "."))]
+    if nested:
+        inner, outer = nested[0]
+        raise PlanError(f"device_map: {inner!r} lies inside "
+                        f"{repr(outer) if outer else 'the whole model'}, and "
+                        "one of them is on 'disk': accelerate's hooks can't run a module "
+                        "offloaded inside another entry (transformers' load fails the same way "
+                        "at dispatch); map sibling modules instead")
+
+
+def _given_tensors(pairs: Sequence[tuple[str, str]], tree: ModuleTree,
+                   canon: Mapping[str, str]) -> dict[str, set[str]]:
+    """Device → the canonical tensors its entries cover (the longest prefix decides)."""
+    by_length = sorted(pairs, key=lambda p: -len(p[0]))
+    per: dict[str, set[str]] = {}
+    uncovered = []
+    for name in subtree_tensors(tree, ""):
+        device = next((d for p, d in by_length
+                       if not p or name == p or name.startswith(p + ".")), None)
+        if device is None:
+            uncovered += [] if name in tree.extra_bytes else [name]
+            device = CPU  # (a non-persistent buffer: where the load keeps it)
+        per.setdefault(device, set()).add(canon.get(name, name))
+    if uncovered:
+        raise PlanError("device_map gives no device for "
+                        f"{', '.join(uncovered[:4])}{' ...' if len(uncovered) > 4 else ''} "
+                        f"({len(uncovered)} tensors): name their modules (as transformers, every "
+                        "tensor of the state needs a device)")
+    return per
 
 
 def _converged(strategy: str, budgets: Sequence[DeviceBudget], inp: FillInput,
@@ -308,9 +368,22 @@ def _uses(inp: FillInput, result: Mapping[str, str], slots: Sequence[Slot],
         kept = slot.kept if weights else 0  # (a device given nothing runs nothing)
         uses.append(DeviceUse(slot.device, b.budget, weights, staging, kept,
                               counts.get(slot.device, 0), b.present))
-    for u in uses:
+    return tuple(uses)
+
+
+def rehosted(placement: DevicePlacement, before: int, after: int) -> DevicePlacement:
+    """``placement`` with the CPU's host temporaries those of the schedule that runs (``after``:
+    nothing is read for the disk's tensors referenced in place) when fewer than ``before``
+    (more: the staged ones, counted on their way to the disk already)."""
+    uses = tuple(dataclasses.replace(u, staging=max(0, u.staging - before + min(before, after)))
+                 if u.device == CPU else u for u in placement.uses)
+    return dataclasses.replace(placement, uses=uses)
+
+
+def check_budgets(placement: DevicePlacement) -> None:
+    """A :class:`BudgetError` when a device's peak and room kept pass its ``max_memory``."""
+    for u in placement.uses:
         if u.budget is not None and u.peak + u.kept > u.budget:
             raise BudgetError(f"automatic placement: {u.device} would hold "
                               f"{format_bytes(u.peak + u.kept)} > its max_memory "
                               f"{format_bytes(u.budget)}", minimum_bytes=u.peak + u.kept)
-    return tuple(uses)

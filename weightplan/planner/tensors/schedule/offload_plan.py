@@ -68,7 +68,7 @@ class OffloadedTensor:
 class OffloadPlan:
     """Every offloaded tensor the checkpoint provides, in schedule order."""
 
-    folder: str
+    folder: str | None  # None: every tensor referenced in place (nothing to write)
     tensors: tuple[OffloadedTensor, ...]
 
     @property
@@ -113,7 +113,6 @@ def plan_offload(steps: Iterable[Step], devices: DeviceMap, info: ModelInfo
     resident) and which of them are staged in host memory until written
     (``Step.offload_staged``), so the schedule's memory model and the executor's count
     hold only those."""
-    assert devices.offload_folder is not None
     kept: list[Step] = []
     tensors: list[OffloadedTensor] = []
     for step in steps:
