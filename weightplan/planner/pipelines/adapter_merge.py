@@ -63,8 +63,7 @@ def explain_merged_load(model: torch.nn.Module, injected_model: torch.nn.Module,
     checkpoint = base_and_adapter(base_files, adapter)
     keys = last_file_keys(checkpoint)
     replaced: dict[str, Replacement] = {}
-    tied = frozenset(n for n, _ in model.named_parameters(remove_duplicate=False)) - \
-        frozenset(n for n, _ in model.named_parameters())
+    tied = _tied_names(model)
     data = explain_load(model, checkpoint, mapping=choice,
                         regroup=lambda r: merged_routing(
                             adapter_first(r, frozenset(keys), injected, replaced),
@@ -77,6 +76,15 @@ def explain_merged_load(model: torch.nn.Module, injected_model: torch.nn.Module,
     findings = dataclasses.replace(data.findings, notes=data.findings.notes + tuple(notes))
     return dataclasses.replace(data, adapter=dataclasses.replace(data.adapter, merged=merged),
                                findings=findings)
+
+
+def _tied_names(model: torch.nn.Module) -> frozenset[str]:
+    """Every name of each parameter the model holds under several names (the embedding's
+    as well as the lm_head's: a copy replacing either would change both)."""
+    names: dict[int, list[str]] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(parameter), []).append(name)
+    return frozenset(n for group in names.values() if len(group) > 1 for n in group)
 
 
 def _unwrapped(injected: InjectedAdapter) -> tuple[WeightRenaming, ...]:
