@@ -318,3 +318,34 @@ def test_a_trained_copy_of_a_tied_module_merges_untied_as_peft_does(tmp_path, fa
     assert torch.equal(output(ours, inputs), expected)
     weightplan.save(ours, tmp_path / "merged")
     assert torch.equal(output(cls.from_pretrained(tmp_path / "merged"), inputs), expected)
+
+
+def test_a_trained_copy_of_the_embedding_an_lm_head_is_tied_to_is_refused_merged(tmp_path):
+    """``modules_to_save=["embed_tokens"]`` on a model whose lm_head is tied to it: the copy
+    would replace the one tensor both names share, so the lm_head would change too (peft's
+    merge_and_unload unties them: the embedding trained, lm_head the base's; weightplan does
+    not plan that split: refused, saying so; was: merged silently, logits ~16 off peft's);
+    unmerged it equals peft's."""
+    from tests.adapters.builders import tiny_config
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config("llama")
+    config.tie_word_embeddings = True
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "base")
+    lora = peft.get_peft_model(AutoModelForCausalLM.from_config(config), peft.LoraConfig(
+        r=2, lora_alpha=4, target_modules=["q_proj"], modules_to_save=["embed_tokens"],
+        init_lora_weights=False))
+    with torch.no_grad():
+        lora.base_model.model.model.embed_tokens.modules_to_save["default"].weight.add_(1.0)
+    lora.save_pretrained(tmp_path / "lora")
+    with pytest.raises(AdapterError, match=r"copy of model.embed_tokens \(modules_to_save\) "
+                                           r"would replace model.embed_tokens.weight, which "
+                                           r"this model ties"):
+        weightplan.from_pretrained(tmp_path / "base", adapter=tmp_path / "lora", merge=True)
+    oracle = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(
+        tmp_path / "base"), str(tmp_path / "lora")).eval()
+    ours = weightplan.from_pretrained(tmp_path / "base", adapter=tmp_path / "lora")
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        assert torch.equal(ours(ids).logits, oracle(ids).logits)

@@ -8,8 +8,10 @@ import os
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 
 import weightplan
+from weightplan.errors import SaveError
 from weightplan.planner.tensors.schedule.offload_plan import in_place_source
 
 from tests.interop.matrix import FAMILIES, output, pretrained
@@ -292,3 +294,30 @@ def test_a_model_offloaded_to_the_disk_saves_as_transformers_loads_it(saved, fam
     assert [k for k, v in reference.items() if not torch.equal(back[k], v)] == []
     assert output(pretrained(cls, tmp_path / "out"), inputs).equal(
         output(pretrained(cls, directory), inputs))
+
+
+def test_a_model_offloaded_from_a_checkpoint_of_another_float_dtype_saves(tmp_path):
+    """A bf16 checkpoint loaded with ``dtype=torch.float32`` and part of it on the disk:
+    its offloaded tensors are read in place from the bf16 file (the hooks cast them), and a
+    save reads them from there as the load recorded them (was: SaveError "... holds
+    bf16[32, 32], not the model's torch.float32"); the save equals the one of the model
+    loaded whole."""
+    cls, cfg, _ = FAMILIES["llama"]()
+    cfg = type(cfg)(**{**cfg.to_dict(), "num_hidden_layers": 6})
+    torch.manual_seed(0)
+    cls(cfg).to(torch.bfloat16).save_pretrained(tmp_path / "ck")
+    model = weightplan.from_pretrained(tmp_path / "ck", dtype=torch.float32, device_map="auto",
+                                       max_memory={"cpu": "200KiB"},
+                                       offload_folder=tmp_path / "off", progress=False)
+    assert "disk" in set(model.hf_device_map.values())
+    weightplan.save(model, tmp_path / "out")
+    whole = weightplan.from_pretrained(tmp_path / "ck", dtype=torch.float32, progress=False)
+    weightplan.save(whole, tmp_path / "whole")
+    ours, theirs = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("out", "whole"))
+    assert set(ours) == set(theirs)
+    assert [k for k, v in theirs.items() if ours[k].dtype != v.dtype or
+            not torch.equal(ours[k], v)] == []
+    # without the record (a mapping given), the save writes the model's dtypes: refused,
+    # saying which file holds which, rather than a checkpoint of two dtypes
+    with pytest.raises(SaveError, match=r"holds bf16\[32, 32\], not the model's torch.float32"):
+        weightplan.save(model, tmp_path / "mapped", mapping="llama")

@@ -110,6 +110,29 @@ def test_where_fp8_layers_cannot_run_it_loads_dequantized_as_transformers(
     assert any(p.dtype == torch.float8_e4m3fn for p in kept.parameters())
 
 
+@pytest.mark.parametrize("field", [{"dequantize": True}, {"scale_fmt": "ue8m0"}])
+def test_a_checkpoint_no_model_holds_as_it_is_is_not_warned_about(fp8_checkpoints, field,
+                                                                  tmp_path, monkeypatch):
+    """FP8 whose config asks to dequantize, or with ue8m0 scales (DeepSeek-V3.1): no model
+    holds it as it is, on any machine; loaded dequantized on a CPU without the warning that
+    FP8 layers need a GPU and that ``dequantize=False`` keeps them (which it wouldn't)."""
+    import shutil
+    import warnings
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    _, fp8_dir = fp8_checkpoints("mixtral")
+    directory = tmp_path / "ck"
+    shutil.copytree(fp8_dir, directory)
+    config = json.loads((directory / "config.json").read_text())
+    config["quantization_config"].update(field)
+    (directory / "config.json").write_text(json.dumps(config))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = weightplan.from_pretrained(directory, progress=False)
+    assert [str(w.message) for w in caught if "FP8 layers need a GPU" in str(w.message)] == []
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+
+
 @pytest.mark.parametrize("options", [{"dequantize": True}, {"dtype": torch.bfloat16}])
 def test_asked_to_dequantize_it_loads_the_old_way(fp8_checkpoints, options):
     _, fp8_dir = fp8_checkpoints("mixtral")

@@ -179,10 +179,15 @@ def _runs_kept(keep: bool, dequantize: bool | None, directory: Path) -> bool:
     if not keep or dequantize is not None or _fp8_runs_here():
         return keep
     from weightplan.bridge.config_guard import read_config_json
+    from weightplan.bridge.quantized import holdable
 
     path = directory / "config.json"
-    quantization = read_config_json(path).get("quantization_config") if path.is_file() else None
-    if isinstance(quantization, dict) and quantization.get("quant_method") == "fp8":
+    config = read_config_json(path) if path.is_file() else {}
+    text = config.get("text_config")
+    quantization = config.get("quantization_config") or (
+        text.get("quantization_config") if isinstance(text, dict) else None)
+    # (said of a format a model would hold only: any other loads dequantized everywhere)
+    if isinstance(quantization, dict) and holdable(quantization, path) is not None:
         import warnings
 
         warnings.warn(f"{directory}: FP8 layers need a GPU of compute capability 8.9+ or an "

@@ -30,6 +30,12 @@ def keepable(config: Any, path: Path) -> QuantConfig | None:
     raw = getattr(config, "quantization_config", None)
     if raw is None and hasattr(config, "get_text_config"):
         raw = getattr(config.get_text_config(decoder=True), "quantization_config", None)
+    return holdable(raw, path)
+
+
+def holdable(raw: Any, path: Path) -> QuantConfig | None:
+    """A ``quantization_config`` (a dict or transformers' object) when a model can hold it
+    as it is on disk: block FP8 with float scales, not asked to dequantize (else ``None``)."""
     if raw is None:
         return None
     method = raw.get("quant_method") if isinstance(raw, dict) else getattr(raw, "quant_method",

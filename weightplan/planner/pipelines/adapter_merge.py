@@ -63,10 +63,11 @@ def explain_merged_load(model: torch.nn.Module, injected_model: torch.nn.Module,
     keys = last_file_keys(checkpoint)
     replaced: dict[str, Replacement] = {}
     untied = _untie_copies(model, injected)
+    tied = _tied_names(model)  # (after the untying: what is tied still)
     data = explain_load(model, checkpoint, mapping=choice,
                         regroup=lambda r: merged_routing(
                             adapter_first(r, frozenset(keys), injected, replaced),
-                            injected, notes, untied, replaced), **options)
+                            injected, notes, untied, replaced, tied), **options)
     data = with_adapter(data, adapter, injected, fused, keys=keys,
                         replaced=tuple(replaced.values()))
     assert data.adapter is not None
@@ -75,6 +76,15 @@ def explain_merged_load(model: torch.nn.Module, injected_model: torch.nn.Module,
     findings = dataclasses.replace(data.findings, notes=data.findings.notes + tuple(notes))
     return dataclasses.replace(data, adapter=dataclasses.replace(data.adapter, merged=merged),
                                findings=findings)
+
+
+def _tied_names(model: torch.nn.Module) -> frozenset[str]:
+    """Every name of each parameter the model holds under several names (the embedding's
+    as well as the lm_head's: a copy replacing either would change both)."""
+    names: dict[int, list[str]] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(parameter), []).append(name)
+    return frozenset(n for group in names.values() if len(group) > 1 for n in group)
 
 
 def _unwrapped(injected: InjectedAdapter) -> tuple[WeightRenaming, ...]:
@@ -116,11 +126,16 @@ def _untie_copies(model: torch.nn.Module, injected: InjectedAdapter) -> dict[str
 
 def merged_routing(routing: Routing, injected: InjectedAdapter, notes: list[Note],
                    untied: dict[str, str] | None = None,
-                   replaced: dict[str, Replacement] | None = None) -> Routing:
+                   replaced: dict[str, Replacement] | None = None,
+                   tied: frozenset[str] = frozenset()) -> Routing:
     """``routing`` with each adapted weight's group and its factors' groups made one
     (a :class:`MergeLora` op), and each ``modules_to_save`` copy in its base's place (a base
     the checkpoints lack, untied from the tensor they hold (``untied``): the copy alone,
-    noted in ``replaced``: a save writes it under the base's name)."""
+    noted in ``replaced``: a save writes it under the base's name).
+
+    Raises:
+        AdapterError: a copy whose base the model still ties to another name (``tied``).
+    """
     index = {g.output_key(0, 0): i for i, g in enumerate(routing.groups)
              if len(g.targets) == 1 and "*" not in g.targets[0]}
     groups: list[Group | None] = list(routing.groups)
@@ -136,6 +151,9 @@ def merged_routing(routing: Routing, injected: InjectedAdapter, notes: list[Note
         groups[a] = groups[b] = None
     marker = f".modules_to_save.{injected.name}."
     for key, i in index.items():
+        if marker in key and key.replace(marker, ".") in tied:
+            raise AdapterError(_TIED_COPY.format(module=key.split(marker)[0],
+                                                 base=key.replace(marker, ".")))
         base = index.get(key.replace(marker, ".")) if marker in key else None
         if base is None and marker in key and key.replace(marker, ".") in (untied or {}):
             gs, to = routing.groups[i], key.replace(marker, ".")
@@ -154,6 +172,14 @@ def merged_routing(routing: Routing, injected: InjectedAdapter, notes: list[Note
                               "(modules_to_save); the base checkpoint's tensor is read and "
                               "dropped"))
     return dataclasses.replace(routing, groups=tuple(g for g in groups if g is not None))
+
+
+_TIED_COPY = ("merging the adapter: its trained copy of {module} (modules_to_save) would replace "
+              "{base}, which this model ties to another tensor (one tensor, two names): peft's "
+              "merge_and_unload unties them (the copy here, the base tensor under the other "
+              "name), a split weightplan plans only for the tied module's later name (lm_head); "
+              "load the adapter unmerged (merge=False: peft's wrapper holds the copy beside "
+              "the original)")
 
 
 def _factors(index: dict[str, int], layer: LoraLayer, name: str

@@ -60,7 +60,7 @@ def explain_save_plan(model: torch.nn.Module, directory: str | os.PathLike[str],
     check_quantize(quantize)
     record = get_record(model) if mapping is None else None
     info = inspect_model(model)  # (once: the state's names, tied aliases)
-    source = model_state(model, info, aliases=record is not None)
+    source = model_state(model, info, aliases=record is not None, recorded=record is not None)
     if record is not None:
         names = {a: t.aliases for t in info.unique() for a in t.aliases}
         reverse = record_groups(record, source, names)
@@ -157,14 +157,16 @@ def _dequantized_copy(source: object, ckpt: Checkpoint, choice: MappingChoice,
                            max_shard_size=max_shard_size, overwrite=overwrite, threads=threads)
 
 
-def model_state(model: torch.nn.Module, info: ModelInfo, *, aliases: bool) -> Checkpoint:
+def model_state(model: torch.nn.Module, info: ModelInfo, *, aliases: bool,
+                recorded: bool = False) -> Checkpoint:
     """The model's parameters and persistent buffers, detached (tied names once, unless
     ``aliases``), as a checkpoint: the ones offloaded to the disk read from their files
-    (:mod:`~weightplan.planner.write.offloaded`); other meta tensors can't be saved."""
+    (:mod:`~weightplan.planner.write.offloaded`; ``recorded``: the save writes the dtypes
+    the load record says); other meta tensors can't be saved."""
     state = model.state_dict()
     keep = set(state) if aliases else {t.name for t in info.unique()}
     return model_source({k: v for k, v in state.items() if k in keep}, info,
-                        get_offloaded(model))
+                        get_offloaded(model), recorded)
 
 
 def make_write_plan(directory: str | os.PathLike, source: Checkpoint,

@@ -31,9 +31,13 @@ def get_offloaded(model: nn.Module) -> Mapping[str, Mapping[str, str]]:
 
 
 def model_source(state: Mapping[str, torch.Tensor], info: ModelInfo,
-                 index: Mapping[str, Mapping[str, str]]) -> Checkpoint:
+                 index: Mapping[str, Mapping[str, str]], recorded: bool = False) -> Checkpoint:
     """``state`` (the tensors a save writes) as a checkpoint: its meta tensors read from
     the files ``index`` places them in (a tied name through its tensor's other names).
+    ``recorded``: the save writes each tensor in the dtype the load record says (the
+    checkpoint's), so a file's float tensor the hooks cast to the model's dtype (a
+    checkpoint referenced in place under another float ``dtype``) is read as it is; else
+    the save writes the model's dtypes, which such a file doesn't hold.
 
     Raises:
         SaveError: a meta tensor that is not offloaded (it has no values), or whose file
@@ -54,11 +58,19 @@ def model_source(state: Mapping[str, torch.Tensor], info: ModelInfo,
     for key in meta:
         entry = disk.entries.get(where[key]["weight_name"])
         want = state[key]
-        if entry is None or entry.spec.shape != tuple(want.shape) or \
-                entry.spec.dtype != want.dtype:
+        if entry is None or entry.spec.shape != tuple(want.shape) or not (
+                entry.spec.dtype == want.dtype or recorded and _cast(entry.spec.dtype,
+                                                                     want.dtype)):
             raise SaveError(f"offloaded {key}: {where[key]['safetensors_file']} holds "
                             f"{'no ' + where[key]['weight_name'] if entry is None else entry.spec}"
                             f", not the model's {want.dtype} {list(want.shape)}")
         entries[key] = TensorEntry(key, entry.spec, entry.file, entry.offset)
     return Checkpoint({k: entries[k] for k in state}, disk.files, memory.tensors,
                       description=memory.description)
+
+
+def _cast(stored: torch.dtype, model: torch.dtype) -> bool:
+    """Whether the hooks may hand a tensor stored in ``stored`` to the model in ``model``:
+    the float cast a tensor referenced in place may have (as
+    :func:`~weightplan.planner.tensors.schedule.offload_plan.in_place_source` allows)."""
+    return stored.is_floating_point and model.is_floating_point
