@@ -53,6 +53,25 @@ def test_no_window_runs_each_step_alone():
     assert schedule.window_bytes == 24  # never below the largest step
 
 
+def test_without_a_pool_a_steps_window_is_mapped_only_in_its_submit():
+    # threads=0: the reads run as they are queued, one at a time, and are done when the
+    # submit returns: a pending step maps nothing at the next events
+    schedule = make_schedule(three_steps(), threads=0, window_bytes=48)
+    assert schedule.events == make_schedule(three_steps(), threads=1, window_bytes=48).events
+    assert [(p.resident, p.in_flight, p.intermediate) for p in schedule.timeline] == [
+        (24, 24, 0), (48, 24, 0), (48, 0, 0), (72, 24, 0), (72, 0, 0), (72, 0, 0)]
+    assert schedule.peak_bytes == 96 and schedule.threads == 0
+
+
+def test_without_a_pool_held_op_inputs_stay_until_the_finalize():
+    experts = [entry(f"e.{i}.w", (2, 3), 24 * i) for i in range(2)]
+    step = plan_step(conversion([experts], ["d.*.w"], [Doubler()]))
+    submit, finalize = make_schedule((step,), threads=0).timeline
+    # the two 24 B reads kept as op inputs; the window only while they ran (the submit)
+    assert (submit.resident, submit.in_flight, submit.intermediate) == (48, 72, 0)
+    assert (finalize.resident, finalize.in_flight, finalize.intermediate) == (48, 48, 48)
+
+
 def test_materialized_ops_hold_their_inputs_and_outputs():
     experts = [entry(f"e.{i}.w", (2, 3), 24 * i) for i in range(2)]
     step = plan_step(conversion([experts], ["d.*.w"], [Doubler()]))
