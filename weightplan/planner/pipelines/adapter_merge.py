@@ -23,6 +23,7 @@ from weightplan.planner.core.ops.merge import MergeLora, TakeTrained
 from weightplan.planner.core.problems import Note
 from weightplan.planner.inputs.adapter import Adapter
 from weightplan.planner.inputs.adapter_model import InjectedAdapter, LoraLayer, inspect_adapter
+from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.keys.adapter_keys import adapter_transforms, path_alternatives
 from weightplan.planner.keys.registry import MappingChoice
 from weightplan.planner.keys.routing import Group, Routing
@@ -36,9 +37,9 @@ from weightplan.planner.pipelines.plan import LoadPlanData
 
 
 def explain_merged_load(model: torch.nn.Module, injected_model: torch.nn.Module,
-                        base_files: list[str], adapter: Adapter, base: MappingChoice, *,
+                        base_checkpoint: Checkpoint, adapter: Adapter, base: MappingChoice, *,
                         name: str = "default", **options: Any) -> LoadPlanData:
-    """One plan loading ``base_files`` into ``model`` with ``adapter`` merged in;
+    """One plan loading ``base_checkpoint``'s files into ``model`` with ``adapter`` merged in;
     ``injected_model``: a copy of ``model`` with the adapter ``name`` injected (on meta).
 
     Raises:
@@ -59,7 +60,7 @@ def explain_merged_load(model: torch.nn.Module, injected_model: torch.nn.Module,
                    *(t for t in base.transforms if isinstance(t, WeightConverter)))
     choice = MappingChoice(base.key, base.reason, transforms, base.submodules)
     notes: list[Note] = []
-    checkpoint = base_and_adapter(base_files, adapter)
+    checkpoint = base_and_adapter(base_checkpoint, adapter)
     keys = last_file_keys(checkpoint)
     replaced: dict[str, Replacement] = {}
     renamed: dict[str, str] = {}
