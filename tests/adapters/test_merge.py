@@ -289,13 +289,16 @@ def test_fp8_base_dequantizes_to_float32_merges_and_rounds_once(tmp_path):
     assert "model.layers.0.self_attn.q_proj.weight_scale_inv" in saved
 
 
+@pytest.mark.parametrize("saved", [["lm_head"], ["embed_tokens"], ["embed_tokens", "lm_head"]])
 @pytest.mark.parametrize("family", ["llama", "gemma2", "gemma3"])
-def test_a_trained_copy_of_a_tied_module_merges_untied_as_peft_does(tmp_path, family):
-    """``modules_to_save=["lm_head"]`` on a model whose lm_head is tied to its embedding
-    (Llama 3.2, Gemma): peft's ``merge_and_unload`` unties them (lm_head: the trained copy,
-    the embedding: the base's; ``config.tie_word_embeddings=False``); merged, weightplan
-    gives the same model, and its save reloads to it (was refused: "its trained copy of
-    lm_head (modules_to_save) would replace lm_head.weight, which this model ties ...")."""
+def test_a_trained_copy_of_a_tied_module_merges_untied_as_peft_does(tmp_path, family, saved):
+    """``modules_to_save`` naming lm_head, the embedding or both on a model whose lm_head is
+    tied to its embedding (Llama 3.2, Gemma): peft's ``merge_and_unload`` unties them (each
+    saved module: its trained copy, the other: the base's embedding tensor;
+    ``config.tie_word_embeddings=False``); merged, weightplan gives the same model, and its
+    save reloads to it (the embedding's copy was refused: "its trained copy of
+    model.embed_tokens (modules_to_save) would replace model.embed_tokens.weight, which this
+    model ties ..."); unmerged, the same logits as peft's model."""
     from tests.interop.matrix import FAMILIES, output
 
     cls, config, inputs = FAMILIES[family]()
@@ -303,49 +306,34 @@ def test_a_trained_copy_of_a_tied_module_merges_untied_as_peft_does(tmp_path, fa
     torch.manual_seed(0)
     cls(config).eval().save_pretrained(tmp_path / "base")
     lora = peft.get_peft_model(cls(config), peft.LoraConfig(
-        r=2, lora_alpha=4, target_modules=["q_proj"], modules_to_save=["lm_head"],
+        r=2, lora_alpha=4, target_modules=["q_proj"], modules_to_save=saved,
         init_lora_weights=False))
+    with torch.no_grad():  # (each trained copy unlike the base and the other copy)
+        for i, (n, p) in enumerate(lora.named_parameters()):
+            if ".modules_to_save.default." in n:
+                p.add_(1.0 + i)
     lora.save_pretrained(tmp_path / "lora")
-    oracle = peft.PeftModel.from_pretrained(cls.from_pretrained(tmp_path / "base"),
-                                            str(tmp_path / "lora")).merge_and_unload()
+    unmerged = peft.PeftModel.from_pretrained(cls.from_pretrained(tmp_path / "base"),
+                                              str(tmp_path / "lora")).eval()
+    expected_unmerged = output(unmerged, inputs)
+    oracle = unmerged.merge_and_unload()
     ours = weightplan.from_pretrained(tmp_path / "base", adapter=tmp_path / "lora", merge=True)
     for model in (ours, oracle):
         assert model.get_output_embeddings().weight is not model.get_input_embeddings().weight
         assert model.config.tie_word_embeddings is False
     theirs, got = oracle.state_dict(), ours.state_dict()
     assert set(got) == set(theirs) and all(torch.equal(got[k], v) for k, v in theirs.items())
+    trained = cls.from_pretrained(tmp_path / "base").get_input_embeddings().weight
+    for module, weight in (("embed_tokens", ours.get_input_embeddings().weight),
+                           ("lm_head", ours.get_output_embeddings().weight)):
+        assert torch.equal(weight, trained) is (module not in saved), module
     expected = output(oracle, inputs)
     assert torch.equal(output(ours, inputs), expected)
+    torch.testing.assert_close(expected, expected_unmerged)
     weightplan.save(ours, tmp_path / "merged")
+    written = load_file(str(tmp_path / "merged" / "model.safetensors"))
+    base = load_file(str(tmp_path / "base" / "model.safetensors"))
+    assert set(written) - set(base) == {"lm_head.weight"}, set(written) - set(base)
     assert torch.equal(output(cls.from_pretrained(tmp_path / "merged"), inputs), expected)
-
-
-def test_a_trained_copy_of_the_embedding_an_lm_head_is_tied_to_is_refused_merged(tmp_path):
-    """``modules_to_save=["embed_tokens"]`` on a model whose lm_head is tied to it: the copy
-    would replace the one tensor both names share, so the lm_head would change too (peft's
-    merge_and_unload unties them: the embedding trained, lm_head the base's; weightplan does
-    not plan that split: refused, saying so; was: merged silently, logits ~16 off peft's);
-    unmerged it equals peft's."""
-    from tests.adapters.builders import tiny_config
-    from transformers import AutoModelForCausalLM
-
-    config = tiny_config("llama")
-    config.tie_word_embeddings = True
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "base")
-    lora = peft.get_peft_model(AutoModelForCausalLM.from_config(config), peft.LoraConfig(
-        r=2, lora_alpha=4, target_modules=["q_proj"], modules_to_save=["embed_tokens"],
-        init_lora_weights=False))
-    with torch.no_grad():
-        lora.base_model.model.model.embed_tokens.modules_to_save["default"].weight.add_(1.0)
-    lora.save_pretrained(tmp_path / "lora")
-    with pytest.raises(AdapterError, match=r"copy of model.embed_tokens \(modules_to_save\) "
-                                           r"would replace model.embed_tokens.weight, which "
-                                           r"this model ties"):
-        weightplan.from_pretrained(tmp_path / "base", adapter=tmp_path / "lora", merge=True)
-    oracle = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(
-        tmp_path / "base"), str(tmp_path / "lora")).eval()
-    ours = weightplan.from_pretrained(tmp_path / "base", adapter=tmp_path / "lora")
-    ids = torch.tensor([[1, 2, 3, 4]])
-    with torch.no_grad():
-        assert torch.equal(ours(ids).logits, oracle(ids).logits)
+    mine = weightplan.from_pretrained(tmp_path / "base", adapter=tmp_path / "lora")
+    assert torch.equal(output(mine, inputs), expected_unmerged)

@@ -217,3 +217,32 @@ def test_saving_a_model_with_an_unmerged_embedding_adapter_is_refused_too(tmp_pa
     with pytest.raises(SaveError, match=r"adapter 'default'.*adapter_name='default'"):
         weightplan.save(model, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("merge", [False, True])
+@pytest.mark.parametrize("sharded", [False, True])
+def test_base_files_left_unread_are_noted_with_an_adapter(tmp_path, sharded, merge):
+    """A ``.safetensors`` file of the base directory its checkpoint doesn't read (beside
+    ``model.safetensors``; a shard the index doesn't name) is noted as ``explain(model,
+    base)`` notes it (was: not a word with an adapter, the base reopened as a list of files)."""
+    from safetensors.torch import save_file
+
+    tiny_model("llama").save_pretrained(tmp_path / "base",
+                                        max_shard_size="20KB" if sharded else "1GB")
+    assert (tmp_path / "base" / "model.safetensors").exists() is not sharded
+    save_file({"stray": torch.ones(2)}, str(tmp_path / "base" / "stray.safetensors"))
+    (tmp_path / "lora").mkdir()
+    save_file({f"{PREFIX}model.layers.{i}.self_attn.q_proj.lora_{f}.weight": torch.ones(shape)
+               for i in range(2) for f, shape in (("A", (2, 16)), ("B", (16, 2)))},
+              str(tmp_path / "lora" / "adapter_model.safetensors"))
+    write_config(str(tmp_path / "lora"), target_modules=["q_proj"])
+    alone = weightplan.explain(build_empty_model(tmp_path / "base").model, tmp_path / "base")
+    [why] = [n.message.partition(" but not read: ")[2] for n in alone.notes
+             if n.key == "stray.safetensors"]
+    assert ("is read alone" in why) is not sharded and ("index doesn't name" in why) is sharded
+    plan = explain_with_adapter(build_empty_model(tmp_path / "base").model, tmp_path / "base",
+                                tmp_path / "lora", merge=merge)
+    notes = [n for n in plan.notes if "stray.safetensors" in n.key]
+    assert [n.key for n in notes] == [str(tmp_path / "base" / "stray.safetensors")]
+    assert notes[0].message.endswith(f" but not read: {why}")
+    assert "stray.safetensors" in str(plan) and not plan.problems

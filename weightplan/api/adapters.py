@@ -44,13 +44,13 @@ def explain_with_adapter(model: torch.nn.Module, base: str | os.PathLike[str] | 
     spec = read_adapter(adapter)
     mapping = by_name(mapping)
     choice = choose_mapping(mapping, model, bridge_for(model) if mapping is None else None)
-    files = [f.path for f in open_checkpoint(base).files]
+    checkpoint = open_checkpoint(base)  # (its headers: the files, and those it leaves out)
     if merge:
         injected = inject(copy.deepcopy(model), spec, choice.transforms, name=adapter_name)
-        return promote(Plan, explain_merged_load(model, injected, files, spec, choice,
+        return promote(Plan, explain_merged_load(model, injected, checkpoint, spec, choice,
                                                  name=adapter_name, **options))
     inject(model, spec, choice.transforms, name=adapter_name)
-    return promote(Plan, explain_base_and_adapter(model, files, spec, choice,
+    return promote(Plan, explain_base_and_adapter(model, checkpoint, spec, choice,
                                                   name=adapter_name, **options))
 
 

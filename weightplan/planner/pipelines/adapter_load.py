@@ -74,8 +74,8 @@ def explain_adapter_load(model: torch.nn.Module, adapter: Adapter, *, name: str 
     return with_adapter(data, adapter, injected, fused)
 
 
-def explain_base_and_adapter(model: torch.nn.Module, base_files: list[str], adapter: Adapter,
-                             base: MappingChoice, *, name: str = "default",
+def explain_base_and_adapter(model: torch.nn.Module, base_checkpoint: Checkpoint,
+                             adapter: Adapter, base: MappingChoice, *, name: str = "default",
                              **options: Any) -> LoadPlanData:
     """One plan (one schedule) loading a base checkpoint's files and an adapter's file into
     ``model``, the adapter ``name`` injected in it in place (no PeftModel level)."""
@@ -85,7 +85,7 @@ def explain_base_and_adapter(model: torch.nn.Module, base_files: list[str], adap
     transforms, fused = base_and_adapter_transforms(base.transforms, injected,
                                                     adapter.config.modules_to_save)
     choice = MappingChoice(base.key, base.reason, transforms, base.submodules)
-    checkpoint = base_and_adapter(base_files, adapter)
+    checkpoint = base_and_adapter(base_checkpoint, adapter)
     keys = last_file_keys(checkpoint)
     replaced: dict[str, Replacement] = {}
     data = explain_load(model, checkpoint, mapping=choice,
@@ -130,13 +130,18 @@ def adapter_first(routing: Routing, keys: frozenset[str], injected: InjectedAdap
         g for i, g in enumerate(routing.groups) if i not in dropped))
 
 
-def base_and_adapter(base_files: list[str], adapter: Adapter) -> Checkpoint:
+def base_and_adapter(base: Checkpoint, adapter: Adapter) -> Checkpoint:
     """The base checkpoint's files and the adapter's file, read as one checkpoint, named
-    for the plan's header by both: ``base/ + adapter lora/``."""
-    checkpoint = open_checkpoint([*base_files, adapter.weights])
-    parents = {os.path.dirname(f) for f in base_files}
-    base = parents.pop() if len(parents) == 1 else counted(len(base_files), "base file")
-    return dataclasses.replace(checkpoint, description=f"{base} + adapter {adapter.directory}")
+    for the plan's header by both: ``base/ + adapter lora/``; the base directory's files
+    it doesn't read (:attr:`Checkpoint.left_out`) noted by their paths."""
+    files = [f.path for f in base.files]
+    checkpoint = open_checkpoint([*files, adapter.weights])
+    parents = {os.path.dirname(f) for f in files}
+    where = parents.pop() if len(parents) == 1 else counted(len(files), "base file")
+    left_out = tuple((os.path.join(os.path.dirname(files[0]), name), why)
+                     for name, why in base.left_out)
+    return dataclasses.replace(checkpoint, description=f"{where} + adapter {adapter.directory}",
+                               left_out=left_out)
 
 
 def _model_names(keys: Iterable[str], prefix: str) -> frozenset[str]:

@@ -23,6 +23,7 @@ from weightplan.planner.core.ops.merge import MergeLora, TakeTrained
 from weightplan.planner.core.problems import Note
 from weightplan.planner.inputs.adapter import Adapter
 from weightplan.planner.inputs.adapter_model import InjectedAdapter, LoraLayer, inspect_adapter
+from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.keys.adapter_keys import adapter_transforms, path_alternatives
 from weightplan.planner.keys.registry import MappingChoice
 from weightplan.planner.keys.routing import Group, Routing
@@ -36,9 +37,9 @@ from weightplan.planner.pipelines.plan import LoadPlanData
 
 
 def explain_merged_load(model: torch.nn.Module, injected_model: torch.nn.Module,
-                        base_files: list[str], adapter: Adapter, base: MappingChoice, *,
+                        base_checkpoint: Checkpoint, adapter: Adapter, base: MappingChoice, *,
                         name: str = "default", **options: Any) -> LoadPlanData:
-    """One plan loading ``base_files`` into ``model`` with ``adapter`` merged in;
+    """One plan loading ``base_checkpoint``'s files into ``model`` with ``adapter`` merged in;
     ``injected_model``: a copy of ``model`` with the adapter ``name`` injected (on meta).
 
     Raises:
@@ -59,32 +60,24 @@ def explain_merged_load(model: torch.nn.Module, injected_model: torch.nn.Module,
                    *(t for t in base.transforms if isinstance(t, WeightConverter)))
     choice = MappingChoice(base.key, base.reason, transforms, base.submodules)
     notes: list[Note] = []
-    checkpoint = base_and_adapter(base_files, adapter)
+    checkpoint = base_and_adapter(base_checkpoint, adapter)
     keys = last_file_keys(checkpoint)
     replaced: dict[str, Replacement] = {}
+    renamed: dict[str, str] = {}
     untied = _untie_copies(model, injected)
-    tied = _tied_names(model)  # (after the untying: what is tied still)
     data = explain_load(model, checkpoint, mapping=choice,
                         regroup=lambda r: merged_routing(
                             adapter_first(r, frozenset(keys), injected, replaced),
-                            injected, notes, untied, replaced, tied), **options)
+                            injected, notes, untied, replaced, renamed), **options)
     data = with_adapter(data, adapter, injected, fused, keys=keys,
                         replaced=tuple(replaced.values()))
     assert data.adapter is not None
     merged = sum(1 for c in data.conversions if c.loads and len(c.ops) == 1
                  and isinstance(c.ops[0], MergeLora))
     findings = dataclasses.replace(data.findings, notes=data.findings.notes + tuple(notes))
-    return dataclasses.replace(data, adapter=dataclasses.replace(data.adapter, merged=merged),
-                               findings=findings)
-
-
-def _tied_names(model: torch.nn.Module) -> frozenset[str]:
-    """Every name of each parameter the model holds under several names (the embedding's
-    as well as the lm_head's: a copy replacing either would change both)."""
-    names: dict[int, list[str]] = {}
-    for name, parameter in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(parameter), []).append(name)
-    return frozenset(n for group in names.values() if len(group) > 1 for n in group)
+    adapter_part = dataclasses.replace(data.adapter, merged=merged,
+                                       renamed=tuple(sorted(renamed.items())))
+    return dataclasses.replace(data, adapter=adapter_part, findings=findings)
 
 
 def _unwrapped(injected: InjectedAdapter) -> tuple[WeightRenaming, ...]:
@@ -101,23 +94,25 @@ def _unwrapped(injected: InjectedAdapter) -> tuple[WeightRenaming, ...]:
     return (WeightRenaming(rf"^({alternatives})\.base_layer\.(weight|bias)$", r"\1.\2"),)
 
 
-def _untie_copies(model: torch.nn.Module, injected: InjectedAdapter) -> dict[str, str]:
+def _untie_copies(model: torch.nn.Module, injected: InjectedAdapter
+                  ) -> dict[str, tuple[str, ...]]:
     """Untie each parameter a ``modules_to_save`` copy replaces that the model ties to
-    another (lm_head to the embedding: Llama 3.2, Gemma), as peft's ``merge_and_unload``
-    leaves it: the module holds the trained copy, the other name keeps the base tensor,
-    and the config says ``tie_word_embeddings=False``. Returns ``{untied name: the name
-    it was tied to}``."""
+    another (lm_head and the embedding: Llama 3.2, Gemma), as peft's ``merge_and_unload``
+    leaves it: each saved module's name gets a parameter of its own (the trained copy), the
+    other names keep the base tensor, and the config says ``tie_word_embeddings=False``.
+    Returns ``{untied name: the other names it was tied to}``."""
     saved = {m.removeprefix(injected.prefix) for m in injected.saved_modules}
-    first: dict[int, str] = {}
-    untied: dict[str, str] = {}
+    names: dict[int, tuple[torch.nn.Parameter, list[str]]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
-        if id(p) in first and name.rpartition(".")[0] in saved:
+        names.setdefault(id(p), (p, []))[1].append(name)
+    untied: dict[str, tuple[str, ...]] = {}
+    for p, group in names.values():
+        copies = [n for n in group if n.rpartition(".")[0] in saved] if len(group) > 1 else []
+        for name in copies:
             path, _, attr = name.rpartition(".")
-            module = model.get_submodule(path)
-            module._parameters[attr] = torch.nn.Parameter(torch.empty_like(p),
-                                                           requires_grad=p.requires_grad)
-            untied[name] = first[id(p)]
-        first.setdefault(id(p), name)
+            model.get_submodule(path)._parameters[attr] = torch.nn.Parameter(
+                torch.empty_like(p), requires_grad=p.requires_grad)
+            untied[name] = tuple(n for n in group if n != name)
     config = getattr(model, "config", None)
     if untied and config is not None and getattr(config, "tie_word_embeddings", False):
         config.tie_word_embeddings = False  # (what peft's merge sets)
@@ -125,17 +120,15 @@ def _untie_copies(model: torch.nn.Module, injected: InjectedAdapter) -> dict[str
 
 
 def merged_routing(routing: Routing, injected: InjectedAdapter, notes: list[Note],
-                   untied: dict[str, str] | None = None,
-                   replaced: dict[str, Replacement] | None = None,
-                   tied: frozenset[str] = frozenset()) -> Routing:
+                   untied: dict[str, tuple[str, ...]], replaced: dict[str, Replacement],
+                   renamed: dict[str, str]) -> Routing:
     """``routing`` with each adapted weight's group and its factors' groups made one
-    (a :class:`MergeLora` op), and each ``modules_to_save`` copy in its base's place (a base
-    the checkpoints lack, untied from the tensor they hold (``untied``): the copy alone,
-    noted in ``replaced``: a save writes it under the base's name).
-
-    Raises:
-        AdapterError: a copy whose base the model still ties to another name (``tied``).
-    """
+    (a :class:`MergeLora` op), and each ``modules_to_save`` copy in its base's place. A base
+    untied from the names that keep its tensor (``untied``, :func:`_untie_copies`): a copy
+    of a name the checkpoints lack (lm_head) loads alone (noted in ``replaced``: a save
+    writes it under the base's name); a copy of the name they hold (the embedding) loads
+    alone too, and the checkpoint's key goes to the name that keeps the tensor (lm_head:
+    each noted in ``renamed``, the checkpoint key → the key a save writes it as)."""
     index = {g.output_key(0, 0): i for i, g in enumerate(routing.groups)
              if len(g.targets) == 1 and "*" not in g.targets[0]}
     groups: list[Group | None] = list(routing.groups)
@@ -151,35 +144,51 @@ def merged_routing(routing: Routing, injected: InjectedAdapter, notes: list[Note
         groups[a] = groups[b] = None
     marker = f".modules_to_save.{injected.name}."
     for key, i in index.items():
-        if marker in key and key.replace(marker, ".") in tied:
-            raise AdapterError(_TIED_COPY.format(module=key.split(marker)[0],
-                                                 base=key.replace(marker, ".")))
-        base = index.get(key.replace(marker, ".")) if marker in key else None
-        if base is None and marker in key and key.replace(marker, ".") in (untied or {}):
-            gs, to = routing.groups[i], key.replace(marker, ".")
-            groups[i] = Group(None, gs.sources, gs.routes, (to,), ((to,),), (), gs.ops)
-            if replaced is not None:
-                replaced[to] = Replacement(to, ", ".join(e.key for e in gs.entries), to)
-            notes.append(Note(to, f"untied from {(untied or {})[to]} and loaded from the "
-                              "adapter's trained copy (modules_to_save), as peft's "
-                              "merge_and_unload leaves it (config.tie_word_embeddings=False)"))
-        elif base is not None:
-            gw, gs = routing.groups[base], routing.groups[i]
-            groups[base] = _joined(gw, (gs,), TakeTrained((len(gw.sources), len(gs.sources)),
-                                                       gw.ops, gs.ops))
-            groups[i] = None
-            notes.append(Note(gw.output_key(0, 0), "replaced by the adapter's trained copy "
-                              "(modules_to_save); the base checkpoint's tensor is read and "
-                              "dropped"))
+        if marker in key:
+            _place_copy(routing.groups, groups, index, (i, key.replace(marker, ".")),
+                        untied, replaced, renamed, notes)
     return dataclasses.replace(routing, groups=tuple(g for g in groups if g is not None))
 
 
-_TIED_COPY = ("merging the adapter: its trained copy of {module} (modules_to_save) would replace "
-              "{base}, which this model ties to another tensor (one tensor, two names): peft's "
-              "merge_and_unload unties them (the copy here, the base tensor under the other "
-              "name), a split weightplan plans only for the tied module's later name (lm_head); "
-              "load the adapter unmerged (merge=False: peft's wrapper holds the copy beside "
-              "the original)")
+def _place_copy(found: tuple[Group, ...], groups: list[Group | None], index: dict[str, int],
+                copy: tuple[int, str], untied: dict[str, tuple[str, ...]],
+                replaced: dict[str, Replacement], renamed: dict[str, str],
+                notes: list[Note]) -> None:
+    """The ``modules_to_save`` copy ``copy`` (its group, the model tensor it replaces) put
+    in its base's place in ``groups`` (see :func:`merged_routing`)."""
+    i, to = copy
+    base, gs = index.get(to), found[i]
+    keeps = [n for n in untied.get(to, ()) if n not in untied and n not in index]
+    if base is not None and keeps and len(found[base].entries) == 1 == len(gs.entries):
+        gb, source = found[base], found[base].entries[0].key  # (the embedding's copy)
+        groups[base], groups[i] = _retargeted(gb, keeps[0]), _retargeted(gs, to)
+        renamed.update({source: keeps[0], gs.entries[0].key: source})
+        notes.append(_untied_note(to, untied[to]))
+        notes.append(Note(keeps[0], f"{keeps[0]} untied from {to}: keeps the base tensor, "
+                          f"loaded from the base checkpoint's {source} (a save writes it as "
+                          f"{keeps[0]})"))
+    elif base is None and to in untied:  # (lm_head's copy)
+        groups[i] = _retargeted(gs, to)
+        replaced[to] = Replacement(to, ", ".join(e.key for e in gs.entries), to)
+        notes.append(_untied_note(to, untied[to]))
+    elif base is not None:
+        gw = found[base]
+        groups[base] = _joined(gw, (gs,), TakeTrained((len(gw.sources), len(gs.sources)),
+                                                   gw.ops, gs.ops))
+        groups[i] = None
+        notes.append(Note(to, f"{to} replaced by the adapter's trained copy (modules_to_save);"
+                          " the base checkpoint's tensor is read and dropped"))
+
+
+def _untied_note(name: str, others: tuple[str, ...]) -> Note:
+    return Note(name, f"{name} untied from {', '.join(others)} and loaded from the adapter's "
+                "trained copy (modules_to_save), as peft's merge_and_unload leaves it "
+                "(config.tie_word_embeddings=False)")
+
+
+def _retargeted(group: Group, to: str) -> Group:
+    """``group`` loading its one output into the model tensor ``to``."""
+    return Group(None, group.sources, group.routes, (to,), ((to,),), (), group.ops)
 
 
 def _factors(index: dict[str, int], layer: LoraLayer, name: str

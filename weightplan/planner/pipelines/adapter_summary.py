@@ -58,12 +58,18 @@ class AdapterSummary:
     config_json: str = ""  # the adapter_config.json as read (written back when saving)
     merged: int = 0  # base weights the adapter is folded into (merge=True)
     replaced: tuple[Replacement, ...] = ()  # base tensors the adapter's file replaces
+    # merged: (checkpoint key, the key a save writes it as) where a tie was split under the
+    # name the checkpoint holds (the embedding's trained copy: it as the embedding, the
+    # base's embedding as the lm_head that keeps it)
+    renamed: tuple[tuple[str, str], ...] = ()
 
     def merged_as(self) -> dict[str, str]:
         """Merged: the adapter's key of each base tensor it replaced → the base's key, which
-        a save of the merged model writes it as."""
-        return {r.adapter_key: r.base_key for r in self.replaced
-                if self.merged and "," not in r.adapter_key + r.base_key}
+        a save of the merged model writes it as (and each ``renamed`` key)."""
+        if not self.merged and not self.renamed:
+            return {}
+        return {**{r.adapter_key: r.base_key for r in self.replaced
+                   if "," not in r.adapter_key + r.base_key}, **dict(self.renamed)}
 
 
 CONFIGS_ATTRIBUTE = "_weightplan_adapter_configs"  # adapter name → its adapter_config.json
