@@ -72,7 +72,9 @@ def _terminate(signum: int, frame: object) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     previous = None
-    if threading.current_thread() is threading.main_thread():
+    # (SIGTERM ignored by the parent, nohup-like, stays ignored: as Python leaves SIGINT)
+    if threading.current_thread() is threading.main_thread() \
+            and signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
         previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return _dispatch(args)

@@ -10,6 +10,7 @@ from a float32 checkpoint into a bf16 model it adds to the weight already rounde
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -21,6 +22,7 @@ from weightplan.api.adapters import explain_with_adapter
 from weightplan.bridge.hub import build_empty_model
 from weightplan.errors import AdapterError, ArgumentError
 from weightplan.planner.core.ops.merge import MergeLora
+from weightplan.planner.tensors.schedule.schedule import make_schedule
 
 from tests.adapters.builders import (
     MIXTRAL, PREFIX, QWEN2_MOE, per_expert_adapter, tiny_model, write_config,
@@ -337,3 +339,23 @@ def test_a_trained_copy_of_a_tied_module_merges_untied_as_peft_does(tmp_path, fa
     assert torch.equal(output(cls.from_pretrained(tmp_path / "merged"), inputs), expected)
     mine = weightplan.from_pretrained(tmp_path / "base", adapter=tmp_path / "lora")
     assert torch.equal(output(mine, inputs), expected_unmerged)
+
+
+def test_an_offloaded_in_place_merge_holds_its_staged_output_until_the_next_finalize(tmp_path):
+    # An in-place step's destination on the disk is assembled in host memory and written at
+    # its close, which comes at the next finalize: the schedule counts it until then (it
+    # was dropped at the step's own finalize: the executor held 512 B over the plan).
+    _base(tmp_path, "llama")
+    _qv_lora(tmp_path, 1.0)
+    dm = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "disk",
+          "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu"}
+    model = build_empty_model(tmp_path / "base").model
+    plan = explain_with_adapter(model, tmp_path / "base", tmp_path / "lora", merge=True,
+                                device=dm, offload_folder=str(tmp_path / "off"), threads=0)
+    steps = plan.schedule.steps
+    merged = [s for s in steps if s.in_place and s.staged_bytes][-1]
+    head = next(s for s in steps if s.label == "lm_head.weight")
+    order = tuple(s for s in steps if s is not merged and s is not head) + (merged, head)
+    plan = dataclasses.replace(plan, schedule=make_schedule(order, threads=0, window_bytes=1))
+    report = plan.execute()  # (the merged step's close after the largest resident point)
+    assert 0 < report.peak_bytes <= report.planned_peak_bytes

@@ -12,7 +12,7 @@ from accelerate.utils import get_balanced_memory
 
 import weightplan
 from weightplan.cli import main
-from weightplan.errors import ArgumentError, PlanError
+from weightplan.errors import ArgumentError, ParallelError, PlanError
 from weightplan.units import parse_bytes
 
 from tests.interop.matrix import FAMILIES, output, pretrained
@@ -160,6 +160,15 @@ def test_automatic_placement_and_tp_are_exclusive(saved):
     cls, cfg, _, directory = saved["llama"]
     with pytest.raises(ArgumentError, match="exclusive"):
         weightplan.explain(empty(cls, cfg), directory, device_map="auto", tp="auto")
+
+
+def test_a_dict_map_naming_the_disk_and_tp_are_exclusive(saved, tmp_path):
+    """As an automatic placement: a rank's shards are not offloaded (was planned, each
+    rank's part written to the disk for accelerate's hooks around a sharded model)."""
+    cls, cfg, _, directory = saved["llama"]
+    with pytest.raises(ParallelError, match="exclusive"):
+        weightplan.explain(empty(cls, cfg), directory, device=EXPLICIT, offload_folder=tmp_path,
+                           tp=weightplan.TensorParallel(world_size=2, rank=0))
 
 
 def test_the_disk_needs_a_folder_for_converted_tensors_and_words_need_a_strategy(saved):

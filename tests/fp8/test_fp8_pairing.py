@@ -148,6 +148,18 @@ def test_every_problem_names_the_file_of_the_tensor_it_is_about(tmp_path):
         assert problem.message.startswith(f"{file}: {problem.key} "), problem.message
 
 
+def test_a_one_dim_fp8_weight_names_its_own_file_not_its_scales(tmp_path):
+    """Sharded: the message is about the weight (no block grid for 1 dim), so its file."""
+    first, second = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+    save_file({"a.norm.weight": torch.ones(256).to(torch.float8_e4m3fn)}, str(tmp_path / first))
+    save_file({"a.norm.weight_scale_inv": torch.ones(2)}, str(tmp_path / second))
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "a.norm.weight": first, "a.norm.weight_scale_inv": second}}))
+    [problem] = pair_scales(open_checkpoint(tmp_path).entries).problems
+    assert problem.message.startswith(f"{tmp_path / first}: a.norm.weight is an FP8 tensor"), \
+        problem.message
+
+
 def test_unquantized_checkpoint_has_no_pairs(tmp_path):
     save_file({"w.weight": torch.ones(4, 4)}, str(tmp_path / "model.safetensors"))
     pairing = pair_scales(open_checkpoint(tmp_path).entries)

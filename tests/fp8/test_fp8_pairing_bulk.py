@@ -47,7 +47,8 @@ def _reference(entries, config):
                 "e8m0 (u8 / f8_e8m0)", shape, scale.spec.shape, expected))
         elif not grid_fits(shape, scale.spec.shape, block):
             problems.append(Fp8Problem(Fp8ProblemKind.SCALE_GRID, scale.key,
-                                       fp8_pairs.at(scale) + fp8_pairs._grid_text(
+                                       fp8_pairs.at(weight if len(shape) < 2 else scale)
+                                       + fp8_pairs._grid_text(
                                            weight, scale, block), shape,
                                        scale.spec.shape, expected))
         else:

@@ -38,3 +38,27 @@ def test_a_stopped_convert_leaves_nothing_behind(tmp_path, sig, status):
     assert child.returncode == status, err
     assert "weightplan: interrupted" in err
     assert sorted(p.name for p in dst.iterdir()) == ["notes.txt"]
+
+
+def test_a_sigterm_the_parent_ignores_stays_ignored(tmp_path):
+    """A parent that starts the command with SIGTERM ignored (nohup-like) keeps it running,
+    as Python leaves an ignored SIGINT ignored; Ctrl-C still stops it (was: 143 at once)."""
+    src = write_checkpoint(tmp_path / "src", moe_checkpoint())
+    dst = tmp_path / "dst"
+    env = dict(os.environ, PYTHONPATH=str(HERE.parents[1]))
+    child = subprocess.Popen([sys.executable, str(HERE / "convert_child.py"), str(src),
+                              str(dst)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True, env=env,
+                             preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN))
+    try:
+        assert child.stderr.readline().strip() == "ready"
+        child.send_signal(signal.SIGTERM)
+        with pytest.raises(subprocess.TimeoutExpired):
+            child.wait(timeout=1)  # (ignored: still in its pause)
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 130, err
+    assert "(SIGTERM)" not in err

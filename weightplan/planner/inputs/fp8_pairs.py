@@ -242,7 +242,8 @@ def _problem(weight: TensorEntry, scale: TensorEntry | None, fault: Fp8ProblemKi
         return Fp8Problem(fault, scale.key,
                           f"{at(scale)}{scale.key} is {short_dtype(scale.spec.dtype)}; a scale "
                           "is f32, bf16, f16 or e8m0 (u8 / f8_e8m0)", shape, scale.spec.shape, expected)
-    return Fp8Problem(fault, scale.key, at(scale) + _grid_text(weight, scale, block), shape,
+    named = weight if len(shape) < 2 else scale  # (the tensor its text begins with)
+    return Fp8Problem(fault, scale.key, at(named) + _grid_text(weight, scale, block), shape,
                       scale.spec.shape, expected)
 
 

@@ -102,6 +102,10 @@ def automatic_request(device: object, max_memory: object, offload_folder: object
     """
     given = _given(device)
     if given is not None:
+        if tp is not None:
+            raise ParallelError("tp= places each rank's part on its own device: a dict map "
+                                "putting modules on 'disk' can't go with it (exclusive, as "
+                                "in transformers): drop tp=, or the 'disk' entries")
         if max_memory is not None:
             raise PlanError("max_memory= sizes an automatic placement; a dict device_map "
                             "places each prefix itself: drop max_memory=, or pass "

@@ -13,7 +13,8 @@ in flight plus the new step's fit in ``window_bytes``. The resulting event list 
 
 An in-place step's update (a merged adapter's pieces) is only started at its finalize; it
 finishes on the pool while the events after it run, and is awaited at the next finalize
-(or the end): until then its held inputs and intermediates count at every event.
+(or the end): until then its held inputs, intermediates and staged outputs (a
+disk-offloaded destination, written when the step closes) count at every event.
 Without a pool (``threads=0``) a step's reads run within its submit: its windows count
 there only. ``peak_bytes`` is the maximum over events.
 """
@@ -289,7 +290,9 @@ def simulate(steps: Sequence[Step], events: Events, threads: int) -> Timeline:
             windows.remove_counts(counts[s])
             counts[s] = _NO_WINDOWS
             intermediates.append(program.convert_bytes + updating)
-            updating = program.convert_bytes + program.held_bytes if program.in_place else 0
+            # (its staged output too: a disk-offloaded destination is written at its close)
+            updating = (program.convert_bytes + program.held_bytes + program.staged_bytes
+                        if program.in_place else 0)
         residents.append(resident)
     return Timeline(steps, events, residents, in_flights, intermediates)
 
