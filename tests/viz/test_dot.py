@@ -2,6 +2,7 @@
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 import warnings
@@ -135,6 +136,19 @@ def test_render_without_dot_writes_dot_and_says_how(tmp_path, monkeypatch):
         path = small_plan().render(tmp_path / "plan.svg")
     assert path == str(tmp_path / "plan.dot") and Path(path).read_text().startswith("digraph")
     assert not (tmp_path / "plan.svg").exists()
+
+
+def test_render_without_dot_command_quotes_odd_names_and_warns_at_the_caller(tmp_path,
+                                                                                monkeypatch):
+    monkeypatch.setattr(dot_module, "find_dot", lambda: None)
+    plan = small_plan()
+    with pytest.warns(UserWarning) as caught:
+        path = plan.render(tmp_path / "my plan; rm x.svg")
+    message = str(caught[0].message)
+    command = message.split("`")[3]
+    assert shlex.split(command) == ["dot", "-Tsvg", path, "-o",
+                                    str(tmp_path / "my plan; rm x.svg")]
+    assert caught[0].filename == __file__, caught[0].filename
 
 
 @needs_dot

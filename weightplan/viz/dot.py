@@ -10,10 +10,13 @@ the ``.dot`` file next to the requested path and warns with the command that ren
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
+import sys
 import warnings
 from pathlib import Path
+from types import FrameType
 
 from weightplan.errors import RenderError
 from weightplan.planner.pipelines.plan import LoadPlanData
@@ -177,9 +180,21 @@ def render_plan(plan: LoadPlanData, path: str | Path, *, detail: str | None = No
     if find_dot() is None:
         dot_path = path.with_suffix(".dot")
         dot_path.write_text(text, encoding="utf-8")
+        command = shlex.join(["dot", f"-T{fmt}", str(dot_path), "-o", str(path)])
         warnings.warn(f"graphviz `dot` not found, wrote {dot_path}; render it with "
-                      f"`dot -T{fmt} {dot_path} -o {path}` after you {INSTALL_HINT}",
-                      UserWarning, stacklevel=3)
+                      f"`{command}` after you {INSTALL_HINT}",
+                      UserWarning, stacklevel=_caller_level())
         return str(dot_path)
     path.write_bytes(run_dot(text, fmt))
     return str(path)
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside weightplan (the user's call of
+    ``render``, however many wrappers lie between), so the warning names the user's line."""
+    package = Path(__file__).resolve().parents[1]
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
+    while frame is not None and Path(frame.f_code.co_filename).resolve().is_relative_to(package):
+        frame, level = frame.f_back, level + 1
+    return level
