@@ -171,3 +171,25 @@ def test_render_png_and_only(tmp_path):
 def test_dot_failure_is_a_render_error(tmp_path):
     with pytest.raises(RenderError, match="exited with"):
         dot_module.run_dot("digraph { this is not dot", "svg")
+
+
+def test_control_characters_in_keys_and_names_are_escaped(tmp_path):
+    """A checkpoint key or directory name holding ESC or a line break can't forge a line of
+    the picture nor make the SVG invalid XML: shown as its escape, as the printed plan does."""
+    from safetensors.torch import save_file
+
+    from tests.conftest import moe_checkpoint, moe_model
+
+    ckpt = moe_checkpoint(layers=1)
+    ckpt["weird\x1b[31mred\nforged"] = torch.zeros(3)
+    directory = tmp_path / "ck\x1bpt"
+    directory.mkdir()
+    save_file(ckpt, str(directory / "model.safetensors"))
+    plan = weightplan.explain(moe_model(layers=1), str(directory), mapping="mixtral")
+    text = to_dot(plan)
+    assert "\x1b" not in text and "forged" in text
+    assert "weird\\\\x1b[31mred\\\\nforged" in text  # DOT's doubled backslash: shows \x1b, \n
+    assert not any(line.startswith("forged") for line in text.splitlines())
+    timeline = Path(plan.render_timeline(str(tmp_path / "mem.svg"))).read_text(encoding="utf-8")
+    assert "\x1b" not in timeline and ET.fromstring(timeline).tag.endswith("svg")
+    assert "ck\\x1bpt" in timeline

@@ -24,6 +24,7 @@ from weightplan.planner.core.paused_gc import paused_gc
 from weightplan.viz.groups import Cluster, Picture, plan_picture
 from weightplan.viz.style import (
     CLUSTER_COLOUR, EDGE_COLOUR, PEAK_COLOUR, PROBLEM_COLOUR, PROBLEM_FILL, dot_string,
+    terminal_text,
 )
 
 DOT_FORMATS = ("dot", "gv")
@@ -119,7 +120,8 @@ def _edge_attrs(label: str) -> str:
 
 
 def _label(lines: tuple[str, ...], *, left: bool = False) -> str:
-    return dot_string("\n".join(lines), left=left)
+    """One DOT line per item of ``lines``; a key's own ESC or line break is shown escaped."""
+    return dot_string("\n".join(map(terminal_text, lines)), left=left)
 
 
 def find_dot() -> str | None:

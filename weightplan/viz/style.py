@@ -55,8 +55,9 @@ def dot_string(text: str, *, left: bool = False) -> str:
 
 
 def xml_text(text: str) -> str:
-    """Escape ``text`` for XML character data and double-quoted attributes."""
-    return _xml_escape(text, {'"': "&quot;"})
+    """Escape ``text`` for XML character data and double-quoted attributes; control
+    characters (which XML can't hold) are written as their escapes, as on a terminal."""
+    return _xml_escape(terminal_text(text), {'"': "&quot;"})
 
 
 def checkpoint_name(checkpoint: Checkpoint) -> str:
