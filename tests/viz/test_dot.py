@@ -193,3 +193,14 @@ def test_control_characters_in_keys_and_names_are_escaped(tmp_path):
     timeline = Path(plan.render_timeline(str(tmp_path / "mem.svg"))).read_text(encoding="utf-8")
     assert "\x1b" not in timeline and ET.fromstring(timeline).tag.endswith("svg")
     assert "ck\\x1bpt" in timeline
+
+
+@pytest.mark.parametrize("draw, suffix", [("render", ".dot"), ("render_timeline", ".svg")])
+def test_a_picture_that_cant_be_written_is_a_render_error_naming_it(tmp_path, draw, suffix):
+    """Not UnexpectedError's 'please report it': a typed error naming the path and why."""
+    plan = small_plan()
+    directory = tmp_path / f"adir{suffix}"
+    directory.mkdir()
+    for target in (tmp_path / "no such dir" / f"plan{suffix}", directory):
+        with pytest.raises(RenderError, match=re.escape(f"can't write {target}: ")):
+            getattr(plan, draw)(str(target))

@@ -24,7 +24,7 @@ from weightplan.planner.core.paused_gc import paused_gc
 from weightplan.viz.groups import Cluster, Picture, plan_picture
 from weightplan.viz.style import (
     CLUSTER_COLOUR, EDGE_COLOUR, PEAK_COLOUR, PROBLEM_COLOUR, PROBLEM_FILL, dot_string,
-    terminal_text,
+    terminal_text, write_picture,
 )
 
 DOT_FORMATS = ("dot", "gv")
@@ -171,23 +171,24 @@ def render_plan(plan: LoadPlanData, path: str | Path, *, detail: str | None = No
     ``.dot`` suffix, a :class:`UserWarning` says how to render it, and that path is returned.
 
     Raises:
-        RenderError: an unknown suffix, ``detail`` or glob, or ``dot`` failing.
+        RenderError: an unknown suffix, ``detail`` or glob, ``dot`` failing, or the file
+            can't be written.
     """
     path = Path(path)
     fmt = picture_format(path)
     text = to_dot(plan, detail=detail, only=only, fold=fold)
     if fmt in DOT_FORMATS:
-        path.write_text(text, encoding="utf-8")
+        write_picture(path, text)
         return str(path)
     if find_dot() is None:
         dot_path = path.with_suffix(".dot")
-        dot_path.write_text(text, encoding="utf-8")
+        write_picture(dot_path, text)
         command = shlex.join(["dot", f"-T{fmt}", str(dot_path), "-o", str(path)])
         warnings.warn(f"graphviz `dot` not found, wrote {dot_path}; render it with "
                       f"`{command}` after you {INSTALL_HINT}",
                       UserWarning, stacklevel=_caller_level())
         return str(dot_path)
-    path.write_bytes(run_dot(text, fmt))
+    write_picture(path, run_dot(text, fmt))
     return str(path)
 
 
