@@ -204,3 +204,18 @@ def test_a_picture_that_cant_be_written_is_a_render_error_naming_it(tmp_path, dr
     for target in (tmp_path / "no such dir" / f"plan{suffix}", directory):
         with pytest.raises(RenderError, match=re.escape(f"can't write {target}: ")):
             getattr(plan, draw)(str(target))
+
+
+def test_every_problem_kind_appears_in_the_picture():
+    """A plan execute() refuses for a lossy cast (not a missing, unexpected or mismatched key)
+    was drawn with no problem at all: its note now names the kind and the keys, as
+    print(plan) does."""
+    model = torch.nn.Module()
+    model.w = torch.nn.Parameter(torch.zeros(2, 2))
+    model.i = torch.nn.Parameter(torch.zeros(2, dtype=torch.int32), requires_grad=False)
+    plan = weightplan.explain(model, {"w": torch.ones(2, 2, dtype=torch.complex64),
+                                      "i": torch.ones(2)})
+    assert {p.kind.value for p in plan.problems} == {"lossy cast"}
+    text = to_dot(plan)
+    assert "problems [shape=note" in text and "lossy cast (2): i, w" in text
+    assert "lossy cast (1): w" in to_dot(plan, only="w")
