@@ -324,15 +324,18 @@ def _pictures(plan: Plan, args: argparse.Namespace) -> None:
     """``--svg`` / ``--timeline``: write the pictures; say where on stderr (stdout may be JSON)."""
     import warnings
 
+    from weightplan.terminal import terminal_text  # one line each: a name's \n escaped
+
     if args.svg:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             written = plan.render(args.svg, detail=args.detail, only=args.only, fold=args.fold)
         for w in caught:
-            print(_safe(f"weightplan: {w.message}"), file=sys.stderr)
-        print(_safe(f"weightplan: wrote {written}"), file=sys.stderr)
+            print(terminal_text(f"weightplan: {w.message}"), file=sys.stderr)
+        print(terminal_text(f"weightplan: wrote {written}"), file=sys.stderr)
     if args.timeline:
-        print(_safe(f"weightplan: wrote {plan.render_timeline(args.timeline)}"), file=sys.stderr)
+        written = plan.render_timeline(args.timeline)
+        print(terminal_text(f"weightplan: wrote {written}"), file=sys.stderr)
 
 
 def _model_for(checkpoint: str, dtype: str | None, dequantize: bool = False

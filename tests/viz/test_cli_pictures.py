@@ -59,3 +59,15 @@ def test_fold_and_no_fold(ckpt_dir, tmp_path, capsys):
         text = out.read_text()
         assert ("as is ×" in text) is folded
         assert "model.embed_tokens.weight" in text
+
+
+def test_picture_messages_are_one_line_each_whatever_the_file_names(ckpt_dir, tmp_path, capsys,
+                                                                      monkeypatch):
+    """A line break in --svg / --timeline's name can't forge a line of stderr."""
+    monkeypatch.setattr(dot_module, "find_dot", lambda: None)
+    args = ["explain", str(ckpt_dir), "--model-type", "mixtral",
+            "--svg", str(tmp_path / "p\nforged.svg"), "--timeline", str(tmp_path / "t\nforged.svg")]
+    assert main(args) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 3 and all(line.startswith("weightplan: ") for line in err), err
+    assert "p\\nforged.dot" in err[0] and "t\\nforged.svg" in err[2]

@@ -2,6 +2,7 @@
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 import warnings
@@ -137,6 +138,19 @@ def test_render_without_dot_writes_dot_and_says_how(tmp_path, monkeypatch):
     assert not (tmp_path / "plan.svg").exists()
 
 
+def test_render_without_dot_command_quotes_odd_names_and_warns_at_the_caller(tmp_path,
+                                                                                monkeypatch):
+    monkeypatch.setattr(dot_module, "find_dot", lambda: None)
+    plan = small_plan()
+    with pytest.warns(UserWarning) as caught:
+        path = plan.render(tmp_path / "my plan; rm x.svg")
+    message = str(caught[0].message)
+    command = message.split("`")[3]
+    assert shlex.split(command) == ["dot", "-Tsvg", path, "-o",
+                                    str(tmp_path / "my plan; rm x.svg")]
+    assert caught[0].filename == __file__, caught[0].filename
+
+
 @needs_dot
 def test_render_svg_parses_as_xml(tmp_path):
     with warnings.catch_warnings():
@@ -157,3 +171,51 @@ def test_render_png_and_only(tmp_path):
 def test_dot_failure_is_a_render_error(tmp_path):
     with pytest.raises(RenderError, match="exited with"):
         dot_module.run_dot("digraph { this is not dot", "svg")
+
+
+def test_control_characters_in_keys_and_names_are_escaped(tmp_path):
+    """A checkpoint key or directory name holding ESC or a line break can't forge a line of
+    the picture nor make the SVG invalid XML: shown as its escape, as the printed plan does."""
+    from safetensors.torch import save_file
+
+    from tests.conftest import moe_checkpoint, moe_model
+
+    ckpt = moe_checkpoint(layers=1)
+    ckpt["weird\x1b[31mred\nforged"] = torch.zeros(3)
+    directory = tmp_path / "ck\x1bpt"
+    directory.mkdir()
+    save_file(ckpt, str(directory / "model.safetensors"))
+    plan = weightplan.explain(moe_model(layers=1), str(directory), mapping="mixtral")
+    text = to_dot(plan)
+    assert "\x1b" not in text and "forged" in text
+    assert "weird\\\\x1b[31mred\\\\nforged" in text  # DOT's doubled backslash: shows \x1b, \n
+    assert not any(line.startswith("forged") for line in text.splitlines())
+    timeline = Path(plan.render_timeline(str(tmp_path / "mem.svg"))).read_text(encoding="utf-8")
+    assert "\x1b" not in timeline and ET.fromstring(timeline).tag.endswith("svg")
+    assert "ck\\x1bpt" in timeline
+
+
+@pytest.mark.parametrize("draw, suffix", [("render", ".dot"), ("render_timeline", ".svg")])
+def test_a_picture_that_cant_be_written_is_a_render_error_naming_it(tmp_path, draw, suffix):
+    """Not UnexpectedError's 'please report it': a typed error naming the path and why."""
+    plan = small_plan()
+    directory = tmp_path / f"adir{suffix}"
+    directory.mkdir()
+    for target in (tmp_path / "no such dir" / f"plan{suffix}", directory):
+        with pytest.raises(RenderError, match=re.escape(f"can't write {target}: ")):
+            getattr(plan, draw)(str(target))
+
+
+def test_every_problem_kind_appears_in_the_picture():
+    """A plan execute() refuses for a lossy cast (not a missing, unexpected or mismatched key)
+    was drawn with no problem at all: its note now names the kind and the keys, as
+    print(plan) does."""
+    model = torch.nn.Module()
+    model.w = torch.nn.Parameter(torch.zeros(2, 2))
+    model.i = torch.nn.Parameter(torch.zeros(2, dtype=torch.int32), requires_grad=False)
+    plan = weightplan.explain(model, {"w": torch.ones(2, 2, dtype=torch.complex64),
+                                      "i": torch.ones(2)})
+    assert {p.kind.value for p in plan.problems} == {"lossy cast"}
+    text = to_dot(plan)
+    assert "problems [shape=note" in text and "lossy cast (2): i, w" in text
+    assert "lossy cast (1): w" in to_dot(plan, only="w")

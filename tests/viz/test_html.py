@@ -35,6 +35,16 @@ def test_html_escapes_keys():
     assert "a&lt;b&gt;&amp;c" in html and "a<b>" not in html
 
 
+def test_html_escapes_control_characters_in_keys():
+    """ESC and a line break in a key are shown as their escapes, as the printed plan does:
+    not raw in the table (an invalid character, a break HTML collapses) nor in the problems'
+    <pre>, where the break forged a line."""
+    plan = weightplan.explain(None, {"weird\x1b[31mred\nforged": torch.ones(1)})
+    html = plan_html(plan, graph=False)
+    assert "\x1b" not in html and "weird\\x1b[31mred\\nforged" in html
+    assert not any(line.startswith("forged") for line in html.splitlines())
+
+
 def test_html_without_dot_says_how_to_get_the_graph(monkeypatch):
     monkeypatch.setattr(dot_module, "find_dot", lambda: None)
     html = small_plan()._repr_html_()

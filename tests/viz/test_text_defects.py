@@ -129,3 +129,10 @@ def test_fold_alternations_folds_literal_alternatives_only():
     runs = r"rename ^(m\.\d\.w|m\.\d\d\.w|n\.\d\d\d\.w|m\.\d\d\d\d\.w|c)\.x$ → y"
     assert (fold_alternations(runs)
             == r"rename ^(c|m.(\d|\d\d|\d\d\d\d).w|n.\d\d\d.w)\.x$ → y")
+
+
+def test_one_read_is_said_in_the_singular():
+    one = str(weightplan.explain(None, {"a": torch.ones(2)}))
+    two = str(weightplan.explain(None, {"a": torch.ones(2), "b": torch.ones(2)}))
+    assert "reads: 8 B in 1 read, " in one, one
+    assert "reads: 16 B in 2 reads, " in two, two

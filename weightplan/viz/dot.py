@@ -10,10 +10,13 @@ the ``.dot`` file next to the requested path and warns with the command that ren
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
+import sys
 import warnings
 from pathlib import Path
+from types import FrameType
 
 from weightplan.errors import RenderError
 from weightplan.planner.pipelines.plan import LoadPlanData
@@ -21,6 +24,7 @@ from weightplan.planner.core.paused_gc import paused_gc
 from weightplan.viz.groups import Cluster, Picture, plan_picture
 from weightplan.viz.style import (
     CLUSTER_COLOUR, EDGE_COLOUR, PEAK_COLOUR, PROBLEM_COLOUR, PROBLEM_FILL, dot_string,
+    terminal_text, write_picture,
 )
 
 DOT_FORMATS = ("dot", "gv")
@@ -116,7 +120,8 @@ def _edge_attrs(label: str) -> str:
 
 
 def _label(lines: tuple[str, ...], *, left: bool = False) -> str:
-    return dot_string("\n".join(lines), left=left)
+    """One DOT line per item of ``lines``; a key's own ESC or line break is shown escaped."""
+    return dot_string("\n".join(map(terminal_text, lines)), left=left)
 
 
 def find_dot() -> str | None:
@@ -166,20 +171,33 @@ def render_plan(plan: LoadPlanData, path: str | Path, *, detail: str | None = No
     ``.dot`` suffix, a :class:`UserWarning` says how to render it, and that path is returned.
 
     Raises:
-        RenderError: an unknown suffix, ``detail`` or glob, or ``dot`` failing.
+        RenderError: an unknown suffix, ``detail`` or glob, ``dot`` failing, or the file
+            can't be written.
     """
     path = Path(path)
     fmt = picture_format(path)
     text = to_dot(plan, detail=detail, only=only, fold=fold)
     if fmt in DOT_FORMATS:
-        path.write_text(text, encoding="utf-8")
+        write_picture(path, text)
         return str(path)
     if find_dot() is None:
         dot_path = path.with_suffix(".dot")
-        dot_path.write_text(text, encoding="utf-8")
+        write_picture(dot_path, text)
+        command = shlex.join(["dot", f"-T{fmt}", str(dot_path), "-o", str(path)])
         warnings.warn(f"graphviz `dot` not found, wrote {dot_path}; render it with "
-                      f"`dot -T{fmt} {dot_path} -o {path}` after you {INSTALL_HINT}",
-                      UserWarning, stacklevel=3)
+                      f"`{command}` after you {INSTALL_HINT}",
+                      UserWarning, stacklevel=_caller_level())
         return str(dot_path)
-    path.write_bytes(run_dot(text, fmt))
+    write_picture(path, run_dot(text, fmt))
     return str(path)
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside weightplan (the user's call of
+    ``render``, however many wrappers lie between), so the warning names the user's line."""
+    package = Path(__file__).resolve().parents[1]
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
+    while frame is not None and Path(frame.f_code.co_filename).resolve().is_relative_to(package):
+        frame, level = frame.f_back, level + 1
+    return level

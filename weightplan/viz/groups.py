@@ -20,6 +20,7 @@ import fnmatch
 from dataclasses import dataclass
 
 from weightplan.errors import RenderError
+from weightplan.planner.core.problems import ProblemKind
 from weightplan.planner.tensors.ir.build import Conversion, TargetStatus
 from weightplan.planner.tensors.ir.nodes import Node, NodeKind, OpAttrs, ReadAttrs, SinkAttrs
 from weightplan.planner.keys.patterns import natural_key
@@ -320,9 +321,20 @@ def _title(plan: LoadPlanData) -> tuple[str, str]:
             f"the model · peak {format_bytes(plan.peak_bytes)}{at}{budget}")
 
 
+_ON_NODES = {ProblemKind.MISSING, ProblemKind.UNEXPECTED, ProblemKind.MISMATCH}
+
+
 def _notes(plan: LoadPlanData, only: str | None) -> tuple[str, ...]:
+    """The problem note's lines: missing and unexpected keys, then every other kind of
+    problem by its keys (a mismatch is marked on its node)."""
     notes = []
-    for what, every in (("missing", plan.missing), ("unexpected", plan.unexpected)):
+    other: dict[str, list[str]] = {}
+    for problem in plan.problems:
+        if problem.kind not in _ON_NODES:
+            other.setdefault(problem.kind.value, []).append(problem.key)
+    kinds = [("missing", plan.missing), ("unexpected", plan.unexpected),
+             *((kind, list(dict.fromkeys(keys))) for kind, keys in other.items())]
+    for what, every in kinds:
         names = [k for k in every if only is None or fnmatch.fnmatchcase(k, only)]
         if names:
             folded = fold_keys(names)

@@ -2,17 +2,19 @@
 
 The grouped mapping table (the rows of ``print(plan)``), the totals and problems, the
 memory timeline (always: it is drawn by hand) and the grouped graph when graphviz's
-``dot`` binary is installed. Every piece of text is HTML-escaped.
+``dot`` binary is installed. Every piece of text is HTML-escaped, its control characters
+written as their escapes first (as the printed plan shows them: ``terminal_text``).
 """
 
 from __future__ import annotations
 
-from html import escape
+from html import escape as _html_escape
 
 from weightplan.errors import RenderError
 from weightplan.planner.pipelines.plan import LoadPlanData
 from weightplan.units import format_bytes
 from weightplan.viz.rows import Row, disk_status, mapping_rows
+from weightplan.viz.style import terminal_text
 from weightplan.viz.text import header_lines, note_lines, problem_lines, total_lines
 
 _COLUMNS = ("#", "checkpoint keys", "model keys", "rule and ops", "dtype", "shape", "×",
@@ -77,8 +79,13 @@ def _inline(svg: str) -> str:
     return svg[start:] if start >= 0 else ""
 
 
+def escape(text: str) -> str:
+    """``text`` for HTML: control characters as their escapes, then ``&<>"'`` escaped."""
+    return _html_escape(terminal_text(text))
+
+
 def _pre(lines: list[str]) -> str:
-    return "<pre>" + escape("\n".join(lines)) + "</pre>"
+    return "<pre>" + "\n".join(map(escape, lines)) + "</pre>"
 
 
 def _details(summary: str, content: str) -> str:

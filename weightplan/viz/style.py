@@ -12,6 +12,7 @@ import zlib
 from pathlib import Path
 from xml.sax.saxutils import escape as _xml_escape
 
+from weightplan.errors import RenderError
 from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.terminal import terminal_lines, terminal_text  # noqa: F401 (re-exported)
 from weightplan.planner.tensors.ir.nodes import NodeKind
@@ -54,9 +55,27 @@ def dot_string(text: str, *, left: bool = False) -> str:
     return '"' + "\\n".join(lines) + '"'
 
 
+def write_picture(path: Path, data: str | bytes) -> None:
+    """Write a drawing to ``path``.
+
+    Raises:
+        RenderError: the file can't be written (no such directory, a directory, no
+            permission), naming it and why.
+    """
+    try:
+        if isinstance(data, str):
+            path.write_text(data, encoding="utf-8")
+        else:
+            path.write_bytes(data)
+    except OSError as e:
+        raise RenderError(f"can't write {terminal_text(str(path))}: "
+                          f"{e.strerror or type(e).__name__}") from e
+
+
 def xml_text(text: str) -> str:
-    """Escape ``text`` for XML character data and double-quoted attributes."""
-    return _xml_escape(text, {'"': "&quot;"})
+    """Escape ``text`` for XML character data and double-quoted attributes; control
+    characters (which XML can't hold) are written as their escapes, as on a terminal."""
+    return _xml_escape(terminal_text(text), {'"': "&quot;"})
 
 
 def checkpoint_name(checkpoint: Checkpoint) -> str:

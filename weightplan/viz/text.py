@@ -218,8 +218,9 @@ def total_lines(plan: PlanData) -> list[str]:
     peak = plan.schedule.peak
     at = f" at step {peak.event.step + 1}/{len(steps)} ({peak.label})" if peak else ""
     threads = threads_text(plan)
+    reads = counted(sum(len(p.reads) for p in steps), "read")
     lines = [
-        f"reads: {format_bytes(read)} in {sum(len(p.reads) for p in steps)} reads, "
+        f"reads: {format_bytes(read)} in {reads}, "
         f"{100 * direct / read if read else 100:.0f}% straight into {_sink_text(plan)}; "
         f"{'model tensors' if _into_model(plan) else 'tensors'} written: "
         f"{format_bytes(plan.model_bytes)}",

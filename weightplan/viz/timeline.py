@@ -20,7 +20,9 @@ from weightplan.errors import RenderError
 from weightplan.planner.pipelines.plan import LoadPlanData
 from weightplan.planner.tensors.schedule.schedule import EventKind, MemoryPoint
 from weightplan.units import format_bytes
-from weightplan.viz.style import PEAK_COLOUR, SERIES_COLOURS, checkpoint_name, xml_text
+from weightplan.viz.style import (
+    PEAK_COLOUR, SERIES_COLOURS, checkpoint_name, write_picture, xml_text,
+)
 
 WIDTH, HEIGHT = 960, 400
 LEFT, RIGHT, TOP, BOTTOM = 88, 24, 78, 52
@@ -133,9 +135,13 @@ def timeline_svg(plan: LoadPlanData, *, width: int = WIDTH, height: int = HEIGHT
 
 
 def render_timeline(plan: LoadPlanData, path: str | Path) -> str:
-    """Write :func:`timeline_svg` to ``path`` (a ``.svg`` file); returns the path written."""
+    """Write :func:`timeline_svg` to ``path`` (a ``.svg`` file); returns the path written.
+
+    Raises:
+        RenderError: another suffix, or the file can't be written.
+    """
     path = timeline_path(path)
-    path.write_text(timeline_svg(plan), encoding="utf-8")
+    write_picture(path, timeline_svg(plan))
     return str(path)
 
 
