@@ -1,0 +1,37 @@
+"""Small defects of the explain surface (a user's list): a tie said in text and JSON, the
+repr in human units, the JSON's steps as the text counts them, a mismatched row's bytes as
+its node shows them, the no-dot warning escaped."""
+
+import json
+
+import pytest
+import torch
+
+import weightplan
+from weightplan.cli import main
+
+
+@pytest.fixture(scope="module")
+def tied_dir(tmp_path_factory):
+    import transformers
+
+    config = transformers.LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=2,
+                                      vocab_size=64, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    directory = tmp_path_factory.mktemp("tied")
+    transformers.LlamaForCausalLM(config).save_pretrained(directory)
+    return directory
+
+
+def test_a_tie_is_a_note_in_text_and_json(tied_dir, capsys):
+    import transformers
+
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig.from_pretrained(tied_dir))
+    plan = weightplan.explain(model, tied_dir)
+    said = "lm_head.weight and model.embed_tokens.weight are one tensor; loaded once"
+    assert said in str(plan)
+    assert {"key": "lm_head.weight", "message": said} in plan.to_dict()["notes"]
+    assert main(["explain", str(tied_dir), "--json"]) == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert any(n["key"] == "lm_head.weight" and "one tensor" in n["message"] for n in notes)
