@@ -35,3 +35,16 @@ def test_a_tie_is_a_note_in_text_and_json(tied_dir, capsys):
     assert main(["explain", str(tied_dir), "--json"]) == 0
     notes = json.loads(capsys.readouterr().out)["notes"]
     assert any(n["key"] == "lm_head.weight" and "one tensor" in n["message"] for n in notes)
+
+
+def test_the_repr_says_the_peak_in_human_units(tied_dir):
+    from weightplan.units import format_bytes
+
+    import transformers
+
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig.from_pretrained(tied_dir))
+    plan = weightplan.explain(model, tied_dir)
+    assert plan.peak_bytes >= 1024  # (so raw bytes and human units differ)
+    assert f", peak {format_bytes(plan.peak_bytes)}, " in repr(plan), repr(plan)
+    assert f"{plan.peak_bytes} B" not in repr(plan)
+    assert f"peak estimate: {format_bytes(plan.peak_bytes)}" in str(plan)  # (as the text says it)
