@@ -48,3 +48,18 @@ def test_the_repr_says_the_peak_in_human_units(tied_dir):
     assert f", peak {format_bytes(plan.peak_bytes)}, " in repr(plan), repr(plan)
     assert f"{plan.peak_bytes} B" not in repr(plan)
     assert f"peak estimate: {format_bytes(plan.peak_bytes)}" in str(plan)  # (as the text says it)
+
+
+def test_the_json_says_the_step_the_text_says(tied_dir, capsys):
+    import re
+
+    assert main(["explain", str(tied_dir), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert main(["explain", str(tied_dir)]) == 0
+    number, of = map(int, re.search(r"peak estimate: .* at step (\d+)/(\d+) ",
+                                    capsys.readouterr().out).groups())
+    at = data["peak_at"]
+    assert (at["number"], at["of"], at["step"]) == (number, of, number - 1)
+    assert data["steps"] == of
+    assert {e["number"] - e["step"] for e in data["timeline"]} == {1}
+    assert max(e["number"] for e in data["timeline"]) == of
