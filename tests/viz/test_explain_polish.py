@@ -63,3 +63,20 @@ def test_the_json_says_the_step_the_text_says(tied_dir, capsys):
     assert data["steps"] == of
     assert {e["number"] - e["step"] for e in data["timeline"]} == {1}
     assert max(e["number"] for e in data["timeline"]) == of
+
+
+def test_a_mismatched_row_says_the_bytes_its_node_says():
+    import re
+
+    from tests.viz.plans import small_plan
+    from weightplan.viz.dot import to_dot
+
+    plan = small_plan()
+    row = next(line for line in str(plan).splitlines() if "model.norm.weight" in line)
+    said = re.search(r"f32\[2\]  (\d+ \w?B)  mismatch$", row)
+    assert said is not None, row
+    node = next(line for line in to_dot(plan).splitlines() if "mismatch: the model has" in line)
+    assert f"assign f32[2] · {said.group(1)} · " in node, (row, node)
+    assert said.group(1) == "8 B"  # (two f32: what it would assign; execute refuses it)
+    unexpected = next(line for line in str(plan).splitlines() if "model.stray.bias" in line)
+    assert unexpected.endswith("f32[1]  0 B  unexpected")  # (never read, never drawn)
