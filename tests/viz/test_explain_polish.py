@@ -80,3 +80,17 @@ def test_a_mismatched_row_says_the_bytes_its_node_says():
     assert said.group(1) == "8 B"  # (two f32: what it would assign; execute refuses it)
     unexpected = next(line for line in str(plan).splitlines() if "model.stray.bias" in line)
     assert unexpected.endswith("f32[1]  0 B  unexpected")  # (never read, never drawn)
+
+
+def test_the_no_dot_warning_escapes_the_path(tmp_path, monkeypatch):
+    from tests.viz.plans import small_plan
+    from weightplan.viz import dot as dot_module
+
+    monkeypatch.setattr(dot_module, "find_dot", lambda: None)
+    path = tmp_path / "p\nforged\x1b]0;owned\x07.svg"
+    with pytest.warns(UserWarning) as caught:
+        written = small_plan().render(path)
+    assert written == str(path.with_suffix(".dot"))
+    message = str(caught[0].message)
+    assert "\n" not in message and "\x1b" not in message and "\x07" not in message, message
+    assert "p\\nforged\\x1b]0;owned\\x07.dot" in message, message
