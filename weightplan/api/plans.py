@@ -115,8 +115,8 @@ class Plan(LoadPlanData):
 
     def __repr__(self) -> str:
         from weightplan.terminal import terminal_text
-        from weightplan.units import counted
+        from weightplan.units import counted, format_bytes
 
         return (f"<Plan {terminal_text(self.checkpoint.description)}: "
                 f"{counted(len(self.loaded_keys), 'tensor')}, "
-                f"peak {self.peak_bytes} B, {counted(len(self.problems), 'problem')}>")
+                f"peak {format_bytes(self.peak_bytes)}, {counted(len(self.problems), 'problem')}>")

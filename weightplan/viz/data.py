@@ -19,7 +19,6 @@ from weightplan.viz.text import quantized_text
 
 @paused_gc
 def plan_to_dict(plan: LoadPlanData) -> dict[str, Any]:
-    peak = plan.schedule.peak
     info = plan.model_info
     data = {
         "checkpoint": {"description": plan.checkpoint.description,
@@ -38,7 +37,7 @@ def plan_to_dict(plan: LoadPlanData) -> dict[str, Any]:
         "model_bytes": plan.model_bytes,
         "peak_bytes": plan.peak_bytes,
         "atomic_bytes": plan.atomic_bytes,
-        "peak_at": None if peak is None else {"step": peak.event.step, "label": peak.label},
+        "peak_at": peak_at(plan),
         "window_bytes": plan.schedule.window_bytes,
         "machine": machine_fit(plan.schedule, plan.model_bytes).to_dict(),
         "threads": plan.options.threads,
@@ -51,7 +50,9 @@ def plan_to_dict(plan: LoadPlanData) -> dict[str, Any]:
         "problems": [{"kind": p.kind.value, "key": p.key, "message": p.message}
                      for p in plan.problems],
         "notes": [{"key": n.key, "message": n.message} for n in plan.notes],
-        "timeline": [{"event": p.event.kind.value, "step": p.event.step, "label": p.label,
+        "steps": len(plan.schedule.steps),
+        "timeline": [{"event": p.event.kind.value, "step": p.event.step,
+                      "number": p.event.step + 1, "label": p.label,
                       "resident": p.resident, "in_flight": p.in_flight,
                       "intermediate": p.intermediate} for p in plan.schedule.timeline],
         "tensor_parallel": parallel_to_dict(plan),
@@ -60,6 +61,16 @@ def plan_to_dict(plan: LoadPlanData) -> dict[str, Any]:
     if plan.adapter is not None:  # (only then: plans without one print as they did)
         data["adapter"] = adapter_dict(plan.adapter)
     return data
+
+
+def peak_at(plan: LoadPlanData | WritePlanData) -> dict[str, Any] | None:
+    """Where the peak is: ``step`` counts from 0 (as ``timeline``'s), ``number`` of ``of``
+    is what the text and pictures say ("step 21/21")."""
+    peak = plan.schedule.peak
+    if peak is None:
+        return None
+    return {"step": peak.event.step, "number": peak.event.step + 1,
+            "of": len(plan.schedule.steps), "label": peak.label}
 
 
 def placement_entries(plan: LoadPlanData) -> dict[str, Any]:
@@ -90,7 +101,6 @@ def parallel_to_dict(plan: LoadPlanData) -> dict[str, Any] | None:
 
 
 def write_plan_to_dict(plan: WritePlanData) -> dict[str, Any]:
-    peak = plan.schedule.peak
     return {
         "direction": plan.direction.value,
         "inversion": plan.inversion.value,
@@ -102,7 +112,7 @@ def write_plan_to_dict(plan: WritePlanData) -> dict[str, Any]:
                     "transforms": [t.describe() for t in plan.transforms]},
         "rows": [asdict(r) for r in mapping_rows(plan.conversions)],
         "peak_bytes": plan.peak_bytes,
-        "peak_at": None if peak is None else {"step": peak.event.step, "label": peak.label},
+        "peak_at": peak_at(plan),
         "notes": [n.message for n in plan.notes],
     }
 

@@ -184,9 +184,9 @@ def render_plan(plan: LoadPlanData, path: str | Path, *, detail: str | None = No
         dot_path = path.with_suffix(".dot")
         write_picture(dot_path, text)
         command = shlex.join(["dot", f"-T{fmt}", str(dot_path), "-o", str(path)])
-        warnings.warn(f"graphviz `dot` not found, wrote {dot_path}; render it with "
-                      f"`{command}` after you {INSTALL_HINT}",
-                      UserWarning, stacklevel=_caller_level())
+        warnings.warn(terminal_text(f"graphviz `dot` not found, wrote {dot_path}; render it "
+                                    f"with `{command}` after you {INSTALL_HINT}"),
+                      UserWarning, stacklevel=_caller_level())  # (one line, as the CLI says it)
         return str(dot_path)
     write_picture(path, run_dot(text, fmt))
     return str(path)

@@ -28,7 +28,8 @@ class Row:
     dtype: str
     status: str
     count: int
-    nbytes: int  # bytes written into the model (all folded conversions)
+    nbytes: int  # bytes assigned to model tensors (all folded conversions; a mismatch's
+    # are what it would assign, as its graph node says: execute refuses it)
 
 
 def rule_of(conv: Conversion) -> str:
@@ -138,6 +139,9 @@ def _last_of(nodes: tuple[Node, ...], kind: NodeKind) -> Node | None:
         return None
 
 
+_ASSIGNED = (TargetStatus.LOAD, TargetStatus.MISMATCH)  # (the others aren't read: 0 B)
+
+
 def _last(conv: Conversion, wanted: Callable[[Node], bool]) -> Node | None:
     return next((n for n in reversed(conv.nodes) if wanted(n)), None)
 
@@ -160,8 +164,7 @@ def mapping_rows(conversions: tuple[Conversion, ...],
         first = convs[0]
         sources = fold_keys(*([*map(_KEY, s)] for c in convs for s in c.group.sources))
         targets = fold_keys(t.key for c in convs for t in c.targets)
-        nbytes = sum(t.dest.nbytes for c in convs for t in c.targets
-                     if t.status is TargetStatus.LOAD)
+        nbytes = sum(t.dest.nbytes for c in convs for t in c.targets if t.status in _ASSIGNED)
         rows.append(Row(signature[0], tuple(sources), tuple(targets),
                         _ops(first), _shapes(first),
                         signature[4], signature[5], len(convs), nbytes))

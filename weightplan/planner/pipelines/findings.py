@@ -107,10 +107,25 @@ def _model_declarations(model: ModelInfo | None, found: Findings) -> Findings:
                                  "rebuilds it after loading"))
         else:
             problems.append(Problem(ProblemKind.META_BUFFER, b, _META_TEXT.format(b)))
-    notes.extend(Note(t, f"{t} is tied to {s} (declared by the model): one tensor, two names")
-                 for s, t in model.declared_ties)
+    notes.extend(_shared_notes(model, found.missing))
     return Findings(found.missing - ignored_missing, found.unexpected - ignored_unexpected,
                     found.mismatched, tuple(problems), tuple(notes), frozenset(ignored_missing))
+
+
+def _shared_notes(model: ModelInfo, missing: frozenset[str]) -> list[Note]:
+    """One note per tensor the model holds under several names (one object, or a tie the
+    model declares and the plan restored): which names, and that it is filled once."""
+    retied = {t for _, t in model.declared_ties}
+    notes = []
+    for name, t in model.tensors.items():
+        if name != t.name or len(t.aliases) < 2:
+            continue
+        others = t.aliases[1:]
+        how = " (tied as the model declares)" if retied.intersection(others) else ""
+        once = "" if name in missing else "; loaded once"
+        notes.append(Note(others[0], f"{', '.join(others)} and {name} are one tensor{how}"
+                                     f"{once}"))
+    return notes
 
 
 def _matched(patterns: tuple[str, ...], keys: frozenset[str]) -> dict[str, str]:
