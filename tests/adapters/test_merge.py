@@ -64,6 +64,15 @@ def _qv_lora(tmp_path, size):
     return tensors
 
 
+def _qv_factors(base: dict, tensors: dict):
+    """``(module, W, A, B)`` of each q/v projection :func:`_qv_lora` adapts."""
+    for layer in range(2):
+        for name in ("q_proj", "v_proj"):
+            key = f"model.layers.{layer}.self_attn.{name}"
+            yield (key, base[f"{key}.weight"], tensors[f"{PREFIX}{key}.lora_A.weight"],
+                   tensors[f"{PREFIX}{key}.lora_B.weight"])
+
+
 def _expected(base, adapter, key, scale):
     """(W + (B·A)·s) in float32, cast once to bf16."""
     w, a, b = (base[f"{key}.weight"], adapter[f"{PREFIX}{key}.lora_A.weight"],
@@ -153,14 +162,10 @@ def test_a_half_base_merged_into_the_other_half_model_is_rounded_once(tmp_path, 
     tensors = _qv_lora(tmp_path, 0.1)
     model, _ = _merged(tmp_path, "lora", dtype=dtype)
     state = model.state_dict()
-    for layer in range(2):
-        for name in ("q_proj", "v_proj"):
-            key = f"model.layers.{layer}.self_attn.{name}"
-            w, a, b = (base[f"{key}.weight"], tensors[f"{PREFIX}{key}.lora_A.weight"],
-                       tensors[f"{PREFIX}{key}.lora_B.weight"])
-            want = (w.float() + (b @ a) * 4.0).to(dtype)
-            assert state[f"{key}.weight"].dtype == dtype
-            assert torch.equal(state[f"{key}.weight"], want), key
+    for key, w, a, b in _qv_factors(base, tensors):
+        want = (w.float() + (b @ a) * 4.0).to(dtype)
+        assert state[f"{key}.weight"].dtype == dtype
+        assert torch.equal(state[f"{key}.weight"], want), key
 
 
 @pytest.mark.parametrize("stored", [torch.float64, torch.float32])
@@ -174,14 +179,10 @@ def test_a_float64_merge_is_computed_in_float64(tmp_path, stored):
     merges = [s.ops[0] for s in plan.schedule.steps if s.ops and isinstance(s.ops[0], MergeLora)]
     assert merges and all("in float64" in repr(op) for op in merges)
     state = model.state_dict()
-    for layer in range(2):
-        for name in ("q_proj", "v_proj"):
-            key = f"model.layers.{layer}.self_attn.{name}"
-            w, a, b = (base[f"{key}.weight"], tensors[f"{PREFIX}{key}.lora_A.weight"],
-                       tensors[f"{PREFIX}{key}.lora_B.weight"])
-            want = w.double() + (b.double() @ a.double()) * 4.0
-            assert state[f"{key}.weight"].dtype == torch.float64
-            assert torch.equal(state[f"{key}.weight"], want), key
+    for key, w, a, b in _qv_factors(base, tensors):
+        want = w.double() + (b.double() @ a.double()) * 4.0
+        assert state[f"{key}.weight"].dtype == torch.float64
+        assert torch.equal(state[f"{key}.weight"], want), key
 
 
 def test_plain_modules_equal_peft_merge_and_unload(tmp_path):

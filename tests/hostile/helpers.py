@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import struct
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -86,3 +89,24 @@ def load_tensors(checkpoint, like: dict[str, torch.Tensor]) -> dict[str, torch.T
     model = meta_model(like)
     weightplan.explain(model, checkpoint).execute(strict=True)
     return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+@contextlib.contextmanager
+def child_at_ready(script: str, *args: object, ready_on: str = "stdout",
+                   **popen: object) -> Iterator[subprocess.Popen]:
+    """``script`` (beside this file) run with ``args`` in a fresh interpreter, handed over
+    once it has written ``ready`` on ``ready_on`` (``"stdout"`` or ``"stderr"``; the other
+    of the two is dropped unless it is stderr); killed on the way out if still running."""
+    here = Path(__file__).resolve().parent
+    env = dict(os.environ, PYTHONPATH=str(here.parents[1]))
+    child = subprocess.Popen([sys.executable, str(here / script), *map(str, args)],
+                             stdout=subprocess.PIPE if ready_on == "stdout" else subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True, env=env, **popen)  # type: ignore[call-overload]
+    try:
+        stream = child.stdout if ready_on == "stdout" else child.stderr
+        assert stream is not None and stream.readline().strip() == "ready"
+        yield child
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()

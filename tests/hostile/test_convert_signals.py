@@ -4,17 +4,13 @@ lock, leave the target as it was, and exit with the status the help text gives (
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import moe_checkpoint, write_checkpoint
-
-HERE = Path(__file__).resolve().parent
+from tests.hostile.helpers import child_at_ready
 
 
 @pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
@@ -23,18 +19,10 @@ def test_a_stopped_convert_leaves_nothing_behind(tmp_path, sig, status):
     dst = tmp_path / "dst"
     dst.mkdir()
     (dst / "notes.txt").write_text("mine")
-    env = dict(os.environ, PYTHONPATH=str(HERE.parents[1]))
-    child = subprocess.Popen([sys.executable, str(HERE / "convert_child.py"), str(src),
-                              str(dst)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             text=True, env=env)
-    try:
-        assert child.stderr.readline().strip() == "ready"
+    with child_at_ready("convert_child.py", src, dst, ready_on="stderr") as child:
         assert any(p.name.endswith(".weightplan-partial") for p in dst.iterdir())
         child.send_signal(sig)
         _, err = child.communicate(timeout=120)
-    finally:
-        if child.poll() is None:
-            child.kill()
     assert child.returncode == status, err
     assert "weightplan: interrupted" in err
     assert sorted(p.name for p in dst.iterdir()) == ["notes.txt"]
@@ -45,20 +33,12 @@ def test_a_sigterm_the_parent_ignores_stays_ignored(tmp_path):
     as Python leaves an ignored SIGINT ignored; Ctrl-C still stops it (was: 143 at once)."""
     src = write_checkpoint(tmp_path / "src", moe_checkpoint())
     dst = tmp_path / "dst"
-    env = dict(os.environ, PYTHONPATH=str(HERE.parents[1]))
-    child = subprocess.Popen([sys.executable, str(HERE / "convert_child.py"), str(src),
-                              str(dst)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             text=True, env=env,
-                             preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN))
-    try:
-        assert child.stderr.readline().strip() == "ready"
+    with child_at_ready("convert_child.py", src, dst, ready_on="stderr",
+                        preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN)) as child:
         child.send_signal(signal.SIGTERM)
         with pytest.raises(subprocess.TimeoutExpired):
             child.wait(timeout=1)  # (ignored: still in its pause)
         child.send_signal(signal.SIGINT)
         _, err = child.communicate(timeout=120)
-    finally:
-        if child.poll() is None:
-            child.kill()
     assert child.returncode == 130, err
     assert "(SIGTERM)" not in err

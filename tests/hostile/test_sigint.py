@@ -10,34 +10,22 @@ other tensor changed.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
-HERE = Path(__file__).resolve().parent
+from tests.hostile.helpers import child_at_ready
 
 
 @pytest.mark.parametrize("threads", [0, 2])
 def test_sigint_during_an_in_place_load_reports_what_it_overwrote(tmp_path, threads):
     path = tmp_path / "model.safetensors"
     save_file({f"t{i}": torch.randn(64, 1024) for i in range(8)}, str(path))
-    env = dict(os.environ, PYTHONPATH=str(HERE.parents[1]))
-    child = subprocess.Popen([sys.executable, str(HERE / "sigint_child.py"), str(path),
-                              str(threads)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, env=env)
-    try:
-        assert child.stdout.readline().strip() == "ready"
+    with child_at_ready("sigint_child.py", path, threads) as child:
         child.send_signal(signal.SIGINT)
         out, err = child.communicate(timeout=120)
-    finally:
-        if child.poll() is None:
-            child.kill()
     assert child.returncode == 0, err
     report = json.loads(out)
     assert report["outcome"] == "interrupted"
