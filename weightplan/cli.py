@@ -270,6 +270,7 @@ def _explain_ranks(model: Any, dtype: Any, args: argparse.Namespace) -> int:
     """``--tp N [--ep]``: every rank planned in this process; a table, or JSON rows."""
     from weightplan.errors import ParallelError
     from weightplan.planner.core.sharding.config import TensorParallel, per_node
+    from weightplan.planner.core.problems import Problem, ProblemKind
     from weightplan.planner.pipelines.ranks import plan_ranks, rank_rows
     from weightplan.viz.ranks import rank_table
 
@@ -289,7 +290,7 @@ def _explain_ranks(model: Any, dtype: Any, args: argparse.Namespace) -> int:
         rows = rank_rows(plans)
         if cant_run is not None:  # (every rank's: the deployment can't run)
             for row in rows:
-                row["problems"].append({"kind": "parallel", "key": "", "message": cant_run})
+                row["problems"].append(Problem(ProblemKind.PARALLEL, "", cant_run).to_dict())
         print(json.dumps(rows, indent=2))
     else:
         print(_safe(rank_table(plans, wording=cli_wording, width=args.width)))

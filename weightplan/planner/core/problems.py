@@ -34,6 +34,10 @@ class Problem:
     key: str
     message: str
 
+    def to_dict(self) -> dict[str, str]:
+        """As ``--json`` lists it (``plan.to_dict()``'s problems, each rank's row)."""
+        return {"kind": self.kind.value, "key": self.key, "message": self.message}
+
 
 @dataclass(frozen=True, slots=True)
 class Note:

@@ -151,11 +151,11 @@ def _needs_folder(offload: OffloadPlan, placement: DevicePlacement) -> None:
 def _meta_model(model: torch.nn.Module | None, what: str) -> None:
     if model is None:
         raise PlanError(f"{what} places a model's modules: pass the model")
-    allocated = [n for n, t in model.state_dict(keep_vars=True).items() if not t.is_meta]
-    if allocated:
+    allocated = next(((n, t) for n, t in model.state_dict(keep_vars=True).items()
+                      if not t.is_meta), None)
+    if allocated is not None:
         raise PlanError(f"{what} places a model built on meta (weightplan.init_empty()); "
-                        f"{allocated[0]} is already allocated on "
-                        f"{model.state_dict(keep_vars=True)[allocated[0]].device}")
+                        f"{allocated[0]} is already allocated on {allocated[1].device}")
 
 
 def _given(device: object) -> tuple[tuple[str, str], ...] | None:
