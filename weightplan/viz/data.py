@@ -47,8 +47,7 @@ def plan_to_dict(plan: LoadPlanData) -> dict[str, Any]:
         "mismatched": {k: {"checkpoint_shape": list(v.checkpoint_shape),
                            "model_shape": list(v.model_shape)}
                        for k, v in sorted(plan.mismatched.items())},
-        "problems": [{"kind": p.kind.value, "key": p.key, "message": p.message}
-                     for p in plan.problems],
+        "problems": [p.to_dict() for p in plan.problems],
         "notes": [{"key": n.key, "message": n.message} for n in plan.notes],
         "steps": len(plan.schedule.steps),
         "timeline": [{"event": p.event.kind.value, "step": p.event.step,

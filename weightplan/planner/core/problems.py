@@ -34,6 +34,10 @@ class Problem:
     key: str
     message: str
 
+    def to_dict(self) -> dict[str, str]:
+        """The problem as ``plan.to_dict()`` and ``explain --json`` list it."""
+        return {"kind": self.kind.value, "key": self.key, "message": self.message}
+
 
 @dataclass(frozen=True, slots=True)
 class Note:

@@ -69,5 +69,4 @@ def rank_rows(plans: tuple[LoadPlanData, ...]) -> list[dict[str, Any]]:
              "storage_bytes": p.read_bytes, "network_bytes": network_bytes(p),
              "held_bytes": p.held_bytes, "replicated_bytes": p.replicated_bytes,
              "peak_bytes": p.peak_bytes,
-             "problems": [{"kind": q.kind.value, "key": q.key, "message": q.message}
-                          for q in p.problems]} for p in plans]
+             "problems": [q.to_dict() for q in p.problems]} for p in plans]
