@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from weightplan.errors import BudgetError
@@ -68,6 +68,10 @@ class FillInput:
     def host_bytes_offloaded(self, tensors: frozenset[str]) -> int:
         """Host bytes ``tensors`` hold on their way to the disk (see ``host_offloaded``)."""
         return sum(self.host_offloaded.get(t, self.size.get(t, 0)) for t in tensors)
+
+    def staging_of(self, tensors: Iterable[str]) -> int:
+        """An accelerator's staging for ``tensors``: the ``concurrent`` largest copies."""
+        return sum(sorted(self.temp.get(t, 0) for t in tensors)[-self.concurrent:])
 
 
 @dataclass(frozen=True, slots=True)

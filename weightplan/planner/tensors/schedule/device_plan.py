@@ -167,7 +167,7 @@ def given_placement(pairs: Sequence[tuple[str, str]], tree: ModuleTree, info: Mo
         if device in (CPU, DISK):
             staging = host.temporaries + pinned + on_disk if device == CPU else 0
         else:
-            staging = sum(sorted(inp.temp.get(t, 0) for t in tensors)[-inp.concurrent:])
+            staging = inp.staging_of(tensors)
         uses.append(DeviceUse(device, None, inp.bytes_of(tensors), staging, 0,
                               sum(d == device for _, d in pairs), True))
     return DevicePlacement("dict", tuple(pairs), tuple(uses), offload_folder, pinned)
@@ -327,8 +327,7 @@ def _balanced(strategy: str, budgets: Sequence[DeviceBudget], inp: FillInput
     total = inp.bytes_of(inp.tensors(""))
     low0 = strategy == "balanced_low_0"
     shared = accelerators[1:] if low0 else accelerators
-    share = -(-total // len(shared)) + largest_whole(inp) + sum(
-        sorted(inp.temp.values())[-inp.concurrent:])
+    share = -(-total // len(shared)) + largest_whole(inp) + inp.staging_of(inp.temp)
     caps: dict[str, int | None] = {b.device: min(share, b.budget or 0) for b in shared[:-1]}
     if low0:
         rest = sum(caps.values()) + (shared[-1].budget or 0)  # type: ignore[arg-type]
@@ -361,8 +360,7 @@ def _uses(inp: FillInput, result: Mapping[str, str], slots: Sequence[Slot],
         tensors = per.get(slot.device, set()) - seen
         seen |= tensors
         weights = inp.bytes_of(frozenset(tensors))
-        staging = sum(sorted(inp.temp.get(t, 0) for t in tensors)[-inp.concurrent:]) \
-            if slot.accelerator else 0
+        staging = inp.staging_of(tensors) if slot.accelerator else 0
         if slot.device == CPU:
             staging = slot.fixed - slot.kept  # the load's host side
         kept = slot.kept if weights else 0  # (a device given nothing runs nothing)
