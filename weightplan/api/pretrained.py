@@ -292,19 +292,15 @@ def _built(directory: Path, tp: TensorParallel | None, mesh: Any,
 def _build_dtype(dtype: object, directory: Path) -> torch.dtype | None:
     """The dtype the load will write, as transformers resolves it before building the model
     (``"auto"``: config.json's, else the checkpoint's): the model is built under it."""
-    from weightplan.planner.core.spec import parse_dtype
-
-    if not (isinstance(dtype, str) and dtype.lower() == "auto"):
-        return parse_dtype(dtype)  # type: ignore[arg-type]
     from weightplan.bridge.config_guard import read_config_json
     from weightplan.planner.inputs.checkpoint import open_checkpoint
-    from weightplan.planner.inputs.dtype import checkpoint_dtype, config_dtype
+    from weightplan.planner.inputs.dtype import dtype_of
 
     path = directory / "config.json"
-    words = read_config_json(path) if path.is_file() else {}
-    configured = config_dtype(SimpleNamespace(**{k: v for k, v in words.items()
-                                                 if k in ("dtype", "torch_dtype")}))
-    return configured if configured is not None else checkpoint_dtype(open_checkpoint(directory))
+    auto = isinstance(dtype, str) and dtype.lower() == "auto" and path.is_file()
+    words = read_config_json(path) if auto else {}
+    config = SimpleNamespace(**{k: v for k, v in words.items() if k in ("dtype", "torch_dtype")})
+    return dtype_of(dtype, config, lambda: open_checkpoint(directory))
 
 
 def _finish_quantized(model: torch.nn.Module) -> torch.nn.Module:

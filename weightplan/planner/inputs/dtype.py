@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from itertools import repeat
 from operator import attrgetter
 from pathlib import Path
@@ -45,10 +45,17 @@ _SPEC_DTYPE = attrgetter("spec.dtype")
 def resolve_dtype(dtype: object, model: torch.nn.Module | None,
                   checkpoint: Checkpoint) -> torch.dtype | None:
     """``dtype`` as a torch dtype: ``"auto"`` is resolved against config and checkpoint."""
+    return dtype_of(dtype, getattr(model, "config", None), lambda: checkpoint)
+
+
+def dtype_of(dtype: object, config: object,
+             checkpoint: Callable[[], Checkpoint]) -> torch.dtype | None:
+    """``dtype`` as a torch dtype; ``"auto"``: the one ``config`` names, else the one most of
+    the checkpoint's bytes have (``checkpoint`` called only then: its headers are read)."""
     if not (isinstance(dtype, str) and dtype.lower() == "auto"):
         return parse_dtype(dtype)  # type: ignore[arg-type]
-    configured = config_dtype(getattr(model, "config", None))
-    return configured if configured is not None else checkpoint_dtype(checkpoint)
+    configured = config_dtype(config)
+    return configured if configured is not None else checkpoint_dtype(checkpoint())
 
 
 def config_dtype(config: object) -> torch.dtype | None:
