@@ -166,3 +166,20 @@ def test_a_bad_device_map_is_named_by_its_entry(llama, capsys, given, says):
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1, err
     assert f"argument --device-map: {says.replace('{root}', str(llama))}" in err, err
+
+
+def test_budgets_beside_a_dict_map_speak_in_flags(llama, capsys):
+    """``--max-memory`` beside a map naming "disk" bounds its devices (was refused)."""
+    import json
+
+    given = json.dumps(SIBLINGS)
+    argv = ["explain", str(llama / "llama"), "--device-map", given, "--max-memory"]
+    assert main([*argv, "cpu=1GiB"]) == 0
+    assert "  cpu " in capsys.readouterr().out
+    for budget, says in [("cpu=1KiB", "--device-map: cpu would hold "),
+                         ("0=1GiB", "--max-memory names cuda:0, where the map puts nothing (it "
+                          "uses cpu, disk): drop it from --max-memory, or map modules to it")]:
+        assert main([*argv, budget]) == 2
+        out, err = capsys.readouterr()
+        assert not out and err.count("\n") == 1 and says in err, err
+        assert not [w for w in PYTHON_WORDS if w in err], err
