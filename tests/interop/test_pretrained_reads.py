@@ -19,6 +19,7 @@ from weightplan.planner.inputs import checkpoint as checkpoint_module
 from tests.interop.matrix import FAMILIES
 
 _WATCHED: list[Counter] = []  # the counter of the call being watched, if any
+_HOOKED: list = []  # the hook, once added (for this process)
 
 
 def _hook(event: str, args: tuple) -> None:
@@ -43,9 +44,6 @@ def opens():
             _WATCHED.pop()
 
     return Watch
-
-
-_HOOKED: list = []
 
 
 @pytest.fixture
