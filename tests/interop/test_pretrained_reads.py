@@ -1,13 +1,12 @@
 """``from_pretrained`` reads each file once per call: ``config.json`` (building the model,
 choosing its dtype, testing for FP8, and the plan all use what was read), and the
 checkpoint's headers (the dtype of a config naming none came from them: the plan takes
-those headers as read)."""
+those headers as read). Opens are counted by ``opens`` (tests/conftest.py: an audit hook)."""
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 from collections import Counter
 
 import pytest
@@ -17,33 +16,6 @@ import weightplan
 from weightplan.planner.inputs import checkpoint as checkpoint_module
 
 from tests.interop.matrix import FAMILIES
-
-_WATCHED: list[Counter] = []  # the counter of the call being watched, if any
-_HOOKED: list = []  # the hook, once added (for this process)
-
-
-def _hook(event: str, args: tuple) -> None:
-    if _WATCHED and event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
-        _WATCHED[-1][os.path.basename(os.fsdecode(args[0]))] += 1
-
-
-@pytest.fixture(scope="module")
-def opens():
-    """Counts every open of a file by its name, whatever opens it (weightplan, transformers):
-    an audit hook sees ``open``, ``io.open`` and ``os.open`` alike."""
-    if _hook not in _HOOKED:
-        sys.addaudithook(_hook)  # (a hook can't be removed: it counts only while watched)
-        _HOOKED.append(_hook)
-
-    class Watch:
-        def __enter__(self) -> Counter:
-            _WATCHED.append(Counter())
-            return _WATCHED[-1]
-
-        def __exit__(self, *exc: object) -> None:
-            _WATCHED.pop()
-
-    return Watch
 
 
 @pytest.fixture
