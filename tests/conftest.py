@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -139,3 +141,32 @@ def legacy_of(state: dict[str, torch.Tensor], layers: int = 2, experts: int = 4
         out[f"{src}.LayerNorm.gamma"] = state[f"{src}.LayerNorm.weight"]
         out[f"{src}.LayerNorm.beta"] = state[f"{src}.LayerNorm.bias"]
     return out
+
+
+# files opened during a call, by name (``opens``): an audit hook, added once per process
+_WATCHED: list[Counter] = []  # the counter of the call being watched, if any
+_HOOKED: list = []  # the hook, once added (for this process)
+
+
+def _hook(event: str, args: tuple) -> None:
+    if _WATCHED and event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+        _WATCHED[-1][os.path.basename(os.fsdecode(args[0]))] += 1
+
+
+@pytest.fixture(scope="module")
+def opens():
+    """Counts every open of a file by its name, whatever opens it (weightplan, transformers):
+    an audit hook sees ``open``, ``io.open`` and ``os.open`` alike."""
+    if _hook not in _HOOKED:
+        sys.addaudithook(_hook)  # (a hook can't be removed: it counts only while watched)
+        _HOOKED.append(_hook)
+
+    class Watch:
+        def __enter__(self) -> Counter:
+            _WATCHED.append(Counter())
+            return _WATCHED[-1]
+
+        def __exit__(self, *exc: object) -> None:
+            _WATCHED.pop()
+
+    return Watch

@@ -110,3 +110,76 @@ def test_repeated_max_memory_flags_add_up(llama, capsys):
     assert main(["explain", str(llama / "llama"), "--device-map", "auto",
                  "--max-memory", "0=60KiB", "--max-memory", "cuda:0=1GiB"]) == 2
     assert "names cuda:0 twice" in capsys.readouterr().err
+
+
+SIBLINGS = {"model.embed_tokens": "cpu", "model.layers": "disk", "model.norm": "cpu",
+            "model.rotary_emb": "cpu", "lm_head": "cpu"}
+
+
+@pytest.mark.parametrize("given", ["inline", "file"])
+def test_a_dict_device_map_from_the_command_line(llama, capsys, tmp_path, given):
+    """``--device-map '{...}'`` (or ``@FILE.json``) is ``device_map={...}``: the map as
+    given, "disk" included (was: only the four strategies)."""
+    import json
+
+    text = json.dumps(SIBLINGS)
+    if given == "file":
+        (tmp_path / "map.json").write_text(text)
+        text = f"@{tmp_path / 'map.json'}"
+    assert main(["explain", str(llama / "llama"), "--device-map", text]) == 0
+    out = capsys.readouterr().out
+    assert "device map:\n  cpu: lm_head, model.embed_tokens, model.norm, model.rotary_emb\n" \
+           "  disk: model.layers\n" in out, out
+    assert main(["explain", str(llama / "llama"), "--device-map", text, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["device_map"] == SIBLINGS
+    assert data["devices"]["strategy"] == "dict" and set(data["device_peaks"]) == {"cpu", "disk"}
+
+
+def test_one_device_from_the_command_line(llama, capsys):
+    import json
+
+    assert main(["explain", str(llama / "llama"), "--device-map", "cpu"]) == 0
+    assert "\ndevices: cpu 105 KiB\n" in capsys.readouterr().out
+    assert main(["explain", str(llama / "llama"), "--device-map", '{"": "cpu"}', "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"]["class"] == "LlamaForCausalLM"
+
+
+@pytest.mark.parametrize("given, says", [
+    ('{"model.layers": "gpu0", "": "cpu"}', 'entry "model.layers": "gpu0" is not a device; '
+     'give auto, balanced, balanced_low_0, sequential, a device (cpu, cuda:0) or a JSON object'),
+    ('{"model.layers": true}', 'entry "model.layers": true is not a device'),
+    ('{"model.layers": [0]}', 'entry "model.layers": [0] is not a device'),
+    ('{"": "meta"}', 'entry "": "meta" holds nothing: name a real device'),
+    ("bogus", '"bogus" is not a device'),
+    ("disk", '"disk" is not a device'),  # (the whole model on the disk: a map's entry only)
+    ("[1]", "'[1]': give a JSON object {module prefix: device}"),
+    ("{}", "'{}': give a JSON object {module prefix: device}"),
+    ('{"model": ', """'{"model": ': not a JSON object {module prefix: device} (Expecting"""),
+    ("@{root}/nowhere.json", "'@{root}/nowhere.json': not a JSON object {module prefix: "
+     "device} ([Errno 2]"),
+])
+def test_a_bad_device_map_is_named_by_its_entry(llama, capsys, given, says):
+    with pytest.raises(SystemExit) as e:
+        main(["explain", str(llama / "llama"), "--device-map",
+              given.replace("{root}", str(llama))])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert f"argument --device-map: {says.replace('{root}', str(llama))}" in err, err
+
+
+def test_budgets_beside_a_dict_map_speak_in_flags(llama, capsys):
+    """``--max-memory`` beside a map naming "disk" bounds its devices (was refused)."""
+    import json
+
+    given = json.dumps(SIBLINGS)
+    argv = ["explain", str(llama / "llama"), "--device-map", given, "--max-memory"]
+    assert main([*argv, "cpu=1GiB"]) == 0
+    assert "  cpu " in capsys.readouterr().out
+    for budget, says in [("cpu=1KiB", "--device-map: cpu would hold "),
+                         ("0=1GiB", "--max-memory names cuda:0, where the map puts nothing (it "
+                          "uses cpu, disk): drop it from --max-memory, or map modules to it")]:
+        assert main([*argv, budget]) == 2
+        out, err = capsys.readouterr()
+        assert not out and err.count("\n") == 1 and says in err, err
+        assert not [w for w in PYTHON_WORDS if w in err], err

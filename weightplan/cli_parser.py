@@ -10,6 +10,8 @@
     weightplan explain ADAPTER_DIR [--base BASE_DIR] a LoRA adapter with its base, one plan
     weightplan explain CKPT_DIR --device-map auto --max-memory cuda:0=80GiB,cpu=200GiB
                                                   [--offload-folder DIR]  per-device peaks
+    weightplan explain CKPT_DIR --device-map '{"model": "cuda:0", "lm_head": "disk"}'
+                                                  a map as given (or @FILE.json; a device)
     weightplan explain CKPT_DIR --tp 8 [--ep] [--cooperative] [--nodes 2 --storage node]
                                                   every rank's storage / network / held / peak
     weightplan convert SRC DST [--reverse]           on disk, no model (mapping: config.json's
@@ -35,6 +37,8 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
+from pathlib import Path
 from typing import NoReturn
 
 from weightplan import __version__
@@ -123,22 +127,30 @@ def _explain_parser(exp: argparse.ArgumentParser) -> None:
     exp.add_argument("--only", metavar="GLOB",
                      help="draw only the keys matching GLOB, e.g. 'model.layers.0.*'")
     _parallel_flags(exp)
-    exp.add_argument("--device-map", metavar="STRATEGY",
-                     choices=("auto", "balanced", "balanced_low_0", "sequential"),
-                     help="place the modules automatically (a per-device table: weights, "
-                          "staging, peak, budget); devices this machine lacks may be named")
-    exp.add_argument("--max-memory", metavar="DEV=SIZE,...", type=_max_memory,
-                     action=_MergeBudgets,
-                     help="with --device-map: budgets, e.g. cuda:0=80GiB,cuda:1=80GiB,cpu=200GiB "
-                          "(a bare number is a GPU index: 0=80GiB); may be repeated")
-    exp.add_argument("--offload-folder", metavar="DIR",
-                     help="with --device-map: where modules placed on the disk would go")
+    _device_flags(exp)
     exp.add_argument("--base", metavar="BASE_DIR", help="a LoRA adapter directory's base")
     exp.add_argument("--merge", action="store_true",
                      help="with an adapter: fold s·B·A into the base weights inside the plan "
                           "(from_pretrained(..., merge=True)): the plain base model, merged")
     exp.add_argument("--allow-problems", action="store_true",
                      help="exit 0 even when the plan has problems (default: exit 1)")
+
+
+def _device_flags(exp: argparse.ArgumentParser) -> None:
+    """``explain``'s placement flags: a strategy, a device or a map, and its budgets."""
+    exp.add_argument("--device-map", metavar="MAP", type=_device_map,
+                     help="auto, balanced, balanced_low_0 or sequential: place the modules "
+                          "automatically (a per-device table: weights, staging, peak, "
+                          "budget; devices this machine lacks may be named); a device (cpu, "
+                          "cuda:0); or a JSON object {module prefix: device or \"disk\"} "
+                          "(or @FILE.json), e.g. '{\"model\": \"cuda:0\", \"lm_head\": "
+                          "\"disk\"}'")
+    exp.add_argument("--max-memory", metavar="DEV=SIZE,...", type=_max_memory,
+                     action=_MergeBudgets,
+                     help="with --device-map: budgets, e.g. cuda:0=80GiB,cuda:1=80GiB,cpu=200GiB "
+                          "(a bare number is a GPU index: 0=80GiB); may be repeated")
+    exp.add_argument("--offload-folder", metavar="DIR",
+                     help="with --device-map: where modules placed on the disk go")
 
 
 def _parallel_flags(exp: argparse.ArgumentParser) -> None:
@@ -197,6 +209,56 @@ def _ranks(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: give the number of ranks, 1 or more")
     return value
+
+
+STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def _device_map(text: str) -> str | int | dict[str, str | int]:
+    """``--device-map``: a strategy, one device (``cpu``, ``cuda:0``, ``0``: GPU 0), or a JSON
+    object ``{module prefix: device}`` given inline or as ``@FILE.json`` (a device: a name,
+    a GPU index, or ``"disk"``), each entry checked here: a bad one is named."""
+    if text in STRATEGIES:
+        return text
+    if not text.lstrip().startswith(("{", "[", '"', "@")):
+        device = _device_key(text)
+        _device_entry(None, device)
+        return device
+    try:
+        raw = Path(text[1:]).read_text() if text.startswith("@") else text
+        given = json.loads(raw)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a JSON object {{module prefix: "
+                                         f"device}} ({e})") from e
+    if not isinstance(given, dict) or not given:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a JSON object {{module prefix: "
+                                         "device}, e.g. '{\"model.layers\": \"cuda:0\", "
+                                         "\"\": \"cpu\"}'")
+    for prefix, device in given.items():
+        _device_entry(prefix, device)
+    return given
+
+
+def _device_entry(prefix: str | None, device: object) -> None:
+    """One device of ``--device-map`` (``prefix``: its entry in a JSON object)."""
+    import torch
+
+    where = "" if prefix is None else f"entry {json.dumps(prefix)}: "
+    if device == "disk" and prefix is not None:
+        return
+    if isinstance(device, int) and not isinstance(device, bool) and device >= 0:
+        return  # a GPU index, as transformers takes it
+    try:
+        if not isinstance(device, str):
+            raise ValueError("a device is a string ('cpu', 'cuda:0', 'disk') or a GPU index")
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError) as e:  # (torch's message lists every device type)
+        raise argparse.ArgumentTypeError(
+            f"{where}{json.dumps(device)} is not a device; give "
+            f"{', '.join(STRATEGIES)}, a device (cpu, cuda:0) or a JSON object "
+            "{module prefix: device or \"disk\"}") from e
+    if kind == "meta":
+        raise argparse.ArgumentTypeError(f"{where}\"meta\" holds nothing: name a real device")
 
 
 def _max_memory(text: str) -> dict[str | int, str]:

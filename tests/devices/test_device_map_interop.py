@@ -229,9 +229,37 @@ def test_a_dict_map_naming_the_disk_is_complete_and_flat(saved, tmp_path):
     with pytest.raises(PlanError, match="inside"):
         weightplan.explain(empty(cls, cfg), directory, device_map=nested,
                            offload_folder=tmp_path)
-    with pytest.raises(PlanError, match="max_memory"):
+
+
+def test_max_memory_bounds_the_devices_of_a_dict_map_naming_the_disk(saved, tmp_path):
+    """A dict map naming "disk" takes ``max_memory`` (was refused: "drop max_memory="): each
+    budget bounds the device the map names (its planned peak checked, the CPU's bounding the
+    read window, as for an automatic placement); nothing is moved."""
+    from weightplan.errors import BudgetError
+
+    cls, cfg, _, directory = saved["llama"]
+    plan = weightplan.explain(empty(cls, cfg), directory, device_map=EXPLICIT,
+                              max_memory={"cpu": "1GiB", "disk": "1GiB"})
+    assert plan.device_map == EXPLICIT
+    budgets = {u.device: u.budget for u in plan.options.placement.uses}
+    assert budgets == {"cpu": 1 << 30, "disk": 1 << 30}
+    assert plan.schedule.window_bytes == (1 << 30) // 8  # (the CPU's budget bounds it)
+    assert "1 GiB" in str(plan).split("devices (device_map='dict'", 1)[1].splitlines()[2]
+    with pytest.raises(BudgetError, match=r"device_map: cpu would hold .* > its max_memory "
+                                          r"1 KiB") as e:
         weightplan.explain(empty(cls, cfg), directory, device_map=EXPLICIT,
-                           max_memory={"cpu": "1GiB"}, offload_folder=tmp_path)
+                           max_memory={"cpu": "1KiB"})
+    assert e.value.minimum_bytes > 1024
+    model = weightplan.from_pretrained(directory, device_map=EXPLICIT,
+                                       max_memory={"cpu": "1GiB"})  # (it loads, as mapped)
+    assert model.hf_device_map == EXPLICIT
+    with pytest.raises(BudgetError, match="device_map: disk would hold"):
+        weightplan.explain(empty(cls, cfg), directory, device_map=EXPLICIT,
+                           max_memory={"disk": "1KiB"})
+    with pytest.raises(PlanError, match=r"max_memory names cuda:0, where the map puts "
+                                        r"nothing \(it uses cpu, disk\)"):
+        weightplan.explain(empty(cls, cfg), directory, device_map=EXPLICIT,
+                           max_memory={"cuda:0": "1GiB", "cpu": "1GiB"})
 
 
 def test_cli_dry_run(saved, capsys):

@@ -189,3 +189,14 @@ def test_a_kept_fp8_weight_without_its_scale_is_not_called_unscaled(fp8_checkpoi
     line = next(x for x in out.splitlines() if "can't keep FP8" in x)
     assert f"{key} keeps FP8 but {key} is f8_e4m3 and has no {key}_scale_inv that fits it" in line, line
     assert "not a scaled FP8 weight" not in line and line.endswith("pass --dequantize instead")
+
+
+@pytest.mark.parametrize("dequantize", [False, True])
+def test_from_pretrained_reads_an_fp8_config_once(fp8_checkpoints, opens, dequantize):
+    """The FP8 test, the build, and the plan's quantized phases (its FP8 config, its packed
+    format's) all use config.json as read once (was: 6 opens)."""
+    _, fp8_dir = fp8_checkpoints("mixtral")
+    with opens() as opened:
+        model = weightplan.from_pretrained(fp8_dir, progress=False, dequantize=dequantize)
+    assert opened["config.json"] == 1, opened
+    assert any(p.dtype == torch.float8_e4m3fn for p in model.parameters()) is not dequantize

@@ -74,7 +74,9 @@ def test_build_empty_model_refuses_auto_map(tmp_path):
 
 
 def test_config_read_with_remote_code_disabled(tmp_path, monkeypatch):
-    """Even without auto_map, transformers is told not to trust remote code."""
+    """Even without auto_map, no remote code: a config naming its model_type is made by
+    transformers' own class for it from the dict weightplan read (AutoConfig isn't asked);
+    one naming none goes to AutoConfig, told not to trust remote code."""
     import transformers
 
     from weightplan.bridge.hub import build_empty_model
@@ -87,7 +89,10 @@ def test_config_read_with_remote_code_disabled(tmp_path, monkeypatch):
 
     monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", fake)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    with pytest.raises(ModelBuildError):
+    built = build_empty_model(tmp_path)
+    assert not seen and type(built.model.config) is transformers.LlamaConfig
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    with pytest.raises(ModelBuildError, match="stop here"):
         build_empty_model(tmp_path)
     assert seen.get("trust_remote_code") is False
 

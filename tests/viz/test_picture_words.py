@@ -68,3 +68,40 @@ def test_the_peak_is_outlined_on_the_step_that_makes_it(tmp_path):
     assert "submit" not in text and "finalize" not in text
     assert re.search(r"▲ peak \S+ \S+ at step 2/2, while (its reads are in flight|it is assembled)",
                      peak)
+
+
+def _node_lines(text: str, key: str) -> list[str]:
+    """The node lines of the picture whose label starts with ``key``."""
+    return [line for line in text.splitlines() if f'[label="{key}\\n' in line]
+
+
+def test_a_tied_parameter_is_on_its_node():
+    """lm_head tied to embed_tokens is loaded once: the picture says so on the node that
+    assigns it (was: lm_head.weight appeared nowhere in the picture), and only= finds the
+    node by either name."""
+    model = module_with({"model.embed_tokens.weight": ((4, 2), torch.float32),
+                         "model.norm.weight": ((2,), torch.float32)})
+    model.lm_head = torch.nn.Module()
+    model.lm_head.weight = model.model.embed_tokens.weight
+    plan = weightplan.explain(model, {"model.embed_tokens.weight": torch.ones(4, 2),
+                                      "model.norm.weight": torch.ones(2)})
+    for text in (to_dot(plan), to_dot(plan, only="lm_head*")):
+        (assign,) = [line for line in _node_lines(text, "model.embed_tokens.weight")
+                     if "assign" in line]
+        assert "\\ntied: lm_head.weight (one tensor)" in assign, assign
+    (norm,) = [line for line in _node_lines(to_dot(plan), "model.norm.weight") if "assign" in line]
+    assert "tied" not in norm
+
+
+def test_a_mismatched_key_is_not_said_to_allocate():
+    """Nothing is allocated for a shape mismatch (the load refuses it): its node says it is
+    not loaded, and what the model has (was: "assign f32[2] · 8 B · allocates")."""
+    plan = weightplan.explain(module_with({"norm.weight": ((3,), torch.float32),
+                                           "bias": ((2,), torch.float32)}),
+                              {"norm.weight": torch.ones(2), "bias": torch.ones(2)})
+    text = to_dot(plan)
+    (node,) = [line for line in _node_lines(text, "norm.weight") if "assign" in line]
+    assert "assign f32[2] · 8 B · not loaded\\nmismatch: the model has f32[3]" in node, node
+    assert "allocates" not in node
+    (bias,) = [line for line in _node_lines(text, "bias") if "assign" in line]
+    assert "· allocates" in bias  # (a tensor the load does allocate)

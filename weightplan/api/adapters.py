@@ -14,13 +14,14 @@ from weightplan.api.entry import bridge_for, by_name
 from weightplan.api.plans import Plan, promote
 from weightplan.errors import AdapterError, ParallelError, WeightplanError
 from weightplan.planner.inputs.adapter import is_adapter_dir, read_adapter
-from weightplan.planner.inputs.checkpoint import open_checkpoint
+from weightplan.planner.inputs.checkpoint import DirectoryRead, open_checkpoint
 from weightplan.planner.pipelines.adapter_load import explain_base_and_adapter
 from weightplan.planner.pipelines.adapter_merge import explain_merged_load
 from weightplan.planner.pipelines.load import choose_mapping
 
 
-def explain_with_adapter(model: torch.nn.Module, base: str | os.PathLike[str] | Path,
+def explain_with_adapter(model: torch.nn.Module,
+                         base: str | os.PathLike[str] | Path | DirectoryRead,
                          adapter: str | os.PathLike[str], *, adapter_name: str = "default",
                          mapping: object = None, tp: object = None, merge: bool = False,
                          **options: Any) -> Plan:

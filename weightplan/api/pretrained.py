@@ -39,6 +39,7 @@ from weightplan.api.hub import resolve_checkpoint
 from weightplan.api.keywords import device_from_map, fold_transformers_keywords
 from weightplan.api.status import status
 from weightplan.errors import ArgumentError, ModelBuildError, ParallelError
+from weightplan.planner.inputs.checkpoint import DirectoryRead
 from weightplan.planner.core.sharding.config import TensorParallel, as_tensor_parallel
 
 __all__ = ["from_pretrained", "keeps_quantized", "resolve_checkpoint"]
@@ -82,17 +83,16 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
     dtype, tp = fold_transformers_keywords(transformers_only, dtype, _OWN), _alone(tp, adapter)
     device, keep, (tensor_parallel, mesh) = (device_from_map(device_map, device, tp),
                                              keeps_quantized(dequantize, dtype, tp) and not merge, _parallel(tp))
-    directory, adapter = _resolved(name_or_path, adapter, revision=revision, cache_dir=cache_dir,
-                                   local_files_only=local_files_only, token=token,
-                                   subfolder=subfolder)
-    model = _sided(_built(directory, tensor_parallel, mesh, (attn_implementation, experts_implementation),
-                          progress, _runs_kept(keep, dequantize, directory), dtype), dequantize_on)
-    with status(f"planning the load of {directory}", "planned the load", progress):
-        plan = _explain(model, directory, adapter, adapter_name, merge, dtype=dtype, mapping=mapping,
+    read, adapter = _resolved(name_or_path, adapter, revision=revision, cache_dir=cache_dir,
+                              local_files_only=local_files_only, token=token, subfolder=subfolder)
+    model = _sided(_built(read, tensor_parallel, mesh, (attn_implementation, experts_implementation),
+                          progress, _runs_kept(keep, dequantize, read), dtype), dequantize_on)
+    with status(f"planning the load of {read.directory}", "planned the load", progress):
+        plan = _explain(model, read, adapter, adapter_name, merge, dtype=dtype, mapping=mapping,
                         budget=budget, threads=threads, device=_rank_device(device, mesh), tp=tensor_parallel,
                         max_memory=max_memory, offload_folder=offload_folder, dequantize_on=dequantize_on)
     report = plan.execute(strict=strict, progress=progress)
-    return _finished(model, directory, generation_config, report, output_loading_info,
+    return _finished(model, read.directory, generation_config, report, output_loading_info,
                      return_report, plan.options.dtype)
 
 
@@ -133,16 +133,17 @@ def _alone(tp: object, adapter: object) -> object:
 
 
 def _resolved(name_or_path: str | os.PathLike[str], adapter: Any, **hub: Any
-              ) -> tuple[Path, Any]:
-    """The checkpoint directory, and the adapter: an adapter directory given as the model
-    loads onto its config's base (as peft's ``AutoPeftModel`` does)."""
+              ) -> tuple[DirectoryRead, Any]:
+    """The checkpoint directory with its config read (:func:`_read`), and the adapter: an
+    adapter directory given as the model loads onto its config's base (as peft's
+    ``AutoPeftModel`` does)."""
     directory = resolve_checkpoint(name_or_path, **hub)
     if adapter is None and (directory / "adapter_config.json").is_file() and not (
             directory / "config.json").is_file():
         from weightplan.api.adapters import adapter_base
 
-        return adapter_base(directory), directory
-    return directory, adapter
+        return _read(adapter_base(directory)), directory
+    return _read(directory), adapter
 
 
 def keeps_quantized(dequantize: bool | None, dtype: object, tp: object) -> bool:
@@ -171,18 +172,25 @@ def keeps_quantized(dequantize: bool | None, dtype: object, tp: object) -> bool:
     return tp is None and (dtype is None or dtype == "auto")
 
 
-def _runs_kept(keep: bool, dequantize: bool | None, directory: Path) -> bool:
+def _read(directory: Path) -> DirectoryRead:
+    """The checkpoint directory with its ``config.json`` read (once: everything after
+    uses what was read, and its headers are read at their first use)."""
+    from weightplan.bridge.config_guard import read_config_json
+
+    path = directory / "config.json"
+    return DirectoryRead(directory, read_config_json(path) if path.is_file() else None)
+
+
+def _runs_kept(keep: bool, dequantize: bool | None, read: DirectoryRead) -> bool:
     """``keep``, as transformers decides for a block-FP8 checkpoint: its FP8 layers run on
     a CUDA GPU of compute capability 8.9 or more, or an XPU; on any other machine it loads
     dequantized, with a warning (a kept model there failed at its first forward, where
     transformers' ran), unless ``dequantize=False`` asks to keep it anyway."""
     if not keep or dequantize is not None or _fp8_runs_here():
         return keep
-    from weightplan.bridge.config_guard import read_config_json
     from weightplan.bridge.quantized import holdable
 
-    path = directory / "config.json"
-    config = read_config_json(path) if path.is_file() else {}
+    directory, path, config = read.directory, read.directory / "config.json", read.config or {}
     text = config.get("text_config")
     quantization = config.get("quantization_config") or (
         text.get("quantization_config") if isinstance(text, dict) else None)
@@ -239,18 +247,19 @@ def _rank_device(device: object, mesh: Any) -> object:
     return torch.device(mesh.device_type, torch.accelerator.current_device_index())
 
 
-def _explain(model: torch.nn.Module, directory: Path, adapter: Any, adapter_name: str,
+def _explain(model: torch.nn.Module, read: DirectoryRead, adapter: Any, adapter_name: str,
              merge: bool, **options: Any) -> Any:
+    """The plan of ``read``'s checkpoint (what was read of it, passed down as the checkpoint)."""
     if adapter is not None:
         from weightplan.api.adapters import explain_with_adapter
 
-        return explain_with_adapter(model, directory, adapter, adapter_name=adapter_name,
+        return explain_with_adapter(model, read, adapter, adapter_name=adapter_name,
                                     merge=merge, **options)
     if merge:
         raise ArgumentError("merge=True merges an adapter: pass adapter=ADAPTER_DIR too")
     from weightplan.api.entry import explain
 
-    return explain(model, directory, **options)
+    return explain(model, read, **options)
 
 
 def _parallel(tp: object) -> tuple[TensorParallel | None, Any]:
@@ -271,36 +280,33 @@ def _parallel(tp: object) -> tuple[TensorParallel | None, Any]:
     return tensor_parallel, tensor_parallel.ranks().mesh
 
 
-def _built(directory: Path, tp: TensorParallel | None, mesh: Any,
+def _built(read: DirectoryRead, tp: TensorParallel | None, mesh: Any,
            implementations: tuple[str | None, str | None], progress: bool | None,
            keep_quantized: bool, dtype: object) -> torch.nn.Module:
     from weightplan.bridge.distribute import prepare_tensor_parallel
     from weightplan.bridge.hub import build_empty_model
 
-    with status(f"building the model {directory / 'config.json'} names (on meta)",
+    with status(f"building the model {read.directory / 'config.json'} names (on meta)",
                 "built the model", progress):
         attn, experts = implementations
-        model = build_empty_model(directory, attn_implementation=attn,
+        model = build_empty_model(read.directory, attn_implementation=attn,
                                   experts_implementation=experts,
                                   keep_quantized=keep_quantized,
-                                  dtype=_build_dtype(dtype, directory)).model
+                                  dtype=_build_dtype(dtype, read), config_json=read.config).model
         if tp is not None:
             prepare_tensor_parallel(model, tp, mesh)
     return model
 
 
-def _build_dtype(dtype: object, directory: Path) -> torch.dtype | None:
+def _build_dtype(dtype: object, read: DirectoryRead) -> torch.dtype | None:
     """The dtype the load will write, as transformers resolves it before building the model
-    (``"auto"``: config.json's, else the checkpoint's): the model is built under it."""
-    from weightplan.bridge.config_guard import read_config_json
-    from weightplan.planner.inputs.checkpoint import open_checkpoint
+    (``"auto"``: config.json's, else the checkpoint's headers, which the plan then takes as
+    read): the model is built under it."""
     from weightplan.planner.inputs.dtype import dtype_of
 
-    path = directory / "config.json"
-    auto = isinstance(dtype, str) and dtype.lower() == "auto" and path.is_file()
-    words = read_config_json(path) if auto else {}
+    words = read.config or {}
     config = SimpleNamespace(**{k: v for k, v in words.items() if k in ("dtype", "torch_dtype")})
-    return dtype_of(dtype, config, lambda: open_checkpoint(directory))
+    return dtype_of(dtype, config, lambda: read.checkpoint)
 
 
 def _finish_quantized(model: torch.nn.Module) -> torch.nn.Module:

@@ -10,6 +10,7 @@ disabled. The config is read as strict JSON from a regular file (no FIFO, bounde
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from weightplan.errors import CheckpointError, ModelBuildError
@@ -50,9 +51,10 @@ def read_config_json(path: Path) -> dict:
     return data
 
 
-def refuse_remote_code(path: Path) -> dict:
-    """The config, unless it asks for code shipped with the checkpoint (``auto_map``)."""
-    config = read_config_json(path)
+def refuse_remote_code(path: Path, read: Mapping[str, object] | None = None) -> dict:
+    """The config (``read``: as already read from ``path``), unless it asks for code
+    shipped with the checkpoint (``auto_map``)."""
+    config = read_config_json(path) if read is None else dict(read)
     auto_map = config.get("auto_map")
     if auto_map:
         names = sorted(auto_map) if isinstance(auto_map, dict) else auto_map

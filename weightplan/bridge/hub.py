@@ -11,7 +11,8 @@ for more layers or experts than :mod:`weightplan.limits` allows is refused befor
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import copy
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,13 +44,14 @@ def config_path(checkpoint: str | Path) -> Path | None:
 
 def build_empty_model(checkpoint: str | Path, *, attn_implementation: str | None = None,
                       experts_implementation: str | None = None,
-                      keep_quantized: bool = False,
-                      dtype: torch.dtype | None = None) -> BuiltModel:
+                      keep_quantized: bool = False, dtype: torch.dtype | None = None,
+                      config_json: Mapping[str, object] | None = None) -> BuiltModel:
     """Build the model ``config.json`` describes, with its parameters on ``meta``
-    (``attn_implementation`` / ``experts_implementation``: as transformers' keywords).
+    (``attn_implementation`` / ``experts_implementation``: as transformers' keywords;
+    ``config_json``: the file as its caller read it, else read here, once).
     ``keep_quantized``: when the config says the checkpoint is quantized in a format the
-    model can hold (block FP8), build it with the quantized layers, as serving keeps them
-    (:mod:`weightplan.bridge.quantized`); else the model is the plain one, loaded dequantized.
+    model can hold (block FP8), build it with the quantized layers (serving's way:
+    :mod:`weightplan.bridge.quantized`); else the plain one, loaded dequantized.
     ``dtype``: the load's, built under as transformers' ``from_pretrained`` builds (torch's
     default dtype set to it): what ``__init__`` makes in the default dtype (Gemma 3's
     ``embed_scale`` buffer) holds it, what it makes in float32 (rotary ``inv_freq``) stays;
@@ -70,7 +72,7 @@ def build_empty_model(checkpoint: str | Path, *, attn_implementation: str | None
         raise ModelBuildError(f"{path}: building a model needs transformers, which is not "
                               "installed (pip install transformers), or pass --model-type"
                               ) from e
-    config = _read_config(transformers, path)
+    config = _read_config(transformers, path, config_json)
     if attn_implementation is not None:  # as from_pretrained(attn_implementation=...) does
         config._attn_implementation = attn_implementation
     if experts_implementation is not None:
@@ -85,12 +87,14 @@ def build_empty_model(checkpoint: str | Path, *, attn_implementation: str | None
                               f"into {getattr(cls, '__name__', cls)}: "
                               f"{type(e).__name__}: {e}") from e
     _meta_as_float32(model, dtype)
-    held = None
-    if keep_quantized:
-        from weightplan.bridge.quantized import hold_quantized
-
-        held = hold_quantized(model, config, path)
+    held = _held(model, config, path) if keep_quantized else None
     return BuiltModel(model, path, type(model).__name__, _dtype(config), held)
+
+
+def _held(model: nn.Module, config: Any, path: Path) -> str | None:
+    from weightplan.bridge.quantized import hold_quantized  # (asked to keep it quantized)
+
+    return hold_quantized(model, config, path)
 
 
 @contextlib.contextmanager
@@ -114,16 +118,36 @@ def _meta_as_float32(model: nn.Module, dtype: torch.dtype | None) -> None:
             tensor.data = torch.empty(tensor.shape, dtype=torch.float32, device="meta")
 
 
-def _read_config(transformers: Any, path: Path) -> Any:
+def _read_config(transformers: Any, path: Path, read: Mapping[str, object] | None) -> Any:
+    """transformers' config of ``path``, made from the file as read once (``read``, else
+    read here): what ``AutoConfig.from_pretrained`` makes of the file's dict."""
     from weightplan.bridge.config_bounds import check_config_bounds
     from weightplan.bridge.config_guard import refuse_remote_code
 
-    check_config_bounds(refuse_remote_code(path), path)  # before any module is built
-    try:  # remote code disabled: transformers never imports code from the directory
-        return transformers.AutoConfig.from_pretrained(str(path.parent), trust_remote_code=False)
-    except Exception as e:  # ValueError / KeyError / OSError / JSON errors, by version
+    words = refuse_remote_code(path, read)  # (no auto_map: no code from the directory)
+    check_config_bounds(words, path)  # before any module is built
+    try:
+        return _auto_config(transformers, copy.deepcopy(words), path)
+    except Exception as e:  # ValueError / KeyError / TypeError by version and config
         raise ModelBuildError(f"{path}: transformers can't read this config: "
                               f"{type(e).__name__}: {e}") from e
+
+
+def _auto_config(transformers: Any, words: dict, path: Path) -> Any:
+    """The config class ``model_type`` names, made from ``words`` as ``AutoConfig`` makes
+    it (a ``mistral`` config with ``layer_types`` is read as ``ministral`` there); a config
+    naming no ``model_type`` (or other files: ``configuration_files``) is left to
+    ``AutoConfig``, which reads the file again."""
+    kind = words.get("model_type")
+    if not isinstance(kind, str) or "configuration_files" in words:
+        return transformers.AutoConfig.from_pretrained(str(path.parent), trust_remote_code=False)
+    if kind == "mistral" and "layer_types" in words:
+        words["model_type"] = kind = "ministral"
+    mapping = transformers.models.auto.configuration_auto.CONFIG_MAPPING
+    if kind not in mapping:
+        raise ValueError(f"model_type {kind!r} is not a model type this transformers "
+                         f"{transformers.__version__} knows (pip install -U transformers)")
+    return mapping[kind].from_dict(words, name_or_path=str(path.parent))
 
 
 def _model_class(transformers: Any, config: Any, path: Path) -> tuple[Any, str]:

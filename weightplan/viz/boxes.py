@@ -9,8 +9,8 @@ shape, dtype and bytes (of one instance).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from weightplan.planner.tensors.ir.build import Conversion, TargetStatus
 from weightplan.planner.tensors.ir.destination import DestKind
@@ -48,6 +48,7 @@ class BoxContext:
     materialized: int  # leading ops that run on tensors (the rest are placed in memory)
     peak_line: str | None  # set on the part holding the peak step
     count_note: str  # "×240" when the part stands for more conversions than its cluster
+    ties: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # target → its other names
 
 
 def node_slots(conv: Conversion, grouped: bool) -> dict[Node, Slot]:
@@ -110,15 +111,15 @@ def _assign_box(rep: Sequence[Node], every: Sequence[Node], size: str, ctx: BoxC
     names = {sink_attrs(n).target for n in rep}
     mismatched = [t for t in ctx.conv.targets
                   if t.key in names and t.status is TargetStatus.MISMATCH]
-    kind = sink_attrs(rep[0]).dest.kind
-    if mismatched and mismatched[0].model is not None:  # drawn where it would have gone
-        kind = DestKind.ALLOCATE if mismatched[0].model.allocates else DestKind.IN_PLACE
-    how = {DestKind.ALLOCATE: "allocates", DestKind.IN_PLACE: "in place",
-           DestKind.FILE: "to file", DestKind.MEMORY: "allocates",
-           DestKind.DISCARD: "dropped"}[kind]
+    how = "not loaded" if mismatched else {  # (a mismatch is refused: nothing is written)
+        DestKind.ALLOCATE: "allocates", DestKind.IN_PLACE: "in place", DestKind.FILE: "to file",
+        DestKind.MEMORY: "allocates", DestKind.DISCARD: "dropped"}[sink_attrs(rep[0]).dest.kind]
     lines = [*keys, f"assign {size} · {how}{ctx.count_note}"]
     for t in mismatched[:1]:
         lines.append(f"mismatch: the model has {t.expected}")
+    tied = [name for n in every for name in ctx.ties.get(sink_attrs(n).target, ())]
+    if tied:  # (one tensor under several names: loaded once)
+        lines.append(f"tied: {', '.join(_keys(tied))} (one tensor)")
     if ctx.peak_line:
         lines.append(ctx.peak_line)
     fill = PROBLEM_FILL if mismatched else KIND_COLOURS[NodeKind.SINK]

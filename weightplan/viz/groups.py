@@ -118,7 +118,15 @@ def _select(plan: LoadPlanData, only: str | None) -> list[Conversion]:
 
 
 def _keys_of(conv: Conversion) -> list[str]:
-    return [e.key for e in conv.group.entries] + [t.key for t in conv.targets]
+    """A conversion's checkpoint keys and model keys (a tied target: every name of it)."""
+    return [e.key for e in conv.group.entries] + [t.key for t in conv.targets] + [
+        name for names in _ties([conv]).values() for name in names]
+
+
+def _ties(bucket: list[Conversion]) -> dict[str, tuple[str, ...]]:
+    """``{target: its other names}`` of the bucket's tied targets (one tensor, two names)."""
+    return {t.key: tuple(a for a in t.model.aliases if a != t.key) for c in bucket
+            for t in c.targets if t.model is not None and len(t.model.aliases) > 1}
 
 
 class _SlotCache:
@@ -246,7 +254,7 @@ def _part(plan: LoadPlanData, bucket: list[Conversion], slots_of: _SlotCache, sp
         for n, slot in slots_of(conv).items():
             every[slot].append(n)
     ctx = BoxContext(rep, _materialized(plan, rep, slots_of), _peak_line(plan, bucket, slots_of),
-                     f" · ×{len(bucket)}" if len(bucket) != span else "")
+                     f" · ×{len(bucket)}" if len(bucket) != span else "", _ties(bucket))
     slots = list(order)
     boxes = tuple(make_box(order[s][0].kind, order[s], every[s], ctx) for s in slots)
     position = {s: i for i, s in enumerate(slots)}

@@ -37,7 +37,8 @@ from weightplan.planner.inputs.safetensors_format import (
 from weightplan.planner.inputs.shard_index import IndexShard, index_files
 from weightplan.planner.core.spec import TensorSpec
 
-__all__ = ["Checkpoint", "FileStamp", "TensorEntry", "open_checkpoint", "read_header"]
+__all__ = ["Checkpoint", "DirectoryRead", "FileStamp", "TensorEntry", "open_checkpoint",
+           "read_header"]
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 SINGLE_FILE = "model.safetensors"  # transformers' SAFE_WEIGHTS_NAME
@@ -70,15 +71,33 @@ class Checkpoint:
                      for name, why in self.left_out)
 
 
+@dataclass(frozen=True, eq=False)
+class DirectoryRead:
+    """A checkpoint directory with what its caller has read of it, handed down as the
+    checkpoint so that one call reads nothing twice (``from_pretrained``: ``config.json``
+    to build the model; the headers, when its dtype came from them)."""
+
+    directory: Path
+    config: Mapping[str, object] | None  # config.json as read (``None``: there is none)
+
+    @cached_property
+    def checkpoint(self) -> Checkpoint:
+        """The directory's headers, read at the first use."""
+        return open_checkpoint(self.directory)
+
+
 @paused_gc
 def open_checkpoint(source: object) -> Checkpoint:
-    """Read the headers of ``source`` (path, directory, list of paths, or dict).
+    """Read the headers of ``source`` (path, directory, list of paths, or dict; a
+    :class:`DirectoryRead`: its headers, read once).
 
     Raises:
         CheckpointError: a subclass naming the file (and key) when anything is wrong.
     """
     if isinstance(source, Checkpoint):
         return source
+    if isinstance(source, DirectoryRead):
+        return source.checkpoint
     if isinstance(source, Mapping):
         return _from_memory(source)
     if isinstance(source, (str, os.PathLike)):

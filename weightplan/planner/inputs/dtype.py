@@ -20,6 +20,7 @@ on the model's ``config``; a model parameter in an FP8 dtype.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from itertools import repeat
@@ -30,7 +31,7 @@ import torch
 
 from weightplan.errors import PlanError
 from weightplan.planner.core.quant.blocks import FP8_DTYPES
-from weightplan.planner.inputs.checkpoint import Checkpoint
+from weightplan.planner.inputs.checkpoint import Checkpoint, DirectoryRead
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.inputs.model_init import declared_attr
 from weightplan.planner.core.spec import parse_dtype
@@ -142,7 +143,11 @@ def _any_fp8(dtypes: Iterable[torch.dtype]) -> bool:
 
 def _config_next_to(source: object) -> bool:
     """A ModelOpt config, or a ``config.json`` that names a ``quantization_config``, in
-    the checkpoint's directory (read as text: a plain config is not parsed)."""
+    the checkpoint's directory (read as text: a plain config is not parsed; a
+    :class:`DirectoryRead`'s, as its caller read it)."""
+    if isinstance(source, DirectoryRead):
+        return ("quantization_config" in json.dumps(source.config or {})
+                or (source.directory / MODELOPT_CONFIG).is_file())
     if not isinstance(source, (str, Path)):
         return False
     path = Path(source)

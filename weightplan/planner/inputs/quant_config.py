@@ -97,7 +97,12 @@ def read_quant_config(directory: str | Path) -> QuantConfig | None:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise QuantizationError(f"unreadable config.json: {e}", file=str(path)) from e
-    if not isinstance(data, dict):
+    return quant_config_in(data, path)
+
+
+def quant_config_in(data: object, path: Path) -> QuantConfig | None:
+    """The ``quantization_config`` of ``path`` (a ``config.json``), read as ``data``."""
+    if not isinstance(data, Mapping):
         return None
     return parse_quant_config(data.get("quantization_config"), source=str(path))
 

@@ -125,9 +125,14 @@ def packed_method(raw: object) -> str | None:
     return method if method in PACKED_METHODS else None
 
 
-def read_format_config(directory: str | Path) -> FormatConfig | None:
+_UNREAD: Mapping = {}  # (config.json not read yet: read here)
+
+
+def read_format_config(directory: str | Path, config: Mapping | None = _UNREAD
+                       ) -> FormatConfig | None:
     """The packed-format config of a checkpoint directory (config.json's
-    ``quantization_config``, or ``hf_quant_config.json``); ``None``: none."""
+    ``quantization_config``, or ``hf_quant_config.json``); ``None``: none. ``config``:
+    config.json as its caller read it (``None``: there is none)."""
     directory = Path(directory)
     modelopt = directory / "hf_quant_config.json"
     if modelopt.is_file():
@@ -135,9 +140,11 @@ def read_format_config(directory: str | Path) -> FormatConfig | None:
         quant = data.get("quantization", data)
         return _modelopt(quant if isinstance(quant, Mapping) else {}, str(modelopt))
     path = directory / "config.json"
-    if not path.is_file():
+    if config is _UNREAD:
+        config = _json(path) if path.is_file() else None
+    if config is None:
         return None
-    raw = _json(path).get("quantization_config")
+    raw = config.get("quantization_config")
     if packed_method(raw) is None:
         return None
     assert isinstance(raw, Mapping)

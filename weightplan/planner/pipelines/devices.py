@@ -57,7 +57,7 @@ class AutomaticRequest:
         host = host_costs(schedule)
         if self.given is not None:
             placement = given_placement(self.given, module_tree(model), info, schedule,
-                                        options.dtype, host, self.offload_folder)
+                                        options.dtype, host, self.offload_folder, self.budgets)
         else:
             placement = place_devices(self.strategy, self.budgets, module_tree(model), info,
                                       schedule, options.dtype, host, self.offload_folder)
@@ -95,8 +95,9 @@ def automatic_request(device: object, max_memory: object, offload_folder: object
     ``"disk"`` (placed as given), else ``None``.
 
     Raises:
-        PlanError: ``max_memory`` without a strategy, ``offload_folder`` without one or a
-            disk entry, no model, a model with allocated tensors, a folder that is a file,
+        PlanError: ``max_memory`` without a strategy or a disk entry (or naming a device
+            such a map doesn't use), ``offload_folder`` without one or a disk entry, no
+            model, a model with allocated tensors, a folder that is a file,
             a device of a dict map that isn't one (or that this machine lacks).
         ParallelError: with ``tp=`` (exclusive, as in transformers).
     """
@@ -106,12 +107,9 @@ def automatic_request(device: object, max_memory: object, offload_folder: object
             raise ParallelError("tp= places each rank's part on its own device: a dict map "
                                 "putting modules on 'disk' can't go with it (exclusive, as "
                                 "in transformers): drop tp=, or the 'disk' entries")
-        if max_memory is not None:
-            raise PlanError("max_memory= sizes an automatic placement; a dict device_map "
-                            "places each prefix itself: drop max_memory=, or pass "
-                            "device_map='auto'")
         _meta_model(model, "a dict device_map with 'disk' entries")
-        return AutomaticRequest("dict", (), _folder(offload_folder), given)
+        return AutomaticRequest("dict", _given_budgets(given, max_memory),
+                                _folder(offload_folder), given)
     if not (isinstance(device, str) and device in STRATEGIES):
         if max_memory is not None or offload_folder is not None:
             raise PlanError("max_memory= and offload_folder= size an automatic placement: pass "
@@ -170,6 +168,28 @@ def _given(device: object) -> tuple[tuple[str, str], ...] | None:
     assert on is not None
     return tuple((k.strip("."), DISK if v == DISK else device_name(on.device_for(k.strip("."))))
                  for k, v in device.items())
+
+
+def _given_budgets(given: tuple[tuple[str, str], ...], max_memory: object
+                   ) -> tuple[DeviceBudget, ...]:
+    """``max_memory`` beside a dict map naming ``"disk"``: each budget bounds a device the
+    map uses (its planned peak is checked; nothing is moved). The CPU is always used: what
+    goes to the disk or a GPU is read through it.
+
+    Raises:
+        PlanError: a budget for a device the map puts nothing on (it would bound nothing).
+    """
+    if max_memory is None:
+        return ()
+    budgets = tuple(b for b in parse_max_memory(max_memory)
+                    if b.budget is not None or b.device != DISK)
+    used = {d for _, d in given} | {CPU}
+    unused = [b.device for b in budgets if b.device not in used]
+    if unused:
+        raise PlanError(f"max_memory names {unused[0]}, where the map puts nothing (it "
+                        f"uses {', '.join(sorted(used))}): drop it from max_memory, or map "
+                        "modules to it")
+    return budgets
 
 
 def _folder(offload_folder: object) -> str | None:

@@ -30,13 +30,13 @@ from typing import cast
 import torch
 
 from weightplan.errors import QuantizationError
-from weightplan.planner.inputs.checkpoint import Checkpoint
+from weightplan.planner.inputs.checkpoint import Checkpoint, DirectoryRead
 from weightplan.planner.inputs.fp8_model import Fp8Model, fp8_params
 from weightplan.planner.core.entry import TensorEntry
 from weightplan.planner.inputs.fp8_pairs import Fp8Pairing, ScaledWeights, pair_scales, scale_key
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.inputs.quant_config import (
-    QuantConfig, quant_config_of_model, read_quant_config,
+    QuantConfig, quant_config_in, quant_config_of_model, read_quant_config,
 )
 from weightplan.planner.keys.routing import Group
 from weightplan.planner.core.quant.blocks import FP8_DTYPES, E8M0, Block, block_of
@@ -98,10 +98,13 @@ def quant_context(source: object, ckpt: Checkpoint, info: ModelInfo | None,
 
 def packed_pairing(source: object, ckpt: Checkpoint) -> PackedPairing | None:
     """The packed-format pairs of a checkpoint directory with such a config."""
-    if not isinstance(source, (str, Path)):
+    if isinstance(source, DirectoryRead):
+        fconfig = read_format_config(source.directory, source.config)
+    elif isinstance(source, (str, Path)):
+        path = Path(source)
+        fconfig = read_format_config(path if path.is_dir() else path.parent)
+    else:
         return None
-    path = Path(source)
-    fconfig = read_format_config(path if path.is_dir() else path.parent)
     if fconfig is None:
         return None
     with SmallReader(ckpt.tensors) as read_small:
@@ -109,6 +112,8 @@ def packed_pairing(source: object, ckpt: Checkpoint) -> PackedPairing | None:
 
 
 def _checkpoint_config(source: object) -> QuantConfig | None:
+    if isinstance(source, DirectoryRead):
+        return quant_config_in(source.config, source.directory / "config.json")
     if not isinstance(source, (str, Path)):
         return None
     path = Path(source)

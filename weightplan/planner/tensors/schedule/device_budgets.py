@@ -59,7 +59,7 @@ def device_name(key: object) -> str:
     return f"{device.type}:{device.index or 0}"
 
 
-def parse_max_memory(max_memory: Mapping[object, object] | None) -> tuple[DeviceBudget, ...]:
+def parse_max_memory(max_memory: object) -> tuple[DeviceBudget, ...]:
     """The devices to fill, in order, with their budgets (see the module docstring).
 
     Raises:
@@ -75,7 +75,7 @@ def parse_max_memory(max_memory: Mapping[object, object] | None) -> tuple[Device
         name = device_name(key)
         if name in budgets:
             raise PlanError(f"max_memory names {name} twice ({key!r})")
-        budgets[name] = parse_bytes(value, what=f"max_memory[{key!r}]")  # type: ignore[arg-type]
+        budgets[name] = parse_bytes(value, what=f"max_memory[{key!r}]")
     ordered = sorted((n for n in budgets if n not in (CPU, DISK)), key=_accelerator_order)
     out = [DeviceBudget(n, budgets[n], _present(n)) for n in ordered]
     if CPU in budgets:

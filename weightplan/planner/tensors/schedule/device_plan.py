@@ -143,10 +143,12 @@ def place_devices(strategy: str, budgets: Sequence[DeviceBudget], tree: ModuleTr
 
 def given_placement(pairs: Sequence[tuple[str, str]], tree: ModuleTree, info: ModelInfo,
                     schedule: Schedule, dtype: torch.dtype | None, host: HostCosts,
-                    offload_folder: str | None) -> DevicePlacement:
+                    offload_folder: str | None,
+                    budgets: Sequence[DeviceBudget] = ()) -> DevicePlacement:
     """A dict ``device_map`` that puts modules on ``"disk"`` (transformers' explicit offload):
     the map as given (``pairs``: prefix, device name), each device's use read off the
-    plan's sizes as for an automatic one (no budgets: nothing is filled).
+    plan's sizes as for an automatic one; ``budgets`` (``max_memory``) only bound the
+    devices (:func:`check_budgets`): nothing is filled.
 
     Raises:
         PlanError: a tensor of the model's state no prefix covers
@@ -161,6 +163,7 @@ def given_placement(pairs: Sequence[tuple[str, str]], tree: ModuleTree, info: Mo
                           if t in copies).nbytes
     window = host.window + _largest_step(schedule.steps)
     on_disk = min(window, inp.host_bytes_offloaded(frozenset(per.get(DISK, ()))))
+    bounds = {b.device: b.budget for b in budgets}
     uses = []
     for device in sorted({d for _, d in pairs} | {CPU}, key=lambda d: (d == DISK, d == CPU, d)):
         tensors = frozenset(per.get(device, ()))
@@ -168,7 +171,7 @@ def given_placement(pairs: Sequence[tuple[str, str]], tree: ModuleTree, info: Mo
             staging = host.temporaries + pinned + on_disk if device == CPU else 0
         else:
             staging = inp.staging_of(tensors)
-        uses.append(DeviceUse(device, None, inp.bytes_of(tensors), staging, 0,
+        uses.append(DeviceUse(device, bounds.get(device), inp.bytes_of(tensors), staging, 0,
                               sum(d == device for _, d in pairs), True))
     return DevicePlacement("dict", tuple(pairs), tuple(uses), offload_folder, pinned)
 
@@ -380,8 +383,9 @@ def rehosted(placement: DevicePlacement, before: int, after: int) -> DevicePlace
 
 def check_budgets(placement: DevicePlacement) -> None:
     """A :class:`BudgetError` when a device's peak and room kept pass its ``max_memory``."""
+    what = "device_map" if placement.strategy == "dict" else "automatic placement"
     for u in placement.uses:
         if u.budget is not None and u.peak + u.kept > u.budget:
-            raise BudgetError(f"automatic placement: {u.device} would hold "
+            raise BudgetError(f"{what}: {u.device} would hold "
                               f"{format_bytes(u.peak + u.kept)} > its max_memory "
                               f"{format_bytes(u.budget)}", minimum_bytes=u.peak + u.kept)
