@@ -30,6 +30,12 @@ keyword                            here
                                    ``dequantize=True`` or a dtype dequantizes it)
 ``config``, ``state_dict``,        refused, each naming weightplan's way (build the model and
 ``key_mapping``, ``variant``, …    :func:`weightplan.load` it, ``mapping=``, a file path)
+``ignore_mismatched_sizes``,       refused: a shape mismatch is never loaded, nothing is
+``weights_only``, ``disable_mmap``, unpickled, tensors are read into place, the model is
+``fusion_config``, ``tqdm_class``  the class config.json names, the progress bar is ours
+(each refused one, at its default)  taken: transformers' defaults (``variant=None``,
+                                   ``config=None``, ``weights_only=True``) ask for nothing,
+                                   so code that passes its arguments through loads
 anything else                      refused: config overrides (``output_hidden_states=True``)
                                    are not applied; edit the config or build the model yourself
                                    (a misspelt keyword, ``dtpye``: the one it is closest to)
@@ -61,6 +67,8 @@ class Refusal:
     harmless: tuple[Any, ...] = ()
 
 
+UNSET = (None,)  # transformers' default for most of its keywords: asks for nothing
+
 REFUSED = {
     "trust_remote_code": Refusal("remote code never runs: weightplan builds only the classes "
                                  "transformers has; for a model defined in a repo's .py files, "
@@ -73,12 +81,14 @@ REFUSED = {
     "_fast_init": Refusal("weightplan never initializes what the checkpoint loads: drop it",
                           (True, None)),
     "tp_plan": Refusal("pass tp='auto' (the model's tp_plan) or "
-                       "tp=weightplan.TensorParallel(plan={module glob: style})"),
+                       "tp=weightplan.TensorParallel(plan={module glob: style})", UNSET),
     "tp_size": Refusal("the size is the process group's (torchrun --nproc-per-node N); pass "
-                       "tp='auto', or tp=weightplan.TensorParallel(mesh=...) for a sub-mesh"),
+                       "tp='auto', or tp=weightplan.TensorParallel(mesh=...) for a sub-mesh",
+                       UNSET),
     "distributed_config": Refusal("pass tp='auto', or tp=weightplan.TensorParallel("
-                                  "experts='ep') for expert parallelism"),
-    "device_mesh": Refusal("pass tp=weightplan.TensorParallel(mesh=device_mesh) (a 1-D mesh)"),
+                                  "experts='ep') for expert parallelism", UNSET),
+    "device_mesh": Refusal("pass tp=weightplan.TensorParallel(mesh=device_mesh) (a 1-D mesh)",
+                           UNSET),
     "offload_state_dict": Refusal("the state dict is never staged whole: drop it",
                                   (False, None)),
     "offload_buffers": Refusal("buffers stay on the execution device (offload_buffers=False, "
@@ -86,25 +96,42 @@ REFUSED = {
     "quantization_config": Refusal("the checkpoint's config.json decides: its FP8 weights are "
                                    "kept (pass dequantize=True, or a dtype, for a floating "
                                    "model); to quantize on save, weightplan.save(model, dir, "
-                                   "quantize='fp8')"),
+                                   "quantize='fp8')", UNSET),
     "config": Refusal(f"the model is built from the checkpoint's config.json; to use another "
-                      f"config, {OWN_MODEL}"),
+                      f"config, {OWN_MODEL}", UNSET),
     "state_dict": Refusal("to load a dict of tensors, build the model and pass the dict: "
-                          "weightplan.load(model, state_dict)"),
+                          "weightplan.load(model, state_dict)", UNSET),
     "key_mapping": Refusal("pass mapping=[weightplan.WeightRenaming(source, target), ...] "
-                           "(weightplan's transforms)"),
+                           "(weightplan's transforms)", UNSET),
     "variant": Refusal("variant files are not picked by name; pass the variant's files: "
-                       "weightplan.load(model, [paths])"),
-    "gguf_file": Refusal("only safetensors are read"),
+                       "weightplan.load(model, [paths])", UNSET),
+    "gguf_file": Refusal("only safetensors are read", UNSET),
+    "ignore_mismatched_sizes": Refusal(
+        "a tensor whose shape differs from the model's is never loaded: the plan lists it "
+        "(plan.mismatched) and the load is refused before a byte is written; to start such a "
+        "layer from the model's init (a new head), load the other tensors: "
+        "weightplan.load(model, {key: tensor, ...})", (False, None)),
+    "weights_only": Refusal("only safetensors are read: nothing is unpickled, so there is "
+                            "nothing to restrict: drop it", (True, None)),
+    "disable_mmap": Refusal("tensors are read straight into place (pread; a file is mapped "
+                            "only a window at a time, under a read lease): drop it",
+                            (True, None)),
+    "fusion_config": Refusal("fusion patches are not applied: the model is the class "
+                             f"config.json names; for a fused model, {OWN_MODEL}", UNSET),
+    "tqdm_class": Refusal("the progress bar is weightplan's own: progress=True or False",
+                          UNSET),
+    "allow_all_kernels": Refusal("hub kernels are not loaded: drop it", (False, None)),
+    "kernels_mode": Refusal("hub kernels are not loaded: drop it", UNSET),
+    "mirror": Refusal("drop it (transformers ignores it too)", UNSET),
     "from_tf": Refusal("only safetensors are read", (False, None)),
     "from_flax": Refusal("only safetensors are read", (False, None)),
     "adapter_kwargs": Refusal("pass the adapter directory: adapter=ADAPTER_DIR (and "
-                              "adapter_name=); its hub options are not taken"),
+                              "adapter_name=); its hub options are not taken", (None, {})),
     "use_kernels": Refusal("hub kernels are not loaded: drop it", (False, None)),
-    "kernel_config": Refusal("hub kernels are not loaded: drop it", (None,)),
+    "kernel_config": Refusal("hub kernels are not loaded: drop it", UNSET),
     "force_download": Refusal("the cached snapshot is used; to fetch it again, delete it "
                               "(hf cache delete) first", (False, None)),
-    "proxies": Refusal("set HTTPS_PROXY in the environment instead", (None,)),
+    "proxies": Refusal("set HTTPS_PROXY in the environment instead", UNSET),
     "resume_download": Refusal("drop it (downloads always resume)", (None, True)),
 }
 
