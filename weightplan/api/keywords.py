@@ -40,6 +40,9 @@ anything else                      refused: config overrides (``output_hidden_st
                                    are not applied; edit the config or build the model yourself
                                    (a misspelt keyword, ``dtpye``: the one it is closest to)
 =================================  ==========================================================
+
+:func:`weightplan.save` and ``explain_save`` say ``save_pretrained``'s words in save's terms
+(``SAVE_WORDS``: ``save_original_format=False`` is ``mapping=[]``, ...).
 """
 
 from __future__ import annotations
@@ -145,9 +148,29 @@ RENAMED = {  # transformers' word → weightplan's, for the functions that don't
 }
 
 
-def keyword_advice(keyword: str) -> str | None:
-    """What to pass instead of transformers' ``keyword``, where weightplan names it
-    differently or refuses it; ``None`` for a word transformers doesn't use."""
+SAVE_WORDS = {  # transformers' save_pretrained keywords → what weightplan.save does
+    "state_dict": "save writes the model's own tensors: load the dict into the model first, "
+                  "then save it",
+    "variant": "the files take transformers' names with no variant (model.safetensors, "
+               "model-00001-of-0000N.safetensors): rename them afterwards",
+    "safe_serialization": "only safetensors are written: drop it",
+    "push_to_hub": "save writes a directory: upload it afterwards (hf upload ORG/NAME DIR)",
+    "is_main_process": "call save on the main process only (if is_main_process: "
+                       "weightplan.save(model, dir))",
+    "save_original_format": "the checkpoint's original layout is what save writes; for the "
+                            "model's own names (save_original_format=False), pass mapping=[]",
+    "save_function": "the files are written by weightplan (in one commit): drop it",
+    "token": "save writes a directory and never talks to the Hub: drop it",
+}
+SAVES = ("save", "explain_save")  # the functions SAVE_WORDS speaks for
+
+
+def keyword_advice(keyword: str, function: str = "from_pretrained") -> str | None:
+    """What to pass to ``function`` instead of transformers' ``keyword``, where weightplan
+    names it differently or refuses it (a save: instead of ``save_pretrained``'s);
+    ``None`` for a word transformers doesn't use there."""
+    if function in SAVES:
+        return SAVE_WORDS.get(keyword)
     if keyword in RENAMED:
         return RENAMED[keyword]
     refusal = REFUSED.get(keyword)
