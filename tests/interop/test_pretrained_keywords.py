@@ -242,3 +242,22 @@ def test_a_transformers_keyword_is_refused_for_what_it_is(keyword, value, says, 
     with pytest.raises(ArgumentError) as caught:
         weightplan.from_pretrained(directory, **{keyword: value})
     assert says in str(caught.value) and "config overrides" not in str(caught.value)
+
+
+def test_a_dtype_per_sub_config_is_taken_as_transformers_takes_it(tmp_path):
+    """transformers 5 takes ``dtype={sub-config: dtype, "": dtype}`` (deprecated): every
+    module in ``dtype[""]`` (its default dtype when absent), with a warning. Was: PlanError
+    'unknown dtype {...}'."""
+    from tests.interop.matrix import FAMILIES as ALL
+
+    cls, cfg, inputs = ALL["llava"]()
+    torch.manual_seed(0)
+    cls(cfg).save_pretrained(tmp_path)
+    for dtype, loaded in (({"text_config": torch.bfloat16, "": torch.float16}, torch.float16),
+                          ({"text_config": "bfloat16"}, torch.float32),
+                          ({"": "bfloat16"}, torch.bfloat16)):
+        with pytest.warns(FutureWarning, match="per sub-config"):
+            model = weightplan.from_pretrained(tmp_path, dtype=dtype)
+        theirs = pretrained(cls, tmp_path, dtype=dtype)
+        assert {p.dtype for p in model.parameters()} == {loaded}, dtype
+        assert torch.equal(output(model, inputs), output(theirs, inputs))

@@ -12,6 +12,7 @@ keyword                            here
 ``subfolder``, ``attn_implementation``, ``experts_implementation``,
 ``output_loading_info``, ``generation_config``
 ``torch_dtype``                    ``dtype``, with transformers' deprecation (a FutureWarning)
+``dtype={sub-config: dtype}``      ``dtype[""]`` for every module, as transformers (deprecated)
 ``device_map``                     ``device=``: one device, or ``{module prefix: device}``;
                                    ``"auto"`` / ``"balanced"`` / ``"balanced_low_0"`` /
                                    ``"sequential"``: placed by the plan under ``max_memory``,
@@ -198,6 +199,8 @@ def fold_transformers_keywords(extra: Mapping[str, Any], dtype: Any,
                                 f"{torch_dtype!r}: pass dtype= only")
         if torch_dtype is not None and dtype in (None, "auto"):
             dtype = torch_dtype
+    if isinstance(dtype, Mapping):
+        dtype = _one_dtype(dtype)
     for name, value in extra.items():
         refusal = REFUSED.get(name)
         if refusal is None:
@@ -206,6 +209,18 @@ def fold_transformers_keywords(extra: Mapping[str, Any], dtype: Any,
                    for h in refusal.harmless):
             raise ArgumentError(f"from_pretrained({name}={shown(value)}): {refusal.advice}")
     return "auto" if dtype is None else dtype
+
+
+def _one_dtype(per_config: Mapping[Any, Any]) -> Any:
+    """A dtype per sub-config, as transformers 5 takes it (deprecated there): every module
+    in ``per_config[""]``, else torch's default dtype, with a warning."""
+    import torch
+
+    main = per_config.get("", torch.get_default_dtype())
+    warnings.warn(f"from_pretrained(dtype={shown(dict(per_config))}): a dtype per sub-config "
+                  "is deprecated in transformers, which loads every module in dtype[''] (else "
+                  f"the default dtype); so does weightplan: {main}", FutureWarning, stacklevel=6)
+    return main
 
 
 SHOWN_AT_MOST = 60  # characters of a value's repr in a message
