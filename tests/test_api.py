@@ -69,6 +69,33 @@ def test_transformers_words_get_weightplans_word_in_explain_and_load(tmp_path):
         assert "->" not in str(e.value)  # the fix, not the whole signature
 
 
+
+def test_save_pretrained_words_get_what_save_does(tmp_path):
+    """transformers' save_pretrained keywords said in save's terms: was 'save(state_dict=...):
+    to load a dict of tensors … weightplan.load(model, state_dict)' and 'save(variant=...):
+    … weightplan.load(model, [paths])' (from_pretrained's advice), 'save(torch_dtype=...):
+    the dtype is dtype=' (save has none), and the rest no reason at all."""
+    import pytest
+    import torch
+
+    import weightplan
+    from weightplan.errors import ArgumentError
+
+    model = torch.nn.Linear(2, 2, bias=False)
+    for keyword, says in [("state_dict", "load the dict into the model first"),
+                          ("variant", "no variant"), ("safe_serialization", "only safetensors"),
+                          ("push_to_hub", "hf upload"), ("is_main_process", "main process only"),
+                          ("save_original_format", "mapping=[]"),
+                          ("save_function", "written by weightplan")]:
+        for call in (weightplan.save, weightplan.explain_save):
+            with pytest.raises(ArgumentError) as e:
+                call(model, tmp_path / "out", **{keyword: True})
+            assert f"{call.__name__}({keyword}=...)" in str(e.value), str(e.value)
+            assert says in str(e.value) and "weightplan.load" not in str(e.value), str(e.value)
+    with pytest.raises(ArgumentError) as e:
+        weightplan.save(model, tmp_path / "out", torch_dtype=torch.float16)
+    assert "dtype=" not in str(e.value) and "its keywords: mapping" in str(e.value)
+
 def test_a_call_that_does_not_bind_names_the_function_called_and_the_fix(tmp_path):
     """Not the whole signature (a wall of a thousand characters ending in the reason): the
     function the user called, the word it is closest to, what goes by keyword."""
@@ -89,8 +116,8 @@ def test_a_call_that_does_not_bind_names_the_function_called_and_the_fix(tmp_pat
         assert "did you mean dtype=?" in text and "->" not in text
         assert "budget" in text and (name == "explain" or "atomic" in text)  # its own too
     with pytest.raises(ArgumentError) as e:
-        weightplan.save(model, tmp_path / "out", safe_serialization=True)
-    assert "save() got an unexpected keyword argument 'safe_serialization'" in str(e.value)
+        weightplan.save(model, tmp_path / "out", compression=True)
+    assert "save() got an unexpected keyword argument 'compression'" in str(e.value)
     assert "max_shard_size" in str(e.value) and "->" not in str(e.value)  # its keywords
     with pytest.raises(ArgumentError) as e:
         weightplan.from_pretrained(directory, torch.float32)

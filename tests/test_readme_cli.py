@@ -113,7 +113,15 @@ def test_every_readme_cli_line_runs(user_dirs, capsys):
     (["explain", "{root}/llama", "--tp", "2", "--device-map", "auto"], "exclude each other"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
     (["explain", "{root}/llama", "--tpp", "2"],
-     "unrecognized arguments: --tpp 2; did you mean --tp or --tp-plan?"),
+     "weightplan explain: error: unrecognized arguments: --tpp 2; did you mean --tp or "
+     "--tp-plan? (see weightplan explain --help)"),
+    # another command's flag: was 'did you mean --json?' (every command's flags were offered)
+    (["convert", "{root}/llama", "{root}/out", "--json"],
+     "weightplan convert: error: unrecognized arguments: --json; --json is an option of "
+     "weightplan explain and mappings, not of convert (see weightplan convert --help)"),
+    (["mappings", "--dtype", "bf16", "--dry-run"], "unrecognized arguments: --dtype bf16 "
+     "--dry-run; --dtype is an option of weightplan explain, --dry-run of weightplan "
+     "convert, not of mappings (see weightplan mappings --help)"),
     (["explain", "{root}/llama/config.json"],
      "NotSafetensorsError: {root}/llama/config.json: not a safetensors file: it is JSON text"),
     # no config.json beside it: the note that keys are explained without a model isn't said

@@ -39,31 +39,56 @@ import argparse
 import difflib
 import json
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from weightplan import __version__
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse, with a bad argument said in one line (and where to read more) instead of
-    the whole usage block."""
+    the whole usage block; an argument the command doesn't take is said by the command
+    (``weightplan convert: error: …``), with the flags it is close to, or the commands
+    whose flag it is."""
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            commands = _commands(self)
+            command = commands.get(str(getattr(parsed, "command", "")), self)
+            message = f"unrecognized arguments: {' '.join(extras)}"
+            command.error(message + _close_flags(command, extras, commands))
+        return parsed
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}{self._close_flags(message)} "
-                     f"(see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
-    def _close_flags(self, message: str) -> str:
-        """For a mistyped flag, the known flags it is close to: ``; did you mean --tp?``."""
-        if not message.startswith("unrecognized arguments: "):
-            return ""
-        parsers = [self, *(p for a in self._actions if isinstance(a, argparse._SubParsersAction)
-                           for p in a.choices.values())]
-        flags = sorted({s for p in parsers for a in p._actions for s in a.option_strings
-                        if s.startswith("--")})
-        words = [w.split("=")[0] for w in message.split(": ", 1)[1].split() if w.startswith("-")]
-        close = dict.fromkeys(m for w in words
-                              for m in difflib.get_close_matches(w, flags, n=2, cutoff=0.7))
-        return f"; did you mean {' or '.join(close)}?" if close else ""
+
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return {name: p for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+            for name, p in a.choices.items()}
+
+
+def _flags(parser: argparse.ArgumentParser) -> set[str]:
+    return {s for a in parser._actions for s in a.option_strings if s.startswith("--")}
+
+
+def _close_flags(command: argparse.ArgumentParser, extras: list[str],
+                 commands: dict[str, argparse.ArgumentParser]) -> str:
+    """For a mistyped flag, the command's flags it is close to (``; did you mean --tp?``);
+    for another command's flag, which commands take it."""
+    words = [w.split("=")[0] for w in extras if w.startswith("-")]
+    own = _flags(command)
+    owners = {w: [n for n, p in commands.items() if p is not command and w in _flags(p)]
+              for w in words}
+    elsewhere = [f"{w} is an option of weightplan {' and '.join(names)}" if i == 0 else
+                 f"{w} of weightplan {' and '.join(names)}"
+                 for i, (w, names) in enumerate((w, n) for w, n in owners.items() if n)]
+    close = dict.fromkeys(m for w in words if not owners[w]
+                          for m in difflib.get_close_matches(w, sorted(own), n=2, cutoff=0.7))
+    said = f"; did you mean {' or '.join(close)}?" if close else ""
+    if elsewhere:
+        said += f"; {', '.join(elsewhere)}, not of {command.prog.split()[-1]}"
+    return said
 
 
 def build_parser() -> argparse.ArgumentParser:

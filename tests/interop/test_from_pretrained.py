@@ -98,3 +98,77 @@ def test_a_config_that_needs_remote_code_is_refused_without_running_it(tmp_path)
     with pytest.raises(ModelBuildError, match="config.json"):
         weightplan.from_pretrained(tmp_path)
     assert not marker.exists()
+
+
+
+def _partly_cached(tmp_path, keep, **save) -> tuple:
+    """A cache holding ``tiny-org/tiny-llama``'s snapshot with only the files ``keep``
+    names (as ``AutoConfig.from_pretrained`` leaves it: config.json; or a download cut
+    short), and the full checkpoint beside it (``save``: save_pretrained's options)."""
+    cls, cfg, inputs = FAMILIES["llama"]()
+    torch.manual_seed(0)
+    cls(cfg).save_pretrained(tmp_path / "src", **save)
+    (tmp_path / "partial").mkdir()
+    for f in (tmp_path / "src").iterdir():
+        if keep(f.name):
+            shutil.copy(f, tmp_path / "partial" / f.name)
+    cached_repo(tmp_path / "cache", "tiny-org/tiny-llama", tmp_path / "partial")
+    return cls, inputs, tmp_path / "cache" / "models--tiny-org--tiny-llama" / "snapshots" / COMMIT
+
+
+def test_a_repo_cached_without_its_weights_is_fetched(tmp_path, monkeypatch):
+    """Was: the snapshot AutoConfig.from_pretrained left (config.json only) was taken as the
+    checkpoint: 'no .safetensors file in this directory', the Hub never asked."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    cls, inputs, snapshot = _partly_cached(tmp_path, lambda name: name == "config.json")
+    asked = []
+
+    def download(**kwargs):  # the Hub: fetches what the cache lacks
+        asked.append(kwargs)
+        if not kwargs.get("local_files_only"):
+            for f in (tmp_path / "src").iterdir():
+                shutil.copy(f, snapshot / f.name)
+        return str(snapshot)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", download)
+    model = weightplan.from_pretrained("tiny-org/tiny-llama", cache_dir=tmp_path / "cache")
+    assert torch.equal(output(model, inputs), output(pretrained(cls, tmp_path / "src"), inputs))
+    assert [a.get("local_files_only", False) for a in asked] == [True, False]
+    assert asked[1]["allow_patterns"] == ["*.safetensors", "*.json"]
+
+
+@pytest.mark.parametrize("keep, lacks", [
+    (lambda name: name == "config.json", "no .safetensors file"),
+    (lambda name: name != "model-00002-of-00003.safetensors", "model-00002-of-00003")])
+def test_a_repo_cached_without_its_weights_offline_says_so(keep, lacks, tmp_path, offline):
+    _partly_cached(tmp_path, keep, max_shard_size="40KB")
+    assert (tmp_path / "src" / "model-00003-of-00003.safetensors").is_file()
+    with pytest.raises(CheckpointError) as caught:
+        weightplan.from_pretrained("tiny-org/tiny-llama", cache_dir=tmp_path / "cache")
+    message = str(caught.value)
+    assert message.startswith("tiny-org/tiny-llama: the local cache holds the repo's "
+                              f"snapshot {COMMIT} without its weights ("), message
+    assert lacks in message and "HF_HUB_OFFLINE is set so the Hub was not asked" in message
+    assert "hf download tiny-org/tiny-llama" in message
+
+
+def test_a_subfolder_that_is_not_there(tmp_path, monkeypatch):
+    """Was: '…/snapshots/<sha>/x: no local file or directory of that name …, and it is not
+    a Hugging Face repo id (org/name)' for a repo id (and for a local directory) given
+    with subfolder='x'."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    _, _, snapshot = _partly_cached(tmp_path, lambda name: True)
+    with pytest.raises(CheckpointError) as caught:
+        weightplan.from_pretrained("tiny-org/tiny-llama", cache_dir=tmp_path / "cache",
+                                   subfolder="x")
+    assert "without its weights (no folder x/)" in str(caught.value)
+    assert "not a Hugging Face repo id" not in str(caught.value)
+    monkeypatch.delenv("HF_HUB_OFFLINE")  # the Hub asked, and it has no folder x/ either
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda **kw: str(snapshot))
+    with pytest.raises(CheckpointError, match=r"^tiny-org/tiny-llama: the repo has no folder x/"):
+        weightplan.from_pretrained("tiny-org/tiny-llama", cache_dir=tmp_path / "cache",
+                                   subfolder="x")
+    with pytest.raises(CheckpointError) as caught:
+        weightplan.from_pretrained(tmp_path / "src", subfolder="x")
+    assert str(caught.value) == (f"{tmp_path / 'src' / 'x'}: no local file or directory of "
+                                 f"that name in {tmp_path / 'src'} (subfolder='x')")

@@ -192,3 +192,72 @@ def test_a_status_line_until_the_progress_bar(llama, capsys):
     with warnings.catch_warnings():
         weightplan.from_pretrained(directory, progress=False)
     assert capsys.readouterr().err == ""
+
+
+# transformers 5's from_pretrained keywords at their defaults (its signature and the
+# kwargs.pop defaults of its body): code that passes them through (variant=args.variant,
+# config=None) asks for nothing and loads as without them
+TRANSFORMERS_DEFAULTS = dict(
+    config=None, cache_dir=None, ignore_mismatched_sizes=False, force_download=False,
+    local_files_only=False, token=None, revision="main", use_safetensors=None,
+    weights_only=True, fusion_config=None, disable_mmap=None, state_dict=None, proxies=None,
+    tqdm_class=None, output_loading_info=False, dtype=None, device_map=None, max_memory=None,
+    offload_folder=None, offload_buffers=False, quantization_config=None, subfolder="",
+    variant=None, adapter_kwargs=None, generation_config=None, gguf_file=None,
+    distributed_config=None, device_mesh=None, tp_plan=None, tp_size=None,
+    trust_remote_code=None, allow_all_kernels=False, use_kernels=None, kernel_config=None,
+    kernels_mode=None, key_mapping=None)
+
+
+def test_transformers_defaults_load_as_without_them(llama):
+    """Was: ``variant=None``, ``config=None``, ``key_mapping=None``, ``tp_plan=None``,
+    ``quantization_config=None``... refused, so a migrated call that passes its arguments
+    through failed; ``ignore_mismatched_sizes=False`` and ``weights_only=True`` were
+    refused as config overrides."""
+    import inspect
+
+    from transformers import PreTrainedModel
+
+    signature = inspect.signature(PreTrainedModel.from_pretrained).parameters
+    for name, value in TRANSFORMERS_DEFAULTS.items():  # (the table matches transformers)
+        assert name not in signature or signature[name].default == value, name
+    directory, cls, inputs = llama
+    model = weightplan.from_pretrained(directory, **TRANSFORMERS_DEFAULTS)
+    assert torch.equal(output(model, inputs), output(pretrained(cls, directory), inputs))
+
+
+@pytest.mark.parametrize("keyword, value, says", [
+    ("ignore_mismatched_sizes", True, "plan.mismatched"),
+    ("weights_only", False, "nothing is unpickled"),
+    ("disable_mmap", False, "read straight into place"),
+    ("fusion_config", {"patch_embeddings": True}, "fusion patches are not applied"),
+    ("tqdm_class", object, "progress="),
+    ("allow_all_kernels", True, "hub kernels are not loaded"),
+    ("variant", "fp16", "variant files are not picked by name"),
+    ("config", "other/config.json", "built from the checkpoint's config.json")])
+def test_a_transformers_keyword_is_refused_for_what_it_is(keyword, value, says, llama):
+    """A keyword of transformers' own from_pretrained, given a value that asks for
+    something, says what to do: was 'config overrides are not applied' for all but a few."""
+    directory, _, _ = llama
+    with pytest.raises(ArgumentError) as caught:
+        weightplan.from_pretrained(directory, **{keyword: value})
+    assert says in str(caught.value) and "config overrides" not in str(caught.value)
+
+
+def test_a_dtype_per_sub_config_is_taken_as_transformers_takes_it(tmp_path):
+    """transformers 5 takes ``dtype={sub-config: dtype, "": dtype}`` (deprecated): every
+    module in ``dtype[""]`` (its default dtype when absent), with a warning. Was: PlanError
+    'unknown dtype {...}'."""
+    from tests.interop.matrix import FAMILIES as ALL
+
+    cls, cfg, inputs = ALL["llava"]()
+    torch.manual_seed(0)
+    cls(cfg).save_pretrained(tmp_path)
+    for dtype, loaded in (({"text_config": torch.bfloat16, "": torch.float16}, torch.float16),
+                          ({"text_config": "bfloat16"}, torch.float32),
+                          ({"": "bfloat16"}, torch.bfloat16)):
+        with pytest.warns(FutureWarning, match="per sub-config"):
+            model = weightplan.from_pretrained(tmp_path, dtype=dtype)
+        theirs = pretrained(cls, tmp_path, dtype=dtype)
+        assert {p.dtype for p in model.parameters()} == {loaded}, dtype
+        assert torch.equal(output(model, inputs), output(theirs, inputs))

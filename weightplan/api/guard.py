@@ -50,7 +50,7 @@ def _wrong_call(name: str, signature: inspect.Signature, args: tuple, kwargs: di
 
     for keyword in kwargs:
         if keyword not in signature.parameters:
-            advice = keyword_advice(keyword)
+            advice = keyword_advice(keyword, name)
             if advice is not None:
                 return f"{name}({keyword}=...): {advice}"
     return unbound_text(name, signature, len(args), kwargs, error)

@@ -2,9 +2,10 @@
 as it is, else a Hugging Face repo id's snapshot.
 
 A name that is not on disk but looks like ``org/name`` is tried as a repo id: the local
-cache first (offline), the Hub only when the cache lacks it and the Hub is not disabled
-(``HF_HUB_OFFLINE=1`` or ``local_files_only=True``); only safetensors and JSON files are
-fetched. When that fails too, the error says first that there is no local file or
+cache first (offline), the Hub only when the cache lacks it, or holds its snapshot without
+the weights (the config.json ``AutoConfig.from_pretrained`` fetched, a download cut short),
+and the Hub is not disabled (``HF_HUB_OFFLINE=1`` or ``local_files_only=True``); only
+safetensors and JSON files are fetched. When that fails too, the error says first that there is no local file or
 directory of that name (with the names nearby, for a typo), then what the Hub attempt
 found, then the offline way out, in weightplan's words.
 """
@@ -41,11 +42,16 @@ def resolve_checkpoint(name_or_path: str | os.PathLike[str], *, revision: str | 
         except ImportError as e:
             raise CheckpointError(f"{_not_local(path)}; as a Hugging Face repo id it needs "
                                   "huggingface_hub (pip install huggingface_hub)") from e
-        path = _snapshot(hub, path, dict(revision=revision, token=token, cache_dir=None if
-                                         cache_dir is None else str(cache_dir)),
-                         local_files_only, subfolder)
-    elif subfolder:
-        path = path / subfolder
+        found = _snapshot(hub, path, dict(revision=revision, token=token, cache_dir=None if
+                                          cache_dir is None else str(cache_dir)),
+                          local_files_only, subfolder)
+        if not found.exists():  # (the Hub asked: the repo has no such folder)
+            raise CheckpointError(f"{name_or_path}: the repo has no folder {subfolder}/ "
+                                  f"({found} doesn't exist)")
+        return found
+    if subfolder and path.is_dir() and not (path / subfolder).exists():
+        raise CheckpointError(f"{_not_local(path / subfolder)} (subfolder={subfolder!r})")
+    path = path / subfolder if subfolder else path
     if not path.exists():
         raise CheckpointError(f"{_not_local(path)}, and it is not a Hugging Face repo id "
                               "(org/name)")
@@ -75,21 +81,43 @@ def _snapshot(hub: Any, path: Path, options: dict[str, Any], local_only: bool,
     patterns = [f"{subfolder}/{p}" if subfolder else p for p in HUB_FILES]
     kwargs = dict(repo_id=repo_id, allow_patterns=patterns, **options)
     offline = local_only or os.environ.get("HF_HUB_OFFLINE", "").strip() not in ("", "0")
+    why = "local_files_only=True" if local_only else "HF_HUB_OFFLINE is set"
     try:
         found = Path(hub.snapshot_download(**kwargs, local_files_only=True))
     except Exception as cached_error:  # LocalEntryNotFoundError and the like
         if offline:
-            why = "local_files_only=True" if local_only else "HF_HUB_OFFLINE is set"
             raise CheckpointError(f"{_not_local(path)}; as a Hugging Face repo id it is not in "
                                   f"the local cache, and {why} so the Hub was not asked; "
                                   f"{_way_out(repo_id, options)}") from cached_error
-        try:
-            found = Path(hub.snapshot_download(**kwargs))
-        except Exception as e:  # network, authentication, unknown repo: all hub errors
-            raise CheckpointError(f"{_not_local(path)}; as a Hugging Face repo id: "
-                                  f"{_hub_said(e, options)}; {_way_out(repo_id, options)}"
-                                  ) from e
+    else:  # a snapshot is cached: with the weights, or only what another call fetched
+        lacking = _lacking(found / subfolder if subfolder else found)
+        if lacking is None:
+            return found / subfolder if subfolder else found
+        if offline:
+            raise CheckpointError(f"{repo_id}: the local cache holds the repo's snapshot "
+                                  f"{found.name} without its weights ({lacking}), and {why} "
+                                  f"so the Hub was not asked; {_way_out(repo_id, options)}")
+    try:
+        found = Path(hub.snapshot_download(**kwargs))
+    except Exception as e:  # network, authentication, unknown repo: all hub errors
+        raise CheckpointError(f"{_not_local(path)}; as a Hugging Face repo id: "
+                              f"{_hub_said(e, options)}; {_way_out(repo_id, options)}") from e
     return found / subfolder if subfolder else found
+
+
+def _lacking(directory: Path) -> str | None:
+    """What a cached snapshot (folder) lacks to be loaded, or ``None``: files the Hub
+    has but another call didn't fetch (``AutoConfig.from_pretrained`` caches config.json
+    alone) or a download cut short (a shard its index names)."""
+    from weightplan.planner.inputs.checkpoint import directory_files
+
+    if not directory.is_dir():
+        return f"no folder {directory.name}/"
+    try:
+        directory_files(directory)
+    except CheckpointError as e:
+        return str(e).removeprefix(f"{directory}: ").removeprefix(f"{directory}/")
+    return None
 
 
 def _hub_said(error: BaseException, options: dict[str, Any]) -> str:

@@ -12,6 +12,7 @@ keyword                            here
 ``subfolder``, ``attn_implementation``, ``experts_implementation``,
 ``output_loading_info``, ``generation_config``
 ``torch_dtype``                    ``dtype``, with transformers' deprecation (a FutureWarning)
+``dtype={sub-config: dtype}``      ``dtype[""]`` for every module, as transformers (deprecated)
 ``device_map``                     ``device=``: one device, or ``{module prefix: device}``;
                                    ``"auto"`` / ``"balanced"`` / ``"balanced_low_0"`` /
                                    ``"sequential"``: placed by the plan under ``max_memory``,
@@ -30,10 +31,19 @@ keyword                            here
                                    ``dequantize=True`` or a dtype dequantizes it)
 ``config``, ``state_dict``,        refused, each naming weightplan's way (build the model and
 ``key_mapping``, ``variant``, …    :func:`weightplan.load` it, ``mapping=``, a file path)
+``ignore_mismatched_sizes``,       refused: a shape mismatch is never loaded, nothing is
+``weights_only``, ``disable_mmap``, unpickled, tensors are read into place, the model is
+``fusion_config``, ``tqdm_class``  the class config.json names, the progress bar is ours
+(each refused one, at its default)  taken: transformers' defaults (``variant=None``,
+                                   ``config=None``, ``weights_only=True``) ask for nothing,
+                                   so code that passes its arguments through loads
 anything else                      refused: config overrides (``output_hidden_states=True``)
                                    are not applied; edit the config or build the model yourself
                                    (a misspelt keyword, ``dtpye``: the one it is closest to)
 =================================  ==========================================================
+
+:func:`weightplan.save` and ``explain_save`` say ``save_pretrained``'s words in save's terms
+(``SAVE_WORDS``: ``save_original_format=False`` is ``mapping=[]``, ...).
 """
 
 from __future__ import annotations
@@ -61,6 +71,8 @@ class Refusal:
     harmless: tuple[Any, ...] = ()
 
 
+UNSET = (None,)  # transformers' default for most of its keywords: asks for nothing
+
 REFUSED = {
     "trust_remote_code": Refusal("remote code never runs: weightplan builds only the classes "
                                  "transformers has; for a model defined in a repo's .py files, "
@@ -73,12 +85,14 @@ REFUSED = {
     "_fast_init": Refusal("weightplan never initializes what the checkpoint loads: drop it",
                           (True, None)),
     "tp_plan": Refusal("pass tp='auto' (the model's tp_plan) or "
-                       "tp=weightplan.TensorParallel(plan={module glob: style})"),
+                       "tp=weightplan.TensorParallel(plan={module glob: style})", UNSET),
     "tp_size": Refusal("the size is the process group's (torchrun --nproc-per-node N); pass "
-                       "tp='auto', or tp=weightplan.TensorParallel(mesh=...) for a sub-mesh"),
+                       "tp='auto', or tp=weightplan.TensorParallel(mesh=...) for a sub-mesh",
+                       UNSET),
     "distributed_config": Refusal("pass tp='auto', or tp=weightplan.TensorParallel("
-                                  "experts='ep') for expert parallelism"),
-    "device_mesh": Refusal("pass tp=weightplan.TensorParallel(mesh=device_mesh) (a 1-D mesh)"),
+                                  "experts='ep') for expert parallelism", UNSET),
+    "device_mesh": Refusal("pass tp=weightplan.TensorParallel(mesh=device_mesh) (a 1-D mesh)",
+                           UNSET),
     "offload_state_dict": Refusal("the state dict is never staged whole: drop it",
                                   (False, None)),
     "offload_buffers": Refusal("buffers stay on the execution device (offload_buffers=False, "
@@ -86,25 +100,42 @@ REFUSED = {
     "quantization_config": Refusal("the checkpoint's config.json decides: its FP8 weights are "
                                    "kept (pass dequantize=True, or a dtype, for a floating "
                                    "model); to quantize on save, weightplan.save(model, dir, "
-                                   "quantize='fp8')"),
+                                   "quantize='fp8')", UNSET),
     "config": Refusal(f"the model is built from the checkpoint's config.json; to use another "
-                      f"config, {OWN_MODEL}"),
+                      f"config, {OWN_MODEL}", UNSET),
     "state_dict": Refusal("to load a dict of tensors, build the model and pass the dict: "
-                          "weightplan.load(model, state_dict)"),
+                          "weightplan.load(model, state_dict)", UNSET),
     "key_mapping": Refusal("pass mapping=[weightplan.WeightRenaming(source, target), ...] "
-                           "(weightplan's transforms)"),
+                           "(weightplan's transforms)", UNSET),
     "variant": Refusal("variant files are not picked by name; pass the variant's files: "
-                       "weightplan.load(model, [paths])"),
-    "gguf_file": Refusal("only safetensors are read"),
+                       "weightplan.load(model, [paths])", UNSET),
+    "gguf_file": Refusal("only safetensors are read", UNSET),
+    "ignore_mismatched_sizes": Refusal(
+        "a tensor whose shape differs from the model's is never loaded: the plan lists it "
+        "(plan.mismatched) and the load is refused before a byte is written; to start such a "
+        "layer from the model's init (a new head), load the other tensors: "
+        "weightplan.load(model, {key: tensor, ...})", (False, None)),
+    "weights_only": Refusal("only safetensors are read: nothing is unpickled, so there is "
+                            "nothing to restrict: drop it", (True, None)),
+    "disable_mmap": Refusal("tensors are read straight into place (pread; a file is mapped "
+                            "only a window at a time, under a read lease): drop it",
+                            (True, None)),
+    "fusion_config": Refusal("fusion patches are not applied: the model is the class "
+                             f"config.json names; for a fused model, {OWN_MODEL}", UNSET),
+    "tqdm_class": Refusal("the progress bar is weightplan's own: progress=True or False",
+                          UNSET),
+    "allow_all_kernels": Refusal("hub kernels are not loaded: drop it", (False, None)),
+    "kernels_mode": Refusal("hub kernels are not loaded: drop it", UNSET),
+    "mirror": Refusal("drop it (transformers ignores it too)", UNSET),
     "from_tf": Refusal("only safetensors are read", (False, None)),
     "from_flax": Refusal("only safetensors are read", (False, None)),
     "adapter_kwargs": Refusal("pass the adapter directory: adapter=ADAPTER_DIR (and "
-                              "adapter_name=); its hub options are not taken"),
+                              "adapter_name=); its hub options are not taken", (None, {})),
     "use_kernels": Refusal("hub kernels are not loaded: drop it", (False, None)),
-    "kernel_config": Refusal("hub kernels are not loaded: drop it", (None,)),
+    "kernel_config": Refusal("hub kernels are not loaded: drop it", UNSET),
     "force_download": Refusal("the cached snapshot is used; to fetch it again, delete it "
                               "(hf cache delete) first", (False, None)),
-    "proxies": Refusal("set HTTPS_PROXY in the environment instead", (None,)),
+    "proxies": Refusal("set HTTPS_PROXY in the environment instead", UNSET),
     "resume_download": Refusal("drop it (downloads always resume)", (None, True)),
 }
 
@@ -118,9 +149,29 @@ RENAMED = {  # transformers' word → weightplan's, for the functions that don't
 }
 
 
-def keyword_advice(keyword: str) -> str | None:
-    """What to pass instead of transformers' ``keyword``, where weightplan names it
-    differently or refuses it; ``None`` for a word transformers doesn't use."""
+SAVE_WORDS = {  # transformers' save_pretrained keywords → what weightplan.save does
+    "state_dict": "save writes the model's own tensors: load the dict into the model first, "
+                  "then save it",
+    "variant": "the files take transformers' names with no variant (model.safetensors, "
+               "model-00001-of-0000N.safetensors): rename them afterwards",
+    "safe_serialization": "only safetensors are written: drop it",
+    "push_to_hub": "save writes a directory: upload it afterwards (hf upload ORG/NAME DIR)",
+    "is_main_process": "call save on the main process only (if is_main_process: "
+                       "weightplan.save(model, dir))",
+    "save_original_format": "the checkpoint's original layout is what save writes; for the "
+                            "model's own names (save_original_format=False), pass mapping=[]",
+    "save_function": "the files are written by weightplan (in one commit): drop it",
+    "token": "save writes a directory and never talks to the Hub: drop it",
+}
+SAVES = ("save", "explain_save")  # the functions SAVE_WORDS speaks for
+
+
+def keyword_advice(keyword: str, function: str = "from_pretrained") -> str | None:
+    """What to pass to ``function`` instead of transformers' ``keyword``, where weightplan
+    names it differently or refuses it (a save: instead of ``save_pretrained``'s);
+    ``None`` for a word transformers doesn't use there."""
+    if function in SAVES:
+        return SAVE_WORDS.get(keyword)
     if keyword in RENAMED:
         return RENAMED[keyword]
     refusal = REFUSED.get(keyword)
@@ -148,6 +199,8 @@ def fold_transformers_keywords(extra: Mapping[str, Any], dtype: Any,
                                 f"{torch_dtype!r}: pass dtype= only")
         if torch_dtype is not None and dtype in (None, "auto"):
             dtype = torch_dtype
+    if isinstance(dtype, Mapping):
+        dtype = _one_dtype(dtype)
     for name, value in extra.items():
         refusal = REFUSED.get(name)
         if refusal is None:
@@ -156,6 +209,18 @@ def fold_transformers_keywords(extra: Mapping[str, Any], dtype: Any,
                    for h in refusal.harmless):
             raise ArgumentError(f"from_pretrained({name}={shown(value)}): {refusal.advice}")
     return "auto" if dtype is None else dtype
+
+
+def _one_dtype(per_config: Mapping[Any, Any]) -> Any:
+    """A dtype per sub-config, as transformers 5 takes it (deprecated there): every module
+    in ``per_config[""]``, else torch's default dtype, with a warning."""
+    import torch
+
+    main = per_config.get("", torch.get_default_dtype())
+    warnings.warn(f"from_pretrained(dtype={shown(dict(per_config))}): a dtype per sub-config "
+                  "is deprecated in transformers, which loads every module in dtype[''] (else "
+                  f"the default dtype); so does weightplan: {main}", FutureWarning, stacklevel=6)
+    return main
 
 
 SHOWN_AT_MOST = 60  # characters of a value's repr in a message

@@ -37,8 +37,8 @@ from weightplan.planner.inputs.safetensors_format import (
 from weightplan.planner.inputs.shard_index import IndexShard, index_files
 from weightplan.planner.core.spec import TensorSpec
 
-__all__ = ["Checkpoint", "DirectoryRead", "FileStamp", "TensorEntry", "open_checkpoint",
-           "read_header"]
+__all__ = ["Checkpoint", "DirectoryRead", "FileStamp", "TensorEntry", "directory_files",
+           "open_checkpoint", "read_header"]
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 SINGLE_FILE = "model.safetensors"  # transformers' SAFE_WEIGHTS_NAME
@@ -104,7 +104,7 @@ def open_checkpoint(source: object) -> Checkpoint:
         path = Path(check_path_argument(source))
         if _is_dir(path):
             refuse_interrupted_save(path)
-            found = _directory_files(path)
+            found = directory_files(path)
             return _from_files(found, description=str(path), left_out=_left_out(path, found))
         refuse_interrupted_save(path.parent)
         return _from_files([(str(path), None)], description=str(path))
@@ -142,7 +142,7 @@ def _from_memory(tensors: Mapping) -> Checkpoint:
     return Checkpoint(entries, tensors=dict(tensors), description="<memory>")
 
 
-def _directory_files(path: Path) -> list[tuple[str, IndexShard | None]]:
+def directory_files(path: Path) -> list[tuple[str, IndexShard | None]]:
     """The files a directory's checkpoint is: ``model.safetensors`` where there is one (as
     transformers' ``from_pretrained`` picks it before an index beside it), else the shards
     its index names, else every ``.safetensors`` file."""
