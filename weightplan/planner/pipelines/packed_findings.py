@@ -71,7 +71,10 @@ def _lines(quant: QuantContext, conversions: Sequence[Conversion]) -> list[tuple
     dtypes: dict[Scheme, torch.dtype] = {}
     for conv in conversions:
         nodes = conv.nodes
-        dequantizes = list(compress(nodes, map(is_, map(_KIND, nodes), repeat(NodeKind.DEQUANTIZE))))
+        kinds = list(map(_KIND, nodes))
+        if NodeKind.DEQUANTIZE not in kinds:  # (most conversions: told at C speed)
+            continue
+        dequantizes = list(compress(nodes, map(is_, kinds, repeat(NodeKind.DEQUANTIZE))))
         ids = map(id, map(_ATTRS, dequantizes))
         for _, run in groupby(zip(ids, dequantizes, strict=True), _FIRST):
             made = list(map(_SECOND, run))
@@ -80,7 +83,7 @@ def _lines(quant: QuantContext, conversions: Sequence[Conversion]) -> list[tuple
                 continue
             row = seen.setdefault(a.scheme, [0, 0, 0])
             row[0] += len(made)
-            row[1] += _spec_bytes(chain.from_iterable(map(_INPUTS, made)))
+            row[1] += _input_bytes(made)
             row[2] += _spec_bytes(made)
             dtypes[a.scheme] = a.dtype
     if not seen and not quant.packed.weights:
@@ -92,12 +95,26 @@ def _lines(quant: QuantContext, conversions: Sequence[Conversion]) -> list[tuple
     return [(s, summary(s, c, before, after, dtypes[s])) for s, (c, before, after) in seen.items()]
 
 
+def _input_bytes(nodes: list[Node]) -> int:
+    """The bytes of the nodes' inputs' specs, role by role where the nodes have as many
+    inputs each (a stack's experts: each role's column shares one spec)."""
+    rows = list(map(_INPUTS, nodes))
+    if len(set(map(len, rows))) != 1:
+        return _spec_bytes(chain.from_iterable(rows))
+    return sum(map(_spec_bytes, zip(*rows, strict=True)))
+
+
 def _spec_bytes(nodes: Iterable[Node]) -> int:
-    """The bytes of the nodes' specs, each spec object's counted once."""
+    """The bytes of the nodes' specs, each spec object's counted once (a stack's nodes
+    share one: counted by identity at C speed, then its bytes once)."""
     specs = list(map(_SPEC, nodes))
-    counts = Counter(map(id, specs))
-    by_id = dict(zip(map(id, specs), specs, strict=True))
-    return sum(by_id[i].nbytes * n for i, n in counts.items())
+    if not specs:
+        return 0
+    ids = list(map(id, specs))
+    if ids.count(ids[0]) == len(ids):
+        return specs[0].nbytes * len(ids)
+    by_id = dict(zip(ids, specs, strict=True))
+    return sum(by_id[i].nbytes * n for i, n in Counter(ids).items())
 
 
 _KIND, _SPEC, _INPUTS = attrgetter("kind"), attrgetter("spec"), attrgetter("inputs")
