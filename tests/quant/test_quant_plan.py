@@ -103,6 +103,8 @@ def test_one_expert_of_a_stack_with_its_own_weight_shape(tmp_path):
     assert [p.key for p in problems] == ["m.experts.7.weight"], str(plan)
     assert "m.experts.7.weight_packed is [40, 12]" in problems[0].message
     assert "needs [40, 25]" in problems[0].message
+    # the others paired, each under its own key with its own parts (not the first one's)
+    assert sorted(plan.missing) == ["m.experts.7.weight"] and not plan.unexpected, str(plan)
 
 
 def test_forbidden_scale_dtype_and_missing_part(tmp_path):
