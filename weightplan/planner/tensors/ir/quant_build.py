@@ -81,8 +81,9 @@ def memory_context(ckpt: Checkpoint) -> QuantContext | None:
 def quant_context(source: object, ckpt: Checkpoint, info: ModelInfo | None,
                   model: object = None) -> QuantContext | None:
     """The checkpoint's pairs and the model's FP8 parameters (``None``: nothing FP8)."""
+    checkpoint_config = _checkpoint_config(source)  # (first: a refusal names config.json)
     model_config = quant_config_of_model(model) if model is not None else None
-    config = _checkpoint_config(source) or model_config
+    config = checkpoint_config or model_config
     packed = packed_pairing(source, ckpt)
     if info is not None:  # a model holding the stored tensors keeps them as they are
         packed = kept_by_model(packed, {name: t.spec.dtype for name, t in info.tensors.items()})
