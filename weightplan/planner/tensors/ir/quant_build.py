@@ -154,11 +154,15 @@ def source_streams(group: Group, quant: QuantContext | None, expected: object,
     reads: list[Node] = []
     added: list[Node] = []
     streams = []
+    bare: list[TensorEntry] = []  # FP8 sources without their scale
     for i, entries in enumerate(group.sources):
         sources: Sequence[tuple[int, int]] = stream_positions(i, len(entries))
         row = read_nodes(entries, sources)
         reads += row
         found = list(map(scales_of.get, map(_KEY, entries))) if scales_of else []
+        if found and not all(found):  # (a stack's scales all found: nothing to look at)
+            bare += [e for e, f in zip(entries, found, strict=True)
+                     if f is None and e.spec.dtype in FP8_DTYPES]
         if not any(found):
             streams.append(tuple(row))
             continue
@@ -177,6 +181,9 @@ def source_streams(group: Group, quant: QuantContext | None, expected: object,
             for j, node in zip(places, dequantized, strict=True):
                 value[j] = node
         streams.append(tuple(value))
+    if bare and added:  # (merged with dequantized siblings: no op can take raw FP8 there)
+        raise QuantizationError(f"{group.targets[0]} merges dequantized weights but "
+                                f"{_unscaled(bare)}", file=bare[0].file)
     return tuple(streams), reads + added
 
 
