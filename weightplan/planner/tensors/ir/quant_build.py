@@ -29,7 +29,7 @@ from typing import cast
 
 import torch
 
-from weightplan.errors import QuantizationError
+from weightplan.errors import IndexGapError, QuantizationError
 from weightplan.planner.inputs.checkpoint import Checkpoint
 from weightplan.planner.inputs.fp8_model import Fp8Model, fp8_params
 from weightplan.planner.core.entry import TensorEntry
@@ -38,7 +38,9 @@ from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.inputs.quant_config import (
     QuantConfig, quant_config_of_model, read_quant_config,
 )
-from weightplan.planner.keys.routing import Group
+from weightplan.planner.keys.route import route_checkpoint
+from weightplan.planner.keys.routing import Group, Routing
+from weightplan.planner.keys.transforms import WeightTransform
 from weightplan.planner.core.quant.blocks import FP8_DTYPES, E8M0, Block, block_of
 from weightplan.planner.core.quant.kinds import Dequantize, Quantize
 from weightplan.planner.tensors.ir.nodes import (
@@ -126,6 +128,26 @@ def routed_checkpoint(ckpt: Checkpoint, quant: QuantContext | None) -> Checkpoin
     entries = dict(ckpt.entries)  # a copy keeps the order; deleting ~half is C-level
     deque(map(entries.pop, _in_order(quant.pairing), repeat(None)), maxlen=0)
     return replace(ckpt, entries=entries)
+
+
+def route_quantized(ckpt: Checkpoint, quant: QuantContext,
+                    transforms: Sequence[WeightTransform], info: ModelInfo | None) -> Routing:
+    """:func:`route_checkpoint` of :func:`routed_checkpoint`. A stored weight refused by
+    its pairing is left out of routing, so a merge of its stack finds a gap where the
+    file holds the weight: that error carries the refusals (a missing part, say).
+
+    Raises:
+        QuantizationError: an index gap while stored weights were refused."""
+    try:
+        return route_checkpoint(routed_checkpoint(ckpt, quant), transforms, info)
+    except IndexGapError as e:
+        refused = quant.packed.problems if quant.packed is not None else ()
+        if not refused:
+            raise
+        why = "; ".join(p.message for p in refused[:3])
+        more = f" (and {len(refused) - 3} more)" if len(refused) > 3 else ""
+        raise QuantizationError(f"{e}; the checkpoint's stored weights refused: {why}{more}"
+                                ) from e
 
 
 def _in_order(pairing: Fp8Pairing) -> Iterable[str]:
