@@ -223,7 +223,7 @@ def effective_threads(threads: int) -> int:
 
 def make_schedule(steps: tuple[Step, ...], *, threads: int,
                   window_bytes: int | None = None) -> Schedule:
-    largest = max(map(_windowed, steps), default=0)
+    largest = max(_windowed(steps), default=0)
     # by default bounded (planner/tensors/machine.py), not grown to the largest group
     window = max(window_bytes, largest) if window_bytes is not None else default_window_bytes()
     events = plan_events(steps, window)
@@ -240,7 +240,7 @@ def plan_events(steps: Sequence[Step], window: int) -> Events:
     order, finalizes = array("q"), bytearray()
     pending: deque[int] = deque()
     in_flight = 0
-    sizes = list(map(_windowed, steps))
+    sizes = _windowed(steps)
     for s, size in enumerate(sizes):
         while pending and in_flight + size > window:
             done = pending.popleft()
@@ -256,9 +256,13 @@ def plan_events(steps: Sequence[Step], window: int) -> Events:
     return Events(order, finalizes)
 
 
-def _windowed(step: Step) -> int:
-    """What a pending step holds that the window bounds: its reads and staged outputs."""
-    return step.read_bytes + step.staged_bytes
+def _windowed(steps: Sequence[Step]) -> list[int]:
+    """What each pending step holds that the window bounds: its reads and staged outputs
+    (C-level maps: a step each for 69k-tensor checkpoints)."""
+    return list(map(add, map(_READ_BYTES, steps), map(_STAGED_BYTES, steps)))
+
+
+_READ_BYTES, _STAGED_BYTES = attrgetter("read_bytes"), attrgetter("staged_bytes")
 
 
 def simulate(steps: Sequence[Step], events: Events, threads: int) -> Timeline:
