@@ -55,6 +55,28 @@ def test_refuses_what_it_cannot_load(raw, match):
     assert isinstance(info.value, PlanError) and "ckpt/config.json" in str(info.value)
 
 
+def test_an_unsupported_method_names_what_is_read_and_the_file(tmp_path):
+    """The refusal lists every method weightplan reads (not FP8 alone) and, for a
+    directory whose model was built from its config.json, names that file."""
+    import types
+
+    import weightplan
+    from tests.conftest import module_with
+
+    with pytest.raises(QuantizationError) as info:
+        parse_quant_config({"quant_method": "gptq"}, source="ckpt/config.json")
+    for method in ("'fp8'", "'mxfp4'", "'compressed-tensors'", "'modelopt'"):
+        assert method in str(info.value), str(info.value)
+    raw = {"quant_method": "gptq", "bits": 4}
+    save_file({"a.weight": torch.ones(2, 2)}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": raw}))
+    model = module_with({"a.weight": ((2, 2), torch.float32)})
+    model.config = types.SimpleNamespace(quantization_config=raw)
+    with pytest.raises(QuantizationError) as info:
+        weightplan.explain(model, tmp_path)
+    assert str(tmp_path / "config.json") in str(info.value), str(info.value)
+
+
 def test_reads_config_json(tmp_path):
     assert read_quant_config(tmp_path) is None
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "x"}))

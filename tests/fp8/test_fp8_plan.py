@@ -41,6 +41,24 @@ def test_missing_scale_is_reported_and_refused(fp8_checkpoints, tmp_path):
     assert next(model.parameters()).is_meta  # refused before any byte was written
 
 
+def test_an_expert_missing_its_scale_in_a_merge_names_the_scale(fp8_checkpoints, tmp_path):
+    """One expert's scale gone from a stack its siblings dequantize into: a typed error
+    naming the file, the expert's weight and the scale it lacks (was an OpError about
+    stacking f8_e4m3 with bf16)."""
+    _, fp8_dir = fp8_checkpoints("dsv3")
+    key = "model.layers.1.mlp.experts.1.up_proj.weight"
+
+    def drop(t):
+        del t[key + "_scale_inv"]
+        return t
+
+    directory = rewritten(fp8_dir, tmp_path / "c", drop)
+    with pytest.raises(QuantizationError) as info:
+        weightplan.explain(meta_model("dsv3"), directory, dtype=torch.bfloat16)
+    text = str(info.value)
+    assert str(directory / "model.safetensors") in text and key + "_scale_inv" in text, text
+
+
 def test_scale_grid_that_does_not_fit_is_refused(fp8_checkpoints, tmp_path):
     _, fp8_dir = fp8_checkpoints("dsv3")
     key = "model.layers.0.self_attn.kv_a_proj_with_mqa.weight"

@@ -103,6 +103,8 @@ def test_one_expert_of_a_stack_with_its_own_weight_shape(tmp_path):
     assert [p.key for p in problems] == ["m.experts.7.weight"], str(plan)
     assert "m.experts.7.weight_packed is [40, 12]" in problems[0].message
     assert "needs [40, 25]" in problems[0].message
+    # the others paired, each under its own key with its own parts (not the first one's)
+    assert sorted(plan.missing) == ["m.experts.7.weight"] and not plan.unexpected, str(plan)
 
 
 def test_forbidden_scale_dtype_and_missing_part(tmp_path):
@@ -218,3 +220,28 @@ def test_inline_estimate_of_a_small_checkpoint_is_what_the_executor_holds(tmp_pa
     assert not plan.problems, str(plan)
     report = plan.execute()
     assert report.peak_bytes <= plan.peak_bytes <= 1.05 * report.peak_bytes
+
+
+@pytest.mark.parametrize("kind", ["fp8-channel", "int", "modelopt"])
+def test_an_expert_refused_inside_a_merge_names_why(tmp_path, kind):
+    """One expert's scale dropped from a stack the model merges: its stored weight is in
+    the file, so 'indices [1] are missing' alone misleads; the error gives the reason
+    (the part it lacks), naming the file."""
+    from safetensors.torch import load_file, save_file
+
+    from tests.fp8.checkpoints import family
+    from tests.quant.checkpoints import quantized_checkpoint
+
+    qdir, _ = quantized_checkpoint(tmp_path, kind)
+    tensors = load_file(str(qdir / "model.safetensors"))
+    scale = "model.layers.0.mlp.experts.1.up_proj.weight_scale"
+    del tensors[scale]
+    save_file(tensors, str(qdir / "model.safetensors"))
+    cls, cfg = family("qwen3moe")
+    with weightplan.init_empty():
+        model = cls(cfg)
+    with pytest.raises(QuantizationError) as info:
+        weightplan.explain(model, qdir, dtype=torch.bfloat16)
+    text = str(info.value)
+    assert f"needs {scale} and the checkpoint has none" in text, text
+    assert str(qdir / "model.safetensors") in text, text

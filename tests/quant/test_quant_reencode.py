@@ -104,3 +104,31 @@ def test_convert_to_fp8_refuses_other_formats(tmp_path):
         weightplan.explain_convert(qdir, tmp_path / "o", to="fp8")
     with pytest.raises(QuantizationError, match="re-encodes MXFP4 as 'fp8'"):
         weightplan.explain_convert(qdir, tmp_path / "o", to="int4")
+
+
+def test_an_inexact_tile_of_a_checkpoint_names_file_key_and_expert(tmp_path, gptoss):  # noqa: F811
+    """A tile too wide for E4M3 in expert 1 of a fused stack: the error names the source
+    file, the tensor and the tile with its expert (not block (0, 0) of an unnamed file);
+    the failed convert leaves no file behind."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    import weightplan
+
+    qdir, _ = gptoss
+    bad = tmp_path / "wide"
+    shutil.copytree(qdir, bad)
+    tensors = load_file(str(bad / "model.safetensors"))
+    key = "model.layers.1.mlp.experts.down_proj"
+    scales = tensors[key + "_scales"].clone()
+    scales[1, 0, 0], scales[1, 1, 0] = 127 + 30, 127 - 30  # (rows 0 and 1 of one tile)
+    tensors[key + "_scales"] = scales
+    save_file(tensors, str(bad / "model.safetensors"))
+    out = tmp_path / "out"
+    with pytest.raises(QuantizationError) as info:
+        weightplan.explain_convert(bad, out, to="fp8").execute()
+    text = str(info.value)
+    assert str(bad / "model.safetensors") in text and key in text, text
+    assert "block (1, 0, 0)" in text, text
+    assert not out.exists() or not any(out.iterdir())

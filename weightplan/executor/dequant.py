@@ -128,9 +128,10 @@ def quantize_write(sink: Sink, program: Step, handles: list[Any], task: Quantize
     value = streams[i][j]
     try:
         q, s = quantize(value, tuple(task.block), scale_fmt=task.scale_fmt)
-    except QuantizationError as e:  # (an exact re-encode's tile: name the tensor)
+    except QuantizationError as e:  # (an exact re-encode's tile: name the tensor and file)
         key = program.destinations[task.weight].key if task.weight is not None else None
-        raise QuantizationError(str(e), key=key) from e
+        file = next((r.entry.file for r in program.reads if r.entry.file), None)
+        raise QuantizationError(str(e), key=key, file=file) from e
     for index, tensor in ((task.weight, q), (task.scale, s)):
         if index is None:
             continue

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain, compress, repeat
 from operator import add, and_, attrgetter, is_not, itemgetter
+from typing import cast
 
 import torch
 
@@ -219,10 +220,13 @@ class _Stack:
             verdict = {layout: self._pair(i, scheme, entries, values, read_small, file_of)
                        for layout, i in first.items()}
             if any(isinstance(v, PackedProblem) for v in verdict.values()):
-                for j, i in enumerate(at):  # (each refused weight in its own words)
-                    made = verdict[layouts[j]]
-                    out.append((self.positions[i], made if isinstance(made, PackedWeight) else
-                                self._pair(i, scheme, entries, values, read_small, file_of)))
+                for j, i in enumerate(at):  # (each refused weight in its own words; each
+                    made = verdict[layouts[j]]  # paired one its own key and parts)
+                    out.append((self.positions[i], PackedWeight(  # (its layout's: all parts)
+                        self.bases[i] + self.logical_suffix, scheme,
+                        cast(tuple[TensorEntry, ...], tuple(c[j] for c in columns)), made.shape)
+                        if isinstance(made, PackedWeight) else
+                        self._pair(i, scheme, entries, values, read_small, file_of)))
                 continue
             shapes = [_SHAPE(verdict[layouts[0]])] * len(at) if len(verdict) == 1 else \
                 list(map(_SHAPE, map(verdict.__getitem__, layouts)))

@@ -74,8 +74,9 @@ def parse_quant_config(raw: object, *, source: str = "config") -> QuantConfig | 
     if method != "fp8":
         raise QuantizationError(
             f"quant_method {data.get('quant_method')!r} is not supported: weightplan loads "
-            "fine-grained FP8 checkpoints (quant_method 'fp8'); dequantize it with its own "
-            "library first", file=source)
+            "quant_method 'fp8' (block FP8), "
+            f"{', '.join(repr(m) for m in PACKED_METHODS[:-1])} and {PACKED_METHODS[-1]!r}; "
+            "dequantize it with its own library first", file=source)
     return QuantConfig(
         fmt=_choice(data, "fmt", ("e4m3", "e5m2"), "e4m3", source),
         block=_block(data.get("weight_block_size", _MISSING), source),

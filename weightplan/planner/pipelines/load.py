@@ -293,12 +293,12 @@ def _convert(ckpt: Checkpoint, transforms: tuple[WeightTransform, ...], info: Mo
              ) -> tuple[Routing, tuple[Conversion, ...], tuple[tuple[str, str], ...]]:
     """Routing and conversions, every rank's (``sharding``: its problems only); FP8
     scales travel with their weights (see quant_build)."""
-    routed = ckpt
     if quant is not None:  # (a plain load has no scale to route with its weight)
-        from weightplan.planner.tensors.ir.quant_build import routed_checkpoint
+        from weightplan.planner.tensors.ir.quant_build import route_quantized
 
-        routed = routed_checkpoint(ckpt, quant)
-    routing = route_checkpoint(routed, transforms, info)
+        routing = route_quantized(ckpt, quant, transforms, info)
+    else:
+        routing = route_checkpoint(ckpt, transforms, info)
     if regroup is not None:
         routing = regroup(routing)
     groups = routing.groups

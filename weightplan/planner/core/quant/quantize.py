@@ -73,7 +73,13 @@ def quantize_into(w: torch.Tensor, q_out: torch.Tensor, s_out: torch.Tensor, blo
                        dtype=torch.float32, device=w.device)
     b = block_of(shape, block)
     for idx in matrices(shape):
-        _quantize_matrix(w[idx], q_out[idx], s_out[idx], b, work, scale_fmt)
+        try:
+            _quantize_matrix(w[idx], q_out[idx], s_out[idx], b, work, scale_fmt)
+        except QuantizationError as e:  # (an exact tile: its leading index too, an expert's)
+            if not idx:
+                raise
+            raise QuantizationError(str(e).replace("block (", f"block ({', '.join(map(str, idx))}, ", 1)
+                                    ) from e
     return q_out, s_out
 
 

@@ -29,7 +29,7 @@ from typing import cast
 
 import torch
 
-from weightplan.errors import QuantizationError
+from weightplan.errors import IndexGapError, QuantizationError
 from weightplan.planner.inputs.checkpoint import Checkpoint, DirectoryRead
 from weightplan.planner.inputs.fp8_model import Fp8Model, fp8_params
 from weightplan.planner.core.entry import TensorEntry
@@ -38,7 +38,9 @@ from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.inputs.quant_config import (
     QuantConfig, quant_config_in, quant_config_of_model, read_quant_config,
 )
-from weightplan.planner.keys.routing import Group
+from weightplan.planner.keys.route import route_checkpoint
+from weightplan.planner.keys.routing import Group, Routing
+from weightplan.planner.keys.transforms import WeightTransform
 from weightplan.planner.core.quant.blocks import FP8_DTYPES, E8M0, Block, block_of
 from weightplan.planner.core.quant.kinds import Dequantize, Quantize
 from weightplan.planner.tensors.ir.nodes import (
@@ -81,8 +83,9 @@ def memory_context(ckpt: Checkpoint) -> QuantContext | None:
 def quant_context(source: object, ckpt: Checkpoint, info: ModelInfo | None,
                   model: object = None) -> QuantContext | None:
     """The checkpoint's pairs and the model's FP8 parameters (``None``: nothing FP8)."""
+    checkpoint_config = _checkpoint_config(source)  # (first: a refusal names config.json)
     model_config = quant_config_of_model(model) if model is not None else None
-    config = _checkpoint_config(source) or model_config
+    config = checkpoint_config or model_config
     packed = packed_pairing(source, ckpt)
     if info is not None:  # a model holding the stored tensors keeps them as they are
         packed = kept_by_model(packed, {name: t.spec.dtype for name, t in info.tensors.items()})
@@ -132,6 +135,26 @@ def routed_checkpoint(ckpt: Checkpoint, quant: QuantContext | None) -> Checkpoin
     return replace(ckpt, entries=entries)
 
 
+def route_quantized(ckpt: Checkpoint, quant: QuantContext,
+                    transforms: Sequence[WeightTransform], info: ModelInfo | None) -> Routing:
+    """:func:`route_checkpoint` of :func:`routed_checkpoint`. A stored weight refused by
+    its pairing is left out of routing, so a merge of its stack finds a gap where the
+    file holds the weight: that error carries the refusals (a missing part, say).
+
+    Raises:
+        QuantizationError: an index gap while stored weights were refused."""
+    try:
+        return route_checkpoint(routed_checkpoint(ckpt, quant), transforms, info)
+    except IndexGapError as e:
+        refused = quant.packed.problems if quant.packed is not None else ()
+        if not refused:
+            raise
+        why = "; ".join(p.message for p in refused[:3])
+        more = f" (and {len(refused) - 3} more)" if len(refused) > 3 else ""
+        raise QuantizationError(f"{e}; the checkpoint's stored weights refused: {why}{more}"
+                                ) from e
+
+
 def _in_order(pairing: Fp8Pairing) -> Iterable[str]:
     """The companions, in checkpoint order where that is at hand: the scale keys of
     :class:`ScaledWeights` pairs (which are its companions), whose entries' order is the
@@ -158,11 +181,15 @@ def source_streams(group: Group, quant: QuantContext | None, expected: object,
     reads: list[Node] = []
     added: list[Node] = []
     streams = []
+    bare: list[TensorEntry] = []  # FP8 sources without their scale
     for i, entries in enumerate(group.sources):
         sources: Sequence[tuple[int, int]] = stream_positions(i, len(entries))
         row = read_nodes(entries, sources)
         reads += row
         found = list(map(scales_of.get, map(_KEY, entries))) if scales_of else []
+        if found and not all(found):  # (a stack's scales all found: nothing to look at)
+            bare += [e for e, f in zip(entries, found, strict=True)
+                     if f is None and e.spec.dtype in FP8_DTYPES]
         if not any(found):
             streams.append(tuple(row))
             continue
@@ -181,6 +208,9 @@ def source_streams(group: Group, quant: QuantContext | None, expected: object,
             for j, node in zip(places, dequantized, strict=True):
                 value[j] = node
         streams.append(tuple(value))
+    if bare and added:  # (merged with dequantized siblings: no op can take raw FP8 there)
+        raise QuantizationError(f"{group.targets[0]} merges dequantized weights but "
+                                f"{_unscaled(bare)}", file=bare[0].file)
     return tuple(streams), reads + added
 
 

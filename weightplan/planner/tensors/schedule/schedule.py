@@ -223,7 +223,7 @@ def effective_threads(threads: int) -> int:
 
 def make_schedule(steps: tuple[Step, ...], *, threads: int,
                   window_bytes: int | None = None) -> Schedule:
-    largest = max((p.read_bytes for p in steps), default=0)
+    largest = max(_windowed(steps), default=0)
     # by default bounded (planner/tensors/machine.py), not grown to the largest group
     window = max(window_bytes, largest) if window_bytes is not None else default_window_bytes()
     events = plan_events(steps, window)
@@ -233,11 +233,14 @@ def make_schedule(steps: tuple[Step, ...], *, threads: int,
 
 def plan_events(steps: Sequence[Step], window: int) -> Events:
     """Submit each step in order; before it, finalize the oldest pending steps until the
-    reads in flight and its own fit in ``window`` (as columns: :class:`Events`)."""
+    reads in flight and its own fit in ``window`` (as columns: :class:`Events`). A step's
+    staged outputs (assembled in host memory until its finalize writes them: a file's
+    dequantized tensor, one on its way to the disk) are in flight with its reads: without
+    them a dequantizing convert or offload held every output before writing the first."""
     order, finalizes = array("q"), bytearray()
     pending: deque[int] = deque()
     in_flight = 0
-    sizes = list(map(_READ_BYTES, steps))
+    sizes = _windowed(steps)
     for s, size in enumerate(sizes):
         while pending and in_flight + size > window:
             done = pending.popleft()
@@ -253,7 +256,13 @@ def plan_events(steps: Sequence[Step], window: int) -> Events:
     return Events(order, finalizes)
 
 
-_READ_BYTES = attrgetter("read_bytes")
+def _windowed(steps: Sequence[Step]) -> list[int]:
+    """What each pending step holds that the window bounds: its reads and staged outputs
+    (C-level maps: a step each for 69k-tensor checkpoints)."""
+    return list(map(add, map(_READ_BYTES, steps), map(_STAGED_BYTES, steps)))
+
+
+_READ_BYTES, _STAGED_BYTES = attrgetter("read_bytes"), attrgetter("staged_bytes")
 
 
 def simulate(steps: Sequence[Step], events: Events, threads: int) -> Timeline:
