@@ -3,13 +3,15 @@
     torchrun --nproc-per-node 2 tests/parallel/fail_worker.py OUT DIR
 
 Every rank loads its own copy of ``DIR`` (``OUT/rank<r>``, as when each node has a copy)
-cooperatively, twice, on a group whose timeout is short (a rank left waiting fails the
+cooperatively, on a group whose timeout is short (a rank left waiting fails the
 test instead of hanging it):
 
 - ``plan``: rank 1's copy has a corrupt header, so its ``explain`` fails;
 - ``read``: every rank plans, then rank 1's copy is cut short before ``execute``;
 - ``build``: ``from_pretrained(tp=TensorParallel(cooperative=True))`` where rank 1's copy is
-  missing: it fails before planning, after the process group runs.
+  missing: it fails before planning, after the process group runs;
+- ``die`` (last: it ends the group): rank 1 leaves the process (exit status 0) when the
+  broadcasts start, after the ranks agreed that every read succeeded.
 
 Each rank writes ``OUT/<scenario>.rank<r>.json``: the error it raised (``type``,
 ``message``, ``failures`` for a :class:`~weightplan.errors.RankFailedError`), or none.
@@ -51,6 +53,16 @@ def pretrained(directory: Path) -> None:
                                progress=False)
 
 
+def dies_at_the_broadcasts() -> None:
+    """This process exits when its broadcasts start (the peer sees its sockets close)."""
+    from weightplan.executor.exchange import ExchangeSink
+
+    def broadcast(self):
+        os._exit(0)
+
+    ExchangeSink.broadcast = broadcast
+
+
 def outcome(fn) -> dict:
     try:
         fn()
@@ -87,7 +99,14 @@ def main() -> None:
         result = outcome(run)
         (out / f"{scenario}.rank{rank}.json").write_text(json.dumps(result))
         dist.barrier()
-    dist.destroy_process_group()
+    shutil.rmtree(mine, ignore_errors=True)
+    shutil.copytree(source, mine)
+    dist.barrier()
+    if rank == BROKEN:
+        dies_at_the_broadcasts()
+    result = outcome(functools.partial(load, mine))
+    (out / f"die.rank{rank}.json").write_text(json.dumps(result))
+    os._exit(0)  # (the group is broken: no barrier, no destroy)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@ processes): the failing rank raises its own typed error, the other raises
 :class:`~weightplan.errors.RankFailedError` naming that rank and its error, at once
 (not after the process group's timeout), whether the failure is in planning (a corrupt
 header), in the reads (the file cut short after planning) or, in ``from_pretrained``, before
-planning (the rank's checkpoint copy missing); the group stays usable."""
+planning (the rank's checkpoint copy missing); the group stays usable. A rank that leaves
+the group during the broadcasts makes the others raise RankFailedError naming the tensor
+being broadcast, not an unexpected gloo error."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ def outcomes(tmp_path_factory):
     out.mkdir()
     torchrun(2, WORKER, str(out), str(directory), timeout=240)
     return {(s, r): json.loads((out / f"{s}.rank{r}.json").read_text())
-            for s in STAGES for r in (0, 1)}
+            for s in (*STAGES, "die") for r in (0, 1) if (s, r) != ("die", 1)}
 
 
 STAGES = {"plan": "to plan", "read": "to read its part",
@@ -44,3 +46,11 @@ def test_every_rank_raises_when_one_fails_before_the_broadcasts(outcomes, scenar
     assert "rank 1 of this cooperative load failed" in waiting["message"]
     assert failed["type"] in waiting["message"]
     assert f"failed {STAGES[scenario]}" in waiting["message"]
+
+
+def test_a_rank_that_leaves_during_the_broadcasts_is_named(outcomes):
+    waiting = outcomes["die", 0]
+    assert waiting["type"] == "RankFailedError", waiting
+    assert "its broadcast from rank" in waiting["message"], waiting
+    assert "left the process group during the broadcasts" in waiting["message"], waiting
+    assert waiting["message"].split(":")[0].startswith("model."), waiting  # the tensor first
