@@ -88,10 +88,13 @@ def tp_loaded(tmp_path_factory, tp_checkpoints) -> Path:
 
 
 PRETRAINED = Path(__file__).with_name("tp_pretrained_worker.py")
-# from_pretrained(tp=...) as a user runs it: dense and MoE, TP and EP, 2 and 4 ranks
+# from_pretrained(tp=...) as a user runs it: dense and MoE, TP and EP, 2 and 4 ranks, a sub-mesh
 PRETRAINED_JOBS = {2: (("tp", ("llama", "llamatied", "qwen3moe", "mixtral", "dsv3")),
                        ("ep", ("qwen3moe", "mixtral", "dsv3")), ("hand", ("mixtral",))),
-                   4: (("tp", ("llama4kv", "dsv3")), ("ep", ("dsv3",)))}
+                   4: (("tp", ("llama4kv", "dsv3")), ("ep", ("dsv3",)),
+                       # TP over pairs of a 2 × 2 (data × tensor) mesh: torchrun's
+                       # LOCAL_WORLD_SIZE (4) is not the TP world (2)
+                       ("submesh", ("mixtral",)))}
 
 
 @pytest.fixture(scope="session")

@@ -167,3 +167,28 @@ def test_bad_node_layouts_are_refused():
                 {"local_world_size": 0}, {"storage": "nfs"}, {"cooperative": "yes"}):
         with pytest.raises(ParallelError, match="TensorParallel"):
             TensorParallel(**bad)
+
+
+class _Mesh:
+    """A 1-D mesh of these global ranks (what ``ranks_per_node`` reads of a DeviceMesh)."""
+
+    def __init__(self, ranks):
+        self.mesh = torch.tensor(ranks)
+
+
+def test_nodes_are_read_off_the_mesh_ranks(monkeypatch):
+    """torchrun's LOCAL_WORLD_SIZE counts a node's ranks of the whole world: a TP sub-mesh
+    (pairs of a 2 × 2 data × tensor mesh) has its own count, and only ``storage="node"``
+    asks for one (a plain or shared load doesn't depend on the nodes)."""
+    from weightplan.errors import ParallelError
+    from weightplan.parallel import TensorParallel
+    from weightplan.planner.core.sharding.config import Ranks
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    node = TensorParallel(cooperative=True, storage="node")
+    for tp in (TensorParallel(), TensorParallel(cooperative=True), node):
+        assert tp.ranks_per_node(Ranks(2, 1, _Mesh([2, 3]))) == 2
+    assert node.ranks_per_node(Ranks(2, 0, _Mesh([0, 4]))) == 1  # one rank on each node
+    assert node.ranks_per_node(Ranks(8, 0, _Mesh(list(range(8))))) == 4
+    with pytest.raises(ParallelError, match=r"nodes \[0, 1, 0\]"):
+        node.ranks_per_node(Ranks(3, 0, _Mesh([0, 4, 1])))

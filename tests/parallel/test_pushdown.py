@@ -230,9 +230,12 @@ def test_dtensor_output_needs_a_mesh_and_sharding_needs_meta(tmp_path):
     missing = module_with({"emb.weight": ((4, 2), F32), "head.weight": ((4, 2), F32)})
     tp = TensorParallel(world_size=2, rank=0, plan={"emb": "embedding_rowwise",
                                                     "head": "colwise"}, output="local")
-    (problem,) = [p for p in weightplan.explain(missing, ckpt, tp=tp).problems
-                  if p.kind.value == "parallel"]
-    assert problem.key == "head.weight" and "initialized whole" in problem.message
+    plan = weightplan.explain(missing, ckpt, tp=tp)  # (a missing tensor: initialized, then
+    assert plan.missing == {"head.weight"}             # this rank's part kept, as loaded ones)
+    assert not [p for p in plan.problems if p.kind.value == "parallel"]
+    report = plan.execute()
+    assert set(report.initialized) == {"head.weight"}
+    assert missing.head.weight.shape == (2, 2) and missing.emb.weight.shape == (2, 2)
 
 
 def test_a_tp_plan_is_drawn_and_serialized(tmp_path):

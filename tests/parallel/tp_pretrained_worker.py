@@ -4,7 +4,9 @@ process group started by the script (weightplan starts it from torchrun's enviro
     torchrun --nproc-per-node N tests/parallel/tp_pretrained_worker.py OUT HOW:DIR...
 
 HOW is ``tp`` (``tp="auto"``), ``ep`` (``TensorParallel(experts="ep")``), ``hand`` (the
-README's recipe for a model built by hand: ``prepare_tensor_parallel``, ``load``) or ``refused``
+README's recipe for a model built by hand: ``prepare_tensor_parallel``, ``load``),
+``submesh`` (TP over the ``"tp"`` dimension of a 2-D data × tensor parallel mesh, pairs of
+ranks, as ``TensorParallel(mesh=mesh["tp"])``) or ``refused``
 (a model that can't run on N ranks: the error goes to ``OUT/refused.rank<r>.pt``). Per job and rank,
 ``OUT/<fixture>.<how><N>.rank<r>.pt`` holds each parameter's local part and placements, the
 logits of the returned model on a fixed prompt (``"__logits__"``, its forward run across
@@ -45,6 +47,19 @@ def by_hand(directory: str) -> torch.nn.Module:
     return model.eval()
 
 
+def tp_of(how: str) -> object:
+    """The ``tp=`` of a job."""
+    if how == "submesh":
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if not dist.is_initialized():
+            dist.init_process_group("gloo")
+        mesh = init_device_mesh("cpu", (dist.get_world_size() // 2, 2),
+                                mesh_dim_names=("dp", "tp"))
+        return weightplan.TensorParallel(mesh=mesh["tp"])
+    return "auto" if how == "tp" else weightplan.TensorParallel(experts="ep")
+
+
 def main() -> None:
     out_dir, *jobs = sys.argv[1:]
     group_before = dist.is_initialized()
@@ -60,8 +75,7 @@ def main() -> None:
         if how == "hand":
             model = by_hand(directory)
         else:
-            tp = "auto" if how == "tp" else weightplan.TensorParallel(experts="ep")
-            model = weightplan.from_pretrained(directory, tp=tp, dtype=torch.float32,
+            model = weightplan.from_pretrained(directory, tp=tp_of(how), dtype=torch.float32,
                                                progress=False)
         record = {name: local_part(param.data) for name, param in model.named_parameters()}
         with torch.no_grad():

@@ -29,6 +29,8 @@ says what is happening until the load's progress bar starts.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -83,10 +85,11 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
     dtype, tp = fold_transformers_keywords(transformers_only, dtype, _OWN), _alone(tp, adapter)
     device, keep, (tensor_parallel, mesh) = (device_from_map(device_map, device, tp),
                                              keeps_quantized(dequantize, dtype, tp) and not merge, _parallel(tp))
-    read, adapter = _resolved(name_or_path, adapter, revision=revision, cache_dir=cache_dir,
-                              local_files_only=local_files_only, token=token, subfolder=subfolder)
-    model = _sided(_built(read, tensor_parallel, mesh, (attn_implementation, experts_implementation),
-                          progress, _runs_kept(keep, dequantize, read), dtype), dequantize_on)
+    with _agreed(tensor_parallel):  # (a cooperative load's ranks agree here: none waits in vain)
+        read, adapter = _resolved(name_or_path, adapter, revision=revision, cache_dir=cache_dir,
+                                  local_files_only=local_files_only, token=token, subfolder=subfolder)
+        model = _sided(_built(read, tensor_parallel, mesh, (attn_implementation, experts_implementation),
+                              progress, _runs_kept(keep, dequantize, read), dtype), dequantize_on)
     with status(f"planning the load of {read.directory}", "planned the load", progress):
         plan = _explain(model, read, adapter, adapter_name, merge, dtype=dtype, mapping=mapping,
                         budget=budget, threads=threads, device=_rank_device(device, mesh), tp=tensor_parallel,
@@ -260,6 +263,24 @@ def _explain(model: torch.nn.Module, read: DirectoryRead, adapter: Any, adapter_
     from weightplan.api.entry import explain
 
     return explain(model, read, **options)
+
+
+@contextmanager
+def _agreed(tp: TensorParallel | None) -> Iterator[None]:
+    """The ranks of a cooperative load agree once each has found its checkpoint and built
+    its model (the process group runs by then): a rank whose copy is missing or whose
+    config fails makes the others raise :class:`~weightplan.errors.RankFailedError`
+    instead of waiting in the planning's agreement until the group's timeout (other
+    loads: nothing to agree on)."""
+    if tp is None or not tp.cooperative:
+        yield
+        return
+    from weightplan.planner.pipelines.agreement import Agreement, planning_group
+
+    with Agreement(planning_group(tp, False), "to find its checkpoint and build the model"
+                   ) as agreement:
+        yield
+        agreement.agree()
 
 
 def _parallel(tp: object) -> tuple[TensorParallel | None, Any]:

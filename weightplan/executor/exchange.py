@@ -8,7 +8,9 @@ broadcast of its bytes, or of the byte range one reader read when the step was c
 the mesh's group: gloo here, NCCL on GPUs), in the exchange's
 order (the same on every rank), then the wrapped sink commits. Before the broadcasts the
 ranks agree (:mod:`~weightplan.planner.pipelines.agreement`): when one failed to read its
-part, the others raise :class:`~weightplan.errors.RankFailedError` instead of waiting.
+part, the others raise :class:`~weightplan.errors.RankFailedError` instead of waiting; a
+rank that leaves the group during the broadcasts is a ``RankFailedError`` too (naming the
+tensor and the rank it came from).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 import torch
 
-from weightplan.errors import ExecutionError, ParallelError
+from weightplan.errors import ExecutionError, ParallelError, RankFailedError
 from weightplan.executor.model_sink import flat_bytes
 from weightplan.planner.core.geometry import View
 from weightplan.planner.pipelines.agreement import Agreement
@@ -105,8 +107,24 @@ class ExchangeSink:
                         f"{key}: bytes {item.start}..{item.start + item.nbytes} to share "
                         f"lie past its {whole.numel()} bytes on rank {exchange.rank}; "
                         "explain() again on every rank")
-                part = whole[item.start:item.start + item.nbytes]
-                dist.broadcast(part, src=ranks[exchange.owner(item)], group=group)
+                _broadcast(whole[item.start:item.start + item.nbytes], ranks[exchange.owner(item)],
+                           group, key)
             if flat is not tensor:
                 with torch.no_grad():
                     tensor.copy_(flat)
+
+
+def _broadcast(part: torch.Tensor, source: int, group: Any, key: str) -> None:
+    """One broadcast of ``key``'s bytes from global rank ``source``.
+
+    Raises:
+        RankFailedError: the group broke (a rank left it: gloo's or NCCL's error, wrapped).
+    """
+    import torch.distributed as dist
+
+    try:
+        dist.broadcast(part, src=source, group=group)
+    except RuntimeError as e:
+        raise RankFailedError(f"{key}: its broadcast from rank {source} failed: a rank of this "
+                              f"cooperative load left the process group during the broadcasts? "
+                              f"{type(e).__name__}: {e}") from e

@@ -221,6 +221,10 @@ class ModelSink:
         names = self.missing if self.initialize else []
         self.initialized = initialize_fresh(self.model, self.info, names, dtype=self.dtype,
                                             devices=self.devices)
+        if self.sharding is not None and self.initialized:  # (one tensor for the ranks)
+            from weightplan.executor.dtensors import shard_initialized
+
+            shard_initialized(self.model, self.info, sorted(self.initialized), self.sharding)
         for name in [n for n in self.initialized if self._to_disk(n)]:  # (fresh ones too)
             tensor = current_tensor(self.model, name)
             info = self.info.get(name)

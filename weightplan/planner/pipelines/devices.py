@@ -147,10 +147,12 @@ def _needs_folder(offload: OffloadPlan, placement: DevicePlacement) -> None:
 
 
 def _meta_model(model: torch.nn.Module | None, what: str) -> None:
+    """A placement allocates the parameters on their devices: they must be on meta. Real
+    buffers (``init_empty()`` keeps them, persistent ones included: DeepSeek-V3's
+    ``e_score_correction_bias``) move to their module's device and are loaded there."""
     if model is None:
         raise PlanError(f"{what} places a model's modules: pass the model")
-    allocated = next(((n, t) for n, t in model.state_dict(keep_vars=True).items()
-                      if not t.is_meta), None)
+    allocated = next(((n, t) for n, t in model.named_parameters() if not t.is_meta), None)
     if allocated is not None:
         raise PlanError(f"{what} places a model built on meta (weightplan.init_empty()); "
                         f"{allocated[0]} is already allocated on {allocated[1].device}")

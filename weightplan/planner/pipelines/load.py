@@ -267,10 +267,6 @@ def _with_parallel_findings(findings: Findings, sharding: Sharding | None) -> Fi
     if sharding is None:
         return findings
     issues = tuple(Problem(ProblemKind.PARALLEL, i.key, i.message) for i in sharding.plan.issues)
-    issues += tuple(Problem(ProblemKind.PARALLEL, k, f"{k} is sharded but not in the "
-                            "checkpoint: it would be initialized whole, as a plain tensor, on "
-                            "every rank") for k in sorted(findings.missing)
-                    if sharding.plan.placement(k).is_dtensor)
     if not issues:
         return findings
     return dataclasses.replace(findings, problems=findings.problems + issues)

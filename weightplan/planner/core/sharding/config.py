@@ -58,8 +58,9 @@ class TensorParallel:
             broadcast to the others over the process group: the ranks together read each
             byte of the checkpoint about once.
         local_world_size: ranks per node (they are numbered node by node, as torchrun
-            does); default: torchrun's ``LOCAL_WORLD_SIZE`` under a process group, else
-            one node.
+            does); it matters to ``storage="node"`` only; default: the mesh's ranks on
+            each node by torchrun's ``LOCAL_WORLD_SIZE`` under a process group, else one
+            node.
         storage: with ``cooperative``: ``"shared"`` (one file system for every node: the
             cluster reads each byte once) or ``"node"`` (a copy of the checkpoint on each
             node: each node reads each byte once and broadcasts within itself).
@@ -111,13 +112,16 @@ class TensorParallel:
         return {} if isinstance(self.plan, str) else dict(self.plan)
 
     def ranks_per_node(self, ranks: Ranks) -> int:
-        """Ranks per node: ``local_world_size``, else torchrun's ``LOCAL_WORLD_SIZE`` for a
-        load on a process group, else all of them (one node)."""
+        """Ranks per node: ``local_world_size``; else, where nodes change what a rank reads
+        (a cooperative load from a copy on each node, ``storage="node"``), how many of the
+        mesh's ranks share this rank's node (torchrun's ``LOCAL_WORLD_SIZE`` applied to
+        their global ranks: a TP sub-mesh of a larger world too); else all of them."""
         if self.local_world_size is not None:
             local = self.local_world_size
+        elif self.cooperative and self.storage == "node" and not ranks.dry_run:
+            local = _mesh_ranks_per_node(ranks)
         else:
-            env = os.environ.get("LOCAL_WORLD_SIZE", "")
-            local = int(env) if env.isdigit() and not ranks.dry_run else ranks.world_size
+            local = ranks.world_size
         if local < 1 or ranks.world_size % local:
             raise ParallelError(f"{local} ranks per node don't divide a world of "
                                 f"{ranks.world_size}: pass TensorParallel(local_world_size=...)")
@@ -177,6 +181,25 @@ def start_process_group() -> None:
         raise ParallelError(f"starting the process group from torchrun's environment failed "
                             f"(RANK={os.environ['RANK']}, WORLD_SIZE={os.environ['WORLD_SIZE']},"
                             f" MASTER_ADDR={os.environ['MASTER_ADDR']}): {e}") from e
+
+
+def _mesh_ranks_per_node(ranks: Ranks) -> int:
+    """The mesh's ranks per node, from their global ranks and ``LOCAL_WORLD_SIZE`` (unset:
+    one node).
+
+    Raises:
+        ParallelError: the mesh's ranks are not node by node, the same number on each.
+    """
+    env = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if not env.isdigit() or int(env) < 1:
+        return ranks.world_size
+    nodes = [g // int(env) for g in ranks.mesh.mesh.flatten().tolist()]
+    counts = [nodes.count(n) for n in dict.fromkeys(nodes)]
+    if sorted(nodes) != nodes or len(set(counts)) != 1:
+        raise ParallelError(f"storage='node': the mesh's ranks lie on nodes {nodes} "
+                            f"(LOCAL_WORLD_SIZE={env}), not node by node in equal numbers: "
+                            "pass TensorParallel(local_world_size=...) or storage='shared'")
+    return counts[0]
 
 
 def per_node(ranks: int, nodes: int | None) -> int | None:
