@@ -67,6 +67,10 @@ def _execute(plan: LoadPlanData, strict: bool, progress: bool | None, atomic: bo
     with partial_load_errors(sink):
         shared = _exchanged(sink, plan, mesh, agreement)
         stats = run_plan(plan.schedule, plan.checkpoint, shared, progress=progress)
+    if info.stored_ties:  # (loaded apart: tied again where equal, see executor/retie.py)
+        from weightplan.executor.retie import settle_stored_ties
+
+        settle_stored_ties(model, info)
     record = record_of_conversions(plan.conversions, plan.checkpoint, plan.unexpected,
                                    plan.adapter.merged_as() if plan.adapter else None)
     attach_record(model, merge_records(get_record(model), record))

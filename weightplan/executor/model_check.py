@@ -36,7 +36,8 @@ def check_unchanged(model: nn.Module, dest: Destination, planned: ModelTensor | 
 def _change(model: nn.Module, tensor: torch.Tensor, dest: Destination,
             planned: ModelTensor | None) -> str | None:
     shape = dest.shard.global_shape if dest.shard is not None else dest.spec.shape
-    if tensor.is_meta != dest.allocates or tuple(tensor.shape) != shape:
+    untied = planned is not None and planned.untied  # (allocated, whatever it shared)
+    if (tensor.is_meta != dest.allocates and not untied) or tuple(tensor.shape) != shape:
         state = "on meta" if tensor.is_meta else "allocated"
         return f"is now {state} with shape {list(tensor.shape)}"
     if planned is None:

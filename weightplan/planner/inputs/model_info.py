@@ -39,6 +39,7 @@ class ModelTensor:
     stride: tuple[int, ...]
     requires_grad: bool
     keep_dtype: bool = False  # the model keeps it in its dtype whatever dtype is asked
+    untied: bool = False  # a tie's name the checkpoint stores apart: allocated on its own
 
     @property
     def allocates(self) -> bool:
@@ -62,6 +63,10 @@ class ModelInfo:
     declared_ties: tuple[tuple[str, ...], ...] = ()  # groups re-tied from the declaration
     ignore_missing: tuple[str, ...] = ()  # regexes of keys the model declares ignorable
     ignore_unexpected: tuple[str, ...] = ()
+    tied_names: tuple[str, ...] = ()  # every name of each tensor held under several names
+    # (kept name, name) of each tie the checkpoint stores both sides of: loaded apart
+    # (:func:`untie`), tied again after the load when their values are equal
+    stored_ties: tuple[tuple[str, str], ...] = ()
 
     def get(self, name: str) -> ModelTensor | None:
         return self.tensors.get(name)
@@ -90,6 +95,7 @@ def inspect_model(model: torch.nn.Module) -> ModelInfo:
     every_buffer = list(model.named_buffers(remove_duplicate=False))
     buffers = {name for name, _ in every_buffer}
     groups, retied = _groups(model, state)
+    tied = tuple(n for g in groups if len(g) > 1 for n in g) if len(groups) < len(state) else ()
     specs: dict[tuple[tuple[int, ...], torch.dtype], TensorSpec] = {}
     rows = []  # (each tensor's fields; made in columns below)
     for names in groups:
@@ -100,7 +106,7 @@ def inspect_model(model: torch.nn.Module) -> ModelInfo:
             spec = specs[(shape, dtype)] = TensorSpec(shape, dtype)
         rows.append((names[0], spec, tuple(names), names[0] in buffers, on_meta,
                      row_major_strides(spec.shape) if on_meta else tuple(tensor.stride()),
-                     bool(getattr(tensor, "requires_grad", False)), False))
+                     bool(getattr(tensor, "requires_grad", False)), False, False))
     made = _model_tensors(len(rows), *zip(*rows, strict=True)) if rows else []
     entries: dict[str, ModelTensor] = {}
     for names, entry in zip(groups, made, strict=True):
@@ -113,7 +119,7 @@ def inspect_model(model: torch.nn.Module) -> ModelInfo:
     return ModelInfo(entries, config, type(model).__name__,
                      getattr(config, "model_type", None),
                      getattr(model, "base_model_prefix", None) or None, meta_buffers,
-                     rebuildable(model, meta_buffers), retied, missing, unexpected)
+                     rebuildable(model, meta_buffers), retied, missing, unexpected, tied)
 
 
 def _first_each(named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
@@ -142,6 +148,21 @@ def keep_dtype_of(info: ModelInfo, keep: Callable[[str], bool]) -> ModelInfo:
     tensors = {name: dataclasses.replace(t, keep_dtype=True) if keep(t.name) else t
                for name, t in info.tensors.items()}
     return dataclasses.replace(info, tensors=tensors)
+
+
+def untie(info: ModelInfo, pairs: tuple[tuple[str, str], ...]) -> ModelInfo:
+    """``info`` with the second name of each ``(kept, name)`` pair a tensor of its own,
+    which the load allocates (whatever the tensor it shared is: on meta or real), no
+    longer an alias of ``kept``'s; ``stored_ties`` records the pairs."""
+    tensors = dict(info.tensors)
+    for _, name in pairs:
+        t = tensors[name]
+        rest = tuple(a for a in t.aliases if a != name)
+        kept = dataclasses.replace(t, name=rest[0] if t.name == name else t.name, aliases=rest)
+        tensors.update(dict.fromkeys(kept.aliases, kept))
+        tensors[name] = dataclasses.replace(t, name=name, aliases=(name,), on_meta=True,
+                                            stride=row_major_strides(t.spec.shape), untied=True)
+    return dataclasses.replace(info, tensors=tensors, stored_ties=info.stored_ties + pairs)
 
 
 def _groups(model: torch.nn.Module, state: Mapping[str, torch.Tensor]

@@ -9,6 +9,7 @@ from operator import attrgetter
 
 import torch
 
+from weightplan.planner.pipelines.stored_ties import stored_tie_notes
 from weightplan.planner.core.problems import Mismatch, Note, Problem, ProblemKind
 from weightplan.planner.tensors.ir.build import Conversion, Target, TargetStatus
 from weightplan.planner.keys.routing import Routing
@@ -108,6 +109,7 @@ def _model_declarations(model: ModelInfo | None, found: Findings) -> Findings:
         else:
             problems.append(Problem(ProblemKind.META_BUFFER, b, _META_TEXT.format(b)))
     notes.extend(_shared_notes(model, found.missing))
+    notes.extend(stored_tie_notes(model))
     return Findings(found.missing - ignored_missing, found.unexpected - ignored_unexpected,
                     found.mismatched, tuple(problems), tuple(notes), frozenset(ignored_missing))
 

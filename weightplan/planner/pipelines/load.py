@@ -32,6 +32,7 @@ from weightplan.planner.keys.routing import Routing
 from weightplan.planner.inputs.dtype import keep_fp32, quantized_input, resolve_dtype
 from weightplan.planner.keys.transforms import WeightTransform, with_legacy
 from weightplan.planner.pipelines.plan import Direction, LoadPlanData, PlanOptions
+from weightplan.planner.pipelines.stored_ties import refuse_on_disk, split_stored_ties
 from weightplan.planner.tensors.ir.build import (
     Conversion, SinkKind, build_conversions, shard_conversion,
 )
@@ -122,8 +123,7 @@ def prepare_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
                  view: Callable[[ModelInfo], ModelInfo] | None = None,
                  regroup: Callable[[Routing], Routing] | None = None,
                  dequantize_on: str = "auto") -> Common:
-    """The part of :func:`explain_load` no rank changes (its arguments); each rank's plan
-    is then :func:`rank_plan` of it."""
+    """The part of :func:`explain_load` no rank changes; each rank's plan is :func:`rank_plan`."""
     _refuse_quantization_option(quantization)
     automatic = _automatic(device, max_memory, offload_folder, model, tp)
     sharding = _sharding(model, tp, cooperative)
@@ -138,8 +138,8 @@ def prepare_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     transforms = with_legacy(choice.transforms)
     quant = _quant_context(checkpoint, ckpt, info, model)
     sharding = _kept_sharding(sharding, quant, info)
-    routing, conversions, kept_problems = _convert(ckpt, transforms, info, options, quant,
-                                                   sharding, regroup)
+    routing, info, conversions, kept_problems = _convert(ckpt, transforms, info, options,
+                                                         quant, sharding, regroup)
     found = collect_findings(info, routing, conversions, ckpt.left_out_notes())
     findings = _with_quant_findings(found, quant, conversions, kept_problems)
     findings = _with_mapping_findings(findings, choice,
@@ -176,6 +176,7 @@ def rank_plan(common: Common, sharding: Sharding | None) -> LoadPlanData:
     if common.automatic is not None and common.model is not None:
         options, schedule = common.automatic.placed(options, common.model, common.info,
                                                     schedule)
+        refuse_on_disk(common.info, options.devices)
     if common.quantized or common.dequantize_on != "auto":  # (FP8 only: else nothing to side)
         options, schedule = _sided(options, schedule, common.dequantize_on)
     return LoadPlanData(Direction.LOAD, common.checkpoint, common.choice, common.transforms,
@@ -286,9 +287,11 @@ def _with_split_groups(findings: Findings, sharding: Sharding,
 def _convert(ckpt: Checkpoint, transforms: tuple[WeightTransform, ...], info: ModelInfo | None,
              options: PlanOptions, quant: QuantContext | None, sharding: Sharding | None = None,
              regroup: Callable[[Routing], Routing] | None = None
-             ) -> tuple[Routing, tuple[Conversion, ...], tuple[tuple[str, str], ...]]:
-    """Routing and conversions, every rank's (``sharding``: its problems only); FP8
-    scales travel with their weights (see quant_build)."""
+             ) -> tuple[Routing, ModelInfo | None, tuple[Conversion, ...],
+                        tuple[tuple[str, str], ...]]:
+    """Routing, the model's view (ties stored apart split: :mod:`.stored_ties`) and the
+    conversions, every rank's (``sharding``: its problems only); FP8 scales travel with
+    their weights (see quant_build)."""
     if quant is not None:  # (a plain load has no scale to route with its weight)
         from weightplan.planner.tensors.ir.quant_build import route_quantized
 
@@ -298,6 +301,7 @@ def _convert(ckpt: Checkpoint, transforms: tuple[WeightTransform, ...], info: Mo
     if regroup is not None:
         routing = regroup(routing)
     groups = routing.groups
+    info = split_stored_ties(info, groups, sharding is not None)
     packed_problems: tuple[tuple[str, str], ...] = ()
     if quant is not None and quant.packed is not None and info is not None:
         from weightplan.planner.inputs.small_reads import SmallReader
@@ -309,13 +313,13 @@ def _convert(ckpt: Checkpoint, transforms: tuple[WeightTransform, ...], info: Mo
     conversions = build_conversions(groups, info, options.dtype, SinkKind.MODEL, quant,
                                     sharding)
     if quant is None:  # (nor a scale sibling)
-        return routing, conversions, ()
+        return routing, info, conversions, ()
     from weightplan.planner.tensors.ir.quant_scales import add_scale_conversions
 
     conversions, kept_problems = add_scale_conversions(conversions, quant, info,
                                                         sharding=sharding)
     fp8 = tuple((key, f"can't keep FP8: {message}") for key, message in kept_problems)
-    return routing, conversions, fp8 + packed_problems
+    return routing, info, conversions, fp8 + packed_problems
 
 
 def _spec_of(info: ModelInfo) -> Callable[[str], TensorSpec | None]:

@@ -1,0 +1,169 @@
+"""A checkpoint that stores both names of a tie the model declares
+(``tie_word_embeddings=True`` and an ``lm_head.weight`` beside ``model.embed_tokens.weight``)
+loads as transformers loads it: both tensors read; equal values tied again (one tensor,
+two names), different ones left untied with a warning naming both keys, and the model's
+tie bookkeeping (``all_tied_weights_keys``) updated so a save writes both. Under every build
+convention; the plan says so and counts the second tensor; tensor parallel and the disk
+are refused (see ``planner/pipelines/stored_ties.py``)."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+import pytest
+import torch
+import transformers as T
+from safetensors.torch import load_file, save_file
+
+import weightplan
+from weightplan.errors import ParallelError, PlanError
+from weightplan.parallel import TensorParallel
+from weightplan.planner.core.spec import TensorSpec
+from weightplan.planner.inputs.model_info import ModelInfo, ModelTensor
+from weightplan.planner.keys.routing import Group
+from weightplan.planner.pipelines.load import explain_load
+from weightplan.planner.pipelines.stored_ties import split_stored_ties
+
+from tests.interop.matrix import BUILDS, IDS, TEXT, build
+
+EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
+CFG = T.Qwen2Config(**TEXT, tie_word_embeddings=True)
+
+
+def _checkpoint(directory, head):
+    """A tied tiny Qwen2 saved by transformers, then ``lm_head.weight`` added: ``head`` of
+    the embeddings (a copy) or other values."""
+    torch.manual_seed(0)
+    T.Qwen2ForCausalLM(CFG).save_pretrained(directory)
+    tensors = load_file(str(directory / "model.safetensors"))
+    assert HEAD not in tensors  # (transformers saves a tie once)
+    tensors[HEAD] = head(tensors[EMBED]).contiguous()
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    return directory
+
+
+@pytest.fixture(scope="module", params=["different", "equal"])
+def stored(request, tmp_path_factory):
+    torch.manual_seed(1)
+    other = torch.randn(CFG.vocab_size, CFG.hidden_size)
+    head = (lambda e: other) if request.param == "different" else (lambda e: e.clone())
+    directory = _checkpoint(tmp_path_factory.mktemp(f"ties-{request.param}"), head)
+    reference = T.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    return request.param, directory, reference
+
+
+def _logits(model):
+    with torch.no_grad():
+        return model(input_ids=IDS).logits
+
+
+def _like_transformers(model, kind, reference):
+    expected, got = reference.state_dict(), model.state_dict()
+    assert set(got) == set(expected)
+    for key, value in expected.items():
+        assert torch.equal(got[key], value), key
+    assert torch.equal(_logits(model), _logits(reference))
+    tied = model.lm_head.weight is model.model.embed_tokens.weight
+    assert tied == (kind == "equal")
+    assert tied == (reference.lm_head.weight is reference.model.embed_tokens.weight)
+    assert model.all_tied_weights_keys == reference.all_tied_weights_keys
+
+
+def _warned(caplog, kind):
+    said = [r.getMessage() for r in caplog.records if r.name == "weightplan"
+            and r.levelno == logging.WARNING and "tie_word_embeddings=False" in r.getMessage()]
+    if kind == "equal":
+        assert not said
+    else:
+        assert len(said) == 1 and EMBED in said[0] and HEAD in said[0], said
+
+
+def test_from_pretrained_gives_what_transformers_gives(stored, caplog):
+    kind, directory, reference = stored
+    with caplog.at_level(logging.WARNING, logger="weightplan"):
+        model = weightplan.from_pretrained(directory, dtype=torch.float32).eval()
+    _warned(caplog, kind)
+    _like_transformers(model, kind, reference)
+
+
+@pytest.mark.parametrize("convention", BUILDS)
+def test_every_build_convention_loads_the_same(stored, convention, caplog):
+    kind, directory, reference = stored
+    model = build(T.Qwen2ForCausalLM, CFG, convention)
+    plan = weightplan.explain(model, directory)
+    assert not plan.problems, str(plan)
+    said = [n for n in plan.to_dict()["notes"] if HEAD in str(n) and EMBED in str(n)]
+    assert any("both" in str(n) and "tie_word_embeddings=False" in str(n) for n in said), said
+    assert "tie_word_embeddings=False" in str(plan)
+    heads = [d for s in plan.schedule.steps for d in s.destinations if d.key == HEAD]
+    assert len(heads) == 1 and heads[0].written and heads[0].aliases == (HEAD,)
+    with caplog.at_level(logging.WARNING, logger="weightplan"):
+        plan.execute(strict=True)
+    _warned(caplog, kind)
+    _like_transformers(model, kind, reference)
+
+
+def test_the_plan_counts_the_second_tensor(stored, tmp_path):
+    _, directory, _ = stored
+    tensors = load_file(str(directory / "model.safetensors"))
+    del tensors[HEAD]  # (as transformers saves a tie: once)
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    shutil.copy(directory / "config.json", tmp_path / "config.json")
+    tied = tmp_path
+    once = weightplan.explain(build(T.Qwen2ForCausalLM, CFG, "meta"), tied)
+    both = weightplan.explain(build(T.Qwen2ForCausalLM, CFG, "meta"), directory)
+    head = CFG.vocab_size * CFG.hidden_size * 4
+    assert both.read_bytes == once.read_bytes + head
+    assert both.peak_bytes >= once.peak_bytes + head
+
+
+def test_save_then_transformers_reload(stored, tmp_path):
+    kind, directory, reference = stored
+    model = weightplan.from_pretrained(directory, dtype=torch.float32)
+    weightplan.save(model, tmp_path)
+    saved = load_file(str(tmp_path / "model.safetensors"))
+    assert HEAD in saved  # different: both; equal: the checkpoint back (save(load(x)) == x)
+    assert torch.equal(saved[HEAD], load_file(str(directory / "model.safetensors"))[HEAD])
+    back = T.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    _like_transformers(back, kind, reference)
+    again = weightplan.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    _like_transformers(again, kind, reference)
+
+
+def test_a_model_built_with_real_tensors_gets_the_same(stored):
+    kind, directory, reference = stored
+    torch.manual_seed(3)
+    model = T.Qwen2ForCausalLM(CFG).eval()  # tied: one real tensor, two names
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    weightplan.explain(model, directory).execute(strict=True)
+    _like_transformers(model, kind, reference)
+
+
+def test_tensor_parallel_refuses_naming_both_keys(stored):
+    _, directory, _ = stored
+    model = build(T.Qwen2ForCausalLM, CFG, "meta")
+    with pytest.raises(ParallelError, match=f"(?s){HEAD}.*tie_word_embeddings=False"):
+        explain_load(model, directory, tp=TensorParallel(world_size=2, rank=0))
+
+
+def test_the_disk_refuses_naming_both_keys(stored, tmp_path):
+    _, directory, _ = stored
+    with pytest.raises(PlanError, match=f"(?s){HEAD}.*disk"):
+        weightplan.from_pretrained(directory, device_map={"": "disk"},
+                                   offload_folder=str(tmp_path / "off"))
+
+
+def test_the_split_sees_names_a_converter_pattern_writes():
+    """A tied name written by a ``*`` output pattern counts as stored, as a literal one."""
+    spec = TensorSpec((4,), torch.float32)
+    both = ModelTensor("a.0.w", spec, ("a.0.w", "b.w"), False, True, (1,), True)
+    info = ModelInfo({"a.0.w": both, "b.w": both}, tied_names=("a.0.w", "b.w"))
+    once = [Group(None, (), (), ("a.*.w",))]
+    assert split_stored_ties(info, once, False) is info  # (one name written: stays tied)
+    split = split_stored_ties(info, once + [Group(None, (), (), ("b.w",))], False)
+    assert split.stored_ties == (("a.0.w", "b.w"),)
+    assert split.get("b.w").aliases == ("b.w",) and split.get("b.w").allocates
+    assert split.get("a.0.w").aliases == ("a.0.w",)
+    with pytest.raises(ParallelError, match="b.w"):
+        split_stored_ties(info, once + [Group(None, (), (), ("b.w",))], True)
