@@ -119,6 +119,11 @@ def test_every_readme_cli_line_runs(user_dirs, capsys):
     (["convert", "{root}/llama", "{root}/out", "--json"],
      "weightplan convert: error: unrecognized arguments: --json; --json is an option of "
      "weightplan explain and mappings, not of convert (see weightplan convert --help)"),
+    # the command's own flag before the command: was '--json is an option of weightplan
+    # mappings, not of explain' (explain has it)
+    (["--json", "explain", "{root}/llama"],
+     "weightplan explain: error: unrecognized arguments: --json; --json goes after the "
+     "command (weightplan explain ... --json) (see weightplan explain --help)"),
     (["mappings", "--dtype", "bf16", "--dry-run"], "unrecognized arguments: --dtype bf16 "
      "--dry-run; --dtype is an option of weightplan explain, --dry-run of weightplan "
      "convert, not of mappings (see weightplan mappings --help)"),
