@@ -99,6 +99,12 @@ def test_every_readme_cli_line_runs(user_dirs, capsys):
     (["explain", "{root}/mixtral", "--device-map", "auto", "--max-memory", "cpu=1KiB"],
      "converted, not read back from the checkpoint as they are: pass --offload-folder DIR, "
      "or give the devices more memory"),
+    # --device-map takes one device (01d0d8a): its budgets said in the flags' words (was
+    # '--max-memory= and offload_folder= size an automatic placement'), the dict map too
+    (["explain", "{root}/llama", "--device-map", "cpu", "--max-memory", "cpu=1GiB"],
+     "PlanError: --max-memory and --offload-folder size an automatic placement "
+     "(--device-map auto, 'balanced', 'balanced_low_0' or 'sequential') or bound a dict map "
+     "naming \"disk\": pass one of those, or drop them"),
     (["explain", "{root}/llama", "--ep"], "ArgumentError: --ep needs --tp"),
     # the picture's flags, alone, were ignored (the same text printed, no picture)
     (["explain", "{root}/llama", "--only", "model.layers.0.*"],
@@ -119,6 +125,11 @@ def test_every_readme_cli_line_runs(user_dirs, capsys):
     (["convert", "{root}/llama", "{root}/out", "--json"],
      "weightplan convert: error: unrecognized arguments: --json; --json is an option of "
      "weightplan explain and mappings, not of convert (see weightplan convert --help)"),
+    # the command's own flag before the command: was '--json is an option of weightplan
+    # mappings, not of explain' (explain has it)
+    (["--json", "explain", "{root}/llama"],
+     "weightplan explain: error: unrecognized arguments: --json; --json goes after the "
+     "command (weightplan explain ... --json) (see weightplan explain --help)"),
     (["mappings", "--dtype", "bf16", "--dry-run"], "unrecognized arguments: --dtype bf16 "
      "--dry-run; --dtype is an option of weightplan explain, --dry-run of weightplan "
      "convert, not of mappings (see weightplan mappings --help)"),

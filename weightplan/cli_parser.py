@@ -75,19 +75,22 @@ def _flags(parser: argparse.ArgumentParser) -> set[str]:
 def _close_flags(command: argparse.ArgumentParser, extras: list[str],
                  commands: dict[str, argparse.ArgumentParser]) -> str:
     """For a mistyped flag, the command's flags it is close to (``; did you mean --tp?``);
-    for another command's flag, which commands take it."""
+    for another command's flag, which commands take it; for the command's own flag (given
+    before the command), where it goes."""
+    own, name = _flags(command), command.prog.split()[-1]
     words = [w.split("=")[0] for w in extras if w.startswith("-")]
-    own = _flags(command)
+    early = [w for w in words if w in own]  # (``weightplan --json explain DIR``)
     owners = {w: [n for n, p in commands.items() if p is not command and w in _flags(p)]
-              for w in words}
+              for w in words if w not in own}
     elsewhere = [f"{w} is an option of weightplan {' and '.join(names)}" if i == 0 else
                  f"{w} of weightplan {' and '.join(names)}"
                  for i, (w, names) in enumerate((w, n) for w, n in owners.items() if n)]
-    close = dict.fromkeys(m for w in words if not owners[w]
+    close = dict.fromkeys(m for w, names in owners.items() if not names
                           for m in difflib.get_close_matches(w, sorted(own), n=2, cutoff=0.7))
-    said = f"; did you mean {' or '.join(close)}?" if close else ""
+    said = "".join(f"; {w} goes after the command (weightplan {name} ... {w})" for w in early)
+    said += f"; did you mean {' or '.join(close)}?" if close else ""
     if elsewhere:
-        said += f"; {', '.join(elsewhere)}, not of {command.prog.split()[-1]}"
+        said += f"; {', '.join(elsewhere)}, not of {name}"
     return said
 
 

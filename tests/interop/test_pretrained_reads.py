@@ -94,3 +94,19 @@ def test_a_mistral_config_with_layer_types_is_ministral_as_transformers_reads_it
     ours = _config(tmp_path)
     assert type(ours) is type(theirs) and theirs.model_type == "ministral"
     assert ours.to_dict() == theirs.to_dict()
+
+
+def test_a_config_with_an_infinite_float_is_read_as_transformers_reads_it(tmp_path):
+    """transformers 5 writes inf as ``{"__float__": "Infinity"}`` (Mamba2's
+    ``time_step_limit``) and decodes it when it reads the file: the config made from the
+    dict weightplan read decodes it too (was: ModelBuildError, 'time_step_limit … doesn't
+    match any type', so from_pretrained of any Mamba2 saved by transformers 5 failed)."""
+    import transformers
+
+    transformers.Mamba2Config(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_heads=4,
+                              head_dim=16, state_size=8, n_groups=1).save_pretrained(tmp_path)
+    assert '"__float__": "Infinity"' in (tmp_path / "config.json").read_text()
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path)
+    ours = _config(tmp_path)
+    assert tuple(ours.time_step_limit) == (0.0, float("inf"))
+    assert type(ours) is type(theirs) and ours.to_dict() == theirs.to_dict()

@@ -44,3 +44,17 @@ def test_load_equals_oracle(root, kind, experts_only, phrase):
     for name, p in got.named_parameters():
         assert same(p.detach(), wanted[name].detach()), name
     assert any(".experts." in n for n, _ in got.named_parameters())
+
+
+@pytest.mark.parametrize("kind", ["int", "modelopt"])
+def test_from_pretrained_of_the_file_reads_the_config_beside_it(root, kind):
+    """``from_pretrained(dir/model.safetensors)`` loads what ``from_pretrained(dir)`` loads:
+    the packed format is told by the config.json (or hf_quant_config.json) beside the file.
+    Was: that config was looked for under the file's own path, so the packed weights were
+    unexpected keys and their parameters left to the model's init (int) or refused as
+    mismatched (modelopt)."""
+    qdir, _ = quantized_checkpoint(root, kind)
+    want = dict(weightplan.from_pretrained(qdir, progress=False).named_parameters())
+    got = weightplan.from_pretrained(qdir / "model.safetensors", progress=False, strict=True)
+    for name, p in got.named_parameters():
+        assert same(p.detach(), want[name].detach()), name

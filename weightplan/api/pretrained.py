@@ -90,12 +90,12 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
                                   local_files_only=local_files_only, token=token, subfolder=subfolder)
         model = _sided(_built(read, tensor_parallel, mesh, (attn_implementation, experts_implementation),
                               progress, _runs_kept(keep, dequantize, read), dtype), dequantize_on)
-    with status(f"planning the load of {read.directory}", "planned the load", progress):
+    with status(f"planning the load of {read.path}", "planned the load", progress):
         plan = _explain(model, read, adapter, adapter_name, merge, dtype=dtype, mapping=mapping,
                         budget=budget, threads=threads, device=_rank_device(device, mesh), tp=tensor_parallel,
                         max_memory=max_memory, offload_folder=offload_folder, dequantize_on=dequantize_on)
     report = plan.execute(strict=strict, progress=progress)
-    return _finished(model, read.directory, generation_config, report, output_loading_info,
+    return _finished(model, read.path, generation_config, report, output_loading_info,
                      return_report, plan.options.dtype)
 
 
@@ -175,13 +175,15 @@ def keeps_quantized(dequantize: bool | None, dtype: object, tp: object) -> bool:
     return tp is None and (dtype is None or dtype == "auto")
 
 
-def _read(directory: Path) -> DirectoryRead:
-    """The checkpoint directory with its ``config.json`` read (once: everything after
-    uses what was read, and its headers are read at their first use)."""
+def _read(checkpoint: Path) -> DirectoryRead:
+    """The checkpoint (a directory, or a file in one) with its directory's ``config.json``
+    read (once: everything after uses what was read, and its headers are read at their
+    first use)."""
     from weightplan.bridge.config_guard import read_config_json
+    from weightplan.bridge.hub import config_path
 
-    path = directory / "config.json"
-    return DirectoryRead(directory, read_config_json(path) if path.is_file() else None)
+    path = config_path(checkpoint)
+    return DirectoryRead(checkpoint, None if path is None else read_config_json(path))
 
 
 def _runs_kept(keep: bool, dequantize: bool | None, read: DirectoryRead) -> bool:
@@ -310,7 +312,7 @@ def _built(read: DirectoryRead, tp: TensorParallel | None, mesh: Any,
     with status(f"building the model {read.directory / 'config.json'} names (on meta)",
                 "built the model", progress):
         attn, experts = implementations
-        model = build_empty_model(read.directory, attn_implementation=attn,
+        model = build_empty_model(read.path, attn_implementation=attn,
                                   experts_implementation=experts,
                                   keep_quantized=keep_quantized,
                                   dtype=_build_dtype(dtype, read), config_json=read.config).model

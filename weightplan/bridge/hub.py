@@ -135,9 +135,10 @@ def _read_config(transformers: Any, path: Path, read: Mapping[str, object] | Non
 
 def _auto_config(transformers: Any, words: dict, path: Path) -> Any:
     """The config class ``model_type`` names, made from ``words`` as ``AutoConfig`` makes
-    it (a ``mistral`` config with ``layer_types`` is read as ``ministral`` there); a config
-    naming no ``model_type`` (or other files: ``configuration_files``) is left to
-    ``AutoConfig``, which reads the file again."""
+    it (a ``mistral`` config with ``layer_types`` is read as ``ministral`` there; floats
+    JSON can't hold, written ``{"__float__": "Infinity"}``, decoded as its file reader
+    decodes them); a config naming no ``model_type`` (or other files:
+    ``configuration_files``) is left to ``AutoConfig``, which reads the file again."""
     kind = words.get("model_type")
     if not isinstance(kind, str) or "configuration_files" in words:
         return transformers.AutoConfig.from_pretrained(str(path.parent), trust_remote_code=False)
@@ -147,7 +148,10 @@ def _auto_config(transformers: Any, words: dict, path: Path) -> Any:
     if kind not in mapping:
         raise ValueError(f"model_type {kind!r} is not a model type this transformers "
                          f"{transformers.__version__} knows (pip install -U transformers)")
-    return mapping[kind].from_dict(words, name_or_path=str(path.parent))
+    cls = mapping[kind]
+    decoded = getattr(cls, "_decode_special_floats", None)  # (transformers 5: inf, nan)
+    return cls.from_dict(words if decoded is None else decoded(words),
+                         name_or_path=str(path.parent))
 
 
 def _model_class(transformers: Any, config: Any, path: Path) -> tuple[Any, str]:

@@ -73,17 +73,23 @@ class Checkpoint:
 
 @dataclass(frozen=True, eq=False)
 class DirectoryRead:
-    """A checkpoint directory with what its caller has read of it, handed down as the
-    checkpoint so that one call reads nothing twice (``from_pretrained``: ``config.json``
-    to build the model; the headers, when its dtype came from them)."""
+    """A checkpoint (a directory, or a ``.safetensors`` file in one) with what its caller
+    has read of it, handed down as the checkpoint so that one call reads nothing twice
+    (``from_pretrained``: ``config.json`` to build the model; the headers, when its dtype
+    came from them)."""
 
-    directory: Path
-    config: Mapping[str, object] | None  # config.json as read (``None``: there is none)
+    path: Path  # the checkpoint as given
+    config: Mapping[str, object] | None  # its directory's config.json as read (``None``: none)
+
+    @cached_property
+    def directory(self) -> Path:
+        """Where its ``config.json`` (and any other config) is: the checkpoint's directory."""
+        return self.path if _is_dir(self.path) else self.path.parent
 
     @cached_property
     def checkpoint(self) -> Checkpoint:
-        """The directory's headers, read at the first use."""
-        return open_checkpoint(self.directory)
+        """The checkpoint's headers, read at the first use."""
+        return open_checkpoint(self.path)
 
 
 @paused_gc

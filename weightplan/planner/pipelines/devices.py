@@ -112,8 +112,10 @@ def automatic_request(device: object, max_memory: object, offload_folder: object
                                 _folder(offload_folder), given)
     if not (isinstance(device, str) and device in STRATEGIES):
         if max_memory is not None or offload_folder is not None:
-            raise PlanError("max_memory= and offload_folder= size an automatic placement: pass "
-                            "device_map='auto' (or 'balanced', 'balanced_low_0', 'sequential')")
+            raise PlanError("max_memory and offload_folder size an automatic placement "
+                            "(device_map='auto', 'balanced', 'balanced_low_0' or 'sequential') "
+                            "or bound a dict map naming \"disk\": pass one of those, or drop "
+                            "them")
         return None
     if tp is not None:
         raise ParallelError("tp= places each rank's part on its own device: drop "
