@@ -173,7 +173,8 @@ def with_adapter(data: LoadPlanData, adapter: Adapter, injected: InjectedAdapter
     written = {t.key for c in data.conversions if c.loads for t in c.targets
                if t.status is TargetStatus.LOAD}
     changes = tuple(_scale_changes(adapter.config, injected, fused, written))
-    problems = (*_unplaced(data, adapter, mine), *_halves(data, adapter, fused),
+    problems = (*_peft_at_load(adapter.config), *_unplaced(data, adapter, mine),
+                *_halves(data, adapter, fused),
                 *(_scale_problem(c, adapter.config) for c in changes))
     config = adapter.config
     summary = AdapterSummary(
@@ -215,6 +216,28 @@ def _targets(config: AdapterConfig) -> tuple[str, ...]:
     modules = config.target_modules
     named = (modules,) if isinstance(modules, str) else tuple(modules or ())
     return named + config.target_parameters
+
+
+_BASE_REWRITING_INITS = ("pissa", "corda", "olora", "loftq", "lora_ga")
+
+
+def _peft_at_load(config: AdapterConfig) -> Iterable[Problem]:
+    """Config fields that make peft change the model when it loads the adapter, beyond
+    its tensors: a plan of the file's tensors would load another model than peft's."""
+    init = config.raw.get("init_lora_weights")
+    if isinstance(init, str) and init.lower().startswith(_BASE_REWRITING_INITS):
+        yield Problem(ProblemKind.ADAPTER, "init_lora_weights", (
+            f"{config.file}: init_lora_weights {init!r}: this initialisation subtracts the "
+            "adapter's initial factors from the base weights, and peft recomputes that "
+            "residual base when it loads the adapter; weightplan loads the base as stored, "
+            "so the model would differ from the trained one; convert the adapter to a plain "
+            "LoRA with peft (save_pretrained(..., path_initial_model_for_weight_conversion="
+            "...)) and load that"))
+    if config.raw.get("trainable_token_indices"):
+        yield Problem(ProblemKind.ADAPTER, "trainable_token_indices", (
+            f"{config.file}: trainable_token_indices: peft's trainable tokens (the "
+            "embedding rows' trainable_tokens_delta) are not loaded by weightplan; load "
+            "this adapter with peft's PeftModel.from_pretrained"))
 
 
 def _unplaced(data: LoadPlanData, adapter: Adapter, mine: set[str]) -> Iterable[Problem]:
