@@ -55,6 +55,12 @@ class InjectedAdapter:
         return None if layer is None else layer.path
 
 
+def adapter_tensor(tensor_name: str) -> bool:
+    """Whether a model tensor belongs to some adapter (any name): a LoRA factor, a DoRA
+    magnitude, a trained copy of a module to save."""
+    return any(part in tensor_name for part in OWNED)
+
+
 def injected_adapters(model: torch.nn.Module) -> tuple[str, ...]:
     """Names of the LoRA adapters injected in ``model`` (first seen first)."""
     names: dict[str, None] = {}
