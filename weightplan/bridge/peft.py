@@ -46,7 +46,7 @@ def rewritten_config(config: AdapterConfig, model: torch.nn.Module,
     ranks, alphas = dict(config.rank_pattern), dict(config.alpha_pattern)
     for f in fused_targets(base):
         hit = [linear for linear in f.linears if linear in targets]
-        if not hit:
+        if not hit or config.names_parameter(f.parameter):  # (trained fused: as it is)
             continue
         if len(hit) != len(f.linears):
             raise AdapterError(one_half_message(config.file, hit, f))
@@ -76,14 +76,15 @@ def per_expert_config(config: AdapterConfig, base: Iterable[WeightTransform]) ->
     modules = list(config.target_modules) if isinstance(config.target_modules, tuple) else []
     ranks, alphas = dict(config.rank_pattern), dict(config.alpha_pattern)
     for f in fused_targets(base):
-        if f.parameter not in parameters:
+        named = [p for p in parameters if p == f.parameter or p.endswith(f".{f.parameter}")]
+        if not named:
             continue
         r, alpha = config.rank_alpha(f"{f.module.strip('.')}.{f.parameter}")  # (a dotted name)
         n = len(f.linears)
         if r % n:
             raise AdapterError(f"{config.file}: {f.parameter}'s rank {r} can't be shared by "
                                f"its {n} per-expert linears {list(f.linears)}")
-        parameters.remove(f.parameter)
+        parameters = [p for p in parameters if p not in named]
         for patterns in (ranks, alphas):
             for key in [k for k in patterns if k.endswith(f.parameter)]:
                 del patterns[key]

@@ -205,7 +205,7 @@ def _shared_only(config: AdapterConfig, fused: tuple[FusedTarget, ...]) -> Itera
     named = config.target_modules if isinstance(config.target_modules, tuple) else ()
     for f in fused:
         hit = [linear for linear in f.linears if linear in named]
-        if hit and f.wrapper is None and f.parameter not in config.target_parameters:
+        if hit and f.wrapper is None and not config.names_parameter(f.parameter):
             yield Note(f.parameter, f"target_modules {hit} match only linears outside the "
                        f"routed experts here (shared experts, dense layers): the routed "
                        f"experts' fused {f.parameter} gets no LoRA; to adapt them, train with "
@@ -297,7 +297,7 @@ def _scale_changes(config: AdapterConfig, injected: InjectedAdapter,
         if not any(k.startswith(f"{layer.path}.lora_") for k in written):
             continue
         module = layer.target.removeprefix(injected.prefix)
-        if layer.parameter is not None and layer.parameter not in config.target_parameters:
+        if layer.parameter is not None and not config.names_parameter(module):
             module = linears.get(layer.parameter, module)
         trained = config.scale(module)
         if abs(layer.scaling - trained) > _TOLERANCE * max(1.0, abs(trained)):
