@@ -89,7 +89,7 @@ def explain_base_and_adapter(model: torch.nn.Module, base_checkpoint: Checkpoint
     keys = last_file_keys(checkpoint)
     replaced: dict[str, Replacement] = {}
     data = explain_load(model, checkpoint, mapping=choice,
-                        view=lambda info: keep_dtype_of(info, injected.owns),
+                        view=lambda info: keep_dtype_of(info, injected.owns_factor),
                         regroup=lambda r: adapter_first(r, frozenset(keys), injected, replaced),
                         **options)
     return with_adapter(data, adapter, injected, fused, keys=keys,
