@@ -182,7 +182,9 @@ def with_adapter(data: LoadPlanData, adapter: Adapter, injected: InjectedAdapter
         scale_of(config.r, config.lora_alpha, config.use_rslora), config.use_rslora,
         config.use_dora, _targets(config), config.modules_to_save, len(keys), len(loaded),
         *_bytes(data, mine), conversions, changes,
-        json.dumps(dict(config.raw), indent=2, sort_keys=True) + "\n", replaced=replaced)
+        json.dumps(dict(config.raw), indent=2, sort_keys=True) + "\n", replaced=replaced,
+        rank_pattern=tuple(config.rank_pattern.items()),
+        alpha_pattern=tuple(config.alpha_pattern.items()), layers=_layers(config))
     findings = dataclasses.replace(data.findings, problems=tuple(problems)
                                    + data.findings.problems,
                                    notes=data.findings.notes + tuple(_shared_only(config, fused)))
@@ -210,6 +212,14 @@ def _shared_only(config: AdapterConfig, fused: tuple[FusedTarget, ...]) -> Itera
                        f"routed experts here (shared experts, dense layers): the routed "
                        f"experts' fused {f.parameter} gets no LoRA; to adapt them, train with "
                        f"target_parameters=['{f.parameter}']")
+
+
+def _layers(config: AdapterConfig) -> tuple[int, ...]:
+    """``layers_to_transform`` as a tuple (peft takes one int or a list)."""
+    layers = config.raw.get("layers_to_transform")
+    if isinstance(layers, int) and not isinstance(layers, bool):
+        return (layers,)
+    return tuple(x for x in layers if isinstance(x, int)) if isinstance(layers, list) else ()
 
 
 def _targets(config: AdapterConfig) -> tuple[str, ...]:
