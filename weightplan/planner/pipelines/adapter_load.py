@@ -174,7 +174,7 @@ def with_adapter(data: LoadPlanData, adapter: Adapter, injected: InjectedAdapter
                if t.status is TargetStatus.LOAD}
     changes = tuple(_scale_changes(adapter.config, injected, fused, written))
     problems = (*_peft_at_load(adapter.config), *_unplaced(data, adapter, mine),
-                *_halves(data, adapter, fused),
+                *_halves(data, adapter, fused), *_mixed_scales(data, adapter, injected),
                 *(_scale_problem(c, adapter.config) for c in changes))
     config = adapter.config
     summary = AdapterSummary(
@@ -275,6 +275,37 @@ def _halves(data: LoadPlanData, adapter: Adapter, fused: tuple[FusedTarget, ...]
             f"fused into {pair.parameter}: a LoRA on one half of a fused weight can't be "
             "represented exactly in the fused layout; train the adapter on both halves, or "
             "load it into a model with per-expert linears"))
+
+
+def _mixed_scales(data: LoadPlanData, adapter: Adapter, injected: InjectedAdapter
+                  ) -> Iterable[Problem]:
+    """Per-expert linears fused into one LoRA layer (one scale) that the config trains with
+    different scales (a ``rank_pattern`` / ``alpha_pattern`` on the gate and not the up
+    linear, or on some experts): no fused form is exact."""
+    if not (adapter.config.rank_pattern or adapter.config.alpha_pattern):
+        return  # (one scale for every module)
+    wrappers = [layer for layer in injected.layers.values() if layer.parameter is not None]
+    trained: dict[str, dict[float, list[str]]] = {}
+    for c in data.conversions:
+        if not (c.loads and c.group.ops):
+            continue
+        for t in c.targets:
+            layer = next((w for w in wrappers if t.key.startswith(f"{w.path}.lora_")), None)
+            if layer is None:
+                continue
+            for e in c.group.entries:
+                module = e.key.removeprefix(PEFT_PREFIX).rsplit(".lora_", 1)[0]
+                scales = trained.setdefault(layer.target, {})
+                scales.setdefault(adapter.config.scale(module), []).append(module)
+    for target, scales in trained.items():
+        if len(scales) > 1:
+            said = "; ".join(f"{s:.6g} ({', '.join(sorted(set(m))[:3])}"
+                             f"{', …' if len(set(m)) > 3 else ''})" for s, m in scales.items())
+            yield Problem(ProblemKind.ADAPTER, target, (
+                f"{adapter.config.file}: the per-expert linears fused into {target} were "
+                f"trained with different scales (rank_pattern / alpha_pattern): {said}; the "
+                "fused LoRA layer has one scale, so no fused form is exact; load the adapter "
+                "into a model with per-expert linears"))
 
 
 def _layouts(config: AdapterConfig, injected: InjectedAdapter, fused: tuple[FusedTarget, ...],
