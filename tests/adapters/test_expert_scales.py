@@ -43,3 +43,16 @@ def test_a_scale_pattern_on_a_whole_fused_linear_set_loads(tmp_path):
                                                          "down_proj": 16}))
     plan = weightplan.explain(model, d)
     assert not [p for p in plan.problems if p.kind is ProblemKind.ADAPTER], plan.problems
+
+
+def test_a_pattern_on_one_layers_fused_linears_changes_that_layers_scale(tmp_path):
+    """Every linear fused into layer 1's gate_up_proj trained at scale 8, layer 0's at 4:
+    the fused layer is injected with the linears' default scale, a change to say."""
+    tiny_model("mixtral").save_pretrained(tmp_path / "base")
+    d = tmp_path / "v4"
+    per_expert_adapter(str(d), MIXTRAL, attention=False)
+    config = json.loads((d / "adapter_config.json").read_text())
+    pattern = {r"model.layers.1.block_sparse_moe.experts.\d+.w[13]": 16}
+    (d / "adapter_config.json").write_text(json.dumps({**config, "alpha_pattern": pattern}))
+    with pytest.raises(AdapterError, match=r"layers.1.mlp.experts.gate_up_proj.* by 4.*with 8"):
+        weightplan.from_pretrained(tmp_path / "base", adapter=d)

@@ -172,9 +172,10 @@ def with_adapter(data: LoadPlanData, adapter: Adapter, injected: InjectedAdapter
     conversions = tuple(_layouts(adapter.config, injected, fused, converted))
     written = {t.key for c in data.conversions if c.loads for t in c.targets
                if t.status is TargetStatus.LOAD}
-    changes = tuple(_scale_changes(adapter.config, injected, fused, written))
+    fused_scales = _fused_scales(data, adapter.config, injected)
+    changes = tuple(_scale_changes(adapter.config, injected, fused, written, fused_scales))
     problems = (*_peft_at_load(adapter.config), *_unplaced(data, adapter, mine),
-                *_halves(data, adapter, fused), *_mixed_scales(data, adapter, injected),
+                *_halves(data, adapter, fused), *_mixed_scales(adapter, fused_scales),
                 *(_scale_problem(c, adapter.config) for c in changes))
     config = adapter.config
     summary = AdapterSummary(
@@ -277,13 +278,13 @@ def _halves(data: LoadPlanData, adapter: Adapter, fused: tuple[FusedTarget, ...]
             "load it into a model with per-expert linears"))
 
 
-def _mixed_scales(data: LoadPlanData, adapter: Adapter, injected: InjectedAdapter
-                  ) -> Iterable[Problem]:
-    """Per-expert linears fused into one LoRA layer (one scale) that the config trains with
-    different scales (a ``rank_pattern`` / ``alpha_pattern`` on the gate and not the up
-    linear, or on some experts): no fused form is exact."""
-    if not (adapter.config.rank_pattern or adapter.config.alpha_pattern):
-        return  # (one scale for every module)
+def _fused_scales(data: LoadPlanData, config: AdapterConfig, injected: InjectedAdapter
+                  ) -> dict[str, dict[float, list[str]]]:
+    """Each fused LoRA layer the file's per-expert linears load into → the scales the config
+    trains those linears with (their ``rank_pattern`` / ``alpha_pattern``), each with its
+    modules; empty when the config has no patterns (one scale, said by the config's r)."""
+    if not (config.rank_pattern or config.alpha_pattern):
+        return {}
     wrappers = [layer for layer in injected.layers.values() if layer.parameter is not None]
     trained: dict[str, dict[float, list[str]]] = {}
     for c in data.conversions:
@@ -296,8 +297,16 @@ def _mixed_scales(data: LoadPlanData, adapter: Adapter, injected: InjectedAdapte
             for e in c.group.entries:
                 module = e.key.removeprefix(PEFT_PREFIX).rsplit(".lora_", 1)[0]
                 scales = trained.setdefault(layer.target, {})
-                scales.setdefault(adapter.config.scale(module), []).append(module)
-    for target, scales in trained.items():
+                scales.setdefault(config.scale(module), []).append(module)
+    return trained
+
+
+def _mixed_scales(adapter: Adapter, fused_scales: dict[str, dict[float, list[str]]]
+                  ) -> Iterable[Problem]:
+    """Per-expert linears fused into one LoRA layer (one scale) that the config trains with
+    different scales (a pattern on the gate and not the up linear, or on some experts): no
+    fused form is exact."""
+    for target, scales in fused_scales.items():
         if len(scales) > 1:
             said = "; ".join(f"{s:.6g} ({', '.join(sorted(set(m))[:3])}"
                              f"{', …' if len(set(m)) > 3 else ''})" for s, m in scales.items())
@@ -329,7 +338,8 @@ def _layouts(config: AdapterConfig, injected: InjectedAdapter, fused: tuple[Fuse
 
 
 def _scale_changes(config: AdapterConfig, injected: InjectedAdapter,
-                   fused: tuple[FusedTarget, ...], written: set[str]) -> Iterable[ScaleChange]:
+                   fused: tuple[FusedTarget, ...], written: set[str],
+                   fused_scales: dict[str, dict[float, list[str]]]) -> Iterable[ScaleChange]:
     """Layers the file loads into whose model scale differs from the trained one (a fused
     parameter saved per expert was trained with its linears' rank and alpha)."""
     linears = {f.parameter: f.linears[0] for f in fused}
@@ -341,6 +351,8 @@ def _scale_changes(config: AdapterConfig, injected: InjectedAdapter,
         if layer.parameter is not None and not config.names_parameter(module):
             module = linears.get(layer.parameter, module)
         trained = config.scale(module)
+        if len(fused_scales.get(layer.target, ())) == 1:  # (its per-expert linears' own)
+            trained = next(iter(fused_scales[layer.target]))
         if abs(layer.scaling - trained) > _TOLERANCE * max(1.0, abs(trained)):
             where = layer.parameter or module
             if (where, trained, layer.scaling) not in seen:
