@@ -167,3 +167,17 @@ def test_two_adapters_each_saved_with_only_its_own_tensors(tmp_path):
         after = load_file(f"{tmp_path / name}/adapter_model.safetensors")
         assert sorted(after) == sorted(before)
         assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_another_adapters_directory_points_at_the_subfolder(tmp_path):
+    """peft saves a non-default adapter in a subfolder named after it; the root given with
+    adapter_name='second' (the default's file) was said to be 'the adapter of another base
+    model?'; the error now names the subfolder."""
+    from weightplan.errors import AdapterError
+
+    model = peft.get_peft_model(tiny_model("llama"), peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj"]))
+    model.add_adapter("second", peft.LoraConfig(r=2, lora_alpha=4, target_modules=["v_proj"]))
+    model.save_pretrained(tmp_path / "in")
+    with pytest.raises(AdapterError, match=r"in/second"):
+        weightplan.explain(model, str(tmp_path / "in"), adapter_name="second")

@@ -166,7 +166,7 @@ def with_adapter(data: LoadPlanData, adapter: Adapter, injected: InjectedAdapter
         raise AdapterError(f"{adapter.weights}: none of the adapter's {len(keys)} tensors has "
                            f"a place in the model's adapter {injected.name!r} (e.g. "
                            f"{example!r}; the model holds {wanted or 'no adapter tensors'}): "
-                           "is it the adapter of another base model?")
+                           + _which_directory(adapter, injected.name))
     converted = [e.key for c in data.conversions if c.loads and c.group.ops
                  for e in c.group.entries if e.key in mine]  # (per-expert linears fused)
     conversions = tuple(_layouts(adapter.config, injected, fused, converted))
@@ -190,6 +190,16 @@ def with_adapter(data: LoadPlanData, adapter: Adapter, injected: InjectedAdapter
                                    + data.findings.problems,
                                    notes=data.findings.notes + tuple(_shared_only(config, fused)))
     return dataclasses.replace(data, findings=findings, adapter=summary)
+
+
+def _which_directory(adapter: Adapter, name: str) -> str:
+    """The likely cause of an adapter file with no tensor in place: peft saves adapter
+    ``name`` (not ``default``) in a subfolder of that name."""
+    sub = os.path.join(adapter.directory, name)
+    if name != "default" and os.path.isfile(os.path.join(sub, "adapter_config.json")):
+        return (f"peft saves adapter {name!r} in its own subfolder: give {sub} (this "
+                "directory's adapter is the one saved as 'default')")
+    return "is it the adapter of another base model?"
 
 
 def _bytes(data: LoadPlanData, mine: set[str]) -> tuple[int, int]:
