@@ -276,3 +276,12 @@ def test_a_modules_to_save_copy_takes_the_asked_dtype_as_peft_casts_it(tmp_path,
         assert torch.equal(oracle(ids).logits, model(ids).logits)
     else:
         assert torch.allclose(oracle(ids).logits, model(ids).logits, atol=0.05)
+
+
+def test_cli_base_and_adapter_swapped_says_so(mixtral, capsys):
+    """'weightplan explain BASE --base ADAPTER' said 'no config.json to build a model
+    from; pass --model-type' about the adapter directory."""
+    assert main(["explain", str(mixtral / "base"), "--base", str(mixtral / "v4")]) == 2
+    err = capsys.readouterr().err
+    assert "is an adapter directory" in err and "weightplan explain" in err
+    assert "--model-type" not in err
