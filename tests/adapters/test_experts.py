@@ -142,3 +142,23 @@ def test_target_modules_matching_only_shared_experts_is_a_note(tmp_path):
     assert not plan.problems
     notes = [n.message for n in plan.notes if "routed experts" in n.message]
     assert any("gate_up_proj" in n for n in notes) and any("down_proj" in n for n in notes)
+
+
+def test_a_regex_target_modules_naming_per_expert_linears(tmp_path):
+    """target_modules as one regex (peft's str form) over per-expert linears: the fused
+    parameters it matches in the file get their LoRA as for a list of names — was refused
+    with 48 'no place' problems advising to inject with the targets it was trained with."""
+    tiny_model("mixtral").save_pretrained(tmp_path / "base")
+    d = tmp_path / "v4"
+    tensors = per_expert_adapter(str(d), MIXTRAL)
+    config = json.loads((d / "adapter_config.json").read_text())
+    config["target_modules"] = r".*\.(w1|w2|w3|q_proj)"
+    (d / "adapter_config.json").write_text(json.dumps(config))
+    model = weightplan.from_pretrained(tmp_path / "base", adapter=d)
+    _check_math(model, tensors, MIXTRAL, 8 / 2)
+    q = f"{PREFIX}model.layers.1.self_attn.q_proj.lora_B.weight"
+    assert torch.equal(model.model.layers[1].self_attn.q_proj.lora_B.default.weight, tensors[q])
+    config["target_modules"] = r".*\.(w1|w2|q_proj)"  # (one half of gate|up: can't be exact)
+    (d / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(AdapterError, match="one half"):
+        weightplan.from_pretrained(tmp_path / "base", adapter=d)

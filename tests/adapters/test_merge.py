@@ -360,3 +360,17 @@ def test_an_offloaded_in_place_merge_holds_its_staged_output_until_the_next_fina
     plan = dataclasses.replace(plan, schedule=make_schedule(order, threads=0, window_bytes=1))
     report = plan.execute()  # (the merged step's close after the largest resident point)
     assert 0 < report.peak_bytes <= report.planned_peak_bytes
+
+
+def test_layer_replication_is_refused_for_what_it_is(tmp_path):
+    """layer_replication: the copies share their base weights, each with its own LoRA, so no
+    merged weight serves them all (peft's merge_and_unload moves the logits by 2e-3 here);
+    it was refused as 'model.layers.2...weight is not in the checkpoints'."""
+    _base(tmp_path, "llama")
+    trained = peft.get_peft_model(tiny_model("llama"), peft.LoraConfig(
+        r=2, lora_alpha=4, target_modules=["q_proj"], layer_replication=[[0, 2], [1, 2]],
+        init_lora_weights=False))
+    trained.save_pretrained(tmp_path / "rep")
+    assert weightplan.from_pretrained(tmp_path / "base", adapter=tmp_path / "rep") is not None
+    with pytest.raises(AdapterError, match=r"layer_replication.*share.*without merge=True"):
+        weightplan.from_pretrained(tmp_path / "base", adapter=tmp_path / "rep", merge=True)

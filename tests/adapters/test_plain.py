@@ -140,3 +140,19 @@ def test_scale_changes_only_where_the_file_loads(tmp_path):
         r=2, lora_alpha=6, target_modules=["q_proj"]))
     changes = weightplan.explain(changed, d).adapter.scale_changes
     assert [(c.trained, c.model) for c in changes] == [(2.0, 3.0)] * 2
+
+
+def test_section_shows_per_module_ranks_and_layers(tmp_path):
+    """rank_pattern / alpha_pattern / layers_to_transform change which ranks, scales and
+    layers the adapter has; the section said only the defaults ('rank 4, alpha 8, scale 2'
+    for an adapter whose q_proj runs at rank 2)."""
+    d = _saved(tmp_path, "p", r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+               rank_pattern={"q_proj": 2}, alpha_pattern={"v_proj": 3},
+               layers_to_transform=[1])
+    plan = weightplan.explain(_fresh(d)[1], d)
+    text = str(plan)
+    assert "rank_pattern: q_proj 2; alpha_pattern: v_proj 3" in text
+    assert "(layers 1)" in text
+    section = plan.to_dict()["adapter"]
+    assert [tuple(x) for x in section["rank_pattern"]] == [("q_proj", 2)]
+    assert list(section["layers"]) == [1]

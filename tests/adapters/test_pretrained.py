@@ -246,3 +246,42 @@ def test_base_files_left_unread_are_noted_with_an_adapter(tmp_path, sharded, mer
     assert [n.key for n in notes] == [str(tmp_path / "base" / "stray.safetensors")]
     assert notes[0].message.endswith(f" but not read: {why}")
     assert "stray.safetensors" in str(plan) and not plan.problems
+
+
+@pytest.mark.parametrize("merge", [False, True])
+def test_a_modules_to_save_copy_takes_the_asked_dtype_as_peft_casts_it(tmp_path, merge):
+    """from_pretrained(dtype=bf16) of a float32 checkpoint with a modules_to_save lm_head:
+    peft's copy is the base module's (bf16), its LoRA factors float32; the copy was kept
+    float32 and the forward raised 'expected m1 and m2 to have the same dtype'."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    tiny_model("llama").save_pretrained(tmp_path / "base")
+    trained = peft.get_peft_model(tiny_model("llama"), peft.LoraConfig(
+        r=2, lora_alpha=4, target_modules=["q_proj"], modules_to_save=["lm_head"],
+        init_lora_weights=False))
+    trained.save_pretrained(tmp_path / "lora")
+    oracle = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(
+        tmp_path / "base", dtype=torch.bfloat16), tmp_path / "lora")
+    if merge:
+        oracle = copy.deepcopy(oracle).merge_and_unload()
+    model = weightplan.from_pretrained(tmp_path / "base", adapter=tmp_path / "lora",
+                                       dtype=torch.bfloat16, merge=merge)
+    theirs, ours = _without_prefix(oracle), model.state_dict()
+    assert {k: v.dtype for k, v in ours.items()} == {k: v.dtype for k, v in theirs.items()}
+    ids = torch.arange(12)[None]
+    if not merge:  # (merged: rounded once from float32 here, twice in peft)
+        assert [k for k in ours if not torch.equal(ours[k], theirs[k])] == []
+        assert torch.equal(oracle(ids).logits, model(ids).logits)
+    else:
+        assert torch.allclose(oracle(ids).logits, model(ids).logits, atol=0.05)
+
+
+def test_cli_base_and_adapter_swapped_says_so(mixtral, capsys):
+    """'weightplan explain BASE --base ADAPTER' said 'no config.json to build a model
+    from; pass --model-type' about the adapter directory."""
+    assert main(["explain", str(mixtral / "base"), "--base", str(mixtral / "v4")]) == 2
+    err = capsys.readouterr().err
+    assert "is an adapter directory" in err and "weightplan explain" in err
+    assert "--model-type" not in err

@@ -145,3 +145,39 @@ def test_per_expert_layout_refuses_blocks_off_the_diagonal(tmp_path):
     assert not (tmp_path / "out").exists()
     weightplan.save(model, tmp_path / "fused", adapter_name="default", layout="fused")
     assert set(_read(tmp_path / "fused")) == set(_read(tmp_path / "in"))
+
+
+def test_two_adapters_each_saved_with_only_its_own_tensors(tmp_path):
+    """Two adapters on one model, each loaded from its own directory: saving one writes
+    only its tensors (the other's, with peft's prefix too, were written into it)."""
+    def two():
+        model = peft.get_peft_model(tiny_model("llama"), peft.LoraConfig(
+            r=4, lora_alpha=8, target_modules=["q_proj"], init_lora_weights=False))
+        model.add_adapter("second", peft.LoraConfig(r=2, lora_alpha=4, init_lora_weights=False,
+                                                    target_modules=["v_proj", "o_proj"]))
+        return model
+
+    two().save_pretrained(tmp_path / "in")  # (default at the root, second in a subfolder)
+    model = two()
+    for name, directory in (("default", tmp_path / "in"), ("second", tmp_path / "in/second")):
+        weightplan.explain(model, str(directory), adapter_name=name).execute()
+    for name, directory in (("default", tmp_path / "in"), ("second", tmp_path / "in/second")):
+        weightplan.save(model, tmp_path / name, adapter_name=name)
+        before = load_file(f"{directory}/adapter_model.safetensors")
+        after = load_file(f"{tmp_path / name}/adapter_model.safetensors")
+        assert sorted(after) == sorted(before)
+        assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_another_adapters_directory_points_at_the_subfolder(tmp_path):
+    """peft saves a non-default adapter in a subfolder named after it; the root given with
+    adapter_name='second' (the default's file) was said to be 'the adapter of another base
+    model?'; the error now names the subfolder."""
+    from weightplan.errors import AdapterError
+
+    model = peft.get_peft_model(tiny_model("llama"), peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj"]))
+    model.add_adapter("second", peft.LoraConfig(r=2, lora_alpha=4, target_modules=["v_proj"]))
+    model.save_pretrained(tmp_path / "in")
+    with pytest.raises(AdapterError, match=r"in/second"):
+        weightplan.explain(model, str(tmp_path / "in"), adapter_name="second")

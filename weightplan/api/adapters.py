@@ -66,6 +66,9 @@ def explain_adapter_dir(adapter: str, base: str | None = None, **options: Any) -
     from weightplan.api.hub import resolve_checkpoint
     from weightplan.bridge.hub import build_empty_model
 
+    if base is not None and is_adapter_dir(base) and not is_adapter_dir(adapter):
+        raise AdapterError(f"{base}: --base is an adapter directory and {adapter} is not: "
+                           f"swapped? weightplan explain {base} --base {adapter}")
     directory = adapter_base(adapter) if base is None else resolve_checkpoint(base)
     model = build_empty_model(directory).model
     return explain_with_adapter(model, directory, adapter, **options)

@@ -24,13 +24,18 @@ import torch
 
 from weightplan.errors import AdapterError
 from weightplan.planner.inputs.adapter import Adapter, AdapterConfig
+from weightplan.planner.inputs.adapter_model import PEFT_PREFIX
+from weightplan.planner.inputs.checkpoint import open_checkpoint
 from weightplan.planner.keys.adapter_keys import FusedTarget, fused_targets
 from weightplan.planner.keys.transforms import WeightTransform
 
 
 def rewritten_config(config: AdapterConfig, model: torch.nn.Module,
-                     base: Iterable[WeightTransform]) -> dict[str, Any]:
+                     base: Iterable[WeightTransform], modules: Iterable[str] = ()
+                     ) -> dict[str, Any]:
     """peft's config dict for ``model``: per-expert targets moved to the fused parameters.
+    A ``target_modules`` regex (peft's str form) names the linears it fully matches among
+    ``modules`` (the adapter file's module paths); it stays, matching the plain modules.
 
     Raises:
         AdapterError: the adapter targets one half of a fused pair (can't be exact).
@@ -39,14 +44,19 @@ def rewritten_config(config: AdapterConfig, model: torch.nn.Module,
     targets = config.target_modules
     if targets is None and config.target_parameters:  # (None would get peft's defaults)
         raw.update(target_modules=[])
-    if not isinstance(targets, tuple):  # a regex (or nothing): peft matches it as it is
+    if isinstance(targets, str):
+        named: tuple[str, ...] = tuple({m.rsplit(".", 1)[-1] for m in modules
+                                        if re.fullmatch(targets, m)})
+    elif targets is None:  # (nothing: peft's defaults)
         return raw
+    else:
+        named = targets
     leaves = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     parameters = list(config.target_parameters)
     ranks, alphas = dict(config.rank_pattern), dict(config.alpha_pattern)
     for f in fused_targets(base):
-        hit = [linear for linear in f.linears if linear in targets]
-        if not hit:
+        hit = [linear for linear in f.linears if linear in named]
+        if not hit or config.names_parameter(f.parameter):  # (trained fused: as it is)
             continue
         if len(hit) != len(f.linears):
             raise AdapterError(one_half_message(config.file, hit, f))
@@ -56,9 +66,10 @@ def rewritten_config(config: AdapterConfig, model: torch.nn.Module,
         ranks[key] = r * factor
         alphas[key] = alpha * (math.sqrt(factor) if config.use_rslora else factor)
         parameters.append(f.parameter)
-    kept = [t for t in targets if t in leaves or not _is_fused_linear(t, base)]
-    raw.update(target_modules=kept or ([] if parameters else None),
-               target_parameters=sorted(set(parameters)) or None,
+    if isinstance(targets, tuple):
+        kept = [t for t in targets if t in leaves or not _is_fused_linear(t, base)]
+        raw.update(target_modules=kept or ([] if parameters else None))
+    raw.update(target_parameters=sorted(set(parameters)) or None,
                rank_pattern=ranks, alpha_pattern=alphas)
     return raw
 
@@ -76,14 +87,15 @@ def per_expert_config(config: AdapterConfig, base: Iterable[WeightTransform]) ->
     modules = list(config.target_modules) if isinstance(config.target_modules, tuple) else []
     ranks, alphas = dict(config.rank_pattern), dict(config.alpha_pattern)
     for f in fused_targets(base):
-        if f.parameter not in parameters:
+        named = [p for p in parameters if p == f.parameter or p.endswith(f".{f.parameter}")]
+        if not named:
             continue
         r, alpha = config.rank_alpha(f"{f.module.strip('.')}.{f.parameter}")  # (a dotted name)
         n = len(f.linears)
         if r % n:
             raise AdapterError(f"{config.file}: {f.parameter}'s rank {r} can't be shared by "
                                f"its {n} per-expert linears {list(f.linears)}")
-        parameters.remove(f.parameter)
+        parameters = [p for p in parameters if p not in named]
         for patterns in (ranks, alphas):
             for key in [k for k in patterns if k.endswith(f.parameter)]:
                 del patterns[key]
@@ -123,7 +135,11 @@ def inject(model: torch.nn.Module, adapter: Adapter, base: Iterable[WeightTransf
     except ImportError as e:
         raise AdapterError(f"{adapter.directory}: loading an adapter into a base needs peft "
                            "(pip install 'weightplan[adapters]')") from e
-    raw = rewritten_config(adapter.config, model, tuple(base))
+    modules: tuple[str, ...] = ()
+    if isinstance(adapter.config.target_modules, str):  # (a regex: the file's modules)
+        modules = tuple({k.removeprefix(PEFT_PREFIX).rsplit(".lora_", 1)[0]
+                         for k in open_checkpoint(adapter.weights).entries if ".lora_" in k})
+    raw = rewritten_config(adapter.config, model, tuple(base), modules)
     fields = {f.name for f in dataclasses.fields(LoraConfig)}
     try:
         config = LoraConfig(**{k: v for k, v in raw.items() if k in fields})

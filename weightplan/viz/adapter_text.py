@@ -20,11 +20,18 @@ def adapter_lines(plan: PlanData) -> list[str]:
     lines = [f"adapter: {summary.directory} → adapter {summary.name!r}: {kind}, rank "
              f"{summary.r}, alpha {summary.alpha:g}, scale {summary.scale:.6g} ({scale})",
              f"  targets: {', '.join(summary.targets) or 'none'}"
+             + (f" (layers {', '.join(map(str, summary.layers))})" if summary.layers else "")
              + (f"; modules_to_save: {', '.join(summary.modules_to_save)}"
                 if summary.modules_to_save else ""),
              f"  loads {summary.loaded_tensors} of the adapter's {counted(summary.file_tensors, 'tensor')}"
              f" ({format_bytes(summary.read_bytes)} read, {format_bytes(summary.model_bytes)} "
              "written)"]
+    patterns = [f"{name}: {'; '.join(f'{k} {v:g}' for k, v in pattern)}"
+                for name, pattern in (("rank_pattern", summary.rank_pattern),
+                                      ("alpha_pattern", summary.alpha_pattern)) if pattern]
+    if patterns:
+        lines.append(f"  {'; '.join(patterns)} (a module's first matching pattern, else "
+                     "the rank and alpha above)")
     if summary.merged:
         lines.append(f"  merged: s·B·A folded into {counted(summary.merged, 'base weight')} (MergeLora "
                      "nodes, float32, cast once to the model's dtype); the model has no "

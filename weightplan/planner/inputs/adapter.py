@@ -49,6 +49,12 @@ class AdapterConfig:
         return (int(_pattern_value(self.rank_pattern, module, self.r)),
                 float(_pattern_value(self.alpha_pattern, module, self.lora_alpha)))
 
+    def names_parameter(self, parameter: str) -> bool:
+        """Whether ``target_parameters`` names ``parameter`` (a dotted path, or a bare
+        parameter name such as ``gate_up_proj``) as peft matches it: by its end."""
+        return any(t == parameter or t.endswith(f".{parameter}") or parameter.endswith(f".{t}")
+                   for t in self.target_parameters)
+
     def scale(self, module: str) -> float:
         """``alpha / r`` (``alpha / √r`` with rsLoRA): the factor of ``B·A`` in the delta."""
         r, alpha = self.rank_alpha(module)

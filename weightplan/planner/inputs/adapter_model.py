@@ -49,10 +49,22 @@ class InjectedAdapter:
         return any(f"{part}{self.name}" in tensor_name for part in OWNED) and (
             tensor_name.endswith(f".{self.name}") or f".{self.name}." in tensor_name)
 
+    def owns_factor(self, tensor_name: str) -> bool:
+        """Whether a model tensor is one of this adapter's LoRA factors or DoRA magnitudes
+        (peft keeps those float32 on a half-precision base; a trained copy of a module to
+        save is the base module's, in the model's dtype)."""
+        return self.owns(tensor_name) and ".modules_to_save." not in tensor_name
+
     def wrapper_of(self, module: str, parameter: str) -> str | None:
         """The path of the wrapper module adapting ``module``'s ``parameter``, if any."""
         layer = self.layers.get(f"{module}.{parameter}")
         return None if layer is None else layer.path
+
+
+def adapter_tensor(tensor_name: str) -> bool:
+    """Whether a model tensor belongs to some adapter (any name): a LoRA factor, a DoRA
+    magnitude, a trained copy of a module to save."""
+    return any(part in tensor_name for part in OWNED)
 
 
 def injected_adapters(model: torch.nn.Module) -> tuple[str, ...]:

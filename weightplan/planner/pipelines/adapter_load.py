@@ -89,7 +89,7 @@ def explain_base_and_adapter(model: torch.nn.Module, base_checkpoint: Checkpoint
     keys = last_file_keys(checkpoint)
     replaced: dict[str, Replacement] = {}
     data = explain_load(model, checkpoint, mapping=choice,
-                        view=lambda info: keep_dtype_of(info, injected.owns),
+                        view=lambda info: keep_dtype_of(info, injected.owns_factor),
                         regroup=lambda r: adapter_first(r, frozenset(keys), injected, replaced),
                         **options)
     return with_adapter(data, adapter, injected, fused, keys=keys,
@@ -166,14 +166,16 @@ def with_adapter(data: LoadPlanData, adapter: Adapter, injected: InjectedAdapter
         raise AdapterError(f"{adapter.weights}: none of the adapter's {len(keys)} tensors has "
                            f"a place in the model's adapter {injected.name!r} (e.g. "
                            f"{example!r}; the model holds {wanted or 'no adapter tensors'}): "
-                           "is it the adapter of another base model?")
+                           + _which_directory(adapter, injected.name))
     converted = [e.key for c in data.conversions if c.loads and c.group.ops
                  for e in c.group.entries if e.key in mine]  # (per-expert linears fused)
     conversions = tuple(_layouts(adapter.config, injected, fused, converted))
     written = {t.key for c in data.conversions if c.loads for t in c.targets
                if t.status is TargetStatus.LOAD}
-    changes = tuple(_scale_changes(adapter.config, injected, fused, written))
-    problems = (*_unplaced(data, adapter, mine), *_halves(data, adapter, fused),
+    fused_scales = _fused_scales(data, adapter.config, injected)
+    changes = tuple(_scale_changes(adapter.config, injected, fused, written, fused_scales))
+    problems = (*_peft_at_load(adapter.config), *_unplaced(data, adapter, mine),
+                *_halves(data, adapter, fused), *_mixed_scales(adapter, fused_scales),
                 *(_scale_problem(c, adapter.config) for c in changes))
     config = adapter.config
     summary = AdapterSummary(
@@ -181,11 +183,23 @@ def with_adapter(data: LoadPlanData, adapter: Adapter, injected: InjectedAdapter
         scale_of(config.r, config.lora_alpha, config.use_rslora), config.use_rslora,
         config.use_dora, _targets(config), config.modules_to_save, len(keys), len(loaded),
         *_bytes(data, mine), conversions, changes,
-        json.dumps(dict(config.raw), indent=2, sort_keys=True) + "\n", replaced=replaced)
+        json.dumps(dict(config.raw), indent=2, sort_keys=True) + "\n", replaced=replaced,
+        rank_pattern=tuple(config.rank_pattern.items()),
+        alpha_pattern=tuple(config.alpha_pattern.items()), layers=_layers(config))
     findings = dataclasses.replace(data.findings, problems=tuple(problems)
                                    + data.findings.problems,
                                    notes=data.findings.notes + tuple(_shared_only(config, fused)))
     return dataclasses.replace(data, findings=findings, adapter=summary)
+
+
+def _which_directory(adapter: Adapter, name: str) -> str:
+    """The likely cause of an adapter file with no tensor in place: peft saves adapter
+    ``name`` (not ``default``) in a subfolder of that name."""
+    sub = os.path.join(adapter.directory, name)
+    if name != "default" and os.path.isfile(os.path.join(sub, "adapter_config.json")):
+        return (f"peft saves adapter {name!r} in its own subfolder: give {sub} (this "
+                "directory's adapter is the one saved as 'default')")
+    return "is it the adapter of another base model?"
 
 
 def _bytes(data: LoadPlanData, mine: set[str]) -> tuple[int, int]:
@@ -204,17 +218,47 @@ def _shared_only(config: AdapterConfig, fused: tuple[FusedTarget, ...]) -> Itera
     named = config.target_modules if isinstance(config.target_modules, tuple) else ()
     for f in fused:
         hit = [linear for linear in f.linears if linear in named]
-        if hit and f.wrapper is None and f.parameter not in config.target_parameters:
+        if hit and f.wrapper is None and not config.names_parameter(f.parameter):
             yield Note(f.parameter, f"target_modules {hit} match only linears outside the "
                        f"routed experts here (shared experts, dense layers): the routed "
                        f"experts' fused {f.parameter} gets no LoRA; to adapt them, train with "
                        f"target_parameters=['{f.parameter}']")
 
 
+def _layers(config: AdapterConfig) -> tuple[int, ...]:
+    """``layers_to_transform`` as a tuple (peft takes one int or a list)."""
+    layers = config.raw.get("layers_to_transform")
+    if isinstance(layers, int) and not isinstance(layers, bool):
+        return (layers,)
+    return tuple(x for x in layers if isinstance(x, int)) if isinstance(layers, list) else ()
+
+
 def _targets(config: AdapterConfig) -> tuple[str, ...]:
     modules = config.target_modules
     named = (modules,) if isinstance(modules, str) else tuple(modules or ())
     return named + config.target_parameters
+
+
+_BASE_REWRITING_INITS = ("pissa", "corda", "olora", "loftq", "lora_ga")
+
+
+def _peft_at_load(config: AdapterConfig) -> Iterable[Problem]:
+    """Config fields that make peft change the model when it loads the adapter, beyond
+    its tensors: a plan of the file's tensors would load another model than peft's."""
+    init = config.raw.get("init_lora_weights")
+    if isinstance(init, str) and init.lower().startswith(_BASE_REWRITING_INITS):
+        yield Problem(ProblemKind.ADAPTER, "init_lora_weights", (
+            f"{config.file}: init_lora_weights {init!r}: this initialisation subtracts the "
+            "adapter's initial factors from the base weights, and peft recomputes that "
+            "residual base when it loads the adapter; weightplan loads the base as stored, "
+            "so the model would differ from the trained one; convert the adapter to a plain "
+            "LoRA with peft (save_pretrained(..., path_initial_model_for_weight_conversion="
+            "...)) and load that"))
+    if config.raw.get("trainable_token_indices"):
+        yield Problem(ProblemKind.ADAPTER, "trainable_token_indices", (
+            f"{config.file}: trainable_token_indices: peft's trainable tokens (the "
+            "embedding rows' trainable_tokens_delta) are not loaded by weightplan; load "
+            "this adapter with peft's PeftModel.from_pretrained"))
 
 
 def _unplaced(data: LoadPlanData, adapter: Adapter, mine: set[str]) -> Iterable[Problem]:
@@ -244,6 +288,45 @@ def _halves(data: LoadPlanData, adapter: Adapter, fused: tuple[FusedTarget, ...]
             "load it into a model with per-expert linears"))
 
 
+def _fused_scales(data: LoadPlanData, config: AdapterConfig, injected: InjectedAdapter
+                  ) -> dict[str, dict[float, list[str]]]:
+    """Each fused LoRA layer the file's per-expert linears load into → the scales the config
+    trains those linears with (their ``rank_pattern`` / ``alpha_pattern``), each with its
+    modules; empty when the config has no patterns (one scale, said by the config's r)."""
+    if not (config.rank_pattern or config.alpha_pattern):
+        return {}
+    wrappers = [layer for layer in injected.layers.values() if layer.parameter is not None]
+    trained: dict[str, dict[float, list[str]]] = {}
+    for c in data.conversions:
+        if not (c.loads and c.group.ops):
+            continue
+        for t in c.targets:
+            layer = next((w for w in wrappers if t.key.startswith(f"{w.path}.lora_")), None)
+            if layer is None:
+                continue
+            for e in c.group.entries:
+                module = e.key.removeprefix(PEFT_PREFIX).rsplit(".lora_", 1)[0]
+                scales = trained.setdefault(layer.target, {})
+                scales.setdefault(config.scale(module), []).append(module)
+    return trained
+
+
+def _mixed_scales(adapter: Adapter, fused_scales: dict[str, dict[float, list[str]]]
+                  ) -> Iterable[Problem]:
+    """Per-expert linears fused into one LoRA layer (one scale) that the config trains with
+    different scales (a pattern on the gate and not the up linear, or on some experts): no
+    fused form is exact."""
+    for target, scales in fused_scales.items():
+        if len(scales) > 1:
+            said = "; ".join(f"{s:.6g} ({', '.join(sorted(set(m))[:3])}"
+                             f"{', …' if len(set(m)) > 3 else ''})" for s, m in scales.items())
+            yield Problem(ProblemKind.ADAPTER, target, (
+                f"{adapter.config.file}: the per-expert linears fused into {target} were "
+                f"trained with different scales (rank_pattern / alpha_pattern): {said}; the "
+                "fused LoRA layer has one scale, so no fused form is exact; load the adapter "
+                "into a model with per-expert linears"))
+
+
 def _layouts(config: AdapterConfig, injected: InjectedAdapter, fused: tuple[FusedTarget, ...],
              converted: list[str]) -> Iterable[LayoutConversion]:
     """The fused parameters whose LoRA tensors the file holds per expert (``converted``:
@@ -265,7 +348,8 @@ def _layouts(config: AdapterConfig, injected: InjectedAdapter, fused: tuple[Fuse
 
 
 def _scale_changes(config: AdapterConfig, injected: InjectedAdapter,
-                   fused: tuple[FusedTarget, ...], written: set[str]) -> Iterable[ScaleChange]:
+                   fused: tuple[FusedTarget, ...], written: set[str],
+                   fused_scales: dict[str, dict[float, list[str]]]) -> Iterable[ScaleChange]:
     """Layers the file loads into whose model scale differs from the trained one (a fused
     parameter saved per expert was trained with its linears' rank and alpha)."""
     linears = {f.parameter: f.linears[0] for f in fused}
@@ -274,9 +358,11 @@ def _scale_changes(config: AdapterConfig, injected: InjectedAdapter,
         if not any(k.startswith(f"{layer.path}.lora_") for k in written):
             continue
         module = layer.target.removeprefix(injected.prefix)
-        if layer.parameter is not None and layer.parameter not in config.target_parameters:
+        if layer.parameter is not None and not config.names_parameter(module):
             module = linears.get(layer.parameter, module)
         trained = config.scale(module)
+        if len(fused_scales.get(layer.target, ())) == 1:  # (its per-expert linears' own)
+            trained = next(iter(fused_scales[layer.target]))
         if abs(layer.scaling - trained) > _TOLERANCE * max(1.0, abs(trained)):
             where = layer.parameter or module
             if (where, trained, layer.scaling) not in seen:

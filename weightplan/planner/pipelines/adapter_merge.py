@@ -43,8 +43,9 @@ def explain_merged_load(model: torch.nn.Module, injected_model: torch.nn.Module,
     ``injected_model``: a copy of ``model`` with the adapter ``name`` injected (on meta).
 
     Raises:
-        AdapterError: DoRA or LoRA biases (not merged here), a factor without its pair, or
-            an adapted weight that several outputs of one converter share.
+        AdapterError: DoRA, LoRA biases or layer_replication (not merged here), a factor
+            without its pair, or an adapted weight that several outputs of one converter
+            share.
         ParallelError: ``tp=``.
     """
     if options.get("tp") is not None:
@@ -54,6 +55,10 @@ def explain_merged_load(model: torch.nn.Module, injected_model: torch.nn.Module,
         raise AdapterError(f"{adapter.config.file}: merge=True folds plain LoRA (W + s·B·A); "
                            "DoRA and LoRA biases are not merged by weightplan: load without "
                            "merge=True")
+    if config.raw.get("layer_replication"):
+        raise AdapterError(f"{adapter.config.file}: layer_replication: the replicated layers "
+                           "share their base weights, each with its own LoRA, so no merged "
+                           "weight serves them all; load without merge=True")
     injected = inspect_adapter(injected_model, name)
     transforms, fused = adapter_transforms(base.transforms, injected, config.modules_to_save)
     transforms += (*_unwrapped(injected),

@@ -17,7 +17,7 @@ from weightplan.planner.core.ops import BlockDiagonal
 from weightplan.planner.core.ops.blocks import off_diagonal_zero
 from weightplan.planner.inputs.adapter import WEIGHTS_FILE
 from weightplan.planner.inputs.adapter_model import (
-    PEFT_PREFIX, InjectedAdapter, inspect_adapter,
+    PEFT_PREFIX, InjectedAdapter, adapter_tensor, inspect_adapter,
 )
 from weightplan.planner.inputs.checkpoint import open_checkpoint
 from weightplan.planner.keys.registry import MappingChoice
@@ -69,7 +69,8 @@ def _adapter_record(model: torch.nn.Module, injected: InjectedAdapter) -> LoadRe
     conversions = record.conversions if record is not None else ()
     mine = tuple(c for c in conversions if c.targets and (
         all(injected.owns(k) for k, _ in c.targets)
-        or all(k.startswith(PEFT_PREFIX) for k in c.keys)))
+        or (all(k.startswith(PEFT_PREFIX) for k in c.keys)
+            and not any(adapter_tensor(k) for k, _ in c.targets))))  # (not another's)
     if record is None or not any(all(injected.owns(k) for k, _ in c.targets) for c in mine):
         raise SaveError(f"the model's adapter {injected.name!r} was not loaded by weightplan, "
                         "so its file's layout is unknown; load it with weightplan.explain("

@@ -62,6 +62,11 @@ class AdapterSummary:
     # name the checkpoint holds (the embedding's trained copy: it as the embedding, the
     # base's embedding as the lm_head that keeps it)
     renamed: tuple[tuple[str, str], ...] = ()
+    # per-module ranks and alphas (peft's patterns, as the config gives them), and the
+    # layers the targets are restricted to (layers_to_transform; () = every layer)
+    rank_pattern: tuple[tuple[str, int], ...] = ()
+    alpha_pattern: tuple[tuple[str, float], ...] = ()
+    layers: tuple[int, ...] = ()
 
     def merged_as(self) -> dict[str, str]:
         """Merged: the adapter's key of each base tensor it replaced → the base's key, which
