@@ -175,7 +175,7 @@ def _groups(model: torch.nn.Module, state: Mapping[str, torch.Tensor]
     for name, tensor in state.items():
         by_id.setdefault(id(tensor), []).append(name)
     group_of = {name: names for names in by_id.values() for name in names}
-    retied, declared = [], set()
+    retied, declared = [], set[str]()
     for tie in tie_groups(model, set(state)):
         declared.update(tie)
         source = group_of[tie[0]]
