@@ -167,3 +167,29 @@ def test_the_split_sees_names_a_converter_pattern_writes():
     assert split.get("a.0.w").aliases == ("a.0.w",)
     with pytest.raises(ParallelError, match="b.w"):
         split_stored_ties(info, once + [Group(None, (), (), ("b.w",))], True)
+
+
+class _SharedByHand(torch.nn.Module):
+    """Two modules sharing one weight by construction: no tie declared (no config)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 4, bias=False), torch.nn.Linear(4, 4, bias=False)
+        self.b.weight = self.a.weight
+
+
+def test_a_tensor_shared_without_a_declared_tie_stays_one(tmp_path):
+    """transformers compares only the ties the model declares (``all_tied_weights_keys``);
+    a tensor the module shares by construction stays one tensor, read once from its first
+    name, as before ties stored apart were split (it was split, warned about a
+    ``tie_word_embeddings`` the module hasn't, and left two tensors)."""
+    torch.manual_seed(0)
+    first = torch.randn(4, 4)
+    save_file({"a.weight": first, "b.weight": torch.randn(4, 4)},
+              str(tmp_path / "model.safetensors"))
+    with weightplan.init_empty():
+        model = _SharedByHand()
+    plan = weightplan.explain(model, tmp_path)
+    assert "tie_word_embeddings" not in str(plan)
+    plan.execute()
+    assert model.a.weight is model.b.weight and torch.equal(model.a.weight, first)

@@ -66,3 +66,22 @@ def test_the_model_runs_as_one_process_holding_the_same_tensors(ranks):
         want = model(PROMPT).logits
     for rank in ranks:
         assert (rank["logits"] - want).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("style", ["colwise", "rowwise"])
+def test_a_missing_sharded_tensor_holds_only_its_part(tmp_path, style):
+    """The part kept is a tensor of its own: a view of the whole init kept the whole
+    tensor's storage alive on every rank (world × the bytes the plan counts for it)."""
+    import weightplan
+    from tests.conftest import module_with, write_checkpoint
+    from weightplan.parallel import TensorParallel
+
+    ckpt = write_checkpoint(tmp_path / "ckpt", {"emb.weight": torch.randn(8, 4)})
+    model = module_with({"emb.weight": ((8, 4), torch.float32),
+                         "head.weight": ((8, 4), torch.float32)})
+    tp = TensorParallel(world_size=2, rank=1, plan={"emb": "embedding_rowwise", "head": style},
+                        output="local")
+    assert set(weightplan.explain(model, ckpt, tp=tp).execute().initialized) == {"head.weight"}
+    head = model.head.weight
+    assert head.shape == ((4, 4) if style == "colwise" else (8, 2))
+    assert head.untyped_storage().nbytes() == head.numel() * head.element_size()

@@ -68,6 +68,8 @@ def shard_initialized(model: nn.Module, info: ModelInfo, names: list[str], shard
         if not placement.is_dtensor:
             continue
         local = slice_local(whole.data, placement, sharding.world_size, sharding.rank)
+        if local.untyped_storage().data_ptr() == whole.untyped_storage().data_ptr():
+            local = local.clone()  # (a view: it kept the whole init alive on every rank)
         if sharding.output == "dtensor" and sharding.mesh is not None:
             local = _dtensor(local, placement, tuple(whole.shape), sharding.mesh)
         value = nn.Parameter(local, requires_grad=whole.requires_grad)

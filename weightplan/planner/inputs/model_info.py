@@ -63,7 +63,7 @@ class ModelInfo:
     declared_ties: tuple[tuple[str, ...], ...] = ()  # groups re-tied from the declaration
     ignore_missing: tuple[str, ...] = ()  # regexes of keys the model declares ignorable
     ignore_unexpected: tuple[str, ...] = ()
-    tied_names: tuple[str, ...] = ()  # every name of each tensor held under several names
+    tied_names: tuple[str, ...] = ()  # the names of declared ties held as one tensor
     # (kept name, name) of each tie the checkpoint stores both sides of: loaded apart
     # (:func:`untie`), tied again after the load when their values are equal
     stored_ties: tuple[tuple[str, str], ...] = ()
@@ -94,8 +94,10 @@ def inspect_model(model: torch.nn.Module) -> ModelInfo:
     state = model.state_dict(keep_vars=True)
     every_buffer = list(model.named_buffers(remove_duplicate=False))
     buffers = {name for name, _ in every_buffer}
-    groups, retied = _groups(model, state)
-    tied = tuple(n for g in groups if len(g) > 1 for n in g) if len(groups) < len(state) else ()
+    groups, retied, declared = _groups(model, state)
+    # (a tie's names transformers compares when the checkpoint stores both: declared ones)
+    tied = tuple(n for g in groups if len(g) > 1 for n in g if n in declared) \
+        if len(groups) < len(state) else ()
     specs: dict[tuple[tuple[int, ...], torch.dtype], TensorSpec] = {}
     rows = []  # (each tensor's fields; made in columns below)
     for names in groups:
@@ -166,14 +168,16 @@ def untie(info: ModelInfo, pairs: tuple[tuple[str, str], ...]) -> ModelInfo:
 
 
 def _groups(model: torch.nn.Module, state: Mapping[str, torch.Tensor]
-            ) -> tuple[list[list[str]], tuple[tuple[str, ...], ...]]:
-    """Names by tensor object, then declared ties merged where both sides are on meta."""
+            ) -> tuple[list[list[str]], tuple[tuple[str, ...], ...], set[str]]:
+    """Names by tensor object, then declared ties merged where both sides are on meta
+    (and the names of every declared tie)."""
     by_id: dict[int, list[str]] = {}
     for name, tensor in state.items():
         by_id.setdefault(id(tensor), []).append(name)
     group_of = {name: names for names in by_id.values() for name in names}
-    retied = []
+    retied, declared = [], set[str]()
     for tie in tie_groups(model, set(state)):
+        declared.update(tie)
         source = group_of[tie[0]]
         for target in tie[1:]:
             other = group_of[target]
@@ -184,7 +188,7 @@ def _groups(model: torch.nn.Module, state: Mapping[str, torch.Tensor]
                 group_of[name] = source
             other.clear()
             retied.append((tie[0], target))
-    return [g for g in by_id.values() if g], tuple(retied)
+    return [g for g in by_id.values() if g], tuple(retied), declared
 
 
 def _tieable(source: torch.Tensor, target: torch.Tensor) -> bool:

@@ -6,7 +6,7 @@ and compares them: equal values are tied as declared, different ones stay two te
 (with a warning to set ``tie_word_embeddings=False``). The plan sees both keys in the
 headers, not the values, so it loads each name into a tensor of its own (counted in the
 plan's bytes and peak: :func:`~weightplan.planner.inputs.model_info.untie`) and the
-executor compares them after the load (``executor/stored_ties.py``).
+executor compares them after the load (``executor/retie.py``).
 
 Refused: under tensor parallel (the ranks would compare their own slices, each deciding
 alone) and where either name goes to the disk (nothing resident to compare, and the two
