@@ -4,7 +4,7 @@ Steps (one per loading conversion) run in checkpoint order, so reads sweep each 
 front to back. The executor's policy is fixed here, as data: before *submitting* a step
 (allocating its destinations and queueing its reads), the oldest pending steps are
 *finalized* (their reads awaited, their materialized ops run) until the bytes of reads
-in flight plus the new step's fit in ``window_bytes``. The resulting event list is what
+in flight and of outputs staged for writing, plus the new step's, fit in ``window_bytes``. The resulting event list is what
 :mod:`weightplan.executor` walks, so the estimate below describes what it will hold:
 
     planned(event) = resident (model tensors allocated so far)
