@@ -4,8 +4,9 @@ Steps (one per loading conversion) run in checkpoint order, so reads sweep each 
 front to back. The executor's policy is fixed here, as data: before *submitting* a step
 (allocating its destinations and queueing its reads), the oldest pending steps are
 *finalized* (their reads awaited, their materialized ops run) until the bytes of reads
-in flight and of outputs staged for writing, plus the new step's, fit in ``window_bytes``. The resulting event list is what
-:mod:`weightplan.executor` walks, so the estimate below describes what it will hold:
+in flight and of outputs staged for writing, plus the new step's, fit in
+``window_bytes``. The resulting event list is what :mod:`weightplan.executor` walks,
+so the estimate below describes what it will hold:
 
     planned(event) = resident (model tensors allocated so far)
                    + in flight (temporaries of pending reads, held op inputs)
