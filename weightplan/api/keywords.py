@@ -19,14 +19,18 @@ keyword                            here
                                    the rest on ``"disk"`` in ``offload_folder`` (a dict
                                    may name ``"disk"`` too)
 ``max_memory``, ``offload_folder`` as in transformers, with an automatic ``device_map``
-``trust_remote_code``              ``False`` accepted; ``True`` refused: remote code never runs
+``trust_remote_code``              accepted; remote code never runs: a config whose ``auto_map``
+                                   names the config's or a model's class (which transformers
+                                   would import with ``True``) is a ``ModelBuildError``, any
+                                   other is built from transformers' classes, as there
 ``use_safetensors``                ``True`` accepted; ``False`` refused: pickles are never read
-``low_cpu_mem_usage``, ``_fast_init``  ``True`` accepted (weightplan always loads that way,
-                                   transformers 5 ignores both); ``False`` refused
+``low_cpu_mem_usage``, ``_fast_init``, ignored, any value, as transformers 5 ignores them
+``offload_state_dict``, ``mirror``,  (weightplan always loads with low memory use and never
+``from_tf``, ``from_flax``           stages the state dict; only safetensors are read)
 ``tp_plan``, ``tp_size``,          refused: ``tp="auto"`` or ``tp=TensorParallel(...)``
 ``distributed_config``, ``device_mesh``
-``offload_state_dict``, ``offload_buffers``  refused (``False`` accepted): buffers stay on
-                                   the execution device, the state dict is never staged whole
+``offload_buffers``                refused (``False`` accepted): buffers stay on the
+                                   execution device
 ``quantization_config``            refused: the checkpoint's config decides (FP8 is kept;
                                    ``dequantize=True`` or a dtype dequantizes it)
 ``config``, ``state_dict``,        refused, each naming weightplan's way (build the model and
@@ -76,14 +80,9 @@ UNSET = (None,)  # transformers' default for most of its keywords: asks for noth
 REFUSED = {
     "trust_remote_code": Refusal("remote code never runs: weightplan builds only the classes "
                                  "transformers has; for a model defined in a repo's .py files, "
-                                 f"{OWN_MODEL}", (False, None)),
+                                 f"{OWN_MODEL}", (False, None, True)),
     "use_safetensors": Refusal("only safetensors are read (pickle checkpoints are never "
                                "unpickled); convert the checkpoint to safetensors", (True, None)),
-    "low_cpu_mem_usage": Refusal("weightplan always loads with low memory use (the model "
-                                 "built on meta, each tensor written in place): drop it",
-                                 (True, None)),
-    "_fast_init": Refusal("weightplan never initializes what the checkpoint loads: drop it",
-                          (True, None)),
     "tp_plan": Refusal("pass tp='auto' (the model's tp_plan) or "
                        "tp=weightplan.TensorParallel(plan={module glob: style})", UNSET),
     "tp_size": Refusal("the size is the process group's (torchrun --nproc-per-node N); pass "
@@ -93,8 +92,6 @@ REFUSED = {
                                   "experts='ep') for expert parallelism", UNSET),
     "device_mesh": Refusal("pass tp=weightplan.TensorParallel(mesh=device_mesh) (a 1-D mesh)",
                            UNSET),
-    "offload_state_dict": Refusal("the state dict is never staged whole: drop it",
-                                  (False, None)),
     "offload_buffers": Refusal("buffers stay on the execution device (offload_buffers=False, "
                                "transformers' default): drop it", (False, None)),
     "quantization_config": Refusal("the checkpoint's config.json decides: its FP8 weights are "
@@ -126,9 +123,6 @@ REFUSED = {
                           UNSET),
     "allow_all_kernels": Refusal("hub kernels are not loaded: drop it", (False, None)),
     "kernels_mode": Refusal("hub kernels are not loaded: drop it", UNSET),
-    "mirror": Refusal("drop it (transformers ignores it too)", UNSET),
-    "from_tf": Refusal("only safetensors are read", (False, None)),
-    "from_flax": Refusal("only safetensors are read", (False, None)),
     "adapter_kwargs": Refusal("pass the adapter directory: adapter=ADAPTER_DIR (and "
                               "adapter_name=); its hub options are not taken", (None, {})),
     "use_kernels": Refusal("hub kernels are not loaded: drop it", (False, None)),
@@ -138,6 +132,13 @@ REFUSED = {
     "proxies": Refusal("set HTTPS_PROXY in the environment instead", UNSET),
     "resume_download": Refusal("drop it (downloads always resume)", (None, True)),
 }
+
+
+# transformers 5 pops these from ``from_pretrained``'s keywords without reading them (no
+# warning): any value asks for nothing there, and here (weightplan loads with low memory use,
+# never initializes what it loads, reads safetensors only, never stages the state dict)
+IGNORED = ("low_cpu_mem_usage", "_fast_init", "offload_state_dict", "mirror", "from_tf",
+           "from_flax")
 
 
 RENAMED = {  # transformers' word → weightplan's, for the functions that don't take it
@@ -174,6 +175,8 @@ def keyword_advice(keyword: str, function: str = "from_pretrained") -> str | Non
         return SAVE_WORDS.get(keyword)
     if keyword in RENAMED:
         return RENAMED[keyword]
+    if keyword in IGNORED:
+        return "transformers 5 ignores it, and so does weightplan.from_pretrained: drop it"
     refusal = REFUSED.get(keyword)
     return None if refusal is None else refusal.advice
 
@@ -202,6 +205,8 @@ def fold_transformers_keywords(extra: Mapping[str, Any], dtype: Any,
     if isinstance(dtype, Mapping):
         dtype = _one_dtype(dtype)
     for name, value in extra.items():
+        if name in IGNORED:
+            continue
         refusal = REFUSED.get(name)
         if refusal is None:
             raise ArgumentError(_unknown(name, value, own))
@@ -246,7 +251,7 @@ def did_you_mean(word: str, words: Iterable[str]) -> str | None:
 def _unknown(name: str, value: Any, own: Iterable[str]) -> str:
     """Why ``name`` is refused: a misspelling of a keyword (``dtpye``), else a config
     override (which transformers applies to the config and weightplan doesn't)."""
-    close = did_you_mean(name, [*own, "torch_dtype", *REFUSED])
+    close = did_you_mean(name, [*own, "torch_dtype", *REFUSED, *IGNORED])
     if close:
         return (f"from_pretrained got {name}={shown(value)}: no such keyword; did you mean "
                 f"{close}=? (weightplan's keywords are listed in "
