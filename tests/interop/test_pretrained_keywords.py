@@ -232,7 +232,6 @@ def test_transformers_defaults_load_as_without_them(llama):
     ("fusion_config", {"patch_embeddings": True}, "fusion patches are not applied"),
     ("tqdm_class", object, "progress="),
     ("allow_all_kernels", True, "hub kernels are not loaded"),
-    ("variant", "fp16", "variant files are not picked by name"),
     ("config", "other/config.json", "built from the checkpoint's config.json")])
 def test_a_transformers_keyword_is_refused_for_what_it_is(keyword, value, says, llama):
     """A keyword of transformers' own from_pretrained, given a value that asks for

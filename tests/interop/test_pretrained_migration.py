@@ -9,7 +9,7 @@ import torch
 import transformers as T
 
 import weightplan
-from weightplan.errors import ModelBuildError
+from weightplan.errors import ArgumentError, CheckpointError, ModelBuildError
 
 from tests.interop.matrix import FAMILIES, output, pretrained
 
@@ -69,3 +69,105 @@ def test_keywords_transformers_5_ignores_are_ignored(keyword, value, llama, recw
     theirs = pretrained(cls, directory, **{keyword: value})
     model = weightplan.from_pretrained(directory, **{keyword: value})
     assert torch.equal(output(model, inputs), output(theirs, inputs))
+
+
+@pytest.fixture(scope="module")
+def variants(tmp_path_factory):
+    """transformers' save_pretrained(variant=...): fp16 sharded (model.fp16-0000i-of-00002
+    + model.safetensors.index.fp16.json), bf16 one file, nothing plain."""
+    directory = tmp_path_factory.mktemp("variants")
+    cls, cfg, inputs = FAMILIES["llama"]()
+    torch.manual_seed(0)
+    model = cls(cfg)
+    model.to(torch.float16).save_pretrained(directory, variant="fp16", max_shard_size="40KB")
+    model.to(torch.bfloat16).save_pretrained(directory, variant="bf16")
+    assert (directory / "model.safetensors.index.fp16.json").is_file()
+    assert not (directory / "model.safetensors").exists()
+    return directory, cls, inputs
+
+
+@pytest.mark.parametrize("variant", ["fp16", "bf16"])
+def test_variant_picks_the_files_transformers_picks(variant, variants):
+    """Was: ArgumentError 'variant files are not picked by name'."""
+    directory, cls, inputs = variants
+    theirs = pretrained(cls, directory, variant=variant)
+    model = weightplan.from_pretrained(directory, variant=variant)
+    mine, their = dict(model.named_parameters()), dict(theirs.named_parameters())
+    assert mine.keys() == their.keys()
+    for name, tensor in their.items():
+        assert mine[name].dtype == tensor.dtype and torch.equal(mine[name], tensor), name
+    assert torch.equal(output(model, inputs), output(theirs, inputs))
+
+
+def test_variants_only_without_variant_name_them(variants, tmp_path):
+    """Was: HeaderError 'key also present in …/model.bf16.safetensors' (every file read
+    together); transformers: OSError 'no file named model.safetensors'."""
+    directory, cls, _ = variants
+    with pytest.raises(OSError):
+        cls.from_pretrained(directory)
+    with pytest.raises(CheckpointError) as caught:
+        weightplan.from_pretrained(directory)
+    message = str(caught.value)
+    assert "'bf16', 'fp16'" in message and "variant='bf16'" in message
+    assert "also present" not in message
+    with pytest.raises(CheckpointError, match=r"no model\.int8\.safetensors nor "
+                       r"model\.safetensors\.index\.int8\.json.*variants here: 'bf16', 'fp16'"):
+        weightplan.from_pretrained(directory, variant="int8")
+    with pytest.raises(ArgumentError, match="variant='../x'"):
+        weightplan.from_pretrained(directory, variant="../x")
+    # one variant alone is read as it is (nothing to choose); a plain model.safetensors
+    # beside variants is read alone, as transformers reads it, the variants noted
+    one = tmp_path / "one"
+    one.mkdir()
+    for name in ("config.json", "model.bf16.safetensors"):
+        shutil.copy(directory / name, one / name)
+    assert not weightplan.explain(None, one).problems
+    shutil.copy(directory / "model.bf16.safetensors", one / "model.safetensors")
+    report = weightplan.from_pretrained(one, return_report=True)[1]
+    assert not report.missing
+
+
+def test_variant_from_the_hub_cache_fetches_only_its_files(variants, tmp_path, monkeypatch):
+    """A repo id: the cached snapshot's variant is read; the Hub is asked for the
+    variant's files only (transformers fetches the variant's files)."""
+    import huggingface_hub
+
+    from tests.interop.test_from_pretrained import COMMIT, cached_repo
+
+    directory, cls, inputs = variants
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cached_repo(tmp_path / "cache", "tiny-org/variants", directory)
+    model = weightplan.from_pretrained("tiny-org/variants", cache_dir=tmp_path / "cache",
+                                       variant="fp16")
+    assert torch.equal(output(model, inputs), output(pretrained(cls, directory, variant="fp16"),
+                                                     inputs))
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    snapshot = tmp_path / "cache" / "models--tiny-org--variants" / "snapshots" / COMMIT
+    for shard in snapshot.glob("model.fp16-*"):
+        shard.unlink()  # a download cut short: the Hub is asked for the rest
+    asked = []
+
+    def download(**kwargs):
+        asked.append(kwargs)
+        if not kwargs.get("local_files_only"):
+            for f in directory.glob("model.fp16-*"):
+                shutil.copy(f, snapshot / f.name)
+        return str(snapshot)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", download)
+    weightplan.from_pretrained("tiny-org/variants", cache_dir=tmp_path / "cache", variant="fp16")
+    assert asked[-1]["allow_patterns"] == ["model.fp16.safetensors", "model.fp16-*.safetensors",
+                                           "model-*.fp16.safetensors", "*.json"]
+
+
+def test_cli_explain_variant(variants, capsys):
+    from weightplan.cli import main
+
+    directory, _, _ = variants
+    assert main(["explain", str(directory)]) == 2
+    assert "--variant bf16" in capsys.readouterr().err
+    assert main(["explain", str(directory), "--variant", "fp16"]) == 0
+    out = capsys.readouterr().out
+    assert "(2 files, 21 tensors" in out and "problems: none" in out
+    assert ("model.bf16.safetensors is in" in out
+            and "a file of the weight variant 'bf16', and the load reads variant='fp16'" in out)

@@ -9,7 +9,7 @@ keyword                            here
 ``dtype``, ``revision``,           as in transformers (``from_pretrained``'s own arguments;
 ``cache_dir``, ``token``,          ``subfolder``: the checkpoint in a folder of the directory
 ``local_files_only``,              or repo; ``generation_config`` replaces the model's)
-``subfolder``, ``attn_implementation``, ``experts_implementation``,
+``subfolder``, ``variant``, ``attn_implementation``, ``experts_implementation``,
 ``output_loading_info``, ``generation_config``
 ``torch_dtype``                    ``dtype``, with transformers' deprecation (a FutureWarning)
 ``dtype={sub-config: dtype}``      ``dtype[""]`` for every module, as transformers (deprecated)
@@ -34,11 +34,11 @@ keyword                            here
 ``quantization_config``            refused: the checkpoint's config decides (FP8 is kept;
                                    ``dequantize=True`` or a dtype dequantizes it)
 ``config``, ``state_dict``,        refused, each naming weightplan's way (build the model and
-``key_mapping``, ``variant``, …    :func:`weightplan.load` it, ``mapping=``, a file path)
+``key_mapping``, …                 :func:`weightplan.load` it, ``mapping=``)
 ``ignore_mismatched_sizes``,       refused: a shape mismatch is never loaded, nothing is
 ``weights_only``, ``disable_mmap``, unpickled, tensors are read into place, the model is
 ``fusion_config``, ``tqdm_class``  the class config.json names, the progress bar is ours
-(each refused one, at its default)  taken: transformers' defaults (``variant=None``,
+(each refused one, at its default)  taken: transformers' defaults (``key_mapping=None``,
                                    ``config=None``, ``weights_only=True``) ask for nothing,
                                    so code that passes its arguments through loads
 anything else                      refused: config overrides (``output_hidden_states=True``)
@@ -104,8 +104,6 @@ REFUSED = {
                           "weightplan.load(model, state_dict)", UNSET),
     "key_mapping": Refusal("pass mapping=[weightplan.WeightRenaming(source, target), ...] "
                            "(weightplan's transforms)", UNSET),
-    "variant": Refusal("variant files are not picked by name; pass the variant's files: "
-                       "weightplan.load(model, [paths])", UNSET),
     "gguf_file": Refusal("only safetensors are read", UNSET),
     "ignore_mismatched_sizes": Refusal(
         "a tensor whose shape differs from the model's is never loaded: the plan lists it "

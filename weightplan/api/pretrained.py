@@ -42,9 +42,10 @@ from weightplan.api.keywords import device_from_map, fold_transformers_keywords
 from weightplan.api.status import status
 from weightplan.errors import ArgumentError, ModelBuildError, ParallelError
 from weightplan.planner.inputs.checkpoint import DirectoryRead
+from weightplan.planner.inputs.variants import check_variant
 from weightplan.planner.core.sharding.config import TensorParallel, as_tensor_parallel
 
-__all__ = ["from_pretrained", "keeps_quantized", "resolve_checkpoint"]
+__all__ = ["from_pretrained", "keeps_quantized", "read_directory", "resolve_checkpoint"]
 
 
 def from_pretrained(name_or_path: str | os.PathLike[str], *,
@@ -56,8 +57,8 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
                     mapping: object = None, budget: int | str | None = None, threads: int = 4,
                     revision: str | None = None, cache_dir: str | os.PathLike[str] | None = None,
                     local_files_only: bool = False, token: str | bool | None = None,
-                    subfolder: str | None = None, attn_implementation: str | None = None,
-                    experts_implementation: str | None = None, generation_config: Any = None,
+                    subfolder: str | None = None, variant: str | None = None, attn_implementation:
+                    str | None = None, experts_implementation: str | None = None, generation_config: Any = None,
                     dequantize: bool | None = None, dequantize_on: str = "auto",
                     adapter: str | os.PathLike[str] | None = None,
                     adapter_name: str = "default", merge: bool = False, **transformers_only: Any) -> Any:
@@ -74,7 +75,7 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
             forward runs across the ranks (under torchrun, the group is started if need be).
         strict, progress: as :meth:`Plan.execute`; mapping, budget, threads, dequantize_on: as :func:`explain`.
         return_report / output_loading_info: also return the :class:`LoadReport` / transformers' loading info.
-        revision, cache_dir, local_files_only, token, subfolder, attn_implementation,
+        revision, cache_dir, local_files_only, token, subfolder, variant, attn_implementation,
         experts_implementation, generation_config, torch_dtype (deprecated: ``dtype``): as
             in transformers; others are refused, saying why (:mod:`weightplan.api.keywords`).
 
@@ -86,8 +87,8 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
     device, keep, (tensor_parallel, mesh) = (device_from_map(device_map, device, tp),
                                              keeps_quantized(dequantize, dtype, tp) and not merge, _parallel(tp))
     with _agreed(tensor_parallel):  # (a cooperative load's ranks agree here: none waits in vain)
-        read, adapter = _resolved(name_or_path, adapter, revision=revision, cache_dir=cache_dir,
-                                  local_files_only=local_files_only, token=token, subfolder=subfolder)
+        read, adapter = _resolved(name_or_path, adapter, revision=revision, cache_dir=cache_dir, token=token,
+                                  local_files_only=local_files_only, subfolder=subfolder, variant=variant)
         model = _sided(_built(read, tensor_parallel, mesh, (attn_implementation, experts_implementation),
                               progress, _runs_kept(keep, dequantize, read), dtype), dequantize_on)
     with status(f"planning the load of {read.directory}", "planned the load", progress):
@@ -140,13 +141,14 @@ def _resolved(name_or_path: str | os.PathLike[str], adapter: Any, **hub: Any
     """The checkpoint directory with its config read (:func:`_read`), and the adapter: an
     adapter directory given as the model loads onto its config's base (as peft's
     ``AutoPeftModel`` does)."""
+    hub["variant"] = check_variant(hub["variant"])  # (before it names files to fetch)
     directory = resolve_checkpoint(name_or_path, **hub)
     if adapter is None and (directory / "adapter_config.json").is_file() and not (
             directory / "config.json").is_file():
         from weightplan.api.adapters import adapter_base
 
-        return _read(adapter_base(directory)), directory
-    return _read(directory), adapter
+        return read_directory(adapter_base(directory), hub["variant"]), directory
+    return read_directory(directory, hub["variant"]), adapter
 
 
 def keeps_quantized(dequantize: bool | None, dtype: object, tp: object) -> bool:
@@ -175,13 +177,22 @@ def keeps_quantized(dequantize: bool | None, dtype: object, tp: object) -> bool:
     return tp is None and (dtype is None or dtype == "auto")
 
 
-def _read(directory: Path) -> DirectoryRead:
+def read_directory(directory: str | os.PathLike[str], variant: str | None = None
+                   ) -> DirectoryRead:
     """The checkpoint directory with its ``config.json`` read (once: everything after
-    uses what was read, and its headers are read at their first use)."""
+    uses what was read, and its headers, ``variant``'s files, are read at their first use).
+
+    Raises:
+        ArgumentError: a ``variant`` that is no word of a file name, or given for a file.
+    """
     from weightplan.bridge.config_guard import read_config_json
 
+    directory, variant = Path(directory), check_variant(variant)
+    if variant is not None and not directory.is_dir():
+        raise ArgumentError(f"variant={variant!r} picks a variant's files in a directory: "
+                            f"{directory} is a file; give its directory, or drop the variant")
     path = directory / "config.json"
-    return DirectoryRead(directory, read_config_json(path) if path.is_file() else None)
+    return DirectoryRead(directory, read_config_json(path) if path.is_file() else None, variant)
 
 
 def _runs_kept(keep: bool, dequantize: bool | None, read: DirectoryRead) -> bool:
