@@ -171,3 +171,32 @@ def test_cli_explain_variant(variants, capsys):
     assert "(2 files, 21 tensors" in out and "problems: none" in out
     assert ("model.bf16.safetensors is in" in out
             and "a file of the weight variant 'bf16', and the load reads variant='fp16'" in out)
+
+
+@pytest.mark.parametrize("model_class", [T.AutoModelForSequenceClassification,
+                                         T.LlamaForSequenceClassification])
+def test_model_class_picks_the_head_as_the_auto_class_does(model_class, llama):
+    """transformers users pick the head by the class they call from_pretrained on (a base
+    causal LM into a classifier): its head is missing and initialized, the LM head is
+    unexpected, as transformers' LOAD REPORT says; the base weights equal its."""
+    directory, _, _ = llama
+    theirs, info = model_class.from_pretrained(directory, output_loading_info=True)
+    model, mine = weightplan.from_pretrained(directory, model_class=model_class,
+                                             output_loading_info=True)
+    assert type(model) is type(theirs) is T.LlamaForSequenceClassification
+    assert mine["missing_keys"] == set(info["missing_keys"]) == {"score.weight"}
+    assert mine["unexpected_keys"] == set(info["unexpected_keys"]) == {"lm_head.weight"}
+    their = dict(theirs.named_parameters())
+    for name, tensor in model.named_parameters():
+        if name != "score.weight":
+            assert torch.equal(tensor, their[name]), name
+    assert not model.score.weight.is_meta and model.score.weight.abs().sum() > 0
+
+
+def test_a_model_class_that_does_not_fit_says_why(llama):
+    directory, _, _ = llama
+    for wrong, says in ((T.BertForSequenceClassification, "BertConfig"),
+                        (T.AutoModelForImageClassification, "no AutoModelForImageClassification"),
+                        ("LlamaForSequenceClassification", "a class")):
+        with pytest.raises(ArgumentError, match=says):
+            weightplan.from_pretrained(directory, model_class=wrong)

@@ -11,6 +11,7 @@ keyword                            here
 ``local_files_only``,              or repo; ``generation_config`` replaces the model's)
 ``subfolder``, ``variant``, ``attn_implementation``, ``experts_implementation``,
 ``output_loading_info``, ``generation_config``
+``AutoModelFor*.from_pretrained``  ``model_class=AutoModelFor*`` (or a model class): the head
 ``torch_dtype``                    ``dtype``, with transformers' deprecation (a FutureWarning)
 ``dtype={sub-config: dtype}``      ``dtype[""]`` for every module, as transformers (deprecated)
 ``device_map``                     ``device=``: one device, or ``{module prefix: device}``;

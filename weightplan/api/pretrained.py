@@ -59,13 +59,14 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
                     local_files_only: bool = False, token: str | bool | None = None,
                     subfolder: str | None = None, variant: str | None = None, attn_implementation:
                     str | None = None, experts_implementation: str | None = None, generation_config: Any = None,
-                    dequantize: bool | None = None, dequantize_on: str = "auto",
+                    dequantize: bool | None = None, dequantize_on: str = "auto", model_class: Any = None,
                     adapter: str | os.PathLike[str] | None = None,
                     adapter_name: str = "default", merge: bool = False, **transformers_only: Any) -> Any:
     """Build the model a checkpoint's ``config.json`` names and load the checkpoint into it.
 
     Args:
-        name_or_path: a checkpoint directory or a Hub repo id (``"org/name"``).
+        name_or_path, model_class: a directory or repo id (``"org/name"``); the class built, else config.json's
+            (an auto class: ``AutoModelForSequenceClassification``, or a model class of the config).
         dtype: ``"auto"`` (the config's, else the checkpoint's; ``None`` too, as in transformers 5) or a dtype.
         dequantize: whether a quantized (block FP8) checkpoint loads dequantized (:func:`keeps_quantized`).
         device, device_map, max_memory, offload_folder: as :func:`explain` (placed on
@@ -89,15 +90,14 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
     with _agreed(tensor_parallel):  # (a cooperative load's ranks agree here: none waits in vain)
         read, adapter = _resolved(name_or_path, adapter, revision=revision, cache_dir=cache_dir, token=token,
                                   local_files_only=local_files_only, subfolder=subfolder, variant=variant)
-        model = _sided(_built(read, tensor_parallel, mesh, (attn_implementation, experts_implementation),
+        model = _sided(_built(read, tensor_parallel, mesh, (attn_implementation, experts_implementation, model_class),
                               progress, _runs_kept(keep, dequantize, read), dtype), dequantize_on)
     with status(f"planning the load of {read.directory}", "planned the load", progress):
         plan = _explain(model, read, adapter, adapter_name, merge, dtype=dtype, mapping=mapping,
                         budget=budget, threads=threads, device=_rank_device(device, mesh), tp=tensor_parallel,
                         max_memory=max_memory, offload_folder=offload_folder, dequantize_on=dequantize_on)
-    report = plan.execute(strict=strict, progress=progress)
-    return _finished(model, read.directory, generation_config, report, output_loading_info,
-                     return_report, plan.options.dtype)
+    return _finished(model, read.directory, generation_config, plan.execute(strict=strict, progress=progress),
+                     output_loading_info, return_report, plan.options.dtype)
 
 
 _OWN = tuple(from_pretrained.__code__.co_varnames[
@@ -313,16 +313,16 @@ def _parallel(tp: object) -> tuple[TensorParallel | None, Any]:
 
 
 def _built(read: DirectoryRead, tp: TensorParallel | None, mesh: Any,
-           implementations: tuple[str | None, str | None], progress: bool | None,
+           implementations: tuple[str | None, str | None, Any], progress: bool | None,
            keep_quantized: bool, dtype: object) -> torch.nn.Module:
     from weightplan.bridge.distribute import prepare_tensor_parallel
     from weightplan.bridge.hub import build_empty_model
 
     with status(f"building the model {read.directory / 'config.json'} names (on meta)",
                 "built the model", progress):
-        attn, experts = implementations
+        attn, experts, model_class = implementations  # (model_class: the class built, if given)
         model = build_empty_model(read.directory, attn_implementation=attn,
-                                  experts_implementation=experts,
+                                  experts_implementation=experts, model_class=model_class,
                                   keep_quantized=keep_quantized,
                                   dtype=_build_dtype(dtype, read), config_json=read.config).model
         if tp is not None:
