@@ -2,8 +2,9 @@
 
 1. resolve (:mod:`weightplan.api.hub`): a local path as it is; a repo id (``org/name``)
    through the local Hugging Face cache, the Hub only when the cache lacks it;
-2. build: the transformers class ``config.json`` names, on meta (:func:`init_empty`);
-   remote code never runs (no ``trust_remote_code``, nothing imported from the directory);
+2. build: the transformers class ``config.json`` names (``model_class=``: an auto class's,
+   or that class), on meta (:func:`init_empty`); remote code never runs (nothing is
+   imported from the directory; ``trust_remote_code=True`` asks for nothing more);
    a quantized checkpoint (block FP8) gets transformers' quantized layers, so its weights
    and scales are kept as they are on disk, as serving deployments keep them
    (:mod:`weightplan.bridge.quantized`), unless ``dequantize=True`` or a ``dtype`` asks for
