@@ -189,11 +189,12 @@ def _explain(args: argparse.Namespace) -> int:
     from weightplan.api.hub import resolve_checkpoint
 
     _check_flags(args)
-    args.checkpoint = str(resolve_checkpoint(args.checkpoint))  # a repo id: its snapshot
-    model, dtype, note = None, args.dtype, None
+    args.checkpoint = str(resolve_checkpoint(args.checkpoint, variant=args.variant))
+    model, dtype, note = None, args.dtype, None  # (a repo id: its snapshot)
     if args.base is not None or os.path.isfile(f"{args.checkpoint}/adapter_config.json"):
         from weightplan.api.adapters import explain_adapter_dir
 
+        _no_variant(args)
         plan = explain_adapter_dir(args.checkpoint, args.base, dtype=dtype or "auto",
                                    budget=args.budget, tp=args.tp, merge=args.merge)
     else:
@@ -207,7 +208,7 @@ def _explain(args: argparse.Namespace) -> int:
             model, dtype, note = _model_for(args.checkpoint, args.dtype, args.dequantize)
         if args.tp is not None:
             return _explain_ranks(model, dtype, args)
-        plan = weightplan.explain(model, args.checkpoint, mapping=args.mapping, dtype=dtype,
+        plan = weightplan.explain(model, _variant_read(args), mapping=args.mapping, dtype=dtype,
                                   budget=args.budget, device_map=args.device_map,
                                   max_memory=args.max_memory,
                                   offload_folder=args.offload_folder,
@@ -220,6 +221,23 @@ def _explain(args: argparse.Namespace) -> int:
         sys.stdout.write(explain_text(plan, width=args.width, wording=cli_wording))
     _pictures(plan, args)
     return _status(plan.problems, args)
+
+
+def _variant_read(args: argparse.Namespace) -> Any:
+    """The checkpoint: its path, or with ``--variant`` the directory read for its files."""
+    if args.variant is None:
+        return args.checkpoint
+    from weightplan.api.pretrained import read_directory
+
+    return read_directory(args.checkpoint, args.variant)
+
+
+def _no_variant(args: argparse.Namespace) -> None:
+    if args.variant is not None:
+        from weightplan.errors import ArgumentError
+
+        raise ArgumentError(f"--variant picks a model's weight files: {args.checkpoint} is an "
+                            "adapter directory; drop --variant")
 
 
 def _check_flags(args: argparse.Namespace) -> None:
@@ -281,7 +299,7 @@ def _explain_ranks(model: Any, dtype: Any, args: argparse.Namespace) -> int:
                         experts="ep" if args.ep else "tp", output="local",
                         cooperative=args.cooperative, storage=args.storage,
                         local_world_size=per_node(args.tp, args.nodes))
-    plans = plan_ranks(model, args.checkpoint, tp, mapping=args.mapping, dtype=dtype,
+    plans = plan_ranks(model, _variant_read(args), tp, mapping=args.mapping, dtype=dtype,
                        budget=args.budget, dequantize_on=args.dequantize_on)
     from weightplan.bridge.distribute import heads_problem
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from weightplan.errors import ArgumentError, WeightplanError
-from weightplan.planner.inputs.checkpoint import Checkpoint
+from weightplan.planner.inputs.checkpoint import Checkpoint, DirectoryRead
 from weightplan.planner.inputs.paths import check_path_argument
 
 
@@ -122,7 +122,7 @@ def check_checkpoint(checkpoint: object) -> None:
     if isinstance(checkpoint, torch.nn.Module):
         raise ArgumentError("checkpoint is a torch.nn.Module; pass model first: "
                             "explain(model, checkpoint)")
-    if isinstance(checkpoint, Checkpoint):
+    if isinstance(checkpoint, (Checkpoint, DirectoryRead)):  # (opened, or read for a variant)
         return
     check_path_argument(checkpoint)
 

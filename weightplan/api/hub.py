@@ -24,12 +24,22 @@ REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 HUB_FILES = ("*.safetensors", "*.json")
 
 
+def hub_files(variant: str | None) -> tuple[str, ...]:
+    """What is fetched of a repo: its safetensors and JSON files; with a ``variant``, the
+    JSON files and that variant's files only (its one file, its shards as transformers 5
+    and the older savers name them), as transformers fetches only the variant's."""
+    if variant is None:
+        return HUB_FILES
+    return (f"model.{variant}.safetensors", f"model.{variant}-*.safetensors",
+            f"model-*.{variant}.safetensors", "*.json")
+
+
 def resolve_checkpoint(name_or_path: str | os.PathLike[str], *, revision: str | None = None,
                        cache_dir: str | os.PathLike[str] | None = None,
                        local_files_only: bool = False, token: str | bool | None = None,
-                       subfolder: str | None = None) -> Path:
+                       subfolder: str | None = None, variant: str | None = None) -> Path:
     """A local checkpoint path, or the local snapshot of a Hub repo id (``subfolder``: the
-    checkpoint inside it).
+    checkpoint inside it; ``variant``: the weight variant needed, :func:`hub_files`).
 
     Raises:
         CheckpointError: the path doesn't exist and isn't a repo id, or the repo can't
@@ -44,7 +54,7 @@ def resolve_checkpoint(name_or_path: str | os.PathLike[str], *, revision: str | 
                                   "huggingface_hub (pip install huggingface_hub)") from e
         found = _snapshot(hub, path, dict(revision=revision, token=token, cache_dir=None if
                                           cache_dir is None else str(cache_dir)),
-                          local_files_only, subfolder)
+                          local_files_only, subfolder, variant)
         if not found.exists():  # (the Hub asked: the repo has no such folder)
             raise CheckpointError(f"{name_or_path}: the repo has no folder {subfolder}/ "
                                   f"({found} doesn't exist)")
@@ -76,9 +86,9 @@ def _not_local(path: Path) -> str:
 
 
 def _snapshot(hub: Any, path: Path, options: dict[str, Any], local_only: bool,
-              subfolder: str | None) -> Path:
+              subfolder: str | None, variant: str | None) -> Path:
     repo_id = str(path)
-    patterns = [f"{subfolder}/{p}" if subfolder else p for p in HUB_FILES]
+    patterns = [f"{subfolder}/{p}" if subfolder else p for p in hub_files(variant)]
     kwargs = dict(repo_id=repo_id, allow_patterns=patterns, **options)
     offline = local_only or os.environ.get("HF_HUB_OFFLINE", "").strip() not in ("", "0")
     why = "local_files_only=True" if local_only else "HF_HUB_OFFLINE is set"
@@ -90,7 +100,7 @@ def _snapshot(hub: Any, path: Path, options: dict[str, Any], local_only: bool,
                                   f"the local cache, and {why} so the Hub was not asked; "
                                   f"{_way_out(repo_id, options)}") from cached_error
     else:  # a snapshot is cached: with the weights, or only what another call fetched
-        lacking = _lacking(found / subfolder if subfolder else found)
+        lacking = _lacking(found / subfolder if subfolder else found, variant)
         if lacking is None:
             return found / subfolder if subfolder else found
         if offline:
@@ -105,7 +115,7 @@ def _snapshot(hub: Any, path: Path, options: dict[str, Any], local_only: bool,
     return found / subfolder if subfolder else found
 
 
-def _lacking(directory: Path) -> str | None:
+def _lacking(directory: Path, variant: str | None) -> str | None:
     """What a cached snapshot (folder) lacks to be loaded, or ``None``: files the Hub
     has but another call didn't fetch (``AutoConfig.from_pretrained`` caches config.json
     alone) or a download cut short (a shard its index names)."""
@@ -114,7 +124,7 @@ def _lacking(directory: Path) -> str | None:
     if not directory.is_dir():
         return f"no folder {directory.name}/"
     try:
-        directory_files(directory)
+        directory_files(directory, variant)
     except CheckpointError as e:
         return str(e).removeprefix(f"{directory}: ").removeprefix(f"{directory}/")
     return None

@@ -9,8 +9,9 @@ keyword                            here
 ``dtype``, ``revision``,           as in transformers (``from_pretrained``'s own arguments;
 ``cache_dir``, ``token``,          ``subfolder``: the checkpoint in a folder of the directory
 ``local_files_only``,              or repo; ``generation_config`` replaces the model's)
-``subfolder``, ``attn_implementation``, ``experts_implementation``,
+``subfolder``, ``variant``, ``attn_implementation``, ``experts_implementation``,
 ``output_loading_info``, ``generation_config``
+``AutoModelFor*.from_pretrained``  ``model_class=AutoModelFor*`` (or a model class): the head
 ``torch_dtype``                    ``dtype``, with transformers' deprecation (a FutureWarning)
 ``dtype={sub-config: dtype}``      ``dtype[""]`` for every module, as transformers (deprecated)
 ``device_map``                     ``device=``: one device, or ``{module prefix: device}``;
@@ -19,22 +20,26 @@ keyword                            here
                                    the rest on ``"disk"`` in ``offload_folder`` (a dict
                                    may name ``"disk"`` too)
 ``max_memory``, ``offload_folder`` as in transformers, with an automatic ``device_map``
-``trust_remote_code``              ``False`` accepted; ``True`` refused: remote code never runs
+``trust_remote_code``              accepted; remote code never runs: a config whose ``auto_map``
+                                   names the config's or a model's class (which transformers
+                                   would import with ``True``) is a ``ModelBuildError``, any
+                                   other is built from transformers' classes, as there
 ``use_safetensors``                ``True`` accepted; ``False`` refused: pickles are never read
-``low_cpu_mem_usage``, ``_fast_init``  ``True`` accepted (weightplan always loads that way,
-                                   transformers 5 ignores both); ``False`` refused
+``low_cpu_mem_usage``, ``_fast_init``, ignored, any value, as transformers 5 ignores them
+``offload_state_dict``, ``mirror``,  (weightplan always loads with low memory use and never
+``from_tf``, ``from_flax``           stages the state dict; only safetensors are read)
 ``tp_plan``, ``tp_size``,          refused: ``tp="auto"`` or ``tp=TensorParallel(...)``
 ``distributed_config``, ``device_mesh``
-``offload_state_dict``, ``offload_buffers``  refused (``False`` accepted): buffers stay on
-                                   the execution device, the state dict is never staged whole
+``offload_buffers``                refused (``False`` accepted): buffers stay on the
+                                   execution device
 ``quantization_config``            refused: the checkpoint's config decides (FP8 is kept;
                                    ``dequantize=True`` or a dtype dequantizes it)
 ``config``, ``state_dict``,        refused, each naming weightplan's way (build the model and
-``key_mapping``, ``variant``, …    :func:`weightplan.load` it, ``mapping=``, a file path)
+``key_mapping``, …                 :func:`weightplan.load` it, ``mapping=``)
 ``ignore_mismatched_sizes``,       refused: a shape mismatch is never loaded, nothing is
 ``weights_only``, ``disable_mmap``, unpickled, tensors are read into place, the model is
 ``fusion_config``, ``tqdm_class``  the class config.json names, the progress bar is ours
-(each refused one, at its default)  taken: transformers' defaults (``variant=None``,
+(each refused one, at its default)  taken: transformers' defaults (``key_mapping=None``,
                                    ``config=None``, ``weights_only=True``) ask for nothing,
                                    so code that passes its arguments through loads
 anything else                      refused: config overrides (``output_hidden_states=True``)
@@ -76,14 +81,9 @@ UNSET = (None,)  # transformers' default for most of its keywords: asks for noth
 REFUSED = {
     "trust_remote_code": Refusal("remote code never runs: weightplan builds only the classes "
                                  "transformers has; for a model defined in a repo's .py files, "
-                                 f"{OWN_MODEL}", (False, None)),
+                                 f"{OWN_MODEL}", (False, None, True)),
     "use_safetensors": Refusal("only safetensors are read (pickle checkpoints are never "
                                "unpickled); convert the checkpoint to safetensors", (True, None)),
-    "low_cpu_mem_usage": Refusal("weightplan always loads with low memory use (the model "
-                                 "built on meta, each tensor written in place): drop it",
-                                 (True, None)),
-    "_fast_init": Refusal("weightplan never initializes what the checkpoint loads: drop it",
-                          (True, None)),
     "tp_plan": Refusal("pass tp='auto' (the model's tp_plan) or "
                        "tp=weightplan.TensorParallel(plan={module glob: style})", UNSET),
     "tp_size": Refusal("the size is the process group's (torchrun --nproc-per-node N); pass "
@@ -93,8 +93,6 @@ REFUSED = {
                                   "experts='ep') for expert parallelism", UNSET),
     "device_mesh": Refusal("pass tp=weightplan.TensorParallel(mesh=device_mesh) (a 1-D mesh)",
                            UNSET),
-    "offload_state_dict": Refusal("the state dict is never staged whole: drop it",
-                                  (False, None)),
     "offload_buffers": Refusal("buffers stay on the execution device (offload_buffers=False, "
                                "transformers' default): drop it", (False, None)),
     "quantization_config": Refusal("the checkpoint's config.json decides: its FP8 weights are "
@@ -107,8 +105,6 @@ REFUSED = {
                           "weightplan.load(model, state_dict)", UNSET),
     "key_mapping": Refusal("pass mapping=[weightplan.WeightRenaming(source, target), ...] "
                            "(weightplan's transforms)", UNSET),
-    "variant": Refusal("variant files are not picked by name; pass the variant's files: "
-                       "weightplan.load(model, [paths])", UNSET),
     "gguf_file": Refusal("only safetensors are read", UNSET),
     "ignore_mismatched_sizes": Refusal(
         "a tensor whose shape differs from the model's is never loaded: the plan lists it "
@@ -126,9 +122,6 @@ REFUSED = {
                           UNSET),
     "allow_all_kernels": Refusal("hub kernels are not loaded: drop it", (False, None)),
     "kernels_mode": Refusal("hub kernels are not loaded: drop it", UNSET),
-    "mirror": Refusal("drop it (transformers ignores it too)", UNSET),
-    "from_tf": Refusal("only safetensors are read", (False, None)),
-    "from_flax": Refusal("only safetensors are read", (False, None)),
     "adapter_kwargs": Refusal("pass the adapter directory: adapter=ADAPTER_DIR (and "
                               "adapter_name=); its hub options are not taken", (None, {})),
     "use_kernels": Refusal("hub kernels are not loaded: drop it", (False, None)),
@@ -138,6 +131,13 @@ REFUSED = {
     "proxies": Refusal("set HTTPS_PROXY in the environment instead", UNSET),
     "resume_download": Refusal("drop it (downloads always resume)", (None, True)),
 }
+
+
+# transformers 5 pops these from ``from_pretrained``'s keywords without reading them (no
+# warning): any value asks for nothing there, and here (weightplan loads with low memory use,
+# never initializes what it loads, reads safetensors only, never stages the state dict)
+IGNORED = ("low_cpu_mem_usage", "_fast_init", "offload_state_dict", "mirror", "from_tf",
+           "from_flax")
 
 
 RENAMED = {  # transformers' word → weightplan's, for the functions that don't take it
@@ -174,6 +174,8 @@ def keyword_advice(keyword: str, function: str = "from_pretrained") -> str | Non
         return SAVE_WORDS.get(keyword)
     if keyword in RENAMED:
         return RENAMED[keyword]
+    if keyword in IGNORED:
+        return "transformers 5 ignores it, and so does weightplan.from_pretrained: drop it"
     refusal = REFUSED.get(keyword)
     return None if refusal is None else refusal.advice
 
@@ -202,6 +204,8 @@ def fold_transformers_keywords(extra: Mapping[str, Any], dtype: Any,
     if isinstance(dtype, Mapping):
         dtype = _one_dtype(dtype)
     for name, value in extra.items():
+        if name in IGNORED:
+            continue
         refusal = REFUSED.get(name)
         if refusal is None:
             raise ArgumentError(_unknown(name, value, own))
@@ -246,7 +250,7 @@ def did_you_mean(word: str, words: Iterable[str]) -> str | None:
 def _unknown(name: str, value: Any, own: Iterable[str]) -> str:
     """Why ``name`` is refused: a misspelling of a keyword (``dtpye``), else a config
     override (which transformers applies to the config and weightplan doesn't)."""
-    close = did_you_mean(name, [*own, "torch_dtype", *REFUSED])
+    close = did_you_mean(name, [*own, "torch_dtype", *REFUSED, *IGNORED])
     if close:
         return (f"from_pretrained got {name}={shown(value)}: no such keyword; did you mean "
                 f"{close}=? (weightplan's keywords are listed in "

@@ -2,8 +2,9 @@
 
 1. resolve (:mod:`weightplan.api.hub`): a local path as it is; a repo id (``org/name``)
    through the local Hugging Face cache, the Hub only when the cache lacks it;
-2. build: the transformers class ``config.json`` names, on meta (:func:`init_empty`);
-   remote code never runs (no ``trust_remote_code``, nothing imported from the directory);
+2. build: the transformers class ``config.json`` names (``model_class=``: an auto class's,
+   or that class), on meta (:func:`init_empty`); remote code never runs (nothing is
+   imported from the directory; ``trust_remote_code=True`` asks for nothing more);
    a quantized checkpoint (block FP8) gets transformers' quantized layers, so its weights
    and scales are kept as they are on disk, as serving deployments keep them
    (:mod:`weightplan.bridge.quantized`), unless ``dequantize=True`` or a ``dtype`` asks for
@@ -42,9 +43,10 @@ from weightplan.api.keywords import device_from_map, fold_transformers_keywords
 from weightplan.api.status import status
 from weightplan.errors import ArgumentError, ModelBuildError, ParallelError
 from weightplan.planner.inputs.checkpoint import DirectoryRead
+from weightplan.planner.inputs.variants import check_variant
 from weightplan.planner.core.sharding.config import TensorParallel, as_tensor_parallel
 
-__all__ = ["from_pretrained", "keeps_quantized", "resolve_checkpoint"]
+__all__ = ["from_pretrained", "keeps_quantized", "read_directory", "resolve_checkpoint"]
 
 
 def from_pretrained(name_or_path: str | os.PathLike[str], *,
@@ -56,15 +58,16 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
                     mapping: object = None, budget: int | str | None = None, threads: int = 4,
                     revision: str | None = None, cache_dir: str | os.PathLike[str] | None = None,
                     local_files_only: bool = False, token: str | bool | None = None,
-                    subfolder: str | None = None, attn_implementation: str | None = None,
-                    experts_implementation: str | None = None, generation_config: Any = None,
-                    dequantize: bool | None = None, dequantize_on: str = "auto",
+                    subfolder: str | None = None, variant: str | None = None, attn_implementation:
+                    str | None = None, experts_implementation: str | None = None, generation_config: Any = None,
+                    dequantize: bool | None = None, dequantize_on: str = "auto", model_class: Any = None,
                     adapter: str | os.PathLike[str] | None = None,
                     adapter_name: str = "default", merge: bool = False, **transformers_only: Any) -> Any:
     """Build the model a checkpoint's ``config.json`` names and load the checkpoint into it.
 
     Args:
-        name_or_path: a checkpoint directory or a Hub repo id (``"org/name"``).
+        name_or_path, model_class: a directory or repo id (``"org/name"``); the class built, else config.json's
+            (an auto class: ``AutoModelForSequenceClassification``, or a model class of the config).
         dtype: ``"auto"`` (the config's, else the checkpoint's; ``None`` too, as in transformers 5) or a dtype.
         dequantize: whether a quantized (block FP8) checkpoint loads dequantized (:func:`keeps_quantized`).
         device, device_map, max_memory, offload_folder: as :func:`explain` (placed on
@@ -74,7 +77,7 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
             forward runs across the ranks (under torchrun, the group is started if need be).
         strict, progress: as :meth:`Plan.execute`; mapping, budget, threads, dequantize_on: as :func:`explain`.
         return_report / output_loading_info: also return the :class:`LoadReport` / transformers' loading info.
-        revision, cache_dir, local_files_only, token, subfolder, attn_implementation,
+        revision, cache_dir, local_files_only, token, subfolder, variant, attn_implementation,
         experts_implementation, generation_config, torch_dtype (deprecated: ``dtype``): as
             in transformers; others are refused, saying why (:mod:`weightplan.api.keywords`).
 
@@ -86,9 +89,9 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
     device, keep, (tensor_parallel, mesh) = (device_from_map(device_map, device, tp),
                                              keeps_quantized(dequantize, dtype, tp) and not merge, _parallel(tp))
     with _agreed(tensor_parallel):  # (a cooperative load's ranks agree here: none waits in vain)
-        read, adapter = _resolved(name_or_path, adapter, revision=revision, cache_dir=cache_dir,
-                                  local_files_only=local_files_only, token=token, subfolder=subfolder)
-        model = _sided(_built(read, tensor_parallel, mesh, (attn_implementation, experts_implementation),
+        read, adapter = _resolved(name_or_path, adapter, revision=revision, cache_dir=cache_dir, token=token,
+                                  local_files_only=local_files_only, subfolder=subfolder, variant=variant)
+        model = _sided(_built(read, tensor_parallel, mesh, (attn_implementation, experts_implementation, model_class),
                               progress, _runs_kept(keep, dequantize, read), dtype), dequantize_on)
     with status(f"planning the load of {read.path}", "planned the load", progress):
         plan = _explain(model, read, adapter, adapter_name, merge, dtype=dtype, mapping=mapping,
@@ -140,13 +143,14 @@ def _resolved(name_or_path: str | os.PathLike[str], adapter: Any, **hub: Any
     """The checkpoint directory with its config read (:func:`_read`), and the adapter: an
     adapter directory given as the model loads onto its config's base (as peft's
     ``AutoPeftModel`` does)."""
+    hub["variant"] = check_variant(hub["variant"])  # (before it names files to fetch)
     directory = resolve_checkpoint(name_or_path, **hub)
     if adapter is None and (directory / "adapter_config.json").is_file() and not (
             directory / "config.json").is_file():
         from weightplan.api.adapters import adapter_base
 
-        return _read(adapter_base(directory)), directory
-    return _read(directory), adapter
+        return read_directory(adapter_base(directory), hub["variant"]), directory
+    return read_directory(directory, hub["variant"]), adapter
 
 
 def keeps_quantized(dequantize: bool | None, dtype: object, tp: object) -> bool:
@@ -175,15 +179,24 @@ def keeps_quantized(dequantize: bool | None, dtype: object, tp: object) -> bool:
     return tp is None and (dtype is None or dtype == "auto")
 
 
-def _read(checkpoint: Path) -> DirectoryRead:
+def read_directory(checkpoint: str | os.PathLike[str], variant: str | None = None
+                   ) -> DirectoryRead:
     """The checkpoint (a directory, or a file in one) with its directory's ``config.json``
-    read (once: everything after uses what was read, and its headers are read at their
-    first use)."""
+    read (once: everything after uses what was read, and its headers, ``variant``'s files,
+    are read at their first use).
+
+    Raises:
+        ArgumentError: a ``variant`` that is no word of a file name, or given for a file.
+    """
     from weightplan.bridge.config_guard import read_config_json
     from weightplan.bridge.hub import config_path
 
-    path = config_path(checkpoint)
-    return DirectoryRead(checkpoint, None if path is None else read_config_json(path))
+    path, variant = Path(checkpoint), check_variant(variant)
+    if variant is not None and not path.is_dir():
+        raise ArgumentError(f"variant={variant!r} picks a variant's files in a directory: "
+                            f"{path} is a file; give its directory, or drop the variant")
+    config = config_path(path)
+    return DirectoryRead(path, None if config is None else read_config_json(config), variant)
 
 
 def _runs_kept(keep: bool, dequantize: bool | None, read: DirectoryRead) -> bool:
@@ -304,16 +317,16 @@ def _parallel(tp: object) -> tuple[TensorParallel | None, Any]:
 
 
 def _built(read: DirectoryRead, tp: TensorParallel | None, mesh: Any,
-           implementations: tuple[str | None, str | None], progress: bool | None,
+           implementations: tuple[str | None, str | None, Any], progress: bool | None,
            keep_quantized: bool, dtype: object) -> torch.nn.Module:
     from weightplan.bridge.distribute import prepare_tensor_parallel
     from weightplan.bridge.hub import build_empty_model
 
     with status(f"building the model {read.directory / 'config.json'} names (on meta)",
                 "built the model", progress):
-        attn, experts = implementations
+        attn, experts, model_class = implementations  # (model_class: the class built, if given)
         model = build_empty_model(read.path, attn_implementation=attn,
-                                  experts_implementation=experts,
+                                  experts_implementation=experts, model_class=model_class,
                                   keep_quantized=keep_quantized,
                                   dtype=_build_dtype(dtype, read), config_json=read.config).model
         if tp is not None:

@@ -2,9 +2,11 @@
 
 A ``config.json`` with ``auto_map`` names classes defined in Python files shipped with the
 checkpoint (``configuration_*.py``, ``modeling_*.py``); transformers would import them
-(after a prompt, or at once with ``trust_remote_code=True``). weightplan refuses such a
-config before transformers sees it, and reads every other config with remote code
-disabled. The config is read as strict JSON from a regular file (no FIFO, bounded size).
+(after a prompt, or at once with ``trust_remote_code=True``). weightplan refuses a config
+whose ``auto_map`` names the config's or a model's class before transformers sees it, and
+reads every other config with remote code disabled (``from_pretrained(trust_remote_code=
+True)`` then asks for nothing: transformers ignores it on a class it has built in). The
+config is read as strict JSON from a regular file (no FIFO, bounded size).
 """
 
 from __future__ import annotations
@@ -52,15 +54,35 @@ def read_config_json(path: Path) -> dict:
 
 
 def refuse_remote_code(path: Path, read: Mapping[str, object] | None = None) -> dict:
-    """The config (``read``: as already read from ``path``), unless it asks for code
-    shipped with the checkpoint (``auto_map``)."""
+    """The config (``read``: as already read from ``path``), unless its ``auto_map`` names
+    code a model load would run (:func:`remote_entries`: the config's or a model's class,
+    as transformers imports them under ``trust_remote_code=True``); a tokenizer's or a
+    processor's entry is no part of the model and is left alone, as transformers'
+    ``AutoModel*`` leaves it.
+
+    Raises:
+        ModelBuildError: the ``auto_map`` names the config's or a model's class (the message
+            names the entries, says why and what to do).
+    """
     config = read_config_json(path) if read is None else dict(read)
-    auto_map = config.get("auto_map")
-    if auto_map:
-        names = sorted(auto_map) if isinstance(auto_map, dict) else auto_map
+    names = remote_entries(config.get("auto_map"))
+    if names:
         raise ModelBuildError(
             f"{path}: this config's auto_map ({names}) asks to run Python code shipped with "
-            "the checkpoint; weightplan never runs code from a checkpoint directory. Build "
-            "the model yourself (after reviewing that code) and pass it to explain(), or "
-            "pass --model-type to explain the keys without a model")
+            "the checkpoint (transformers imports it under trust_remote_code=True); weightplan "
+            "never runs code from a checkpoint directory. To load it, review that code, build "
+            "the model yourself (with weightplan.init_empty(): model = Cls(config)) and "
+            "weightplan.load(model, path); or pass --model-type to explain the keys without "
+            "a model")
     return config
+
+
+def remote_entries(auto_map: object) -> list[str]:
+    """The entries of ``auto_map`` a model load would import: ``AutoConfig`` and the
+    ``AutoModel*`` classes (any entry of a value that is not a dict: it can't be told)."""
+    if not auto_map:
+        return []
+    if not isinstance(auto_map, dict):
+        return [str(auto_map)]
+    return sorted(str(k) for k in auto_map
+                  if not isinstance(k, str) or k == "AutoConfig" or k.startswith("AutoModel"))

@@ -45,7 +45,8 @@ def config_path(checkpoint: str | Path) -> Path | None:
 def build_empty_model(checkpoint: str | Path, *, attn_implementation: str | None = None,
                       experts_implementation: str | None = None,
                       keep_quantized: bool = False, dtype: torch.dtype | None = None,
-                      config_json: Mapping[str, object] | None = None) -> BuiltModel:
+                      config_json: Mapping[str, object] | None = None, model_class: Any = None
+                      ) -> BuiltModel:
     """Build the model ``config.json`` describes, with its parameters on ``meta``
     (``attn_implementation`` / ``experts_implementation``: as transformers' keywords;
     ``config_json``: the file as its caller read it, else read here, once).
@@ -57,10 +58,12 @@ def build_empty_model(checkpoint: str | Path, *, attn_implementation: str | None
     ``embed_scale`` buffer) holds it, what it makes in float32 (rotary ``inv_freq``) stays;
     the meta tensors made in it are float32 again, as a float32 build gives them (the plan
     casts each to the load's dtype, keeping the ones the model keeps in float32).
+    ``model_class``: the class built instead of ``architectures[0]``'s (:func:`given_class`).
 
     Raises:
         ModelBuildError: there is no ``config.json``, transformers is not installed, or
             transformers can't read the config or build the class (the message says which).
+        ArgumentError: a ``model_class`` that is no class for this config.
     """
     path = config_path(checkpoint)
     if path is None:
@@ -77,7 +80,7 @@ def build_empty_model(checkpoint: str | Path, *, attn_implementation: str | None
         config._attn_implementation = attn_implementation
     if experts_implementation is not None:
         config._experts_implementation = experts_implementation
-    cls, name = _model_class(transformers, config, path)
+    cls, name = _model_class(transformers, config, path, model_class)
     try:
         with init_empty(), _default_dtype(dtype):
             model = (cls(config) if name != "auto"
@@ -154,7 +157,9 @@ def _auto_config(transformers: Any, words: dict, path: Path) -> Any:
                          name_or_path=str(path.parent))
 
 
-def _model_class(transformers: Any, config: Any, path: Path) -> tuple[Any, str]:
+def _model_class(transformers: Any, config: Any, path: Path, given: Any) -> tuple[Any, str]:
+    if given is not None:
+        return given_class(given, config, path), "given"
     for name in getattr(config, "architectures", None) or ():
         cls = getattr(transformers, name, None)
         if isinstance(cls, type) and issubclass(cls, nn.Module):
@@ -166,6 +171,37 @@ def _model_class(transformers: Any, config: Any, path: Path) -> tuple[Any, str]:
     raise ModelBuildError(f"{path}: transformers has no model class for "
                           f"{type(config).__name__} (architectures: "
                           f"{getattr(config, 'architectures', None)})")
+
+
+def given_class(wanted: Any, config: Any, path: Path) -> Any:
+    """The class ``wanted`` builds for ``config``: an ``AutoModelFor*`` class's class for
+    the config's type (as its ``from_pretrained`` picks it), or ``wanted`` itself when it is
+    a model class whose ``config_class`` the config is.
+
+    Raises:
+        ArgumentError: ``wanted`` is neither, or has no class for this config.
+    """
+    from weightplan.errors import ArgumentError
+
+    name, kind = getattr(wanted, "__name__", repr(wanted)), type(config).__name__
+    mapping = getattr(wanted, "_model_mapping", None) if isinstance(wanted, type) else None
+    if mapping is not None:  # an auto class
+        try:
+            return mapping[type(config)]
+        except KeyError:
+            raise ArgumentError(f"model_class={name}: transformers has no {name} class for "
+                                f"{kind} ({path}); pick an auto class that has one, or leave "
+                                "model_class out (the class config.json names)") from None
+    if not (isinstance(wanted, type) and issubclass(wanted, nn.Module)):
+        raise ArgumentError(f"model_class={wanted!r}: pass a class (transformers' "
+                            "AutoModelForSequenceClassification, or LlamaForCausalLM), not "
+                            f"a {type(wanted).__name__}")
+    config_class = getattr(wanted, "config_class", None)
+    if not (isinstance(config_class, type) and isinstance(config, config_class)):
+        raise ArgumentError(f"model_class={name} is built from a "
+                            f"{getattr(config_class, '__name__', config_class)}, and {path} "
+                            f"holds a {kind}: pick a class of that config, or an auto class")
+    return wanted
 
 
 def _dtype(config: Any) -> torch.dtype | None:

@@ -35,10 +35,13 @@ from weightplan.planner.inputs.safetensors_format import (
     MAX_HEADER_BYTES, SpecCache, header_columns,
 )
 from weightplan.planner.inputs.shard_index import IndexShard, index_files
+from weightplan.planner.inputs.variants import (
+    missing_variant, refuse_mixed_variants, variant_index, variant_of, variant_single,
+)
 from weightplan.planner.core.spec import TensorSpec
 
 __all__ = ["Checkpoint", "DirectoryRead", "FileStamp", "TensorEntry", "directory_files",
-           "open_checkpoint", "read_header"]
+           "open_checkpoint", "open_directory", "read_header"]
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 SINGLE_FILE = "model.safetensors"  # transformers' SAFE_WEIGHTS_NAME
@@ -80,6 +83,7 @@ class DirectoryRead:
 
     path: Path  # the checkpoint as given
     config: Mapping[str, object] | None  # its directory's config.json as read (``None``: none)
+    variant: str | None = None  # the weight variant read (``model.fp16.safetensors``)
 
     @cached_property
     def directory(self) -> Path:
@@ -88,7 +92,9 @@ class DirectoryRead:
 
     @cached_property
     def checkpoint(self) -> Checkpoint:
-        """The checkpoint's headers, read at the first use."""
+        """The checkpoint's headers, read at the first use (a variant's: a directory's)."""
+        if self.variant is not None:
+            return open_directory(self.path, self.variant)
         return open_checkpoint(self.path)
 
 
@@ -109,9 +115,7 @@ def open_checkpoint(source: object) -> Checkpoint:
     if isinstance(source, (str, os.PathLike)):
         path = Path(check_path_argument(source))
         if _is_dir(path):
-            refuse_interrupted_save(path)
-            found = directory_files(path)
-            return _from_files(found, description=str(path), left_out=_left_out(path, found))
+            return open_directory(path)
         refuse_interrupted_save(path.parent)
         return _from_files([(str(path), None)], description=str(path))
     if isinstance(source, Sequence) and not isinstance(source, (bytes, bytearray)):
@@ -128,6 +132,13 @@ def open_checkpoint(source: object) -> Checkpoint:
     raise ArgumentError(
         f"unsupported checkpoint {type(source).__name__}: pass a .safetensors path, a "
         "directory, a list of paths or a {key: tensor} dict")
+
+
+def open_directory(path: Path, variant: str | None = None) -> Checkpoint:
+    """The headers of a checkpoint directory's files (:func:`directory_files`)."""
+    refuse_interrupted_save(path)
+    found = directory_files(path, variant)
+    return _from_files(found, description=str(path), left_out=_left_out(path, found, variant))
 
 
 def _is_dir(path: Path) -> bool:
@@ -148,10 +159,20 @@ def _from_memory(tensors: Mapping) -> Checkpoint:
     return Checkpoint(entries, tensors=dict(tensors), description="<memory>")
 
 
-def directory_files(path: Path) -> list[tuple[str, IndexShard | None]]:
+def directory_files(path: Path, variant: str | None = None
+                    ) -> list[tuple[str, IndexShard | None]]:
     """The files a directory's checkpoint is: ``model.safetensors`` where there is one (as
     transformers' ``from_pretrained`` picks it before an index beside it), else the shards
-    its index names, else every ``.safetensors`` file."""
+    its index names, else every ``.safetensors`` file (unless they are several variants';
+    ``variant``: that variant's one file, else its index's shards, as transformers picks
+    them: :mod:`~weightplan.planner.inputs.variants`).
+
+    Raises:
+        CheckpointError: nothing to read, the variant asked for is not there, or several
+            variants and none asked for (the message names them).
+    """
+    if variant is not None:
+        return _variant_files(path, variant)
     single = path / SINGLE_FILE
     if single.is_file():
         return [(str(single), None)]
@@ -162,6 +183,7 @@ def directory_files(path: Path) -> list[tuple[str, IndexShard | None]]:
         return index_files(indexes[0])
     shards = sorted(path.glob("*.safetensors"))
     if shards:
+        refuse_mixed_variants(path, [s.name for s in shards])
         return [(str(s), None) for s in shards]
     pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickles:
@@ -171,16 +193,35 @@ def directory_files(path: Path) -> list[tuple[str, IndexShard | None]]:
     raise CheckpointError("no .safetensors file in this directory", file=str(path))
 
 
-def _left_out(path: Path, files: list[tuple[str, IndexShard | None]]
-              ) -> tuple[tuple[str, str], ...]:
+def _variant_files(path: Path, variant: str) -> list[tuple[str, IndexShard | None]]:
+    """``variant``'s one file, else the shards its index names."""
+    single, index = path / variant_single(variant), path / variant_index(variant)
+    if single.is_file():
+        return [(str(single), None)]
+    if index.is_file():
+        return index_files(index)
+    raise missing_variant(path, variant)
+
+
+def _left_out(path: Path, files: list[tuple[str, IndexShard | None]],
+              variant: str | None = None) -> tuple[tuple[str, str], ...]:
     """``path``'s ``.safetensors`` files that are not among ``files``, each with why."""
     read = {Path(f).name for f, _ in files}
-    if SINGLE_FILE in read and files[0][1] is None:
-        why = f"{SINGLE_FILE} is read alone (as transformers reads it)"
+    if len(files) == 1 and files[0][1] is None and Path(files[0][0]).parent == path:
+        why = f"{Path(files[0][0]).name} is read alone (as transformers reads it)"
     else:
         why = "the index doesn't name it (transformers reads only the shards it names)"
-    return tuple((p.name, why) for p in sorted(path.glob("*.safetensors"))
-                 if p.name not in read)
+    return tuple((p.name, _variant_why(p.name, variant, why))
+                 for p in sorted(path.glob("*.safetensors")) if p.name not in read)
+
+
+def _variant_why(name: str, variant: str | None, why: str) -> str:
+    """Why a file of another weight variant than the one read is left out."""
+    other = variant_of(name)
+    if other is None or other == variant:
+        return why
+    reads = f"variant={variant!r}" if variant is not None else "no variant"
+    return f"a file of the weight variant {other!r}, and the load reads {reads}"
 
 
 def _from_files(files: list[tuple[str, IndexShard | None]], *, description: str,
