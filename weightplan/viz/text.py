@@ -61,7 +61,7 @@ def explain_text(plan: PlanData, width: int | None = None,
     lines = header_lines(plan) + adapter_lines(plan) + [""]
     lines += mapping_lines(plan, width, fit=wrap) + [""]
     lines += total_lines(plan) + parallel_lines(plan) + [*map(wording, problem_lines(plan))]
-    lines += note_lines(plan)
+    lines += [*map(wording, note_lines(plan))]
     out: Iterable[str] = map(terminal_text, lines)
     if wrap:
         out = (part for line in out for part in wrapped(line, width))

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from weightplan.errors import ParallelError, PlanError
+from weightplan.planner.core.problems import Note
 from weightplan.planner.inputs.device import parse_device, placed_map
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.inputs.module_tree import module_tree
@@ -34,6 +35,7 @@ from weightplan.planner.tensors.schedule.device_plan import (
 )
 from weightplan.planner.tensors.schedule.offload_plan import OffloadPlan, plan_offload
 from weightplan.planner.tensors.schedule.schedule import Schedule, make_schedule
+from weightplan.units import format_bytes
 
 WINDOW_SHARE = 8  # the read-ahead window is at most 1/8 of the CPU's max_memory
 
@@ -48,11 +50,13 @@ class AutomaticRequest:
     given: tuple[tuple[str, str], ...] | None = None  # a dict map naming "disk": as given
 
     def placed(self, options: PlanOptions, model: torch.nn.Module, info: ModelInfo | None,
-               schedule: Schedule) -> tuple[PlanOptions, Schedule]:
-        """``options`` with the placement and the device map made from it, and the
-        schedule (its read-ahead window bounded by the CPU's budget)."""
+               schedule: Schedule) -> tuple[PlanOptions, Schedule, tuple[Note, ...]]:
+        """``options`` with the placement and the device map made from it, the
+        schedule (its read-ahead window bounded by the CPU's budget), and a note when the
+        budgets left nothing resident (:meth:`resident_note`)."""
         if info is None:
             raise PlanError("automatic placement needs a model")
+        unbounded = schedule
         schedule = self.windowed(schedule)
         host = host_costs(schedule)
         if self.given is not None:
@@ -61,6 +65,7 @@ class AutomaticRequest:
         else:
             placement = place_devices(self.strategy, self.budgets, module_tree(model), info,
                                       schedule, options.dtype, host, self.offload_folder)
+        notes = self.resident_note(placement, options, model, info, unbounded)
         devices = placed_map(placement.device_map, self.offload_folder)
         if devices.disk:
             offload, steps = plan_offload(schedule.steps, devices, info)
@@ -70,7 +75,38 @@ class AutomaticRequest:
             placement = rehosted(dataclasses.replace(placement, offload=offload),
                                  host.temporaries, host_costs(schedule).temporaries)
         check_budgets(placement)
-        return dataclasses.replace(options, devices=devices, placement=placement), schedule
+        return (dataclasses.replace(options, devices=devices, placement=placement), schedule,
+                notes)
+
+    def resident_note(self, placement: DevicePlacement, options: PlanOptions,
+                      model: torch.nn.Module, info: ModelInfo, schedule: Schedule
+                      ) -> tuple[Note, ...]:
+        """Budgets too small for even the first module put the whole model on the disk,
+        read back at every forward: a note naming the smallest budget of the first device
+        that keeps that module resident (the fill's own arithmetic; a larger budget also
+        widens the CPU's read window, so it is placed again until it holds)."""
+        if placement.resident_need is None:
+            return ()
+        device, unit, need = placement.resident_need
+        budget = next(b.budget for b in self.budgets if b.device == device)
+        tried, keeps = placement, ""
+        while tried.resident_need is not None:  # (the need only grows: it settles)
+            need = max(need, tried.resident_need[2])
+            budgets = tuple(dataclasses.replace(b, budget=need) if b.device == device else b
+                            for b in self.budgets)
+            wider = dataclasses.replace(self, budgets=budgets).windowed(schedule)
+            tried = place_devices(self.strategy, budgets, module_tree(model), info, wider,
+                                  options.dtype, host_costs(wider), self.offload_folder)
+            if tried.resident_need is not None and tried.resident_need[2] <= need:
+                break  # (a fill that keeps nothing at its own need: no number to give)
+        else:
+            keeps = (f"; a budget of {need} bytes ({format_bytes(need)}) for {device} in "
+                     "max_memory keeps it resident")
+        return (Note("max_memory", f"max_memory leaves nothing resident: "
+                     f"{unit or 'the model'}, the first module placed, doesn't fit {device}'s "
+                     f"{format_bytes(budget or 0)} beside what the load and an offloaded block "
+                     "take there, so the whole model goes to the disk and is read back at "
+                     f"every forward{keeps}"),)
 
     def windowed(self, schedule: Schedule) -> Schedule:
         """Reads in flight (and tensors on their way to the disk) take host memory: the

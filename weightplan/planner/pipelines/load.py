@@ -174,8 +174,9 @@ def rank_plan(common: Common, sharding: Sharding | None) -> LoadPlanData:
     if sharding is not None:  # (a rank's slices are known once it is lowered)
         findings = _with_split_groups(findings, sharding, schedule.steps)
     if common.automatic is not None and common.model is not None:
-        options, schedule = common.automatic.placed(options, common.model, common.info,
-                                                    schedule)
+        options, schedule, noted = common.automatic.placed(options, common.model,
+                                                           common.info, schedule)
+        findings = dataclasses.replace(findings, notes=findings.notes + noted)
         refuse_on_disk(common.info, options.devices)
     if common.quantized or common.dequantize_on != "auto":  # (FP8 only: else nothing to side)
         options, schedule = _sided(options, schedule, common.dequantize_on)

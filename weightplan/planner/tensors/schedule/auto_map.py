@@ -210,3 +210,24 @@ def _full(inp: FillInput, unit: str, tensors: frozenset[str], slots: Sequence[Sl
                        f"fits on no device: {last.device} is full too "
                        f"({format_bytes(last.capacity or 0)}); raise max_memory",
                        minimum_bytes=need)
+
+
+def first_need(inp: FillInput, slot: Slot) -> tuple[str, int] | None:
+    """The first unit with bytes the fill tries on ``slot`` (the first whole one in module
+    order, with the units sharing its tensors) and the capacity ``slot`` needs to take it:
+    below it, the fill keeps nothing there. ``None``: the model has no bytes."""
+    tied, queue = _tied(inp), deque(roots(inp))
+    while queue:
+        unit = queue.popleft()
+        parts = inp.parts(unit)
+        if parts:
+            queue.extendleft(reversed(parts))
+            continue
+        group = [unit] + (_companions(inp, unit, queue) if inp.tensors(unit) & tied else [])
+        tensors = frozenset().union(*map(inp.tensors, group))
+        if not inp.bytes_of(tensors):
+            continue  # (placed wherever the fill is: it changes nothing)
+        device = _Device(slot, max(1, inp.concurrent))
+        need = inp.bytes_of(tensors) + device.reserve([inp.temp.get(t, 0) for t in tensors])
+        return unit, slot.fixed + need
+    return None

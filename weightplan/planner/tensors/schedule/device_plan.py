@@ -39,7 +39,7 @@ from weightplan.planner.core.geometry import Fragment
 from weightplan.planner.tensors.lower.placement import Step
 from weightplan.planner.tensors.lower.read_tasks import ReadTask
 from weightplan.planner.tensors.schedule.auto_map import (
-    FillInput, Slot, fill, largest_whole,
+    FillInput, Slot, fill, first_need, largest_whole,
 )
 from weightplan.planner.tensors.schedule.dequant_side import device_staging
 from weightplan.planner.tensors.schedule.device_budgets import CPU, DISK, DeviceBudget
@@ -80,6 +80,8 @@ class DevicePlacement:
     offload_folder: str | None = None
     pinned_bytes: int = 0  # host staging for CUDA copies (pinned buffers), in the CPU's
     offload: OffloadPlan | None = None  # the disk's tensors: referenced in place or written
+    # nothing off the disk: (the first device, its first unit, the budget that keeps it)
+    resident_need: tuple[str, str, int] | None = None
 
     def device_of(self, name: str) -> str:
         """The device of a tensor or module ``name`` (its longest mapped prefix)."""
@@ -138,7 +140,11 @@ def place_devices(strategy: str, budgets: Sequence[DeviceBudget], tree: ModuleTr
 
     result, slots, pinned = _converged(strategy, budgets, inp, host, block, window, pinned_of)
     uses = _uses(inp, result, slots, budgets)
-    return DevicePlacement(strategy, tuple(result.items()), uses, offload_folder, pinned)
+    first = None if slots[0].device == DISK or any(u.weights for u in uses
+                                                   if u.device != DISK) else \
+        first_need(inp, slots[0])
+    return DevicePlacement(strategy, tuple(result.items()), uses, offload_folder, pinned,
+                           resident_need=None if first is None else (slots[0].device, *first))
 
 
 def given_placement(pairs: Sequence[tuple[str, str]], tree: ModuleTree, info: ModelInfo,
