@@ -97,9 +97,8 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
         plan = _explain(model, read, adapter, adapter_name, merge, dtype=dtype, mapping=mapping,
                         budget=budget, threads=threads, device=_rank_device(device, mesh), tp=tensor_parallel,
                         max_memory=max_memory, offload_folder=offload_folder, dequantize_on=dequantize_on)
-    report = plan.execute(strict=strict, progress=progress)
-    return _finished(model, read.path, generation_config, report, output_loading_info,
-                     return_report, plan.options.dtype)
+    return _finished(model, read.path, generation_config, plan.execute(strict=strict, progress=progress),
+                     output_loading_info, return_report, plan.options.dtype)
 
 
 _OWN = tuple(from_pretrained.__code__.co_varnames[
