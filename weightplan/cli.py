@@ -175,7 +175,8 @@ def _convert(args: argparse.Namespace) -> int:
     plan = weightplan.explain_convert(args.source, args.destination, mapping=args.mapping,
                                       reverse=args.reverse, max_shard_size=args.max_shard_size,
                                       overwrite=args.overwrite, threads=args.threads,
-                                      dequantize=args.dequantize, to=args.to)
+                                      dequantize=args.dequantize, to=args.to,
+                                      budget=args.budget)
     print(plan)
     if not args.dry_run:
         print(_safe(str(plan.execute())))

@@ -17,6 +17,7 @@ it leaves the directory marked as an interrupted save, which loads refuse and
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 from collections.abc import Mapping
@@ -51,6 +52,16 @@ def _pwrite_all(fd: int, data: torch.Tensor, offset: int, path: str) -> None:
             raise SaveError(f"{path}: write failed at byte {offset + done}: {e}") from e
 
 
+def _missing(directory: Path) -> list[Path]:
+    """``directory`` and its ancestors that don't exist yet, deepest first: what a write
+    creates, and a failed one removes so that it leaves no trace."""
+    missing = []
+    while not os.path.lexists(directory) and directory != directory.parent:
+        missing.append(directory)
+        directory = directory.parent
+    return missing
+
+
 class FileSink:
     """Writes destinations of kind FILE into the shards of ``layout`` under ``directory``;
     ``files`` (``{"config.json": bytes}``) are committed with them."""
@@ -63,6 +74,7 @@ class FileSink:
         self._fds: dict[str, int] = {}
         self._partial: dict[str, Path] = {}
         self._lock = DirectoryLock(self.directory, "save")
+        self._created = _missing(self.directory)  # removed again by a failed write
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._lock.acquire()
@@ -186,6 +198,10 @@ class FileSink:
             path.unlink(missing_ok=True)
         self._partial.clear()
         self._lock.release()
+        for directory in self._created:  # (deepest first; one holding anything stays)
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        self._created = []
 
     def _close_all(self) -> None:
         for fd in self._fds.values():
