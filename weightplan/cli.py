@@ -207,7 +207,10 @@ def _explain(args: argparse.Namespace) -> int:
         if args.mapping is None:
             model, dtype, note = _model_for(args.checkpoint, args.dtype, args.dequantize)
         if args.tp is not None:
-            return _explain_ranks(model, dtype, args)
+            code = _explain_ranks(model, dtype, args)
+            if note is not None:
+                print(_safe(note), file=sys.stderr)
+            return code
         plan = weightplan.explain(model, args.checkpoint, mapping=args.mapping, dtype=dtype,
                                   budget=args.budget, device_map=args.device_map,
                                   max_memory=args.max_memory,
@@ -362,7 +365,7 @@ def _model_for(checkpoint: str, dtype: str | None, dequantize: bool = False
                 "built the model", None):
         built = build_empty_model(checkpoint, keep_quantized=not dequantize
                                   and dtype in (None, "auto"))
-    return built.model, dtype if dtype is not None else "auto", None
+    return built.model, dtype if dtype is not None else "auto", built.note
 
 
 if __name__ == "__main__":
