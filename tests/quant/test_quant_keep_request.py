@@ -40,10 +40,11 @@ def unkept(request, tmp_path, gptoss):  # noqa: F811
         return gptoss[0], "mxfp4"
     if request.param == "ue8m0":
         return _ue8m0(tmp_path), "ue8m0"
-    return quantized_checkpoint(tmp_path, request.param)[0], "compressed-tensors"
+    word = "odel" if request.param == "modelopt" else "compressed-tensors"  # (ModelOpt / modelopt)
+    return quantized_checkpoint(tmp_path, request.param)[0], word
 
 
-@pytest.mark.parametrize("unkept", ["mxfp4", "int", "fp8-channel", "ue8m0"], indirect=True)
+@pytest.mark.parametrize("unkept", ["mxfp4", "int", "fp8-channel", "modelopt", "ue8m0"], indirect=True)
 def test_asking_to_keep_a_format_no_model_holds_is_an_error(unkept):
     directory, word = unkept
     with pytest.raises(QuantizationError) as info:
