@@ -101,3 +101,16 @@ def test_a_failed_convert_leaves_no_directory_and_runs_again(tmp_path, gptoss): 
     assert (tmp_path / "there").is_dir() and not any((tmp_path / "there").iterdir())
     weightplan.explain_convert(qdir, out, to="fp8").execute()  # the rerun, from a good source
     assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+
+
+def test_a_packed_copy_in_the_models_layout_says_what_loads_it(tmp_path, int4):
+    """A packed checkpoint converted into the model's layout keeps its packed experts
+    merged (``experts.gate_up_proj_packed``): a floating model built by from_pretrained
+    can't take them, so the plan says so and what to do; a dequantized copy loads."""
+    qdir, odir = int4
+    plan = weightplan.explain_convert(qdir, tmp_path / "kept")
+    notes = " ".join(n.message for n in plan.notes)
+    assert "keep their packed format" in notes and "--dequantize" in notes, notes
+    assert "keep their packed format" in str(plan)
+    plain = weightplan.explain_convert(qdir, tmp_path / "deq", dequantize=True)
+    assert "keep their packed format" not in str(plain)

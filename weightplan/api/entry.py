@@ -195,8 +195,8 @@ def explain_convert(source: object, directory: str | os.PathLike[str], *, mappin
         mapping: a registered name or a list of transforms; ``None``: the ``model_type``
             of the ``config.json`` next to ``source``. That config and the generation
             config are copied next to the shards, so the output is a model directory
-            ``from_pretrained`` loads. Quantized tensors follow the mapping as stored,
-            merged like their weights (``hf_quant_config.json`` copied along).
+            ``from_pretrained`` loads; packed-format tensors follow it as stored, merged
+            like their weights, for a model holding the format (a floating one: dequantize).
         reverse: ``False`` applies ``mapping`` (with the legacy renames) as a load would;
             ``True`` applies its inverse (a saved model's layout back to the original one).
         max_shard_size: bytes per shard (``"5GB"``); a bigger tensor gets its own shard.

@@ -120,7 +120,8 @@ def explain_convert_plan(source: object, directory: str | os.PathLike[str], *, m
     order = tuple(e.key for e in sorted(ckpt.entries.values(),
                                         key=lambda e: (e.file or "", e.offset)))
     how = Inversion.REVERSE if reverse else Inversion.FORWARD
-    return make_write_plan(directory, ckpt, conversions, groups.notes, choice, how,
+    notes = groups.notes + _kept_packed_note(source, ckpt, conversions)
+    return make_write_plan(directory, ckpt, conversions, notes, choice, how,
                            order=order, metadata=dict(ckpt.metadata) or {"format": "pt"},
                            max_shard_size=max_shard_size, overwrite=overwrite, threads=threads,
                            budget=budget)
@@ -135,6 +136,27 @@ def _as_is(conv: Conversion) -> bool:
     entries = conv.group.entries
     return (not conv.ops and len(entries) == 1
             and tuple(t.key for t in conv.targets) == (entries[0].key,))
+
+
+def _kept_packed_note(source: object, ckpt: Checkpoint, conversions: tuple[Conversion, ...]
+                      ) -> tuple[str, ...]:
+    """A packed-format checkpoint (MXFP4, compressed-tensors, ModelOpt) converted into the
+    model's layout keeps its format, merged like the weights (``experts.gate_up_proj_packed``
+    …): what a model holding that format loads, not a floating model (transformers' builds
+    none on a CPU), so the plan says so."""
+    from weightplan.planner.inputs.dtype import quantized_input
+
+    if all(_as_is(c) for c in conversions) or not quantized_input(source, ckpt, None):
+        return ()
+    from weightplan.planner.tensors.ir.quant_build import packed_pairing
+
+    packed = packed_pairing(source, ckpt)
+    if packed is None or not packed.weights:
+        return ()
+    return ("the quantized weights keep their packed format in the model's layout: a model "
+            "holding that format loads this copy, a floating one (from_pretrained's) doesn't "
+            "(those weights would be missing); for that, convert with --dequantize "
+            "(dequantize=True), or load the source",)
 
 
 def _dequantized_copy(source: object, ckpt: Checkpoint, choice: MappingChoice,
