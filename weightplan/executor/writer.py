@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import mmap
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -50,6 +51,18 @@ def _pwrite_all(fd: int, data: torch.Tensor, offset: int, path: str) -> None:
             done += os.pwrite(fd, buf, offset + done)
         except OSError as e:
             raise SaveError(f"{path}: write failed at byte {offset + done}: {e}") from e
+
+
+def _anonymous(shape: tuple[int, ...], dtype: torch.dtype, nbytes: int) -> torch.Tensor:
+    """A staged output's memory, mapped for it alone: unmapped (given back to the system)
+    as soon as it is written and dropped. From the allocator, the freed outputs stayed in
+    glibc's arenas (its mmap threshold rises to the largest block freed): a dequantizing
+    convert of a 416 MiB int4 copy under a 64 MiB budget grew the RSS by 138-176 MiB,
+    with these 106 MiB (46 MiB of it the threads' and torch's own)."""
+    if nbytes == 0:
+        return torch.empty(shape, dtype=dtype)
+    raw = torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8, count=nbytes)
+    return raw.view(dtype).view(shape)
 
 
 def _missing(directory: Path) -> list[Path]:
@@ -113,7 +126,7 @@ class FileSink:
         _pwrite_all(fd, torch.frombuffer(bytearray(header), dtype=torch.uint8), 0, str(path))
 
     def open(self, dest: Destination) -> torch.Tensor | None:
-        return torch.empty(dest.spec.shape, dtype=dest.spec.dtype) if dest.staged else None
+        return _anonymous(dest.spec.shape, dest.spec.dtype, dest.spec.nbytes) if dest.staged else None
 
     def byte_view(self, handle: torch.Tensor | None, dest: Destination, offset: int,
                   nbytes: int) -> torch.Tensor | None:
