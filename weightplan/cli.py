@@ -175,7 +175,8 @@ def _convert(args: argparse.Namespace) -> int:
     plan = weightplan.explain_convert(args.source, args.destination, mapping=args.mapping,
                                       reverse=args.reverse, max_shard_size=args.max_shard_size,
                                       overwrite=args.overwrite, threads=args.threads,
-                                      dequantize=args.dequantize, to=args.to)
+                                      dequantize=args.dequantize, to=args.to,
+                                      budget=args.budget)
     print(plan)
     if not args.dry_run:
         print(_safe(str(plan.execute())))
@@ -207,7 +208,10 @@ def _explain(args: argparse.Namespace) -> int:
         if args.mapping is None:
             model, dtype, note = _model_for(args.checkpoint, args.dtype, args.dequantize)
         if args.tp is not None:
-            return _explain_ranks(model, dtype, args)
+            code = _explain_ranks(model, dtype, args)
+            if note is not None:
+                print(_safe(note), file=sys.stderr)
+            return code
         plan = weightplan.explain(model, _variant_read(args), mapping=args.mapping, dtype=dtype,
                                   budget=args.budget, device_map=args.device_map,
                                   max_memory=args.max_memory,
@@ -379,7 +383,7 @@ def _model_for(checkpoint: str, dtype: str | None, dequantize: bool = False
                 "built the model", None):
         built = build_empty_model(checkpoint, keep_quantized=not dequantize
                                   and dtype in (None, "auto"))
-    return built.model, dtype if dtype is not None else "auto", None
+    return built.model, dtype if dtype is not None else "auto", built.note
 
 
 if __name__ == "__main__":

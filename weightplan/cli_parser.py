@@ -18,6 +18,7 @@
                                                      model_type, or --model-type)
     weightplan convert SRC DST --dequantize | --to fp8   quantized weights to bf16, or
                                                      MXFP4 re-encoded as block FP8 (lossless)
+                                                     [--budget 2GiB: within that memory]
     weightplan mappings [--json]                     registered mappings and aliases
     weightplan recover DIR                           complete a save interrupted in its commit
 
@@ -226,6 +227,9 @@ def _convert_parser(conv: argparse.ArgumentParser) -> None:
                       help="re-encode MXFP4 (gpt-oss) as 128×128 block FP8 with float32 "
                            "weight_scale_inv, losslessly (a block that can't be exact is an "
                            "error), keys as they are (unless --mapping)")
+    conv.add_argument("--budget", help="memory the conversion may hold at most (reads in "
+                      "flight, outputs not yet written), e.g. 2GiB; too small: an error "
+                      "naming the minimum")
     conv.add_argument("--threads", type=int, default=4, metavar="N",
                       help="threads reading and writing tensors (default 4; 0: all in this "
                            "thread)")

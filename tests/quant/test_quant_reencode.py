@@ -131,4 +131,4 @@ def test_an_inexact_tile_of_a_checkpoint_names_file_key_and_expert(tmp_path, gpt
     text = str(info.value)
     assert str(bad / "model.safetensors") in text and key in text, text
     assert "block (1, 0, 0)" in text, text
-    assert not out.exists() or not any(out.iterdir())
+    assert not out.exists()  # (the directory it created removed too)

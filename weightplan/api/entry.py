@@ -185,7 +185,7 @@ def _config_mapping(source: object) -> MappingChoice:
 def explain_convert(source: object, directory: str | os.PathLike[str], *, mapping: object = None,
                     reverse: bool = False, max_shard_size: int | str = "5GB",
                     overwrite: bool = False, threads: int = 4, dequantize: bool = False,
-                    to: str | None = None) -> WritePlan:
+                    to: str | None = None, budget: int | str | None = None) -> WritePlan:
     """Plan converting a checkpoint on disk to another layout, without a model.
 
     Args:
@@ -195,8 +195,8 @@ def explain_convert(source: object, directory: str | os.PathLike[str], *, mappin
         mapping: a registered name or a list of transforms; ``None``: the ``model_type``
             of the ``config.json`` next to ``source``. That config and the generation
             config are copied next to the shards, so the output is a model directory
-            ``from_pretrained`` loads. Quantized tensors follow the mapping as stored,
-            merged like their weights (``hf_quant_config.json`` copied along).
+            ``from_pretrained`` loads; packed-format tensors follow it as stored, merged
+            like their weights, for a model holding the format (a floating one: dequantize).
         reverse: ``False`` applies ``mapping`` (with the legacy renames) as a load would;
             ``True`` applies its inverse (a saved model's layout back to the original one).
         max_shard_size: bytes per shard (``"5GB"``); a bigger tensor gets its own shard.
@@ -209,6 +209,7 @@ def explain_convert(source: object, directory: str | os.PathLike[str], *, mappin
         to: ``"fp8"``: each MXFP4 weight re-encoded losslessly as 128×128 block FP8 (float32
             power-of-two ``weight_scale_inv``) under its plain key; an inexact block raises
             :class:`QuantizationError`; config.json says block FP8.
+        budget: the most it may hold (reads in flight, outputs not yet written), as a load's.
 
     Raises:
         MappingError: no mapping, or a converter finds only part of its sources.
@@ -216,6 +217,7 @@ def explain_convert(source: object, directory: str | os.PathLike[str], *, mappin
         PlanError: ``reverse`` and nothing to reverse (every tensor would be copied as it
             is: the checkpoint is in the original layout already).
         SaveError: an unwritable or occupied directory, too little space.
+        BudgetError: no schedule fits ``budget`` (``minimum_bytes``: the smallest that fits).
     """
     from weightplan.api.model_config import check_companions, companion_files
     from weightplan.api.write_plans import WritePlan
@@ -225,7 +227,7 @@ def explain_convert(source: object, directory: str | os.PathLike[str], *, mappin
         mapping = [] if dequantize or to is not None else _config_mapping(source)
     data = explain_convert_plan(source, directory, mapping=by_name(mapping), reverse=reverse,
                                 max_shard_size=max_shard_size, overwrite=overwrite,
-                                threads=threads, dequantize=dequantize, to=to)
+                                threads=threads, dequantize=dequantize, to=to, budget=budget)
     companions = companion_files(source, quantized=not dequantize and to is None)
     check_companions(companions, directory, overwrite)
     return dataclasses.replace(promote(WritePlan, data), companions=companions,

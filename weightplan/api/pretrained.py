@@ -69,7 +69,7 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
         name_or_path, model_class: a directory or repo id (``"org/name"``); the class built, else config.json's
             (an auto class: ``AutoModelForSequenceClassification``, or a model class of the config).
         dtype: ``"auto"`` (the config's, else the checkpoint's; ``None`` too, as in transformers 5) or a dtype.
-        dequantize: whether a quantized (block FP8) checkpoint loads dequantized (:func:`keeps_quantized`).
+        dequantize: whether a quantized checkpoint loads dequantized (:func:`keeps_quantized`).
         device, device_map, max_memory, offload_folder: as :func:`explain` (placed on
             several devices or the disk, the model runs through accelerate's hooks).
         tp: ``"auto"`` or a :class:`TensorParallel`: each rank loads its part of a model
@@ -155,9 +155,11 @@ def _resolved(name_or_path: str | os.PathLike[str], adapter: Any, **hub: Any
 def keeps_quantized(dequantize: bool | None, dtype: object, tp: object) -> bool:
     """Whether ``from_pretrained`` builds a quantized checkpoint's model with its quantized
     layers, keeping the weights and scales as they are: ``dequantize=True`` never,
-    ``False`` always, ``None`` (default) unless ``dtype`` names a dtype (a dequantized model
-    of that dtype) or ``tp`` is given (transformers runs FP8 layers under TP on local
-    tensors, not on the DTensors a ``tp`` load writes). FP8 matmuls need transformers' GPU
+    ``False`` always (a format no model holds here is then an error:
+    :func:`~weightplan.bridge.quantized.hold_quantized`), ``None`` (default) unless
+    ``dtype`` names a dtype (a dequantized model of that dtype) or ``tp`` is given
+    (transformers runs FP8 layers under TP on local tensors, not on the DTensors a ``tp``
+    load writes). FP8 matmuls need transformers' GPU
     kernels: to run the model on a CPU, dequantize.
 
     Raises:
@@ -198,13 +200,14 @@ def read_directory(checkpoint: str | os.PathLike[str], variant: str | None = Non
     return DirectoryRead(path, None if config is None else read_config_json(config), variant)
 
 
-def _runs_kept(keep: bool, dequantize: bool | None, read: DirectoryRead) -> bool:
+def _runs_kept(keep: bool, dequantize: bool | None, read: DirectoryRead) -> tuple[bool, bool]:
     """``keep``, as transformers decides for a block-FP8 checkpoint: its FP8 layers run on
     a CUDA GPU of compute capability 8.9 or more, or an XPU; on any other machine it loads
     dequantized, with a warning (a kept model there failed at its first forward, where
-    transformers' ran), unless ``dequantize=False`` asks to keep it anyway."""
+    transformers' ran), unless ``dequantize=False`` asks to keep it anyway (the pair's
+    second: then it must be kept)."""
     if not keep or dequantize is not None or _fp8_runs_here():
-        return keep
+        return keep, dequantize is False
     from weightplan.bridge.quantized import holdable
 
     directory, path, config = read.directory, read.directory / "config.json", read.config or {}
@@ -218,7 +221,7 @@ def _runs_kept(keep: bool, dequantize: bool | None, read: DirectoryRead) -> bool
         warnings.warn(f"{directory}: FP8 layers need a GPU of compute capability 8.9+ or an "
                       "XPU, and this machine has none: loaded dequantized, as transformers "
                       "does (dequantize=False keeps the FP8 weights)", UserWarning, stacklevel=3)
-    return False
+    return False, False
 
 
 def _fp8_runs_here() -> bool:
@@ -317,17 +320,23 @@ def _parallel(tp: object) -> tuple[TensorParallel | None, Any]:
 
 def _built(read: DirectoryRead, tp: TensorParallel | None, mesh: Any,
            implementations: tuple[str | None, str | None, Any], progress: bool | None,
-           keep_quantized: bool, dtype: object) -> torch.nn.Module:
+           keep: tuple[bool, bool], dtype: object) -> torch.nn.Module:
+    """The model on meta; ``keep``: (keep the format when the model can hold it, must)."""
     from weightplan.bridge.distribute import prepare_tensor_parallel
     from weightplan.bridge.hub import build_empty_model
 
     with status(f"building the model {read.directory / 'config.json'} names (on meta)",
                 "built the model", progress):
         attn, experts, model_class = implementations  # (model_class: the class built, if given)
-        model = build_empty_model(read.path, attn_implementation=attn,
+        built = build_empty_model(read.path, attn_implementation=attn,
                                   experts_implementation=experts, model_class=model_class,
-                                  keep_quantized=keep_quantized,
-                                  dtype=_build_dtype(dtype, read), config_json=read.config).model
+                                  keep_quantized=keep[0], must_keep=keep[1],
+                                  dtype=_build_dtype(dtype, read), config_json=read.config)
+        model = built.model
+        if built.note is not None:
+            import warnings
+
+            warnings.warn(built.note.removeprefix("weightplan: "), UserWarning, stacklevel=3)
         if tp is not None:
             prepare_tensor_parallel(model, tp, mesh)
     return model

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ class BuiltModel:
     class_name: str
     dtype: torch.dtype | None  # the config's dtype: what from_pretrained would use
     quantization: str | None = None  # what it holds quantized (``"FP8 128×128"``), if anything
+    note: str | None = None  # why a model asked to keep its format doesn't (planned dequantized)
 
 
 def config_path(checkpoint: str | Path) -> Path | None:
@@ -45,14 +46,16 @@ def config_path(checkpoint: str | Path) -> Path | None:
 def build_empty_model(checkpoint: str | Path, *, attn_implementation: str | None = None,
                       experts_implementation: str | None = None,
                       keep_quantized: bool = False, dtype: torch.dtype | None = None,
-                      config_json: Mapping[str, object] | None = None, model_class: Any = None
-                      ) -> BuiltModel:
+                      config_json: Mapping[str, object] | None = None, model_class: Any = None,
+                      must_keep: bool = False) -> BuiltModel:
     """Build the model ``config.json`` describes, with its parameters on ``meta``
     (``attn_implementation`` / ``experts_implementation``: as transformers' keywords;
     ``config_json``: the file as its caller read it, else read here, once).
     ``keep_quantized``: when the config says the checkpoint is quantized in a format the
     model can hold (block FP8), build it with the quantized layers (serving's way:
-    :mod:`weightplan.bridge.quantized`); else the plain one, loaded dequantized.
+    :mod:`weightplan.bridge.quantized`); else the plain one, loaded dequantized — also
+    when the model class can't take the quantized layers (gpt-oss's biased experts), saying
+    why in ``note``, unless ``must_keep`` (``dequantize=False``): then either is an error.
     ``dtype``: the load's, built under as transformers' ``from_pretrained`` builds (torch's
     default dtype set to it): what ``__init__`` makes in the default dtype (Gemma 3's
     ``embed_scale`` buffer) holds it, what it makes in float32 (rotary ``inv_freq``) stays;
@@ -64,6 +67,7 @@ def build_empty_model(checkpoint: str | Path, *, attn_implementation: str | None
         ModelBuildError: there is no ``config.json``, transformers is not installed, or
             transformers can't read the config or build the class (the message says which).
         ArgumentError: a ``model_class`` that is no class for this config.
+        QuantizationError: ``must_keep`` and the format is not one a model holds here.
     """
     path = config_path(checkpoint)
     if path is None:
@@ -81,6 +85,35 @@ def build_empty_model(checkpoint: str | Path, *, attn_implementation: str | None
     if experts_implementation is not None:
         config._experts_implementation = experts_implementation
     cls, name = _model_class(transformers, config, path, model_class)
+    def construct() -> nn.Module:
+        return _construct(cls, name, config, path, dtype)
+
+    model, held, note = construct(), None, None
+    if keep_quantized or must_keep:
+        model, held, note = _kept(model, construct, config, path, must_keep)
+    return BuiltModel(model, path, type(model).__name__, _dtype(config), held, note)
+
+
+def _kept(model: nn.Module, construct: Callable[[], nn.Module], config: Any, path: Path,
+          must_keep: bool) -> tuple[nn.Module, str | None, str | None]:
+    """``model`` holding its checkpoint's format, what it holds, and a note: a model class
+    that can't take the quantized layers is built again plain (unless ``must_keep``)."""
+    from weightplan.bridge.quantized import hold_quantized  # (asked to keep it quantized)
+
+    try:
+        return model, hold_quantized(model, config, path, must_keep), None
+    except ModelBuildError as e:
+        if must_keep:
+            raise
+        return construct(), None, (
+            f"weightplan: {e.args[0].split('; pass ')[0]}: planned dequantized (no option "
+            "keeps this format in this model today; --dequantize or dequantize=True plans "
+            "the same without this note)")
+
+
+def _construct(cls: Any, name: str, config: Any, path: Path, dtype: torch.dtype | None
+               ) -> nn.Module:
+    """The model of ``config``, its parameters on meta (see :func:`build_empty_model`)."""
     try:
         with init_empty(), _default_dtype(dtype):
             model = (cls(config) if name != "auto"
@@ -90,14 +123,7 @@ def build_empty_model(checkpoint: str | Path, *, attn_implementation: str | None
                               f"into {getattr(cls, '__name__', cls)}: "
                               f"{type(e).__name__}: {e}") from e
     _meta_as_float32(model, dtype)
-    held = _held(model, config, path) if keep_quantized else None
-    return BuiltModel(model, path, type(model).__name__, _dtype(config), held)
-
-
-def _held(model: nn.Module, config: Any, path: Path) -> str | None:
-    from weightplan.bridge.quantized import hold_quantized  # (asked to keep it quantized)
-
-    return hold_quantized(model, config, path)
+    return model
 
 
 @contextlib.contextmanager

@@ -11,7 +11,8 @@ bytes as they are (no dequantize node).
 
 Formats the model can hold here: block FP8 with float scales. A config naming another
 format (or FP8 with ``dequantize: true``, or ``ue8m0`` scales) leaves the model as it is,
-and the plan dequantizes into it as before.
+and the plan dequantizes into it as before; asked explicitly to keep it
+(``dequantize=False``), that is a :class:`QuantizationError` naming what can be kept.
 """
 
 from __future__ import annotations
@@ -51,16 +52,29 @@ def holdable(raw: Any, path: Path) -> QuantConfig | None:
     return parsed
 
 
-def hold_quantized(model: nn.Module, config: Any, path: Path) -> str | None:
+KEPT_TODAY = ("block FP8 with float scales (quant_method 'fp8', DeepSeek-V3's layout); "
+              "MXFP4, compressed-tensors, ModelOpt NVFP4 and FP8 with ue8m0 scales load "
+              "dequantized")
+
+
+def hold_quantized(model: nn.Module, config: Any, path: Path, required: bool = False
+                   ) -> str | None:
     """Swap ``model``'s layers for the quantized ones its config's format needs (in place,
     on meta); returns what it holds (``"FP8 128×128"``), ``None`` when it holds nothing
     quantized (the format can't be held: see the module docstring).
 
     Raises:
         ModelBuildError: transformers can't build the quantized layers (the message says why).
+        QuantizationError: ``required`` (``dequantize=False``) and the checkpoint is
+            quantized in a format no model holds here.
     """
     parsed = keepable(config, path)
     if parsed is None:
+        what = _format(config, path)
+        if required and what is not None:
+            raise QuantizationError(f"{path}: dequantize=False asks to keep the checkpoint's "
+                                    f"{what} as stored, but a model holds only {KEPT_TODAY}; "
+                                    "leave dequantize unset (or True) to load it dequantized")
         return None
     try:
         from transformers.quantizers import AutoHfQuantizer
@@ -75,3 +89,21 @@ def hold_quantized(model: nn.Module, config: Any, path: Path) -> str | None:
     model.hf_quantizer = quantizer  # as from_pretrained leaves it (save_pretrained reads it)
     block = "per tensor" if parsed.block is None else "×".join(map(str, parsed.block))
     return f"FP8 {block}"
+
+
+def _format(config: Any, path: Path) -> str | None:
+    """What the checkpoint says it is quantized as (``None``: not quantized)."""
+    raw = getattr(config, "quantization_config", None)
+    if raw is None and hasattr(config, "get_text_config"):
+        raw = getattr(config.get_text_config(decoder=True), "quantization_config", None)
+    if raw is None:
+        return "ModelOpt format (hf_quant_config.json)" if (
+            path.parent / "hf_quant_config.json").is_file() else None
+    words = raw if isinstance(raw, dict) else raw.to_dict() if hasattr(raw, "to_dict") else {}
+    method = words.get("quant_method", getattr(raw, "quant_method", "?"))
+    method = str(getattr(method, "value", method))
+    if method.lower() == "fp8":
+        why = ("ue8m0 scales" if words.get("scale_fmt") == "ue8m0" else
+               "dequantize: true in its config" if words.get("dequantize") else "its config")
+        return f"FP8 ({why})"
+    return f"{method} format (quant_method {method!r})"

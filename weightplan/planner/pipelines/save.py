@@ -99,7 +99,8 @@ def _fp8_save(quantize: str | None, conversions: tuple[Conversion, ...],
 def explain_convert_plan(source: object, directory: str | os.PathLike[str], *, mapping: object,
                          reverse: bool = False, max_shard_size: int | str = "5GB",
                          overwrite: bool = False, threads: int = 4, dequantize: bool = False,
-                         to: str | None = None) -> WritePlanData:
+                         to: str | None = None, budget: int | str | None = None
+                         ) -> WritePlanData:
     """Plan converting a checkpoint on disk to another layout, without a model: the
     arguments are :func:`weightplan.explain_convert`'s (documented there)."""
     if mapping is None:
@@ -108,7 +109,7 @@ def explain_convert_plan(source: object, directory: str | os.PathLike[str], *, m
     choice = choose_mapping(mapping, None)
     if dequantize or to is not None:
         return _dequantized_copy(source, ckpt, choice, directory, max_shard_size, overwrite,
-                                 threads, to)
+                                 threads, to, budget)
     groups = derived_groups(choice.transforms, ckpt) if reverse else forward_groups(choice, ckpt)
     conversions = build(groups)
     if reverse and all(_as_is(c) for c in conversions):
@@ -119,9 +120,11 @@ def explain_convert_plan(source: object, directory: str | os.PathLike[str], *, m
     order = tuple(e.key for e in sorted(ckpt.entries.values(),
                                         key=lambda e: (e.file or "", e.offset)))
     how = Inversion.REVERSE if reverse else Inversion.FORWARD
-    return make_write_plan(directory, ckpt, conversions, groups.notes, choice, how,
+    notes = groups.notes + _kept_packed_note(source, ckpt, conversions)
+    return make_write_plan(directory, ckpt, conversions, notes, choice, how,
                            order=order, metadata=dict(ckpt.metadata) or {"format": "pt"},
-                           max_shard_size=max_shard_size, overwrite=overwrite, threads=threads)
+                           max_shard_size=max_shard_size, overwrite=overwrite, threads=threads,
+                           budget=budget)
 
 
 # what ``reverse=True`` is for, said where there is nothing to reverse
@@ -135,9 +138,31 @@ def _as_is(conv: Conversion) -> bool:
             and tuple(t.key for t in conv.targets) == (entries[0].key,))
 
 
+def _kept_packed_note(source: object, ckpt: Checkpoint, conversions: tuple[Conversion, ...]
+                      ) -> tuple[str, ...]:
+    """A packed-format checkpoint (MXFP4, compressed-tensors, ModelOpt) converted into the
+    model's layout keeps its format, merged like the weights (``experts.gate_up_proj_packed``
+    …): what a model holding that format loads, not a floating model (transformers' builds
+    none on a CPU), so the plan says so."""
+    from weightplan.planner.inputs.dtype import quantized_input
+
+    if all(_as_is(c) for c in conversions) or not quantized_input(source, ckpt, None):
+        return ()
+    from weightplan.planner.tensors.ir.quant_build import packed_pairing
+
+    packed = packed_pairing(source, ckpt)
+    if packed is None or not packed.weights:
+        return ()
+    return ("the quantized weights keep their packed format in the model's layout: a model "
+            "holding that format loads this copy, a floating one (from_pretrained's) doesn't "
+            "(those weights would be missing); for that, convert with --dequantize "
+            "(dequantize=True), or load the source",)
+
+
 def _dequantized_copy(source: object, ckpt: Checkpoint, choice: MappingChoice,
                       directory: str | os.PathLike[str], max_shard_size: int | str,
-                      overwrite: bool, threads: int, to: str | None = None) -> WritePlanData:
+                      overwrite: bool, threads: int, to: str | None = None,
+                      budget: int | str | None = None) -> WritePlanData:
     """The conversion with every quantized weight dequantized (see :mod:`.dequantize`),
     or with ``to="fp8"`` each MXFP4 weight re-encoded as block FP8 (:mod:`.reencode`)."""
     from weightplan.planner.pipelines.dequantize import dequantize_context
@@ -154,7 +179,8 @@ def _dequantized_copy(source: object, ckpt: Checkpoint, choice: MappingChoice,
                                         key=lambda e: (e.file or "", e.offset)))
     return make_write_plan(directory, ckpt, conversions, groups.notes, choice, Inversion.FORWARD,
                            order=order, metadata=dict(ckpt.metadata) or {"format": "pt"},
-                           max_shard_size=max_shard_size, overwrite=overwrite, threads=threads)
+                           max_shard_size=max_shard_size, overwrite=overwrite, threads=threads,
+                           budget=budget)
 
 
 def model_state(model: torch.nn.Module, info: ModelInfo, *, aliases: bool,
@@ -173,20 +199,25 @@ def make_write_plan(directory: str | os.PathLike, source: Checkpoint,
                     conversions: tuple[Conversion, ...], notes: tuple[str, ...],
                     choice: MappingChoice, how: Inversion, *, order: tuple[str, ...],
                     metadata: dict[str, str], max_shard_size: int | str, overwrite: bool,
-                    threads: int, single_name: str = SINGLE_NAME) -> WritePlanData:
+                    threads: int, single_name: str = SINGLE_NAME,
+                    budget: int | str | None = None) -> WritePlanData:
     """Check the outputs, lay them out in shards (one: named ``single_name``), lower and
-    schedule them."""
+    schedule them (under ``budget``, the bytes the write may hold at most: reads in
+    flight, staged outputs, temporaries; :class:`BudgetError` with the minimum when
+    nothing fits)."""
     _check_outputs(conversions)
     layout = plan_layout(_ordered_specs(conversions, order),
                          parse_bytes(max_shard_size, what="max_shard_size"), metadata,
                          single_name=single_name)
     check_directory(Path(directory), layout, overwrite)
-    options = PlanOptions(None, parse_threads(threads), None)
+    limit = None if budget is None else parse_bytes(budget, what="budget")
+    options = PlanOptions(None, parse_threads(threads), limit)
 
     def by_location(steps: Iterable[Step]) -> tuple[Step, ...]:
         return tuple(sorted(steps, key=lambda p: _first_location(p, layout)))
 
-    graph, schedule = lower(conversions, source, order=by_location, threads=options.threads)
+    graph, schedule = lower(conversions, source, order=by_location, threads=options.threads,
+                            budget=limit)
     direction = Direction.CONVERT if how in (Inversion.FORWARD, Inversion.REVERSE) \
         else Direction.SAVE
     return WritePlanData(direction, source, choice, choice.transforms, conversions, graph,
