@@ -225,7 +225,7 @@ def _runs_kept(keep: bool, dequantize: bool | None, read: DirectoryRead) -> tupl
 
         warnings.warn(f"{directory}: FP8 layers need a GPU of compute capability 8.9+ or an "
                       "XPU, and this machine has none: loaded dequantized, as transformers "
-                      "does (dequantize=False keeps the FP8 weights)", UserWarning, stacklevel=3)
+                      "does (dequantize=False keeps the FP8 weights)", UserWarning, stacklevel=5)
     return False, False
 
 
@@ -341,7 +341,7 @@ def _built(read: DirectoryRead, tp: TensorParallel | None, mesh: Any,
         if built.note is not None:
             import warnings
 
-            warnings.warn(built.note.removeprefix("weightplan: "), UserWarning, stacklevel=3)
+            warnings.warn(built.note.removeprefix("weightplan: "), UserWarning, stacklevel=5)
         if tp is not None:
             prepare_tensor_parallel(model, tp, mesh)
     return model
