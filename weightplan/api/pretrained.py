@@ -141,7 +141,6 @@ def _resolved(name_or_path: str | os.PathLike[str], adapter: Any, **hub: Any
               ) -> tuple[DirectoryRead, Any]:
     """The checkpoint with its config read (:func:`read_directory`), and the adapter: an
     adapter directory given loads onto its config's base (as peft's ``AutoPeftModel``)."""
-    hub["variant"] = check_variant(hub["variant"])  # (before it names files to fetch)
     directory = resolve_checkpoint(name_or_path, **hub)
     if adapter is None and (directory / "adapter_config.json").is_file() and not (
             directory / "config.json").is_file():
