@@ -290,6 +290,10 @@ def test_fp8_base_dequantizes_to_float32_merges_and_rounds_once(tmp_path):
     saved = load_file(str(tmp_path / "requantized" / "model.safetensors"))
     assert saved["model.layers.0.self_attn.q_proj.weight"].dtype == torch.float8_e4m3fn
     assert "model.layers.0.self_attn.q_proj.weight_scale_inv" in saved
+    # a merge writes dequantized weights: keeping FP8 is refused up front, naming both
+    # keywords (was: the FP8 model built, then "lora_A is f32, not FP8" from the plan)
+    with pytest.raises(ArgumentError, match="merge=True.*dequantize=False"):
+        weightplan.from_pretrained(fp8, adapter=tmp_path / "lora", merge=True, dequantize=False)
 
 
 @pytest.mark.parametrize("saved", [["lm_head"], ["embed_tokens"], ["embed_tokens", "lm_head"]])

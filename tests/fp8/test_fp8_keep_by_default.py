@@ -99,8 +99,9 @@ def test_where_fp8_layers_cannot_run_it_loads_dequantized_as_transformers(
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # (for both)
     _, fp8_dir = fp8_checkpoints("mixtral")
-    with pytest.warns(UserWarning, match="loaded dequantized, as transformers does"):
+    with pytest.warns(UserWarning, match="loaded dequantized, as transformers does") as got:
         model = weightplan.from_pretrained(fp8_dir, progress=False)
+    assert got[0].filename == __file__  # the caller's line (was: weightplan/api/guard.py)
     reference = AutoModelForCausalLM.from_pretrained(fp8_dir)
     got, expected = model.state_dict(), reference.state_dict()
     assert set(got) == set(expected)

@@ -173,6 +173,20 @@ def test_cli_explain_variant(variants, capsys):
             and "a file of the weight variant 'bf16', and the load reads variant='fp16'" in out)
 
 
+def test_cli_variant_is_checked_before_the_hub_is_asked(monkeypatch, capsys):
+    """``explain org/name --variant ../x``: refused as from_pretrained refuses it (was: the
+    Hub asked for files named by it, then the error)."""
+    import huggingface_hub
+
+    from weightplan.cli import main
+
+    asked = []
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda **k: asked.append(k))
+    assert main(["explain", "tiny-org/no-such-repo", "--variant", "../x"]) == 2
+    assert "variant='../x'" in capsys.readouterr().err and not asked
+
+
 @pytest.mark.parametrize("model_class", [T.AutoModelForSequenceClassification,
                                          T.LlamaForSequenceClassification])
 def test_model_class_picks_the_head_as_the_auto_class_does(model_class, llama):

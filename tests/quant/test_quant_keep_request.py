@@ -80,8 +80,9 @@ def test_from_pretrained_of_an_fp8_gptoss(gptoss_fp8, gptoss, monkeypatch):  # n
     import weightplan.api.pretrained as pretrained
 
     monkeypatch.setattr(pretrained, "_fp8_runs_here", lambda: True)
-    with pytest.warns(UserWarning, match="planned dequantized"):
+    with pytest.warns(UserWarning, match="planned dequantized") as got:
         model = weightplan.from_pretrained(gptoss_fp8, progress=False)
+    assert got[0].filename == __file__  # the caller's line (was: weightplan/api/guard.py)
     state = model.state_dict()
     for key, want in gptoss[1].items():
         assert torch.equal(state[key].to(want.dtype), want), key

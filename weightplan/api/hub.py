@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from weightplan.errors import CheckpointError
+from weightplan.planner.inputs.variants import check_variant
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 HUB_FILES = ("*.safetensors", "*.json")
@@ -44,8 +45,10 @@ def resolve_checkpoint(name_or_path: str | os.PathLike[str], *, revision: str | 
     Raises:
         CheckpointError: the path doesn't exist and isn't a repo id, or the repo can't
             be found in the cache nor downloaded (the message says which and why).
+        ArgumentError: a ``variant`` that is no word of a file name (before it names files
+            to fetch).
     """
-    path = Path(name_or_path)
+    path, variant = Path(name_or_path), check_variant(variant)
     if not path.exists() and REPO_ID.match(str(name_or_path)):
         try:
             import huggingface_hub as hub

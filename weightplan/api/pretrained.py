@@ -87,7 +87,7 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
     _one_return(return_report, output_loading_info, dequantize_on)
     dtype, tp = fold_transformers_keywords(transformers_only, dtype, _OWN), _alone(tp, adapter)
     device, keep, (tensor_parallel, mesh) = (device_from_map(device_map, device, tp),
-                                             keeps_quantized(dequantize, dtype, tp) and not merge, _parallel(tp))
+                                             keeps_quantized(dequantize, dtype, tp, merge), _parallel(tp))
     with _agreed(tensor_parallel):  # (a cooperative load's ranks agree here: none waits in vain)
         read, adapter = _resolved(name_or_path, adapter, revision=revision, cache_dir=cache_dir, token=token,
                                   local_files_only=local_files_only, subfolder=subfolder, variant=variant)
@@ -139,10 +139,8 @@ def _alone(tp: object, adapter: object) -> object:
 
 def _resolved(name_or_path: str | os.PathLike[str], adapter: Any, **hub: Any
               ) -> tuple[DirectoryRead, Any]:
-    """The checkpoint directory with its config read (:func:`_read`), and the adapter: an
-    adapter directory given as the model loads onto its config's base (as peft's
-    ``AutoPeftModel`` does)."""
-    hub["variant"] = check_variant(hub["variant"])  # (before it names files to fetch)
+    """The checkpoint with its config read (:func:`read_directory`), and the adapter: an
+    adapter directory given loads onto its config's base (as peft's ``AutoPeftModel``)."""
     directory = resolve_checkpoint(name_or_path, **hub)
     if adapter is None and (directory / "adapter_config.json").is_file() and not (
             directory / "config.json").is_file():
@@ -152,31 +150,37 @@ def _resolved(name_or_path: str | os.PathLike[str], adapter: Any, **hub: Any
     return read_directory(directory, hub["variant"]), adapter
 
 
-def keeps_quantized(dequantize: bool | None, dtype: object, tp: object) -> bool:
+def keeps_quantized(dequantize: bool | None, dtype: object, tp: object, merge: bool = False
+                    ) -> bool:
     """Whether ``from_pretrained`` builds a quantized checkpoint's model with its quantized
     layers, keeping the weights and scales as they are: ``dequantize=True`` never,
     ``False`` always (a format no model holds here is then an error:
     :func:`~weightplan.bridge.quantized.hold_quantized`), ``None`` (default) unless
     ``dtype`` names a dtype (a dequantized model of that dtype) or ``tp`` is given
     (transformers runs FP8 layers under TP on local tensors, not on the DTensors a ``tp``
-    load writes). FP8 matmuls need transformers' GPU
-    kernels: to run the model on a CPU, dequantize.
+    load writes), never with ``merge`` (an adapter folded into the dequantized weights).
+    FP8 matmuls need transformers' GPU kernels: to run the model on a CPU, dequantize.
 
     Raises:
-        ArgumentError: ``dequantize`` isn't a bool or ``None``.
+        ArgumentError: ``dequantize`` isn't a bool or ``None``; ``dequantize=False`` with
+            ``merge``.
         ParallelError: ``dequantize=False`` with ``tp``.
     """
     if dequantize is not None and not isinstance(dequantize, bool):
-        raise ArgumentError(f"from_pretrained(dequantize={dequantize!r}): pass True, False or "
-                            "None")
+        raise ArgumentError(f"from_pretrained(dequantize={dequantize!r}): pass True/False/None")
     if dequantize is False and tp is not None:
         raise ParallelError("from_pretrained(tp=..., dequantize=False): FP8 layers under tensor "
                             "parallelism run on local tensors in transformers, not on the "
                             "DTensors this load writes; drop dequantize=False to load them "
                             "dequantized, or plan the ranks offline (weightplan explain DIR "
                             "--tp N)")
-    if dequantize is not None:
-        return not dequantize
+    if dequantize is False and merge:
+        raise ArgumentError("from_pretrained(merge=True, dequantize=False): a merge folds the "
+                            "adapter into dequantized base weights, so nothing stays quantized; "
+                            "drop dequantize=False (save with quantize='fp8' to re-quantize), "
+                            "or drop merge=True to keep the base FP8 with the adapter beside it")
+    if dequantize is not None or merge:
+        return not (dequantize or merge)
     return tp is None and (dtype is None or dtype == "auto")
 
 
@@ -220,7 +224,7 @@ def _runs_kept(keep: bool, dequantize: bool | None, read: DirectoryRead) -> tupl
 
         warnings.warn(f"{directory}: FP8 layers need a GPU of compute capability 8.9+ or an "
                       "XPU, and this machine has none: loaded dequantized, as transformers "
-                      "does (dequantize=False keeps the FP8 weights)", UserWarning, stacklevel=3)
+                      "does (dequantize=False keeps the FP8 weights)", UserWarning, stacklevel=5)
     return False, False
 
 
@@ -336,7 +340,7 @@ def _built(read: DirectoryRead, tp: TensorParallel | None, mesh: Any,
         if built.note is not None:
             import warnings
 
-            warnings.warn(built.note.removeprefix("weightplan: "), UserWarning, stacklevel=3)
+            warnings.warn(built.note.removeprefix("weightplan: "), UserWarning, stacklevel=5)
         if tp is not None:
             prepare_tensor_parallel(model, tp, mesh)
     return model
