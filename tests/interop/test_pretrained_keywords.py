@@ -12,16 +12,7 @@ import weightplan
 from weightplan.api.keywords import AUTOMATIC, REFUSED
 from weightplan.errors import ArgumentError, ModelBuildError, PlanError
 
-from tests.interop.matrix import FAMILIES, output, pretrained
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("llama")
-    cls, cfg, inputs = FAMILIES["llama"]()
-    torch.manual_seed(0)
-    cls(cfg).save_pretrained(directory)
-    return directory, cls, inputs
+from tests.interop.matrix import output, pretrained
 
 
 def test_torch_dtype_is_dtype_with_transformers_deprecation(llama):

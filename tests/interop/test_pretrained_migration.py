@@ -14,15 +14,6 @@ from weightplan.errors import ArgumentError, CheckpointError, ModelBuildError
 from tests.interop.matrix import FAMILIES, output, pretrained
 
 
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("llama")
-    cls, cfg, inputs = FAMILIES["llama"]()
-    torch.manual_seed(0)
-    cls(cfg).save_pretrained(directory)
-    return directory, cls, inputs
-
-
 def _with_auto_map(source, target, auto_map):
     shutil.copytree(source, target)
     config = json.loads((target / "config.json").read_text())
