@@ -340,7 +340,7 @@ def _built(read: DirectoryRead, tp: TensorParallel | None, mesh: Any,
         if built.note is not None:
             import warnings
 
-            warnings.warn(built.note.removeprefix("weightplan: "), UserWarning, stacklevel=5)
+            warnings.warn(built.note, UserWarning, stacklevel=5)
         if tp is not None:
             prepare_tensor_parallel(model, tp, mesh)
     return model
