@@ -28,10 +28,15 @@ from weightplan.planner.inputs.quant_config import QuantConfig, parse_quant_conf
 
 def keepable(config: Any, path: Path) -> QuantConfig | None:
     """The config's quantization when a model can hold it as it is on disk (else ``None``)."""
+    return holdable(_quantization(config), path)
+
+
+def _quantization(config: Any) -> Any:
+    """transformers' config's ``quantization_config`` (else its text config's), or ``None``."""
     raw = getattr(config, "quantization_config", None)
     if raw is None and hasattr(config, "get_text_config"):
         raw = getattr(config.get_text_config(decoder=True), "quantization_config", None)
-    return holdable(raw, path)
+    return raw
 
 
 def holdable(raw: Any, path: Path) -> QuantConfig | None:
@@ -93,9 +98,7 @@ def hold_quantized(model: nn.Module, config: Any, path: Path, required: bool = F
 
 def _format(config: Any, path: Path) -> str | None:
     """What the checkpoint says it is quantized as (``None``: not quantized)."""
-    raw = getattr(config, "quantization_config", None)
-    if raw is None and hasattr(config, "get_text_config"):
-        raw = getattr(config.get_text_config(decoder=True), "quantization_config", None)
+    raw = _quantization(config)
     if raw is None:
         return "ModelOpt format (hf_quant_config.json)" if (
             path.parent / "hf_quant_config.json").is_file() else None
