@@ -23,6 +23,7 @@ from typing import Any
 from torch import nn
 
 from weightplan.errors import ModelBuildError, QuantizationError
+from weightplan.planner.inputs.dtype import MODELOPT_CONFIG
 from weightplan.planner.inputs.quant_config import QuantConfig, parse_quant_config
 
 
@@ -100,8 +101,8 @@ def _format(config: Any, path: Path) -> str | None:
     """What the checkpoint says it is quantized as (``None``: not quantized)."""
     raw = _quantization(config)
     if raw is None:
-        return "ModelOpt format (hf_quant_config.json)" if (
-            path.parent / "hf_quant_config.json").is_file() else None
+        return f"ModelOpt format ({MODELOPT_CONFIG})" if (
+            path.parent / MODELOPT_CONFIG).is_file() else None
     words = raw if isinstance(raw, dict) else raw.to_dict() if hasattr(raw, "to_dict") else {}
     method = words.get("quant_method", getattr(raw, "quant_method", "?"))
     method = str(getattr(method, "value", method))
