@@ -383,7 +383,8 @@ def _model_for(checkpoint: str, dtype: str | None, dequantize: bool = False
                 "built the model", None):
         built = build_empty_model(checkpoint, keep_quantized=not dequantize
                                   and dtype in (None, "auto"))
-    return built.model, dtype if dtype is not None else "auto", built.note
+    note = None if built.note is None else f"weightplan: {built.note}"
+    return built.model, dtype if dtype is not None else "auto", note
 
 
 if __name__ == "__main__":

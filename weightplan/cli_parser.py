@@ -246,13 +246,12 @@ def _ranks(text: str) -> int:
     return value
 
 
-STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
-
-
 def _device_map(text: str) -> str | int | dict[str, str | int]:
     """``--device-map``: a strategy, one device (``cpu``, ``cuda:0``, ``0``: GPU 0), or a JSON
     object ``{module prefix: device}`` given inline or as ``@FILE.json`` (a device: a name,
     a GPU index, or ``"disk"``), each entry checked here: a bad one is named."""
+    from weightplan.planner.tensors.schedule.device_plan import STRATEGIES
+
     if text in STRATEGIES:
         return text
     if not text.lstrip().startswith(("{", "[", '"', "@")):
@@ -277,6 +276,8 @@ def _device_map(text: str) -> str | int | dict[str, str | int]:
 def _device_entry(prefix: str | None, device: object) -> None:
     """One device of ``--device-map`` (``prefix``: its entry in a JSON object)."""
     import torch
+
+    from weightplan.planner.tensors.schedule.device_plan import STRATEGIES
 
     where = "" if prefix is None else f"entry {json.dumps(prefix)}: "
     if device == "disk" and prefix is not None:

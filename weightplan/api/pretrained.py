@@ -97,7 +97,7 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
         plan = _explain(model, read, adapter, adapter_name, merge, dtype=dtype, mapping=mapping,
                         budget=budget, threads=threads, device=_rank_device(device, mesh), tp=tensor_parallel,
                         max_memory=max_memory, offload_folder=offload_folder, dequantize_on=dequantize_on)
-    return _finished(model, read.path, generation_config, plan.execute(strict=strict, progress=progress),
+    return _finished(model, read.directory, generation_config, plan.execute(strict=strict, progress=progress),
                      output_loading_info, return_report, plan.options.dtype)
 
 
@@ -340,7 +340,7 @@ def _built(read: DirectoryRead, tp: TensorParallel | None, mesh: Any,
         if built.note is not None:
             import warnings
 
-            warnings.warn(built.note.removeprefix("weightplan: "), UserWarning, stacklevel=5)
+            warnings.warn(built.note, UserWarning, stacklevel=5)
         if tp is not None:
             prepare_tensor_parallel(model, tp, mesh)
     return model
@@ -382,7 +382,7 @@ def _generation_config(model: torch.nn.Module, directory: Path, given: Any) -> N
     if given is not None:
         model.generation_config = given
         return
-    path = (directory if directory.is_dir() else directory.parent) / "generation_config.json"
+    path = directory / "generation_config.json"  # (the checkpoint's directory)
     current = getattr(model, "generation_config", None)
     if current is None or not os.path.lexists(path):
         return

@@ -106,7 +106,7 @@ def _kept(model: nn.Module, construct: Callable[[], nn.Module], config: Any, pat
         if must_keep:
             raise
         return construct(), None, (
-            f"weightplan: {e.args[0].split('; pass ')[0]}: planned dequantized (no option "
+            f"{e.args[0].split('; pass ')[0]}: planned dequantized (no option "
             "keeps this format in this model today; --dequantize or dequantize=True plans "
             "the same without this note)")
 

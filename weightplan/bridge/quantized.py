@@ -23,15 +23,21 @@ from typing import Any
 from torch import nn
 
 from weightplan.errors import ModelBuildError, QuantizationError
+from weightplan.planner.inputs.dtype import MODELOPT_CONFIG
 from weightplan.planner.inputs.quant_config import QuantConfig, parse_quant_config
 
 
 def keepable(config: Any, path: Path) -> QuantConfig | None:
     """The config's quantization when a model can hold it as it is on disk (else ``None``)."""
+    return holdable(_quantization(config), path)
+
+
+def _quantization(config: Any) -> Any:
+    """transformers' config's ``quantization_config`` (else its text config's), or ``None``."""
     raw = getattr(config, "quantization_config", None)
     if raw is None and hasattr(config, "get_text_config"):
         raw = getattr(config.get_text_config(decoder=True), "quantization_config", None)
-    return holdable(raw, path)
+    return raw
 
 
 def holdable(raw: Any, path: Path) -> QuantConfig | None:
@@ -93,12 +99,10 @@ def hold_quantized(model: nn.Module, config: Any, path: Path, required: bool = F
 
 def _format(config: Any, path: Path) -> str | None:
     """What the checkpoint says it is quantized as (``None``: not quantized)."""
-    raw = getattr(config, "quantization_config", None)
-    if raw is None and hasattr(config, "get_text_config"):
-        raw = getattr(config.get_text_config(decoder=True), "quantization_config", None)
+    raw = _quantization(config)
     if raw is None:
-        return "ModelOpt format (hf_quant_config.json)" if (
-            path.parent / "hf_quant_config.json").is_file() else None
+        return f"ModelOpt format ({MODELOPT_CONFIG})" if (
+            path.parent / MODELOPT_CONFIG).is_file() else None
     words = raw if isinstance(raw, dict) else raw.to_dict() if hasattr(raw, "to_dict") else {}
     method = words.get("quant_method", getattr(raw, "quant_method", "?"))
     method = str(getattr(method, "value", method))

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from weightplan.errors import ParallelError, RankFailedError
+from weightplan.executor.init import module_and_attr
 from weightplan.planner.core.geometry import row_major_strides
 from weightplan.planner.core.sharding.placements import Placement
 from weightplan.planner.tensors.ir.destination import Destination
@@ -74,13 +75,13 @@ def shard_initialized(model: nn.Module, info: ModelInfo, names: list[str], shard
             local = _dtensor(local, placement, tuple(whole.shape), sharding.mesh)
         value = nn.Parameter(local, requires_grad=whole.requires_grad)
         for alias in entry.aliases:  # (every name of a tied tensor)
-            module, _, attr = alias.rpartition(".")
-            (model.get_submodule(module) if module else model)._parameters[attr] = value
+            module, attr = module_and_attr(model, alias)
+            module._parameters[attr] = value
 
 
 def _held(model: nn.Module, name: str) -> nn.Parameter:
-    module, _, attr = name.rpartition(".")
-    tensor = (model.get_submodule(module) if module else model)._parameters[attr]
+    module, attr = module_and_attr(model, name)
+    tensor = module._parameters[attr]
     assert tensor is not None
     return tensor
 

@@ -25,7 +25,8 @@ from weightplan.planner.inputs.model_init import init_chain, owner_name
 FLAG = "_is_hf_initialized"
 
 
-def _module_and_attr(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+def module_and_attr(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+    """The module holding the tensor ``name`` (``"model.embed.weight"``) and its attribute."""
     path, _, attr = name.rpartition(".")
     return (model.get_submodule(path) if path else model), attr
 
@@ -39,7 +40,7 @@ def _allocate(model: nn.Module, info: ModelTensor, device: torch.device,
         grad = info.requires_grad and tensor.is_floating_point()
         tensor = nn.Parameter(tensor, requires_grad=grad)
     for alias in info.aliases:
-        module, attr = _module_and_attr(model, alias)
+        module, attr = module_and_attr(model, alias)
         if info.is_buffer:
             module._buffers[attr] = tensor
         else:
@@ -48,7 +49,7 @@ def _allocate(model: nn.Module, info: ModelTensor, device: torch.device,
 
 
 def _allocate_buffer(model: nn.Module, name: str, device: torch.device) -> torch.Tensor:
-    module, attr = _module_and_attr(model, name)
+    module, attr = module_and_attr(model, name)
     old = module.get_buffer(attr)
     new = torch.empty(old.shape, dtype=old.dtype, device=device)
     module._buffers[attr] = new
@@ -108,7 +109,7 @@ def _move_buffers(model: nn.Module, devices: DeviceMap, fresh: set[str]) -> None
     for name, buffer in list(model.named_buffers()):
         device = devices.device_for(name)
         if name not in fresh and not buffer.is_meta and buffer.device != device:
-            module, attr = _module_and_attr(model, name)
+            module, attr = module_and_attr(model, name)
             module._buffers[attr] = buffer.to(device)
 
 

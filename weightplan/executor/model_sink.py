@@ -12,7 +12,7 @@ from torch import nn
 
 from weightplan.errors import ExecutionError, PlanError
 from weightplan.planner.inputs.device import DeviceMap, StagingPool
-from weightplan.executor.init import initialize_fresh
+from weightplan.executor.init import initialize_fresh, module_and_attr
 from weightplan.planner.inputs.model_info import ModelInfo, ModelTensor
 from weightplan.planner.tensors.ir.destination import Destination
 from weightplan.planner.core.geometry import View
@@ -22,11 +22,6 @@ if TYPE_CHECKING:
     from weightplan.executor.staging import Stager
     from weightplan.planner.tensors.schedule.offload_plan import OffloadPlan
     from weightplan.planner.tensors.ir.shard_nodes import Sharding
-
-
-def module_and_attr(model: nn.Module, name: str) -> tuple[nn.Module, str]:
-    path, _, attr = name.rpartition(".")
-    return (model.get_submodule(path) if path else model), attr
 
 
 def current_tensor(model: nn.Module, name: str) -> torch.Tensor:

@@ -11,7 +11,8 @@ import logging
 import torch
 from torch import nn
 
-from weightplan.executor.model_sink import current_tensor, module_and_attr
+from weightplan.executor.init import module_and_attr
+from weightplan.executor.model_sink import current_tensor
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.pipelines.stored_ties import FIX
 
