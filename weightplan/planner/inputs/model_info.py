@@ -94,10 +94,7 @@ def inspect_model(model: torch.nn.Module) -> ModelInfo:
     state = model.state_dict(keep_vars=True)
     every_buffer = list(model.named_buffers(remove_duplicate=False))
     buffers = {name for name, _ in every_buffer}
-    groups, retied, declared = _groups(model, state)
-    # (a tie's names transformers compares when the checkpoint stores both: declared ones)
-    tied = tuple(n for g in groups if len(g) > 1 for n in g if n in declared) \
-        if len(groups) < len(state) else ()
+    groups, retied, tied = _groups(model, state)
     specs: dict[tuple[tuple[int, ...], torch.dtype], TensorSpec] = {}
     rows = []  # (each tensor's fields; made in columns below)
     for names in groups:
@@ -168,16 +165,17 @@ def untie(info: ModelInfo, pairs: tuple[tuple[str, str], ...]) -> ModelInfo:
 
 
 def _groups(model: torch.nn.Module, state: Mapping[str, torch.Tensor]
-            ) -> tuple[list[list[str]], tuple[tuple[str, ...], ...], set[str]]:
+            ) -> tuple[list[list[str]], tuple[tuple[str, ...], ...], tuple[str, ...]]:
     """Names by tensor object, then declared ties merged where both sides are on meta
-    (and the names of every declared tie)."""
+    (and the declared ties' names held as one tensor: those transformers compares when
+    the checkpoint stores both)."""
     by_id: dict[int, list[str]] = {}
     for name, tensor in state.items():
         by_id.setdefault(id(tensor), []).append(name)
     group_of = {name: names for names in by_id.values() for name in names}
-    retied, declared = [], set[str]()
+    retied, declared = [], dict[str, None]()
     for tie in tie_groups(model, set(state)):
-        declared.update(tie)
+        declared.update(dict.fromkeys(tie))
         source = group_of[tie[0]]
         for target in tie[1:]:
             other = group_of[target]
@@ -188,7 +186,8 @@ def _groups(model: torch.nn.Module, state: Mapping[str, torch.Tensor]
                 group_of[name] = source
             other.clear()
             retied.append((tie[0], target))
-    return [g for g in by_id.values() if g], tuple(retied), declared
+    return ([g for g in by_id.values() if g], tuple(retied),
+            tuple(n for n in declared if len(group_of[n]) > 1))
 
 
 def _tieable(source: torch.Tensor, target: torch.Tensor) -> bool:

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from weightplan.errors import ArgumentError, CheckpointError
 
-__all__ = ["check_variant", "variant_index", "variant_of", "variant_single", "variants_found"]
+__all__ = ["check_variant", "missing_variant", "refuse_mixed_variants", "variant_index",
+           "variant_of", "variant_single", "variants_found"]
 
 # the names a variant takes: a shard (transformers 5's, and the older savers'), the single
 # file, the index (the first that matches says)
@@ -67,7 +68,7 @@ def variants_found(names: Iterable[str]) -> list[str]:
     return sorted({v for v in map(variant_of, names) if v is not None})
 
 
-def listed(variants: list[str]) -> str:
+def _listed(variants: list[str]) -> str:
     return ", ".join(repr(v) for v in variants) or "none"
 
 
@@ -75,7 +76,7 @@ def missing_variant(path: Path, variant: str) -> CheckpointError:
     """The error for a directory without ``variant``'s files, naming those it has."""
     found = variants_found(p.name for p in path.iterdir())
     return CheckpointError(f"no {variant_single(variant)} nor {variant_index(variant)} "
-                           f"(variant={variant!r}); the variants here: {listed(found)}",
+                           f"(variant={variant!r}); the variants here: {_listed(found)}",
                            file=str(path))
 
 
@@ -93,7 +94,7 @@ def refuse_mixed_variants(path: Path, names: list[str]) -> None:
     also = f", and files of no variant ({', '.join(plain[:3])})" if plain else ""
     raise CheckpointError(
         f"no model.safetensors nor model.safetensors.index.json, only the weight variants "
-        f"{listed(variants)}{also}: read together they would hold each key more than once; "
+        f"{_listed(variants)}{also}: read together they would hold each key more than once; "
         f"pick one: weightplan.from_pretrained(DIR, variant={variants[0]!r}) (as "
         f"transformers' from_pretrained(variant=...)), weightplan explain DIR --variant "
         f"{variants[0]}, or pass its files as a list", file=str(path))

@@ -24,7 +24,7 @@ from weightplan.errors import ParallelError, PlanError
 from weightplan.planner.core.problems import Note
 from weightplan.planner.inputs.device import parse_device, placed_map
 from weightplan.planner.inputs.model_info import ModelInfo
-from weightplan.planner.inputs.module_tree import module_tree
+from weightplan.planner.inputs.module_tree import ModuleTree, module_tree
 from weightplan.planner.pipelines.plan import PlanOptions
 from weightplan.planner.tensors.schedule.device_budgets import (
     CPU, DISK, DeviceBudget, device_name, parse_max_memory,
@@ -59,13 +59,14 @@ class AutomaticRequest:
         unbounded = schedule
         schedule = self.windowed(schedule)
         host = host_costs(schedule)
+        tree = module_tree(model)
         if self.given is not None:
-            placement = given_placement(self.given, module_tree(model), info, schedule,
-                                        options.dtype, host, self.offload_folder, self.budgets)
+            placement = given_placement(self.given, tree, info, schedule, options.dtype, host,
+                                        self.offload_folder, self.budgets)
         else:
-            placement = place_devices(self.strategy, self.budgets, module_tree(model), info,
-                                      schedule, options.dtype, host, self.offload_folder)
-        notes = self.resident_note(placement, options, model, info, unbounded)
+            placement = place_devices(self.strategy, self.budgets, tree, info, schedule,
+                                      options.dtype, host, self.offload_folder)
+        notes = self.resident_note(placement, options, tree, info, unbounded)
         devices = placed_map(placement.device_map, self.offload_folder)
         if devices.disk:
             offload, steps = plan_offload(schedule.steps, devices, info)
@@ -79,7 +80,7 @@ class AutomaticRequest:
                 notes)
 
     def resident_note(self, placement: DevicePlacement, options: PlanOptions,
-                      model: torch.nn.Module, info: ModelInfo, schedule: Schedule
+                      tree: ModuleTree, info: ModelInfo, schedule: Schedule
                       ) -> tuple[Note, ...]:
         """Budgets too small for even the first module put the whole model on the disk,
         read back at every forward: a note naming the smallest budget of the first device
@@ -95,7 +96,7 @@ class AutomaticRequest:
             budgets = tuple(dataclasses.replace(b, budget=need) if b.device == device else b
                             for b in self.budgets)
             wider = dataclasses.replace(self, budgets=budgets).windowed(schedule)
-            tried = place_devices(self.strategy, budgets, module_tree(model), info, wider,
+            tried = place_devices(self.strategy, budgets, tree, info, wider,
                                   options.dtype, host_costs(wider), self.offload_folder)
             if tried.resident_need is not None and tried.resident_need[2] <= need:
                 break  # (a fill that keeps nothing at its own need: no number to give)

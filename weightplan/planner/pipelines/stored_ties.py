@@ -44,7 +44,7 @@ def split_stored_ties(info: ModelInfo | None, groups: Sequence[Group], tensor_pa
     for name in _loaded(groups, tied):
         claimed.setdefault(tied[name].name, []).append(name)
     pairs = tuple((names[0], other) for names in
-                  (sorted(set(n), key=tied[n[0]].aliases.index) for n in claimed.values())
+                  (sorted(n, key=tied[n[0]].aliases.index) for n in claimed.values())
                   for other in names[1:])  # (each tensor's names in the model's order)
     if not pairs:
         return info

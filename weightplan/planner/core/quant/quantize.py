@@ -73,18 +73,14 @@ def quantize_into(w: torch.Tensor, q_out: torch.Tensor, s_out: torch.Tensor, blo
                        dtype=torch.float32, device=w.device)
     b = block_of(shape, block)
     for idx in matrices(shape):
-        try:
-            _quantize_matrix(w[idx], q_out[idx], s_out[idx], b, work, scale_fmt)
-        except QuantizationError as e:  # (an exact tile: its leading index too, an expert's)
-            if not idx:
-                raise
-            raise QuantizationError(str(e).replace("block (", f"block ({', '.join(map(str, idx))}, ", 1)
-                                    ) from e
+        _quantize_matrix(w[idx], q_out[idx], s_out[idx], b, work, scale_fmt, idx)
     return q_out, s_out
 
 
 def _quantize_matrix(w: torch.Tensor, q_out: torch.Tensor, s_out: torch.Tensor,
-                     block: tuple[int, int], work: torch.Tensor, scale_fmt: str) -> None:
+                     block: tuple[int, int], work: torch.Tensor, scale_fmt: str,
+                     lead: tuple[int, ...]) -> None:
+    """Quantize matrix ``lead`` of the weight (its leading index: ``()`` for a matrix)."""
     rows, cols = w.shape
     b0, b1 = block
     step = work.numel() // cols
@@ -93,7 +89,7 @@ def _quantize_matrix(w: torch.Tensor, q_out: torch.Tensor, s_out: torch.Tensor,
         x = work[: (r1 - r0) * cols].view(r1 - r0, cols)
         x.copy_(w[r0:r1])
         if scale_fmt == "exact":
-            q_out[r0:r1].copy_(_exact_rows(x, s_out, r0, b0, b1))
+            q_out[r0:r1].copy_(_exact_rows(x, s_out, r0, b0, b1, lead))
             continue
         scales, inv = tile_scales(tile_amax(x, b0, b1), scale_fmt)
         scale_columns_(x, expand_rows(scales, b0, r1 - r0), b1)
@@ -133,10 +129,12 @@ def tile_scales(amax: torch.Tensor, scale_fmt: str = "float") -> tuple[torch.Ten
     return scales, inv
 
 
-def _exact_rows(x: torch.Tensor, s_out: torch.Tensor, r0: int, b0: int, b1: int) -> torch.Tensor:
+def _exact_rows(x: torch.Tensor, s_out: torch.Tensor, r0: int, b0: int, b1: int,
+                lead: tuple[int, ...]) -> torch.Tensor:
     """FP8 of rows ``x`` (weight rows from ``r0``, whole tiles of ``b0`` rows unless the
     last), their tiles' power-of-two inverses written into ``s_out`` (see the module
-    docstring: ``exact``)."""
+    docstring: ``exact``). ``lead``: the matrix's leading index (an expert's), named
+    before the tile's in a refusal."""
     amax = tile_amax(x, b0, b1).to(torch.float64)
     k = torch.where(amax > 0, torch.ceil(torch.log2(amax / FP8_MAX)), torch.zeros_like(amax))
     k = k + (amax * torch.exp2(-k) > FP8_MAX)  # (log2's rounding, never below range)
@@ -147,8 +145,9 @@ def _exact_rows(x: torch.Tensor, s_out: torch.Tensor, r0: int, b0: int, b1: int)
     bad = (q.to(torch.float64) / up != wide).nonzero()
     if len(bad):
         r, c = (int(v) for v in bad[0])
+        tile = ", ".join(map(str, (*lead, (r0 + r) // b0, c // b1)))
         raise QuantizationError(
-            f"block ({(r0 + r) // b0}, {c // b1}) can't be re-encoded exactly: {wide[r, c].item()!r} "
+            f"block ({tile}) can't be re-encoded exactly: {wide[r, c].item()!r} "
             f"needs more range than E4M3 holds under the block's scale 2^{int(k[r // b0, c // b1])} "
             "(its values span too many binades)")
     s_out[r0 // b0: -(-(r0 + rows) // b0)].copy_(torch.exp2(k).to(torch.float32))

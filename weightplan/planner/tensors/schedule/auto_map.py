@@ -99,10 +99,13 @@ class _Device:
         merged = sorted(self.temps + list(temps))[-self.keep:]
         return sum(merged)
 
+    def need(self, new_bytes: int, temps: Sequence[int]) -> int:
+        """The device's bytes with ``new_bytes`` (and their staging ``temps``) taken."""
+        return self.weights + new_bytes + self.reserve(temps) + self.slot.fixed
+
     def fits(self, new_bytes: int, temps: Sequence[int]) -> bool:
         cap = self.slot.capacity
-        return cap is None or (self.weights + new_bytes + self.reserve(temps)
-                               + self.slot.fixed <= cap)
+        return cap is None or self.need(new_bytes, temps) <= cap
 
     def take(self, new_bytes: int, temps: Sequence[int]) -> None:
         self.weights += new_bytes
@@ -225,9 +228,9 @@ def first_need(inp: FillInput, slot: Slot) -> tuple[str, int] | None:
             continue
         group = [unit] + (_companions(inp, unit, queue) if inp.tensors(unit) & tied else [])
         tensors = frozenset().union(*map(inp.tensors, group))
-        if not inp.bytes_of(tensors):
+        size = inp.bytes_of(tensors)
+        if not size:
             continue  # (placed wherever the fill is: it changes nothing)
         device = _Device(slot, max(1, inp.concurrent))
-        need = inp.bytes_of(tensors) + device.reserve([inp.temp.get(t, 0) for t in tensors])
-        return unit, slot.fixed + need
+        return unit, device.need(size, [inp.temp.get(t, 0) for t in tensors])
     return None

@@ -224,16 +224,18 @@ def effective_threads(threads: int) -> int:
 
 def make_schedule(steps: tuple[Step, ...], *, threads: int,
                   window_bytes: int | None = None) -> Schedule:
-    largest = max(_windowed(steps), default=0)
+    sizes = _windowed(steps)
     # by default bounded (planner/tensors/machine.py), not grown to the largest group
-    window = max(window_bytes, largest) if window_bytes is not None else default_window_bytes()
-    events = plan_events(steps, window)
+    window = max(window_bytes, max(sizes, default=0)) if window_bytes is not None else \
+        default_window_bytes()
+    events = plan_events(sizes, window)
     workers = effective_threads(threads)
     return Schedule(steps, events, simulate(steps, events, workers), window, workers)
 
 
-def plan_events(steps: Sequence[Step], window: int) -> Events:
-    """Submit each step in order; before it, finalize the oldest pending steps until the
+def plan_events(sizes: Sequence[int], window: int) -> Events:
+    """Submit each step (``sizes``: what each holds in flight, :func:`_windowed`) in
+    order; before it, finalize the oldest pending steps until the
     reads in flight and its own fit in ``window`` (as columns: :class:`Events`). A step's
     staged outputs (assembled in host memory until its finalize writes them: a file's
     dequantized tensor, one on its way to the disk) are in flight with its reads: without
@@ -241,7 +243,6 @@ def plan_events(steps: Sequence[Step], window: int) -> Events:
     order, finalizes = array("q"), bytearray()
     pending: deque[int] = deque()
     in_flight = 0
-    sizes = _windowed(steps)
     for s, size in enumerate(sizes):
         while pending and in_flight + size > window:
             done = pending.popleft()
