@@ -14,6 +14,8 @@ hanging it). Scenarios, in order, each ending in a barrier of the whole world:
   ``ProcessGroup``);
 - ``narrow``: ranks 0 and 2 save on a group of their own, which lacks rank 1 (where the
   writer's DTensors are sharded too);
+- ``plain``: every rank saves a model loaded without ``tp=`` (no DTensors) with
+  ``process_group=dist.group.WORLD``: written once, by rank 0;
 - ``dies`` (last: it breaks the group): every rank saves, and rank 1 (the writer's TP
   peer) leaves after its second gather.
 
@@ -66,6 +68,7 @@ def main() -> None:
     model = weightplan.from_pretrained(source, tp=weightplan.TensorParallel(mesh=tp),
                                        progress=False)
     pair = dist.new_group([0, 2])  # (every rank creates it)
+    whole = weightplan.from_pretrained(source, progress=False)
 
     def save(name: str, **kwargs):
         return lambda: weightplan.save(model, out / name, progress=False, **kwargs)
@@ -77,7 +80,9 @@ def main() -> None:
             ("replica1", save("replica1", process_group=tp) if dp_rank == 1 else busy()),
             ("replica0", save("replica0", process_group=tp.get_group()) if dp_rank == 0
              else busy()),
-            ("narrow", save("narrow", process_group=pair) if rank in (0, 2) else lambda: None))
+            ("narrow", save("narrow", process_group=pair) if rank in (0, 2) else lambda: None),
+            ("plain", lambda: weightplan.save(whole, out / "plain", progress=False,
+                                              process_group=dist.group.WORLD)))
     for scenario, call in plan:
         result = outcome(call)
         (out / f"{scenario}.rank{rank}.json").write_text(json.dumps(result))

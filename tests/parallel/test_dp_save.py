@@ -4,8 +4,9 @@ Every rank of the world calling ``save(model, DIR)`` (the default ``process_grou
 one checkpoint, written once by the world's first rank, and every call returns; one
 replica saving alone (``process_group=`` its TP group): it writes, with no collective of
 the world (the other replica is busy on its own group meanwhile); a group lacking ranks
-the writer's gathers need: a typed error on each; a TP rank leaving mid-save: a
-``RankFailedError`` on every other rank, nothing written."""
+the writer's gathers need: a typed error on each; a model without DTensors saved on a
+group: written once; a TP rank leaving mid-save: a ``RankFailedError`` on every other
+rank, nothing written."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from tests.parallel.conftest import torchrun
 from tests.parallel.tp_fixtures import configs
 
 WORKER = Path(__file__).with_name("dp_save_worker.py")
-SCENARIOS = ("every", "replica1", "replica0", "narrow", "dies")
+SCENARIOS = ("every", "replica1", "replica0", "narrow", "plain", "dies")
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +70,13 @@ def test_one_replica_saves_alone_on_its_tp_group(saved, scenario):
     source, out, outcomes = saved
     assert all(outcomes[scenario, r]["type"] is None for r in range(4)), outcomes
     same_checkpoint(out / scenario, source)
+
+
+def test_a_plain_model_saved_on_a_group_is_written_once(saved):
+    source, out, outcomes = saved
+    assert all(outcomes["plain", r]["type"] is None for r in range(4)), outcomes
+    assert [outcomes["plain", r]["seconds"] > 0 for r in range(4)] == [True, False, False, False]
+    same_checkpoint(out / "plain", source)
 
 
 def test_a_group_lacking_the_writers_tp_peers_is_refused_by_name(saved):
