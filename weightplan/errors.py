@@ -45,7 +45,8 @@ escapes (they are wrapped and chained with ``from``). The tree::
     │   │                            open at once (``ulimit -n``; says how to raise it)
     │   └── RankFailedError          another rank of a cooperative load failed to plan or
     │                                read before the broadcasts (``.failures``: rank → error),
-    │                                or left the process group during them
+    │                                or of a sharded save before its writer committed, or
+    │                                left the process group during them
     ├── RenderError                  a plan can't be drawn as asked (detail, only=, format, dot)
     ├── SaveError                    failure while saving; nothing half-written is left (a
     │   │                            failure inside the commit leaves the directory marked
@@ -232,9 +233,10 @@ class OpenFileLimitError(ExecutionError):
 
 
 class RankFailedError(ExecutionError):
-    """Other ranks of a cooperative load failed before the broadcasts: this rank stops
-    too instead of waiting for them (``failures``: global rank → its error, as text); or
-    the process group broke during them (a rank left: ``failures`` empty)."""
+    """Other ranks of a cooperative load failed before the broadcasts, or of a
+    tensor-parallel save before its writer committed: this rank stops too instead of
+    waiting for them (``failures``: global rank → its error, as text); or the process
+    group broke (a rank left: ``failures`` empty)."""
 
     def __init__(self, message: str, *, failures: "dict[int, str] | None" = None):
         super().__init__(message)

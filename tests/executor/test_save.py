@@ -65,6 +65,18 @@ def test_sharded_output_has_a_loadable_index(tmp_path):
                                                   model.state_dict().values(), strict=True))
 
 
+def test_process_group_is_checked_before_anything_is_written(tmp_path):
+    """``process_group=`` is a ProcessGroup or a 1-D DeviceMesh, refused by name otherwise
+    (the multi-rank saves: tests/parallel/test_dp_save.py)."""
+    from weightplan.errors import ArgumentError
+
+    model = moe_model()
+    weightplan.load(model, moe_checkpoint(), mapping="mixtral")
+    with pytest.raises(ArgumentError, match="process_group must be"):
+        weightplan.save(model, tmp_path / "out", process_group="world")
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_model_never_loaded_saves_through_the_inverse_mapping(tmp_path):
     model = moe_model(device="cpu")
     with torch.no_grad():

@@ -3,8 +3,10 @@
 loads as transformers loads it: both tensors read; equal values tied again (one tensor,
 two names), different ones left untied with a warning naming both keys, and the model's
 tie bookkeeping (``all_tied_weights_keys``) updated so a save writes both. Under every build
-convention; the plan says so and counts the second tensor; tensor parallel and the disk
-are refused (see ``planner/pipelines/stored_ties.py``)."""
+convention; the plan says so and counts the second tensor; under tensor parallel the
+second name is sharded as the first (the ranks compare shards: ``tests/parallel/
+test_stored_ties_tp.py``); a name on the disk is compared from its offloaded file (see
+``planner/pipelines/stored_ties.py``)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import transformers as T
 from safetensors.torch import load_file, save_file
 
 import weightplan
-from weightplan.errors import ParallelError, PlanError
+from weightplan.errors import ExecutionError
 from weightplan.parallel import TensorParallel
 from weightplan.planner.core.spec import TensorSpec
 from weightplan.planner.inputs.model_info import ModelInfo, ModelTensor
@@ -140,18 +142,58 @@ def test_a_model_built_with_real_tensors_gets_the_same(stored):
     _like_transformers(model, kind, reference)
 
 
-def test_tensor_parallel_refuses_naming_both_keys(stored):
+def test_tensor_parallel_shards_the_second_name_as_the_first(stored):
     _, directory, _ = stored
     model = build(T.Qwen2ForCausalLM, CFG, "meta")
-    with pytest.raises(ParallelError, match=f"(?s){HEAD}.*tie_word_embeddings=False"):
-        explain_load(model, directory, tp=TensorParallel(world_size=2, rank=0))
+    plan = explain_load(model, directory, tp=TensorParallel(world_size=2, rank=1))
+    shards = {d.key: d.shard for s in plan.schedule.steps for d in s.destinations
+              if d.key in (EMBED, HEAD)}
+    assert shards[HEAD] is not None and shards[HEAD] == shards[EMBED], shards
+    assert shards[HEAD].placement.is_dtensor and shards[HEAD].rank == 1
 
 
-def test_the_disk_refuses_naming_both_keys(stored, tmp_path):
-    _, directory, _ = stored
-    with pytest.raises(PlanError, match=f"(?s){HEAD}.*disk"):
-        weightplan.from_pretrained(directory, device_map={"": "disk"},
-                                   offload_folder=str(tmp_path / "off"))
+SPLIT_MAPS = {"embedding on the disk": {"model.embed_tokens": "disk", "model.layers": "cpu",
+                                        "model.norm": "cpu", "model.rotary_emb": "cpu",
+                                        "lm_head": "cpu"},
+              "head on the disk": {"model": "cpu", "lm_head": "disk"}}
+
+
+@pytest.mark.parametrize("where", SPLIT_MAPS)
+def test_one_name_on_the_disk_is_compared_from_its_file(stored, where, tmp_path, caplog):
+    """Equal: left two tensors (on two devices, as a plain load leaves them), no warning;
+    different: the plain load's warning. Either way the logits are transformers', and a
+    save gives the checkpoint back."""
+    kind, directory, reference = stored
+    with caplog.at_level(logging.WARNING, logger="weightplan"):
+        model = weightplan.from_pretrained(directory, dtype=torch.float32,
+                                           device_map=SPLIT_MAPS[where],
+                                           offload_folder=str(tmp_path / "off")).eval()
+    _warned(caplog, kind)
+    assert torch.equal(_logits(model), _logits(reference))
+    weightplan.save(model, tmp_path / "saved")
+    saved, stored_tensors = (load_file(str(d / "model.safetensors"))
+                             for d in (tmp_path / "saved", directory))
+    assert saved.keys() == stored_tensors.keys()
+    assert all(torch.equal(saved[k], v) for k, v in stored_tensors.items())
+
+
+def test_both_names_on_the_disk(stored, tmp_path, caplog):
+    """Equal: tied again (one tensor on meta, read back from the disk by its hooks);
+    different: an error naming both keys, as they can't stay two tensors there."""
+    kind, directory, reference = stored
+    load = lambda: weightplan.from_pretrained(directory, dtype=torch.float32,  # noqa: E731
+                                              device_map={"": "disk"},
+                                              offload_folder=str(tmp_path / "off")).eval()
+    if kind == "different":
+        with pytest.raises(ExecutionError, match=f"(?s){HEAD}.*{EMBED}.*disk.*"
+                                                 "tie_word_embeddings=False"):
+            load()
+        return
+    with caplog.at_level(logging.WARNING, logger="weightplan"):
+        model = load()
+    _warned(caplog, kind)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert torch.equal(_logits(model), _logits(reference))
 
 
 def test_the_split_sees_names_a_converter_pattern_writes():
@@ -160,13 +202,11 @@ def test_the_split_sees_names_a_converter_pattern_writes():
     both = ModelTensor("a.0.w", spec, ("a.0.w", "b.w"), False, True, (1,), True)
     info = ModelInfo({"a.0.w": both, "b.w": both}, tied_names=("a.0.w", "b.w"))
     once = [Group(None, (), (), ("a.*.w",))]
-    assert split_stored_ties(info, once, False) is info  # (one name written: stays tied)
-    split = split_stored_ties(info, once + [Group(None, (), (), ("b.w",))], False)
+    assert split_stored_ties(info, once) is info  # (one name written: stays tied)
+    split = split_stored_ties(info, once + [Group(None, (), (), ("b.w",))])
     assert split.stored_ties == (("a.0.w", "b.w"),)
     assert split.get("b.w").aliases == ("b.w",) and split.get("b.w").allocates
     assert split.get("a.0.w").aliases == ("a.0.w",)
-    with pytest.raises(ParallelError, match="b.w"):
-        split_stored_ties(info, once + [Group(None, (), (), ("b.w",))], True)
 
 
 class _SharedByHand(torch.nn.Module):

@@ -181,6 +181,21 @@ def check_save(bound: inspect.BoundArguments) -> None:
     check_model(bound.arguments.get("model"), optional=False)
     check_path_argument(bound.arguments.get("directory"), what="directory")
     check_flag(bound.arguments.get("overwrite", False), "overwrite")
+    check_process_group(bound.arguments.get("process_group"))
+
+
+def check_process_group(group: object) -> None:
+    """``process_group=``: ``None``, a ``ProcessGroup``, or a 1-D ``DeviceMesh``."""
+    if group is None:
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and isinstance(group, dist.ProcessGroup):
+        return
+    if getattr(group, "ndim", None) == 1 and hasattr(group, "get_group"):
+        return
+    raise ArgumentError(f"process_group must be a torch.distributed ProcessGroup or a 1-D "
+                        f"DeviceMesh (the ranks that save together), got {type(group).__name__}")
 
 
 def check_tensors(bound: inspect.BoundArguments) -> None:

@@ -62,7 +62,8 @@ def load(model: torch.nn.Module, checkpoint: object, *, strict: bool = False,
 def save(model: torch.nn.Module, directory: str | os.PathLike[str], *, mapping: object = None,
          max_shard_size: int | str = "5GB", overwrite: bool = False, threads: int = 4,
          progress: bool | None = None, quantize: str | None = None,
-         adapter_name: str | None = None, layout: str | None = None) -> SaveReport:
+         adapter_name: str | None = None, layout: str | None = None,
+         process_group: object = None) -> SaveReport:
     """Write ``model`` to ``directory`` in its checkpoint's original layout.
 
     ``explain_save(model, directory, ...).execute(progress=...)``: a model loaded by
@@ -76,7 +77,17 @@ def save(model: torch.nn.Module, directory: str | os.PathLike[str], *, mapping: 
     ``adapter_config.json``, in the layout its file had (per-expert linears again), or in
     ``layout``: ``"per_expert"`` or ``"fused"`` (bit for bit either way; a fused ``lora_B``
     with values off its diagonal blocks has no per-expert form and is refused by name).
+
+    A tensor-parallel model (``DTensor``s) is saved by the ranks of ``process_group``
+    together (a ``ProcessGroup`` or a 1-D ``DeviceMesh``; by default the world): every
+    one of them calls ``save``, the group's first rank writes, each returns once the
+    files are committed. One data-parallel replica saving alone passes its TP group
+    (``process_group=mesh["tp"]``). A model without ``DTensor``s is written by each
+    caller, unless ``process_group`` is given (its first rank writes).
     """
+    if adapter_name is not None and process_group is not None:
+        raise SaveError("process_group= is for a model's save; an adapter (adapter_name=) "
+                        "is written by the rank that calls save")
     if adapter_name is not None:
         from weightplan.api.adapters import save_adapter
 
@@ -90,7 +101,7 @@ def save(model: torch.nn.Module, directory: str | os.PathLike[str], *, mapping: 
     plan = explain_save(model, directory, mapping=mapping, max_shard_size=max_shard_size,
                         overwrite=overwrite, threads=threads, quantize=quantize)
     files = model_config_files(model, fp8_written=plan.writes_fp8)
-    return execute_write(plan, progress=progress, files=files)
+    return execute_write(plan, progress=progress, files=files, process_group=process_group)
 
 
 # the public contract: typed arguments in, only WeightplanError out (see weightplan.api.guard)

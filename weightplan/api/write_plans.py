@@ -30,8 +30,11 @@ class WritePlan(WritePlanData):
     dequantized: bool = False  # the copy is floating: its config.json loses quantization_config
     reencoded: str | None = None  # "fp8": MXFP4 re-encoded, its config.json says block FP8
 
-    def execute(self, *, progress: bool | None = None) -> SaveReport:
-        """Write the checkpoint; a failure leaves no half-written file behind."""
+    def execute(self, *, progress: bool | None = None,
+                process_group: object = None) -> SaveReport:
+        """Write the checkpoint; a failure leaves no half-written file behind.
+        ``process_group``: the ranks that write a tensor-parallel model together (see
+        :func:`weightplan.save`)."""
         from weightplan.api.model_config import companion_bytes
         from weightplan.executor.execute_write import execute_write
 
@@ -44,7 +47,8 @@ class WritePlan(WritePlanData):
             from weightplan.planner.pipelines.reencode import reencoded_config
 
             files["config.json"] = reencoded_config(files["config.json"])
-        return call_typed("execute", execute_write, self, progress=progress, files=files)
+        return call_typed("execute", execute_write, self, progress=progress, files=files,
+                          process_group=process_group)
 
     def to_dict(self) -> dict[str, Any]:
         from weightplan.viz.data import write_plan_to_dict

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import TYPE_CHECKING
 
 from torch import nn
@@ -70,7 +71,7 @@ def _execute(plan: LoadPlanData, strict: bool, progress: bool | None, atomic: bo
     if info.stored_ties:  # (loaded apart: tied again where equal, see executor/retie.py)
         from weightplan.executor.retie import settle_stored_ties
 
-        settle_stored_ties(model, info)
+        settle_stored_ties(model, info, sharding=plan.sharding, disk=_on_disk(plan, inner))
     record = record_of_conversions(plan.conversions, plan.checkpoint, plan.unexpected,
                                    plan.adapter.merged_as() if plan.adapter else None)
     attach_record(model, merge_records(get_record(model), record))
@@ -112,6 +113,17 @@ def _staging(plan: LoadPlanData) -> StagingPool | None:
     from weightplan.planner.tensors.schedule.device_plan import staging_of  # (CUDA only)
 
     return staging_of(plan.schedule.steps, devices)
+
+
+def _on_disk(plan: LoadPlanData, sink: ModelSink) -> dict[str, tuple[str, str]]:
+    """Offloaded tensors: name (every alias) → (safetensors file, its key there)."""
+    placement = plan.options.placement
+    offload = placement.offload if placement is not None else None
+    found = {} if offload is None else {n: (e["safetensors_file"], e["weight_name"])
+                                        for n, e in offload.index().items()}
+    found.update((n, (path, os.path.basename(path).removesuffix(".safetensors")))
+                 for n, path in sink.offloaded.items())  # (written: one file per tensor)
+    return found
 
 
 def _referenced(plan: LoadPlanData) -> dict[str, str]:

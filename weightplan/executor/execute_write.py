@@ -4,32 +4,48 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Any
 
-from weightplan.executor.gather import DiscardSink, barrier, gathering, has_dtensors, writer_rank
+from weightplan.executor.gather import DiscardSink, gathering, has_dtensors, save_roles
 from weightplan.executor.report import SaveReport
 from weightplan.executor.sink import Sink
-from weightplan.executor.run import run_plan
+from weightplan.executor.run import RunStats, run_plan
 from weightplan.executor.writer import FileSink
+from weightplan.planner.pipelines.agreement import Agreement
 from weightplan.planner.pipelines.write_plan import WritePlanData
 
 
 def execute_write(plan: WritePlanData, *, progress: bool | None = None,
-                  files: Mapping[str, bytes] | None = None) -> SaveReport:
+                  files: Mapping[str, bytes] | None = None,
+                  process_group: Any = None) -> SaveReport:
     """Write ``plan``'s checkpoint, and ``files`` (the model's config, ``{name: bytes}``) in
     the same commit; nothing is left behind if it fails. A tensor-parallel model is
-    gathered tensor by tensor on every rank and written by rank 0
-    (:mod:`~weightplan.executor.gather`)."""
-    schedule, checkpoint, writes = plan.schedule, plan.checkpoint, True
-    sharded = has_dtensors(checkpoint)
-    if sharded:  # same collectives in the same order on every rank
-        _, writes = writer_rank()
+    gathered tensor by tensor on the writer's TP group and written by the first rank of
+    ``process_group`` (by default the world): :mod:`~weightplan.executor.gather`."""
+    schedule, checkpoint = plan.schedule, plan.checkpoint
+    roles = save_roles(checkpoint, process_group)
+    if has_dtensors(checkpoint):  # same collectives in the same order on every rank
         schedule, checkpoint = dataclasses.replace(schedule, threads=0), gathering(checkpoint)
-    sink: Sink = (FileSink(plan.directory, plan.layout, plan.overwrite, files) if writes
-                  else DiscardSink())
-    stats = run_plan(schedule, checkpoint, sink, progress=progress, description="writing")
-    if sharded and writer_rank()[0]:
-        barrier()
+    with _agreement(roles.group, "to start the save (its writer to take the directory)") as start:
+        roles.check()
+        sink: Sink = (FileSink(plan.directory, plan.layout, plan.overwrite, files)
+                      if roles.writes else DiscardSink())
+        try:
+            start.agree()
+        except BaseException:
+            sink.abort()
+            raise
+    with _agreement(roles.group, "to write and commit the checkpoint") as done:
+        stats = (run_plan(schedule, checkpoint, sink, progress=progress, description="writing")
+                 if roles.runs else RunStats())
+        done.agree()
     names = plan.layout.names + tuple(files or ())  # the configs are committed with them
     return SaveReport(plan.directory, names, plan.layout.total_bytes, len(plan.layout.locations),
                       stats.seconds, stats.peak_bytes, plan.peak_bytes, stats.rss_peak_bytes,
                       stats.threads)
+
+
+def _agreement(group: object, stage: str) -> Agreement:
+    return Agreement(group, stage, work="save", instead="waiting for its writer",
+                     gone="a rank left the process group, or never called save? One "
+                          "data-parallel replica saving alone passes process_group=")

@@ -1,12 +1,18 @@
 """Saving a tensor-parallel model: gather one tensor at a time, write on one rank.
 
-Every rank runs the same write schedule, inline (threads=0), so the collectives behind
-``DTensor.full_tensor()`` happen in the same order everywhere. Reads of a ``DTensor``
-gather it when a step first needs it and keep only that one gathered tensor (the next
-key evicts it): memory stays bounded by the largest converter group, never a full
-state dict. Rank 0 writes through the ordinary file sink (same atomic commit); the other
-ranks' writes go to :class:`DiscardSink`. A barrier at the end lets no rank return before
-the files are committed.
+The ranks that save together (``process_group=``, :func:`save_roles`; by default the
+world for a model holding ``DTensor``s) agree on one writer, the group's first rank, and
+on nothing else: the ranks whose gathers reach it (the ranks of its ``DTensor``s' meshes,
+its TP group) run the same write schedule, inline (threads=0), so the collectives behind
+``DTensor.full_tensor()`` happen in the same order everywhere; the others (the other
+data-parallel replicas) run nothing. Reads of a ``DTensor`` gather it when a step first
+needs it and keep only that one gathered tensor (the next key evicts it): memory stays
+bounded by the largest converter group, never a full state dict. The writer writes
+through the ordinary file sink (same atomic commit); its TP peers' writes go to
+:class:`DiscardSink`. The group's ranks agree twice
+(:mod:`~weightplan.planner.pipelines.agreement`): once the writer holds the directory,
+once it has committed; no rank returns before the files are there, and a rank that failed
+or left is a :class:`~weightplan.errors.RankFailedError` on the others.
 """
 
 from __future__ import annotations
@@ -91,16 +97,69 @@ class DiscardSink:
         return None
 
 
-def writer_rank() -> tuple[bool, bool]:
-    """(distributed, this rank writes): rank 0 of the default group writes."""
+@dataclasses.dataclass(frozen=True)
+class SaveRoles:
+    """This rank's part in a save: ``group`` the ranks agree on (``None``: alone),
+    whether it ``writes`` the files, whether it ``runs`` the schedule (its gathers reach
+    the writer), and ``outside``: the ranks those gathers need that ``group`` lacks."""
+
+    group: Any
+    writes: bool
+    runs: bool
+    outside: tuple[int, ...] = ()
+
+    def check(self) -> None:
+        """:class:`SaveError` when the gathers would wait on ranks that don't save."""
+        if self.outside:
+            from weightplan.errors import SaveError
+
+            raise SaveError(f"the model's DTensors are sharded over ranks {list(self.outside)}"
+                            " too, which are not in process_group=: pass a group holding the "
+                            "model's whole TP group (e.g. mesh['tp'].get_group())")
+
+
+def save_roles(checkpoint: Checkpoint, process_group: Any) -> SaveRoles:
+    """The roles of a save on ``process_group`` (a ``ProcessGroup`` or a 1-D
+    ``DeviceMesh``); ``None``: the world for a model holding ``DTensor``s (every rank
+    saves, as before), no group for any other (the caller writes alone)."""
     import torch.distributed as dist
 
+    sharded = has_dtensors(checkpoint)
     if not (dist.is_available() and dist.is_initialized()):
-        return False, True
-    return True, dist.get_rank() == 0
+        if process_group is not None:
+            from weightplan.errors import SaveError
+
+            raise SaveError("process_group= names a process group, but torch.distributed "
+                            "is not initialized")
+        return SaveRoles(None, True, True)
+    group = _as_group(process_group if process_group is not None
+                      else dist.group.WORLD if sharded else None)
+    if group is None:
+        return SaveRoles(None, True, True)
+    me = dist.get_rank()
+    if dist.get_rank(group) < 0:
+        from weightplan.errors import SaveError
+
+        raise SaveError(f"rank {me} is not in process_group=: only its ranks call save")
+    writer = dist.get_global_rank(group, 0)
+    needed = _mesh_ranks(checkpoint) if sharded else {me}
+    if writer not in needed:
+        return SaveRoles(group, False, False)
+    members = set(dist.get_process_group_ranks(group))
+    return SaveRoles(group, me == writer, True, tuple(sorted(needed - members)))
 
 
-def barrier() -> None:
-    import torch.distributed as dist
+def _as_group(group: Any) -> Any:
+    if hasattr(group, "get_group"):  # a DeviceMesh (a 1-D one: its group)
+        return group.get_group()
+    return group
 
-    dist.barrier()
+
+def _mesh_ranks(checkpoint: Checkpoint) -> set[int]:
+    """The global ranks this rank's ``DTensor``s are gathered over (their meshes')."""
+    from torch.distributed.tensor import DTensor
+
+    assert checkpoint.tensors is not None
+    meshes = {id(t.device_mesh): t.device_mesh for t in checkpoint.tensors.values()
+              if isinstance(t, DTensor)}
+    return {r for m in meshes.values() for r in m.mesh.flatten().tolist()}

@@ -9,6 +9,7 @@ broadcasts) or have failed. One collective each (``all_gather_object`` of ``None
 error's text, on the load's group): when any rank failed, every other rank raises
 :class:`~weightplan.errors.RankFailedError` naming it and its error, and the failing rank
 raises its own error. Dry runs and plain loads agree on nothing (no group, no waiting).
+A sharded save agrees the same way on its writer (:mod:`~weightplan.executor.gather`).
 """
 
 from __future__ import annotations
@@ -23,10 +24,15 @@ from weightplan.errors import RankFailedError
 class Agreement:
     """One point where the ranks of ``group`` (``None``: nothing to agree) tell each other
     how they fared; a context manager whose failure is told to the others, and
-    :meth:`agree` for success. Each rank agrees once per point, whichever way."""
+    :meth:`agree` for success. Each rank agrees once per point, whichever way. ``work``
+    and ``instead`` name what the ranks do together and what a rank stops waiting for (a
+    tensor-parallel save agrees the same way: :mod:`~weightplan.executor.gather`)."""
 
-    def __init__(self, group: Any | Callable[[], Any], stage: str):
+    def __init__(self, group: Any | Callable[[], Any], stage: str, *,
+                 work: str = "cooperative load", instead: str = "waiting for its broadcasts",
+                 gone: str = "a rank left the process group?"):
         self._group, self.stage, self.done = group, stage, False
+        self.work, self.instead, self.gone = work, instead, gone
 
     def agree(self, error: BaseException | None = None) -> None:
         """Tell the others (``error``: this rank's failure) and hear them; raise
@@ -35,12 +41,12 @@ class Agreement:
         if self.done or group is None:
             return
         self.done = True
-        failures = _gathered(group, None if error is None else _text(error), self.stage)
+        failures = _gathered(group, None if error is None else _text(error), self)
         if failures and error is None:
             named = "; ".join(f"rank {r}: {e}" for r, e in sorted(failures.items()))
-            raise RankFailedError(f"{_ranks(failures)} of this cooperative load failed "
-                                  f"{self.stage}, so this rank stops instead of waiting "
-                                  f"for its broadcasts: {named}", failures=failures)
+            raise RankFailedError(f"{_ranks(failures)} of this {self.work} failed "
+                                  f"{self.stage}, so this rank stops instead of "
+                                  f"{self.instead}: {named}", failures=failures)
 
     def __enter__(self) -> Agreement:
         return self
@@ -72,7 +78,7 @@ def planning_group(tp: object, cooperative: bool) -> Callable[[], Any]:
     return group
 
 
-def _gathered(group: Any, mine: str | None, stage: str) -> dict[int, str]:
+def _gathered(group: Any, mine: str | None, point: Agreement) -> dict[int, str]:
     """Every rank's outcome: global rank → error text, for those that failed."""
     import torch.distributed as dist
 
@@ -81,8 +87,8 @@ def _gathered(group: Any, mine: str | None, stage: str) -> dict[int, str]:
         dist.all_gather_object(outcomes, mine, group=group)
         ranks = [dist.get_global_rank(group, r) for r in range(len(outcomes))]
     except Exception as e:  # (a rank gone: gloo's or NCCL's error, wrapped)
-        raise RankFailedError(f"the ranks of this cooperative load could not agree "
-                              f"{stage} (a rank left the process group?): "
+        raise RankFailedError(f"the ranks of this {point.work} could not agree "
+                              f"{point.stage} ({point.gone}): "
                               f"{type(e).__name__}: {e}") from e
     return {r: o for r, o in zip(ranks, outcomes, strict=True) if o is not None}
 

@@ -32,7 +32,7 @@ from weightplan.planner.keys.routing import Routing
 from weightplan.planner.inputs.dtype import keep_fp32, quantized_input, resolve_dtype
 from weightplan.planner.keys.transforms import WeightTransform, with_legacy
 from weightplan.planner.pipelines.plan import Direction, LoadPlanData, PlanOptions
-from weightplan.planner.pipelines.stored_ties import refuse_on_disk, split_stored_ties
+from weightplan.planner.pipelines.stored_ties import shard_alike, split_stored_ties
 from weightplan.planner.tensors.ir.build import (
     Conversion, SinkKind, build_conversions, shard_conversion,
 )
@@ -140,6 +140,7 @@ def prepare_load(model: torch.nn.Module | None, checkpoint: object, *, mapping: 
     sharding = _kept_sharding(sharding, quant, info)
     routing, info, conversions, kept_problems = _convert(ckpt, transforms, info, options,
                                                          quant, sharding, regroup)
+    sharding = shard_alike(sharding, info)  # (ties stored apart: see .stored_ties)
     found = collect_findings(info, routing, conversions, ckpt.left_out_notes())
     findings = _with_quant_findings(found, quant, conversions, kept_problems)
     findings = _with_mapping_findings(findings, choice,
@@ -177,7 +178,6 @@ def rank_plan(common: Common, sharding: Sharding | None) -> LoadPlanData:
         options, schedule, noted = common.automatic.placed(options, common.model,
                                                            common.info, schedule)
         findings = dataclasses.replace(findings, notes=findings.notes + noted)
-        refuse_on_disk(common.info, options.devices)
     if common.quantized or common.dequantize_on != "auto":  # (FP8 only: else nothing to side)
         options, schedule = _sided(options, schedule, common.dequantize_on)
     return LoadPlanData(Direction.LOAD, common.checkpoint, common.choice, common.transforms,
@@ -302,7 +302,7 @@ def _convert(ckpt: Checkpoint, transforms: tuple[WeightTransform, ...], info: Mo
     if regroup is not None:
         routing = regroup(routing)
     groups = routing.groups
-    info = split_stored_ties(info, groups, sharding is not None)
+    info = split_stored_ties(info, groups)
     packed_problems: tuple[tuple[str, str], ...] = ()
     if quant is not None and quant.packed is not None and info is not None:
         from weightplan.planner.inputs.small_reads import SmallReader

@@ -8,9 +8,11 @@ headers, not the values, so it loads each name into a tensor of its own (counted
 plan's bytes and peak: :func:`~weightplan.planner.inputs.model_info.untie`) and the
 executor compares them after the load (``executor/retie.py``).
 
-Refused: under tensor parallel (the ranks would compare their own slices, each deciding
-alone) and where either name goes to the disk (nothing resident to compare, and the two
-names would be one again when the model is inspected on meta).
+Under tensor parallel the second name is sharded as the tensor it was tied to
+(:func:`shard_alike`: the layout the model's modules run the tie with), so each rank
+compares its two shards and the ranks agree on one answer. A name placed on the disk is
+compared from its offloaded file; the two are tied again only where both sit on one
+device (both resident there, or both on the disk).
 """
 
 from __future__ import annotations
@@ -19,18 +21,19 @@ import re
 from collections.abc import Mapping, Sequence
 from itertools import chain
 from operator import attrgetter
+from typing import TYPE_CHECKING
 
-from weightplan.errors import ParallelError, PlanError
 from weightplan.planner.core.problems import Note
-from weightplan.planner.inputs.device import DeviceMap
 from weightplan.planner.inputs.model_info import ModelInfo, ModelTensor, untie
 from weightplan.planner.keys.routing import Group
+
+if TYPE_CHECKING:  # (tensor parallel: imported where tp= asks for it)
+    from weightplan.planner.tensors.ir.shard_nodes import Sharding
 
 FIX = "set tie_word_embeddings=False in the model's config"
 
 
-def split_stored_ties(info: ModelInfo | None, groups: Sequence[Group], tensor_parallel: bool
-                      ) -> ModelInfo | None:
+def split_stored_ties(info: ModelInfo | None, groups: Sequence[Group]) -> ModelInfo | None:
     """``info`` with each tied name the checkpoint stores apart from the name it is tied
     to a tensor of its own (the first name loaded keeps the shared one); ``info`` itself
     when there is none (a model without ties: nothing is looked at)."""
@@ -48,11 +51,26 @@ def split_stored_ties(info: ModelInfo | None, groups: Sequence[Group], tensor_pa
                   for other in names[1:])  # (each tensor's names in the model's order)
     if not pairs:
         return info
-    if tensor_parallel:
-        raise ParallelError(f"{_both(pairs)}: under tp= each rank would compare only its "
-                            f"slices; {FIX} if they differ, or drop {pairs[0][1]} from the "
-                            "checkpoint if they are equal")
     return untie(info, pairs)
+
+
+def shard_alike(sharding: Sharding | None, info: ModelInfo | None) -> Sharding | None:
+    """``sharding`` with each tie's second name placed as the name it was tied to: one
+    tensor under the model's plan (which names it once), so the ranks' shards of the two
+    cover the same elements and compare shard by shard."""
+    if sharding is None or info is None or not info.stored_ties:
+        return sharding
+    import dataclasses
+    from types import MappingProxyType
+
+    params = dict(sharding.plan.params)
+    for kept, name in info.stored_ties:
+        if kept in params:
+            params[name] = dataclasses.replace(params[kept], name=name)
+        else:
+            params.pop(name, None)  # (plain on every rank, as the tensor it was)
+    plan = dataclasses.replace(sharding.plan, params=MappingProxyType(params))
+    return dataclasses.replace(sharding, plan=plan)
 
 
 def _loaded(groups: Sequence[Group], tied: Mapping[str, ModelTensor]) -> set[str]:
@@ -70,28 +88,11 @@ def _loaded(groups: Sequence[Group], tied: Mapping[str, ModelTensor]) -> set[str
 _TARGETS = attrgetter("targets")
 
 
-def _both(pairs: tuple[tuple[str, str], ...]) -> str:
-    kept, name = pairs[0]
-    return (f"the model ties {name} to {kept}, but the checkpoint holds both (values unknown "
-            "until read)")
-
-
 def stored_tie_notes(info: ModelInfo) -> list[Note]:
     """One note per tie the checkpoint stores both sides of: what the load does."""
     return [Note(name, f"{name} and {kept}: the model ties them, but the checkpoint holds "
                        "both: loaded as two tensors (both counted here); after the load, "
-                       "equal values are tied again (the copy freed), different ones stay "
-                       f"two tensors with a warning ({FIX} to say so)")
+                       "equal values are tied again (the copy freed; under tp= the ranks "
+                       "compare their shards and agree), different ones stay two tensors "
+                       f"with a warning ({FIX} to say so)")
             for kept, name in info.stored_ties]
-
-
-def refuse_on_disk(info: ModelInfo | None, devices: DeviceMap | None) -> None:
-    """:class:`PlanError` when a name of a tie stored apart goes to the disk."""
-    if info is None or devices is None or not info.stored_ties:
-        return
-    for kept, name in info.stored_ties:
-        if devices.offloads(kept) or devices.offloads(name):
-            raise PlanError(f"{_both(((kept, name),))}: they would be compared after the "
-                            "load, and one is placed on the disk; keep both off the disk "
-                            f"(a device map giving them a device), or {FIX} if they differ, "
-                            f"or drop {name} from the checkpoint if they are equal")

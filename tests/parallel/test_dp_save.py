@@ -1,0 +1,98 @@
+"""Saving a data × tensor parallel model (4 gloo ranks, real processes, a 2 × 2 mesh).
+
+Every rank of the world calling ``save(model, DIR)`` (the default ``process_group``):
+one checkpoint, written once by the world's first rank, and every call returns; one
+replica saving alone (``process_group=`` its TP group): it writes, with no collective of
+the world (the other replica is busy on its own group meanwhile); a group lacking ranks
+the writer's gathers need: a typed error on each; a model without DTensors saved on a
+group: written once; a TP rank leaving mid-save: a ``RankFailedError`` on every other
+rank, nothing written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from weightplan import errors
+from tests.parallel.conftest import torchrun
+from tests.parallel.tp_fixtures import configs
+
+WORKER = Path(__file__).with_name("dp_save_worker.py")
+SCENARIOS = ("every", "replica1", "replica0", "narrow", "plain", "dies")
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dp_save")
+    cls, config = configs()["llama"]
+    torch.manual_seed(0)
+    source = root / "llama"
+    cls(config).save_pretrained(source)
+    out = root / "out"
+    out.mkdir()
+    torchrun(4, WORKER, str(out), str(source), timeout=240)
+    outcomes = {(s, r): json.loads((out / f"{s}.rank{r}.json").read_text())
+                for s in SCENARIOS for r in range(4) if (s, r) != ("dies", 1)}
+    return source, out, outcomes
+
+
+def same_checkpoint(directory: Path, source: Path) -> None:
+    from safetensors.torch import load_file
+
+    original = load_file(str(source / "model.safetensors"))
+    written = load_file(str(directory / "model.safetensors"))
+    assert written.keys() == original.keys()
+    for key, tensor in original.items():
+        assert written[key].dtype == tensor.dtype and written[key].shape == tensor.shape, key
+        assert torch.equal(written[key].view(torch.uint8), tensor.view(torch.uint8)), key
+    assert (directory / "config.json").is_file()
+
+
+def files(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+def test_every_rank_saving_writes_once_and_every_call_returns(saved):
+    source, out, outcomes = saved
+    assert all(outcomes["every", r]["type"] is None for r in range(4)), outcomes
+    same_checkpoint(out / "every", source)
+    assert files(out / "every") == files(out / "replica0")  # no lock, no temporaries left
+    assert not any(name.startswith(".") for name in files(out / "every"))
+    # the writer's TP group gathered and wrote; the other replica only agreed
+    assert outcomes["every", 0]["seconds"] > 0 and outcomes["every", 2]["seconds"] == 0
+
+
+@pytest.mark.parametrize("scenario", ["replica1", "replica0"])
+def test_one_replica_saves_alone_on_its_tp_group(saved, scenario):
+    source, out, outcomes = saved
+    assert all(outcomes[scenario, r]["type"] is None for r in range(4)), outcomes
+    same_checkpoint(out / scenario, source)
+
+
+def test_a_plain_model_saved_on_a_group_is_written_once(saved):
+    source, out, outcomes = saved
+    assert all(outcomes["plain", r]["type"] is None for r in range(4)), outcomes
+    assert [outcomes["plain", r]["seconds"] > 0 for r in range(4)] == [True, False, False, False]
+    same_checkpoint(out / "plain", source)
+
+
+def test_a_group_lacking_the_writers_tp_peers_is_refused_by_name(saved):
+    _, out, outcomes = saved
+    writer, other = outcomes["narrow", 0], outcomes["narrow", 2]
+    assert writer["type"] == "SaveError" and "ranks [1]" in writer["message"], writer
+    assert other["type"] == "RankFailedError" and "rank 0" in other["message"], other
+    assert "SaveError" in other["message"]
+    assert not (out / "narrow").exists()
+
+
+def test_a_tp_rank_leaving_mid_save_is_a_typed_error_and_nothing_is_written(saved):
+    _, out, outcomes = saved
+    for r in (0, 2, 3):  # the writer, and the other replica waiting for its commit
+        result = outcomes["dies", r]
+        assert result["type"] == "RankFailedError", (r, result)
+        assert "save" in result["message"], result
+    assert issubclass(errors.RankFailedError, errors.WeightplanError)
+    assert not (out / "dies").exists() or files(out / "dies") == []
