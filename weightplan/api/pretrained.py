@@ -4,7 +4,8 @@
    through the local Hugging Face cache, the Hub only when the cache lacks it;
 2. build: the transformers class ``config.json`` names (``model_class=``: an auto class's,
    or that class), on meta (:func:`init_empty`); remote code never runs (nothing is
-   imported from the directory; ``trust_remote_code=True`` asks for nothing more);
+   imported from the directory: a config's ``auto_map`` is ignored where transformers
+   ignores it, refused where it would import the code);
    a quantized checkpoint (block FP8) gets transformers' quantized layers, so its weights
    and scales are kept as they are on disk, as serving deployments keep them
    (:mod:`weightplan.bridge.quantized`), unless ``dequantize=True`` or a ``dtype`` asks for
@@ -91,8 +92,8 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
     with _agreed(tensor_parallel):  # (a cooperative load's ranks agree here: none waits in vain)
         read, adapter = _resolved(name_or_path, adapter, revision=revision, cache_dir=cache_dir, token=token,
                                   local_files_only=local_files_only, subfolder=subfolder, variant=variant)
-        model = _sided(_built(read, tensor_parallel, mesh, (attn_implementation, experts_implementation, model_class),
-                              progress, _runs_kept(keep, dequantize, read), dtype), dequantize_on)
+        builds = (attn_implementation, experts_implementation, model_class, transformers_only.get("trust_remote_code"))
+        model = _built(read, tensor_parallel, mesh, builds, progress, (keep, dequantize, dequantize_on), dtype)
     with status(f"planning the load of {read.path}", "planned the load", progress):
         plan = _explain(model, read, adapter, adapter_name, merge, dtype=dtype, mapping=mapping,
                         budget=budget, threads=threads, device=_rank_device(device, mesh), tp=tensor_parallel,
@@ -224,7 +225,7 @@ def _runs_kept(keep: bool, dequantize: bool | None, read: DirectoryRead) -> tupl
 
         warnings.warn(f"{directory}: FP8 layers need a GPU of compute capability 8.9+ or an "
                       "XPU, and this machine has none: loaded dequantized, as transformers "
-                      "does (dequantize=False keeps the FP8 weights)", UserWarning, stacklevel=5)
+                      "does (dequantize=False keeps the FP8 weights)", UserWarning, stacklevel=6)
     return False, False
 
 
@@ -323,16 +324,17 @@ def _parallel(tp: object) -> tuple[TensorParallel | None, Any]:
 
 
 def _built(read: DirectoryRead, tp: TensorParallel | None, mesh: Any,
-           implementations: tuple[str | None, str | None, Any], progress: bool | None,
-           keep: tuple[bool, bool], dtype: object) -> torch.nn.Module:
-    """The model on meta; ``keep``: (keep the format when the model can hold it, must)."""
+           implementations: tuple[str | None, str | None, Any, Any], progress: bool | None,
+           quantized: tuple[bool, bool | None, str], dtype: object) -> torch.nn.Module:
+    """The model on meta; ``quantized``: (:func:`keeps_quantized`, dequantize, dequantize_on)."""
     from weightplan.bridge.distribute import prepare_tensor_parallel
     from weightplan.bridge.hub import build_empty_model
 
     with status(f"building the model {read.directory / 'config.json'} names (on meta)",
                 "built the model", progress):
-        attn, experts, model_class = implementations  # (model_class: the class built, if given)
-        built = build_empty_model(read.path, attn_implementation=attn,
+        attn, experts, model_class, trust = implementations  # (model_class: the class built, if given)
+        keep = _runs_kept(quantized[0], quantized[1], read)
+        built = build_empty_model(read.path, attn_implementation=attn, trust_remote_code=trust,
                                   experts_implementation=experts, model_class=model_class,
                                   keep_quantized=keep[0], must_keep=keep[1],
                                   dtype=_build_dtype(dtype, read), config_json=read.config)
@@ -343,7 +345,7 @@ def _built(read: DirectoryRead, tp: TensorParallel | None, mesh: Any,
             warnings.warn(built.note, UserWarning, stacklevel=5)
         if tp is not None:
             prepare_tensor_parallel(model, tp, mesh)
-    return model
+    return _sided(model, quantized[2])
 
 
 def _build_dtype(dtype: object, read: DirectoryRead) -> torch.dtype | None:
