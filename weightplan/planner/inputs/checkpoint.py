@@ -36,7 +36,7 @@ from weightplan.planner.inputs.safetensors_format import (
 )
 from weightplan.planner.inputs.shard_index import IndexShard, index_files
 from weightplan.planner.inputs.variants import (
-    missing_variant, refuse_mixed_variants, variant_index, variant_of, variant_single,
+    missing_variant, refuse_variants, variant_index, variant_of, variant_single,
 )
 from weightplan.planner.core.spec import TensorSpec
 
@@ -163,7 +163,7 @@ def directory_files(path: Path, variant: str | None = None
                     ) -> list[tuple[str, IndexShard | None]]:
     """The files a directory's checkpoint is: ``model.safetensors`` where there is one (as
     transformers' ``from_pretrained`` picks it before an index beside it), else the shards
-    its index names, else every ``.safetensors`` file (unless they are several variants';
+    its index names, else every ``.safetensors`` file (unless some are a variant's;
     ``variant``: that variant's one file, else its index's shards, as transformers picks
     them: :mod:`~weightplan.planner.inputs.variants`).
 
@@ -183,7 +183,7 @@ def directory_files(path: Path, variant: str | None = None
         return index_files(indexes[0])
     shards = sorted(path.glob("*.safetensors"))
     if shards:
-        refuse_mixed_variants(path, [s.name for s in shards])
+        refuse_variants(path, [s.name for s in shards])
         return [(str(s), None) for s in shards]
     pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickles:
@@ -220,8 +220,8 @@ def _variant_why(name: str, variant: str | None, why: str) -> str:
     other = variant_of(name)
     if other is None or other == variant:
         return why
-    reads = f"variant={variant!r}" if variant is not None else "no variant"
-    return f"a file of the weight variant {other!r}, and the load reads {reads}"
+    given = f"variant={variant!r}" if variant is not None else "no variant"
+    return f"a file of the weight variant {other!r}, and the load is given {given}"
 
 
 def _from_files(files: list[tuple[str, IndexShard | None]], *, description: str,
