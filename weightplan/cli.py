@@ -189,14 +189,13 @@ def _explain(args: argparse.Namespace) -> int:
 
     from weightplan.api.hub import resolve_checkpoint
 
-    _check_flags(args)
-    args.checkpoint = str(resolve_checkpoint(args.checkpoint, variant=args.variant))
+    _check_flags(args)  # (--base: the checkpoint is an adapter, --variant picks the base's files)
+    args.checkpoint = str(resolve_checkpoint(args.checkpoint, variant=None if args.base else args.variant))
     model, dtype, note = None, args.dtype, None  # (a repo id: its snapshot)
     if args.base is not None or os.path.isfile(f"{args.checkpoint}/adapter_config.json"):
         from weightplan.api.adapters import explain_adapter_dir
 
-        _no_variant(args)
-        plan = explain_adapter_dir(args.checkpoint, args.base, dtype=dtype or "auto",
+        plan = explain_adapter_dir(args.checkpoint, args.base, dtype=dtype or "auto", variant=args.variant,
                                    budget=args.budget, tp=args.tp, merge=args.merge)
     else:
         if args.merge:
@@ -234,14 +233,6 @@ def _variant_read(args: argparse.Namespace) -> Any:
     from weightplan.api.pretrained import read_directory
 
     return read_directory(args.checkpoint, args.variant)
-
-
-def _no_variant(args: argparse.Namespace) -> None:
-    if args.variant is not None:
-        from weightplan.errors import ArgumentError
-
-        raise ArgumentError(f"--variant picks a model's weight files: {args.checkpoint} is an "
-                            "adapter directory; drop --variant")
 
 
 def _check_flags(args: argparse.Namespace) -> None:

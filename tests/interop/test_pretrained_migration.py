@@ -11,7 +11,7 @@ import transformers as T
 import weightplan
 from weightplan.errors import ArgumentError, CheckpointError, ModelBuildError
 
-from tests.interop.matrix import FAMILIES, output, pretrained
+from tests.interop.matrix import output, pretrained
 
 
 def _with_auto_map(source, target, auto_map):
@@ -60,21 +60,6 @@ def test_keywords_transformers_5_ignores_are_ignored(keyword, value, llama, recw
     theirs = pretrained(cls, directory, **{keyword: value})
     model = weightplan.from_pretrained(directory, **{keyword: value})
     assert torch.equal(output(model, inputs), output(theirs, inputs))
-
-
-@pytest.fixture(scope="module")
-def variants(tmp_path_factory):
-    """transformers' save_pretrained(variant=...): fp16 sharded (model.fp16-0000i-of-00002
-    + model.safetensors.index.fp16.json), bf16 one file, nothing plain."""
-    directory = tmp_path_factory.mktemp("variants")
-    cls, cfg, inputs = FAMILIES["llama"]()
-    torch.manual_seed(0)
-    model = cls(cfg)
-    model.to(torch.float16).save_pretrained(directory, variant="fp16", max_shard_size="40KB")
-    model.to(torch.bfloat16).save_pretrained(directory, variant="bf16")
-    assert (directory / "model.safetensors.index.fp16.json").is_file()
-    assert not (directory / "model.safetensors").exists()
-    return directory, cls, inputs
 
 
 @pytest.mark.parametrize("variant", ["fp16", "bf16"])

@@ -14,7 +14,7 @@ from weightplan.api.entry import bridge_for, by_name
 from weightplan.api.plans import Plan, promote
 from weightplan.errors import AdapterError, ParallelError, WeightplanError
 from weightplan.planner.inputs.adapter import is_adapter_dir, read_adapter
-from weightplan.planner.inputs.checkpoint import DirectoryRead, open_checkpoint
+from weightplan.planner.inputs.checkpoint import DirectoryRead, open_checkpoint, variant_read
 from weightplan.planner.pipelines.adapter_load import explain_base_and_adapter
 from weightplan.planner.pipelines.adapter_merge import explain_merged_load
 from weightplan.planner.pipelines.load import choose_mapping
@@ -55,10 +55,13 @@ def explain_with_adapter(model: torch.nn.Module,
                                                   name=adapter_name, **options))
 
 
-def explain_adapter_dir(adapter: str, base: str | None = None, **options: Any) -> Plan:
-    """``weightplan explain ADAPTER_DIR [--base BASE] [--merge]``: the base (``base``, else the
-    config's ``base_model_name_or_path`` when it is a local path or in the Hub cache)
-    built on meta, the adapter injected, both planned in one plan.
+def explain_adapter_dir(adapter: str, base: str | None = None, variant: str | None = None,
+                        **options: Any) -> Plan:
+    """``weightplan explain ADAPTER_DIR [--base BASE] [--merge] [--variant V]``: the base
+    (``base``, else the config's ``base_model_name_or_path`` when it is a local path or in
+    the Hub cache; ``variant``: its weight variant's files, as ``from_pretrained(BASE,
+    variant=..., adapter=...)`` reads them: an adapter's file has none) built on meta, the
+    adapter injected, both planned in one plan.
 
     Raises:
         AdapterError: no base given and the config's can't be found locally.
@@ -69,9 +72,10 @@ def explain_adapter_dir(adapter: str, base: str | None = None, **options: Any) -
     if base is not None and is_adapter_dir(base) and not is_adapter_dir(adapter):
         raise AdapterError(f"{base}: --base is an adapter directory and {adapter} is not: "
                            f"swapped? weightplan explain {base} --base {adapter}")
-    directory = adapter_base(adapter) if base is None else resolve_checkpoint(base)
+    directory = (adapter_base(adapter, variant) if base is None
+                 else resolve_checkpoint(base, variant=variant))
     model = build_empty_model(directory).model
-    return explain_with_adapter(model, directory, adapter, **options)
+    return explain_with_adapter(model, variant_read(directory, variant), adapter, **options)
 
 
 def save_adapter(model: torch.nn.Module, directory: str | os.PathLike[str], *,
@@ -114,8 +118,8 @@ def _in_layout(model: torch.nn.Module, directory: str | os.PathLike[str], name: 
     return plan, (json.dumps(raw, indent=2, sort_keys=True) + "\n").encode()
 
 
-def adapter_base(adapter: str | os.PathLike[str]) -> Path:
-    """The local (or cached) base checkpoint an adapter's config names.
+def adapter_base(adapter: str | os.PathLike[str], variant: str | None = None) -> Path:
+    """The local (or cached: with ``variant``'s files) base checkpoint an adapter's config names.
 
     Raises:
         AdapterError: the config names none, or it is neither local nor cached.
@@ -128,7 +132,7 @@ def adapter_base(adapter: str | os.PathLike[str]) -> Path:
                            "base: from_pretrained(BASE, adapter=ADAPTER_DIR), or weightplan "
                            "explain ADAPTER_DIR --base BASE_DIR")
     try:
-        return resolve_checkpoint(spec.config.base_model, local_files_only=True)
+        return resolve_checkpoint(spec.config.base_model, local_files_only=True, variant=variant)
     except WeightplanError as e:
         raise AdapterError(f"{adapter}: its base {spec.config.base_model!r} is not here ({e}); "
                            "load it onto its base: from_pretrained(BASE, adapter=ADAPTER_DIR), "

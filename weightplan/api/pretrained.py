@@ -43,8 +43,7 @@ from weightplan.api.hub import resolve_checkpoint
 from weightplan.api.keywords import device_from_map, fold_transformers_keywords
 from weightplan.api.status import status
 from weightplan.errors import ArgumentError, ModelBuildError, ParallelError
-from weightplan.planner.inputs.checkpoint import DirectoryRead
-from weightplan.planner.inputs.variants import check_variant
+from weightplan.planner.inputs.checkpoint import DirectoryRead, variant_read
 from weightplan.planner.core.sharding.config import TensorParallel, as_tensor_parallel
 
 __all__ = ["from_pretrained", "keeps_quantized", "read_directory", "resolve_checkpoint"]
@@ -147,7 +146,7 @@ def _resolved(name_or_path: str | os.PathLike[str], adapter: Any, **hub: Any
             directory / "config.json").is_file():
         from weightplan.api.adapters import adapter_base
 
-        return read_directory(adapter_base(directory), hub["variant"]), directory
+        return read_directory(adapter_base(directory, hub["variant"]), hub["variant"]), directory
     return read_directory(directory, hub["variant"]), adapter
 
 
@@ -197,12 +196,9 @@ def read_directory(checkpoint: str | os.PathLike[str], variant: str | None = Non
     from weightplan.bridge.config_guard import read_config_json
     from weightplan.bridge.hub import config_path
 
-    path, variant = Path(checkpoint), check_variant(variant)
-    if variant is not None and not path.is_dir():
-        raise ArgumentError(f"variant={variant!r} picks a variant's files in a directory: "
-                            f"{path} is a file; give its directory, or drop the variant")
-    config = config_path(path)
-    return DirectoryRead(path, None if config is None else read_config_json(config), variant)
+    read = variant_read(checkpoint, variant)  # (the variant checked first)
+    config = config_path(read.path)
+    return read if config is None else DirectoryRead(read.path, read_config_json(config), read.variant)
 
 
 def _runs_kept(keep: bool, dequantize: bool | None, read: DirectoryRead) -> tuple[bool, bool]:
