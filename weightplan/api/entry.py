@@ -11,7 +11,6 @@ import torch
 
 from weightplan.api.plans import Plan, promote
 from weightplan.errors import AdapterError, ArgumentError, CheckpointError, MappingError, SaveError
-from weightplan.planner.inputs.checkpoint import variant_read
 from weightplan.planner.inputs.paths import is_adapter_dir
 from weightplan.planner.pipelines.load import explain_load
 from weightplan.planner.keys.lookup import Finder, is_transformers_class
@@ -110,14 +109,17 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
 
 
 def _for_variant(checkpoint: object, variant: str, adapter_name: str | None) -> object:
-    """``checkpoint`` read for ``variant``'s files (:func:`variant_read`): a model's weight
-    files (an adapter's have no variant: refused, saying where the variant goes)."""
+    """``checkpoint`` read for ``variant``'s files with its ``config.json`` (its quantization
+    config: :func:`~weightplan.bridge.config_guard.read_directory`): a model's weight files
+    (an adapter's have no variant: refused, saying where the variant goes)."""
+    from weightplan.bridge.config_guard import read_directory
+
     if adapter_name is not None or is_adapter_dir(checkpoint):
         raise ArgumentError(f"variant={variant!r} picks a model's weight files, and {checkpoint} is "
                             "an adapter directory (peft's adapter files have no variant): drop "
                             "variant=, or load the base's variant with the adapter: "
                             f"weightplan.from_pretrained(BASE, variant={variant!r}, adapter=ADAPTER_DIR)")
-    return variant_read(checkpoint, variant)
+    return read_directory(checkpoint, variant)
 
 
 def _device_from_map(device_map: object, device: object, tp: object) -> object:

@@ -16,7 +16,8 @@
 4. explain with ``dtype="auto"`` (the config's dtype, else the checkpoint's), execute;
 5. like transformers: the model's generation config is read and it is put in eval mode.
 
-``adapter=ADAPTER_DIR`` (``adapter_name="default"``): a LoRA adapter is injected with peft (the
+``adapter=ADAPTER_DIR`` (``adapter_name="default"``; a directory holding a model and an adapter,
+as transformers with peft: both): a LoRA adapter is injected with peft (the
 ``adapters`` extra) into the model on meta and loaded with the base in one plan and one
 schedule (:mod:`weightplan.api.adapters`); the model keeps its class, as after
 transformers' ``load_adapter``; with ``merge=True`` it is folded into the base weights inside
@@ -43,7 +44,8 @@ from weightplan.api.hub import resolve_checkpoint
 from weightplan.api.keywords import device_from_map, fold_transformers_keywords
 from weightplan.api.status import status
 from weightplan.errors import ArgumentError, ModelBuildError, ParallelError
-from weightplan.planner.inputs.checkpoint import DirectoryRead, variant_read
+from weightplan.bridge.config_guard import read_directory
+from weightplan.planner.inputs.checkpoint import DirectoryRead
 from weightplan.planner.core.sharding.config import TensorParallel, as_tensor_parallel
 
 __all__ = ["from_pretrained", "keeps_quantized", "read_directory", "resolve_checkpoint"]
@@ -140,13 +142,14 @@ def _alone(tp: object, adapter: object) -> object:
 def _resolved(name_or_path: str | os.PathLike[str], adapter: Any, **hub: Any
               ) -> tuple[DirectoryRead, Any]:
     """The checkpoint with its config read (:func:`read_directory`), and the adapter: an
-    adapter directory given loads onto its config's base (as peft's ``AutoPeftModel``)."""
+    adapter directory given loads onto its base, as transformers (with peft) loads it
+    (:func:`~weightplan.api.adapters.adapter_base`: the directory's own model, else its config's)."""
     directory = resolve_checkpoint(name_or_path, **hub)
-    if adapter is None and (directory / "adapter_config.json").is_file() and not (
-            directory / "config.json").is_file():
-        from weightplan.api.adapters import adapter_base
+    if adapter is None and (directory / "adapter_config.json").is_file():
+        from weightplan.api.adapters import adapter_base, loads_adapter
 
-        return read_directory(adapter_base(directory, hub["variant"]), hub["variant"]), directory
+        if loads_adapter(directory):
+            return read_directory(adapter_base(directory, hub["variant"]), hub["variant"]), directory
     return read_directory(directory, hub["variant"]), adapter
 
 
@@ -182,23 +185,6 @@ def keeps_quantized(dequantize: bool | None, dtype: object, tp: object, merge: b
     if dequantize is not None or merge:
         return not (dequantize or merge)
     return tp is None and (dtype is None or dtype == "auto")
-
-
-def read_directory(checkpoint: str | os.PathLike[str], variant: str | None = None
-                   ) -> DirectoryRead:
-    """The checkpoint (a directory, or a file in one) with its directory's ``config.json``
-    read (once: everything after uses what was read, and its headers, ``variant``'s files,
-    are read at their first use).
-
-    Raises:
-        ArgumentError: a ``variant`` that is no word of a file name, or given for a file.
-    """
-    from weightplan.bridge.config_guard import read_config_json
-    from weightplan.bridge.hub import config_path
-
-    read = variant_read(checkpoint, variant)  # (the variant checked first)
-    config = config_path(read.path)
-    return read if config is None else DirectoryRead(read.path, read_config_json(config), read.variant)
 
 
 def _runs_kept(keep: bool, dequantize: bool | None, read: DirectoryRead) -> tuple[bool, bool]:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from weightplan.errors import CheckpointError, ModelBuildError
 from weightplan.limits import MAX_CONFIG_BYTES
+from weightplan.planner.inputs.checkpoint import DirectoryRead, variant_read
 from weightplan.planner.inputs.paths import open_regular
 from weightplan.planner.inputs.safetensors_format import strict_json
 
@@ -52,6 +53,23 @@ def read_config_json(path: Path) -> dict:
     if not isinstance(data, dict):
         raise ModelBuildError(f"{path}: config.json is not a JSON object")
     return data
+
+
+def read_directory(checkpoint: object, variant: object = None) -> DirectoryRead:
+    """The checkpoint (a directory, or a file in one; ``variant``: its weight variant's
+    files, :func:`~weightplan.planner.inputs.checkpoint.variant_read`) with its directory's
+    ``config.json`` read (once: everything after uses what was read; the headers are read
+    at their first use).
+
+    Raises:
+        ArgumentError: a ``variant`` that is no word of a file name, or given for a file.
+        ModelBuildError: a ``config.json`` that can't be read (:func:`read_config_json`).
+    """
+    read = variant_read(checkpoint, variant)
+    config = read.directory / "config.json"
+    if read.config is not None or not config.is_file():
+        return read
+    return DirectoryRead(read.path, read_config_json(config), read.variant)
 
 
 def refuse_remote_code(path: Path, read: Mapping[str, object] | None = None, *,
