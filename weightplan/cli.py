@@ -189,14 +189,13 @@ def _explain(args: argparse.Namespace) -> int:
 
     from weightplan.api.hub import resolve_checkpoint
 
-    _check_flags(args)
-    args.checkpoint = str(resolve_checkpoint(args.checkpoint, variant=args.variant))
+    _check_flags(args)  # (--base: the checkpoint is an adapter, --variant picks the base's files)
+    args.checkpoint = str(resolve_checkpoint(args.checkpoint, variant=None if args.base else args.variant))
     model, dtype, note = None, args.dtype, None  # (a repo id: its snapshot)
-    if args.base is not None or os.path.isfile(f"{args.checkpoint}/adapter_config.json"):
+    if args.base is not None or _adapter_dir(args.checkpoint):
         from weightplan.api.adapters import explain_adapter_dir
 
-        _no_variant(args)
-        plan = explain_adapter_dir(args.checkpoint, args.base, dtype=dtype or "auto",
+        plan = explain_adapter_dir(args.checkpoint, args.base, dtype=dtype or "auto", variant=args.variant,
                                    budget=args.budget, tp=args.tp, merge=args.merge)
     else:
         if args.merge:
@@ -227,21 +226,26 @@ def _explain(args: argparse.Namespace) -> int:
     return _status(plan.problems, args)
 
 
+def _adapter_dir(checkpoint: str) -> bool:
+    """Whether ``checkpoint`` is explained as an adapter onto its base, as from_pretrained
+    loads it (a model beside it, without peft: the model alone, with a warning)."""
+    if not os.path.isfile(f"{checkpoint}/adapter_config.json"):
+        return False
+    from pathlib import Path
+
+    from weightplan.api.adapters import loads_adapter
+
+    return loads_adapter(Path(checkpoint))
+
+
 def _variant_read(args: argparse.Namespace) -> Any:
-    """The checkpoint: its path, or with ``--variant`` the directory read for its files."""
-    if args.variant is None:
+    """The checkpoint: its path, or with ``--variant`` the directory read for its files (or
+    holding an adapter not loaded: the model's files)."""
+    if args.variant is None and not os.path.isfile(f"{args.checkpoint}/adapter_config.json"):
         return args.checkpoint
-    from weightplan.api.pretrained import read_directory
+    from weightplan.bridge.config_guard import read_directory
 
     return read_directory(args.checkpoint, args.variant)
-
-
-def _no_variant(args: argparse.Namespace) -> None:
-    if args.variant is not None:
-        from weightplan.errors import ArgumentError
-
-        raise ArgumentError(f"--variant picks a model's weight files: {args.checkpoint} is an "
-                            "adapter directory; drop --variant")
 
 
 def _check_flags(args: argparse.Namespace) -> None:

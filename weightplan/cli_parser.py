@@ -144,7 +144,8 @@ def _explain_parser(exp: argparse.ArgumentParser) -> None:
     exp.add_argument("--budget", help="memory the load may add at most, e.g. 8GiB")
     exp.add_argument("--variant", help="the weight variant's files (fp16: model.fp16."
                      "safetensors, or the shards model.safetensors.index.fp16.json names), "
-                     "as transformers' from_pretrained(variant=...)")
+                     "as transformers' from_pretrained(variant=...); with an adapter: its "
+                     "base's")
     exp.add_argument("--json", action="store_true", help="print plan.to_dict() as JSON")
     exp.add_argument("--width", type=int, default=None, help="text width")
     exp.add_argument("--svg", metavar="PATH",

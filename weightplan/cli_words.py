@@ -44,9 +44,10 @@ PHRASES = (
     ("give the model floating parameters to dequantize instead", "pass --dequantize instead"),
 )
 # the keyword's name where a message names it (``max_memory key 'x'``, ``raise
-# max_memory``), and ``device_map='auto'`` as the flag and its value
+# max_memory``), and ``device_map='auto'`` / ``variant='fp16'`` as the flag and its value
 KEYWORDS = ((re.compile(r"\bmax_memory\b"), "--max-memory"),
-            (re.compile(r"\bdevice_map='(\w+)'"), r"--device-map \1"))
+            (re.compile(r"\bdevice_map='(\w+)'"), r"--device-map \1"),
+            (re.compile(r"\bvariant='([^'\s]*)'"), r"--variant \1"))
 
 
 def cli_wording(message: str) -> str:

@@ -11,7 +11,7 @@ import transformers as T
 import weightplan
 from weightplan.errors import ArgumentError, CheckpointError, ModelBuildError
 
-from tests.interop.matrix import FAMILIES, output, pretrained
+from tests.interop.matrix import output, pretrained
 
 
 def _with_auto_map(source, target, auto_map):
@@ -62,21 +62,6 @@ def test_keywords_transformers_5_ignores_are_ignored(keyword, value, llama, recw
     assert torch.equal(output(model, inputs), output(theirs, inputs))
 
 
-@pytest.fixture(scope="module")
-def variants(tmp_path_factory):
-    """transformers' save_pretrained(variant=...): fp16 sharded (model.fp16-0000i-of-00002
-    + model.safetensors.index.fp16.json), bf16 one file, nothing plain."""
-    directory = tmp_path_factory.mktemp("variants")
-    cls, cfg, inputs = FAMILIES["llama"]()
-    torch.manual_seed(0)
-    model = cls(cfg)
-    model.to(torch.float16).save_pretrained(directory, variant="fp16", max_shard_size="40KB")
-    model.to(torch.bfloat16).save_pretrained(directory, variant="bf16")
-    assert (directory / "model.safetensors.index.fp16.json").is_file()
-    assert not (directory / "model.safetensors").exists()
-    return directory, cls, inputs
-
-
 @pytest.mark.parametrize("variant", ["fp16", "bf16"])
 def test_variant_picks_the_files_transformers_picks(variant, variants):
     """Was: ArgumentError 'variant files are not picked by name'."""
@@ -106,16 +91,42 @@ def test_variants_only_without_variant_name_them(variants, tmp_path):
         weightplan.from_pretrained(directory, variant="int8")
     with pytest.raises(ArgumentError, match="variant='../x'"):
         weightplan.from_pretrained(directory, variant="../x")
-    # one variant alone is read as it is (nothing to choose); a plain model.safetensors
-    # beside variants is read alone, as transformers reads it, the variants noted
+    # a plain model.safetensors beside variants is read alone, as transformers reads it,
+    # the variants noted
     one = tmp_path / "one"
     one.mkdir()
     for name in ("config.json", "model.bf16.safetensors"):
         shutil.copy(directory / name, one / name)
-    assert not weightplan.explain(None, one).problems
     shutil.copy(directory / "model.bf16.safetensors", one / "model.safetensors")
     report = weightplan.from_pretrained(one, return_report=True)[1]
     assert not report.missing
+
+
+@pytest.mark.parametrize("variant, files", [
+    ("bf16", ["model.bf16.safetensors"]),
+    ("fp16", ["model.safetensors.index.fp16.json", "model.fp16-00001-of-00002.safetensors",
+              "model.fp16-00002-of-00002.safetensors"])])
+def test_one_variant_alone_without_variant_is_refused_as_transformers_does(variant, files,
+                                                                           variants, tmp_path):
+    """Was: the variant's files read as the checkpoint, as if variant= had been given;
+    transformers (checked, one file and sharded): OSError 'Error no file named
+    model.safetensors, or pytorch_model.bin, found in directory'. weightplan refuses it
+    too, naming the variant and how to pick it."""
+    directory, cls, inputs = variants
+    one = tmp_path / variant
+    one.mkdir()
+    for name in ("config.json", *files):
+        shutil.copy(directory / name, one / name)
+    with pytest.raises(OSError, match="no file named model.safetensors"):
+        cls.from_pretrained(one)
+    for call in (lambda: weightplan.from_pretrained(one), lambda: weightplan.explain(None, one)):
+        with pytest.raises(CheckpointError) as caught:
+            call()
+        message = str(caught.value)
+        assert f"only the weight variant {variant!r}" in message, message
+        assert f"pass variant={variant!r}" in message and "no file named model.safetensors" in message
+    model = weightplan.from_pretrained(one, variant=variant)  # what the error says to do
+    assert torch.equal(output(model, inputs), output(pretrained(cls, one, variant=variant), inputs))
 
 
 def test_variant_from_the_hub_cache_fetches_only_its_files(variants, tmp_path, monkeypatch):
@@ -161,7 +172,7 @@ def test_cli_explain_variant(variants, capsys):
     out = capsys.readouterr().out
     assert "(2 files, 21 tensors" in out and "problems: none" in out
     assert ("model.bf16.safetensors is in" in out
-            and "a file of the weight variant 'bf16', and the load reads variant='fp16'" in out)
+            and "a file of the weight variant 'bf16', and the load is given --variant fp16" in out)
 
 
 def test_cli_variant_is_checked_before_the_hub_is_asked(monkeypatch, capsys):
@@ -175,7 +186,9 @@ def test_cli_variant_is_checked_before_the_hub_is_asked(monkeypatch, capsys):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda **k: asked.append(k))
     assert main(["explain", "tiny-org/no-such-repo", "--variant", "../x"]) == 2
-    assert "variant='../x'" in capsys.readouterr().err and not asked
+    err = capsys.readouterr().err  # (in the command line's words: the flag)
+    assert "ArgumentError: --variant ../x: pass the word" in err and "--variant fp16)" in err
+    assert "variant='" not in err and not asked
 
 
 @pytest.mark.parametrize("model_class", [T.AutoModelForSequenceClassification,

@@ -14,6 +14,7 @@ from weightplan.api.entry import bridge_for, by_name
 from weightplan.api.plans import Plan, promote
 from weightplan.errors import AdapterError, ParallelError, WeightplanError
 from weightplan.planner.inputs.adapter import is_adapter_dir, read_adapter
+from weightplan.bridge.config_guard import read_directory
 from weightplan.planner.inputs.checkpoint import DirectoryRead, open_checkpoint
 from weightplan.planner.pipelines.adapter_load import explain_base_and_adapter
 from weightplan.planner.pipelines.adapter_merge import explain_merged_load
@@ -55,10 +56,13 @@ def explain_with_adapter(model: torch.nn.Module,
                                                   name=adapter_name, **options))
 
 
-def explain_adapter_dir(adapter: str, base: str | None = None, **options: Any) -> Plan:
-    """``weightplan explain ADAPTER_DIR [--base BASE] [--merge]``: the base (``base``, else the
-    config's ``base_model_name_or_path`` when it is a local path or in the Hub cache)
-    built on meta, the adapter injected, both planned in one plan.
+def explain_adapter_dir(adapter: str, base: str | None = None, variant: str | None = None,
+                        **options: Any) -> Plan:
+    """``weightplan explain ADAPTER_DIR [--base BASE] [--merge] [--variant V]``: the base
+    (``base``, else the config's ``base_model_name_or_path`` when it is a local path or in
+    the Hub cache; ``variant``: its weight variant's files, as ``from_pretrained(BASE,
+    variant=..., adapter=...)`` reads them: an adapter's file has none) built on meta, the
+    adapter injected, both planned in one plan.
 
     Raises:
         AdapterError: no base given and the config's can't be found locally.
@@ -69,9 +73,11 @@ def explain_adapter_dir(adapter: str, base: str | None = None, **options: Any) -
     if base is not None and is_adapter_dir(base) and not is_adapter_dir(adapter):
         raise AdapterError(f"{base}: --base is an adapter directory and {adapter} is not: "
                            f"swapped? weightplan explain {base} --base {adapter}")
-    directory = adapter_base(adapter) if base is None else resolve_checkpoint(base)
-    model = build_empty_model(directory).model
-    return explain_with_adapter(model, directory, adapter, **options)
+    directory = (adapter_base(adapter, variant) if base is None
+                 else resolve_checkpoint(base, variant=variant))
+    read = read_directory(directory, variant)
+    model = build_empty_model(directory, config_json=read.config).model
+    return explain_with_adapter(model, read, adapter, **options)
 
 
 def save_adapter(model: torch.nn.Module, directory: str | os.PathLike[str], *,
@@ -114,21 +120,41 @@ def _in_layout(model: torch.nn.Module, directory: str | os.PathLike[str], name: 
     return plan, (json.dumps(raw, indent=2, sort_keys=True) + "\n").encode()
 
 
-def adapter_base(adapter: str | os.PathLike[str]) -> Path:
-    """The local (or cached) base checkpoint an adapter's config names.
+def loads_adapter(directory: Path) -> bool:
+    """Whether ``from_pretrained(directory)`` loads the adapter its ``adapter_config.json``
+    describes, as transformers does: with peft installed, or without a model beside it
+    (``config.json``: then it is an error, saying to install peft). A model beside it
+    without peft loads alone, as transformers loads it, with a warning."""
+    import importlib.util
+    import warnings
+
+    if importlib.util.find_spec("peft") is not None or not (directory / "config.json").is_file():
+        return True
+    warnings.warn(f"{directory}: the adapter beside the model (adapter_config.json) is not "
+                  "loaded, as transformers doesn't without peft: pip install "
+                  "'weightplan[adapters]' to load it onto the model", UserWarning, stacklevel=6)
+    return False
+
+
+def adapter_base(adapter: str | os.PathLike[str], variant: str | None = None) -> Path:
+    """The base checkpoint of an adapter: the directory itself where it holds a model too
+    (``config.json``: as transformers loads "a local model with an embedded adapter"), else
+    the local (or cached: with ``variant``'s files) one its config names.
 
     Raises:
         AdapterError: the config names none, or it is neither local nor cached.
     """
     from weightplan.api.hub import resolve_checkpoint
 
+    if (Path(adapter) / "config.json").is_file():
+        return Path(adapter)
     spec = read_adapter(adapter)
     if spec.config.base_model is None:
         raise AdapterError(f"{spec.config.file}: no base_model_name_or_path; load it onto its "
                            "base: from_pretrained(BASE, adapter=ADAPTER_DIR), or weightplan "
                            "explain ADAPTER_DIR --base BASE_DIR")
     try:
-        return resolve_checkpoint(spec.config.base_model, local_files_only=True)
+        return resolve_checkpoint(spec.config.base_model, local_files_only=True, variant=variant)
     except WeightplanError as e:
         raise AdapterError(f"{adapter}: its base {spec.config.base_model!r} is not here ({e}); "
                            "load it onto its base: from_pretrained(BASE, adapter=ADAPTER_DIR), "

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from weightplan.api.plans import Plan, promote
-from weightplan.errors import AdapterError, CheckpointError, MappingError, SaveError
+from weightplan.errors import AdapterError, ArgumentError, CheckpointError, MappingError, SaveError
 from weightplan.planner.inputs.paths import is_adapter_dir
 from weightplan.planner.pipelines.load import explain_load
 from weightplan.planner.keys.lookup import Finder, is_transformers_class
@@ -61,12 +61,13 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
             tp: object = None, quantization: object = None, threads: int = 4,
             device: object = None, device_map: object = None, max_memory: object = None,
             offload_folder: object = None, cooperative: bool = False,
-            adapter_name: str | None = None, dequantize_on: str = "auto") -> Plan:
+            adapter_name: str | None = None, dequantize_on: str = "auto", variant: str | None = None) -> Plan:
     """Plan loading ``checkpoint`` into ``model`` from headers only; nothing is read or written.
 
     Args:
         model: a ``torch.nn.Module`` (usually on ``meta``), or ``None`` (keys only).
-        checkpoint: a ``.safetensors`` file, a directory, a list of files, or a dict.
+        checkpoint, variant: a ``.safetensors`` file, a directory (``variant="fp16"``: its
+            ``model.fp16.safetensors``, as ``from_pretrained(variant=...)``), a list of files, or a dict.
         mapping: ``None`` (the registry, looked up per submodule depth first; else
             transformers' own mapping through :mod:`weightplan.bridge`), a registered
             name, or a list of transforms. Legacy ``LayerNorm.gamma/beta`` renames apply.
@@ -94,18 +95,31 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
     Example:
         >>> plan = explain(model, "ckpt_dir/"); print(plan); plan.execute()  # doctest: +SKIP
     """
+    checkpoint = checkpoint if variant is None else _for_variant(checkpoint, variant, adapter_name)
     if model is not None and (adapter_name is not None or is_adapter_dir(checkpoint)):
         return _explain_adapter(model, checkpoint, adapter_name or "default", mapping,
-                                bridge_for(model) if mapping is None else None, tp=tp,
-                                dtype=dtype, budget=budget, quantization=quantization,
-                                threads=threads, device=device)
-    data = explain_load(model, checkpoint, mapping=by_name(mapping), dtype=dtype, budget=budget,
-                        tp=tp, quantization=quantization, threads=threads,
+                                bridge_for(model) if mapping is None else None, tp=tp, dtype=dtype,
+                                budget=budget, quantization=quantization, threads=threads, device=device)
+    data = explain_load(model, checkpoint, mapping=by_name(mapping), dtype=dtype, budget=budget, tp=tp,
+                        quantization=quantization, threads=threads, max_memory=max_memory,
                         device=device if device_map is None else _device_from_map(device_map, device, tp),
-                        finder=bridge_for(model) if mapping is None else None,
-                        max_memory=max_memory, offload_folder=offload_folder,
-                        cooperative=cooperative, dequantize_on=dequantize_on)
+                        finder=bridge_for(model) if mapping is None else None, cooperative=cooperative,
+                        offload_folder=offload_folder, dequantize_on=dequantize_on)
     return _dispatchable(promote(Plan, data))
+
+
+def _for_variant(checkpoint: object, variant: str, adapter_name: str | None) -> object:
+    """``checkpoint`` read for ``variant``'s files with its ``config.json`` (its quantization
+    config: :func:`~weightplan.bridge.config_guard.read_directory`): a model's weight files
+    (an adapter's have no variant: refused, saying where the variant goes)."""
+    from weightplan.bridge.config_guard import read_directory
+
+    if adapter_name is not None or is_adapter_dir(checkpoint):
+        raise ArgumentError(f"variant={variant!r} picks a model's weight files, and {checkpoint} is "
+                            "an adapter directory (peft's adapter files have no variant): drop "
+                            "variant=, or load the base's variant with the adapter: "
+                            f"weightplan.from_pretrained(BASE, variant={variant!r}, adapter=ADAPTER_DIR)")
+    return read_directory(checkpoint, variant)
 
 
 def _device_from_map(device_map: object, device: object, tp: object) -> object:

@@ -20,10 +20,11 @@ keyword                            here
                                    the rest on ``"disk"`` in ``offload_folder`` (a dict
                                    may name ``"disk"`` too)
 ``max_memory``, ``offload_folder`` as in transformers, with an automatic ``device_map``
-``trust_remote_code``              accepted; remote code never runs: a config whose ``auto_map``
-                                   names the config's or a model's class (which transformers
-                                   would import with ``True``) is a ``ModelBuildError``, any
-                                   other is built from transformers' classes, as there
+``trust_remote_code``              accepted; remote code never runs: without ``True``, a
+                                   ``model_type`` transformers has is built from its classes,
+                                   ``auto_map`` ignored, as there; where transformers would
+                                   import ``auto_map``'s code (``True``, or a ``model_type``
+                                   it lacks) it is a ``ModelBuildError`` saying so
 ``use_safetensors``                ``True`` accepted; ``False`` refused: pickles are never read
 ``low_cpu_mem_usage``, ``_fast_init``, ignored, any value, as transformers 5 ignores them
 ``offload_state_dict``, ``mirror``,  (weightplan always loads with low memory use and never

@@ -4,7 +4,8 @@
    through the local Hugging Face cache, the Hub only when the cache lacks it;
 2. build: the transformers class ``config.json`` names (``model_class=``: an auto class's,
    or that class), on meta (:func:`init_empty`); remote code never runs (nothing is
-   imported from the directory; ``trust_remote_code=True`` asks for nothing more);
+   imported from the directory: a config's ``auto_map`` is ignored where transformers
+   ignores it, refused where it would import the code);
    a quantized checkpoint (block FP8) gets transformers' quantized layers, so its weights
    and scales are kept as they are on disk, as serving deployments keep them
    (:mod:`weightplan.bridge.quantized`), unless ``dequantize=True`` or a ``dtype`` asks for
@@ -15,7 +16,8 @@
 4. explain with ``dtype="auto"`` (the config's dtype, else the checkpoint's), execute;
 5. like transformers: the model's generation config is read and it is put in eval mode.
 
-``adapter=ADAPTER_DIR`` (``adapter_name="default"``): a LoRA adapter is injected with peft (the
+``adapter=ADAPTER_DIR`` (``adapter_name="default"``; a directory holding a model and an adapter,
+as transformers with peft: both): a LoRA adapter is injected with peft (the
 ``adapters`` extra) into the model on meta and loaded with the base in one plan and one
 schedule (:mod:`weightplan.api.adapters`); the model keeps its class, as after
 transformers' ``load_adapter``; with ``merge=True`` it is folded into the base weights inside
@@ -42,8 +44,8 @@ from weightplan.api.hub import resolve_checkpoint
 from weightplan.api.keywords import device_from_map, fold_transformers_keywords
 from weightplan.api.status import status
 from weightplan.errors import ArgumentError, ModelBuildError, ParallelError
+from weightplan.bridge.config_guard import read_directory
 from weightplan.planner.inputs.checkpoint import DirectoryRead
-from weightplan.planner.inputs.variants import check_variant
 from weightplan.planner.core.sharding.config import TensorParallel, as_tensor_parallel
 
 __all__ = ["from_pretrained", "keeps_quantized", "read_directory", "resolve_checkpoint"]
@@ -91,8 +93,8 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
     with _agreed(tensor_parallel):  # (a cooperative load's ranks agree here: none waits in vain)
         read, adapter = _resolved(name_or_path, adapter, revision=revision, cache_dir=cache_dir, token=token,
                                   local_files_only=local_files_only, subfolder=subfolder, variant=variant)
-        model = _sided(_built(read, tensor_parallel, mesh, (attn_implementation, experts_implementation, model_class),
-                              progress, _runs_kept(keep, dequantize, read), dtype), dequantize_on)
+        builds = (attn_implementation, experts_implementation, model_class, transformers_only.get("trust_remote_code"))
+        model = _built(read, tensor_parallel, mesh, builds, progress, (keep, dequantize, dequantize_on), dtype)
     with status(f"planning the load of {read.path}", "planned the load", progress):
         plan = _explain(model, read, adapter, adapter_name, merge, dtype=dtype, mapping=mapping,
                         budget=budget, threads=threads, device=_rank_device(device, mesh), tp=tensor_parallel,
@@ -140,13 +142,14 @@ def _alone(tp: object, adapter: object) -> object:
 def _resolved(name_or_path: str | os.PathLike[str], adapter: Any, **hub: Any
               ) -> tuple[DirectoryRead, Any]:
     """The checkpoint with its config read (:func:`read_directory`), and the adapter: an
-    adapter directory given loads onto its config's base (as peft's ``AutoPeftModel``)."""
+    adapter directory given loads onto its base, as transformers (with peft) loads it
+    (:func:`~weightplan.api.adapters.adapter_base`: the directory's own model, else its config's)."""
     directory = resolve_checkpoint(name_or_path, **hub)
-    if adapter is None and (directory / "adapter_config.json").is_file() and not (
-            directory / "config.json").is_file():
-        from weightplan.api.adapters import adapter_base
+    if adapter is None and (directory / "adapter_config.json").is_file():
+        from weightplan.api.adapters import adapter_base, loads_adapter
 
-        return read_directory(adapter_base(directory), hub["variant"]), directory
+        if loads_adapter(directory):
+            return read_directory(adapter_base(directory, hub["variant"]), hub["variant"]), directory
     return read_directory(directory, hub["variant"]), adapter
 
 
@@ -184,26 +187,6 @@ def keeps_quantized(dequantize: bool | None, dtype: object, tp: object, merge: b
     return tp is None and (dtype is None or dtype == "auto")
 
 
-def read_directory(checkpoint: str | os.PathLike[str], variant: str | None = None
-                   ) -> DirectoryRead:
-    """The checkpoint (a directory, or a file in one) with its directory's ``config.json``
-    read (once: everything after uses what was read, and its headers, ``variant``'s files,
-    are read at their first use).
-
-    Raises:
-        ArgumentError: a ``variant`` that is no word of a file name, or given for a file.
-    """
-    from weightplan.bridge.config_guard import read_config_json
-    from weightplan.bridge.hub import config_path
-
-    path, variant = Path(checkpoint), check_variant(variant)
-    if variant is not None and not path.is_dir():
-        raise ArgumentError(f"variant={variant!r} picks a variant's files in a directory: "
-                            f"{path} is a file; give its directory, or drop the variant")
-    config = config_path(path)
-    return DirectoryRead(path, None if config is None else read_config_json(config), variant)
-
-
 def _runs_kept(keep: bool, dequantize: bool | None, read: DirectoryRead) -> tuple[bool, bool]:
     """``keep``, as transformers decides for a block-FP8 checkpoint: its FP8 layers run on
     a CUDA GPU of compute capability 8.9 or more, or an XPU; on any other machine it loads
@@ -224,7 +207,7 @@ def _runs_kept(keep: bool, dequantize: bool | None, read: DirectoryRead) -> tupl
 
         warnings.warn(f"{directory}: FP8 layers need a GPU of compute capability 8.9+ or an "
                       "XPU, and this machine has none: loaded dequantized, as transformers "
-                      "does (dequantize=False keeps the FP8 weights)", UserWarning, stacklevel=5)
+                      "does (dequantize=False keeps the FP8 weights)", UserWarning, stacklevel=6)
     return False, False
 
 
@@ -323,16 +306,17 @@ def _parallel(tp: object) -> tuple[TensorParallel | None, Any]:
 
 
 def _built(read: DirectoryRead, tp: TensorParallel | None, mesh: Any,
-           implementations: tuple[str | None, str | None, Any], progress: bool | None,
-           keep: tuple[bool, bool], dtype: object) -> torch.nn.Module:
-    """The model on meta; ``keep``: (keep the format when the model can hold it, must)."""
+           implementations: tuple[str | None, str | None, Any, Any], progress: bool | None,
+           quantized: tuple[bool, bool | None, str], dtype: object) -> torch.nn.Module:
+    """The model on meta; ``quantized``: (:func:`keeps_quantized`, dequantize, dequantize_on)."""
     from weightplan.bridge.distribute import prepare_tensor_parallel
     from weightplan.bridge.hub import build_empty_model
 
     with status(f"building the model {read.directory / 'config.json'} names (on meta)",
                 "built the model", progress):
-        attn, experts, model_class = implementations  # (model_class: the class built, if given)
-        built = build_empty_model(read.path, attn_implementation=attn,
+        attn, experts, model_class, trust = implementations  # (model_class: the class built, if given)
+        keep = _runs_kept(quantized[0], quantized[1], read)
+        built = build_empty_model(read.path, attn_implementation=attn, trust_remote_code=trust,
                                   experts_implementation=experts, model_class=model_class,
                                   keep_quantized=keep[0], must_keep=keep[1],
                                   dtype=_build_dtype(dtype, read), config_json=read.config)
@@ -343,7 +327,7 @@ def _built(read: DirectoryRead, tp: TensorParallel | None, mesh: Any,
             warnings.warn(built.note, UserWarning, stacklevel=5)
         if tp is not None:
             prepare_tensor_parallel(model, tp, mesh)
-    return model
+    return _sided(model, quantized[2])
 
 
 def _build_dtype(dtype: object, read: DirectoryRead) -> torch.dtype | None:

@@ -4,8 +4,10 @@
 named first in ``config.architectures`` that transformers has is built (else
 ``AutoModelForCausalLM``, else ``AutoModel``) under :func:`weightplan.init_empty`, so
 parameters sit on ``meta`` and nothing is allocated. Every failure is a
-:class:`ModelBuildError` saying what failed; remote code is never run, and a config asking
-for more layers or experts than :mod:`weightplan.limits` allows is refused before the build.
+:class:`ModelBuildError` saying what failed; remote code is never run (a config whose
+``auto_map`` transformers would import is refused: :mod:`weightplan.bridge.config_guard`),
+and a config asking for more layers or experts than :mod:`weightplan.limits` allows is
+refused before the build.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def build_empty_model(checkpoint: str | Path, *, attn_implementation: str | None
                       experts_implementation: str | None = None,
                       keep_quantized: bool = False, dtype: torch.dtype | None = None,
                       config_json: Mapping[str, object] | None = None, model_class: Any = None,
-                      must_keep: bool = False) -> BuiltModel:
+                      must_keep: bool = False, trust_remote_code: object = None) -> BuiltModel:
     """Build the model ``config.json`` describes, with its parameters on ``meta``
     (``attn_implementation`` / ``experts_implementation``: as transformers' keywords;
     ``config_json``: the file as its caller read it, else read here, once).
@@ -62,6 +64,7 @@ def build_empty_model(checkpoint: str | Path, *, attn_implementation: str | None
     the meta tensors made in it are float32 again, as a float32 build gives them (the plan
     casts each to the load's dtype, keeping the ones the model keeps in float32).
     ``model_class``: the class built instead of ``architectures[0]``'s (:func:`given_class`).
+    ``trust_remote_code``: as transformers' (what it would import: refused, ``config_guard``).
 
     Raises:
         ModelBuildError: there is no ``config.json``, transformers is not installed, or
@@ -79,7 +82,7 @@ def build_empty_model(checkpoint: str | Path, *, attn_implementation: str | None
         raise ModelBuildError(f"{path}: building a model needs transformers, which is not "
                               "installed (pip install transformers), or pass --model-type"
                               ) from e
-    config = _read_config(transformers, path, config_json)
+    config = _read_config(transformers, path, config_json, trust_remote_code, model_class)
     if attn_implementation is not None:  # as from_pretrained(attn_implementation=...) does
         config._attn_implementation = attn_implementation
     if experts_implementation is not None:
@@ -147,13 +150,21 @@ def _meta_as_float32(model: nn.Module, dtype: torch.dtype | None) -> None:
             tensor.data = torch.empty(tensor.shape, dtype=torch.float32, device="meta")
 
 
-def _read_config(transformers: Any, path: Path, read: Mapping[str, object] | None) -> Any:
+def _read_config(transformers: Any, path: Path, read: Mapping[str, object] | None,
+                 trust_remote_code: object = None, model_class: Any = None) -> Any:
     """transformers' config of ``path``, made from the file as read once (``read``, else
-    read here): what ``AutoConfig.from_pretrained`` makes of the file's dict."""
+    read here): what ``AutoConfig.from_pretrained`` makes of the file's dict (refused where
+    transformers would import the classes its ``auto_map`` names instead)."""
     from weightplan.bridge.config_bounds import check_config_bounds
-    from weightplan.bridge.config_guard import refuse_remote_code
+    from weightplan.bridge.config_guard import read_config_json, refuse_remote_code
 
-    words = refuse_remote_code(path, read)  # (no auto_map: no code from the directory)
+    words = read_config_json(path) if read is None else dict(read)
+    kind = words.get("model_type")
+    built_in = isinstance(kind, str) and kind in _config_mapping(transformers)
+    auto_class = (None if model_class is None else getattr(model_class, "__name__", "")
+                  if getattr(model_class, "_model_mapping", None) is not None else "")
+    refuse_remote_code(path, words, trust_remote_code=trust_remote_code, built_in=built_in,
+                       auto_class=auto_class)  # (what transformers would import: refused)
     check_config_bounds(words, path)  # before any module is built
     try:
         return _auto_config(transformers, copy.deepcopy(words), path)
@@ -173,7 +184,7 @@ def _auto_config(transformers: Any, words: dict, path: Path) -> Any:
         return transformers.AutoConfig.from_pretrained(str(path.parent), trust_remote_code=False)
     if kind == "mistral" and "layer_types" in words:
         words["model_type"] = kind = "ministral"
-    mapping = transformers.models.auto.configuration_auto.CONFIG_MAPPING
+    mapping = _config_mapping(transformers)
     if kind not in mapping:
         raise ValueError(f"model_type {kind!r} is not a model type this transformers "
                          f"{transformers.__version__} knows (pip install -U transformers)")
@@ -181,6 +192,11 @@ def _auto_config(transformers: Any, words: dict, path: Path) -> Any:
     decoded = getattr(cls, "_decode_special_floats", None)  # (transformers 5: inf, nan)
     return cls.from_dict(words if decoded is None else decoded(words),
                          name_or_path=str(path.parent))
+
+
+def _config_mapping(transformers: Any) -> Any:
+    """transformers' config classes by ``model_type`` (those it has built in)."""
+    return transformers.models.auto.configuration_auto.CONFIG_MAPPING
 
 
 def _model_class(transformers: Any, config: Any, path: Path, given: Any) -> tuple[Any, str]:

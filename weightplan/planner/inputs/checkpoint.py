@@ -36,12 +36,12 @@ from weightplan.planner.inputs.safetensors_format import (
 )
 from weightplan.planner.inputs.shard_index import IndexShard, index_files
 from weightplan.planner.inputs.variants import (
-    missing_variant, refuse_mixed_variants, variant_index, variant_of, variant_single,
+    check_variant, missing_variant, refuse_variants, variant_index, variant_of, variant_single,
 )
 from weightplan.planner.core.spec import TensorSpec
 
 __all__ = ["Checkpoint", "DirectoryRead", "FileStamp", "TensorEntry", "directory_files",
-           "open_checkpoint", "open_directory", "read_header"]
+           "open_checkpoint", "open_directory", "read_header", "variant_read"]
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 SINGLE_FILE = "model.safetensors"  # transformers' SAFE_WEIGHTS_NAME
@@ -96,6 +96,31 @@ class DirectoryRead:
         if self.variant is not None:
             return open_directory(self.path, self.variant)
         return open_checkpoint(self.path)
+
+
+def variant_read(checkpoint: object, variant: object) -> DirectoryRead:
+    """``checkpoint`` (a directory, or what was read of one) to be read for ``variant``'s
+    files (``None``: no variant), as transformers' ``from_pretrained(variant=...)`` reads it.
+
+    Raises:
+        ArgumentError: a ``variant`` that is no word of a file name, one given for anything
+            but a directory, or a second variant for what was read for one.
+    """
+    variant = check_variant(variant)
+    if isinstance(checkpoint, DirectoryRead):
+        if checkpoint.variant not in (None, variant):
+            raise ArgumentError(f"variant={variant!r}: this checkpoint is read for the variant "
+                                f"{checkpoint.variant!r} already; pass one variant")
+        return DirectoryRead(checkpoint.path, checkpoint.config, variant or checkpoint.variant)
+    if not isinstance(checkpoint, (str, os.PathLike)):
+        raise ArgumentError(f"variant={variant!r} picks a variant's files in a checkpoint "
+                            f"directory, and the checkpoint is a {type(checkpoint).__name__}: "
+                            "give the directory, or drop the variant")
+    path = Path(check_path_argument(checkpoint))
+    if variant is not None and not _is_dir(path):
+        raise ArgumentError(f"variant={variant!r} picks a variant's files in a directory: "
+                            f"{path} is a file; give its directory, or drop the variant")
+    return DirectoryRead(path, None, variant)
 
 
 @paused_gc
@@ -163,7 +188,7 @@ def directory_files(path: Path, variant: str | None = None
                     ) -> list[tuple[str, IndexShard | None]]:
     """The files a directory's checkpoint is: ``model.safetensors`` where there is one (as
     transformers' ``from_pretrained`` picks it before an index beside it), else the shards
-    its index names, else every ``.safetensors`` file (unless they are several variants';
+    its index names, else every ``.safetensors`` file (unless some are a variant's;
     ``variant``: that variant's one file, else its index's shards, as transformers picks
     them: :mod:`~weightplan.planner.inputs.variants`).
 
@@ -183,7 +208,7 @@ def directory_files(path: Path, variant: str | None = None
         return index_files(indexes[0])
     shards = sorted(path.glob("*.safetensors"))
     if shards:
-        refuse_mixed_variants(path, [s.name for s in shards])
+        refuse_variants(path, [s.name for s in shards])
         return [(str(s), None) for s in shards]
     pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickles:
@@ -220,8 +245,8 @@ def _variant_why(name: str, variant: str | None, why: str) -> str:
     other = variant_of(name)
     if other is None or other == variant:
         return why
-    reads = f"variant={variant!r}" if variant is not None else "no variant"
-    return f"a file of the weight variant {other!r}, and the load reads {reads}"
+    given = f"variant={variant!r}" if variant is not None else "no variant"
+    return f"a file of the weight variant {other!r}, and the load is given {given}"
 
 
 def _from_files(files: list[tuple[str, IndexShard | None]], *, description: str,

@@ -5,9 +5,10 @@ transformers' ``save_pretrained(variant=...)`` names them and its ``from_pretrai
 With ``variant="fp16"``, transformers reads ``model.fp16.safetensors``, else the shards that
 ``model.safetensors.index.fp16.json`` names (``model.fp16-00001-of-00002.safetensors`` from
 transformers 5, ``model-00001-of-00002.fp16.safetensors`` from older savers: the index
-decides), else fails. Without a variant it reads ``model.safetensors`` or the plain index;
-a directory holding only several variants is refused here with the variants named (read
-all together, they held every key twice: 'key also present in ...').
+decides), else fails. Without a variant it reads ``model.safetensors`` or the plain index,
+else fails ('no file named model.safetensors'): a directory holding a variant's files and
+neither is refused here too, the variants named and how to pick one (read as they are, one
+variant's files loaded as if ``variant=`` were given; several held every key twice).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from weightplan.errors import ArgumentError, CheckpointError
 
-__all__ = ["check_variant", "missing_variant", "refuse_mixed_variants", "variant_index",
+__all__ = ["check_variant", "missing_variant", "refuse_variants", "variant_index",
            "variant_of", "variant_single", "variants_found"]
 
 # the names a variant takes: a shard (transformers 5's, and the older savers'), the single
@@ -80,21 +81,23 @@ def missing_variant(path: Path, variant: str) -> CheckpointError:
                            file=str(path))
 
 
-def refuse_mixed_variants(path: Path, names: list[str]) -> None:
+def refuse_variants(path: Path, names: list[str]) -> None:
     """Refuse to read ``names`` (a directory's every ``.safetensors`` file, with no
-    ``model.safetensors`` nor index) together when they are several variants' files.
+    ``model.safetensors`` nor index, read with no variant) when some are a variant's files,
+    as transformers refuses the directory without ``variant=``.
 
     Raises:
         CheckpointError: naming the variants and saying ``variant=``.
     """
     variants = variants_found(names)
+    if not variants:
+        return  # no variant: every file is the checkpoint's
     plain = [n for n in names if variant_of(n) is None]
-    if not variants or (len(variants) == 1 and not plain):
-        return  # one variant alone (or no variant): nothing to choose
     also = f", and files of no variant ({', '.join(plain[:3])})" if plain else ""
-    raise CheckpointError(
-        f"no model.safetensors nor model.safetensors.index.json, only the weight variants "
-        f"{_listed(variants)}{also}: read together they would hold each key more than once; "
-        f"pick one: weightplan.from_pretrained(DIR, variant={variants[0]!r}) (as "
-        f"transformers' from_pretrained(variant=...)), weightplan explain DIR --variant "
-        f"{variants[0]}, or pass its files as a list", file=str(path))
+    why = (f"the weight variant {variants[0]!r}{also} (transformers' from_pretrained refuses it "
+           "too: 'no file named model.safetensors'); pass" if len(variants) == 1 else
+           f"the weight variants {_listed(variants)}{also}: read together they would hold each "
+           "key more than once; pick one: pass")
+    raise CheckpointError(f"no model.safetensors nor model.safetensors.index.json, only {why} "
+                          f"variant={variants[0]!r} (as transformers' from_pretrained(variant=...))",
+                          file=str(path))

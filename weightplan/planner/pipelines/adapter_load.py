@@ -133,13 +133,15 @@ def adapter_first(routing: Routing, keys: frozenset[str], injected: InjectedAdap
 def base_and_adapter(base: Checkpoint, adapter: Adapter) -> Checkpoint:
     """The base checkpoint's files and the adapter's file, read as one checkpoint, named
     for the plan's header by both: ``base/ + adapter lora/``; the base directory's files
-    it doesn't read (:attr:`Checkpoint.left_out`) noted by their paths."""
+    it doesn't read (:attr:`Checkpoint.left_out`) noted by their paths (but the adapter's
+    file, where the base's directory holds it: read as the adapter)."""
     files = [f.path for f in base.files]
     checkpoint = open_checkpoint([*files, adapter.weights])
     parents = {os.path.dirname(f) for f in files}
     where = parents.pop() if len(parents) == 1 else counted(len(files), "base file")
-    left_out = tuple((os.path.join(os.path.dirname(files[0]), name), why)
-                     for name, why in base.left_out)
+    paths = ((os.path.join(os.path.dirname(files[0]), name), why) for name, why in base.left_out)
+    left_out = tuple((path, why) for path, why in paths
+                     if os.path.realpath(path) != os.path.realpath(adapter.weights))
     return dataclasses.replace(checkpoint, description=f"{where} + adapter {adapter.directory}",
                                left_out=left_out)
 

@@ -1,0 +1,78 @@
+"""A directory holding a model and an adapter (config.json + model.safetensors beside
+adapter_config.json + adapter_model.safetensors: peft's save_pretrained into the model's
+directory). transformers 5.25 with peft installed (the oracle, checked) loads the base from
+that directory and the adapter onto it (injected, unmerged, ``"default"``), whichever class
+it is called on; weightplan does the same (was: the base only, the adapter silently dropped)."""
+
+from __future__ import annotations
+
+import builtins
+
+import pytest
+import torch
+import transformers as T
+
+import weightplan
+from weightplan.cli import main
+
+from tests.interop.matrix import FAMILIES, output, pretrained
+
+peft = pytest.importorskip("peft")
+IDS = {"input_ids": torch.tensor([[1, 5, 9, 14, 2]])}
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("both")
+    cls, cfg, _ = FAMILIES["llama"]()
+    torch.manual_seed(0)
+    cls(cfg).save_pretrained(directory)
+    torch.manual_seed(1)
+    trained = peft.get_peft_model(cls(cfg), peft.LoraConfig(
+        r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    trained.save_pretrained(directory)
+    assert (directory / "config.json").is_file() and (directory / "adapter_config.json").is_file()
+    return directory
+
+
+@pytest.mark.parametrize("cls", [T.AutoModelForCausalLM, T.LlamaForCausalLM])
+def test_the_base_and_the_adapter_load_as_transformers_loads_them(both, cls):
+    theirs = pretrained(cls, both)
+    assert theirs._hf_peft_config_loaded  # (transformers injected the adapter)
+    model = weightplan.from_pretrained(both, model_class=cls)
+    assert type(model) is type(theirs) is T.LlamaForCausalLM
+    mine, their = model.state_dict(), theirs.state_dict()
+    assert mine.keys() == their.keys() and any("lora_A.default" in k for k in mine)
+    assert [k for k in mine if not torch.equal(mine[k], their[k])] == []
+    assert torch.equal(output(model, IDS), output(theirs, IDS))
+    merged = weightplan.from_pretrained(both, model_class=cls, merge=True)  # (folded in)
+    assert not any("lora" in k for k in merged.state_dict())
+    assert torch.allclose(output(merged, IDS), output(theirs, IDS), atol=1e-5)
+
+
+def test_the_cli_explains_base_and_adapter(both, capsys):
+    """Was: AdapterError 'no base_model_name_or_path' (the base is the directory itself)."""
+    assert main(["explain", str(both)]) == 0
+    out = capsys.readouterr().out
+    assert "+ adapter" in out and "problems: none" in out
+    assert "adapter_model.safetensors is in" not in out  # (read: as the adapter)
+
+
+def test_without_peft_the_base_loads_with_a_warning(both, monkeypatch, capsys):
+    """transformers without peft loads the base alone, silently; weightplan too, saying so."""
+    real = builtins.__import__
+
+    def no_peft(name, *args, **kwargs):
+        if name == "peft" or name.startswith("peft."):
+            raise ImportError("No module named 'peft'")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_peft)
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "peft" else 1)
+    with pytest.warns(UserWarning, match="adapter_config.json.*not loaded.*peft") as caught:
+        model = weightplan.from_pretrained(both)
+    assert caught[0].filename == __file__  # (the caller's line)
+    assert not any("lora" in k for k in model.state_dict())
+    with pytest.warns(UserWarning, match="not loaded"):  # the command line: the model alone
+        assert main(["explain", str(both)]) == 0
+    assert "+ adapter" not in capsys.readouterr().out

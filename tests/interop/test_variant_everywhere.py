@@ -1,0 +1,79 @@
+"""``variant=`` wherever a checkpoint directory is read: ``explain`` / ``load`` into a model
+you built (as ``from_pretrained(variant=...)`` reads the directory; transformers 5.25 is the
+oracle), and ``weightplan explain ADAPTER_DIR --base BASE --variant V`` (the base's files)."""
+
+import pytest
+import torch
+
+import weightplan
+from weightplan.cli import main
+from weightplan.errors import ArgumentError, CheckpointError
+
+from tests.interop.matrix import FAMILIES, output, pretrained
+
+
+@pytest.mark.parametrize("variant", ["fp16", "bf16"])
+def test_explain_and_load_take_variant(variant, variants):
+    """Was: ArgumentError 'explain() got an unexpected keyword argument 'variant''."""
+    directory, cls, inputs = variants
+    theirs = pretrained(cls, directory, variant=variant, dtype=torch.float32)  # (the model's)
+    _, cfg, _ = FAMILIES["llama"]()
+    with weightplan.init_empty():
+        model = cls(cfg)
+    plan = weightplan.explain(model, directory, variant=variant)
+    assert not plan.problems and not plan.missing and not plan.unexpected
+    other = {"fp16": "bf16", "bf16": "fp16"}[variant]
+    assert any(f"the weight variant {other!r}, and the load is given variant={variant!r}"
+               in note.message for note in plan.notes)
+    plan.execute()
+    with weightplan.init_empty():
+        loaded = cls(cfg)
+    weightplan.load(loaded, directory, variant=variant)
+    for mine in (model, loaded):
+        their = dict(theirs.named_parameters())
+        for name, tensor in mine.named_parameters():
+            assert tensor.dtype == their[name].dtype and torch.equal(tensor, their[name]), name
+        assert torch.equal(output(mine.eval(), inputs), output(theirs, inputs))
+    assert weightplan.explain(None, directory, variant=variant).checkpoint.files
+
+
+def test_variant_where_it_picks_nothing_says_why(variants, tmp_path):
+    directory, _, _ = variants
+    with pytest.raises(CheckpointError, match=r"no model\.int8\.safetensors.*variant='int8'"):
+        weightplan.explain(None, directory, variant="int8")
+    with pytest.raises(ArgumentError, match=r"variant='\.\./x': pass the word"):
+        weightplan.load(torch.nn.Linear(2, 2), directory, variant="../x")
+    with pytest.raises(ArgumentError, match="is a file; give its directory"):
+        weightplan.explain(None, directory / "model.bf16.safetensors", variant="bf16")
+    with pytest.raises(ArgumentError, match="the checkpoint is a dict: give the directory"):
+        weightplan.explain(None, {"w": torch.zeros(1)}, variant="bf16")
+    adapter = tmp_path / "lora"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    with pytest.raises(ArgumentError, match="adapter directory.*from_pretrained\\(BASE, "
+                                            "variant='bf16', adapter=ADAPTER_DIR\\)"):
+        weightplan.explain(torch.nn.Linear(2, 2), adapter, variant="bf16")
+
+
+def test_cli_adapter_with_a_variant_base(variants, tmp_path, capsys):
+    """Was: ArgumentError '--variant picks a model's weight files: ... is an adapter
+    directory; drop --variant', with --base given: the variant picks the base's files, as
+    from_pretrained(BASE, variant=..., adapter=...) reads them (peft's adapter files have
+    no variant)."""
+    peft = pytest.importorskip("peft")
+    directory, cls, inputs = variants
+    _, cfg, _ = FAMILIES["llama"]()
+    torch.manual_seed(3)
+    trained = peft.get_peft_model(cls(cfg), peft.LoraConfig(
+        r=2, lora_alpha=4, target_modules=["q_proj", "down_proj"], init_lora_weights=False))
+    trained.save_pretrained(tmp_path / "lora")
+    lora = str(tmp_path / "lora")
+    assert main(["explain", lora, "--base", str(directory), "--variant", "fp16"]) == 0
+    out = capsys.readouterr().out
+    assert "(3 files, 29 tensors" in out, out  # two fp16 shards + the adapter
+    assert "problems: none" in out and "--variant fp16" in out  # (the bf16 file's note)
+    assert main(["explain", lora, "--base", str(directory)]) == 2  # the base's two variants
+    assert "pass --variant bf16" in capsys.readouterr().err
+    oracle = peft.PeftModel.from_pretrained(pretrained(cls, directory, variant="fp16"), lora)
+    model = weightplan.from_pretrained(directory, variant="fp16", adapter=lora)
+    assert torch.equal(output(model, inputs), output(oracle, inputs))
