@@ -71,6 +71,10 @@ def _execute(plan: LoadPlanData, strict: bool, progress: bool | None, atomic: bo
         from weightplan.executor.retie import settle_stored_ties
 
         settle_stored_ties(model, info)
+    if plan.adapter is not None and plan.adapter.tokens:  # (peft's trainable tokens)
+        from weightplan.executor.token_rows import fill_token_rows
+
+        fill_token_rows(model, plan.adapter.tokens)
     record = record_of_conversions(plan.conversions, plan.checkpoint, plan.unexpected,
                                    plan.adapter.merged_as() if plan.adapter else None)
     attach_record(model, merge_records(get_record(model), record))

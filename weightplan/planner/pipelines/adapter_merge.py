@@ -43,7 +43,8 @@ def explain_merged_load(model: torch.nn.Module, injected_model: torch.nn.Module,
     ``injected_model``: a copy of ``model`` with the adapter ``name`` injected (on meta).
 
     Raises:
-        AdapterError: DoRA, LoRA biases or layer_replication (not merged here), a factor
+        AdapterError: DoRA, LoRA biases, trainable tokens or layer_replication (not
+            merged here), a factor
             without its pair, or an adapted weight that several outputs of one converter
             share.
         ParallelError: ``tp=``.
@@ -55,6 +56,10 @@ def explain_merged_load(model: torch.nn.Module, injected_model: torch.nn.Module,
         raise AdapterError(f"{adapter.config.file}: merge=True folds plain LoRA (W + s·B·A); "
                            "DoRA and LoRA biases are not merged by weightplan: load without "
                            "merge=True")
+    if config.raw.get("trainable_token_indices"):
+        raise AdapterError(f"{adapter.config.file}: trainable_token_indices: merge=True folds "
+                           "LoRA factors; trainable tokens (rows that replace the "
+                           "embedding's) are not merged by weightplan: load without merge=True")
     if config.raw.get("layer_replication"):
         raise AdapterError(f"{adapter.config.file}: layer_replication: the replicated layers "
                            "share their base weights, each with its own LoRA, so no merged "
