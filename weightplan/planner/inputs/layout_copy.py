@@ -28,10 +28,12 @@ ROLE_SUFFIXES = ("_packed", "_scale", "_scale_2", "_zero_point", "_g_idx", "_glo
 def layout_copy_parts(entries: Mapping[str, TensorEntry], model: Mapping[str, torch.dtype],
                       claimed: Collection[str]) -> list[tuple[str, str]]:
     """``(key, parameter)`` for each checkpoint key that is a floating model parameter's
-    name plus a role suffix, claimed by no pairing, not a tensor of the model itself."""
+    name plus a role suffix, claimed by no pairing, not a tensor of the model itself. A
+    ``M.weight`` + suffix is the checkpoint's own per-module layout (a part whose weight is
+    missing: the pairing's problem, not this)."""
     found = []
     for key in entries:
-        if key in model or key in claimed:
+        if key in model or key in claimed or ".weight_" in key:
             continue
         for suffix in ROLE_SUFFIXES:
             name = key[:-len(suffix)] if key.endswith(suffix) else None
