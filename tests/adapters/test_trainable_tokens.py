@@ -93,6 +93,9 @@ def test_the_plan_says_the_original_rows_are_filled_after_the_load(tmp_path):
     original = "model.embed_tokens.token_adapter.trainable_tokens_original.default"
     assert any(n.key == original and "rows [1, 5]" in n.message for n in plan.notes)
     assert [t.rows for t in plan.adapter.tokens] == [(1, 5)]
+    assert ("trainable tokens: rows [1, 5] of model.embed_tokens.token_adapter.base_layer.weight"
+            in str(plan))
+    assert list(plan.to_dict()["adapter"]["tokens"][0]["rows"]) == [1, 5]
 
 
 def test_trainable_tokens_on_the_disk_are_refused_and_elsewhere_run(tmp_path):
