@@ -1,6 +1,6 @@
 """Config fields peft acts on when it loads an adapter, which a plan of tensors alone would
 silently drop: an ``init_lora_weights`` that rewrites the base weights (PiSSA, OLoRA, …:
-peft recomputes the residual base at load), ``trainable_token_indices``. Each is a problem
+peft recomputes the residual base at load). Each is a problem
 in the plan naming the file and the field, refused by ``execute()`` — never a model that
 differs from peft's without a word."""
 
@@ -62,10 +62,3 @@ def test_a_plain_init_loads(tmp_path):
     base, adapter, trained = _trained(tmp_path, target_modules=["q_proj"],
                                       init_lora_weights="gaussian")
     assert torch.equal(weightplan.from_pretrained(base, adapter=adapter)(IDS).logits, trained)
-
-
-def test_trainable_tokens_are_refused_by_name(tmp_path):
-    base, adapter, _ = _trained(tmp_path, target_modules=["q_proj"],
-                                trainable_token_indices=[1, 5])
-    with pytest.raises(AdapterError, match="trainable_token_indices"):
-        weightplan.from_pretrained(base, adapter=adapter)

@@ -114,3 +114,22 @@ def test_a_packed_copy_in_the_models_layout_says_what_loads_it(tmp_path, int4):
     assert "keep their packed format" in str(plan)
     plain = weightplan.explain_convert(qdir, tmp_path / "deq", dequantize=True)
     assert "keep their packed format" not in str(plain)
+
+
+def test_a_convert_does_not_import_torch_distributed_tensor(tmp_path, int4):
+    """Asking whether the tensors saved are a tensor-parallel model's imported
+    ``torch.distributed.tensor`` even for files: ~33 MiB of RSS, which a dequantizing
+    convert at ``--budget 64MiB`` held on top of its planned 62.5 MiB (VmHWM grew 111 MiB;
+    68 MiB without it). Probed in a fresh process, where the import is paid."""
+    import subprocess
+    import sys
+
+    qdir, _ = int4
+    code = ("import sys, weightplan\n"
+            f"weightplan.explain_convert({str(qdir)!r}, {str(tmp_path / 'out')!r}, "
+            "dequantize=True, budget='64MiB').execute()\n"
+            "print('torch.distributed.tensor' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip().splitlines()[-1] == "False", done.stdout + done.stderr
+    assert (tmp_path / "out" / "model.safetensors").exists()

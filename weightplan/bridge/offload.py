@@ -8,12 +8,20 @@ activations move between devices at module boundaries, and offloaded modules' we
 ``offload_index`` of ``{"safetensors_file", "weight_name", "dtype"}``): the checkpoint's own
 for the tensors it holds as they are, the ones the load wrote for the converted.
 accelerate is optional: it is imported only here, only for such placements.
+
+An adapter's layers (peft's, injected by ``from_pretrained(..., adapter=)``) load their
+whole subtree at their own forward (accelerate's ``preload_module_classes``): a DoRA
+layer hands its base layer and factors to its magnitude module as arguments and reads
+their weights outside their own forwards, and a LoRA embedding reads its factors from a
+``ParameterDict`` that is never called; hooked one module at a time, those weights are
+still on meta when read.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from collections.abc import Mapping
 
 import torch
@@ -62,10 +70,21 @@ def dispatch(model: torch.nn.Module, placement: DevicePlacement,
     try:
         dispatch_model(model, device_map=device_map, main_device=placement.main_device,
                        offload_dir=placement.offload_folder if index else None,
-                       offload_index=index or None)
+                       offload_index=index or None,
+                       preload_module_classes=adapter_layer_classes(model) or None)
     except (ValueError, RuntimeError, KeyError) as e:
         raise ExecutionError(f"accelerate's dispatch_model refused the placement: {e}") from e
     attach_offloaded(model, index)  # (a save reads the offloaded tensors from there)
+
+
+def adapter_layer_classes(model: torch.nn.Module) -> list[str]:
+    """The class names of the model's peft adapter layers (none when peft was never
+    imported: no model has them then), for ``preload_module_classes``."""
+    if "peft" not in sys.modules:
+        return []
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return sorted({type(m).__name__ for m in model.modules() if isinstance(m, BaseTunerLayer)})
 
 
 def _weight_name(name: str, offloaded: Mapping[str, str]) -> str:

@@ -68,10 +68,7 @@ def _execute(plan: LoadPlanData, strict: bool, progress: bool | None, atomic: bo
     with partial_load_errors(sink):
         shared = _exchanged(sink, plan, mesh, agreement)
         stats = run_plan(plan.schedule, plan.checkpoint, shared, progress=progress)
-    if info.stored_ties:  # (loaded apart: tied again where equal, see executor/retie.py)
-        from weightplan.executor.retie import settle_stored_ties
-
-        settle_stored_ties(model, info, sharding=plan.sharding, disk=_on_disk(plan, inner))
+    _after_load(plan, model, info, inner)
     record = record_of_conversions(plan.conversions, plan.checkpoint, plan.unexpected,
                                    plan.adapter.merged_as() if plan.adapter else None)
     attach_record(model, merge_records(get_record(model), record))
@@ -92,6 +89,18 @@ def _execute(plan: LoadPlanData, strict: bool, progress: bool | None, atomic: bo
         offloaded={**_referenced(plan), **inner.offloaded},
         device_bytes=_with_referenced(inner.device_bytes(), plan),
         staging_bytes=inner.staging_bytes, offload_written_bytes=inner.disk_bytes)
+
+
+def _after_load(plan: LoadPlanData, model: nn.Module, info: ModelInfo, sink: ModelSink) -> None:
+    """What the plan settles once every tensor is loaded: ties, trainable tokens' rows."""
+    if info.stored_ties:  # (loaded apart: tied again where equal, see executor/retie.py)
+        from weightplan.executor.retie import settle_stored_ties
+
+        settle_stored_ties(model, info, sharding=plan.sharding, disk=_on_disk(plan, sink))
+    if plan.adapter is not None and plan.adapter.tokens:  # (peft's trainable tokens)
+        from weightplan.executor.token_rows import fill_token_rows
+
+        fill_token_rows(model, plan.adapter.tokens)
 
 
 def _warn_unloaded(plan: LoadPlanData, initialized: int) -> None:

@@ -58,7 +58,8 @@ def _anonymous(shape: tuple[int, ...], dtype: torch.dtype, nbytes: int) -> torch
     as soon as it is written and dropped. From the allocator, the freed outputs stayed in
     glibc's arenas (its mmap threshold rises to the largest block freed): a dequantizing
     convert of a 416 MiB int4 copy under a 64 MiB budget grew the RSS by 138-176 MiB,
-    with these 106 MiB (46 MiB of it the threads' and torch's own)."""
+    with these 106 MiB (41 MiB of it importing ``torch.distributed.tensor``: see
+    ``gather.has_dtensors``; 62.5-66 MiB without it)."""
     if nbytes == 0:
         return torch.empty(shape, dtype=dtype)
     raw = torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8, count=nbytes)

@@ -32,6 +32,9 @@ def adapter_lines(plan: PlanData) -> list[str]:
     if patterns:
         lines.append(f"  {'; '.join(patterns)} (a module's first matching pattern, else "
                      "the rank and alpha above)")
+    for t in summary.tokens:
+        lines.append(f"  trainable tokens: rows {list(t.rows)} of {t.base} (trainable_tokens_delta; "
+                     "the base's rows copied after the load, for unmerging)")
     if summary.merged:
         lines.append(f"  merged: s·B·A folded into {counted(summary.merged, 'base weight')} (MergeLora "
                      "nodes, float32, cast once to the model's dtype); the model has no "

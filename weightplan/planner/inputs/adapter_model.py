@@ -3,7 +3,10 @@
 peft's LoRA layers carry ``lora_A`` / ``lora_B`` (or ``lora_embedding_A`` / ``_B``)
 dicts by adapter name, a ``scaling`` and an ``r`` dict; a wrapped *parameter* (fused
 experts, ``target_parameters``) is a ``ParamWrapper`` with a ``parameter_name``, nested
-one ``base_layer`` deeper per wrapped parameter of the same module.
+one ``base_layer`` deeper per wrapped parameter of the same module. peft's trainable
+tokens (``trainable_token_indices``) wrap an embedding: its ``token_adapter`` holds the
+base layer, a ``trainable_tokens_delta`` dict (the trained rows) and a
+``trainable_tokens_original`` one (the base's rows, a non-persistent buffer).
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import torch
 
 PEFT_PREFIX = "base_model.model."
 OWNED = (".lora_A.", ".lora_B.", ".lora_embedding_A.", ".lora_embedding_B.",
-         ".lora_magnitude_vector.", ".modules_to_save.")
+         ".lora_magnitude_vector.", ".modules_to_save.", ".trainable_tokens_delta.")
+TOKEN_ADAPTER = ".token_adapter"
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,9 @@ class InjectedAdapter:
     saved_modules: tuple[str, ...]  # paths of modules_to_save wrappers holding ``name``
     modules: frozenset[str] = frozenset()  # every module path of the model
     parameters: frozenset[str] = frozenset()  # every parameter name of the model
+    # trainable tokens: each token adapter's path (``model.embed_tokens.token_adapter``,
+    # one tied to it left out: it shares its dicts) → the rows it trains
+    tokens: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     def owns(self, tensor_name: str) -> bool:
         """Whether a model tensor belongs to this adapter (its LoRA factors, DoRA
@@ -84,8 +91,12 @@ def inspect_adapter(model: torch.nn.Module, name: str) -> InjectedAdapter:
     prefix = PEFT_PREFIX if params and all(n.startswith(PEFT_PREFIX) for n in params) else ""
     layers: dict[str, LoraLayer] = {}
     saved, paths = [], []
+    tokens: dict[str, tuple[int, ...]] = {}
     for path, module in model.named_modules():
         paths.append(path)
+        rows = _token_rows(module, name)
+        if rows is not None:
+            tokens[path] = rows
         copies = getattr(module, "modules_to_save", None)
         if isinstance(copies, torch.nn.ModuleDict) and name in copies:
             saved.append(path)
@@ -93,7 +104,18 @@ def inspect_adapter(model: torch.nn.Module, name: str) -> InjectedAdapter:
         if layer is not None:
             layers[layer.target] = layer
     return InjectedAdapter(name, prefix, MappingProxyType(layers), tuple(saved),
-                           frozenset(paths), frozenset(params))
+                           frozenset(paths), frozenset(params), tuple(tokens.items()))
+
+
+def _token_rows(module: torch.nn.Module, name: str) -> tuple[int, ...] | None:
+    """The rows a trainable-tokens layer trains for adapter ``name`` (None: not one, or
+    tied to another that holds them)."""
+    delta = getattr(module, "trainable_tokens_delta", None)
+    indices = getattr(module, "token_indices", None)
+    if not isinstance(delta, torch.nn.ParameterDict) or name not in delta \
+            or not isinstance(indices, dict) or getattr(module, "tied_adapter", None) is not None:
+        return None
+    return tuple(int(i) for i in indices[name])
 
 
 def _lora_layer(path: str, module: torch.nn.Module, name: str) -> LoraLayer | None:

@@ -24,7 +24,7 @@ from weightplan.errors import AdapterError
 from weightplan.planner.core.ops import (
     BlockDiagonal, Concatenate, ConversionOp, Flatten, MergeModulelist, Permute,
 )
-from weightplan.planner.inputs.adapter_model import PEFT_PREFIX, InjectedAdapter
+from weightplan.planner.inputs.adapter_model import PEFT_PREFIX, TOKEN_ADAPTER, InjectedAdapter
 from weightplan.planner.keys.templates import template_of
 from weightplan.planner.keys.transforms import (
     Renaming, WeightConverter, WeightRenaming, WeightTransform,
@@ -96,6 +96,8 @@ def name_renames(name: str) -> list[WeightRenaming]:
         WeightRenaming(r"\.(lora_A|lora_B)\.(weight|bias)$", rf".\1.{name}.\2"),
         WeightRenaming(r"\.lora_magnitude_vector$", f".lora_magnitude_vector.{name}.weight"),
         WeightRenaming(r"\.(lora_embedding_A|lora_embedding_B)$", rf".\1.{name}"),
+        WeightRenaming(r"\.token_adapter\.trainable_tokens_delta$",
+                       f".token_adapter.trainable_tokens_delta.{name}"),
     ]
 
 
@@ -194,7 +196,8 @@ def base_and_adapter_transforms(base: Iterable[WeightTransform], injected: Injec
     plain = [layer.path for layer in injected.layers.values() if layer.parameter is None]
     out: list[WeightTransform] = list(adapter)
     for paths, target in ((plain, r"\1.base_layer.\2"),
-                          (injected.saved_modules, r"\1.original_module.\2")):
+                          (injected.saved_modules, r"\1.original_module.\2"),
+                          (token_wrappers(injected), rf"\1{TOKEN_ADAPTER}.base_layer.\2")):
         if paths:
             alternatives = path_alternatives(paths, injected.modules)
             out.append(WeightRenaming(rf"^({alternatives})\.(weight|bias)$", target))
@@ -204,6 +207,13 @@ def base_and_adapter_transforms(base: Iterable[WeightTransform], injected: Injec
         if isinstance(t, WeightConverter):
             out += _relocated(t, holders)
     return tuple(out), fused
+
+
+def token_wrappers(injected: InjectedAdapter) -> tuple[str, ...]:
+    """The modules wrapped for trainable tokens (a tied lm_head's too: its base layer is
+    the embedding's), whose base tensors move into ``token_adapter.base_layer``."""
+    tail = f"{TOKEN_ADAPTER}.trainable_tokens_delta.{injected.name}"
+    return tuple(sorted(n[:-len(tail)] for n in injected.parameters if n.endswith(tail)))
 
 
 def path_alternatives(paths: Iterable[str], modules: Collection[str]) -> str:

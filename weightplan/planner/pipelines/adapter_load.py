@@ -34,6 +34,7 @@ from weightplan.planner.keys.routing import Routing
 from weightplan.planner.pipelines.adapter_summary import (
     AdapterSummary, LayoutConversion, Replacement, ScaleChange,
 )
+from weightplan.planner.pipelines.adapter_tokens import token_findings, trainable_tokens
 from weightplan.planner.pipelines.load import choose_mapping, explain_load
 from weightplan.planner.pipelines.plan import LoadPlanData
 from weightplan.planner.tensors.ir.build import TargetStatus
@@ -56,7 +57,7 @@ def explain_adapter_load(model: torch.nn.Module, adapter: Adapter, *, name: str 
         raise ParallelError(f"{adapter.directory}: tp= with an adapter is not supported yet; "
                             "load the adapter without tp= (its tensors are small)")
     injected = inspect_adapter(model, name)
-    if not injected.layers and not injected.saved_modules:
+    if not injected.layers and not injected.saved_modules and not injected.tokens:
         found = injected_adapters(model)
         raise AdapterError(f"{adapter.directory}: the model has no adapter {name!r} injected"
                            f" (adapters found: {list(found) or 'none'}); inject it with "
@@ -191,7 +192,9 @@ def with_adapter(data: LoadPlanData, adapter: Adapter, injected: InjectedAdapter
     findings = dataclasses.replace(data.findings, problems=tuple(problems)
                                    + data.findings.problems,
                                    notes=data.findings.notes + tuple(_shared_only(config, fused)))
-    return dataclasses.replace(data, findings=findings, adapter=summary)
+    tokens = trainable_tokens(injected)
+    return dataclasses.replace(data, findings=token_findings(findings, data, tokens),
+                               adapter=dataclasses.replace(summary, tokens=tokens))
 
 
 def _which_directory(adapter: Adapter, name: str) -> str:
@@ -256,11 +259,6 @@ def _peft_at_load(config: AdapterConfig) -> Iterable[Problem]:
             "so the model would differ from the trained one; convert the adapter to a plain "
             "LoRA with peft (save_pretrained(..., path_initial_model_for_weight_conversion="
             "...)) and load that"))
-    if config.raw.get("trainable_token_indices"):
-        yield Problem(ProblemKind.ADAPTER, "trainable_token_indices", (
-            f"{config.file}: trainable_token_indices: peft's trainable tokens (the "
-            "embedding rows' trainable_tokens_delta) are not loaded by weightplan; load "
-            "this adapter with peft's PeftModel.from_pretrained"))
 
 
 def _unplaced(data: LoadPlanData, adapter: Adapter, mine: set[str]) -> Iterable[Problem]:

@@ -43,7 +43,8 @@ def explain_merged_load(model: torch.nn.Module, injected_model: torch.nn.Module,
     ``injected_model``: a copy of ``model`` with the adapter ``name`` injected (on meta).
 
     Raises:
-        AdapterError: DoRA, LoRA biases or layer_replication (not merged here), a factor
+        AdapterError: DoRA, LoRA biases, trainable tokens or layer_replication (not
+            merged here), a factor
             without its pair, or an adapted weight that several outputs of one converter
             share.
         ParallelError: ``tp=``.
@@ -51,14 +52,7 @@ def explain_merged_load(model: torch.nn.Module, injected_model: torch.nn.Module,
     if options.get("tp") is not None:
         raise ParallelError(f"{adapter.directory}: tp= with an adapter is not supported yet")
     config = adapter.config
-    if config.use_dora or str(config.raw.get("lora_bias", False)).lower() == "true":
-        raise AdapterError(f"{adapter.config.file}: merge=True folds plain LoRA (W + s·B·A); "
-                           "DoRA and LoRA biases are not merged by weightplan: load without "
-                           "merge=True")
-    if config.raw.get("layer_replication"):
-        raise AdapterError(f"{adapter.config.file}: layer_replication: the replicated layers "
-                           "share their base weights, each with its own LoRA, so no merged "
-                           "weight serves them all; load without merge=True")
+    _refuse_unmergeable(adapter)
     injected = inspect_adapter(injected_model, name)
     transforms, fused = adapter_transforms(base.transforms, injected, config.modules_to_save)
     transforms += (*_unwrapped(injected),
@@ -83,6 +77,26 @@ def explain_merged_load(model: torch.nn.Module, injected_model: torch.nn.Module,
     adapter_part = dataclasses.replace(data.adapter, merged=merged,
                                        renamed=tuple(sorted(renamed.items())))
     return dataclasses.replace(data, adapter=adapter_part, findings=findings)
+
+
+
+def _refuse_unmergeable(adapter: Adapter) -> None:
+    """Raises:
+        AdapterError: what a merge of LoRA factors can't fold (naming the config field).
+    """
+    config = adapter.config
+    if config.use_dora or str(config.raw.get("lora_bias", False)).lower() == "true":
+        raise AdapterError(f"{adapter.config.file}: merge=True folds plain LoRA (W + s·B·A); "
+                           "DoRA and LoRA biases are not merged by weightplan: load without "
+                           "merge=True")
+    if config.raw.get("trainable_token_indices"):
+        raise AdapterError(f"{adapter.config.file}: trainable_token_indices: merge=True folds "
+                           "LoRA factors; trainable tokens (rows that replace the "
+                           "embedding's) are not merged by weightplan: load without merge=True")
+    if config.raw.get("layer_replication"):
+        raise AdapterError(f"{adapter.config.file}: layer_replication: the replicated layers "
+                           "share their base weights, each with its own LoRA, so no merged "
+                           "weight serves them all; load without merge=True")
 
 
 def _unwrapped(injected: InjectedAdapter) -> tuple[WeightRenaming, ...]:

@@ -36,6 +36,27 @@ class Replacement:
 
 
 @dataclass(frozen=True)
+class TrainableTokens:
+    """peft's trainable tokens on one layer (``trainable_token_indices``): the trained rows'
+    ``trainable_tokens_delta`` loads from the adapter's file; the base's rows at those
+    indices (``trainable_tokens_original``, a non-persistent buffer peft takes from the
+    base weight when it injects, to unmerge) are copied from the loaded base weight after
+    the load."""
+
+    layer: str  # the token adapter's path (``model.embed_tokens.token_adapter``)
+    name: str  # the adapter name
+    rows: tuple[int, ...]
+
+    @property
+    def base(self) -> str:
+        return f"{self.layer}.base_layer.weight"
+
+    @property
+    def original(self) -> str:
+        return f"{self.layer}.trainable_tokens_original.{self.name}"
+
+
+@dataclass(frozen=True)
 class AdapterSummary:
     """The adapter's part of a plan: type, rank, alpha, scale, targets, conversions, bytes."""
 
@@ -67,6 +88,7 @@ class AdapterSummary:
     rank_pattern: tuple[tuple[str, int], ...] = ()
     alpha_pattern: tuple[tuple[str, float], ...] = ()
     layers: tuple[int, ...] = ()
+    tokens: tuple[TrainableTokens, ...] = ()
 
     def merged_as(self) -> dict[str, str]:
         """Merged: the adapter's key of each base tensor it replaced → the base's key, which

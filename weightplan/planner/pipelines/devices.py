@@ -77,7 +77,7 @@ class AutomaticRequest:
                                  host.temporaries, host_costs(schedule).temporaries)
         check_budgets(placement)
         return (dataclasses.replace(options, devices=devices, placement=placement), schedule,
-                notes)
+                notes + resident_buffers(placement, tree))
 
     def resident_note(self, placement: DevicePlacement, options: PlanOptions,
                       tree: ModuleTree, info: ModelInfo, schedule: Schedule
@@ -117,6 +117,23 @@ class AutomaticRequest:
             return schedule
         return make_schedule(schedule.steps, threads=schedule.threads,
                              window_bytes=cpu // WINDOW_SHARE)
+
+
+def resident_buffers(placement: DevicePlacement, tree: ModuleTree) -> tuple[Note, ...]:
+    """The non-persistent buffers of the modules placed on the disk (rotary ``inv_freq``):
+    no checkpoint holds them, the model's init makes them, and accelerate's hooks keep
+    buffers in memory where the modules run; counted apart (said here), not against the
+    disk nor any ``max_memory``."""
+    kept = sorted(b for b in tree.extra_bytes if placement.device_of(b) == DISK)
+    if not kept:
+        return ()
+    total = sum(tree.extra_bytes[b] for b in kept)
+    shown = ", ".join(kept[:3]) + (f", … ({len(kept)})" if len(kept) > 3 else "")
+    return (Note("buffers", f"{format_bytes(total)} of non-persistent buffers ({shown}) of "
+                 f"the modules placed on the disk stay in memory on {placement.main_device}, "
+                 "where those modules run: they are no checkpoint tensors (the model's init "
+                 "makes them; accelerate keeps buffers resident), so max_memory doesn't "
+                 "count them"),)
 
 
 def host_costs(schedule: Schedule) -> HostCosts:

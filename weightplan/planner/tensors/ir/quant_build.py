@@ -92,6 +92,11 @@ def quant_context(source: object, ckpt: Checkpoint, info: ModelInfo | None,
     plain = routed_entries(ckpt, packed)
     # (an empty one is still the answer: every entry a refused packed weight's part)
     pairing = pair_scales((ckpt if plain is None else plain).entries, config)
+    if info is not None:  # (a packed copy in the model's layout)
+        from weightplan.planner.inputs.layout_copy import refuse_layout_copy
+
+        refuse_layout_copy(ckpt.entries, {n: t.spec.dtype for n, t in info.tensors.items()},
+                           (packed.companions if packed else frozenset()) | pairing.companions)
     fp8_model = fp8_params(info, model_config or config) if info is not None else None
     has_model_fp8 = fp8_model is not None and (fp8_model.params or fp8_model.unscaled)
     if not pairing.quantized and not pairing.problems and not has_model_fp8 and packed is None:

@@ -11,7 +11,8 @@ Per device, the planned peak is
   (reads in flight, op intermediates), the pinned staging buffers CUDA copies go through
   (sized by what goes there: :func:`staging_of`), and the tensors on their way to the disk
   that are assembled in host memory (a window of them; the ones referenced in place or
-  streamed take none);
+  streamed take none); the disk's modules' non-persistent buffers (rotary ``inv_freq``),
+  which stay in memory, apart (``resident``: held, not counted against ``max_memory``);
 - on the disk: the bytes written to ``offload_folder``.
 
 When anything is offloaded, room for the largest whole block is also kept on the main
@@ -63,11 +64,12 @@ class DeviceUse:
     kept: int  # room kept for an offloaded block
     modules: int  # entries of the device map on it
     present: bool  # this machine has it
+    resident: int = 0  # CPU: the disk's modules' non-persistent buffers (not in max_memory)
 
     @property
     def peak(self) -> int:
-        """Planned bytes at the load's peak (weights + staging)."""
-        return self.weights + self.staging
+        """Planned bytes at the load's peak (weights + staging + resident buffers)."""
+        return self.weights + self.staging + self.resident
 
 
 @dataclass(frozen=True)
@@ -352,8 +354,7 @@ def _offloads(result: Mapping[str, str], budgets: Sequence[DeviceBudget]) -> boo
 
 
 def _largest_step(steps: Iterable[Step]) -> int:
-    return max((sum(d.spec.nbytes for d in s.destinations if d.allocates) for s in steps),
-               default=0)
+    return max((sum(d.spec.nbytes for d in s.destinations if d.allocates) for s in steps), default=0)
 
 
 def _uses(inp: FillInput, result: Mapping[str, str], slots: Sequence[Slot],
@@ -364,24 +365,25 @@ def _uses(inp: FillInput, result: Mapping[str, str], slots: Sequence[Slot],
         per.setdefault(device, set()).update(inp.tensors(unit))
         counts[device] = counts.get(device, 0) + 1
     uses: list[DeviceUse] = []
-    seen: set[str] = set()
+    seen, buffers = set[str](), {inp.canon.get(n, n) for n in inp.tree.extra_bytes}
     for slot, b in zip(slots, budgets, strict=True):
         tensors = per.get(slot.device, set()) - seen
         seen |= tensors
-        weights = inp.bytes_of(frozenset(tensors))
-        staging = inp.staging_of(tensors) if slot.accelerator else 0
-        if slot.device == CPU:
-            staging = slot.fixed - slot.kept  # the load's host side
+        # (non-persistent buffers stay in memory: the disk's are the CPU's, apart)
+        weights = inp.bytes_of(frozenset(tensors - buffers if slot.device == DISK else tensors))
+        staging, resident = (inp.staging_of(tensors) if slot.accelerator else 0), 0
+        if slot.device == CPU:  # the load's host side
+            resident = min(slot.fixed - slot.kept, inp.bytes_of(frozenset(per.get(DISK, set()) & buffers)))
+            staging = slot.fixed - slot.kept - resident
         kept = slot.kept if weights else 0  # (a device given nothing runs nothing)
         uses.append(DeviceUse(slot.device, b.budget, weights, staging, kept,
-                              counts.get(slot.device, 0), b.present))
+                              counts.get(slot.device, 0), b.present, resident))
     return tuple(uses)
 
 
 def rehosted(placement: DevicePlacement, before: int, after: int) -> DevicePlacement:
     """``placement`` with the CPU's host temporaries those of the schedule that runs (``after``:
-    nothing is read for the disk's tensors referenced in place) when fewer than ``before``
-    (more: the staged ones, counted on their way to the disk already)."""
+    nothing is read for the disk's tensors referenced in place) when fewer than ``before``."""
     uses = tuple(dataclasses.replace(u, staging=max(0, u.staging - before + min(before, after)))
                  if u.device == CPU else u for u in placement.uses)
     return dataclasses.replace(placement, uses=uses)
@@ -391,7 +393,7 @@ def check_budgets(placement: DevicePlacement) -> None:
     """A :class:`BudgetError` when a device's peak and room kept pass its ``max_memory``."""
     what = "device_map" if placement.strategy == "dict" else "automatic placement"
     for u in placement.uses:
-        if u.budget is not None and u.peak + u.kept > u.budget:
-            raise BudgetError(f"{what}: {u.device} would hold "
-                              f"{format_bytes(u.peak + u.kept)} > its max_memory "
-                              f"{format_bytes(u.budget)}", minimum_bytes=u.peak + u.kept)
+        held = u.peak - u.resident + u.kept  # (resident buffers: counted apart)
+        if u.budget is not None and held > u.budget:
+            raise BudgetError(f"{what}: {u.device} would hold {format_bytes(held)} > its "
+                              f"max_memory {format_bytes(u.budget)}", minimum_bytes=held)
