@@ -80,8 +80,8 @@ def _values(name: str, tensor: torch.Tensor, disk: Mapping[str, tuple[str, str]]
         from safetensors import safe_open
 
         path, key = disk[name]
-        with safe_open(path, framework="pt") as f:
-            return f.get_tensor(key)
+        with safe_open(path, framework="pt") as f:  # (a file referenced in place holds the
+            return f.get_tensor(key).to(tensor.dtype)  # checkpoint's dtype: cast as loaded)
     return tensor
 
 
