@@ -75,6 +75,10 @@ def test_process_group_is_checked_before_anything_is_written(tmp_path):
     with pytest.raises(ArgumentError, match="process_group must be"):
         weightplan.save(model, tmp_path / "out", process_group="world")
     assert not (tmp_path / "out").exists()
+    plan = weightplan.explain_save(model, tmp_path / "out")  # (the plan's execute: the same)
+    with pytest.raises(ArgumentError, match="process_group must be"):
+        plan.execute(process_group="world")
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_model_never_loaded_saves_through_the_inverse_mapping(tmp_path):

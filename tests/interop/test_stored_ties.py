@@ -233,3 +233,23 @@ def test_a_tensor_shared_without_a_declared_tie_stays_one(tmp_path):
     assert "tie_word_embeddings" not in str(plan)
     plan.execute()
     assert model.a.weight is model.b.weight and torch.equal(model.a.weight, first)
+
+
+@pytest.mark.parametrize("stored_dtype, dtype", [(torch.bfloat16, torch.float32),
+                                                 (torch.float32, torch.bfloat16)])
+def test_a_name_on_the_disk_is_compared_in_the_dtype_the_model_holds(stored_dtype, dtype,
+                                                                      tmp_path, caplog):
+    """An offloaded tensor referenced in place keeps the checkpoint's dtype in its file
+    (accelerate's loader casts it to the model's): equal values stored in bfloat16 and
+    loaded as float32 (or back) are equal, not a warning about different values."""
+    torch.manual_seed(0)
+    T.Qwen2ForCausalLM(CFG).to(stored_dtype).save_pretrained(tmp_path / "ckpt")
+    tensors = load_file(str(tmp_path / "ckpt" / "model.safetensors"))
+    tensors[HEAD] = tensors[EMBED].clone()
+    save_file(tensors, str(tmp_path / "ckpt" / "model.safetensors"), metadata={"format": "pt"})
+    with caplog.at_level(logging.WARNING, logger="weightplan"):
+        model = weightplan.from_pretrained(tmp_path / "ckpt", dtype=dtype,
+                                           device_map=SPLIT_MAPS["embedding on the disk"],
+                                           offload_folder=str(tmp_path / "off"))
+    _warned(caplog, "equal")
+    assert model.lm_head.weight.dtype == dtype

@@ -16,6 +16,9 @@ hanging it). Scenarios, in order, each ending in a barrier of the whole world:
   writer's DTensors are sharded too);
 - ``plain``: every rank saves a model loaded without ``tp=`` (no DTensors) with
   ``process_group=dist.group.WORLD``: written once, by rank 0;
+- ``full``: every rank saves, and the writer's disk fills after its first tensor: the
+  writer still takes part in every gather its TP peer waits in, then every rank raises
+  (the writer its ``SaveError``, the others a ``RankFailedError`` naming it);
 - ``dies`` (last: it breaks the group): every rank saves, and rank 1 (the writer's TP
   peer) leaves after its second gather.
 
@@ -35,7 +38,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 import weightplan
-from weightplan.executor import gather
+from weightplan.executor import gather, writer
+from weightplan.planner.tensors.schedule import machine
 
 
 def outcome(fn) -> dict:
@@ -57,6 +61,22 @@ def leave_after(gathers: int) -> None:
         return real(self, key)
 
     gather.GatheredTensors.__getitem__ = getitem
+
+
+def fail_writes_after(writes: int) -> None:
+    """This rank's file writes fail, after ``writes`` of them, as a full disk's do."""
+    from weightplan.errors import SaveError
+
+    real, seen = writer._pwrite_all, []
+
+    def pwrite_all(fd, data, offset, path):
+        seen.append(path)
+        if len(seen) > writes:
+            raise SaveError(f"{path}: write failed at byte {offset}: [Errno 28] No space "
+                            "left on device")
+        real(fd, data, offset, path)
+
+    writer._pwrite_all = pwrite_all
 
 
 def main() -> None:
@@ -83,10 +103,19 @@ def main() -> None:
             ("narrow", save("narrow", process_group=pair) if rank in (0, 2) else lambda: None),
             ("plain", lambda: weightplan.save(whole, out / "plain", progress=False,
                                               process_group=dist.group.WORLD)))
+    window = machine.DEFAULT_WINDOW_BYTES
     for scenario, call in plan:
         result = outcome(call)
         (out / f"{scenario}.rank{rank}.json").write_text(json.dumps(result))
         dist.barrier()
+    real = writer._pwrite_all
+    if rank == 0:
+        fail_writes_after(2)  # (the shard's header, then the first tensor)
+    machine.DEFAULT_WINDOW_BYTES = 1  # (as a model over the read-ahead window: each step
+    result = outcome(save("full"))    # finalized, its failure raised, before the next)
+    (out / f"full.rank{rank}.json").write_text(json.dumps(result))
+    writer._pwrite_all, machine.DEFAULT_WINDOW_BYTES = real, window
+    dist.barrier()
     if rank == 1:
         leave_after(2)
     result = outcome(save("dies"))

@@ -6,7 +6,8 @@ replica saving alone (``process_group=`` its TP group): it writes, with no colle
 the world (the other replica is busy on its own group meanwhile); a group lacking ranks
 the writer's gathers need: a typed error on each; a model without DTensors saved on a
 group: written once; a TP rank leaving mid-save: a ``RankFailedError`` on every other
-rank, nothing written."""
+rank, nothing written; the writer's disk filling mid-save: its error on it, a
+``RankFailedError`` naming it on the others, nothing written."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from tests.parallel.conftest import torchrun
 from tests.parallel.tp_fixtures import configs
 
 WORKER = Path(__file__).with_name("dp_save_worker.py")
-SCENARIOS = ("every", "replica1", "replica0", "narrow", "plain", "dies")
+SCENARIOS = ("every", "replica1", "replica0", "narrow", "plain", "full", "dies")
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +87,21 @@ def test_a_group_lacking_the_writers_tp_peers_is_refused_by_name(saved):
     assert other["type"] == "RankFailedError" and "rank 0" in other["message"], other
     assert "SaveError" in other["message"]
     assert not (out / "narrow").exists()
+
+
+def test_a_write_failing_on_the_writer_mid_save_fails_every_rank_and_leaves_nothing(saved):
+    """The writer's disk full after its first tensor: it keeps taking part in the gathers
+    its TP peer is in (else the peer waits in one while the writer waits in the agreement,
+    until the group's timeout), then raises its own error; every other rank names it."""
+    _, out, outcomes = saved
+    writer = outcomes["full", 0]
+    assert writer["type"] == "SaveError" and "No space left" in writer["message"], writer
+    assert "model.safetensors" in writer["message"], writer
+    for r in (1, 2, 3):
+        result = outcomes["full", r]
+        assert result["type"] == "RankFailedError", (r, result)
+        assert "rank 0" in result["message"] and "No space left" in result["message"], result
+    assert not (out / "full").exists() or files(out / "full") == []
 
 
 def test_a_tp_rank_leaving_mid_save_is_a_typed_error_and_nothing_is_written(saved):

@@ -5,10 +5,12 @@ ranks agree. Equal values: tied again on every rank (also for a model transforme
 TP utilities prepared); different ones: two tensors on every rank, with the warning a
 plain load gives; values equal in one rank's rows only: two tensors on every rank (the
 ranks agree, none ties alone). Every rank's shards and the logits are what a plain load
-gives."""
+gives. A rank whose load fails before the comparison: a typed error on each rank (the
+others a ``RankFailedError`` naming it), none left waiting in the ranks' agreement."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -68,3 +70,14 @@ def test_each_rank_holds_what_a_plain_load_gives_and_the_ranks_agree(loaded, kin
         else:
             assert len(warned) == 1 and HEAD in warned[0] and EMBED in warned[0], warned
         assert (got["logits"] - want).abs().max().item() <= 1e-5, rank
+
+
+def test_a_rank_failing_before_the_comparison_fails_the_others_by_name(loaded):
+    """Rank 1's reads fail: rank 0, done loading, would wait in the comparison's
+    ``all_reduce`` until the group's timeout; it raises ``RankFailedError`` naming rank 1
+    and its error instead."""
+    _, out = loaded
+    failed, other = (json.loads((out / f"fails.rank{r}.json").read_text()) for r in (1, 0))
+    assert failed["type"] == "ExecutionError" and "Input/output error" in failed["message"]
+    assert other["type"] == "RankFailedError", other
+    assert "rank 1" in other["message"] and "Input/output error" in other["message"], other

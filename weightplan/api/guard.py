@@ -184,6 +184,12 @@ def check_save(bound: inspect.BoundArguments) -> None:
     check_process_group(bound.arguments.get("process_group"))
 
 
+def check_write_execute(bound: inspect.BoundArguments) -> None:
+    """``WritePlan.execute``'s keywords, as :func:`check_save` checks ``save``'s."""
+    check_flag(bound.arguments.get("progress"), "progress")
+    check_process_group(bound.arguments.get("process_group"))
+
+
 def check_process_group(group: object) -> None:
     """``process_group=``: ``None``, a ``ProcessGroup``, or a 1-D ``DeviceMesh``."""
     if group is None:

@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from weightplan.api.guard import call_typed, guard_methods
+from weightplan.api.guard import call_typed, check_write_execute, guard_methods
 from weightplan.planner.pipelines.write_plan import WritePlanData
 from weightplan.terminal import terminal_text
 from weightplan.units import counted
@@ -71,4 +71,5 @@ class WritePlan(WritePlanData):
                 f"in {counted(len(self.layout.files), 'file')}>")
 
 
-guard_methods(WritePlan, {"to_dict": None})  # (as public.py guards Plan's)
+guard_methods(WritePlan, {"to_dict": None,  # (as public.py guards Plan's)
+                          "execute": check_write_execute})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import TYPE_CHECKING
@@ -36,15 +37,16 @@ def execute_plan(plan: LoadPlanData, *, strict: bool = False, progress: bool | N
     """Run a load plan (see :meth:`weightplan.Plan.execute`). The ranks of a cooperative
     load agree before the broadcasts (:mod:`~weightplan.planner.pipelines.agreement`):
     a rank that fails before them makes the others raise instead of waiting for it."""
-    agreement = _agreement(plan)
-    if agreement is None:
-        return _execute(plan, strict, progress, atomic, None)
-    with agreement:
-        return _execute(plan, strict, progress, atomic, agreement)
+    agreement, ties = _agreement(plan), _ties_agreement(plan)
+    with contextlib.ExitStack() as points:  # (a failure is told at the first point left)
+        for point in (agreement, ties):
+            if point is not None:
+                points.enter_context(point)
+        return _execute(plan, strict, progress, atomic, agreement, ties)
 
 
 def _execute(plan: LoadPlanData, strict: bool, progress: bool | None, atomic: bool,
-             agreement: Agreement | None) -> LoadReport:
+             agreement: Agreement | None, ties: Agreement | None = None) -> LoadReport:
     model, info = preflight(plan, strict)
     mesh = None
     if plan.sharding is not None:  # (tensor parallel: its modules only then)
@@ -68,7 +70,7 @@ def _execute(plan: LoadPlanData, strict: bool, progress: bool | None, atomic: bo
     with partial_load_errors(sink):
         shared = _exchanged(sink, plan, mesh, agreement)
         stats = run_plan(plan.schedule, plan.checkpoint, shared, progress=progress)
-    _after_load(plan, model, info, inner)
+    _after_load(plan, model, info, inner, ties)
     record = record_of_conversions(plan.conversions, plan.checkpoint, plan.unexpected,
                                    plan.adapter.merged_as() if plan.adapter else None)
     attach_record(model, merge_records(get_record(model), record))
@@ -91,12 +93,15 @@ def _execute(plan: LoadPlanData, strict: bool, progress: bool | None, atomic: bo
         staging_bytes=inner.staging_bytes, offload_written_bytes=inner.disk_bytes)
 
 
-def _after_load(plan: LoadPlanData, model: nn.Module, info: ModelInfo, sink: ModelSink) -> None:
-    """What the plan settles once every tensor is loaded: ties, trainable tokens' rows."""
+def _after_load(plan: LoadPlanData, model: nn.Module, info: ModelInfo, sink: ModelSink,
+                ties: Agreement | None) -> None:
+    """What the plan settles once every tensor is loaded: ties (``ties``: the ranks'
+    agreement before comparing them under TP), trainable tokens' rows."""
     if info.stored_ties:  # (loaded apart: tied again where equal, see executor/retie.py)
         from weightplan.executor.retie import settle_stored_ties
 
-        settle_stored_ties(model, info, sharding=plan.sharding, disk=_on_disk(plan, sink))
+        settle_stored_ties(model, info, sharding=plan.sharding, disk=_on_disk(plan, sink),
+                           agreement=ties)
     if plan.adapter is not None and plan.adapter.tokens:  # (peft's trainable tokens)
         from weightplan.executor.token_rows import fill_token_rows
 
@@ -224,6 +229,19 @@ def _agreement(plan: LoadPlanData) -> Agreement | None:
     from weightplan.planner.pipelines.agreement import Agreement
 
     return Agreement(sharding.mesh.get_group(), "to read its part")
+
+
+def _ties_agreement(plan: LoadPlanData) -> Agreement | None:
+    """Where the ranks of a tensor-parallel load agree before they compare the ties the
+    checkpoint stores both names of (see executor/retie.py): a rank that failed would
+    leave the others in the comparison's ``all_reduce``."""
+    sharding, info = plan.sharding, plan.model_info
+    if sharding is None or sharding.mesh is None or info is None or not info.stored_ties:
+        return None
+    from weightplan.planner.pipelines.agreement import Agreement
+
+    return Agreement(sharding.mesh.get_group(), "before comparing the ties stored apart",
+                     work="tensor-parallel load", instead="waiting to compare them")
 
 
 def _some(names: frozenset[str]) -> str:

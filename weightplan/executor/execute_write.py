@@ -6,7 +6,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from weightplan.executor.gather import DiscardSink, gathering, has_dtensors, save_roles
+from weightplan.executor.gather import (
+    DiscardSink, GatheringWriter, gathering, has_dtensors, save_roles,
+)
 from weightplan.executor.report import SaveReport
 from weightplan.executor.sink import Sink
 from weightplan.executor.run import RunStats, run_plan
@@ -24,12 +26,15 @@ def execute_write(plan: WritePlanData, *, progress: bool | None = None,
     ``process_group`` (by default the world): :mod:`~weightplan.executor.gather`."""
     schedule, checkpoint = plan.schedule, plan.checkpoint
     roles = save_roles(checkpoint, process_group)
-    if has_dtensors(checkpoint):  # same collectives in the same order on every rank
+    gathers = has_dtensors(checkpoint)
+    if gathers:  # same collectives in the same order on every rank
         schedule, checkpoint = dataclasses.replace(schedule, threads=0), gathering(checkpoint)
     with _agreement(roles.group, "to start the save (its writer to take the directory)") as start:
         roles.check()
         sink: Sink = (FileSink(plan.directory, plan.layout, plan.overwrite, files)
                       if roles.writes else DiscardSink())
+        if gathers and roles.writes:  # (a failed write: the gathers go on, see gather.py)
+            sink = GatheringWriter(sink)
         try:
             start.agree()
         except BaseException:

@@ -8,7 +8,8 @@ its TP group) run the same write schedule, inline (threads=0), so the collective
 data-parallel replicas) run nothing. Reads of a ``DTensor`` gather it when a step first
 needs it and keep only that one gathered tensor (the next key evicts it): memory stays
 bounded by the largest converter group, never a full state dict. The writer writes
-through the ordinary file sink (same atomic commit); its TP peers' writes go to
+through the ordinary file sink (same atomic commit; a write failing there is held until
+the gathers are done: :class:`GatheringWriter`); its TP peers' writes go to
 :class:`DiscardSink`. The group's ranks agree twice
 (:mod:`~weightplan.planner.pipelines.agreement`): once the writer holds the directory,
 once it has committed; no rank returns before the files are there, and a rank that failed
@@ -100,6 +101,60 @@ class DiscardSink:
 
     def abort(self) -> None:
         return None
+
+
+class GatheringWriter:
+    """The writer's file sink while its TP peers gather with it. A write that fails (a
+    full disk) is held: the files are removed at once and the later writes dropped (as
+    :class:`DiscardSink` drops them), so the writer still takes part in every gather its
+    peers wait in, then :meth:`commit` raises it (and the ranks agree on it). Raising at
+    once would leave a peer in a gather while the writer waits in the agreement, both until
+    the group's timeout. Inline runs only (``threads=0``, as every gathering save)."""
+
+    def __init__(self, sink: Any):
+        self._sink: Any = sink
+        self.failure: Exception | None = None
+
+    def _call(self, method: str, *args: Any) -> Any:
+        try:
+            return getattr(self._sink, method)(*args)
+        except Exception as e:
+            if self.failure is not None:
+                raise
+            self.failure = e
+            self._sink.abort()
+            self._sink = DiscardSink()
+            return None
+
+    def open(self, dest: Destination) -> Any:
+        return self._call("open", dest)
+
+    def write_bytes(self, handle: Any, dest: Destination, offset: int, data: torch.Tensor) -> None:
+        self._call("write_bytes", handle, dest, offset, data)
+
+    def byte_view(self, handle: Any, dest: Destination, offset: int,
+                  nbytes: int) -> torch.Tensor | None:
+        return self._call("byte_view", handle, dest, offset, nbytes)
+
+    def file_region(self, handle: Any, dest: Destination, offset: int) -> tuple[int, int, str] | None:
+        return self._call("file_region", handle, dest, offset)
+
+    def write_view(self, handle: Any, dest: Destination, view: View, src: torch.Tensor) -> None:
+        self._call("write_view", handle, dest, view, src)
+
+    def update_view(self, handle: Any, dest: Destination, view: View) -> torch.Tensor | None:
+        return self._call("update_view", handle, dest, view)
+
+    def close(self, dest: Destination, handle: Any) -> None:
+        self._call("close", dest, handle)
+
+    def commit(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+        self._sink.commit()
+
+    def abort(self) -> None:
+        self._sink.abort()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,9 +6,11 @@ tensors, a warning naming both keys, and the model's tie bookkeeping
 
 Under tensor parallel each rank compares its own shards of the two (sharded alike), and
 the ranks agree (one ``all_reduce`` of every pair's answer, on the load's mesh), so all
-tie or none. A name on the disk (left on meta) is compared from its offloaded file; two
-different ones both on the disk are an error (on meta, the model's next inspection, a
-save's, would make them one again)."""
+tie or none; before it they agree they got that far (a rank that failed is a
+``RankFailedError`` on the others, not a wait in the ``all_reduce``). A name on the disk
+(left on meta) is compared from its offloaded file, in the model's dtype; two different
+ones both on the disk are an error (on meta, the model's next inspection, a save's,
+would make them one again)."""
 
 from __future__ import annotations
 
@@ -27,19 +29,24 @@ from weightplan.planner.pipelines.stored_ties import FIX
 from weightplan.terminal import terminal_text  # (keys come from the file)
 
 if TYPE_CHECKING:
+    from weightplan.planner.pipelines.agreement import Agreement
     from weightplan.planner.tensors.ir.shard_nodes import Sharding
 
 log = logging.getLogger("weightplan")
 
 
 def settle_stored_ties(model: nn.Module, info: ModelInfo, *, sharding: Sharding | None = None,
-                       disk: Mapping[str, tuple[str, str]] | None = None) -> None:
+                       disk: Mapping[str, tuple[str, str]] | None = None,
+                       agreement: Agreement | None = None) -> None:
     """Tie again or leave apart each pair of ``info.stored_ties`` (loaded by now);
-    ``disk``: offloaded names → (safetensors file, key in it)."""
+    ``disk``: offloaded names → (safetensors file, key in it); ``agreement``: where the
+    ranks tell each other they got this far, before they compare."""
     pairs = info.stored_ties
     tensors = [(current_tensor(model, kept), current_tensor(model, name)) for kept, name in pairs]
-    equal = _agreed([_equal(k, n, a, b, disk or {})
-                     for (k, n), (a, b) in zip(pairs, tensors, strict=True)], sharding)
+    mine = [_equal(k, n, a, b, disk or {}) for (k, n), (a, b) in zip(pairs, tensors, strict=True)]
+    if agreement is not None:
+        agreement.agree()
+    equal = _agreed(mine, sharding)
     for (kept, name), (source, other), same in zip(pairs, tensors, equal, strict=True):
         if same and source.device == other.device:  # (both resident there, or both on meta)
             module, attr = module_and_attr(model, name)
@@ -80,8 +87,8 @@ def _values(name: str, tensor: torch.Tensor, disk: Mapping[str, tuple[str, str]]
         from safetensors import safe_open
 
         path, key = disk[name]
-        with safe_open(path, framework="pt") as f:
-            return f.get_tensor(key)
+        with safe_open(path, framework="pt") as f:  # (a file referenced in place holds the
+            return f.get_tensor(key).to(tensor.dtype)  # checkpoint's dtype: cast as loaded)
     return tensor
 
 
