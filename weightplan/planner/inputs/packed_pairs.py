@@ -23,6 +23,7 @@ read (``weight_shape``'s few bytes are read: the exact ``in`` is only there).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain, compress, repeat
@@ -32,10 +33,10 @@ from typing import cast
 import torch
 
 from weightplan.planner.core.entry import TensorEntry
-from weightplan.planner.core.makers import columns
 from weightplan.planner.core.quant.formats import Scheme, companion_shapes, logical_shape
 from weightplan.planner.core.spec import TensorSpec, short_dtype
 from weightplan.planner.inputs.small_reads import INTEGER_CODES
+from weightplan.planner.inputs.packed_weight import PackedWeight, packed_weights
 from weightplan.planner.inputs.packed_problems import PackedProblem, strays, unmatched_ignores
 from weightplan.planner.inputs.quant_formats import FormatConfig
 
@@ -53,27 +54,11 @@ ReadSmall = Callable[[Sequence[TensorEntry]], list[tuple[int, ...]]]  # a batch'
 ReadOne = Callable[[TensorEntry], Sequence[int]]
 
 
-@dataclass(frozen=True, slots=True)
-class PackedWeight:
-    """A stored weight, its parts (in ``scheme.roles`` order) and its logical shape."""
-
-    key: str
-    scheme: Scheme
-    parts: tuple[TensorEntry, ...]
-    shape: tuple[int, ...]
-
-    @property
-    def stored_bytes(self) -> int:
-        return sum(p.nbytes for p in self.parts)
-
-
-_weights = columns(PackedWeight)
-
-
 @dataclass(frozen=True)
 class PackedPairing:
     """What :func:`pair_packed` found: weights by logical key, problems, consumed keys
-    (every part, and the shape tensors)."""
+    (every part, and the shape tensors); ``at``: each weight's position among the
+    entries it was paired from (in the order of ``weights``)."""
 
     weights: Mapping[str, PackedWeight]
     problems: tuple[PackedProblem, ...]
@@ -81,13 +66,11 @@ class PackedPairing:
     config: FormatConfig
     routed: dict = field(default_factory=dict, compare=False, repr=False)  # see routed_entries
     kept: Mapping[str, PackedWeight] = field(default_factory=dict)  # see kept_by_model
+    at: Sequence[int] = field(default=(), compare=False, repr=False)
 
-    def entry(self, key: str) -> TensorEntry:
-        """The logical entry routing sees: the logical key and shape (nominally bf16:
-        never read as such, always behind a dequantize) at the stored weight's place."""
-        w = self.weights[key]
-        return TensorEntry(key, TensorSpec(w.shape, torch.bfloat16), w.parts[0].file,
-                           w.parts[0].offset)
+    def entry(self, key: str) -> PackedWeight:
+        """The logical entry routing sees: the weight itself (see :class:`PackedWeight`)."""
+        return self.weights[key]
 
 
 def pair_packed(entries: Mapping[str, TensorEntry], config: FormatConfig,
@@ -107,22 +90,25 @@ def pair_packed(entries: Mapping[str, TensorEntry], config: FormatConfig,
                                   known)) is not None]
     shapes = [e for stack in stacks for e in stack.shape_reads()]
     values = dict(zip(map(id, shapes), read_small(shapes), strict=True))
-    found: list[tuple[int, PackedWeight | PackedProblem]] = []
+    slots: list[PackedWeight | None] = [None] * len(keys)  # by position
+    refused: list[tuple[int, PackedProblem]] = []
     used: list[list[str]] = []
     for stack in stacks:
-        found += stack.paired(entries, values, read_small, file_of, used)
+        stack.paired(entries, values, read_small, file_of, used, slots, refused)
     companions = frozenset(chain.from_iterable(used))
-    found.sort(key=_FIRST)  # checkpoint order (runs of positions, each sorted: a merge)
-    made = list(map(_SECOND, found))
-    problems = [m for m in made if isinstance(m, PackedProblem)]
-    stored = [m for m in made if isinstance(m, PackedWeight)] if problems else made
+    at = sorted(chain.from_iterable(stack.positions for stack in stacks))  # (sorted runs)
+    stored = list(filter(None, map(slots.__getitem__, at)))  # checkpoint order
+    if len(stored) < len(at):  # (a refused weight's position holds no weight)
+        at = list(compress(at, map(is_not, map(slots.__getitem__, at), repeat(None))))
     weights = dict(zip(map(_KEY, stored), stored, strict=True))
+    refused.sort(key=_FIRST)
+    problems = list(map(_SECOND, refused))
     problems += unmatched_ignores(config, entries, known)
     problems += strays(config, keys, used, companions)
-    return PackedPairing(weights, tuple(problems), companions, config)
+    return PackedPairing(weights, tuple(problems), companions, config, at=at)
 
 
-_SPEC, _SHAPE = attrgetter("spec"), attrgetter("shape")
+_SPEC = attrgetter("spec")
 _TO_ONE = str.maketrans("0123456789", "1111111111")
 _FIRST, _SECOND, _KEY = itemgetter(0), itemgetter(1), attrgetter("key")
 # compressed-tensors' parts of a ``weight_packed``, by role
@@ -189,10 +175,12 @@ class _Stack:
 
     def paired(self, entries: Mapping[str, TensorEntry], values: Mapping[int, Sequence[int]],
                read_small: ReadSmall, file_of: Callable[[TensorEntry], str],
-               used: list[list[str]]) -> list[tuple[int, PackedWeight | PackedProblem]]:
-        """Each weight of the stack (by position) paired or refused, one :func:`_pair`
-        per layout; ``used`` gets a column per role: the part keys of every weight with a
-        scheme, in the stack's order."""
+               used: list[list[str]], slots: list[PackedWeight | None],
+               refused: list[tuple[int, PackedProblem]]) -> None:
+        """Each weight of the stack paired (into ``slots``, at its position) or refused
+        (onto ``refused``, with its position), one :func:`_pair` per layout; ``used`` gets
+        a column per role: the part keys of every weight with a scheme, in the stack's
+        order."""
         n = len(self.bases)
         schemes = self._adjusted()
         have = [s is not None for s in schemes]
@@ -204,7 +192,6 @@ class _Stack:
         absent: list[TensorEntry | None] = [None] * n
         shape_of = self.parts.get("shape", absent)
         values_of = list(map(values.get, map(id, shape_of))) if values else absent
-        out: list[tuple[int, PackedWeight | PackedProblem]] = []
         one = schemes.count(schemes[0]) == n  # (identity first: C speed)
         for scheme in [schemes[0]] if one else dict.fromkeys(schemes):
             if scheme is None:
@@ -222,18 +209,24 @@ class _Stack:
             if any(isinstance(v, PackedProblem) for v in verdict.values()):
                 for j, i in enumerate(at):  # (each refused weight in its own words; each
                     made = verdict[layouts[j]]  # paired one its own key and parts)
-                    out.append((self.positions[i], PackedWeight(  # (its layout's: all parts)
+                    made = PackedWeight(  # (its layout's: all parts)
                         self.bases[i] + self.logical_suffix, scheme,
-                        cast(tuple[TensorEntry, ...], tuple(c[j] for c in columns)), made.shape)
-                        if isinstance(made, PackedWeight) else
-                        self._pair(i, scheme, entries, values, read_small, file_of)))
+                        cast(tuple[TensorEntry, ...], tuple(c[j] for c in columns)), made.shape
+                    ) if isinstance(made, PackedWeight) else \
+                        self._pair(i, scheme, entries, values, read_small, file_of)
+                    if isinstance(made, PackedWeight):
+                        slots[self.positions[i]] = made
+                    else:
+                        refused.append((self.positions[i], made))
                 continue
-            shapes = [_SHAPE(verdict[layouts[0]])] * len(at) if len(verdict) == 1 else \
-                list(map(_SHAPE, map(verdict.__getitem__, layouts)))
+            # (one spec per layout: its verdict's)
+            specs = repeat(_SPEC(verdict[layouts[0]])) if len(verdict) == 1 else \
+                map(_SPEC, map(verdict.__getitem__, layouts))
             logical = _with(list(map(self.bases.__getitem__, at)), self.logical_suffix)
-            stored = _weights(len(at), logical, repeat(scheme), zip(*columns, strict=True), shapes)
-            out += zip(map(self.positions.__getitem__, at), stored, strict=True)
-        return out
+            stored = packed_weights(len(at), logical, specs, repeat(scheme),
+                                    zip(*columns, strict=True),
+                                    cast(list[TensorEntry], columns[0]))
+            deque(map(slots.__setitem__, map(self.positions.__getitem__, at), stored), maxlen=0)
 
     def _adjusted(self) -> list[Scheme | None]:
         """The schemes, each as the checkpoint says: gpt-oss's fused experts (U8
