@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from itertools import chain, compress, repeat
+from itertools import chain, compress, islice, repeat
 from operator import add, and_, attrgetter, is_not, itemgetter
 from typing import cast
 
@@ -88,12 +88,14 @@ def pair_packed(entries: Mapping[str, TensorEntry], config: FormatConfig,
     stacks = [stack for template, positions in _by_template(templates, config).items()
               if (stack := _stack(template, positions, keys, entries, in_order, config,
                                   known)) is not None]
-    shapes = [e for stack in stacks for e in stack.shape_reads()]
-    values = dict(zip(map(id, shapes), read_small(shapes), strict=True))
+    reads = [stack.shape_reads() for stack in stacks]
+    got = iter(read_small([e for stack in reads for e in stack[1]]))
     slots: list[PackedWeight | None] = [None] * len(keys)  # by position
     refused: list[tuple[int, PackedProblem]] = []
     used: list[list[str]] = []
-    for stack in stacks:
+    for stack, (rows, _) in zip(stacks, reads, strict=True):
+        values: list[Sequence[int] | None] = [None] * len(stack.bases)  # by row
+        deque(map(values.__setitem__, rows, islice(got, len(rows))), maxlen=0)
         stack.paired(entries, values, read_small, file_of, used, slots, refused)
     companions = frozenset(chain.from_iterable(used))
     at = sorted(chain.from_iterable(stack.positions for stack in stacks))  # (sorted runs)
@@ -153,55 +155,58 @@ def _with(bases: list[str], suffix: str) -> list[str]:
 @dataclass(frozen=True, slots=True)
 class _Stack:
     """The stored weights of one key template, as columns: each one's position in the
-    checkpoint, base (its key less the role's suffix) and scheme (``None``: ignored);
-    the suffix of every role the format names, and the part entries of each role the
-    checkpoint has (a role whose template has no key is absent for all)."""
+    checkpoint, base (its key less the role's suffix), logical key and scheme
+    (``None``: ignored); the suffix of every role the format names, and the part entries
+    of each role the checkpoint has (a role whose template has no key is absent for all)."""
 
     positions: list[int]
     bases: list[str]
-    logical_suffix: str
+    logical: list[str]
     schemes: list[Scheme | None]
     suffixes: dict[str, str]
     parts: dict[str, list[TensorEntry | None]]
 
-    def shape_reads(self) -> list[TensorEntry]:
-        """The ``weight_shape`` entries of the pack-quantized weights that :func:`_shape`
-        will read (an integer vector)."""
-        if "shape" not in self.parts:
-            return []
-        return [e for e, s in zip(self.parts["shape"], self.schemes, strict=True)
+    def shape_reads(self) -> tuple[list[int], list[TensorEntry]]:
+        """The rows and entries of the ``weight_shape`` tensors of the pack-quantized
+        weights that :func:`_shape` will read (an integer vector)."""
+        shapes = self.parts.get("shape")
+        if shapes is None:
+            return [], []
+        rows = [i for i, (e, s) in enumerate(zip(shapes, self.schemes, strict=True))
                 if e is not None and s is not None and s.format == "int"
                 and e.spec.dtype in INTEGER_CODES and len(e.spec.shape) == 1]
+        return rows, cast(list[TensorEntry], list(map(shapes.__getitem__, rows)))
 
-    def paired(self, entries: Mapping[str, TensorEntry], values: Mapping[int, Sequence[int]],
+    def paired(self, entries: Mapping[str, TensorEntry], values: list[Sequence[int] | None],
                read_small: ReadSmall, file_of: Callable[[TensorEntry], str],
                used: list[list[str]], slots: list[PackedWeight | None],
                refused: list[tuple[int, PackedProblem]]) -> None:
         """Each weight of the stack paired (into ``slots``, at its position) or refused
         (onto ``refused``, with its position), one :func:`_pair` per layout; ``used`` gets
         a column per role: the part keys of every weight with a scheme, in the stack's
-        order."""
+        order. ``values``: each row's ``weight_shape`` values read (``None``: unread)."""
         n = len(self.bases)
         schemes = self._adjusted()
         have = [s is not None for s in schemes]
+        every = have.count(True) == n  # (no weight ignored: told at C speed)
         for column in self.parts.values():  # (told by identity: no entry is read)
             # each part's key as its entry holds it (the checkpoint's own key object: a
             # set of them finds each entry's key by identity, without comparing bytes)
-            used.append(list(map(_KEY, compress(column, map(
-                and_, have, map(is_not, column, repeat(None)))))))
+            used.append(list(map(_KEY, column if every and all(column) else compress(
+                column, map(and_, have, map(is_not, column, repeat(None)))))))
         absent: list[TensorEntry | None] = [None] * n
-        shape_of = self.parts.get("shape", absent)
-        values_of = list(map(values.get, map(id, shape_of))) if values else absent
         one = schemes.count(schemes[0]) == n  # (identity first: C speed)
         for scheme in [schemes[0]] if one else dict.fromkeys(schemes):
             if scheme is None:
                 continue
             at = list(range(n)) if one else [i for i, s in enumerate(schemes) if s == scheme]
-            columns = [list(map(self.parts.get(r, absent).__getitem__, at)) for r in scheme.roles]
-            ids: list[list[object]] = [list(map(id, map(_SPEC if all(c) else _spec_of, c)))
-                                       for c in columns]
-            ids.append(list(map(values_of.__getitem__, at)))
-            layouts: Sequence[tuple] = _layouts(ids)
+            columns = [self.parts.get(r, absent) for r in scheme.roles]
+            if not one:  # (the rows of this scheme's weights)
+                columns = [list(map(c.__getitem__, at)) for c in columns]
+            # each weight's layout: its parts' spec objects and its weight_shape values
+            layouts: Sequence[tuple] = _layouts(
+                [list(map(_SPEC if all(c) else _spec_of, c)) for c in columns]
+                + [values if one else list(map(values.__getitem__, at))])
             first = {layouts[0]: at[0]} if layouts.count(layouts[0]) == len(at) else \
                 dict(zip(reversed(layouts), reversed(at), strict=True))
             verdict = {layout: self._pair(i, scheme, entries, values, read_small, file_of)
@@ -210,7 +215,7 @@ class _Stack:
                 for j, i in enumerate(at):  # (each refused weight in its own words; each
                     made = verdict[layouts[j]]  # paired one its own key and parts)
                     made = PackedWeight(  # (its layout's: all parts)
-                        self.bases[i] + self.logical_suffix, scheme,
+                        self.logical[i], scheme,
                         cast(tuple[TensorEntry, ...], tuple(c[j] for c in columns)), made.shape
                     ) if isinstance(made, PackedWeight) else \
                         self._pair(i, scheme, entries, values, read_small, file_of)
@@ -222,7 +227,7 @@ class _Stack:
             # (one spec per layout: its verdict's)
             specs = repeat(_SPEC(verdict[layouts[0]])) if len(verdict) == 1 else \
                 map(_SPEC, map(verdict.__getitem__, layouts))
-            logical = _with(list(map(self.bases.__getitem__, at)), self.logical_suffix)
+            logical = self.logical if one else list(map(self.logical.__getitem__, at))
             stored = packed_weights(len(at), logical, specs, repeat(scheme),
                                     zip(*columns, strict=True),
                                     cast(list[TensorEntry], columns[0]))
@@ -245,20 +250,21 @@ class _Stack:
         return self.schemes
 
     def _pair(self, i: int, scheme: Scheme, entries: Mapping[str, TensorEntry],
-              values: Mapping[int, Sequence[int]], read_small: ReadSmall,
+              values: list[Sequence[int] | None], read_small: ReadSmall,
               file_of: Callable[[TensorEntry], str]) -> PackedWeight | PackedProblem:
         names = {role: self.bases[i] + suffix for role, suffix in self.suffixes.items()}
+        shape = self.parts["shape"][i] if "shape" in self.parts else None
 
         def read(entry: TensorEntry) -> Sequence[int]:
-            known = values.get(id(entry))
+            known = values[i] if entry is shape else None
             return known if known is not None else read_small([entry])[0]
-        return _pair(self.bases[i] + self.logical_suffix, scheme, names, entries, read, file_of)
+        return _pair(self.logical[i], scheme, names, entries, read, file_of)
 
 
 def _layouts(columns: list[list]) -> Sequence[tuple]:
-    """Each weight's layout: the row of its ids and ``weight_shape`` values; one row
-    repeated (a list of one object) when each column holds one value (a stack's
-    experts: counted by identity first, at C speed, not hashed weight by weight)."""
+    """Each weight's layout: the row of its part specs and ``weight_shape`` values; one
+    row repeated (a list of one object) when each column holds one value (a stack's
+    experts: counted at C speed, identity first, not hashed weight by weight)."""
     if all(c.count(c[0]) == len(c) for c in columns):
         return [tuple(c[0] for c in columns)] * len(columns[0])
     return list(zip(*columns, strict=True))
@@ -300,6 +306,10 @@ def _stack(template: str, positions: list[int], keys: list[str],
         return None
     cut = len(next(iter(suffixes.values())))
     bases = [k[:-cut] for k in members]
+    # the logical key: the stored key less the part of its suffix past the logical one
+    # (each stored suffix starts with its logical suffix: ``.weight_packed``, ``.weight``)
+    drop = cut - len(logical)
+    logicals = bases if drop == cut else members if not drop else [k[:-drop] for k in members]
     base_template = template[:-cut]
     if config.digit_blind:
         schemes = [config.scheme_for(module_of(base_template))] * len(members)
@@ -313,7 +323,7 @@ def _stack(template: str, positions: list[int], keys: list[str],
     parts: dict[str, list[TensorEntry | None]] = {
         role: list(map(entries.get, names[role])) for role in names if role != stored}
     parts = {stored: list(map(in_order.__getitem__, positions)), **parts}
-    return _Stack(positions, bases, logical, schemes, suffixes, parts)
+    return _Stack(positions, bases, logicals, schemes, suffixes, parts)
 
 
 def _mxfp4_module(base: str) -> str:
