@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from itertools import chain, compress, islice, repeat
 from operator import add, and_, attrgetter, is_not, itemgetter
 from typing import cast
@@ -56,17 +57,23 @@ ReadOne = Callable[[TensorEntry], Sequence[int]]
 
 @dataclass(frozen=True)
 class PackedPairing:
-    """What :func:`pair_packed` found: weights by logical key, problems, consumed keys
-    (every part, and the shape tensors); ``at``: each weight's position among the
-    entries it was paired from (in the order of ``weights``)."""
+    """What :func:`pair_packed` found: the stored weights (in checkpoint order), problems,
+    consumed keys (every part, and the shape tensors); ``at``: each weight's position
+    among the entries it was paired from. A routed checkpoint's entry is a weight of the
+    pairing when it is a :class:`PackedWeight` (told by its type, no key looked up)."""
 
-    weights: Mapping[str, PackedWeight]
+    stored: Sequence[PackedWeight]
     problems: tuple[PackedProblem, ...]
     companions: frozenset[str]
     config: FormatConfig
     routed: dict = field(default_factory=dict, compare=False, repr=False)  # see routed_entries
     kept: Mapping[str, PackedWeight] = field(default_factory=dict)  # see kept_by_model
     at: Sequence[int] = field(default=(), compare=False, repr=False)
+
+    @cached_property
+    def weights(self) -> Mapping[str, PackedWeight]:
+        """The stored weights by logical key."""
+        return dict(zip(map(_KEY, self.stored), self.stored, strict=True))
 
     def entry(self, key: str) -> PackedWeight:
         """The logical entry routing sees: the weight itself (see :class:`PackedWeight`)."""
@@ -102,12 +109,11 @@ def pair_packed(entries: Mapping[str, TensorEntry], config: FormatConfig,
     stored = list(filter(None, map(slots.__getitem__, at)))  # checkpoint order
     if len(stored) < len(at):  # (a refused weight's position holds no weight)
         at = list(compress(at, map(is_not, map(slots.__getitem__, at), repeat(None))))
-    weights = dict(zip(map(_KEY, stored), stored, strict=True))
     refused.sort(key=_FIRST)
     problems = list(map(_SECOND, refused))
     problems += unmatched_ignores(config, entries, known)
     problems += strays(config, keys, used, companions)
-    return PackedPairing(weights, tuple(problems), companions, config, at=at)
+    return PackedPairing(stored, tuple(problems), companions, config, at=at)
 
 
 _SPEC = attrgetter("spec")

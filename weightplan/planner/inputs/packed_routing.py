@@ -30,9 +30,9 @@ def kept_by_model(pairing: PackedPairing | None,
     :attr:`PackedPairing.kept` (the plan's note). A floating parameter under the same
     key (compressed-tensors FP8's ``weight``) is a dequantize's target, not a keep. Told
     in columns, a name at a time (Kimi-K2: 69k weights)."""
-    if pairing is None or not pairing.weights:
+    if pairing is None or not pairing.stored:
         return pairing
-    firsts = list(map(_FIRST, map(_PARTS, pairing.weights.values())))
+    firsts = list(map(_FIRST, map(_PARTS, pairing.stored)))
     stored = list(map(_DTYPE, firsts))
     if set(stored).isdisjoint(held.values()):  # (no name can hold one: Kimi-K2 in bf16)
         return pairing
@@ -43,11 +43,11 @@ def kept_by_model(pairing: PackedPairing | None,
         holds = list(map(or_, holds, map(eq, stored, map(held.get, names))))
     if not any(holds):
         return pairing
-    kept = dict(compress(pairing.weights.items(), holds))
+    kept = {w.key: w for w in compress(pairing.stored, holds)}
     freed = {p.key for w in kept.values() for p in w.parts}
     freed |= {w.parts[0].key.rsplit(".", 1)[0] + s for w in kept.values()
               for s in (".weight_shape", ".weight_g_idx")}
-    return replace(pairing, weights={k: w for k, w in pairing.weights.items() if k not in kept},
+    return replace(pairing, stored=list(compress(pairing.stored, map(not_, holds))),
                    companions=pairing.companions - freed, routed={}, kept=kept,
                    at=list(compress(pairing.at, map(not_, holds))))
 
@@ -57,12 +57,12 @@ def routed_entries(ckpt: Checkpoint, pairing: PackedPairing | None) -> Checkpoin
     entry (the :class:`~weightplan.planner.inputs.packed_weight.PackedWeight` itself) in
     its stored weight's place, its parts left out. ``ckpt`` is the checkpoint whose
     entries ``pairing`` paired (each weight's first part is the entry at its position)."""
-    if pairing is None or not (pairing.weights or pairing.companions):
+    if pairing is None or not (pairing.stored or pairing.companions):
         return None
     done = pairing.routed.get(id(ckpt))
     if done is not None and done[0] is ckpt:  # (quant_context and routing both ask)
         return done[1]
-    weights, at = list(pairing.weights.values()), pairing.at
+    weights, at = pairing.stored, pairing.at
     values = list(ckpt.entries.values())
     if len(at) != len(weights) or (at and max(at) >= len(values)) or not all(
             map(is_, map(values.__getitem__, at), map(_FIRST, map(_PARTS, weights)))):

@@ -59,6 +59,11 @@ class PackedWeight(TensorEntry):
         return PackedWeight, (self.key, self.scheme, self.parts, self.shape)
 
 
+def packed_weight(entry: TensorEntry) -> PackedWeight | None:
+    """``entry`` when it is a stored weight's logical entry, else ``None``."""
+    return entry if type(entry) is PackedWeight else None
+
+
 _WEIGHT_SETTERS = slot_setters(PackedWeight, ("key", "spec", "file", "offset", "scheme", "parts"))
 _WEIGHT_ROW = attrgetter("key", "spec", "scheme", "parts")
 
