@@ -116,23 +116,19 @@ def pair_packed(entries: Mapping[str, TensorEntry], config: FormatConfig,
     return PackedPairing(stored, tuple(problems), companions, config, at=at)
 
 
-_SPEC = attrgetter("spec")
 _TO_ONE = str.maketrans("0123456789", "1111111111")
-_FIRST, _SECOND, _KEY = itemgetter(0), itemgetter(1), attrgetter("key")
+_FIRST, _SECOND, _KEY, _SPEC = itemgetter(0), itemgetter(1), attrgetter("key"), attrgetter("spec")
 # compressed-tensors' parts of a ``weight_packed``, by role
 _CT_PARTS = (("packed", ".weight_packed"), ("scale", ".weight_scale"),
              ("global", ".weight_global_scale"), ("zero", ".weight_zero_point"),
              ("shape", ".weight_shape"), ("g_idx", ".weight_g_idx"))
-
-
 # the suffixes of a stored weight's key (its first part), by method
 _STORED = {"mxfp4": ("_blocks",), "compressed-tensors": (".weight_packed", ".weight"),
            "modelopt": (".weight",)}
 
 
 def _templates(keys: list[str]) -> list[str]:
-    """Each key's template: every ASCII digit made ``1`` (one translation of the joined
-    keys)."""
+    """Each key's template: every digit made ``1`` (one translation of the joined keys)."""
     templates = "\n".join(keys).translate(_TO_ONE).split("\n")
     if len(templates) != len(keys):  # a key holds a newline
         templates = [k.translate(_TO_ONE) for k in keys]
@@ -193,13 +189,7 @@ class _Stack:
         order. ``values``: each row's ``weight_shape`` values read (``None``: unread)."""
         n = len(self.bases)
         schemes = self._adjusted()
-        have = [s is not None for s in schemes]
-        every = have.count(True) == n  # (no weight ignored: told at C speed)
-        for column in self.parts.values():  # (told by identity: no entry is read)
-            # each part's key as its entry holds it (the checkpoint's own key object: a
-            # set of them finds each entry's key by identity, without comparing bytes)
-            used.append(list(map(_KEY, column if every and all(column) else compress(
-                column, map(and_, have, map(is_not, column, repeat(None)))))))
+        used += self._claimed(schemes)
         absent: list[TensorEntry | None] = [None] * n
         one = schemes.count(schemes[0]) == n  # (identity first: C speed)
         for scheme in [schemes[0]] if one else dict.fromkeys(schemes):
@@ -230,7 +220,6 @@ class _Stack:
                     else:
                         refused.append((self.positions[i], made))
                 continue
-            # (one spec per layout: its verdict's)
             specs = repeat(_SPEC(verdict[layouts[0]])) if len(verdict) == 1 else \
                 map(_SPEC, map(verdict.__getitem__, layouts))
             logical = self.logical if one else list(map(self.logical.__getitem__, at))
@@ -238,6 +227,16 @@ class _Stack:
                                     zip(*columns, strict=True),
                                     cast(list[TensorEntry], columns[0]))
             deque(map(slots.__setitem__, map(self.positions.__getitem__, at), stored), maxlen=0)
+
+    def _claimed(self, schemes: list[Scheme | None]) -> list[list[str]]:
+        """A column per role: the part keys of every weight with a scheme, in the stack's
+        order; each key as its entry holds it (the checkpoint's own key object: a set of
+        them finds each entry's key by identity, without comparing bytes)."""
+        have = [s is not None for s in schemes]
+        every = have.count(True) == len(have)  # (no weight ignored: told at C speed)
+        return [list(map(_KEY, column if every and all(column) else compress(
+            column, map(and_, have, map(is_not, column, repeat(None))))))
+            for column in self.parts.values()]  # (told by identity: no entry is read)
 
     def _adjusted(self) -> list[Scheme | None]:
         """The schemes, each as the checkpoint says: gpt-oss's fused experts (U8

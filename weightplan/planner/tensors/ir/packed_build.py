@@ -80,12 +80,14 @@ def stacked_packed(packed: Sequence[PackedWeight], sources: Sequence[tuple[int, 
     """:func:`packed_stream` of packed weights with as many parts each, role by role: the
     read nodes of each part in one column, then the dequantize nodes in one."""
     roles = [read_nodes(column, sources) for column in zip(*map(_PARTS, packed), strict=True)]
-    # one spec per shape, one attrs object per scheme object (a stack's share one)
-    shapes, schemes = list(map(_SHAPE, packed)), list(map(_SCHEME, packed))
-    specs = {shape: TensorSpec(shape, dtype) for shape in dict.fromkeys(shapes)}
+    # one spec per logical spec object, one attrs object per scheme object (a stack's
+    # weights share one of each: told by identity, no shape hashed per weight)
+    logical, schemes = list(map(_SPEC, packed)), list(map(_SCHEME, packed))
+    specs = {id(s): TensorSpec(s.shape, dtype) for s in dict(zip(map(id, logical), logical,
+                                                                strict=True)).values()}
     attrs = {id(s): DequantizeAttrs(dtype, (), s) for s in dict(zip(map(id, schemes), schemes,
                                                                      strict=True)).values()}
-    values = make_nodes(NodeKind.DEQUANTIZE, list(map(specs.__getitem__, shapes)),
+    values = make_nodes(NodeKind.DEQUANTIZE, list(map(specs.__getitem__, map(id, logical))),
                         list(zip(*roles, strict=True)),
                         list(map(attrs.__getitem__, map(id, schemes))))
     return tuple(values), roles[0], [n for role in roles[1:] for n in role] + values
@@ -93,7 +95,7 @@ def stacked_packed(packed: Sequence[PackedWeight], sources: Sequence[tuple[int, 
 
 _PARTS, _FIRST = attrgetter("parts"), itemgetter(0)
 _IS_PACKED = PackedWeight.__instancecheck__
-_SHAPE, _SCHEME = attrgetter("shape"), attrgetter("scheme")
+_SPEC, _SCHEME = attrgetter("spec"), attrgetter("scheme")
 
 
 def each_packed(entries: Sequence[TensorEntry], packed: Sequence[PackedWeight | None],
