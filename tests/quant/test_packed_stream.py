@@ -37,7 +37,7 @@ def test_columns_and_entry_by_entry_make_the_same_nodes(tmp_path_factory, kind, 
     assert stacked[0] == each[0] and stacked[1] == each[1]
     assert sorted(map(hash, stacked[2])) == sorted(map(hash, each[2]))
     assert set(stacked[2]) == set(each[2])
-    assert packed_stream(entries, sources, pairing, torch.bfloat16) == stacked
+    assert packed_stream(entries, sources, torch.bfloat16) == stacked
 
 
 def test_a_stream_mixing_plain_sources_goes_entry_by_entry(tmp_path_factory):
@@ -47,7 +47,7 @@ def test_a_stream_mixing_plain_sources_goes_entry_by_entry(tmp_path_factory):
     key = sorted(k for k in pairing.weights if ".experts." in k)[0]
     plain = ckpt.entries["model.norm.weight"]
     entries = [pairing.entry(key), plain]
-    values, reads, added = packed_stream(entries, [(0, 0), (0, 1)], pairing, torch.bfloat16)
+    values, reads, added = packed_stream(entries, [(0, 0), (0, 1)], torch.bfloat16)
     assert values[0].kind.name == "DEQUANTIZE" and values[1].kind.name == "READ"
     assert values[1] in reads and values[0] in added
 

@@ -23,19 +23,21 @@ read (``weight_shape``'s few bytes are read: the exact ``in`` is only there).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from itertools import chain, compress, repeat
+from functools import cached_property
+from itertools import chain, compress, islice, repeat
 from operator import add, and_, attrgetter, is_not, itemgetter
 from typing import cast
 
 import torch
 
 from weightplan.planner.core.entry import TensorEntry
-from weightplan.planner.core.makers import columns
 from weightplan.planner.core.quant.formats import Scheme, companion_shapes, logical_shape
 from weightplan.planner.core.spec import TensorSpec, short_dtype
 from weightplan.planner.inputs.small_reads import INTEGER_CODES
+from weightplan.planner.inputs.packed_weight import PackedWeight, packed_weights
 from weightplan.planner.inputs.packed_problems import PackedProblem, strays, unmatched_ignores
 from weightplan.planner.inputs.quant_formats import FormatConfig
 
@@ -53,41 +55,29 @@ ReadSmall = Callable[[Sequence[TensorEntry]], list[tuple[int, ...]]]  # a batch'
 ReadOne = Callable[[TensorEntry], Sequence[int]]
 
 
-@dataclass(frozen=True, slots=True)
-class PackedWeight:
-    """A stored weight, its parts (in ``scheme.roles`` order) and its logical shape."""
-
-    key: str
-    scheme: Scheme
-    parts: tuple[TensorEntry, ...]
-    shape: tuple[int, ...]
-
-    @property
-    def stored_bytes(self) -> int:
-        return sum(p.nbytes for p in self.parts)
-
-
-_weights = columns(PackedWeight)
-
-
 @dataclass(frozen=True)
 class PackedPairing:
-    """What :func:`pair_packed` found: weights by logical key, problems, consumed keys
-    (every part, and the shape tensors)."""
+    """What :func:`pair_packed` found: the stored weights (in checkpoint order), problems,
+    consumed keys (every part, and the shape tensors); ``at``: each weight's position
+    among the entries it was paired from. A routed checkpoint's entry is a weight of the
+    pairing when it is a :class:`PackedWeight` (told by its type, no key looked up)."""
 
-    weights: Mapping[str, PackedWeight]
+    stored: Sequence[PackedWeight]
     problems: tuple[PackedProblem, ...]
     companions: frozenset[str]
     config: FormatConfig
     routed: dict = field(default_factory=dict, compare=False, repr=False)  # see routed_entries
     kept: Mapping[str, PackedWeight] = field(default_factory=dict)  # see kept_by_model
+    at: Sequence[int] = field(default=(), compare=False, repr=False)
 
-    def entry(self, key: str) -> TensorEntry:
-        """The logical entry routing sees: the logical key and shape (nominally bf16:
-        never read as such, always behind a dequantize) at the stored weight's place."""
-        w = self.weights[key]
-        return TensorEntry(key, TensorSpec(w.shape, torch.bfloat16), w.parts[0].file,
-                           w.parts[0].offset)
+    @cached_property
+    def weights(self) -> Mapping[str, PackedWeight]:
+        """The stored weights by logical key."""
+        return dict(zip(map(_KEY, self.stored), self.stored, strict=True))
+
+    def entry(self, key: str) -> PackedWeight:
+        """The logical entry routing sees: the weight itself (see :class:`PackedWeight`)."""
+        return self.weights[key]
 
 
 def pair_packed(entries: Mapping[str, TensorEntry], config: FormatConfig,
@@ -105,40 +95,40 @@ def pair_packed(entries: Mapping[str, TensorEntry], config: FormatConfig,
     stacks = [stack for template, positions in _by_template(templates, config).items()
               if (stack := _stack(template, positions, keys, entries, in_order, config,
                                   known)) is not None]
-    shapes = [e for stack in stacks for e in stack.shape_reads()]
-    values = dict(zip(map(id, shapes), read_small(shapes), strict=True))
-    found: list[tuple[int, PackedWeight | PackedProblem]] = []
+    reads = [stack.shape_reads() for stack in stacks]
+    got = iter(read_small([e for stack in reads for e in stack[1]]))
+    slots: list[PackedWeight | None] = [None] * len(keys)  # by position
+    refused: list[tuple[int, PackedProblem]] = []
     used: list[list[str]] = []
-    for stack in stacks:
-        found += stack.paired(entries, values, read_small, file_of, used)
+    for stack, (rows, _) in zip(stacks, reads, strict=True):
+        values: list[Sequence[int] | None] = [None] * len(stack.bases)  # by row
+        deque(map(values.__setitem__, rows, islice(got, len(rows))), maxlen=0)
+        stack.paired(entries, values, read_small, file_of, used, slots, refused)
     companions = frozenset(chain.from_iterable(used))
-    found.sort(key=_FIRST)  # checkpoint order (runs of positions, each sorted: a merge)
-    made = list(map(_SECOND, found))
-    problems = [m for m in made if isinstance(m, PackedProblem)]
-    stored = [m for m in made if isinstance(m, PackedWeight)] if problems else made
-    weights = dict(zip(map(_KEY, stored), stored, strict=True))
+    at = sorted(chain.from_iterable(stack.positions for stack in stacks))  # (sorted runs)
+    stored = list(filter(None, map(slots.__getitem__, at)))  # checkpoint order
+    if len(stored) < len(at):  # (a refused weight's position holds no weight)
+        at = list(compress(at, map(is_not, map(slots.__getitem__, at), repeat(None))))
+    refused.sort(key=_FIRST)
+    problems = list(map(_SECOND, refused))
     problems += unmatched_ignores(config, entries, known)
     problems += strays(config, keys, used, companions)
-    return PackedPairing(weights, tuple(problems), companions, config)
+    return PackedPairing(stored, tuple(problems), companions, config, at=at)
 
 
-_SPEC, _SHAPE = attrgetter("spec"), attrgetter("shape")
 _TO_ONE = str.maketrans("0123456789", "1111111111")
-_FIRST, _SECOND, _KEY = itemgetter(0), itemgetter(1), attrgetter("key")
+_FIRST, _SECOND, _KEY, _SPEC = itemgetter(0), itemgetter(1), attrgetter("key"), attrgetter("spec")
 # compressed-tensors' parts of a ``weight_packed``, by role
 _CT_PARTS = (("packed", ".weight_packed"), ("scale", ".weight_scale"),
              ("global", ".weight_global_scale"), ("zero", ".weight_zero_point"),
              ("shape", ".weight_shape"), ("g_idx", ".weight_g_idx"))
-
-
 # the suffixes of a stored weight's key (its first part), by method
 _STORED = {"mxfp4": ("_blocks",), "compressed-tensors": (".weight_packed", ".weight"),
            "modelopt": (".weight",)}
 
 
 def _templates(keys: list[str]) -> list[str]:
-    """Each key's template: every ASCII digit made ``1`` (one translation of the joined
-    keys)."""
+    """Each key's template: every digit made ``1`` (one translation of the joined keys)."""
     templates = "\n".join(keys).translate(_TO_ONE).split("\n")
     if len(templates) != len(keys):  # a key holds a newline
         templates = [k.translate(_TO_ONE) for k in keys]
@@ -167,54 +157,52 @@ def _with(bases: list[str], suffix: str) -> list[str]:
 @dataclass(frozen=True, slots=True)
 class _Stack:
     """The stored weights of one key template, as columns: each one's position in the
-    checkpoint, base (its key less the role's suffix) and scheme (``None``: ignored);
-    the suffix of every role the format names, and the part entries of each role the
-    checkpoint has (a role whose template has no key is absent for all)."""
+    checkpoint, base (its key less the role's suffix), logical key and scheme
+    (``None``: ignored); the suffix of every role the format names, and the part entries
+    of each role the checkpoint has (a role whose template has no key is absent for all)."""
 
     positions: list[int]
     bases: list[str]
-    logical_suffix: str
+    logical: list[str]
     schemes: list[Scheme | None]
     suffixes: dict[str, str]
     parts: dict[str, list[TensorEntry | None]]
 
-    def shape_reads(self) -> list[TensorEntry]:
-        """The ``weight_shape`` entries of the pack-quantized weights that :func:`_shape`
-        will read (an integer vector)."""
-        if "shape" not in self.parts:
-            return []
-        return [e for e, s in zip(self.parts["shape"], self.schemes, strict=True)
+    def shape_reads(self) -> tuple[list[int], list[TensorEntry]]:
+        """The rows and entries of the ``weight_shape`` tensors of the pack-quantized
+        weights that :func:`_shape` will read (an integer vector)."""
+        shapes = self.parts.get("shape")
+        if shapes is None:
+            return [], []
+        rows = [i for i, (e, s) in enumerate(zip(shapes, self.schemes, strict=True))
                 if e is not None and s is not None and s.format == "int"
                 and e.spec.dtype in INTEGER_CODES and len(e.spec.shape) == 1]
+        return rows, cast(list[TensorEntry], list(map(shapes.__getitem__, rows)))
 
-    def paired(self, entries: Mapping[str, TensorEntry], values: Mapping[int, Sequence[int]],
+    def paired(self, entries: Mapping[str, TensorEntry], values: list[Sequence[int] | None],
                read_small: ReadSmall, file_of: Callable[[TensorEntry], str],
-               used: list[list[str]]) -> list[tuple[int, PackedWeight | PackedProblem]]:
-        """Each weight of the stack (by position) paired or refused, one :func:`_pair`
-        per layout; ``used`` gets a column per role: the part keys of every weight with a
-        scheme, in the stack's order."""
+               used: list[list[str]], slots: list[PackedWeight | None],
+               refused: list[tuple[int, PackedProblem]]) -> None:
+        """Each weight of the stack paired (into ``slots``, at its position) or refused
+        (onto ``refused``, with its position), one :func:`_pair` per layout; ``used`` gets
+        a column per role: the part keys of every weight with a scheme, in the stack's
+        order. ``values``: each row's ``weight_shape`` values read (``None``: unread)."""
         n = len(self.bases)
         schemes = self._adjusted()
-        have = [s is not None for s in schemes]
-        for column in self.parts.values():  # (told by identity: no entry is read)
-            # each part's key as its entry holds it (the checkpoint's own key object: a
-            # set of them finds each entry's key by identity, without comparing bytes)
-            used.append(list(map(_KEY, compress(column, map(
-                and_, have, map(is_not, column, repeat(None)))))))
+        used += self._claimed(schemes)
         absent: list[TensorEntry | None] = [None] * n
-        shape_of = self.parts.get("shape", absent)
-        values_of = list(map(values.get, map(id, shape_of))) if values else absent
-        out: list[tuple[int, PackedWeight | PackedProblem]] = []
         one = schemes.count(schemes[0]) == n  # (identity first: C speed)
         for scheme in [schemes[0]] if one else dict.fromkeys(schemes):
             if scheme is None:
                 continue
             at = list(range(n)) if one else [i for i, s in enumerate(schemes) if s == scheme]
-            columns = [list(map(self.parts.get(r, absent).__getitem__, at)) for r in scheme.roles]
-            ids: list[list[object]] = [list(map(id, map(_SPEC if all(c) else _spec_of, c)))
-                                       for c in columns]
-            ids.append(list(map(values_of.__getitem__, at)))
-            layouts: Sequence[tuple] = _layouts(ids)
+            columns = [self.parts.get(r, absent) for r in scheme.roles]
+            if not one:  # (the rows of this scheme's weights)
+                columns = [list(map(c.__getitem__, at)) for c in columns]
+            # each weight's layout: its parts' spec objects and its weight_shape values
+            layouts: Sequence[tuple] = _layouts(
+                [list(map(_SPEC if all(c) else _spec_of, c)) for c in columns]
+                + [values if one else list(map(values.__getitem__, at))])
             first = {layouts[0]: at[0]} if layouts.count(layouts[0]) == len(at) else \
                 dict(zip(reversed(layouts), reversed(at), strict=True))
             verdict = {layout: self._pair(i, scheme, entries, values, read_small, file_of)
@@ -222,18 +210,33 @@ class _Stack:
             if any(isinstance(v, PackedProblem) for v in verdict.values()):
                 for j, i in enumerate(at):  # (each refused weight in its own words; each
                     made = verdict[layouts[j]]  # paired one its own key and parts)
-                    out.append((self.positions[i], PackedWeight(  # (its layout's: all parts)
-                        self.bases[i] + self.logical_suffix, scheme,
-                        cast(tuple[TensorEntry, ...], tuple(c[j] for c in columns)), made.shape)
-                        if isinstance(made, PackedWeight) else
-                        self._pair(i, scheme, entries, values, read_small, file_of)))
+                    made = PackedWeight(  # (its layout's: all parts)
+                        self.logical[i], scheme,
+                        cast(tuple[TensorEntry, ...], tuple(c[j] for c in columns)), made.shape
+                    ) if isinstance(made, PackedWeight) else \
+                        self._pair(i, scheme, entries, values, read_small, file_of)
+                    if isinstance(made, PackedWeight):
+                        slots[self.positions[i]] = made
+                    else:
+                        refused.append((self.positions[i], made))
                 continue
-            shapes = [_SHAPE(verdict[layouts[0]])] * len(at) if len(verdict) == 1 else \
-                list(map(_SHAPE, map(verdict.__getitem__, layouts)))
-            logical = _with(list(map(self.bases.__getitem__, at)), self.logical_suffix)
-            stored = _weights(len(at), logical, repeat(scheme), zip(*columns, strict=True), shapes)
-            out += zip(map(self.positions.__getitem__, at), stored, strict=True)
-        return out
+            specs = repeat(_SPEC(verdict[layouts[0]])) if len(verdict) == 1 else \
+                map(_SPEC, map(verdict.__getitem__, layouts))
+            logical = self.logical if one else list(map(self.logical.__getitem__, at))
+            stored = packed_weights(len(at), logical, specs, repeat(scheme),
+                                    zip(*columns, strict=True),
+                                    cast(list[TensorEntry], columns[0]))
+            deque(map(slots.__setitem__, map(self.positions.__getitem__, at), stored), maxlen=0)
+
+    def _claimed(self, schemes: list[Scheme | None]) -> list[list[str]]:
+        """A column per role: the part keys of every weight with a scheme, in the stack's
+        order; each key as its entry holds it (the checkpoint's own key object: a set of
+        them finds each entry's key by identity, without comparing bytes)."""
+        have = [s is not None for s in schemes]
+        every = have.count(True) == len(have)  # (no weight ignored: told at C speed)
+        return [list(map(_KEY, column if every and all(column) else compress(
+            column, map(and_, have, map(is_not, column, repeat(None))))))
+            for column in self.parts.values()]  # (told by identity: no entry is read)
 
     def _adjusted(self) -> list[Scheme | None]:
         """The schemes, each as the checkpoint says: gpt-oss's fused experts (U8
@@ -252,20 +255,21 @@ class _Stack:
         return self.schemes
 
     def _pair(self, i: int, scheme: Scheme, entries: Mapping[str, TensorEntry],
-              values: Mapping[int, Sequence[int]], read_small: ReadSmall,
+              values: list[Sequence[int] | None], read_small: ReadSmall,
               file_of: Callable[[TensorEntry], str]) -> PackedWeight | PackedProblem:
         names = {role: self.bases[i] + suffix for role, suffix in self.suffixes.items()}
+        shape = self.parts["shape"][i] if "shape" in self.parts else None
 
         def read(entry: TensorEntry) -> Sequence[int]:
-            known = values.get(id(entry))
+            known = values[i] if entry is shape else None
             return known if known is not None else read_small([entry])[0]
-        return _pair(self.bases[i] + self.logical_suffix, scheme, names, entries, read, file_of)
+        return _pair(self.logical[i], scheme, names, entries, read, file_of)
 
 
 def _layouts(columns: list[list]) -> Sequence[tuple]:
-    """Each weight's layout: the row of its ids and ``weight_shape`` values; one row
-    repeated (a list of one object) when each column holds one value (a stack's
-    experts: counted by identity first, at C speed, not hashed weight by weight)."""
+    """Each weight's layout: the row of its part specs and ``weight_shape`` values; one
+    row repeated (a list of one object) when each column holds one value (a stack's
+    experts: counted at C speed, identity first, not hashed weight by weight)."""
     if all(c.count(c[0]) == len(c) for c in columns):
         return [tuple(c[0] for c in columns)] * len(columns[0])
     return list(zip(*columns, strict=True))
@@ -307,6 +311,10 @@ def _stack(template: str, positions: list[int], keys: list[str],
         return None
     cut = len(next(iter(suffixes.values())))
     bases = [k[:-cut] for k in members]
+    # the logical key: the stored key less the part of its suffix past the logical one
+    # (each stored suffix starts with its logical suffix: ``.weight_packed``, ``.weight``)
+    drop = cut - len(logical)
+    logicals = bases if drop == cut else members if not drop else [k[:-drop] for k in members]
     base_template = template[:-cut]
     if config.digit_blind:
         schemes = [config.scheme_for(module_of(base_template))] * len(members)
@@ -320,7 +328,7 @@ def _stack(template: str, positions: list[int], keys: list[str],
     parts: dict[str, list[TensorEntry | None]] = {
         role: list(map(entries.get, names[role])) for role in names if role != stored}
     parts = {stored: list(map(in_order.__getitem__, positions)), **parts}
-    return _Stack(positions, bases, logical, schemes, suffixes, parts)
+    return _Stack(positions, bases, logicals, schemes, suffixes, parts)
 
 
 def _mxfp4_module(base: str) -> str:

@@ -35,8 +35,8 @@ class SmallReader:
         out: list[tuple[int, ...]] = [()] * len(entries)
         if not entries:
             return out
-        # (each entry read once: its three slots together, then as columns)
-        specs, files, offsets = map(list, zip(*map(_SLOTS, entries), strict=True))
+        specs, files = list(map(_SPEC, entries)), list(map(_FILE, entries))
+        offsets = list(map(_OFFSET, entries))
         ids = list(map(id, specs))
         unique = dict(zip(ids, specs, strict=True))  # (the specs are shared)
         if any(spec.dtype not in INTEGER_CODES for spec in unique.values()):
@@ -93,14 +93,14 @@ class SmallReader:
                                     file=entry.file, key=entry.key)
         data = np.frombuffer(blob, np.uint8)
         where = base[run] + rel
-        sorted_ids = spec_ids[order]
+        sorted_ids, positions_of = spec_ids[order], np.array(at, np.int64)
         for spec_id, spec in specs.items():
             rows = np.flatnonzero(sorted_ids == spec_id)
             if not len(rows) or spec.nbytes == 0:
                 continue
             gathered = data[where[rows, None] + np.arange(spec.nbytes)]
             values = gathered.view(f"<{INTEGER_CODES[spec.dtype]}").tolist()
-            positions = map(at.__getitem__, order[rows].tolist())
+            positions = positions_of[order[rows]].tolist()
             deque(map(out.__setitem__, positions, map(tuple, values)), maxlen=0)
 
     def _pread(self, file: str, size: int, start: int) -> bytes:
@@ -135,7 +135,7 @@ class SmallReader:
 
 
 _GAP = 4096  # bytes between two small tensors read in one run
-_SLOTS = attrgetter("spec", "file", "offset")
+_SPEC, _FILE, _OFFSET = attrgetter("spec"), attrgetter("file"), attrgetter("offset")
 
 
 def _runs(which: np.ndarray, offset: np.ndarray, size: np.ndarray

@@ -47,7 +47,7 @@ def _kept_notes(quant: QuantContext, conversions: Sequence[Conversion]) -> list[
     their own names, or read role by role into merged tensors: their stored weight
     tensor is a conversion's own entry)."""
     assert quant.packed is not None
-    weights = list(quant.packed.weights.values())
+    weights = quant.packed.stored
     firsts = list(map(id, map(_FIRST, map(_PARTS, weights))))
     # (the firsts a conversion reads, found by a pass over the conversions' entries)
     read = set(firsts).intersection(map(id, chain.from_iterable(chain.from_iterable(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from itertools import compress
 
 from weightplan.errors import QuantizationError
 from weightplan.planner.inputs.checkpoint import Checkpoint
@@ -43,14 +44,14 @@ def reencode_context(source: object, ckpt: Checkpoint, to: str
     wrong = [p.message for p in (packed.problems if packed is not None else ())]
     if wrong:
         raise QuantizationError("can't re-encode: " + "; ".join(wrong[:5]))
-    weights = {k: w for k, w in (packed.weights if packed is not None else {}).items()
-               if w.scheme.format == "mxfp4"}
-    if packed is None or not weights:
+    keep = [w.scheme.format == "mxfp4" for w in (packed.stored if packed is not None else ())]
+    if packed is None or not any(keep):
         raise QuantizationError(f"{source}: nothing to re-encode as FP8 (re-encoding takes "
                                 "MXFP4: quantization_config.quant_method 'mxfp4')")
-    mxfp4 = replace(packed, weights=weights, routed={})
+    mxfp4 = replace(packed, stored=list(compress(packed.stored, keep)),
+                    at=list(compress(packed.at, keep)), routed={})
     quant = QuantContext(Fp8Pairing({}, (), frozenset()), None, None, packed=mxfp4)
-    return quant, {k: DEFAULT_BLOCK for k in weights}
+    return quant, {k: DEFAULT_BLOCK for k in mxfp4.weights}
 
 
 def reencoded_config(data: bytes) -> bytes:

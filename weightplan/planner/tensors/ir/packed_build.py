@@ -10,7 +10,7 @@ chain's input in place of the read, landing straight in its destination slice.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import repeat
+from itertools import chain, repeat
 from operator import attrgetter, is_, itemgetter
 
 import torch
@@ -18,7 +18,7 @@ import torch
 from weightplan.planner.core.entry import TensorEntry
 from weightplan.planner.core.ops.base import Streams, stream_positions
 from weightplan.planner.core.spec import TensorSpec
-from weightplan.planner.inputs.packed_pairs import PackedPairing, PackedWeight
+from weightplan.planner.inputs.packed_weight import PackedWeight, packed_weight
 from weightplan.planner.keys.routing import Group
 from weightplan.planner.tensors.ir.nodes import (
     DequantizeAttrs, Node, NodeKind, make_nodes, read_nodes,
@@ -33,12 +33,12 @@ def packed_source_streams(group: Group, quant: QuantContext | None, expected: ob
     packed weights (``None``: it has none): each stream's packed sources behind their
     dequantize nodes, the rest plain reads."""
     pairing = quant.packed if quant is not None else None
-    if pairing is None or not any(e.key in pairing.weights for s in group.sources for e in s):
+    if pairing is None or not any(map(_IS_PACKED, chain.from_iterable(group.sources))):
         return None
     out = dequantized_dtype(group, expected, dtype)
     streams, reads, added = [], [], []
     for i, entries in enumerate(group.sources):
-        made = packed_stream(entries, stream_positions(i, len(entries)), pairing, out)
+        made = packed_stream(entries, stream_positions(i, len(entries)), out)
         values = made[0] if made is not None else tuple(
             read_nodes(entries, stream_positions(i, len(entries))))
         streams.append(values)
@@ -48,14 +48,15 @@ def packed_source_streams(group: Group, quant: QuantContext | None, expected: ob
 
 
 def packed_stream(entries: Sequence[TensorEntry], sources: Sequence[tuple[int, int]],
-                  pairing: PackedPairing, dtype: torch.dtype
+                  dtype: torch.dtype
                   ) -> tuple[tuple[Node, ...], list[Node], list[Node]] | None:
     """``(values, reads, added)`` of a stream with packed weights (``None``: it has none):
-    the values are the dequantize nodes (plain reads where a source isn't packed). A
+    the values are the dequantize nodes (plain reads where a source isn't packed: a
+    source is packed when it is a :class:`PackedWeight`, a pairing's logical entry). A
     stream of packed weights only, each with as many parts (a stack's experts: Kimi-K2's
     384), is made in columns (:func:`stacked_packed`); any other entry by entry
     (:func:`each_packed`). Either way the same nodes."""
-    found = list(map(pairing.weights.get, map(_KEY, entries)))
+    found = list(map(packed_weight, entries))  # (told by type: no key looked up)
     missing = list(map(is_, found, repeat(None)))  # (by identity: no __eq__ called)
     if all(missing):
         return None
@@ -79,19 +80,22 @@ def stacked_packed(packed: Sequence[PackedWeight], sources: Sequence[tuple[int, 
     """:func:`packed_stream` of packed weights with as many parts each, role by role: the
     read nodes of each part in one column, then the dequantize nodes in one."""
     roles = [read_nodes(column, sources) for column in zip(*map(_PARTS, packed), strict=True)]
-    # one spec per shape, one attrs object per scheme object (a stack's share one)
-    shapes, schemes = list(map(_SHAPE, packed)), list(map(_SCHEME, packed))
-    specs = {shape: TensorSpec(shape, dtype) for shape in dict.fromkeys(shapes)}
+    # one spec per logical spec object, one attrs object per scheme object (a stack's
+    # weights share one of each: told by identity, no shape hashed per weight)
+    logical, schemes = list(map(_SPEC, packed)), list(map(_SCHEME, packed))
+    specs = {id(s): TensorSpec(s.shape, dtype) for s in dict(zip(map(id, logical), logical,
+                                                                strict=True)).values()}
     attrs = {id(s): DequantizeAttrs(dtype, (), s) for s in dict(zip(map(id, schemes), schemes,
                                                                      strict=True)).values()}
-    values = make_nodes(NodeKind.DEQUANTIZE, list(map(specs.__getitem__, shapes)),
+    values = make_nodes(NodeKind.DEQUANTIZE, list(map(specs.__getitem__, map(id, logical))),
                         list(zip(*roles, strict=True)),
                         list(map(attrs.__getitem__, map(id, schemes))))
     return tuple(values), roles[0], [n for role in roles[1:] for n in role] + values
 
 
-_KEY, _PARTS, _FIRST = attrgetter("key"), attrgetter("parts"), itemgetter(0)
-_SHAPE, _SCHEME = attrgetter("shape"), attrgetter("scheme")
+_PARTS, _FIRST = attrgetter("parts"), itemgetter(0)
+_IS_PACKED = PackedWeight.__instancecheck__
+_SPEC, _SCHEME = attrgetter("spec"), attrgetter("scheme")
 
 
 def each_packed(entries: Sequence[TensorEntry], packed: Sequence[PackedWeight | None],

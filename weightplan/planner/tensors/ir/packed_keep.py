@@ -33,7 +33,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from operator import attrgetter
 
 import torch
 
@@ -41,12 +40,12 @@ from weightplan.errors import OpError
 from weightplan.planner.core.entry import TensorEntry
 from weightplan.planner.core.ops.base import ConversionOp, OpContext, Streams
 from weightplan.planner.core.spec import TensorSpec
-from weightplan.planner.inputs.packed_pairs import PackedPairing, PackedWeight
+from weightplan.planner.inputs.packed_pairs import PackedPairing
+from weightplan.planner.inputs.packed_weight import PackedWeight, packed_weight
 from weightplan.planner.keys.groups import as_grids, per_tensor
 from weightplan.planner.keys.routing import Group
 
 ReadBytes = Callable[[TensorEntry], bytes]
-_KEY = attrgetter("key")
 Problems = list[tuple[str, str]]
 
 
@@ -63,7 +62,7 @@ def kept_groups(groups: Sequence[Group], pairing: PackedPairing | None,
     out: list[Group] = []
     problems: Problems = []
     for group in groups:
-        roles = _roles(group, pairing, held, entries) or [group]
+        roles = _roles(group, held, entries) or [group]
         out += [fit_model(r, held, read, problems) for r in roles]
     return tuple(out), tuple(problems)
 
@@ -143,11 +142,11 @@ def _outputs(group: Group) -> Streams[TensorSpec] | None:
     return specs
 
 
-def _roles(group: Group, pairing: PackedPairing, held: Callable[[str], TensorSpec | None],
+def _roles(group: Group, held: Callable[[str], TensorSpec | None],
            entries: Callable[[str], TensorEntry | None]) -> list[Group] | None:
     """The role groups of a kept group (``None``: not all packed, or not held)."""
-    weights = pairing.weights
-    first = weights.get(group.sources[0][0].key) if group.sources and group.sources[0] \
+    # (a source is packed when it is a PackedWeight, the pairing's logical entry)
+    first = packed_weight(group.sources[0][0]) if group.sources and group.sources[0] \
         else None
     if first is None:
         return None
@@ -156,7 +155,7 @@ def _roles(group: Group, pairing: PackedPairing, held: Callable[[str], TensorSpe
         return None  # (told first: a model that dequantizes holds none of them)
     packed: list[list[PackedWeight]] = []
     for stream in group.sources:
-        row = list(map(weights.get, map(_KEY, stream)))
+        row = list(map(packed_weight, stream))
         if not row or None in row:
             return None
         packed.append(row)  # type: ignore[arg-type]
