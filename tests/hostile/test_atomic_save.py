@@ -149,6 +149,22 @@ def test_kill_9_at_every_step(tmp_path, scenario):
         _check_after_interruption(directory, steps.index("journal") <= i)
 
 
+def test_the_next_save_removes_the_temporaries_of_one_killed_before_its_commit(tmp_path):
+    """A save killed before its journal leaves the old checkpoint and its temporaries
+    (``.NAME.TOKEN.weightplan-partial``: as big as the new checkpoint). Saving again, as a
+    user whose save was killed does, left them there for ever (only ``recover`` removed
+    them; found by killing a sharded save and saving again). The next save holds the
+    directory's lock, so no save is writing them: it removes them, as ``recover`` does."""
+    directory = tmp_path / "d"
+    _save(directory, 1.0, 300, overwrite=False)
+    status = _killed_save(directory, 300, "shards synced")
+    assert os.WIFSIGNALED(status)
+    assert [n for n in os.listdir(directory) if n.endswith(PARTIAL)]  # (the kill's leftovers)
+    _save(directory, 100.0, 300)
+    assert _outcome(directory) == "new"
+    assert not [n for n in os.listdir(directory) if n.endswith(PARTIAL)], os.listdir(directory)
+
+
 def test_a_save_into_an_interrupted_directory_is_refused(tmp_path):
     directory = tmp_path / "d"
     _save(directory, 1.0, 300, overwrite=False)
