@@ -179,8 +179,14 @@ def test_a_save_into_an_interrupted_directory_is_refused(tmp_path):
             _save(directory, 100.0, "1GB")
     finally:
         commit_mod.STEP_HOOK = None
-    with pytest.raises(InterruptedSaveError):
+    with pytest.raises(InterruptedSaveError) as refused:
         _save(directory, 5.0, 300)
+    # the way out as a command to paste, and what to do then: save (it said "then load
+    # again" to a save and to a convert, and "recover DIR"; found by a user saving again)
+    assert f"Run `weightplan recover {directory}`" in str(refused.value), refused.value
+    assert str(refused.value).endswith("then save again"), refused.value
+    with pytest.raises(InterruptedSaveError, match="then load again"):
+        weightplan.explain(_model(5.0), directory)
     recover(directory)
     assert _outcome(directory) == "new"
 

@@ -108,7 +108,7 @@ class FileSink:
         """Under the lock: no interrupted save here, no checkpoint unless ``overwrite``, no
         directory where a file goes; the temporaries of a save killed before its commit
         removed (no save is writing them: we hold the lock, and have made none yet)."""
-        refuse_interrupted_save(self.directory)
+        refuse_interrupted_save(self.directory, then="save")
         taken = [n for n in self.layout.names if (self.directory / n).exists()]
         if taken and not self.overwrite:
             raise SaveError(f"{self.directory} now holds {', '.join(taken)}; pass "
