@@ -156,3 +156,14 @@ def test_a_rows_multiplier_counts_the_tensors_its_keys_name(tmp_path):
     # the load's rows, one target per conversion, are unchanged: ×2 stacks of [4, 12, 8]
     load = str(weightplan.explain(moe_model(), ckpt, mapping="mixtral"))
     assert "f32[4, 12, 8] ×2  3 KiB  load" in load, load
+
+
+def test_nodes_of_one_rank_are_said_as_such(llama_dir, capsys):
+    """``--tp 2 --cooperative --nodes 2 --storage node``: each node is one rank, which reads
+    what it holds itself; the totals said 'read once per node of 1 ranks and broadcast
+    within it' (network 0 B). Found running the README's --nodes line on 2 ranks."""
+    out = _explain(capsys, llama_dir, "--tp", "2", "--cooperative", "--nodes", "2",
+                   "--storage", "node")
+    assert "1 ranks" not in out, out
+    assert ("network 0 B (nodes of one rank: each reads the replicated tensors itself, "
+            "nothing to broadcast)") in out, out
