@@ -219,3 +219,24 @@ def test_cli_recover(tmp_path, capsys):
     assert cli.main(["recover", str(directory)]) == 0
     assert "nothing to do" in capsys.readouterr().out
     assert _outcome(directory) == "old"
+
+
+def test_a_convert_into_an_interrupted_directory_is_refused_before_its_plan(tmp_path, capsys):
+    """``weightplan convert SRC DST`` into a directory whose save was killed in its commit
+    printed the whole plan, then the error (the writer's check, after the plan): a save's
+    plan now refuses it with the other checks of its directory, before anything is said."""
+    from weightplan.cli import main
+
+    directory = tmp_path / "d"
+    _save(directory, 1.0, 300, overwrite=False)
+    status = _killed_save(directory, 300, "journal")
+    assert os.WIFSIGNALED(status) and (directory / JOURNAL_NAME).exists()
+    source = tmp_path / "src"
+    _save(source, 7.0, "1GB", overwrite=False)
+    assert main(["convert", str(source), str(directory), "--model-type", "mixtral",
+                 "--overwrite"]) == 2
+    out, err = capsys.readouterr()
+    assert not out and err.count("\n") == 1 and "InterruptedSaveError" in err, (out, err)
+    assert err.rstrip().endswith("then save again"), err
+    with pytest.raises(InterruptedSaveError, match="then save again"):
+        weightplan.explain_save(_model(5.0), directory, overwrite=True)
