@@ -256,3 +256,16 @@ def test_a_bad_size_or_count_is_named_as_its_flag(tmp_path, capsys):
         assert main(args) == 2
         err = capsys.readouterr().err
         assert says in err and err.count("\n") == 1, err
+
+
+def test_the_help_says_what_every_command_does(capsys):
+    """``weightplan --help`` opened with 'explain, convert, list mappings': the demo and
+    ``recover`` (the way out of an interrupted save) were not among what it does."""
+    import pytest
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    head = capsys.readouterr().out.split("positional arguments:")[0]
+    description = " ".join(head.split("\n\n", 1)[1].split())
+    for command in ("demo", "explain", "convert", "mappings", "recover"):
+        assert command in description, description

@@ -192,3 +192,26 @@ def test_without_a_config_the_note_follows_the_plan(user_dirs, capsys):
     assert err == (f"weightplan: no config.json next to {bare}: explained the keys without a "
                    "model (pass --model-type to apply a mapping)\n"), err
 
+
+
+def test_the_device_table_is_what_its_command_prints(tmp_path, capsys):
+    """The ``devices`` table under ``## Devices`` is what the command written above it prints
+    for a 4-layer Llama of 642 KiB (hidden 64, intermediate 128, 2 of 4 heads for key/value):
+    the command said ``cuda:0=80GiB,cuda:1=80GiB`` while the table showed budgets of 300 KiB
+    and the model split over three devices (with 80 GiB each it all goes to the GPUs)."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    section = README.read_text(encoding="utf-8").split("## Devices", 1)[1]
+    command = re.search(r"`(weightplan explain DIR --device-map auto --max-memory \S+)`,\nprint:",
+                        section)
+    table = re.search(r"```\n(devices \(.*?)```", section, re.S)
+    assert command is not None and table is not None
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2)).save_pretrained(tmp_path / "llama")
+    argv = [str(tmp_path / "llama") if w == "DIR" else w for w in command.group(1).split()]
+    assert main(argv[1:]) == 0
+    out = capsys.readouterr().out
+    printed = out[out.index("devices ("):out.index("problems:")]
+    assert printed == table.group(1), printed

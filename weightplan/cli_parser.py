@@ -99,8 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     lines = __doc__.splitlines()
     parser = _Parser(
         prog="weightplan", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Load model checkpoints by an explicit plan: explain, convert, list "
-                    "mappings.", epilog="examples:\n" + "\n".join(lines[2:]).rstrip())
+        description="Load model checkpoints by an explicit plan: explain a load, convert a "
+                    "checkpoint on disk, list the mappings, recover an interrupted save, run "
+                    "the demo.", epilog="examples:\n" + "\n".join(lines[2:]).rstrip())
     parser.add_argument("--version", action="version", version=f"weightplan {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -157,8 +157,8 @@ def test_strict_raises_before_loading_and_lenient_initializes(moe_dir, caplog):
     assert model.extra.weight.is_meta and model.model.embed_tokens.weight.is_meta
     with caplog.at_level("WARNING", logger="weightplan"):
         report = weightplan.load(model, directory, mapping="mixtral")
-    assert "2 missing tensor(s) [extra.bias, extra.weight]" in caplog.text
-    assert caplog.messages[-1] == ("2 missing tensor(s) [extra.bias, extra.weight] (2 "
+    assert "2 missing tensors [extra.bias, extra.weight]" in caplog.text
+    assert caplog.messages[-1] == ("2 missing tensors [extra.bias, extra.weight] (2 "
                                    "initialized by the model's own init)")
     assert report.initialized["extra.weight"] == "Linear.reset_parameters()"
     assert not model.extra.weight.is_meta and model.extra.weight.abs().sum() > 0
@@ -202,3 +202,16 @@ def test_progress_is_silent_without_a_tty(moe_dir, capsys):
     weightplan.load(moe_model(), directory, mapping="mixtral")
     captured = capsys.readouterr()
     assert captured.err == "" and captured.out == ""
+
+
+def test_the_lenient_loads_warning_counts_in_words(tmp_path, caplog):
+    """'1 missing tensor(s) [score.weight]': found loading a causal LM's checkpoint with
+    model_class=AutoModelForSequenceClassification; said as the plan's headers say counts."""
+    write_checkpoint(tmp_path / "c", {"a.weight": torch.ones(2), "old.weight": torch.ones(2)})
+    model = module_with({"a.weight": ((2,), torch.float32), "b.weight": ((2,), torch.float32)},
+                        device="cpu")
+    with caplog.at_level("WARNING", logger="weightplan"):
+        weightplan.load(model, tmp_path / "c")
+    assert caplog.messages[-1] == ("1 missing tensor [b.weight] (0 initialized by the model's "
+                                   "own init) and 1 unexpected checkpoint key [old.weight] not "
+                                   "loaded"), caplog.messages

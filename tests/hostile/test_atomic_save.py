@@ -149,6 +149,22 @@ def test_kill_9_at_every_step(tmp_path, scenario):
         _check_after_interruption(directory, steps.index("journal") <= i)
 
 
+def test_the_next_save_removes_the_temporaries_of_one_killed_before_its_commit(tmp_path):
+    """A save killed before its journal leaves the old checkpoint and its temporaries
+    (``.NAME.TOKEN.weightplan-partial``: as big as the new checkpoint). Saving again, as a
+    user whose save was killed does, left them there for ever (only ``recover`` removed
+    them; found by killing a sharded save and saving again). The next save holds the
+    directory's lock, so no save is writing them: it removes them, as ``recover`` does."""
+    directory = tmp_path / "d"
+    _save(directory, 1.0, 300, overwrite=False)
+    status = _killed_save(directory, 300, "shards synced")
+    assert os.WIFSIGNALED(status)
+    assert [n for n in os.listdir(directory) if n.endswith(PARTIAL)]  # (the kill's leftovers)
+    _save(directory, 100.0, 300)
+    assert _outcome(directory) == "new"
+    assert not [n for n in os.listdir(directory) if n.endswith(PARTIAL)], os.listdir(directory)
+
+
 def test_a_save_into_an_interrupted_directory_is_refused(tmp_path):
     directory = tmp_path / "d"
     _save(directory, 1.0, 300, overwrite=False)
@@ -163,8 +179,14 @@ def test_a_save_into_an_interrupted_directory_is_refused(tmp_path):
             _save(directory, 100.0, "1GB")
     finally:
         commit_mod.STEP_HOOK = None
-    with pytest.raises(InterruptedSaveError):
+    with pytest.raises(InterruptedSaveError) as refused:
         _save(directory, 5.0, 300)
+    # the way out as a command to paste, and what to do then: save (it said "then load
+    # again" to a save and to a convert, and "recover DIR"; found by a user saving again)
+    assert f"Run `weightplan recover {directory}`" in str(refused.value), refused.value
+    assert str(refused.value).endswith("then save again"), refused.value
+    with pytest.raises(InterruptedSaveError, match="then load again"):
+        weightplan.explain(_model(5.0), directory)
     recover(directory)
     assert _outcome(directory) == "new"
 
@@ -197,3 +219,24 @@ def test_cli_recover(tmp_path, capsys):
     assert cli.main(["recover", str(directory)]) == 0
     assert "nothing to do" in capsys.readouterr().out
     assert _outcome(directory) == "old"
+
+
+def test_a_convert_into_an_interrupted_directory_is_refused_before_its_plan(tmp_path, capsys):
+    """``weightplan convert SRC DST`` into a directory whose save was killed in its commit
+    printed the whole plan, then the error (the writer's check, after the plan): a save's
+    plan now refuses it with the other checks of its directory, before anything is said."""
+    from weightplan.cli import main
+
+    directory = tmp_path / "d"
+    _save(directory, 1.0, 300, overwrite=False)
+    status = _killed_save(directory, 300, "journal")
+    assert os.WIFSIGNALED(status) and (directory / JOURNAL_NAME).exists()
+    source = tmp_path / "src"
+    _save(source, 7.0, "1GB", overwrite=False)
+    assert main(["convert", str(source), str(directory), "--model-type", "mixtral",
+                 "--overwrite"]) == 2
+    out, err = capsys.readouterr()
+    assert not out and err.count("\n") == 1 and "InterruptedSaveError" in err, (out, err)
+    assert err.rstrip().endswith("then save again"), err
+    with pytest.raises(InterruptedSaveError, match="then save again"):
+        weightplan.explain_save(_model(5.0), directory, overwrite=True)

@@ -136,3 +136,34 @@ def test_one_read_is_said_in_the_singular():
     two = str(weightplan.explain(None, {"a": torch.ones(2), "b": torch.ones(2)}))
     assert "reads: 8 B in 1 read, " in one, one
     assert "reads: 16 B in 2 reads, " in two, two
+
+
+def test_a_rows_multiplier_counts_the_tensors_its_keys_name(tmp_path):
+    """A save (or ``convert --reverse``) splits each merged expert stack into per-expert
+    tensors: the row named 2 layers × 4 experts × w1/w3 = 16 tensors of [6, 8] but printed
+    ``f32[6, 8] ×2  768 B`` (×2: the conversions, one per layer), whose product with the
+    shape is a third of the bytes beside it. Found saving a tiny Mixtral as a new user."""
+    from tests.conftest import moe_checkpoint, moe_model, write_checkpoint
+
+    ckpt = write_checkpoint(tmp_path / "ckpt", moe_checkpoint())
+    model = moe_model(device="cpu")
+    weightplan.explain(model, ckpt, mapping="mixtral").execute(progress=False)
+    lines = str(weightplan.explain_save(model, tmp_path / "out")).splitlines()
+    w1 = next(i for i, line in enumerate(lines) if "experts.{0..3}.w1.weight" in line)
+    assert lines[w1 + 1].strip().endswith("f32[6, 8] ×16  3 KiB  write"), lines[w1 + 1]
+    w2 = next(line for line in lines if "experts.{0..3}.w2.weight" in line)
+    assert w2.strip().endswith("f32[8, 6] ×8  1.5 KiB  write"), w2
+    # the load's rows, one target per conversion, are unchanged: ×2 stacks of [4, 12, 8]
+    load = str(weightplan.explain(moe_model(), ckpt, mapping="mixtral"))
+    assert "f32[4, 12, 8] ×2  3 KiB  load" in load, load
+
+
+def test_nodes_of_one_rank_are_said_as_such(llama_dir, capsys):
+    """``--tp 2 --cooperative --nodes 2 --storage node``: each node is one rank, which reads
+    what it holds itself; the totals said 'read once per node of 1 ranks and broadcast
+    within it' (network 0 B). Found running the README's --nodes line on 2 ranks."""
+    out = _explain(capsys, llama_dir, "--tp", "2", "--cooperative", "--nodes", "2",
+                   "--storage", "node")
+    assert "1 ranks" not in out, out
+    assert ("network 0 B (nodes of one rank: each reads the replicated tensors itself, "
+            "nothing to broadcast)") in out, out

@@ -153,7 +153,7 @@ def recover(directory: str | os.PathLike) -> str:
         raise SaveError(f"{path}: not a directory")
     with directory_lock(path, "recover"):
         if not os.path.lexists(path / JOURNAL_NAME):
-            orphans = _remove_orphans(path)
+            orphans = remove_orphans(path)
             return (f"{path}: no interrupted save; removed "
                     f"{counted(orphans, 'orphaned temporary file')}" if orphans
                     else f"{path}: no interrupted save, nothing to do")
@@ -168,12 +168,16 @@ def recover(directory: str | os.PathLike) -> str:
             f"in place, {counted(len(journal.deletes), 'stale file')} removed)")
 
 
-def _remove_orphans(path: Path) -> int:
-    """Temporaries no save is writing (we hold the lock); never a directory."""
+def remove_orphans(path: Path, files_only: bool = False) -> int:
+    """Temporaries no save is writing (the caller holds the lock: ``recover``, or a save
+    before it creates its own, after one killed before its commit); never a directory,
+    with ``files_only`` only regular files (what a save creates: a link planted at a
+    temporary's name is left, for the save to fail closed on)."""
     removed = 0
     for orphan in sorted(path.glob(f".*{PARTIAL}")):
         try:
-            if stat.S_ISDIR(os.lstat(orphan).st_mode):
+            mode = os.lstat(orphan).st_mode
+            if stat.S_ISDIR(mode) or (files_only and not stat.S_ISREG(mode)):
                 continue
             orphan.unlink()
         except FileNotFoundError:

@@ -23,6 +23,7 @@ from weightplan.planner.core.problems import ProblemKind
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.pipelines.plan import LoadPlanData
 from weightplan.planner.write.record import attach_record, get_record, merge_records, record_of_conversions
+from weightplan.units import counted
 
 if TYPE_CHECKING:  # (a protocol, and what a cooperative load imports: annotations only)
     from weightplan.planner.inputs.device import StagingPool
@@ -111,10 +112,10 @@ def _after_load(plan: LoadPlanData, model: nn.Module, info: ModelInfo, sink: Mod
 def _warn_unloaded(plan: LoadPlanData, initialized: int) -> None:
     """A lenient load's missing and unexpected tensors, said once as a warning."""
     if plan.missing or plan.unexpected:
-        said = [f"{len(plan.missing)} missing tensor(s) {_some(plan.missing)} "
+        said = [f"{counted(len(plan.missing), 'missing tensor')} {_some(plan.missing)} "
                 f"({initialized} initialized by the model's own init)"] \
             if plan.missing else []
-        said += [f"{len(plan.unexpected)} unexpected checkpoint key(s) "
+        said += [f"{counted(len(plan.unexpected), 'unexpected checkpoint key')} "
                  f"{_some(plan.unexpected)} not loaded"] if plan.unexpected else []
         log.warning("%s", " and ".join(said))
 

@@ -28,8 +28,8 @@ import torch
 
 from weightplan.errors import ExecutionError, SaveError, WeightplanError
 from weightplan.executor.commit import (
-    PARTIAL, Journal, commit, create_exclusive, new_token, refuse_directories, step, temp_name,
-    write_synced,
+    PARTIAL, Journal, commit, create_exclusive, new_token, refuse_directories, remove_orphans,
+    step, temp_name, write_synced,
 )
 from weightplan.executor.dir_lock import DirectoryLock
 from weightplan.executor.fd_limit import limit_hint, out_of_descriptors
@@ -107,13 +107,15 @@ class FileSink:
 
     def _refuse_taken(self) -> None:
         """Under the lock: no interrupted save here, no checkpoint unless ``overwrite``, no
-        directory where a file goes."""
-        refuse_interrupted_save(self.directory)
+        directory where a file goes; the temporaries of a save killed before its commit
+        removed (no save is writing them: we hold the lock, and have made none yet)."""
+        refuse_interrupted_save(self.directory, then="save")
         taken = [n for n in self.layout.names if (self.directory / n).exists()]
         if taken and not self.overwrite:
             raise SaveError(f"{self.directory} now holds {', '.join(taken)}; pass "
                             "overwrite=True to replace it")
         refuse_directories(self.directory, self._finals() + sorted(self._old_files()))
+        remove_orphans(self.directory, files_only=True)
 
     def _finals(self) -> list[str]:
         index = [INDEX_NAME] if self.layout.index is not None else []

@@ -55,7 +55,7 @@ def rows_table(rows: list[Row]) -> str:
         rule = row.rule.replace("convert", f"convert {row.ops}", 1) if row.ops else row.rule
         cells = (str(n), "<br>".join(map(escape, row.sources)),
                  "<br>".join(map(escape, row.targets)), escape(rule), escape(row.dtype),
-                 escape(row.shape), str(row.count), escape(format_bytes(row.nbytes)),
+                 escape(row.shape), str(row.tensors), escape(format_bytes(row.nbytes)),
                  escape(row.status))
         body.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"

@@ -60,6 +60,8 @@ def totals_line(plans: tuple[LoadPlanData, ...], total: int) -> str:
     exchange = plans[0].exchange
     how = ("replicated tensors read by every rank" if exchange is None else
            "each replicated tensor read by one rank and broadcast" if len(exchange.groups) == 1
+           else "nodes of one rank: each reads the replicated tensors itself, nothing to "
+                "broadcast" if len(exchange.group) == 1
            else f"each replicated tensor read once per node of {len(exchange.group)} ranks "
                 "and broadcast within it")
     return (f"{len(plans)} ranks: storage {format_bytes(storage)} = "

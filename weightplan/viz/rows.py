@@ -27,7 +27,8 @@ class Row:
     shape: str
     dtype: str
     status: str
-    count: int
+    count: int  # conversions folded into the row
+    tensors: int  # the tensors its target keys name (what ``×N`` beside the shape counts)
     nbytes: int  # bytes assigned to model tensors (all folded conversions; a mismatch's
     # are what it would assign, as its graph node says: execute refuses it)
 
@@ -167,5 +168,6 @@ def mapping_rows(conversions: tuple[Conversion, ...],
         nbytes = sum(t.dest.nbytes for c in convs for t in c.targets if t.status in _ASSIGNED)
         rows.append(Row(signature[0], tuple(sources), tuple(targets),
                         _ops(first), _shapes(first),
-                        signature[4], signature[5], len(convs), nbytes))
+                        signature[4], signature[5], len(convs),
+                        sum(len(c.targets) for c in convs), nbytes))
     return rows

@@ -188,7 +188,7 @@ def mapping_lines(plan: PlanData, width: int, fit: bool = False) -> list[str]:
             n += 1  # share a header, unless they gather or split keys (their own block each)
             lines.append(f"#{n:<3} {rule}")
         previous = rule if one_to_one or not row.ops else None
-        count = f" ×{row.count}" if row.count > 1 else ""
+        count = f" ×{row.tensors}" if row.tensors > 1 else ""
         writes = plan.direction is not Direction.LOAD
         status = row.status.replace("load", "write") if writes else row.status
         info = f"{row.dtype}{row.shape}{count}  {format_bytes(row.nbytes)}  {status}"

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import stat
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
@@ -121,8 +122,9 @@ def _refuse_special(path: str, mode: int) -> None:
                               "only from regular files (symlinks to them are fine)", file=path)
 
 
-def refuse_interrupted_save(directory: Path) -> None:
-    """:class:`InterruptedSaveError` if ``directory`` holds a save stopped during its commit."""
+def refuse_interrupted_save(directory: Path, then: str = "load") -> None:
+    """:class:`InterruptedSaveError` if ``directory`` holds a save stopped during its commit
+    (the way out: ``recover`` it, then ``then`` again)."""
     try:
         present = (directory / JOURNAL_NAME).exists()
     except (OSError, ValueError):
@@ -131,8 +133,9 @@ def refuse_interrupted_save(directory: Path) -> None:
         raise InterruptedSaveError(
             f"this directory holds a save that was interrupted during its commit (the "
             f"journal {JOURNAL_NAME} is still there), so its files may be a mix of two "
-            "checkpoints. Run `weightplan recover DIR` (or weightplan.executor.commit."
-            "recover(DIR)) to complete that save, then load again", file=str(directory))
+            f"checkpoints. Run `weightplan recover {shlex.quote(str(directory))}` (or "
+            f"weightplan.executor.commit.recover({str(directory)!r})) to complete that save, "
+            f"then {then} again", file=str(directory))
 
 
 def pread_exactly(fd: int, n: int, offset: int, path: str) -> bytes:

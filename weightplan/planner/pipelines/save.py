@@ -25,6 +25,7 @@ from weightplan.planner.core.problems import Note
 from weightplan.planner.core.spec import TensorSpec
 from weightplan.planner.inputs.checkpoint import Checkpoint, open_checkpoint
 from weightplan.planner.inputs.model_info import ModelInfo, inspect_model
+from weightplan.planner.inputs.paths import refuse_interrupted_save
 from weightplan.planner.keys.lookup import Finder
 from weightplan.planner.keys.patterns import natural_key
 from weightplan.planner.keys.registry import MappingChoice
@@ -253,9 +254,12 @@ def _first_location(program: Step, layout: ShardLayout) -> tuple[int, int]:
 
 
 def check_directory(directory: Path, layout: ShardLayout, overwrite: bool) -> None:
-    """Refuse, before writing anything, a target that can't or shouldn't take the files."""
+    """Refuse, before writing anything, a target that can't or shouldn't take the files
+    (the writer checks again under the directory's lock)."""
     if directory.exists() and not directory.is_dir():
         raise SaveError(f"{directory} exists and is not a directory")
+    if directory.is_dir():
+        refuse_interrupted_save(directory, then="save")
     existing = sorted(p.name for p in directory.glob("*.safetensors")) if directory.is_dir() else []
     if directory.is_dir() and (directory / INDEX_NAME).exists():
         existing.append(INDEX_NAME)
