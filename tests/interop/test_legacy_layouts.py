@@ -3,11 +3,14 @@ written by renaming the keys of a checkpoint ``save_pretrained`` wrote: weightpl
 the tensors transformers loads, and saves them back in the layout they came in, as
 ``save_pretrained`` does after such a load."""
 
+import pytest
 import torch
 import transformers as T
+from safetensors.torch import load_file
 
 import weightplan
 
+from tests.interop.families import TEXT
 from tests.interop.matrix import pretrained
 from tests.interop.oracle import keys, rewrite, save
 
@@ -56,3 +59,40 @@ def test_weight_norm_weight_g_and_weight_v_load_into_the_parametrization(tmp_pat
 def _empty(cls, cfg):
     with weightplan.init_empty():
         return cls(cfg).eval()
+
+
+def _qwen2_audio():
+    return T.Qwen2AudioForConditionalGeneration, T.Qwen2AudioConfig(
+        text_config=dict(model_type="qwen2", **TEXT),
+        audio_config=dict(d_model=32, encoder_layers=2, encoder_attention_heads=4,
+                          encoder_ffn_dim=48, num_mel_bins=8, max_source_positions=8))
+
+
+def _qwen2_vl():
+    return T.Qwen2VLForConditionalGeneration, T.Qwen2VLConfig(
+        text_config=dict(**TEXT, rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]}),
+        vision_config=dict(depth=2, embed_dim=32, hidden_size=32, num_heads=4, mlp_ratio=2,
+                           patch_size=4, spatial_merge_size=2, temporal_patch_size=2))
+
+
+@pytest.mark.parametrize("build, original, old, new", [
+    (_qwen2_audio, True, "language_model.model.", "language_model.model.model."),
+    (_qwen2_vl, False, "model.language_model.", "model.language_model.model."),
+], ids=["qwen2_audio-flat", "qwen2_vl-current"])
+def test_the_doubled_model_level_of_v5_10_to_v5_23_saves_is_removed(build, original, old, new,
+                                                                     tmp_path):
+    """Was: checkpoints saved by transformers 5.10-5.23 with a doubled ``.model.model``
+    under the language model (transformers #45534) loaded every text weight as unexpected,
+    the text model left at random init with a warning; transformers renames them back."""
+    cls, cfg = build()
+    directory = save(cls, cfg, tmp_path / "saved", original_format=original)
+    doubled = rewrite(directory, tmp_path / "doubled",
+                      lambda k: new + k.removeprefix(old) if k.startswith(old) else k)
+    assert any(k.startswith(new + "layers.") for k in keys(doubled))
+    plan = weightplan.explain(_empty(cls, cfg), doubled)
+    assert not plan.problems, str(plan)
+    ids = {"input_ids": torch.tensor([[1, 5, 9, 14, 2]])}
+    model, theirs = _same_as_transformers(cls, doubled, ids)
+    weightplan.save(model, tmp_path / "again", progress=False)
+    written = load_file(str(tmp_path / "again" / "model.safetensors"))
+    assert set(written) == keys(doubled)  # the layout it came in, as save_pretrained keeps it

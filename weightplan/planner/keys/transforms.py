@@ -345,6 +345,8 @@ LEGACY: tuple[Renaming, ...] = (
     WeightRenaming(r"LayerNorm\.beta$", "LayerNorm.bias"),
     WeightRenaming(r"\.weight_g$", ".parametrizations.weight.original0"),
     WeightRenaming(r"\.weight_v$", ".parametrizations.weight.original1"),
+    WeightRenaming(r"^model\.language_model\.model\.", "model.language_model."),
+    WeightRenaming(r"^language_model\.model\.model\.", "model.language_model."),
 )
 """Renamings that always apply, after the mapping's, as transformers' ``legacy`` mapping:
 TF-era ``LayerNorm.gamma`` / ``.beta``; torch's old ``weight_norm`` (``weight_g`` /
