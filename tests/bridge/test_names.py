@@ -43,3 +43,35 @@ def test_a_typo_gets_the_closest_names(tmp_path, capsys):
     save_file({"a": torch.zeros(1)}, str(tmp_path / "x.safetensors"))
     assert main(["explain", str(tmp_path / "x.safetensors"), "--model-type", "phimo"]) == 2
     assert "did you mean phimoe" in capsys.readouterr().err
+
+
+def test_a_model_type_transformers_converts_by_class_names_the_classes(tmp_path, capsys):
+    """Was: ``--model-type gpt_neox`` (or ``qwen2_vl``) said "transformers loads it without
+    conversion" and copied the keys as they were, while transformers renames them, by class:
+    GPTNeoXForCausalLM's ``embed_out`` → ``lm_head``. The class names are what to pass."""
+    import transformers as T
+
+    cfg = T.GPTNeoXConfig(vocab_size=96, hidden_size=32, intermediate_size=48,
+                          num_hidden_layers=2, num_attention_heads=4)
+    torch.manual_seed(0)
+    T.GPTNeoXForCausalLM(cfg).save_pretrained(tmp_path / "src")
+    assert main(["convert", str(tmp_path / "src"), str(tmp_path / "out"),
+                 "--model-type", "gpt_neox"]) == 2
+    err = capsys.readouterr().err
+    assert "by class" in err and "GPTNeoXForCausalLM" in err, err
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(RegistryError, match="GPTNeoXForCausalLM"):
+        weightplan.explain(None, tmp_path / "src", mapping="gpt_neox")
+    from safetensors import safe_open
+    with safe_open(str(tmp_path / "src" / "model.safetensors"), "pt") as f:
+        assert "embed_out.weight" in set(f.keys())
+    # by name, or (no --model-type) the class config.json's architectures names, looked up
+    # first as transformers looks it up
+    for out, flags in (("named", ["--model-type", "GPTNeoXForCausalLM"]), ("config", [])):
+        assert main(["convert", str(tmp_path / "src"), str(tmp_path / out), *flags]) == 0
+        assert "class 'GPTNeoXForCausalLM'" in capsys.readouterr().out or not flags
+        with safe_open(str(tmp_path / out / "model.safetensors"), "pt") as f:
+            assert "lm_head.weight" in set(f.keys()) and "embed_out.weight" not in set(f.keys())
+        back = T.GPTNeoXForCausalLM.from_pretrained(tmp_path / out)
+        assert torch.equal(back.lm_head.weight,
+                           T.GPTNeoXForCausalLM.from_pretrained(tmp_path / "src").lm_head.weight)

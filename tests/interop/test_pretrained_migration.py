@@ -218,3 +218,22 @@ def test_a_model_class_that_does_not_fit_says_why(llama):
                         ("LlamaForSequenceClassification", "a class")):
         with pytest.raises(ArgumentError, match=says):
             weightplan.from_pretrained(directory, model_class=wrong)
+
+
+@pytest.mark.parametrize("base, head", [(T.BertModel, T.BertForMaskedLM),
+                                        (T.RobertaModel, T.RobertaForMaskedLM)])
+def test_missing_keys_name_every_name_of_a_tied_tensor_loaded_by_none(base, head, tmp_path):
+    """Was: a base encoder's checkpoint into its masked-LM head left ``cls.predictions.bias``
+    (RoBERTa: ``lm_head.bias``) and the decoder bias tied to it missing, and
+    ``missing_keys`` named one of the two; transformers names both (a tie none of whose
+    names loaded stays missing under each name)."""
+    config = base.config_class(vocab_size=96, hidden_size=32, intermediate_size=48,
+                               num_hidden_layers=2, num_attention_heads=4,
+                               max_position_embeddings=20, pad_token_id=1)
+    torch.manual_seed(0)
+    base(config).save_pretrained(tmp_path)
+    _, info = head.from_pretrained(tmp_path, output_loading_info=True)
+    _, mine = weightplan.from_pretrained(tmp_path, model_class=head, output_loading_info=True)
+    assert any(k.endswith("decoder.bias") for k in info["missing_keys"])
+    assert mine["missing_keys"] == set(info["missing_keys"])
+    assert mine["unexpected_keys"] == set(info["unexpected_keys"])

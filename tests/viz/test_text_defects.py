@@ -64,7 +64,7 @@ def test_the_mapping_is_said_once(llama_dir):
     text = explain_text(plan)
     assert text.count("no registered mapping") == 1
     mapping = text.splitlines()[1]
-    assert mapping.count("legacy renames") == 1 and mapping.endswith("(+2 legacy renames)")
+    assert mapping.count("legacy renames") == 1 and mapping.endswith("(+6 legacy renames)")
     assert "notes:" not in text
     assert any(n.message == plan.mapping.reason for n in plan.notes)  # still on the plan
 

@@ -181,12 +181,16 @@ def explain_save(model: torch.nn.Module, directory: str | os.PathLike[str], *,
 
 
 def _config_mapping(source: object) -> MappingChoice:
-    """The mapping of the ``model_type`` the ``config.json`` next to ``source`` names: a
-    convert's mapping, said to come from there."""
+    """The mapping of the class the ``config.json`` next to ``source`` names in
+    ``architectures`` where one is registered by class name (as transformers looks the class
+    up first), else of its ``model_type``: a convert's mapping, said to come from there."""
     from weightplan.api.model_config import config_model_type
-    from weightplan.bridge.names import named_choice
+    from weightplan.bridge.names import class_choice, named_choice
 
-    mapping = config_model_type(source)
+    mapping, architecture = config_model_type(source)
+    by_class = None if architecture is None else class_choice(architecture)
+    if by_class is not None:
+        return by_class
     if mapping is None:
         if isinstance(source, (str, os.PathLike)) and not os.path.exists(source):
             raise CheckpointError("file not found", file=os.fspath(source))

@@ -117,16 +117,20 @@ def companion_files(source: object, *, quantized: bool = False) -> tuple[Path, .
     return tuple(directory / name for name in names if (directory / name).is_file())
 
 
-def config_model_type(source: object) -> str | None:
-    """The ``model_type`` the ``config.json`` next to a checkpoint names, if any."""
+def config_model_type(source: object) -> tuple[str | None, str | None]:
+    """The ``model_type`` the ``config.json`` next to a checkpoint names, and the first class
+    its ``architectures`` names (each ``None`` where it names none)."""
     path = next((p for p in companion_files(source) if p.name == "config.json"), None)
     if path is None:
-        return None
+        return None, None
     try:
-        value = read_config_json(path).get("model_type")
+        config = read_config_json(path)
     except ModelBuildError:
-        return None  # unreadable: the caller asks for a mapping instead
-    return value if isinstance(value, str) and value else None
+        return None, None  # unreadable: the caller asks for a mapping instead
+    value, classes = config.get("model_type"), config.get("architectures")
+    first = classes[0] if isinstance(classes, list) and classes else None
+    return (value if isinstance(value, str) and value else None,
+            first if isinstance(first, str) and first else None)
 
 
 def check_companions(companions: tuple[Path, ...], directory: str | os.PathLike[str],

@@ -46,6 +46,7 @@ from weightplan.api.status import status
 from weightplan.errors import ArgumentError, ModelBuildError, ParallelError
 from weightplan.bridge.config_guard import read_directory
 from weightplan.planner.inputs.checkpoint import DirectoryRead
+from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.core.sharding.config import TensorParallel, as_tensor_parallel
 
 __all__ = ["from_pretrained", "keeps_quantized", "read_directory", "resolve_checkpoint"]
@@ -100,7 +101,7 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
                         budget=budget, threads=threads, device=_rank_device(device, mesh), tp=tensor_parallel,
                         max_memory=max_memory, offload_folder=offload_folder, dequantize_on=dequantize_on)
     return _finished(model, read.directory, generation_config, plan.execute(strict=strict, progress=progress),
-                     output_loading_info, return_report, plan.options.dtype)
+                     output_loading_info, return_report, plan)
 
 
 _OWN = tuple(from_pretrained.__code__.co_varnames[
@@ -108,12 +109,12 @@ _OWN = tuple(from_pretrained.__code__.co_varnames[
 
 
 def _finished(model: torch.nn.Module, directory: Path, generation_config: Any, report: Any,
-              output_loading_info: bool, return_report: bool, dtype: torch.dtype | None) -> Any:
+              output_loading_info: bool, return_report: bool, plan: Any) -> Any:
     """Like transformers: the dtype loaded on the config, the generation config read, eval
     mode, the extras asked for."""
-    _record_dtype(model, dtype)
+    _record_dtype(model, plan.options.dtype)
     _generation_config(_finish_quantized(model).eval(), directory, generation_config)
-    extra = loading_info(report) if output_loading_info else report if return_report else None
+    extra = loading_info(report, plan.model_info) if output_loading_info else report if return_report else None
     return model if extra is None else (model, extra)
 
 
@@ -355,10 +356,11 @@ def _finish_quantized(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def loading_info(report: Any) -> dict[str, Any]:
+def loading_info(report: Any, model: ModelInfo | None) -> dict[str, Any]:
     """transformers' ``output_loading_info`` dict from a load's report (shape mismatches
-    never load: they are refused before anything is written)."""
-    return {"missing_keys": set(report.missing), "unexpected_keys": set(report.unexpected),
+    never load: they are refused before anything is written; a missing tie: every name)."""
+    missing = set(report.missing) if model is None else model.every_name(report.missing)
+    return {"missing_keys": missing, "unexpected_keys": set(report.unexpected),
             "mismatched_keys": set(), "error_msgs": []}
 
 

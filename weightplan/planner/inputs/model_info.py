@@ -16,12 +16,12 @@ no version pins). Models without a declaration have no ties beyond shared object
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import torch
 
-from weightplan.planner.inputs.model_init import ignore_patterns, rebuildable
+from weightplan.planner.inputs.model_init import ignore_patterns, matches, rebuildable
 from weightplan.planner.core.geometry import row_major_strides
 from weightplan.planner.core.makers import columns
 from weightplan.planner.core.spec import TensorSpec
@@ -83,6 +83,19 @@ class ModelInfo:
     @property
     def nbytes(self) -> int:
         return sum(t.spec.nbytes for t in self.unique())
+
+    def every_name(self, missing: Iterable[str]) -> set[str]:
+        """Each of ``missing``'s tensors under every name it has that the model does not
+        declare ignorable: transformers' ``missing_keys`` names a tie none of whose names
+        loaded under each of them (a masked LM's ``cls.predictions.bias`` and the decoder's
+        bias tied to it)."""
+        names = set()
+        for key in missing:
+            tensor = self.tensors.get(key)
+            names.add(key)
+            names.update(a for a in (tensor.aliases if tensor else ())
+                         if not matches(self.ignore_missing, a))
+        return names
 
 
 def inspect_model(model: torch.nn.Module) -> ModelInfo:

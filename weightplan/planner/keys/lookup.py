@@ -34,7 +34,7 @@ from weightplan.planner.inputs.model_init import declared_attr
 from weightplan.planner.keys.registry import (
     MappingChoice, MappingRegistry, Source, SubmoduleMapping, Via,
 )
-from weightplan.planner.keys.transforms import WeightConverter, WeightTransform
+from weightplan.planner.keys.transforms import WeightConverter, WeightRenaming, WeightTransform
 from weightplan.units import counted
 
 
@@ -61,6 +61,7 @@ class _Walk:
     claimed: dict[str, list[str]]
     skipped: dict[str, list[str]]
     entries: list[SubmoduleMapping]
+    base: str | None = None  # the root's ``base_model_prefix``
 
     def find(self, module: nn.Module, identifier: str, bridge: bool = True) -> Found | None:
         key = self.registry.resolve(identifier)
@@ -87,7 +88,7 @@ def lookup_mapping(model: nn.Module, registry: MappingRegistry, *,
     Raises:
         ConflictingTransformError: two mappings convert one submodule's keys differently.
     """
-    walk = _Walk(registry, bridge, {}, {}, [])
+    walk = _Walk(registry, bridge, {}, {}, [], getattr(model, "base_model_prefix", None) or None)
     idle: set[type] = set()  # (classes whose modules find nothing: see _idle)
     for path, module in model.named_modules():
         cls = type(module)
@@ -144,6 +145,10 @@ def _known(walk: _Walk, class_name: str, model_type: str | None) -> bool:
 def _apply(walk: _Walk, path: str, module: nn.Module, identifier: str, via: Via,
            found: Found) -> None:
     scoped = tuple(t.with_scope(path) if path else t for t in found.transforms)
+    if path and path == walk.base:  # transformers scopes the base model's mapping with its
+        # prefix optional: its renamings rename the head's keys too (ViTMAE's decoder)
+        scoped += tuple(t for t in found.transforms
+                        if isinstance(t, WeightRenaming) and not t.scope_prefix)
     walk.entries.append(SubmoduleMapping(
         path, type(module).__name__, model_type_of(module), identifier, via, found.key,
         found.source, scoped, None, found.problems))

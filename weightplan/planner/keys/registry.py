@@ -75,8 +75,13 @@ class SubmoduleMapping:
             return f"{where} ({self.class_name}): skipped, {name} already claimed by {owner}"
         scope = f"scoped to {self.path}.*" if self.path else "unscoped"
         bad = f"; {counted(len(self.problems), 'part')} not translated" if self.problems else ""
+        # (the base model's renamings are also copied unscoped, as transformers runs them)
+        outside = sum(1 for t in self.transforms if not t.scope_prefix) if self.path else 0
+        if outside:
+            scope += (f" (its {counted(outside, 'renaming')} also outside it: the base model's, "
+                      "as transformers applies them)")
         return (f"{where} ({self.class_name}): {self.how()}, "
-                f"{counted(len(self.transforms), 'transform')}, {scope}{bad}")
+                f"{counted(len(self.transforms) - outside, 'transform')}, {scope}{bad}")
 
 
 @dataclass(frozen=True)

@@ -343,8 +343,15 @@ def _join(patterns: tuple[str, ...]) -> str:
 LEGACY: tuple[Renaming, ...] = (
     WeightRenaming(r"LayerNorm\.gamma$", "LayerNorm.weight"),
     WeightRenaming(r"LayerNorm\.beta$", "LayerNorm.bias"),
+    WeightRenaming(r"\.weight_g$", ".parametrizations.weight.original0"),
+    WeightRenaming(r"\.weight_v$", ".parametrizations.weight.original1"),
+    WeightRenaming(r"^model\.language_model\.model\.", "model.language_model."),
+    WeightRenaming(r"^language_model\.model\.model\.", "model.language_model."),
 )
-"""Renamings that always apply (TF-era ``LayerNorm.gamma`` / ``.beta`` names)."""
+"""Renamings that always apply, after the mapping's, as transformers' ``legacy`` mapping:
+TF-era ``LayerNorm.gamma`` / ``.beta``; torch's old ``weight_norm`` (``weight_g`` /
+``weight_v``) into its parametrization; the doubled ``.model.model`` under the language
+model that transformers 5.10-5.23 saved (its #45534)."""
 
 
 def with_legacy(transforms: tuple[WeightTransform, ...]) -> tuple[WeightTransform, ...]:

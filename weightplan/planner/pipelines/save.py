@@ -64,7 +64,7 @@ def explain_save_plan(model: torch.nn.Module, directory: str | os.PathLike[str],
     source = model_state(model, info, aliases=record is not None, recorded=record is not None)
     if record is not None:
         names = {a: t.aliases for t in info.unique() for a in t.aliases}
-        reverse = record_groups(record, source, names)
+        reverse = record_groups(record, source, names, unsaved(model))
         choice = MappingChoice(None, "the record of the model's last weightplan load", ())
         order, metadata, how = record.order, dict(record.metadata), Inversion.RECORD
     else:
@@ -189,11 +189,19 @@ def model_state(model: torch.nn.Module, info: ModelInfo, *, aliases: bool,
     """The model's parameters and persistent buffers, detached (tied names once, unless
     ``aliases``), as a checkpoint: the ones offloaded to the disk read from their files
     (:mod:`~weightplan.planner.write.offloaded`; ``recorded``: the save writes the dtypes
-    the load record says); other meta tensors can't be saved."""
+    the load record says); other meta tensors can't be saved. The names the model declares
+    unsaved (transformers' ``_keys_to_ignore_on_save``, exact names) are left out, as
+    ``save_pretrained`` leaves them."""
     state = model.state_dict()
     keep = set(state) if aliases else {t.name for t in info.unique()}
+    keep -= unsaved(model)
     return model_source({k: v for k, v in state.items() if k in keep}, info,
                         get_offloaded(model), recorded)
+
+
+def unsaved(model: torch.nn.Module) -> frozenset[str]:
+    """The names ``model`` declares not to save (transformers' ``_keys_to_ignore_on_save``)."""
+    return frozenset(getattr(model, "_keys_to_ignore_on_save", None) or ())
 
 
 def make_write_plan(directory: str | os.PathLike, source: Checkpoint,

@@ -42,14 +42,21 @@ class ReverseGroups:
 
 
 def record_groups(record: LoadRecord, source: Checkpoint,
-                  aliases: Mapping[str, tuple[str, ...]] | None = None) -> ReverseGroups:
+                  aliases: Mapping[str, tuple[str, ...]] | None = None,
+                  unsaved: frozenset[str] = frozenset()) -> ReverseGroups:
     """One group per recorded conversion; model tensors not in the record are kept as is
-    (``aliases``: every name of each tied tensor, so a tied twin counts as covered)."""
+    (``aliases``: every name of each tied tensor, so a tied twin counts as covered); a
+    conversion that filled only names the model declares ``unsaved`` is not written."""
     groups: list[Group] = []
     notes: list[str] = []
     covered: set[str] = set()
     names = aliases or {}
     for recorded in record.conversions:
+        if unsaved and {k for k, _ in recorded.targets} <= unsaved:
+            notes.append(f"{', '.join(recorded.keys)} not written back: the model declares "
+                         f"{', '.join(sorted({k for k, _ in recorded.targets}))} unsaved, as "
+                         "save_pretrained leaves it out")
+            continue
         group = invert(recorded, source.entries)
         groups.append(group)
         for key in [e.key for e in group.entries] + [s for _, s, _ in recorded.quantized]:
