@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 import weightplan
 from weightplan.bridge.offload import adapter_layer_classes
@@ -52,6 +53,18 @@ def test_an_offloaded_adapter_runs_with_peft_s_logits(tmp_path, targets, dora, d
     assert any(".lora_" in n for n in offloaded), offloaded  # (the adapter's too)
     assert torch.equal(_logits(model), expected)
     assert {"Linear"} <= set(adapter_layer_classes(model))
+    _saves_back(model, tmp_path)  # (was: SaveError "7 adapter tensor(s) are on meta")
+
+
+def _saves_back(model: torch.nn.Module, tmp_path) -> None:
+    """The adapter saved from the offloaded model (its offloaded tensors read from their
+    files) is the trained file, bit for bit."""
+    weightplan.save(model, tmp_path / "saved", adapter_name="default")
+    written = load_file(str(tmp_path / "saved" / "adapter_model.safetensors"))
+    trained = load_file(str(tmp_path / "lora" / "adapter_model.safetensors"))
+    assert sorted(written) == sorted(trained)
+    assert [k for k, v in trained.items()
+            if not (torch.equal(written[k], v) and written[k].dtype == v.dtype)] == []
 
 
 def test_offloaded_fused_expert_loras_run(tmp_path):
@@ -62,6 +75,7 @@ def test_offloaded_fused_expert_loras_run(tmp_path):
                                        device_map=_map("model.layers.0"),
                                        offload_folder=str(tmp_path / "off"))
     assert torch.equal(_logits(model), expected)
+    _saves_back(model, tmp_path)
 
 
 def test_a_model_without_adapters_preloads_nothing():

@@ -57,3 +57,27 @@ def test_a_resident_placement_has_no_buffer_note(base):
     plan = weightplan.explain(build_empty_model(base).model, base, device_map="auto",
                               max_memory={"cpu": "1GiB"})
     assert not [n for n in plan.notes if n.key == "buffers"]
+
+
+def test_a_given_map_on_the_disk_counts_the_buffers_apart_too(base, tmp_path):
+    """A dict ``device_map`` putting the model on the disk under ``max_memory={"cpu": 0}``:
+    the buffers held as the automatic placement's are (was: ``BudgetError`` "cpu would hold
+    32 B > its max_memory 0 B", the buffers in the CPU's staging and the disk's weights)."""
+    from transformers import AutoModelForCausalLM
+
+    from weightplan.bridge.hub import build_empty_model
+
+    model = build_empty_model(base).model
+    buffers = sum(model.get_buffer(b).nbytes for b in BUFFERS)
+    plan = weightplan.explain(model, base, device_map={"": "disk"}, max_memory={"cpu": 0},
+                              offload_folder=str(tmp_path / "off"))
+    uses = {u.device: u for u in plan.options.placement.uses}
+    assert (uses["cpu"].staging, uses["cpu"].resident) == (0, buffers)
+    assert uses["disk"].weights == plan.checkpoint.nbytes
+    assert [n for n in plan.notes if n.key == "buffers"]
+    loaded = weightplan.from_pretrained(base, device_map={"": "disk"}, max_memory={"cpu": 0},
+                                        offload_folder=str(tmp_path / "off2"))
+    with torch.no_grad():
+        expected = AutoModelForCausalLM.from_pretrained(base)(IDS).logits
+        assert torch.equal(loaded(IDS).logits, expected)
+

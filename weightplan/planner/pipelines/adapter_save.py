@@ -9,6 +9,7 @@ per-expert form: the plan refuses it, naming the tensor, rather than drop those 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 
@@ -19,12 +20,14 @@ from weightplan.planner.inputs.adapter import WEIGHTS_FILE
 from weightplan.planner.inputs.adapter_model import (
     PEFT_PREFIX, InjectedAdapter, adapter_tensor, inspect_adapter,
 )
-from weightplan.planner.inputs.checkpoint import open_checkpoint
+from weightplan.planner.inputs.checkpoint import Checkpoint
+from weightplan.planner.inputs.model_info import inspect_model
 from weightplan.planner.keys.registry import MappingChoice
 from weightplan.planner.pipelines.adapter_summary import CONFIGS_ATTRIBUTE
 from weightplan.planner.pipelines.save import build, make_write_plan
 from weightplan.planner.pipelines.write_plan import Inversion, WritePlanData
 from weightplan.planner.write.record import LoadRecord, RecordedConversion, get_record
+from weightplan.planner.write.offloaded import get_offloaded, model_source
 from weightplan.planner.write.reverse import record_groups
 
 
@@ -42,18 +45,16 @@ def explain_adapter_save(model: torch.nn.Module, directory: str | os.PathLike[st
     """Plan writing adapter ``name`` of ``model`` to ``directory`` as its file was.
 
     Raises:
-        SaveError: the adapter wasn't loaded by weightplan, is on meta, or a fused tensor
-            has no per-expert form (naming it).
+        SaveError: the adapter wasn't loaded by weightplan, is on meta (not offloaded), or a
+            fused tensor has no per-expert form (naming it).
     """
     injected = inspect_adapter(model, name)
     record = _adapter_record(model, injected)
     state = {k: v.detach() for k, v in model.state_dict().items()
              if any(k == t for c in record.conversions for t, _ in c.targets)}
-    meta = sorted(k for k, v in state.items() if v.is_meta)
-    if meta:
-        raise SaveError(f"{len(meta)} adapter tensor(s) are on meta: {', '.join(meta[:5])}")
-    refuse_off_diagonal(record.conversions, state)
-    source = open_checkpoint(state)
+    # (a module on the disk: its tensors read from their files, as a model's save reads them)
+    source = model_source(state, inspect_model(model), get_offloaded(model), recorded=True)
+    refuse_off_diagonal(record.conversions, lambda k: _value(state[k], source, k))
     reverse = record_groups(record, source)
     choice = MappingChoice(None, f"the record of adapter {name!r}'s weightplan load", ())
     return make_write_plan(directory, source, build(reverse), reverse.notes, choice,
@@ -79,15 +80,28 @@ def _adapter_record(model: torch.nn.Module, injected: InjectedAdapter) -> LoadRe
     return LoadRecord(mine, (), record.metadata, tuple(k for k in record.order if k in keys))
 
 
+def _value(tensor: torch.Tensor, source: Checkpoint, key: str) -> torch.Tensor:
+    """``tensor``, or where it is offloaded (on meta) its bytes read from its file."""
+    if not tensor.is_meta:
+        return tensor
+    entry = source.entries[key]
+    assert entry.file is not None  # (a meta tensor's entry is its file's: model_source)
+    with open(entry.file, "rb") as f:
+        f.seek(entry.offset)
+        raw = bytearray(f.read(entry.spec.nbytes))
+    return torch.frombuffer(raw, dtype=entry.spec.dtype).reshape(entry.spec.shape)
+
+
 def refuse_off_diagonal(conversions: tuple[RecordedConversion, ...],
-                        state: dict[str, torch.Tensor]) -> None:
-    """Fused ``lora_B`` tensors whose off-diagonal blocks are not zero: refused by name."""
+                        value: Callable[[str], torch.Tensor]) -> None:
+    """Fused ``lora_B`` tensors (``value``: a model tensor's values by name) whose
+    off-diagonal blocks are not zero: refused by name."""
     bad = []
     for c in conversions:
         at = next((i for i, op in enumerate(c.ops) if isinstance(op, BlockDiagonal)), None)
         if at is None or len(c.targets) != 1:
             continue
-        streams: tuple[tuple[torch.Tensor, ...], ...] = ((state[c.targets[0][0]],),)
+        streams: tuple[tuple[torch.Tensor, ...], ...] = ((value(c.targets[0][0]),),)
         for op in (op.inverse() for op in reversed(c.ops[at + 1:])):
             streams = op.forward(streams)
         block = c.ops[at]

@@ -69,6 +69,11 @@ class FillInput:
         """Host bytes ``tensors`` hold on their way to the disk (see ``host_offloaded``)."""
         return sum(self.host_offloaded.get(t, self.size.get(t, 0)) for t in tensors)
 
+    def resident(self, tensors: frozenset[str]) -> int:
+        """Bytes of the non-persistent buffers among ``tensors`` (rotary ``inv_freq``):
+        placed on the disk, they stay in memory where their modules run."""
+        return sum(self.size.get(t, 0) for t in tensors if t in self.tree.extra_bytes)
+
     def staging_of(self, tensors: Iterable[str]) -> int:
         """An accelerator's staging for ``tensors``: the ``concurrent`` largest copies."""
         return sum(sorted(self.temp.get(t, 0) for t in tensors)[-self.concurrent:])

@@ -170,7 +170,8 @@ def given_placement(pairs: Sequence[tuple[str, str]], tree: ModuleTree, info: Mo
     pinned = staging_pool(copies[t] for d, ts in per.items() if _cuda(d) for t in ts
                           if t in copies).nbytes
     window = host.window + _largest_step(schedule.steps)
-    on_disk = min(window, inp.host_bytes_offloaded(frozenset(per.get(DISK, ()))))
+    disk = frozenset(per.get(DISK, ()))  # (its buffers stay in memory: the CPU's, apart)
+    on_disk, resident = min(window, inp.host_bytes_offloaded(disk) - inp.resident(disk)), inp.resident(disk)
     bounds = {b.device: b.budget for b in budgets}
     uses = []
     for device in sorted({d for _, d in pairs} | {CPU}, key=lambda d: (d == DISK, d == CPU, d)):
@@ -179,8 +180,8 @@ def given_placement(pairs: Sequence[tuple[str, str]], tree: ModuleTree, info: Mo
             staging = host.temporaries + pinned + on_disk if device == CPU else 0
         else:
             staging = inp.staging_of(tensors)
-        uses.append(DeviceUse(device, bounds.get(device), inp.bytes_of(tensors), staging, 0,
-                              sum(d == device for _, d in pairs), True))
+        uses.append(DeviceUse(device, bounds.get(device), inp.bytes_of(tensors) - (resident if device == DISK else 0),
+                              staging, 0, sum(d == device for _, d in pairs), True, resident if device == CPU else 0))
     return DevicePlacement("dict", tuple(pairs), tuple(uses), offload_folder, pinned)
 
 
