@@ -77,3 +77,22 @@ def test_cli_adapter_with_a_variant_base(variants, tmp_path, capsys):
     oracle = peft.PeftModel.from_pretrained(pretrained(cls, directory, variant="fp16"), lora)
     model = weightplan.from_pretrained(directory, variant="fp16", adapter=lora)
     assert torch.equal(output(model, inputs), output(oracle, inputs))
+
+
+def test_convert_takes_variant(variants, tmp_path, capsys):
+    """A directory holding only variants (refused without one, as transformers refuses it):
+    the refusal said 'pass --variant bf16', and convert had no --variant ('unrecognized
+    arguments'), so the command line could not convert it at all (it read a variant alone
+    before). weightplan convert DIR OUT --variant V / explain_convert(variant=V): that
+    variant's files, converted; OUT loads as transformers loads the variant."""
+    import weightplan
+
+    directory, cls, inputs = variants
+    assert main(["convert", str(directory), str(tmp_path / "none"), "--dry-run"]) == 2
+    assert "pass --variant bf16" in capsys.readouterr().err
+    assert main(["convert", str(directory), str(tmp_path / "out"), "--variant", "fp16"]) == 0
+    theirs = pretrained(cls, directory, variant="fp16")
+    converted = pretrained(cls, tmp_path / "out")
+    assert torch.equal(output(converted, inputs), output(theirs, inputs))
+    plan = weightplan.explain_convert(directory, tmp_path / "api", variant="bf16")
+    assert [f.path.rsplit("/", 1)[-1] for f in plan.checkpoint.files] == ["model.bf16.safetensors"]

@@ -199,12 +199,14 @@ def _config_mapping(source: object) -> MappingChoice:
 def explain_convert(source: object, directory: str | os.PathLike[str], *, mapping: object = None,
                     reverse: bool = False, max_shard_size: int | str = "5GB",
                     overwrite: bool = False, threads: int = 4, dequantize: bool = False,
-                    to: str | None = None, budget: int | str | None = None) -> WritePlan:
+                    to: str | None = None, budget: int | str | None = None,
+                    variant: str | None = None) -> WritePlan:
     """Plan converting a checkpoint on disk to another layout, without a model.
 
     Args:
-        source: the checkpoint: a ``.safetensors`` file, a directory, a list of files, or
-            a dict.
+        source, variant: the checkpoint: a ``.safetensors`` file, a directory (``variant="fp16"``:
+            its ``model.fp16.safetensors``, as ``from_pretrained(variant=...)``), a list of
+            files, or a dict.
         directory: where the shards and ``model.safetensors.index.json`` go.
         mapping: a registered name or a list of transforms; ``None``: the ``model_type``
             of the ``config.json`` next to ``source``. That config and the generation
@@ -239,7 +241,8 @@ def explain_convert(source: object, directory: str | os.PathLike[str], *, mappin
 
     if mapping is None:
         mapping = [] if dequantize or to is not None else _config_mapping(source)
-    data = explain_convert_plan(source, directory, mapping=by_name(mapping), reverse=reverse,
+    read = source if variant is None else _for_variant(source, variant, None)
+    data = explain_convert_plan(read, directory, mapping=by_name(mapping), reverse=reverse,
                                 max_shard_size=max_shard_size, overwrite=overwrite,
                                 threads=threads, dequantize=dequantize, to=to, budget=budget)
     companions = companion_files(source, quantized=not dequantize and to is None)
