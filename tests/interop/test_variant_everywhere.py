@@ -96,3 +96,38 @@ def test_convert_takes_variant(variants, tmp_path, capsys):
     assert torch.equal(output(converted, inputs), output(theirs, inputs))
     plan = weightplan.explain_convert(directory, tmp_path / "api", variant="bf16")
     assert [f.path.rsplit("/", 1)[-1] for f in plan.checkpoint.files] == ["model.bf16.safetensors"]
+
+
+def test_a_cached_adapter_repo_loads_onto_its_base_variant_offline(variants, tmp_path,
+                                                                   monkeypatch, capsys):
+    """An adapter repo (adapter files only) whose base is a repo of variants, both cached,
+    offline: transformers with peft loads the base's fp16 files and the adapter; was:
+    CheckpointError 'the local cache holds the repo's snapshot ... without its weights
+    (no model.fp16.safetensors ...)', the adapter's snapshot judged by the base's variant."""
+    import json
+
+    import huggingface_hub
+
+    from tests.interop.test_from_pretrained import cached_repo
+
+    peft = pytest.importorskip("peft")
+    directory, cls, inputs = variants
+    _, cfg, _ = FAMILIES["llama"]()
+    torch.manual_seed(3)
+    trained = peft.get_peft_model(cls(cfg), peft.LoraConfig(
+        r=2, lora_alpha=4, target_modules=["q_proj"], init_lora_weights=False))
+    trained.save_pretrained(tmp_path / "lora")
+    config = json.loads((tmp_path / "lora" / "adapter_config.json").read_text())
+    (tmp_path / "lora" / "adapter_config.json").write_text(json.dumps(
+        {**config, "base_model_name_or_path": "tiny-org/variants"}))
+    cache = tmp_path / "cache"
+    cached_repo(cache, "tiny-org/variants", directory)
+    cached_repo(cache, "tiny-org/lora", tmp_path / "lora")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = weightplan.from_pretrained("tiny-org/lora", variant="fp16")
+    oracle = peft.PeftModel.from_pretrained(pretrained(cls, directory, variant="fp16"),
+                                            tmp_path / "lora")
+    assert torch.equal(output(model, inputs), output(oracle, inputs))
+    assert main(["explain", "tiny-org/lora", "--variant", "fp16"]) == 0
+    assert "problems: none" in capsys.readouterr().out

@@ -128,8 +128,11 @@ def _lacking(directory: Path, variant: str | None) -> str | None:
 
     if not directory.is_dir():
         return f"no folder {directory.name}/"
-    if (directory / "adapter_config.json").is_file() and not (directory / ADAPTER_FILE).is_file():
-        return f"adapter_config.json without {ADAPTER_FILE}"
+    if (directory / "adapter_config.json").is_file():
+        if not (directory / ADAPTER_FILE).is_file():
+            return f"adapter_config.json without {ADAPTER_FILE}"
+        if not (directory / "config.json").is_file():
+            return None  # an adapter alone: the variant is its base's, resolved on its own
     try:
         directory_files(directory, variant)
     except CheckpointError as e:
