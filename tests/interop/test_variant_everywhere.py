@@ -131,3 +131,27 @@ def test_a_cached_adapter_repo_loads_onto_its_base_variant_offline(variants, tmp
     assert torch.equal(output(model, inputs), output(oracle, inputs))
     assert main(["explain", "tiny-org/lora", "--variant", "fp16"]) == 0
     assert "problems: none" in capsys.readouterr().out
+
+
+def test_an_adapter_repo_finds_its_base_in_the_cache_dir_given(variants, tmp_path, monkeypatch):
+    """from_pretrained(ADAPTER_REPO, cache_dir=C): the base its config names is looked up in
+    C too, as transformers looks it up; was: in the default cache only (AdapterError: its
+    base 'tiny-org/variants' is not here)."""
+    import json
+
+    from tests.interop.test_from_pretrained import cached_repo
+
+    peft = pytest.importorskip("peft")
+    directory, cls, inputs = variants
+    _, cfg, _ = FAMILIES["llama"]()
+    trained = peft.get_peft_model(cls(cfg), peft.LoraConfig(r=2, target_modules=["q_proj"]))
+    trained.save_pretrained(tmp_path / "lora")
+    config = json.loads((tmp_path / "lora" / "adapter_config.json").read_text())
+    (tmp_path / "lora" / "adapter_config.json").write_text(json.dumps(
+        {**config, "base_model_name_or_path": "tiny-org/variants"}))
+    cache = tmp_path / "cache"
+    cached_repo(cache, "tiny-org/variants", directory)
+    cached_repo(cache, "tiny-org/lora", tmp_path / "lora")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = weightplan.from_pretrained("tiny-org/lora", cache_dir=cache, variant="bf16")
+    assert any("lora_A.default" in k for k in model.state_dict())
