@@ -176,7 +176,7 @@ def _convert(args: argparse.Namespace) -> int:
                                       reverse=args.reverse, max_shard_size=args.max_shard_size,
                                       overwrite=args.overwrite, threads=args.threads,
                                       dequantize=args.dequantize, to=args.to,
-                                      budget=args.budget)
+                                      budget=args.budget, variant=args.variant)
     print(plan)
     if not args.dry_run:
         print(_safe(str(plan.execute())))

@@ -213,6 +213,8 @@ def _convert_parser(conv: argparse.ArgumentParser) -> None:
     conv.add_argument("--model-type", "--mapping", dest="mapping",
                       help="registered mapping, e.g. mixtral (default: the model_type "
                            "config.json names)")
+    conv.add_argument("--variant", help="the weight variant's files (fp16: model.fp16."
+                      "safetensors, or the shards model.safetensors.index.fp16.json names)")
     conv.add_argument("--reverse", action="store_true",
                       help="apply the inverse mapping (model layout back to the original)")
     conv.add_argument("--max-shard-size", default="5GB", metavar="SIZE",

@@ -76,3 +76,46 @@ def test_without_peft_the_base_loads_with_a_warning(both, monkeypatch, capsys):
     with pytest.warns(UserWarning, match="not loaded"):  # the command line: the model alone
         assert main(["explain", str(both)]) == 0
     assert "+ adapter" not in capsys.readouterr().out
+
+
+def test_a_hub_repo_with_both_and_a_variant_fetches_the_adapter(both, tmp_path, monkeypatch):
+    """A repo id holding a model's fp16 variant and an adapter: transformers fetches the
+    variant's files and then the adapter's (load_adapter); was: the Hub asked for the
+    variant's files and the JSON only, so the load failed (AdapterError: no
+    adapter_model.safetensors), and a snapshot cached so was taken as complete."""
+    import fnmatch
+    import shutil
+
+    import huggingface_hub
+
+    from tests.interop.test_from_pretrained import COMMIT, cached_repo
+
+    plain, source = tmp_path / "plain", tmp_path / "source"
+    plain.mkdir()
+    shutil.copy(both / "config.json", plain)
+    shutil.copy(both / "model.safetensors", plain)
+    shutil.copytree(both, source, ignore=lambda d, names: ["model.safetensors"])
+    T.AutoModelForCausalLM.from_pretrained(plain).save_pretrained(source, variant="fp16")
+    theirs = pretrained(T.AutoModelForCausalLM, source, variant="fp16")  # (both, with peft)
+    assert theirs._hf_peft_config_loaded
+    kept = {"config.json", "adapter_config.json", "model.fp16.safetensors"}
+    partial = tmp_path / "partial"  # (what a fetch of the variant's files and the JSON left)
+    shutil.copytree(source, partial, ignore=lambda d, names: [n for n in names if n not in kept])
+    cached_repo(tmp_path / "cache", "tiny-org/both", partial)
+    snapshot = tmp_path / "cache" / "models--tiny-org--both" / "snapshots" / COMMIT
+    asked = []
+
+    def download(**kwargs):
+        asked.append(kwargs)
+        if not kwargs.get("local_files_only"):
+            for f in source.iterdir():
+                if any(fnmatch.fnmatch(f.name, p) for p in kwargs["allow_patterns"]):
+                    shutil.copy(f, snapshot / f.name)
+        return str(snapshot)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", download)
+    model = weightplan.from_pretrained("tiny-org/both", cache_dir=tmp_path / "cache",
+                                       variant="fp16")
+    assert "adapter_model.safetensors" in asked[-1]["allow_patterns"]
+    assert any("lora_A.default" in k for k in model.state_dict())
+    assert torch.equal(output(model, IDS), output(theirs, IDS))

@@ -131,7 +131,7 @@ def test_one_variant_alone_without_variant_is_refused_as_transformers_does(varia
 
 def test_variant_from_the_hub_cache_fetches_only_its_files(variants, tmp_path, monkeypatch):
     """A repo id: the cached snapshot's variant is read; the Hub is asked for the
-    variant's files only (transformers fetches the variant's files)."""
+    variant's files only, and an adapter's file (as transformers fetches them)."""
     import huggingface_hub
 
     from tests.interop.test_from_pretrained import COMMIT, cached_repo
@@ -159,7 +159,8 @@ def test_variant_from_the_hub_cache_fetches_only_its_files(variants, tmp_path, m
     monkeypatch.setattr(huggingface_hub, "snapshot_download", download)
     weightplan.from_pretrained("tiny-org/variants", cache_dir=tmp_path / "cache", variant="fp16")
     assert asked[-1]["allow_patterns"] == ["model.fp16.safetensors", "model.fp16-*.safetensors",
-                                           "model-*.fp16.safetensors", "*.json"]
+                                           "model-*.fp16.safetensors",
+                                           "adapter_model.safetensors", "*.json"]
 
 
 def test_cli_explain_variant(variants, capsys):

@@ -77,3 +77,81 @@ def test_cli_adapter_with_a_variant_base(variants, tmp_path, capsys):
     oracle = peft.PeftModel.from_pretrained(pretrained(cls, directory, variant="fp16"), lora)
     model = weightplan.from_pretrained(directory, variant="fp16", adapter=lora)
     assert torch.equal(output(model, inputs), output(oracle, inputs))
+
+
+def test_convert_takes_variant(variants, tmp_path, capsys):
+    """A directory holding only variants (refused without one, as transformers refuses it):
+    the refusal said 'pass --variant bf16', and convert had no --variant ('unrecognized
+    arguments'), so the command line could not convert it at all (it read a variant alone
+    before). weightplan convert DIR OUT --variant V / explain_convert(variant=V): that
+    variant's files, converted; OUT loads as transformers loads the variant."""
+    import weightplan
+
+    directory, cls, inputs = variants
+    assert main(["convert", str(directory), str(tmp_path / "none"), "--dry-run"]) == 2
+    assert "pass --variant bf16" in capsys.readouterr().err
+    assert main(["convert", str(directory), str(tmp_path / "out"), "--variant", "fp16"]) == 0
+    theirs = pretrained(cls, directory, variant="fp16")
+    converted = pretrained(cls, tmp_path / "out")
+    assert torch.equal(output(converted, inputs), output(theirs, inputs))
+    plan = weightplan.explain_convert(directory, tmp_path / "api", variant="bf16")
+    assert [f.path.rsplit("/", 1)[-1] for f in plan.checkpoint.files] == ["model.bf16.safetensors"]
+
+
+def test_a_cached_adapter_repo_loads_onto_its_base_variant_offline(variants, tmp_path,
+                                                                   monkeypatch, capsys):
+    """An adapter repo (adapter files only) whose base is a repo of variants, both cached,
+    offline: transformers with peft loads the base's fp16 files and the adapter; was:
+    CheckpointError 'the local cache holds the repo's snapshot ... without its weights
+    (no model.fp16.safetensors ...)', the adapter's snapshot judged by the base's variant."""
+    import json
+
+    import huggingface_hub
+
+    from tests.interop.test_from_pretrained import cached_repo
+
+    peft = pytest.importorskip("peft")
+    directory, cls, inputs = variants
+    _, cfg, _ = FAMILIES["llama"]()
+    torch.manual_seed(3)
+    trained = peft.get_peft_model(cls(cfg), peft.LoraConfig(
+        r=2, lora_alpha=4, target_modules=["q_proj"], init_lora_weights=False))
+    trained.save_pretrained(tmp_path / "lora")
+    config = json.loads((tmp_path / "lora" / "adapter_config.json").read_text())
+    (tmp_path / "lora" / "adapter_config.json").write_text(json.dumps(
+        {**config, "base_model_name_or_path": "tiny-org/variants"}))
+    cache = tmp_path / "cache"
+    cached_repo(cache, "tiny-org/variants", directory)
+    cached_repo(cache, "tiny-org/lora", tmp_path / "lora")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = weightplan.from_pretrained("tiny-org/lora", variant="fp16")
+    oracle = peft.PeftModel.from_pretrained(pretrained(cls, directory, variant="fp16"),
+                                            tmp_path / "lora")
+    assert torch.equal(output(model, inputs), output(oracle, inputs))
+    assert main(["explain", "tiny-org/lora", "--variant", "fp16"]) == 0
+    assert "problems: none" in capsys.readouterr().out
+
+
+def test_an_adapter_repo_finds_its_base_in_the_cache_dir_given(variants, tmp_path, monkeypatch):
+    """from_pretrained(ADAPTER_REPO, cache_dir=C): the base its config names is looked up in
+    C too, as transformers looks it up; was: in the default cache only (AdapterError: its
+    base 'tiny-org/variants' is not here)."""
+    import json
+
+    from tests.interop.test_from_pretrained import cached_repo
+
+    peft = pytest.importorskip("peft")
+    directory, cls, inputs = variants
+    _, cfg, _ = FAMILIES["llama"]()
+    trained = peft.get_peft_model(cls(cfg), peft.LoraConfig(r=2, target_modules=["q_proj"]))
+    trained.save_pretrained(tmp_path / "lora")
+    config = json.loads((tmp_path / "lora" / "adapter_config.json").read_text())
+    (tmp_path / "lora" / "adapter_config.json").write_text(json.dumps(
+        {**config, "base_model_name_or_path": "tiny-org/variants"}))
+    cache = tmp_path / "cache"
+    cached_repo(cache, "tiny-org/variants", directory)
+    cached_repo(cache, "tiny-org/lora", tmp_path / "lora")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = weightplan.from_pretrained("tiny-org/lora", cache_dir=cache, variant="bf16")
+    assert any("lora_A.default" in k for k in model.state_dict())

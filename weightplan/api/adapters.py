@@ -136,10 +136,11 @@ def loads_adapter(directory: Path) -> bool:
     return False
 
 
-def adapter_base(adapter: str | os.PathLike[str], variant: str | None = None) -> Path:
+def adapter_base(adapter: str | os.PathLike[str], variant: str | None = None,
+                 cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """The base checkpoint of an adapter: the directory itself where it holds a model too
     (``config.json``: as transformers loads "a local model with an embedded adapter"), else
-    the local (or cached: with ``variant``'s files) one its config names.
+    the local (or cached, in ``cache_dir``: with ``variant``'s files) one its config names.
 
     Raises:
         AdapterError: the config names none, or it is neither local nor cached.
@@ -154,7 +155,8 @@ def adapter_base(adapter: str | os.PathLike[str], variant: str | None = None) ->
                            "base: from_pretrained(BASE, adapter=ADAPTER_DIR), or weightplan "
                            "explain ADAPTER_DIR --base BASE_DIR")
     try:
-        return resolve_checkpoint(spec.config.base_model, local_files_only=True, variant=variant)
+        return resolve_checkpoint(spec.config.base_model, local_files_only=True, variant=variant,
+                                  cache_dir=cache_dir)
     except WeightplanError as e:
         raise AdapterError(f"{adapter}: its base {spec.config.base_model!r} is not here ({e}); "
                            "load it onto its base: from_pretrained(BASE, adapter=ADAPTER_DIR), "

@@ -203,12 +203,13 @@ def _config_mapping(source: object) -> MappingChoice:
 def explain_convert(source: object, directory: str | os.PathLike[str], *, mapping: object = None,
                     reverse: bool = False, max_shard_size: int | str = "5GB",
                     overwrite: bool = False, threads: int = 4, dequantize: bool = False,
-                    to: str | None = None, budget: int | str | None = None) -> WritePlan:
+                    to: str | None = None, budget: int | str | None = None, variant: str | None = None
+                    ) -> WritePlan:
     """Plan converting a checkpoint on disk to another layout, without a model.
 
     Args:
-        source: the checkpoint: a ``.safetensors`` file, a directory, a list of files, or
-            a dict.
+        source, variant: a ``.safetensors`` file, a directory (``variant="fp16"``: its
+            ``model.fp16.safetensors``, as ``from_pretrained(variant=...)``), files, a dict.
         directory: where the shards and ``model.safetensors.index.json`` go.
         mapping: a registered name or a list of transforms; ``None``: the ``model_type``
             of the ``config.json`` next to ``source``. That config and the generation
@@ -218,8 +219,7 @@ def explain_convert(source: object, directory: str | os.PathLike[str], *, mappin
         reverse: ``False`` applies ``mapping`` (with the legacy renames) as a load would;
             ``True`` applies its inverse (a saved model's layout back to the original one).
         max_shard_size: bytes per shard (``"5GB"``); a bigger tensor gets its own shard.
-        overwrite: replace checkpoint files already in ``directory``.
-        threads: writer threads (0: inline).
+        overwrite, threads: replace checkpoint files already in ``directory``; writer threads (0: inline).
         dequantize: write every quantized weight (block FP8, MXFP4, compressed-tensors,
             ModelOpt NVFP4) dequantized to bf16 under its plain key, without its scales;
             the mapping defaults to none (keys as they are), and the copied config.json
@@ -243,9 +243,9 @@ def explain_convert(source: object, directory: str | os.PathLike[str], *, mappin
 
     if mapping is None:
         mapping = [] if dequantize or to is not None else _config_mapping(source)
-    data = explain_convert_plan(source, directory, mapping=by_name(mapping), reverse=reverse,
-                                max_shard_size=max_shard_size, overwrite=overwrite,
-                                threads=threads, dequantize=dequantize, to=to, budget=budget)
+    data = explain_convert_plan(source if variant is None else _for_variant(source, variant, None), directory,
+                                mapping=by_name(mapping), reverse=reverse, max_shard_size=max_shard_size,
+                                overwrite=overwrite, threads=threads, dequantize=dequantize, to=to, budget=budget)
     companions = companion_files(source, quantized=not dequantize and to is None)
     check_companions(companions, directory, overwrite)
     return dataclasses.replace(promote(WritePlan, data), companions=companions,

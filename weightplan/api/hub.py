@@ -23,16 +23,18 @@ from weightplan.planner.inputs.variants import check_variant
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 HUB_FILES = ("*.safetensors", "*.json")
+ADAPTER_FILE = "adapter_model.safetensors"  # peft's SAFETENSORS_WEIGHTS_NAME
 
 
 def hub_files(variant: str | None) -> tuple[str, ...]:
     """What is fetched of a repo: its safetensors and JSON files; with a ``variant``, the
     JSON files and that variant's files only (its one file, its shards as transformers 5
-    and the older savers name them), as transformers fetches only the variant's."""
+    and the older savers name them), as transformers fetches only the variant's, and an
+    adapter's file beside them (peft's have no variant: transformers fetches it too)."""
     if variant is None:
         return HUB_FILES
     return (f"model.{variant}.safetensors", f"model.{variant}-*.safetensors",
-            f"model-*.{variant}.safetensors", "*.json")
+            f"model-*.{variant}.safetensors", ADAPTER_FILE, "*.json")
 
 
 def resolve_checkpoint(name_or_path: str | os.PathLike[str], *, revision: str | None = None,
@@ -121,11 +123,16 @@ def _snapshot(hub: Any, path: Path, options: dict[str, Any], local_only: bool,
 def _lacking(directory: Path, variant: str | None) -> str | None:
     """What a cached snapshot (folder) lacks to be loaded, or ``None``: files the Hub
     has but another call didn't fetch (``AutoConfig.from_pretrained`` caches config.json
-    alone) or a download cut short (a shard its index names)."""
+    alone) or a download cut short (a shard its index names, an adapter's file)."""
     from weightplan.planner.inputs.checkpoint import directory_files
 
     if not directory.is_dir():
         return f"no folder {directory.name}/"
+    if (directory / "adapter_config.json").is_file():
+        if not (directory / ADAPTER_FILE).is_file():
+            return f"adapter_config.json without {ADAPTER_FILE}"
+        if not (directory / "config.json").is_file():
+            return None  # an adapter alone: the variant is its base's, resolved on its own
     try:
         directory_files(directory, variant)
     except CheckpointError as e:

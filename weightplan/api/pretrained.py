@@ -150,7 +150,8 @@ def _resolved(name_or_path: str | os.PathLike[str], adapter: Any, **hub: Any
         from weightplan.api.adapters import adapter_base, loads_adapter
 
         if loads_adapter(directory):
-            return read_directory(adapter_base(directory, hub["variant"]), hub["variant"]), directory
+            base = adapter_base(directory, hub["variant"], hub["cache_dir"])
+            return read_directory(base, hub["variant"]), directory
     return read_directory(directory, hub["variant"]), adapter
 
 
