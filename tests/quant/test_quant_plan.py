@@ -1,9 +1,11 @@
 """Packed plans: header inconsistencies refused before a byte is read (naming file, key
 and expected shape), odd widths, and the memory estimate against what the executor held."""
 
+import json
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 import weightplan
 from tests.conftest import module_with
@@ -261,3 +263,19 @@ def test_a_plain_weight_beside_its_packed_parts_is_refused_naming_both(tmp_path,
     directory, _ = _int4_dir(tmp_path, add)
     _refused(directory, "model.safetensors: a.weight_packed is the packed weight a.weight",
              "model.safetensors holds a.weight as a plain tensor too")
+
+
+def test_a_plain_weight_in_another_shard_names_both_files(tmp_path):
+    """The plain ``a.weight`` and the packed ``a.weight_packed`` in two shards of one
+    index: refused, each key named with its own file."""
+    directory, _ = _int4_dir(tmp_path)
+    packed = load_file(str(directory / "model.safetensors"))
+    (directory / "model.safetensors").unlink()
+    shards = {"one.safetensors": packed, "two.safetensors": {
+        "a.weight": torch.full((40, 96), 7.0, dtype=torch.bfloat16)}}
+    for name, tensors in shards.items():
+        save_file(tensors, str(directory / name))
+    index = {"metadata": {}, "weight_map": {k: n for n, t in shards.items() for k in t}}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+    _refused(directory, "one.safetensors: a.weight_packed is the packed weight a.weight",
+             "two.safetensors holds a.weight as a plain tensor too")
