@@ -1,6 +1,7 @@
 """Problems of a packed checkpoint's pairing (:mod:`weightplan.planner.inputs.packed_pairs`):
 the type, and the checks of what pairing leaves over: ``ignore`` entries that name no
-module, and parts (scales, zero points, shapes) that no stored weight claimed.
+module, parts (scales, zero points, shapes) that no stored weight claimed, and a plain
+tensor under a stored weight's logical key (two tensors for one weight).
 """
 
 from __future__ import annotations
