@@ -41,6 +41,8 @@ def shadowed(logical: list[str], positions: list[int], in_order: list[TensorEntr
     also holds as a tensor of its own (a plain ``x.weight`` beside ``x.weight_packed``):
     two tensors for one weight, neither picked. Its slot emptied, its problem onto
     ``refused`` with its position."""
+    if logical and logical[0] == in_order[positions[0]].key:
+        return  # (a stack stored under its logical keys: FP8, ModelOpt; no key to look up)
     for key, at in zip(logical, positions, strict=True):
         plain, stored = entries.get(key), in_order[at]
         if plain is not None and plain is not stored:
