@@ -92,3 +92,23 @@ def test_gptoss_estimate_matches_what_the_executor_holds(gptoss):
     plan = weightplan.explain(model, qdir, dtype=torch.bfloat16, threads=0)
     report = plan.execute()
     assert report.peak_bytes <= plan.peak_bytes <= 1.05 * report.peak_bytes
+
+
+def test_a_plain_tensor_beside_one_layers_blocks_is_refused_alone(gptoss, tmp_path):
+    """One layer's ``down_proj`` also stored plain beside its ``down_proj_blocks``: that
+    weight refused at plan time, naming both keys (neither picked); the other layer's
+    paired as before."""
+    qdir, expected = gptoss
+    key = "model.layers.0.mlp.experts.down_proj"
+    tensors = load_file(str(qdir / "model.safetensors")) | {key: expected[key]}
+    both = tmp_path / "both"
+    both.mkdir()
+    save_file(tensors, str(both / "model.safetensors"))
+    (both / "config.json").write_text((qdir / "config.json").read_text())
+    with torch.device("meta"):
+        model = T.GptOssForCausalLM(gptoss_config()).to(torch.bfloat16)
+    plan = weightplan.explain(model, both)
+    problems = [p for p in plan.problems if p.kind.value == "quantization"]
+    assert [p.key for p in problems] == [key], str(plan)
+    assert f"{key}_blocks is the packed weight {key}" in problems[0].message
+    assert f"holds {key} as a plain tensor too" in problems[0].message

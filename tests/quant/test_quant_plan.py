@@ -1,9 +1,11 @@
 """Packed plans: header inconsistencies refused before a byte is read (naming file, key
 and expected shape), odd widths, and the memory estimate against what the executor held."""
 
+import json
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 import weightplan
 from tests.conftest import module_with
@@ -245,3 +247,35 @@ def test_an_expert_refused_inside_a_merge_names_why(tmp_path, kind):
     text = str(info.value)
     assert f"needs {scale} and the checkpoint has none" in text, text
     assert str(qdir / "model.safetensors") in text, text
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_a_plain_weight_beside_its_packed_parts_is_refused_naming_both(tmp_path, first):
+    """A checkpoint holding a plain ``a.weight`` beside ``a.weight_packed`` (its scale and
+    shape) has two tensors for one weight: refused at plan time, naming the file and both
+    keys, whichever comes first in the file. Was: a silent pick (the packed one at
+    ba37ce5, the plain one after routing swapped the packed weight in by position)."""
+    plain = {"a.weight": torch.full((40, 96), 7.0, dtype=torch.bfloat16)}
+    def add(t):
+        both = (plain | t) if first else (t | plain)
+        t.clear()
+        t.update(both)
+    directory, _ = _int4_dir(tmp_path, add)
+    _refused(directory, "model.safetensors: a.weight_packed is the packed weight a.weight",
+             "model.safetensors holds a.weight as a plain tensor too")
+
+
+def test_a_plain_weight_in_another_shard_names_both_files(tmp_path):
+    """The plain ``a.weight`` and the packed ``a.weight_packed`` in two shards of one
+    index: refused, each key named with its own file."""
+    directory, _ = _int4_dir(tmp_path)
+    packed = load_file(str(directory / "model.safetensors"))
+    (directory / "model.safetensors").unlink()
+    shards = {"one.safetensors": packed, "two.safetensors": {
+        "a.weight": torch.full((40, 96), 7.0, dtype=torch.bfloat16)}}
+    for name, tensors in shards.items():
+        save_file(tensors, str(directory / name))
+    index = {"metadata": {}, "weight_map": {k: n for n, t in shards.items() for k in t}}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+    _refused(directory, "one.safetensors: a.weight_packed is the packed weight a.weight",
+             "two.safetensors holds a.weight as a plain tensor too")

@@ -16,9 +16,9 @@ NVFP4 ModelOpt            ``M.weight`` U8 + ``M.weight_scale`` F8 + ``M.weight_s
 The result is a :class:`PackedWeight` per logical key (the key a floating checkpoint
 would have), whose shape is checked against every part's header: a scale grid that
 doesn't cover the weight, a packed width that doesn't match ``weight_shape``, a dtype the
-format forbids, a missing part, an ``ignore`` entry that names no module — each a
-:class:`PackedProblem` naming the file, key and expected shape, before any weight byte is
-read (``weight_shape``'s few bytes are read: the exact ``in`` is only there).
+format forbids, a missing part, a plain tensor under the logical key, an ``ignore`` entry
+that names no module — each a :class:`PackedProblem` naming the file, key and expected
+shape, before any weight byte is read (``weight_shape``'s few bytes: ``in`` is only there).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from weightplan.planner.core.quant.formats import Scheme, companion_shapes, logi
 from weightplan.planner.core.spec import TensorSpec, short_dtype
 from weightplan.planner.inputs.small_reads import INTEGER_CODES
 from weightplan.planner.inputs.packed_weight import PackedWeight, packed_weights
-from weightplan.planner.inputs.packed_problems import PackedProblem, strays, unmatched_ignores
+from weightplan.planner.inputs.packed_problems import PackedProblem, shadowed, strays, unmatched_ignores
 from weightplan.planner.inputs.quant_formats import FormatConfig
 
 F8 = torch.float8_e4m3fn
@@ -58,9 +58,8 @@ ReadOne = Callable[[TensorEntry], Sequence[int]]
 @dataclass(frozen=True)
 class PackedPairing:
     """What :func:`pair_packed` found: the stored weights (in checkpoint order), problems,
-    consumed keys (every part, and the shape tensors); ``at``: each weight's position
-    among the entries it was paired from. A routed checkpoint's entry is a weight of the
-    pairing when it is a :class:`PackedWeight` (told by its type, no key looked up)."""
+    consumed keys (every part, the shape tensors); ``at``: each weight's position among the
+    entries it was paired from. A routed entry is the pairing's when a :class:`PackedWeight`."""
 
     stored: Sequence[PackedWeight]
     problems: tuple[PackedProblem, ...]
@@ -104,6 +103,8 @@ def pair_packed(entries: Mapping[str, TensorEntry], config: FormatConfig,
         values: list[Sequence[int] | None] = [None] * len(stack.bases)  # by row
         deque(map(values.__setitem__, rows, islice(got, len(rows))), maxlen=0)
         stack.paired(entries, values, read_small, file_of, used, slots, refused)
+        if stack.logical[0].translate(_TO_ONE) in known:  # (a plain tensor under it?)
+            shadowed(stack.logical, stack.positions, in_order, entries, file_of, slots, refused)
     companions = frozenset(chain.from_iterable(used))
     at = sorted(chain.from_iterable(stack.positions for stack in stacks))  # (sorted runs)
     stored = list(filter(None, map(slots.__getitem__, at)))  # checkpoint order

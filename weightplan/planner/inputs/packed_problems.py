@@ -1,11 +1,12 @@
 """Problems of a packed checkpoint's pairing (:mod:`weightplan.planner.inputs.packed_pairs`):
 the type, and the checks of what pairing leaves over: ``ignore`` entries that name no
-module, and parts (scales, zero points, shapes) that no stored weight claimed.
+module, parts (scales, zero points, shapes) that no stored weight claimed, and a plain
+tensor under a stored weight's logical key (two tensors for one weight).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from itertools import repeat
 
@@ -30,6 +31,26 @@ def unmatched_ignores(config: FormatConfig, entries: Mapping[str, TensorEntry],
     names = templates if config.digit_blind else entries
     return [PackedProblem(p, f"{config.source}: ignore entry {p!r} names no module of the "
                           "checkpoint") for p in config.ignore if not _names_any(p, names)]
+
+
+def shadowed(logical: list[str], positions: list[int], in_order: list[TensorEntry],
+             entries: Mapping[str, TensorEntry], file_of: Callable[[TensorEntry], str],
+             slots: list, refused: list[tuple[int, PackedProblem]]) -> None:
+    """Refuse each stored weight of a stack (``logical``: each one's logical key,
+    ``positions`` its stored entry's in ``in_order``) whose logical key the checkpoint
+    also holds as a tensor of its own (a plain ``x.weight`` beside ``x.weight_packed``):
+    two tensors for one weight, neither picked. Its slot emptied, its problem onto
+    ``refused`` with its position."""
+    if logical and logical[0] == in_order[positions[0]].key:
+        return  # (a stack stored under its logical keys: FP8, ModelOpt; no key to look up)
+    for key, at in zip(logical, positions, strict=True):
+        plain, stored = entries.get(key), in_order[at]
+        if plain is not None and plain is not stored:
+            slots[at] = None
+            refused.append((at, PackedProblem(key, (
+                f"{file_of(stored)}: {stored.key} is the packed weight {key}, and "
+                f"{file_of(plain)} holds {key} as a plain tensor too: two tensors for one "
+                "weight (the checkpoint must hold one)"))))
 
 
 def _names_any(pattern: str, names: Iterable[str]) -> bool:
