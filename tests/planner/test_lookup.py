@@ -250,3 +250,45 @@ def test_requested_mapping_skips_the_lookup():
     plan = weightplan.explain(Tower("test_lookup_unknown"), {"fc.weight": torch.ones(2, 2)},
                               mapping=[WeightConverter("fc.weight", "fc.weight", [Transpose()])])
     assert plan.mapping.submodules == () and not plan.notes
+
+
+class _Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.config = cfg("test_lookup_encoder")
+        self.embeddings = nn.Module()
+        self.embeddings.cls_token = nn.Parameter(torch.zeros(2))
+
+
+class _WithHead(nn.Module):
+    base_model_prefix = "enc"
+
+    def __init__(self):
+        super().__init__()
+        self.config = cfg("test_lookup_with_head")
+        self.enc = _Encoder()
+        self.head = nn.Module()  # the head's own, renamed too, as transformers does
+        self.head.embeddings = nn.Module()
+        self.head.embeddings.cls_token = nn.Parameter(torch.zeros(2))
+
+
+def test_the_base_models_renamings_rename_each_key_once():
+    """transformers runs the base model's mapping once per key, its prefix optional: a
+    renaming whose target holds its source (``cls_token`` → ``embeddings.cls_token``) gives
+    ``enc.embeddings.cls_token``. Was: the copy for the head's keys renamed it again,
+    ``enc.embeddings.embeddings.cls_token``, unexpected."""
+    from weightplan.planner.inputs.checkpoint import open_checkpoint
+    from weightplan.planner.inputs.model_info import inspect_model
+    from weightplan.planner.keys.route import route_checkpoint
+
+    registry = MappingRegistry()
+    registry.register("test_lookup_encoder", [WeightRenaming("cls_token", "embeddings.cls_token")])
+    model = _WithHead()
+    choice = lookup_mapping(model, registry)
+    routing = route_checkpoint(open_checkpoint({"enc.cls_token": torch.ones(2),
+                                                "head.cls_token": torch.ones(2)}),
+                               choice.transforms, inspect_model(model))
+    assert {r.key: r.renamed for r in routing.routes} == {
+        "enc.cls_token": "enc.embeddings.cls_token", "head.cls_token": "head.embeddings.cls_token"}
+    assert "rename cls_token → embeddings.cls_token outside enc.*" in [
+        t.describe() for t in choice.transforms]

@@ -24,7 +24,7 @@ submodule differently are ambiguous: :class:`ConflictingTransformError` names bo
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from torch import nn
 
@@ -146,8 +146,9 @@ def _apply(walk: _Walk, path: str, module: nn.Module, identifier: str, via: Via,
            found: Found) -> None:
     scoped = tuple(t.with_scope(path) if path else t for t in found.transforms)
     if path and path == walk.base:  # transformers scopes the base model's mapping with its
-        # prefix optional: its renamings rename the head's keys too (ViTMAE's decoder)
-        scoped += tuple(t for t in found.transforms
+        # prefix optional: its renamings rename the head's keys too (ViTMAE's decoder), and
+        # each key once (the copy leaves the scoped one's keys alone)
+        scoped += tuple(replace(t, outside=path) for t in found.transforms
                         if isinstance(t, WeightRenaming) and not t.scope_prefix)
     walk.entries.append(SubmoduleMapping(
         path, type(module).__name__, model_type_of(module), identifier, via, found.key,

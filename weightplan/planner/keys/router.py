@@ -14,6 +14,9 @@ then before the renamings, each with its own applier; the first whose route fire
 prefix change and lands is taken (noted). A key none of them lands keeps its checkpoint
 name when that is a model key and the mapping changed it (noted). Fix-ups are tried only
 for templates where one may land (:meth:`Router.viable`) or some key is a model key.
+A key that is a model key is routed without the :data:`~.transforms.LEGACY` renamings
+(noted): they are for other models' old checkpoints, not for a parameter really named
+``weight_g`` or a model whose own names hold ``.model.model``.
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.keys.applier import Applier, Batch, Decision, Run, batch_of, lands
 from weightplan.planner.keys.routing import Route, bucket_of
 from weightplan.planner.keys.templates import coarse, natural_order, templates_of
-from weightplan.planner.keys.transforms import PrefixChange, Renaming, WeightConverter
+from weightplan.planner.keys.transforms import LEGACY, PrefixChange, Renaming, WeightConverter
 
 _KEPT = "kept its checkpoint name: the transformed name is not in the model but the original is"
+_OWN = "a model key: the legacy renames left it as it is"
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +60,9 @@ class Router:
                  model: ModelInfo | None):
         templates = None if model is None else frozenset(map(coarse, model.tensors))
         self.model, self.base = model, Applier(renamings, converters, templates)
+        modern = [r for r in renamings if r not in LEGACY]  # (for keys the model has)
+        self.modern = Applier(modern, converters, templates) if len(modern) < len(renamings) \
+            else None
         self.landed: dict[object, bool] = {}  # by converter group: the same for its members
         self.viable_fixups: dict[str | None, list[tuple[_Fixup, Decision | None]]] = {}
         self.fixups: list[_Fixup] = []
@@ -108,7 +115,8 @@ class Router:
         viable = self.viable(template)
         if not viable and not any(map(model.tensors.__contains__, keys)):
             return made  # no fix-up can land and no key keeps its name: nothing changes
-        routes, changed = list(made.routes), False
+        routes = list(made.routes)
+        changed = self.own_names(keys, routes)
         pending = list(compress(range(len(keys)), map(not_, map(self.lands, routes))))
         for fixup, decided in viable:
             if not pending:
@@ -124,6 +132,19 @@ class Router:
                 routes[i] = Route(keys[i], keys[i], (), note=_KEPT)
                 changed = True
         return batch_of(routes) if changed else made
+
+    def own_names(self, keys: list[str], routes: list[Route]) -> bool:
+        """Route again, without the legacy renamings, each of ``keys`` that is a model key
+        and that one of them renamed; whether any was."""
+        assert self.model is not None  # only asked when routing against a model
+        model, modern = self.model, self.modern
+        if modern is None:
+            return False
+        own = [i for i, r in enumerate(routes)
+               if r.fired and keys[i] in model and any(f in LEGACY for f in r.fired)]
+        for i, r in zip(own, modern.each([keys[i] for i in own]), strict=True):
+            routes[i] = Route(r.key, r.renamed, r.fired, r.converter, r.claim, note=_OWN)
+        return bool(own)
 
     def lands(self, route: Route) -> bool:
         """:func:`~.applier.lands` in the model, once per converter group."""

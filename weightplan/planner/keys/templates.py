@@ -178,7 +178,7 @@ def _no_digit(text: str | None) -> bool:
 def digit_blind(transform: WeightTransform) -> bool:
     """True when ``transform`` treats alike every digit of an all-digit component (see
     the module docstring)."""
-    if not _no_digit(transform.scope_prefix):
+    if not (_no_digit(transform.scope_prefix) and _no_digit(getattr(transform, "outside", None))):
         return False
     if isinstance(transform, PrefixChange):
         return all(_no_digit(t) for t in (transform.prefix_to_add, transform.prefix_to_remove,

@@ -132,17 +132,22 @@ class WeightRenaming(PatternTransform, Renaming):
         source_patterns: regex(es) searched in the key (see :mod:`patterns`).
         target_patterns: one target for all sources, or one per source.
         scope_prefix: only keys under this dotted path are considered.
+        outside: keys under this dotted path are left alone (the base model's renamings
+            run on the head's keys, as transformers runs them: its scoped copy renames its
+            own keys, once).
 
     Example:
         ``WeightRenaming(".block_sparse_moe.", ".mlp.")`` turns
         ``model.layers.0.block_sparse_moe.gate.weight`` into ``model.layers.0.mlp.gate.weight``.
     """
 
+    outside: str | None = field(default=None, kw_only=True)
+
     def __init__(self, source_patterns: str | Sequence[str], target_patterns: str | Sequence[str],
-                 *, scope_prefix: str | None = None) -> None:
+                 *, scope_prefix: str | None = None, outside: str | None = None) -> None:
         sources = _as_tuple(source_patterns, "source_patterns")
         targets = _as_tuple(target_patterns, "target_patterns")
-        _set(self, scope_prefix=scope_prefix)
+        _set(self, scope_prefix=scope_prefix, outside=outside)
         if len(targets) not in (1, len(sources)):
             raise MappingError(f"WeightRenaming needs one target or one per source; got "
                                f"{len(sources)} sources and {len(targets)} targets")
@@ -163,11 +168,16 @@ class WeightRenaming(PatternTransform, Renaming):
             raise NotInvertibleError(f"{self.describe()}: several sources share one target, "
                                      "so the inverse can't tell which source to restore")
         return WeightRenaming(_inverse_sources(self), _inverse_targets(self),
-                              scope_prefix=self.scope_prefix)
+                              scope_prefix=self.scope_prefix, outside=self.outside)
+
+    def split_scope(self, key: str) -> tuple[str, str] | None:
+        if self.outside and key.startswith(self.outside + "."):
+            return None
+        return super().split_scope(key)
 
     def describe(self) -> str:
         return (f"rename {_join(self.source_patterns)} → {_join(self.target_patterns)}"
-                + self._where())
+                + self._where() + (f" outside {self.outside}.*" if self.outside else ""))
 
 
 @dataclass(frozen=True)
