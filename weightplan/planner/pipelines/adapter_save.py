@@ -25,6 +25,7 @@ from weightplan.planner.pipelines.adapter_summary import CONFIGS_ATTRIBUTE
 from weightplan.planner.pipelines.save import build, make_write_plan
 from weightplan.planner.pipelines.write_plan import Inversion, WritePlanData
 from weightplan.planner.write.record import LoadRecord, RecordedConversion, get_record
+from weightplan.units import agreeing, counted
 from weightplan.planner.write.reverse import record_groups
 
 
@@ -51,7 +52,8 @@ def explain_adapter_save(model: torch.nn.Module, directory: str | os.PathLike[st
              if any(k == t for c in record.conversions for t, _ in c.targets)}
     meta = sorted(k for k, v in state.items() if v.is_meta)
     if meta:
-        raise SaveError(f"{len(meta)} adapter tensor(s) are on meta: {', '.join(meta[:5])}")
+        raise SaveError(f"{counted(len(meta), 'adapter tensor')} "
+                        f"{agreeing(len(meta), 'is', 'are')} on meta: {', '.join(meta[:5])}")
     refuse_off_diagonal(record.conversions, state)
     source = open_checkpoint(state)
     reverse = record_groups(record, source)
@@ -95,7 +97,9 @@ def refuse_off_diagonal(conversions: tuple[RecordedConversion, ...],
         if not off_diagonal_zero(streams[0][0], block.rows, block.cols):
             bad.append(c.targets[0][0])
     if bad:
-        raise SaveError(f"{len(bad)} fused LoRA tensor(s) have non-zero values off their "
-                        f"diagonal blocks (trained after fusion?), so they have no per-expert "
+        raise SaveError(f"{counted(len(bad), 'fused LoRA tensor')} "
+                        f"{agreeing(len(bad), 'has', 'have')} non-zero values off their "
+                        f"diagonal blocks (trained after fusion?), so "
+                        f"{agreeing(len(bad), 'it has', 'they have')} no per-expert "
                         f"form and would lose those values: {', '.join(bad[:5])}; save the "
                         "adapter with peft in its fused layout instead")
