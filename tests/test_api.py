@@ -82,19 +82,42 @@ def test_save_pretrained_words_get_what_save_does(tmp_path):
     from weightplan.errors import ArgumentError
 
     model = torch.nn.Linear(2, 2, bias=False)
-    for keyword, says in [("state_dict", "load the dict into the model first"),
-                          ("variant", "no variant"), ("safe_serialization", "only safetensors"),
-                          ("push_to_hub", "hf upload"), ("is_main_process", "main process only"),
-                          ("save_original_format", "mapping=[]"),
-                          ("save_function", "written by weightplan")]:
+    for keyword, value, says in [
+            ("state_dict", {}, "load the dict into the model first"),
+            ("variant", "fp16", "no variant"), ("safe_serialization", False, "only safetensors"),
+            ("push_to_hub", True, "not done"), ("push_to_hub", True, "hf upload"),
+            ("is_main_process", False, "process_group="),
+            ("is_main_process", False, "main process only"),
+            ("save_original_format", False, "mapping=[]"),
+            ("save_function", torch.save, "written by weightplan")]:
         for call in (weightplan.save, weightplan.explain_save):
             with pytest.raises(ArgumentError) as e:
-                call(model, tmp_path / "out", **{keyword: True})
-            assert f"{call.__name__}({keyword}=...)" in str(e.value), str(e.value)
+                call(model, tmp_path / "out", **{keyword: value})
+            assert f"{call.__name__}({keyword}={value!r})" in str(e.value), str(e.value)
             assert says in str(e.value) and "weightplan.load" not in str(e.value), str(e.value)
     with pytest.raises(ArgumentError) as e:
         weightplan.save(model, tmp_path / "out", torch_dtype=torch.float16)
     assert "dtype=" not in str(e.value) and "its keywords: mapping" in str(e.value)
+
+def test_save_pretrained_words_that_ask_for_nothing_are_taken(tmp_path):
+    """Was: save(model, dir, safe_serialization=True) refused, as every save_pretrained
+    keyword at any value, where from_pretrained takes transformers' harmless values: code
+    that passes save_pretrained's arguments through now saves."""
+    import torch
+    from safetensors.torch import load_file
+
+    import weightplan
+
+    model = torch.nn.Linear(2, 2, bias=False)
+    words = dict(safe_serialization=True, is_main_process=True, push_to_hub=False,
+                 save_original_format=True, state_dict=None, variant=None, token=None,
+                 max_shard_size="50GB")
+    plan = weightplan.explain_save(model, tmp_path / "out", **words)
+    assert plan.files == ("model.safetensors",)
+    weightplan.save(model, tmp_path / "out", **words)
+    assert torch.equal(load_file(tmp_path / "out" / "model.safetensors")["weight"],
+                       model.weight.detach())
+
 
 def test_a_call_that_does_not_bind_names_the_function_called_and_the_fix(tmp_path):
     """Not the whole signature (a wall of a thousand characters ending in the reason): the

@@ -269,3 +269,16 @@ def test_the_help_says_what_every_command_does(capsys):
     description = " ".join(head.split("\n\n", 1)[1].split())
     for command in ("demo", "explain", "convert", "mappings", "recover"):
         assert command in description, description
+
+
+def test_explain_dequantize_says_when_nothing_is_quantized(tmp_path, capsys):
+    """Was: 'explain DIR --dequantize' on a checkpoint with nothing quantized said nothing,
+    where 'convert --dequantize' says 'nothing to dequantize': explain plans it as it is
+    (as from_pretrained(dequantize=True) loads it) and says the same in its note."""
+    directory = write_checkpoint(tmp_path / "c", moe_checkpoint())
+    assert main(["explain", str(directory), "--model-type", "mixtral", "--dequantize"]) == 0
+    out, err = capsys.readouterr()
+    assert "nothing to dequantize" in err and str(directory) in err, err
+    assert "Traceback" not in err and "gate_up_proj" in out
+    assert main(["explain", str(directory), "--model-type", "mixtral"]) == 0
+    assert "nothing to dequantize" not in capsys.readouterr().err

@@ -216,6 +216,11 @@ def _explain(args: argparse.Namespace) -> int:
                                   max_memory=args.max_memory,
                                   offload_folder=args.offload_folder,
                                   dequantize_on=args.dequantize_on)
+        if args.dequantize:  # (a checkpoint with nothing quantized: said as convert says it)
+            from weightplan.planner.pipelines.dequantize import nothing_quantized
+
+            said = nothing_quantized(_variant_read(args))
+            note = "\n".join(filter(None, (note, said and f"weightplan: {said}"))) or None
     if note is not None:  # (after the plan: an error is the one line on stderr)
         print(_safe(note), file=sys.stderr)
     if args.json:

@@ -61,3 +61,9 @@ def format_bytes(n: int | float) -> str:
 def counted(n: int, noun: str, plural: str | None = None) -> str:
     """``1 file``, ``0 files``, ``2 files`` (``plural``: where it isn't ``noun + "s"``)."""
     return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
+def agreeing(n: int, one: str, many: str) -> str:
+    """The verb that agrees with :func:`counted`'s ``n``: ``1 tensor doesn't``, ``2 tensors
+    don't``."""
+    return one if n == 1 else many

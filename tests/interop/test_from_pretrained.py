@@ -172,3 +172,41 @@ def test_a_subfolder_that_is_not_there(tmp_path, monkeypatch):
         weightplan.from_pretrained(tmp_path / "src", subfolder="x")
     assert str(caught.value) == (f"{tmp_path / 'src' / 'x'}: no local file or directory of "
                                  f"that name in {tmp_path / 'src'} (subfolder='x')")
+
+
+def _shard_dtypes(directory) -> set:
+    from safetensors import safe_open
+
+    dtypes = set()
+    for path in directory.glob("*.safetensors"):
+        with safe_open(path, "pt") as f:
+            dtypes |= {f.get_tensor(k).dtype for k in f.keys()}
+    return dtypes
+
+
+def _config_dtype(directory) -> str:
+    import json
+
+    return json.loads((directory / "config.json").read_text())["dtype"]
+
+
+def test_a_cast_model_saved_back_says_the_dtype_its_shards_hold(tmp_path):
+    """Was: loaded in bf16 from a float32 checkpoint, saved back (the checkpoint's float32
+    shards, through the load record), its config.json said bfloat16 (the dtype loaded,
+    set on the config at load): transformers' dtype="auto" then built it in bf16."""
+    cls, _ = saved("llama", tmp_path / "ckpt")
+    model = weightplan.from_pretrained(tmp_path / "ckpt", dtype=torch.bfloat16)
+    weightplan.save(model, tmp_path / "out")
+    assert _shard_dtypes(tmp_path / "out") == {torch.float32}
+    assert _config_dtype(tmp_path / "out") == "float32"
+    assert model.config.dtype == torch.bfloat16  # the model's own config is left alone
+    back = cls.from_pretrained(tmp_path / "out", dtype="auto")
+    assert {p.dtype for p in back.parameters()} == {torch.float32}
+
+
+def test_a_save_without_a_cast_keeps_its_config_dtype(tmp_path):
+    saved("llama", tmp_path / "ckpt")
+    model = weightplan.from_pretrained(tmp_path / "ckpt")
+    weightplan.save(model, tmp_path / "out")
+    assert _shard_dtypes(tmp_path / "out") == {torch.float32}
+    assert _config_dtype(tmp_path / "out") == "float32"

@@ -33,6 +33,11 @@ def public(fn: Callable, check: Callable[[inspect.BoundArguments], None] | None 
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError as e:
+            from weightplan.api.keywords import SAVES, drop_harmless_save_words
+
+            kept = drop_harmless_save_words(kwargs) if name in SAVES else kwargs
+            if len(kept) < len(kwargs):  # save_pretrained's keywords at values that ask for nothing
+                return wrapper(*args, **kept)
             raise ArgumentError(_wrong_call(name, signature, args, kwargs, e)) from e
         if check is not None:
             check(bound)
@@ -46,13 +51,14 @@ def _wrong_call(name: str, signature: inspect.Signature, args: tuple, kwargs: di
                 error: TypeError | None) -> str:
     """A call that doesn't bind, said with the fix: a keyword transformers uses (a user
     migrating types ``torch_dtype=``, ``tp_plan=``) gets weightplan's word for it."""
-    from weightplan.api.keywords import keyword_advice
+    from weightplan.api.keywords import SAVES, keyword_advice, shown
 
     for keyword in kwargs:
         if keyword not in signature.parameters:
             advice = keyword_advice(keyword, name)
             if advice is not None:
-                return f"{name}({keyword}=...): {advice}"
+                value = f"={shown(kwargs[keyword])}" if name in SAVES else "=..."
+                return f"{name}({keyword}{value}): {advice}"
     return unbound_text(name, signature, len(args), kwargs, error)
 
 

@@ -48,7 +48,10 @@ anything else                      refused: config overrides (``output_hidden_st
                                    (a misspelt keyword, ``dtpye``: the one it is closest to)
 =================================  ==========================================================
 
-:func:`weightplan.save` and ``explain_save`` say ``save_pretrained``'s words in save's terms
+:func:`weightplan.save` and ``explain_save`` take ``save_pretrained``'s words at the values
+that ask for nothing (``SAVE_HARMLESS``: ``safe_serialization=True``, ``is_main_process=True``,
+``push_to_hub=False``, ``save_original_format=True``, ``None`` for ``state_dict``, ``variant``,
+``token``; ``max_shard_size`` is save's own) and say the others in save's terms
 (``SAVE_WORDS``: ``save_original_format=False`` is ``mapping=[]``, ...).
 """
 
@@ -155,16 +158,38 @@ SAVE_WORDS = {  # transformers' save_pretrained keywords → what weightplan.sav
                   "then save it",
     "variant": "the files take transformers' names with no variant (model.safetensors, "
                "model-00001-of-0000N.safetensors): rename them afterwards",
-    "safe_serialization": "only safetensors are written: drop it",
-    "push_to_hub": "save writes a directory: upload it afterwards (hf upload ORG/NAME DIR)",
-    "is_main_process": "call save on the main process only (if is_main_process: "
-                       "weightplan.save(model, dir))",
+    "safe_serialization": "weightplan writes only safetensors (safe_serialization=True, or "
+                          "drop it)",
+    "push_to_hub": "not done: save writes a directory and never uploads it; upload it "
+                   "afterwards (hf upload ORG/NAME DIR)",
+    "is_main_process": "the ranks that save together are process_group= (its first rank "
+                       "writes); or call save on the main process only (if "
+                       "is_main_process: weightplan.save(model, dir))",
     "save_original_format": "the checkpoint's original layout is what save writes; for the "
                             "model's own names (save_original_format=False), pass mapping=[]",
     "save_function": "the files are written by weightplan (in one commit): drop it",
     "token": "save writes a directory and never talks to the Hub: drop it",
 }
+# save_pretrained's keywords at the values that ask for what save does anyway (its
+# defaults, and safe_serialization=True): taken and dropped, as from_pretrained takes
+# transformers' harmless ones, so code that passes its arguments through saves
+SAVE_HARMLESS: dict[str, tuple[Any, ...]] = {
+    "safe_serialization": (True,), "is_main_process": (True,), "push_to_hub": (False,),
+    "save_original_format": (True,), "state_dict": UNSET, "variant": UNSET, "token": UNSET}
 SAVES = ("save", "explain_save")  # the functions SAVE_WORDS speaks for
+
+
+def harmless(value: Any, values: Iterable[Any]) -> bool:
+    """Whether ``value`` is one of ``values`` (by identity, or equal and of the same type:
+    ``1`` is not ``True``)."""
+    return any(value is h or (type(value) is type(h) and value == h) for h in values)
+
+
+def drop_harmless_save_words(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``kwargs`` without the ``save_pretrained`` keywords whose value asks for nothing
+    (:data:`SAVE_HARMLESS`); the others stay, to be refused with :data:`SAVE_WORDS`."""
+    return {k: v for k, v in kwargs.items()
+            if not (k in SAVE_HARMLESS and harmless(v, SAVE_HARMLESS[k]))}
 
 
 def keyword_advice(keyword: str, function: str = "from_pretrained") -> str | None:
@@ -210,8 +235,7 @@ def fold_transformers_keywords(extra: Mapping[str, Any], dtype: Any,
         refusal = REFUSED.get(name)
         if refusal is None:
             raise ArgumentError(_unknown(name, value, own))
-        if not any(value is h or (type(value) is type(h) and value == h)
-                   for h in refusal.harmless):
+        if not harmless(value, refusal.harmless):
             raise ArgumentError(f"from_pretrained({name}={shown(value)}): {refusal.advice}")
     return "auto" if dtype is None else dtype
 

@@ -2,7 +2,8 @@
 
 Written next to the shards when the model has a transformers config (anything with
 ``save_pretrained`` and ``to_dict``): ``config.json`` with ``architectures`` and ``dtype``
-set the way transformers' ``save_pretrained`` sets them, and ``generation_config.json``
+set the way transformers' ``save_pretrained`` sets them (``dtype``: the shards' own, so a
+model loaded in bf16 and written back as its float32 checkpoint says float32), and ``generation_config.json``
 when the model has a generation config. Its ``quantization_config`` says what the shards
 hold: kept when block FP8 was written (the model's own, else the default 128×128 one),
 dropped when the model was dequantized and saved at its own dtype.
@@ -53,11 +54,14 @@ def _quantization(config: Any, fp8_written: bool) -> dict[str, Any] | None:
     return (own or QuantConfig()).to_dict()
 
 
-def model_config_files(model: torch.nn.Module, *, fp8_written: bool = False
-                       ) -> dict[str, bytes]:
+def model_config_files(model: torch.nn.Module, *, fp8_written: bool = False,
+                       written_dtype: str | None = None) -> dict[str, bytes]:
     """The model's ``config.json`` (and generation config) as bytes, ``{name: bytes}``,
     empty for a model without a transformers config. ``fp8_written``: the shards hold
-    block FP8 (kept, or ``save(quantize="fp8")``).
+    block FP8 (kept, or ``save(quantize="fp8")``). ``written_dtype``: the dtype the shards
+    hold where a save writes the checkpoint's dtypes back (not the model's, which a load
+    in another dtype set on the config), ``""``: several (the config's value is kept);
+    ``None``: the model's own dtype.
 
     Raises:
         SaveError: transformers can't write the config (nothing has been written yet).
@@ -67,7 +71,7 @@ def model_config_files(model: torch.nn.Module, *, fp8_written: bool = False
         return {}
     config = copy.deepcopy(config)
     config.architectures = [type(model).__name__]
-    dtype = _dtype_name(model)
+    dtype = _dtype_name(model) if written_dtype is None else written_dtype or None
     if dtype is not None and hasattr(config, "dtype"):
         config.dtype = dtype
     quantization = _quantization(config, fp8_written)

@@ -27,6 +27,7 @@ from weightplan.errors import PartialLoadError, WeightplanError
 from weightplan.executor.model_sink import ModelSink, current_tensor
 from weightplan.planner.tensors.ir.destination import Destination
 from weightplan.planner.core.geometry import View
+from weightplan.units import counted
 
 if TYPE_CHECKING:
     from weightplan.executor.offload import OffloadFile
@@ -114,7 +115,7 @@ def partial_load_errors(sink: GuardedSink) -> Iterator[None]:
             e.overwritten = tuple(names)  # type: ignore[attr-defined]
             if hasattr(e, "add_note"):  # Python 3.11+: shown under the traceback
                 e.add_note(f"weightplan: the load was interrupted after overwriting "
-                           f"{len(names)} already-allocated tensor(s) in place: "
+                           f"{counted(len(names), 'already-allocated tensor')} in place: "
                            f"{_shown(names)}. Those hold a mix of old and new values; the "
                            "others are untouched. Load again, or use execute(atomic=True) so "
                            "that an interruption touches nothing")
@@ -126,10 +127,11 @@ def partial_load_errors(sink: GuardedSink) -> Iterator[None]:
         shown = _shown(names)
         cause = f"{type(e).__name__}: {e}" if not isinstance(e, WeightplanError) else str(e)
         raise PartialLoadError(
-            f"the load failed after overwriting {len(names)} already-allocated tensor(s) in "
-            f"place: {shown}. Those hold a mix of old and new values; the others are "
-            f"untouched. Cause: {cause}. Load again, or use execute(atomic=True) to stage "
-            "in-place tensors so that a failure touches nothing", overwritten=tuple(names)
+            f"the load failed after overwriting "
+            f"{counted(len(names), 'already-allocated tensor')} in place: {shown}. Those "
+            f"hold a mix of old and new values; the others are untouched. Cause: {cause}. "
+            "Load again, or use execute(atomic=True) to stage in-place tensors so that a "
+            "failure touches nothing", overwritten=tuple(names)
         ) from e
 
 

@@ -23,7 +23,7 @@ from weightplan.planner.core.problems import ProblemKind
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.pipelines.plan import LoadPlanData
 from weightplan.planner.write.record import attach_record, get_record, merge_records, record_of_conversions
-from weightplan.units import counted
+from weightplan.units import agreeing, counted
 
 if TYPE_CHECKING:  # (a protocol, and what a cooperative load imports: annotations only)
     from weightplan.planner.inputs.device import StagingPool
@@ -169,16 +169,17 @@ def preflight(plan: LoadPlanData, strict: bool) -> tuple[nn.Module, ModelInfo]:
                         "explain() again with this machine's devices in max_memory")
     if plan.mismatched:
         details = "; ".join(p.message for p in plan.problems if p.kind is ProblemKind.MISMATCH)
-        raise ShapeMismatchError(f"{len(plan.mismatched)} tensor(s) don't fit the model, nothing "
-                                 f"was loaded: {details}")
+        fit = agreeing(len(plan.mismatched), "doesn't", "don't")
+        raise ShapeMismatchError(f"{counted(len(plan.mismatched), 'tensor')} {fit} fit the "
+                                 f"model, nothing was loaded: {details}")
     lossy = [p for p in plan.problems if p.kind is ProblemKind.LOSSY_CAST]
     if lossy:
-        raise LossyCastError(f"{len(lossy)} tensor(s) would lose values in a cast, nothing was "
-                             "loaded: " + "; ".join(p.message for p in lossy[:5]))
+        raise LossyCastError(f"{counted(len(lossy), 'tensor')} would lose values in a cast, "
+                             "nothing was loaded: " + "; ".join(p.message for p in lossy[:5]))
     refuse_adapter_problems(plan)
     fp8 = [p for p in plan.problems if p.kind is ProblemKind.QUANTIZATION]
     if fp8:
-        raise QuantizationError(f"{len(fp8)} FP8 problem(s), nothing was loaded: "
+        raise QuantizationError(f"{counted(len(fp8), 'FP8 problem')}, nothing was loaded: "
                                 + "; ".join(p.message for p in fp8[:5]))
     if strict and (plan.missing or plan.unexpected):
         found = [f"{len(keys)} {what} {_some(keys)}" for what, keys
@@ -197,7 +198,7 @@ def refuse_adapter_problems(plan: LoadPlanData) -> None:
     """An adapter that would load partly, or scaled wrong, gives a silently wrong model."""
     wrong = [p for p in plan.problems if p.kind is ProblemKind.ADAPTER]
     if wrong:
-        raise AdapterError(f"{len(wrong)} adapter problem(s), nothing was loaded: "
+        raise AdapterError(f"{counted(len(wrong), 'adapter problem')}, nothing was loaded: "
                            + "; ".join(p.message for p in wrong[:5]))
 
 
@@ -205,7 +206,8 @@ def refuse_meta_buffers(plan: LoadPlanData) -> None:
     """Buffers left on meta that nothing rebuilds would fail (or give NaN) later: refuse."""
     stuck = [p.key for p in plan.problems if p.kind is ProblemKind.META_BUFFER]
     if stuck:
-        raise MetaBufferError(f"{len(stuck)} non-persistent buffer(s) are on the meta device and "
+        raise MetaBufferError(f"{counted(len(stuck), 'non-persistent buffer')} "
+                              f"{agreeing(len(stuck), 'is', 'are')} on the meta device and "
                               f"nothing can rebuild them: {', '.join(stuck[:8])}; build the model "
                               "under weightplan.init_empty() (buffers stay real) or give them "
                               "real values before execute(); nothing was loaded")

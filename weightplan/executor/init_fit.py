@@ -22,7 +22,7 @@ from weightplan.planner.inputs.device import CPU, DeviceMap
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.tensors.ir.destination import Destination
 from weightplan.planner.tensors.schedule.machine import machine_memory
-from weightplan.units import format_bytes
+from weightplan.units import counted, format_bytes
 
 
 def fresh_sizes(model: nn.Module, info: ModelInfo, names: Iterable[str],
@@ -70,7 +70,7 @@ def _message(device: torch.device, load: int, missing: dict[str, int], available
     names = sorted(missing, key=lambda n: -missing[n])
     largest = ", ".join(f"{n} ({format_bytes(missing[n])})" for n in names[:3])
     more = ", ..." if len(names) > 3 else ""
-    return (f"the checkpoint lacks {len(names)} tensor(s) the model's init would allocate: "
+    return (f"the checkpoint lacks {counted(len(names), 'tensor')} the model's init would allocate: "
             f"{format_bytes(sum(missing.values()))} on {device} (largest: {largest}{more}), "
             f"plus {format_bytes(load)} of loaded tensors, but {device} has "
             f"{format_bytes(available)} available; nothing was allocated. Check that the "

@@ -24,6 +24,7 @@ from weightplan.planner.keys.adapter_keys import fused_targets, layout_transform
 from weightplan.planner.keys.registry import MappingChoice
 from weightplan.planner.pipelines.save import build, make_write_plan
 from weightplan.planner.pipelines.write_plan import Inversion, WritePlanData
+from weightplan.units import agreeing, counted
 from weightplan.planner.write.reverse import derived_groups
 
 LAYOUTS = ("per_expert", "fused")
@@ -51,7 +52,8 @@ def explain_adapter_layout_save(model: torch.nn.Module, directory: str | os.Path
     state = {k: v.detach() for k, v in full.items() if injected.owns(k) or k in embeddings}
     meta = sorted(k for k, v in state.items() if v.is_meta)
     if meta:
-        raise SaveError(f"{len(meta)} adapter tensor(s) are on meta: {', '.join(meta[:5])}")
+        raise SaveError(f"{counted(len(meta), 'adapter tensor')} "
+                        f"{agreeing(len(meta), 'is', 'are')} on meta: {', '.join(meta[:5])}")
     per_expert = layout == "per_expert"
     transforms = layout_transforms(base.transforms, injected, per_expert, modules_to_save)
     if per_expert:
@@ -84,7 +86,9 @@ def refuse_blocks_off_diagonal(injected: InjectedAdapter, base: MappingChoice,
                                                          (cols // n,) * n):
             bad.append(key)
     if bad:
-        raise SaveError(f"{len(bad)} fused LoRA tensor(s) have non-zero values off their "
-                        f"diagonal blocks (trained after fusion?), so they have no per-expert "
+        raise SaveError(f"{counted(len(bad), 'fused LoRA tensor')} "
+                        f"{agreeing(len(bad), 'has', 'have')} non-zero values off their "
+                        f"diagonal blocks (trained after fusion?), so "
+                        f"{agreeing(len(bad), 'it has', 'they have')} no per-expert "
                         f"form and would lose those values: {', '.join(bad[:5])}; save them "
                         "in the fused layout (layout='fused')")

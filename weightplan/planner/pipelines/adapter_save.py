@@ -28,6 +28,7 @@ from weightplan.planner.pipelines.save import build, make_write_plan
 from weightplan.planner.pipelines.write_plan import Inversion, WritePlanData
 from weightplan.planner.write.record import LoadRecord, RecordedConversion, get_record
 from weightplan.planner.write.offloaded import get_offloaded, model_source
+from weightplan.units import agreeing, counted
 from weightplan.planner.write.reverse import record_groups
 
 
@@ -109,7 +110,9 @@ def refuse_off_diagonal(conversions: tuple[RecordedConversion, ...],
         if not off_diagonal_zero(streams[0][0], block.rows, block.cols):
             bad.append(c.targets[0][0])
     if bad:
-        raise SaveError(f"{len(bad)} fused LoRA tensor(s) have non-zero values off their "
-                        f"diagonal blocks (trained after fusion?), so they have no per-expert "
+        raise SaveError(f"{counted(len(bad), 'fused LoRA tensor')} "
+                        f"{agreeing(len(bad), 'has', 'have')} non-zero values off their "
+                        f"diagonal blocks (trained after fusion?), so "
+                        f"{agreeing(len(bad), 'it has', 'they have')} no per-expert "
                         f"form and would lose those values: {', '.join(bad[:5])}; save the "
                         "adapter with peft in its fused layout instead")

@@ -54,6 +54,18 @@ class WritePlanData(PlanData):
         return self.layout.names
 
     @property
+    def recorded_dtype(self) -> str | None:
+        """The one floating dtype a save through the load record writes (the checkpoint's,
+        whatever the model was cast to), ``""`` where it writes several (the config keeps
+        its value), ``None`` for a save that writes the model's own dtypes."""
+        if self.inversion is not Inversion.RECORD:
+            return None
+        dtypes = {t.dest.dtype for c in self.conversions for t in c.targets
+                  if t.status is TargetStatus.LOAD and t.dest.dtype.is_floating_point
+                  and t.dest.dtype not in FP8_DTYPES}
+        return str(dtypes.pop()).removeprefix("torch.") if len(dtypes) == 1 else ""
+
+    @property
     def writes_fp8(self) -> bool:
         """Whether block FP8 tensors are written (kept FP8, or ``quantize="fp8"``)."""
         return any(t.dest.dtype in FP8_DTYPES for c in self.conversions for t in c.targets

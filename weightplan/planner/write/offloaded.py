@@ -16,6 +16,7 @@ from torch import nn
 from weightplan.errors import SaveError
 from weightplan.planner.inputs.checkpoint import Checkpoint, TensorEntry, open_checkpoint
 from weightplan.planner.inputs.model_info import ModelInfo
+from weightplan.units import agreeing, counted
 
 OFFLOAD_ATTRIBUTE = "_weightplan_offloaded"
 
@@ -48,7 +49,8 @@ def model_source(state: Mapping[str, torch.Tensor], info: ModelInfo,
     meta = [k for k, v in state.items() if v.is_meta]
     lost = sorted(k for k in meta if k not in where)
     if lost:
-        raise SaveError(f"{len(lost)} tensor(s) are on the meta device and have no values to "
+        raise SaveError(f"{counted(len(lost), 'tensor')} {agreeing(len(lost), 'is', 'are')} on the "
+                        f"meta device and {agreeing(len(lost), 'has', 'have')} no values to "
                         f"save: {', '.join(lost[:5])}")
     memory = open_checkpoint({k: v for k, v in state.items() if not v.is_meta})
     if not meta:

@@ -83,7 +83,7 @@ def memory_context(ckpt: Checkpoint) -> QuantContext | None:
 def quant_context(source: object, ckpt: Checkpoint, info: ModelInfo | None,
                   model: object = None) -> QuantContext | None:
     """The checkpoint's pairs and the model's FP8 parameters (``None``: nothing FP8)."""
-    checkpoint_config = _checkpoint_config(source)  # (first: a refusal names config.json)
+    checkpoint_config = checkpoint_quant_config(source)  # (first: a refusal names config.json)
     model_config = quant_config_of_model(model) if model is not None else None
     config = checkpoint_config or model_config
     packed = packed_pairing(source, ckpt)
@@ -119,7 +119,8 @@ def packed_pairing(source: object, ckpt: Checkpoint) -> PackedPairing | None:
         return pair_packed(ckpt.entries, fconfig, read_small)
 
 
-def _checkpoint_config(source: object) -> QuantConfig | None:
+def checkpoint_quant_config(source: object) -> QuantConfig | None:
+    """The quantization config next to a checkpoint on disk (a directory read: its config)."""
     if isinstance(source, DirectoryRead):
         return quant_config_in(source.config, source.directory / "config.json")
     if not isinstance(source, (str, Path)):
