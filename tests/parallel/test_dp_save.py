@@ -147,9 +147,9 @@ def test_a_tp_peer_failing_after_its_gathers_says_the_checkpoint_is_complete(sav
     committed = f"{out / 'after'}: the checkpoint was committed complete by rank 0 (its writer)"
     peer = outcomes["after", 1]
     assert peer["type"] == "ExecutionError", peer
-    assert peer["message"].startswith(f"{committed}; afterwards this rank failed: "), peer
+    assert peer["message"].startswith(f"{committed}, but this rank failed: "), peer
     for r in (0, 2, 3):
         result = outcomes["after", r]
         assert result["type"] == "RankFailedError" and result["committed"] is True, (r, result)
-        assert result["message"].startswith(f"{committed}; afterwards rank 1 failed: "), result
+        assert result["message"].startswith(f"{committed}, but rank 1 failed: "), result
         assert "the peer's own failure after its last gather" in result["message"], result

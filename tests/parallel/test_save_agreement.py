@@ -5,7 +5,7 @@ A rank whose plan fails makes the other raise ``RankFailedError`` naming it and 
 at once (it waited in a collective until the group's timeout before); ranks whose plans
 differ (a key one lacks, a shape) are refused on every rank, naming the rank and the key,
 with nothing written; a rank failing after the writer committed: every rank's error says
-the checkpoint was committed complete, and what failed afterwards. (The 4-rank, 2 × 2 mesh
+the checkpoint was committed complete, and what failed. (The 4-rank, 2 × 2 mesh
 cases: ``test_dp_save.py``. NCCL is not tested: no GPU here.)"""
 
 from __future__ import annotations
@@ -63,10 +63,10 @@ def test_a_failure_after_the_commit_says_the_checkpoint_is_complete(saved):
     committed = f"{out / 'after'}: the checkpoint was committed complete by rank 0 (its writer)"
     writer, failed = outcomes["after", 0], outcomes["after", 1]
     assert writer["type"] == "RankFailedError" and writer["committed"] is True, writer
-    assert writer["message"] == (f"{committed}; afterwards rank 1 failed: OSError: this "
+    assert writer["message"] == (f"{committed}, but rank 1 failed: OSError: this "
                                  "rank's own failure after the run"), writer
     assert failed["type"] == "ExecutionError", failed
-    assert failed["message"].startswith(f"{committed}; afterwards this rank failed: OSError"), \
+    assert failed["message"].startswith(f"{committed}, but this rank failed: OSError"), \
         failed
     assert set(load_file(str(out / "after" / "model.safetensors"))) == \
         {"0.weight", "0.bias", "1.weight", "1.bias"}

@@ -13,7 +13,8 @@ how the save ended after it committed.
    first key it differs on. Nothing is written in either case.
 2. Done (:func:`agree_done`): each rank tells whether it failed and whether it committed
    (the writer). Once the writer has committed, a failure anywhere says so: the
-   checkpoint in the directory is complete, and what failed afterwards is named.
+   checkpoint in the directory is complete (the writer committed only after every gather
+   its TP peers took part in), and what failed is named.
 """
 
 from __future__ import annotations
@@ -163,10 +164,10 @@ def agree_done(point: Agreement, directory: str, error: Exception | None,
             point.stop(failures)
         return
     done = (f"{directory}: the checkpoint was committed complete by rank {writers[0]} (its "
-            "writer);")
+            "writer), but")
     if error is not None:
-        raise ExecutionError(f"{done} afterwards this rank failed: {type(error).__name__}: "
+        raise ExecutionError(f"{done} this rank failed: {type(error).__name__}: "
                              f"{error}") from error
     if failures:
         named = "; ".join(f"rank {r} failed: {e}" for r, e in sorted(failures.items()))
-        raise RankFailedError(f"{done} afterwards {named}", failures=failures, committed=True)
+        raise RankFailedError(f"{done} {named}", failures=failures, committed=True)
