@@ -45,8 +45,8 @@ escapes (they are wrapped and chained with ``from``). The tree::
     │   │                            open at once (``ulimit -n``; says how to raise it)
     │   └── RankFailedError          another rank of a cooperative load failed to plan or
     │                                read before the broadcasts (``.failures``: rank → error),
-    │                                or of a sharded save before its writer committed, or
-    │                                left the process group during them
+    │                                or of a sharded save (``.committed``: after its writer
+    │                                committed), or left the process group during them
     ├── RenderError                  a plan can't be drawn as asked (detail, only=, format, dot)
     ├── SaveError                    failure while saving; nothing half-written is left (a
     │   │                            failure inside the commit leaves the directory marked
@@ -234,13 +234,16 @@ class OpenFileLimitError(ExecutionError):
 
 class RankFailedError(ExecutionError):
     """Other ranks of a cooperative load failed before the broadcasts, or of a
-    tensor-parallel save before its writer committed: this rank stops too instead of
-    waiting for them (``failures``: global rank → its error, as text); or the process
-    group broke (a rank left: ``failures`` empty)."""
+    tensor-parallel save: this rank stops too instead of waiting for them (``failures``:
+    global rank → its error, as text); or the process group broke (a rank left:
+    ``failures`` empty). ``committed``: the save's writer had committed the checkpoint
+    complete before the failure (the message says so); else nothing was written."""
 
-    def __init__(self, message: str, *, failures: "dict[int, str] | None" = None):
+    def __init__(self, message: str, *, failures: "dict[int, str] | None" = None,
+                 committed: bool = False):
         super().__init__(message)
         self.failures = dict(failures or {})
+        self.committed = committed
 
 
 class RenderError(WeightplanError, ValueError):

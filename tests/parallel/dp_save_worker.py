@@ -16,6 +16,12 @@ hanging it). Scenarios, in order, each ending in a barrier of the whole world:
   writer's DTensors are sharded too);
 - ``plain``: every rank saves a model loaded without ``tp=`` (no DTensors) with
   ``process_group=dist.group.WORLD``: written once, by rank 0;
+- ``planfail``: every rank saves, and rank 3's plan fails (its directory is a file): it
+  raises its ``SaveError``, the others a ``RankFailedError`` naming it, at once;
+- ``extra``: every rank saves, and rank 2 (of the other replica) holds a parameter the
+  others lack: refused on every rank, naming rank 2 and the key;
+- ``after``: every rank saves, and rank 1 (the writer's TP peer) fails after its last
+  gather: every rank's error says the checkpoint was committed complete;
 - ``full``: every rank saves, and the writer's disk fills after its first tensor: the
   writer still takes part in every gather its TP peer waits in, then every rank raises
   (the writer its ``SaveError``, the others a ``RankFailedError`` naming it);
@@ -23,7 +29,7 @@ hanging it). Scenarios, in order, each ending in a barrier of the whole world:
   peer) leaves after its second gather.
 
 Each rank writes ``OUT/<scenario>.rank<r>.json``: the error it raised (``type``,
-``message``), or none, and the report's ``seconds``.
+``message``, ``committed``), or none, and the report's ``seconds`` (the call's ``took``).
 """
 
 from __future__ import annotations
@@ -32,8 +38,10 @@ import datetime
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
@@ -43,11 +51,38 @@ from weightplan.planner.tensors.schedule import machine
 
 
 def outcome(fn) -> dict:
+    started = time.perf_counter()
     try:
         report = fn()
     except Exception as e:
-        return {"type": type(e).__name__, "message": str(e)}
+        return {"type": type(e).__name__, "message": str(e),
+                "committed": getattr(e, "committed", None),
+                "took": time.perf_counter() - started}
     return {"type": None, "seconds": getattr(report, "seconds", None)}
+
+
+def disagreeing(model, rank: int, directory: Path):
+    """The save of ``model`` into ``directory`` with a parameter more on ``rank`` (removed
+    after)."""
+    def call():
+        norm = model.model.norm
+        if dist.get_rank() == rank:
+            norm.register_parameter("extra", torch.nn.Parameter(torch.ones(3)))
+        try:
+            return weightplan.save(model, directory, progress=False)
+        finally:
+            norm._parameters.pop("extra", None)
+
+    return call
+
+
+def fail_commit() -> None:
+    """This rank (a writer's TP peer: its sink drops the writes) fails once its gathers
+    are done, as its run ends."""
+    def commit(self):
+        raise OSError("the peer's own failure after its last gather")
+
+    gather.DiscardSink.commit = commit
 
 
 def leave_after(gathers: int) -> None:
@@ -81,6 +116,7 @@ def fail_writes_after(writes: int) -> None:
 
 def main() -> None:
     out, source = Path(sys.argv[1]), sys.argv[2]
+    (out / "blocked").write_text("a file where rank 3 saves")
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
     rank = dist.get_rank()
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
@@ -102,12 +138,21 @@ def main() -> None:
              else busy()),
             ("narrow", save("narrow", process_group=pair) if rank in (0, 2) else lambda: None),
             ("plain", lambda: weightplan.save(whole, out / "plain", progress=False,
-                                              process_group=dist.group.WORLD)))
+                                              process_group=dist.group.WORLD)),
+            ("planfail", save("blocked" if rank == 3 else "planfail")),
+            ("extra", disagreeing(model, 2, out / "extra")))
     window = machine.DEFAULT_WINDOW_BYTES
     for scenario, call in plan:
         result = outcome(call)
         (out / f"{scenario}.rank{rank}.json").write_text(json.dumps(result))
         dist.barrier()
+    real_commit = gather.DiscardSink.commit
+    if rank == 1:
+        fail_commit()
+    result = outcome(save("after"))
+    (out / f"after.rank{rank}.json").write_text(json.dumps(result))
+    gather.DiscardSink.commit = real_commit
+    dist.barrier()
     real = writer._pwrite_all
     if rank == 0:
         fail_writes_after(2)  # (the shard's header, then the first tensor)

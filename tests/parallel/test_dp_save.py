@@ -5,9 +5,12 @@ one checkpoint, written once by the world's first rank, and every call returns; 
 replica saving alone (``process_group=`` its TP group): it writes, with no collective of
 the world (the other replica is busy on its own group meanwhile); a group lacking ranks
 the writer's gathers need: a typed error on each; a model without DTensors saved on a
-group: written once; a TP rank leaving mid-save: a ``RankFailedError`` on every other
-rank, nothing written; the writer's disk filling mid-save: its error on it, a
-``RankFailedError`` naming it on the others, nothing written."""
+group: written once; a rank whose plan fails: named at once by the others; a rank of the
+other replica holding a parameter the others lack: refused by rank and key; a TP peer failing
+after its gathers: every rank says the checkpoint was committed complete; a TP rank leaving
+mid-save: a ``RankFailedError`` on every other rank, nothing written; the writer's disk
+filling mid-save: its error on it, a ``RankFailedError`` naming it on the others, nothing
+written. (2-rank cases: ``test_save_agreement.py``; NCCL is not tested: no GPU here.)"""
 
 from __future__ import annotations
 
@@ -22,7 +25,8 @@ from tests.parallel.conftest import torchrun
 from tests.parallel.tp_fixtures import configs
 
 WORKER = Path(__file__).with_name("dp_save_worker.py")
-SCENARIOS = ("every", "replica1", "replica0", "narrow", "plain", "full", "dies")
+SCENARIOS = ("every", "replica1", "replica0", "narrow", "plain", "planfail", "extra", "after",
+             "full", "dies")
 
 
 @pytest.fixture(scope="module")
@@ -112,3 +116,40 @@ def test_a_tp_rank_leaving_mid_save_is_a_typed_error_and_nothing_is_written(save
         assert "save" in result["message"], result
     assert issubclass(errors.RankFailedError, errors.WeightplanError)
     assert not (out / "dies").exists() or files(out / "dies") == []
+
+
+def test_a_rank_whose_plan_fails_is_named_by_every_other_at_once(saved):
+    _, out, outcomes = saved
+    failed = outcomes["planfail", 3]
+    assert failed["type"] == "SaveError" and "is not a directory" in failed["message"], failed
+    for r in (0, 1, 2):
+        result = outcomes["planfail", r]
+        assert result["type"] == "RankFailedError", (r, result)
+        assert result["message"].startswith("rank 3 of this save failed to plan the save")
+        assert f"SaveError: {failed['message']}" in result["message"], result
+        assert result["took"] < 15, result  # (the group's timeout is 30 s)
+    assert not (out / "planfail").exists()
+
+
+def test_a_replica_whose_model_differs_is_refused_by_rank_and_key(saved):
+    _, out, outcomes = saved
+    for r in range(4):
+        result = outcomes["extra", r]
+        assert result["type"] == "SaveError", (r, result)
+        assert "rank 2: writes model.norm.extra (F32 [3]), which rank 0 (the writer) " \
+               "doesn't" in result["message"], result
+    assert not (out / "extra").exists()
+
+
+def test_a_tp_peer_failing_after_its_gathers_says_the_checkpoint_is_complete(saved):
+    source, out, outcomes = saved
+    same_checkpoint(out / "after", source)
+    committed = f"{out / 'after'}: the checkpoint was committed complete by rank 0 (its writer)"
+    peer = outcomes["after", 1]
+    assert peer["type"] == "ExecutionError", peer
+    assert peer["message"].startswith(f"{committed}, but this rank failed: "), peer
+    for r in (0, 2, 3):
+        result = outcomes["after", r]
+        assert result["type"] == "RankFailedError" and result["committed"] is True, (r, result)
+        assert result["message"].startswith(f"{committed}, but rank 1 failed: "), result
+        assert "the peer's own failure after its last gather" in result["message"], result

@@ -98,11 +98,32 @@ def save(model: torch.nn.Module, directory: str | os.PathLike[str], *, mapping: 
     from weightplan.api.model_config import model_config_files
     from weightplan.executor.execute_write import execute_write
 
-    plan = explain_save(model, directory, mapping=mapping, max_shard_size=max_shard_size,
-                        overwrite=overwrite, threads=threads, quantize=quantize)
-    files = model_config_files(model, fp8_written=plan.writes_fp8,
-                               written_dtype=plan.recorded_dtype)
+    try:
+        plan = explain_save(model, directory, mapping=mapping, max_shard_size=max_shard_size,
+                            overwrite=overwrite, threads=threads, quantize=quantize)
+        files = model_config_files(model, fp8_written=plan.writes_fp8,
+                                   written_dtype=plan.recorded_dtype)
+    except Exception as e:  # the ranks saving with this one learn it at once
+        _tell_plan_failure(model, process_group, e)
+        raise
     return execute_write(plan, progress=progress, files=files, process_group=process_group)
+
+
+def _tell_plan_failure(model: torch.nn.Module, process_group: object,
+                       error: Exception) -> None:
+    import torch.distributed as dist
+
+    if process_group is None and not (dist.is_available() and dist.is_initialized()):
+        return  # (a plain save: nothing to tell, nothing more imported)
+    from weightplan.executor.gather import model_has_dtensors, save_group
+    from weightplan.executor.save_agreement import tell_plan_failure
+
+    try:
+        group = save_group(process_group, model_has_dtensors(model))
+    except Exception:
+        return  # (no group to tell: this rank's own error goes on)
+    if group is not None:
+        tell_plan_failure(group, error)
 
 
 # the public contract: typed arguments in, only WeightplanError out (see weightplan.api.guard)

@@ -34,7 +34,9 @@ class WritePlan(WritePlanData):
                 process_group: object = None) -> SaveReport:
         """Write the checkpoint; a failure leaves no half-written file behind.
         ``process_group``: the ranks that write a tensor-parallel model together (see
-        :func:`weightplan.save`)."""
+        :func:`weightplan.save`); their plans are compared first (a difference is a
+        ``SaveError`` on each, naming the rank and key). A rank whose ``explain_save``
+        failed can't tell them from here: ``weightplan.save`` does."""
         from weightplan.api.model_config import companion_bytes
         from weightplan.executor.execute_write import execute_write
 

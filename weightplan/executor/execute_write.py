@@ -10,6 +10,7 @@ from weightplan.executor.gather import (
     DiscardSink, GatheringWriter, gathering, has_dtensors, save_roles,
 )
 from weightplan.executor.report import SaveReport
+from weightplan.executor.save_agreement import agree_done, agree_on_plan
 from weightplan.executor.sink import Sink
 from weightplan.executor.run import RunStats, run_plan
 from weightplan.executor.writer import FileSink
@@ -26,6 +27,7 @@ def execute_write(plan: WritePlanData, *, progress: bool | None = None,
     ``process_group`` (by default the world): :mod:`~weightplan.executor.gather`."""
     schedule, checkpoint = plan.schedule, plan.checkpoint
     roles = save_roles(checkpoint, process_group)
+    agree_on_plan(roles.group, plan, _writer(roles.group))  # (before any gather or write)
     gathers = has_dtensors(checkpoint)
     if gathers:  # same collectives in the same order on every rank
         schedule, checkpoint = dataclasses.replace(schedule, threads=0), gathering(checkpoint)
@@ -40,14 +42,24 @@ def execute_write(plan: WritePlanData, *, progress: bool | None = None,
         except BaseException:
             sink.abort()
             raise
-    with _agreement(roles.group, "to write and commit the checkpoint") as done:
+    done = _agreement(roles.group, "to write and commit the checkpoint")
+    try:
         stats = (run_plan(schedule, checkpoint, sink, progress=progress, description="writing")
                  if roles.runs else RunStats())
-        done.agree()
+    except Exception as e:
+        agree_done(done, plan.directory, e, committed=False)
+        raise
+    agree_done(done, plan.directory, None, committed=roles.writes)
     names = plan.layout.names + tuple(files or ())  # the configs are committed with them
     return SaveReport(plan.directory, names, plan.layout.total_bytes, len(plan.layout.locations),
                       stats.seconds, stats.peak_bytes, plan.peak_bytes, stats.rss_peak_bytes,
                       stats.threads)
+
+
+def _writer(group: Any) -> int:
+    import torch.distributed as dist
+
+    return 0 if group is None else dist.get_global_rank(group, 0)
 
 
 def _agreement(group: object, stage: str) -> Agreement:

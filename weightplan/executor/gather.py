@@ -185,28 +185,45 @@ def save_roles(checkpoint: Checkpoint, process_group: Any) -> SaveRoles:
     import torch.distributed as dist
 
     sharded = has_dtensors(checkpoint)
-    if not (dist.is_available() and dist.is_initialized()):
-        if process_group is not None:
-            from weightplan.errors import SaveError
-
-            raise SaveError("process_group= names a process group, but torch.distributed "
-                            "is not initialized")
-        return SaveRoles(None, True, True)
-    group = _as_group(process_group if process_group is not None
-                      else dist.group.WORLD if sharded else None)
+    group = save_group(process_group, sharded)
     if group is None:
         return SaveRoles(None, True, True)
     me = dist.get_rank()
-    if dist.get_rank(group) < 0:
-        from weightplan.errors import SaveError
-
-        raise SaveError(f"rank {me} is not in process_group=: only its ranks call save")
     writer = dist.get_global_rank(group, 0)
     needed = _mesh_ranks(checkpoint) if sharded else {me}
     if writer not in needed:
         return SaveRoles(group, False, False)
     members = set(dist.get_process_group_ranks(group))
     return SaveRoles(group, me == writer, True, tuple(sorted(needed - members)))
+
+
+def save_group(process_group: Any, sharded: bool) -> Any:
+    """The group whose ranks save together (``None``: this rank saves alone); ``sharded``:
+    the model holds ``DTensor``s (by default the world saves it)."""
+    import torch.distributed as dist
+
+    from weightplan.errors import SaveError
+
+    if not (dist.is_available() and dist.is_initialized()):
+        if process_group is not None:
+            raise SaveError("process_group= names a process group, but torch.distributed "
+                            "is not initialized")
+        return None
+    group = _as_group(process_group if process_group is not None
+                      else dist.group.WORLD if sharded else None)
+    if group is not None and dist.get_rank(group) < 0:
+        raise SaveError(f"rank {dist.get_rank()} is not in process_group=: only its ranks "
+                        "call save")
+    return group
+
+
+def model_has_dtensors(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s parameters or buffers hold ``DTensor``s (see :func:`has_dtensors`)."""
+    if "torch.distributed.tensor" not in sys.modules:
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(t, DTensor) for t in (*model.parameters(), *model.buffers()))
 
 
 def _as_group(group: Any) -> Any:

@@ -5,11 +5,12 @@ in the broadcasts for tensors other ranks read. A rank that failed before them (
 checkpoint copy missing or corrupt, a read that failed) would leave the others waiting
 until the process group's timeout. So each rank tells the others how it fared at two
 points: when it has planned (``explain``), and when its own reads are done (before the
-broadcasts) or have failed. One collective each (``all_gather_object`` of ``None`` or the
-error's text, on the load's group): when any rank failed, every other rank raises
-:class:`~weightplan.errors.RankFailedError` naming it and its error, and the failing rank
-raises its own error. Dry runs and plain loads agree on nothing (no group, no waiting).
-A sharded save agrees the same way on its writer (:mod:`~weightplan.executor.gather`).
+broadcasts) or have failed. One collective each (``all_gather_object`` of the error's
+text or ``None``, and a value the ranks compare, on the load's group): when any rank
+failed, every other rank raises :class:`~weightplan.errors.RankFailedError` naming it and
+its error, and the failing rank raises its own error. Dry runs and plain loads agree on
+nothing (no group, no waiting). A sharded save agrees the same way on its plan and its
+writer (:mod:`~weightplan.executor.save_agreement`).
 """
 
 from __future__ import annotations
@@ -34,19 +35,34 @@ class Agreement:
         self._group, self.stage, self.done = group, stage, False
         self.work, self.instead, self.gone = work, instead, gone
 
-    def agree(self, error: BaseException | None = None) -> None:
-        """Tell the others (``error``: this rank's failure) and hear them; raise
-        :class:`RankFailedError` when another rank failed and this one didn't."""
-        group = self._group() if callable(self._group) else self._group
-        if self.done or group is None:
-            return
-        self.done = True
-        failures = _gathered(group, None if error is None else _text(error), self)
-        if failures and error is None:
+    def agree(self, error: BaseException | None = None, value: Any = None) -> dict[int, Any]:
+        """Tell the others (``error``: this rank's failure; ``value``: anything small the
+        ranks compare) and hear them; raise :class:`RankFailedError` when another rank
+        failed and this one didn't. Returns every rank's ``value`` (global rank → value)."""
+        failures, values = self.gather(error, value)
+        if error is None:
+            self.stop(failures)
+        return values
+
+    def stop(self, failures: dict[int, str]) -> None:
+        """:class:`RankFailedError` naming ``failures`` (global rank → error), if any."""
+        if failures:
             named = "; ".join(f"rank {r}: {e}" for r, e in sorted(failures.items()))
             raise RankFailedError(f"{_ranks(failures)} of this {self.work} failed "
                                   f"{self.stage}, so this rank stops instead of "
                                   f"{self.instead}: {named}", failures=failures)
+
+    def gather(self, error: BaseException | None = None,
+               value: Any = None) -> tuple[dict[int, str], dict[int, Any]]:
+        """:meth:`agree` without raising for the others' failures: (global rank → error
+        text, for the ranks that failed; global rank → value, for every rank)."""
+        group = self._group() if callable(self._group) else self._group
+        if self.done or group is None:
+            return {}, {}
+        self.done = True
+        outcomes = _gathered(group, (None if error is None else _text(error), value), self)
+        failures = {r: e for r, (e, _) in outcomes.items() if e is not None}
+        return failures, {r: v for r, (_, v) in outcomes.items()}
 
     def __enter__(self) -> Agreement:
         return self
@@ -78,11 +94,12 @@ def planning_group(tp: object, cooperative: bool) -> Callable[[], Any]:
     return group
 
 
-def _gathered(group: Any, mine: str | None, point: Agreement) -> dict[int, str]:
-    """Every rank's outcome: global rank → error text, for those that failed."""
+def _gathered(group: Any, mine: tuple[str | None, Any],
+              point: Agreement) -> dict[int, tuple[str | None, Any]]:
+    """Every rank's outcome: global rank → (error text or ``None``, value)."""
     import torch.distributed as dist
 
-    outcomes: list[str | None] = [None] * dist.get_world_size(group)
+    outcomes: list[Any] = [None] * dist.get_world_size(group)
     try:
         dist.all_gather_object(outcomes, mine, group=group)
         ranks = [dist.get_global_rank(group, r) for r in range(len(outcomes))]
@@ -90,7 +107,7 @@ def _gathered(group: Any, mine: str | None, point: Agreement) -> dict[int, str]:
         raise RankFailedError(f"the ranks of this {point.work} could not agree "
                               f"{point.stage} ({point.gone}): "
                               f"{type(e).__name__}: {e}") from e
-    return {r: o for r, o in zip(ranks, outcomes, strict=True) if o is not None}
+    return dict(zip(ranks, outcomes, strict=True))
 
 
 def _text(error: BaseException) -> str:
