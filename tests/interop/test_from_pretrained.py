@@ -210,3 +210,20 @@ def test_a_save_without_a_cast_keeps_its_config_dtype(tmp_path):
     weightplan.save(model, tmp_path / "out")
     assert _shard_dtypes(tmp_path / "out") == {torch.float32}
     assert _config_dtype(tmp_path / "out") == "float32"
+
+
+def test_a_cast_composite_model_saved_back_says_its_shards_dtype_in_every_sub_config(tmp_path):
+    """Was: a Llava loaded in bf16 from float32 shards and saved back said float32 at the
+    top of config.json but bfloat16 in text_config and vision_config (set there by the
+    load), beside float32 shards."""
+    import json
+
+    saved("llava", tmp_path / "ckpt")
+    model = weightplan.from_pretrained(tmp_path / "ckpt", dtype=torch.bfloat16)
+    weightplan.save(model, tmp_path / "out")
+    assert _shard_dtypes(tmp_path / "out") == {torch.float32}
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["dtype"] == "float32"
+    said = {config[k]["dtype"] for k in ("text_config", "vision_config") if config[k].get("dtype")}
+    assert said == {"float32"}, config
+    assert model.config.text_config.dtype == torch.bfloat16  # the model's own: left alone

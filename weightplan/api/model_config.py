@@ -60,7 +60,8 @@ def model_config_files(model: torch.nn.Module, *, fp8_written: bool = False,
     empty for a model without a transformers config. ``fp8_written``: the shards hold
     block FP8 (kept, or ``save(quantize="fp8")``). ``written_dtype``: the dtype the shards
     hold where a save writes the checkpoint's dtypes back (not the model's, which a load
-    in another dtype set on the config), ``""``: several (the config's value is kept);
+    in another dtype set on the config, and on its sub-configs: said there too),
+    ``""``: several (the config's value is kept);
     ``None``: the model's own dtype.
 
     Raises:
@@ -74,6 +75,11 @@ def model_config_files(model: torch.nn.Module, *, fp8_written: bool = False,
     dtype = _dtype_name(model) if written_dtype is None else written_dtype or None
     if dtype is not None and hasattr(config, "dtype"):
         config.dtype = dtype
+    if written_dtype:  # (the sub-configs a load set to its dtype say the shards' too)
+        for key in getattr(config, "sub_configs", None) or ():
+            sub = getattr(config, key, None)
+            if getattr(sub, "dtype", None) is not None:
+                sub.dtype = written_dtype
     quantization = _quantization(config, fp8_written)
     if quantization is not None:
         config.quantization_config = quantization
