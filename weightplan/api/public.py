@@ -101,7 +101,7 @@ def save(model: torch.nn.Module, directory: str | os.PathLike[str], *, mapping: 
     plan = explain_save(model, directory, mapping=mapping, max_shard_size=max_shard_size,
                         overwrite=overwrite, threads=threads, quantize=quantize)
     files = model_config_files(model, fp8_written=plan.writes_fp8,
-                               written_dtype=plan.recorded_dtype)
+                               written_dtypes=plan.recorded_dtypes)
     return execute_write(plan, progress=progress, files=files, process_group=process_group)
 
 
