@@ -88,7 +88,7 @@ def model_config_files(model: torch.nn.Module, *, fp8_written: bool = False,
         config.dtype = dtype
     if written_dtypes and dtype is not None:  # (sub-configs a load set say the shards' too)
         for key in getattr(config, "sub_configs", None) or ():
-            sub = getattr(config, key, None)
+            sub: Any = getattr(config, key, None)
             if getattr(sub, "dtype", None) is not None:
                 sub.dtype = dtype
     quantization = _quantization(config, fp8_written)
