@@ -103,6 +103,21 @@ def test_save_pretrained_words_get_what_save_does(tmp_path):
         weightplan.save(model, tmp_path / "out", torch_dtype=torch.float16)
     assert "dtype=" not in str(e.value) and "its keywords: mapping" in str(e.value)
 
+def test_save_variant_is_refused_without_advice_that_breaks_a_sharded_save(tmp_path):
+    """Was: "rename them afterwards", which for shards leaves an index whose weight_map
+    names the old files (and transformers reads variant shards by its index's name)."""
+    import pytest
+    import torch
+
+    import weightplan
+    from weightplan.errors import ArgumentError
+
+    with pytest.raises(ArgumentError) as e:
+        weightplan.save(torch.nn.Linear(2, 2), tmp_path / "out", variant="fp16")
+    assert "rename" not in str(e.value) and "directory of its own" in str(e.value), str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
 def test_save_pretrained_words_that_ask_for_nothing_are_taken(tmp_path):
     """Was: save(model, dir, safe_serialization=True) refused, as every save_pretrained
     keyword at any value, where from_pretrained takes transformers' harmless values: code

@@ -158,8 +158,10 @@ RENAMED = {  # transformers' word → weightplan's, for the functions that don't
 SAVE_WORDS = {  # transformers' save_pretrained keywords → what weightplan.save does
     "state_dict": "save writes the model's own tensors: load the dict into the model first, "
                   "then save it",
-    "variant": "the files take transformers' names with no variant (model.safetensors, "
-               "model-00001-of-0000N.safetensors): rename them afterwards",
+    "variant": "variant files are not written: the files take transformers' names with "
+               "no variant (model.safetensors, or model-0000i-of-0000N.safetensors and "
+               "model.safetensors.index.json, whose weight_map names them); save the "
+               "variant into a directory of its own",
     "safe_serialization": "weightplan writes only safetensors (safe_serialization=True, or "
                           "drop it)",
     "push_to_hub": "not done: save writes a directory and never uploads it; upload it "
