@@ -89,7 +89,11 @@ def test_save_pretrained_words_get_what_save_does(tmp_path):
             ("is_main_process", False, "process_group="),
             ("is_main_process", False, "main process only"),
             ("save_original_format", False, "mapping=[]"),
-            ("save_function", torch.save, "written by weightplan")]:
+            ("save_function", torch.save, "written by weightplan"),
+            ("save_peft_format", False, "peft's format"),
+            ("distributed_checkpoint", True, "torch.distributed.checkpoint"),
+            ("commit_message", "v2", "option of push_to_hub"), ("repo_id", "a/b", "hf upload"),
+            ("create_pr", True, "never uploads"), ("private", True, "never uploads")]:
         for call in (weightplan.save, weightplan.explain_save):
             with pytest.raises(ArgumentError) as e:
                 call(model, tmp_path / "out", **{keyword: value})
@@ -98,6 +102,21 @@ def test_save_pretrained_words_get_what_save_does(tmp_path):
     with pytest.raises(ArgumentError) as e:
         weightplan.save(model, tmp_path / "out", torch_dtype=torch.float16)
     assert "dtype=" not in str(e.value) and "its keywords: mapping" in str(e.value)
+
+def test_save_variant_is_refused_without_advice_that_breaks_a_sharded_save(tmp_path):
+    """Was: "rename them afterwards", which for shards leaves an index whose weight_map
+    names the old files (and transformers reads variant shards by its index's name)."""
+    import pytest
+    import torch
+
+    import weightplan
+    from weightplan.errors import ArgumentError
+
+    with pytest.raises(ArgumentError) as e:
+        weightplan.save(torch.nn.Linear(2, 2), tmp_path / "out", variant="fp16")
+    assert "rename" not in str(e.value) and "directory of its own" in str(e.value), str(e.value)
+    assert not (tmp_path / "out").exists()
+
 
 def test_save_pretrained_words_that_ask_for_nothing_are_taken(tmp_path):
     """Was: save(model, dir, safe_serialization=True) refused, as every save_pretrained
@@ -111,7 +130,8 @@ def test_save_pretrained_words_that_ask_for_nothing_are_taken(tmp_path):
     model = torch.nn.Linear(2, 2, bias=False)
     words = dict(safe_serialization=True, is_main_process=True, push_to_hub=False,
                  save_original_format=True, state_dict=None, variant=None, token=None,
-                 max_shard_size="50GB")
+                 max_shard_size="50GB", save_peft_format=True, distributed_checkpoint=False,
+                 commit_message=None, repo_id=None, create_pr=False, private=None)
     plan = weightplan.explain_save(model, tmp_path / "out", **words)
     assert plan.files == ("model.safetensors",)
     weightplan.save(model, tmp_path / "out", **words)

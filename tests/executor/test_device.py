@@ -84,3 +84,12 @@ def test_a_device_map_splits_the_model(tmp_path):
     pool = staging_of(plan.schedule.steps, plan.options.devices)
     assert 0 < report.staging_bytes <= pool.nbytes <= report.device_bytes["cuda:0"]
     assert model.lm_head.weight.device == CPU and model.model.embed_tokens.weight.device == CPU
+
+
+def test_a_cuda_index_past_the_devices_counts_them_in_words(monkeypatch):
+    """Was: 'this machine has 1 CUDA device(s)'."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(PlanError) as e:
+        weightplan.explain(torch.nn.Linear(2, 2), {"weight": torch.zeros(2, 2)}, device="cuda:3")
+    assert str(e.value).endswith("but this machine has 1 CUDA device"), str(e.value)

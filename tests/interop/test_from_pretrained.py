@@ -210,3 +210,45 @@ def test_a_save_without_a_cast_keeps_its_config_dtype(tmp_path):
     weightplan.save(model, tmp_path / "out")
     assert _shard_dtypes(tmp_path / "out") == {torch.float32}
     assert _config_dtype(tmp_path / "out") == "float32"
+
+
+def test_a_cast_composite_model_saved_back_says_its_shards_dtype_in_every_sub_config(tmp_path):
+    """Was: a Llava loaded in bf16 from float32 shards and saved back said float32 at the
+    top of config.json but bfloat16 in text_config and vision_config (set there by the
+    load), beside float32 shards."""
+    import json
+
+    saved("llava", tmp_path / "ckpt")
+    model = weightplan.from_pretrained(tmp_path / "ckpt", dtype=torch.bfloat16)
+    weightplan.save(model, tmp_path / "out")
+    assert _shard_dtypes(tmp_path / "out") == {torch.float32}
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["dtype"] == "float32"
+    said = {config[k]["dtype"] for k in ("text_config", "vision_config") if config[k].get("dtype")}
+    assert said == {"float32"}, config
+    assert model.config.text_config.dtype == torch.bfloat16  # the model's own: left alone
+
+
+def test_a_mixed_checkpoint_cast_to_a_dtype_it_lacks_saves_a_config_of_its_own_dtypes(tmp_path):
+    """Was: bf16 weights with float32 norms, loaded in float16 and saved back (those bf16
+    and float32 shards), kept the float16 the load set on the config: transformers'
+    dtype="auto" then built float16 and cast the bf16 weights into it."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    cls, _ = saved("llama", tmp_path / "ckpt")
+    config = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
+    path = tmp_path / "ckpt" / "model.safetensors"
+    state = {k: v.to(torch.float32 if "norm" in k else torch.bfloat16)
+             for k, v in load_file(path).items()}
+    save_file(state, path, metadata={"format": "pt"})
+    for dtype, says in [(torch.float16, "bfloat16"), (torch.float32, "float32"),
+                        ("auto", "bfloat16")]:
+        model = weightplan.from_pretrained(tmp_path / "ckpt", dtype=dtype)
+        weightplan.save(model, tmp_path / str(dtype))
+        assert _shard_dtypes(tmp_path / str(dtype)) == {torch.bfloat16, torch.float32}
+        assert _config_dtype(tmp_path / str(dtype)) == says, dtype
+    back = cls.from_pretrained(tmp_path / str(torch.float16), dtype="auto")
+    assert {p.dtype for p in back.parameters()} == {torch.bfloat16}

@@ -43,3 +43,38 @@ def test_keys_the_model_declares_unsaved_are_not_written(stored, tmp_path):
     back = pretrained(T.MarianMTModel, tmp_path / "mine", dtype=torch.float32)
     for key, value in theirs.state_dict().items():
         assert torch.equal(back.state_dict()[key], value), key
+
+
+LLAMA = T.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False)
+MIXTRAL = T.MixtralConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
+                          num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                          num_local_experts=3, num_experts_per_tok=2, tie_word_embeddings=False)
+HEADS = [(T.LlamaForCausalLM, T.LlamaModel, LLAMA), (T.LlamaModel, T.LlamaForCausalLM, LLAMA),
+         (T.MixtralForCausalLM, T.MixtralModel, MIXTRAL),
+         (T.MixtralModel, T.MixtralForCausalLM, MIXTRAL)]
+
+
+@pytest.mark.parametrize("stored, loaded, cfg", HEADS,
+                         ids=lambda x: getattr(x, "__name__", ""))
+def test_a_model_loaded_under_another_head_class_saves_its_own_keys(stored, loaded, cfg,
+                                                                     tmp_path):
+    """Was: a LlamaForCausalLM checkpoint loaded into LlamaModel saved ``model.layers...``
+    (the checkpoint's base-model prefix), a LlamaModel checkpoint loaded into
+    LlamaForCausalLM saved ``layers...`` beside its ``lm_head.weight``, which transformers
+    then read as a model with no base weights; save_pretrained writes the loaded class's
+    own keys (the prefix fix-up is the load's, not the checkpoint's layout)."""
+    torch.manual_seed(0)
+    stored(cfg).save_pretrained(tmp_path / "saved")
+    theirs = pretrained(loaded, tmp_path / "saved", dtype=torch.float32)
+    theirs.save_pretrained(tmp_path / "theirs")
+    model = weightplan.from_pretrained(tmp_path / "saved", model_class=loaded,
+                                       dtype=torch.float32, progress=False)
+    weightplan.save(model, tmp_path / "mine", progress=False)
+    assert keys(tmp_path / "mine") == keys(tmp_path / "theirs")
+    back = pretrained(loaded, tmp_path / "mine", dtype=torch.float32)
+    for key, value in model.state_dict().items():
+        assert torch.equal(back.state_dict()[key], value), key
+    again = weightplan.from_pretrained(tmp_path / "mine", progress=False)
+    weightplan.save(again, tmp_path / "again", progress=False)
+    assert keys(tmp_path / "again") == keys(tmp_path / "theirs")

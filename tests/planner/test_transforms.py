@@ -103,3 +103,10 @@ def test_transforms_are_hashable_and_equal_by_value():
     a = WeightRenaming("x", "y")
     assert a == WeightRenaming("x", "y") and hash(a) == hash(WeightRenaming("x", "y"))
     assert WeightRenaming("x", ["y"]) == a
+
+
+def test_a_target_group_the_source_lacks_is_counted_in_words():
+    """Was: 'captures only 1 group(s)'."""
+    with pytest.raises(PatternError) as e:
+        WeightRenaming(r"layers\.(\d+)\.w", r"blocks.\2.w")
+    assert str(e.value).endswith("captures only 1 group"), str(e.value)

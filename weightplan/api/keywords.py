@@ -51,7 +51,9 @@ anything else                      refused: config overrides (``output_hidden_st
 :func:`weightplan.save` and ``explain_save`` take ``save_pretrained``'s words at the values
 that ask for nothing (``SAVE_HARMLESS``: ``safe_serialization=True``, ``is_main_process=True``,
 ``push_to_hub=False``, ``save_original_format=True``, ``None`` for ``state_dict``, ``variant``,
-``token``; ``max_shard_size`` is save's own) and say the others in save's terms
+``token``, ``save_peft_format=True``, ``distributed_checkpoint=False``, push_to_hub's
+``commit_message`` / ``repo_id`` / ``private`` at ``None``, ``create_pr=False``;
+``max_shard_size`` is save's own) and say the others in save's terms
 (``SAVE_WORDS``: ``save_original_format=False`` is ``mapping=[]``, ...).
 """
 
@@ -156,8 +158,10 @@ RENAMED = {  # transformers' word → weightplan's, for the functions that don't
 SAVE_WORDS = {  # transformers' save_pretrained keywords → what weightplan.save does
     "state_dict": "save writes the model's own tensors: load the dict into the model first, "
                   "then save it",
-    "variant": "the files take transformers' names with no variant (model.safetensors, "
-               "model-00001-of-0000N.safetensors): rename them afterwards",
+    "variant": "variant files are not written: the files take transformers' names with "
+               "no variant (model.safetensors, or model-0000i-of-0000N.safetensors and "
+               "model.safetensors.index.json, whose weight_map names them); save the "
+               "variant into a directory of its own",
     "safe_serialization": "weightplan writes only safetensors (safe_serialization=True, or "
                           "drop it)",
     "push_to_hub": "not done: save writes a directory and never uploads it; upload it "
@@ -169,13 +173,24 @@ SAVE_WORDS = {  # transformers' save_pretrained keywords → what weightplan.sav
                             "model's own names (save_original_format=False), pass mapping=[]",
     "save_function": "the files are written by weightplan (in one commit): drop it",
     "token": "save writes a directory and never talks to the Hub: drop it",
+    "save_peft_format": "an adapter (adapter_name=) is written in peft's format, its keys "
+                        "under base_model.model. (save_peft_format=True, or drop it)",
+    "distributed_checkpoint": "save writes one safetensors checkpoint; a tensor-parallel "
+                              "model is gathered by the ranks of process_group= (for a DCP "
+                              "checkpoint, call torch.distributed.checkpoint.save)",
+    **dict.fromkeys(("commit_message", "repo_id", "create_pr", "private"),
+                    "an option of push_to_hub, which save doesn't do: it writes a directory "
+                    "and never uploads it; upload it afterwards (hf upload ORG/NAME DIR "
+                    "--commit-message ...)"),
 }
 # save_pretrained's keywords at the values that ask for what save does anyway (its
 # defaults, and safe_serialization=True): taken and dropped, as from_pretrained takes
 # transformers' harmless ones, so code that passes its arguments through saves
 SAVE_HARMLESS: dict[str, tuple[Any, ...]] = {
     "safe_serialization": (True,), "is_main_process": (True,), "push_to_hub": (False,),
-    "save_original_format": (True,), "state_dict": UNSET, "variant": UNSET, "token": UNSET}
+    "save_original_format": (True,), "state_dict": UNSET, "variant": UNSET, "token": UNSET,
+    "save_peft_format": (True,), "distributed_checkpoint": (False,),
+    "commit_message": UNSET, "repo_id": UNSET, "create_pr": (False,), "private": UNSET}
 SAVES = ("save", "explain_save")  # the functions SAVE_WORDS speaks for
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,16 @@ def _dtype_name(model: torch.nn.Module) -> str | None:
     return None
 
 
+def _said(config: Any, written: Sequence[str]) -> str | None:
+    """The dtype config.json says of shards holding ``written`` (a bf16 checkpoint with
+    float32 norms, loaded in float16, says bfloat16: transformers' dtype="auto" builds
+    that, as from the checkpoint)."""
+    if len(written) > 1:
+        own = str(getattr(config, "dtype", None)).removeprefix("torch.")
+        return own if own in written else written[0]
+    return written[0] if written else None
+
+
 def _quantization(config: Any, fp8_written: bool) -> dict[str, Any] | None:
     """The ``quantization_config`` that matches the shards (``None``: not quantized)."""
     if not fp8_written:
@@ -55,13 +66,14 @@ def _quantization(config: Any, fp8_written: bool) -> dict[str, Any] | None:
 
 
 def model_config_files(model: torch.nn.Module, *, fp8_written: bool = False,
-                       written_dtype: str | None = None) -> dict[str, bytes]:
+                       written_dtypes: Sequence[str] | None = None) -> dict[str, bytes]:
     """The model's ``config.json`` (and generation config) as bytes, ``{name: bytes}``,
     empty for a model without a transformers config. ``fp8_written``: the shards hold
-    block FP8 (kept, or ``save(quantize="fp8")``). ``written_dtype``: the dtype the shards
-    hold where a save writes the checkpoint's dtypes back (not the model's, which a load
-    in another dtype set on the config), ``""``: several (the config's value is kept);
-    ``None``: the model's own dtype.
+    block FP8 (kept, or ``save(quantize="fp8")``). ``written_dtypes``: the floating
+    dtypes the shards hold where a save writes the checkpoint's dtypes back, most bytes
+    first (not the model's, which a load in another dtype set on the config and its
+    sub-configs): the config says the one, or of several the config's own where it is
+    one of them, else the first; ``None``: the model's own dtype.
 
     Raises:
         SaveError: transformers can't write the config (nothing has been written yet).
@@ -71,9 +83,14 @@ def model_config_files(model: torch.nn.Module, *, fp8_written: bool = False,
         return {}
     config = copy.deepcopy(config)
     config.architectures = [type(model).__name__]
-    dtype = _dtype_name(model) if written_dtype is None else written_dtype or None
+    dtype = _dtype_name(model) if written_dtypes is None else _said(config, written_dtypes)
     if dtype is not None and hasattr(config, "dtype"):
         config.dtype = dtype
+    if written_dtypes and dtype is not None:  # (sub-configs a load set say the shards' too)
+        for key in getattr(config, "sub_configs", None) or ():
+            sub: Any = getattr(config, key, None)
+            if getattr(sub, "dtype", None) is not None:
+                sub.dtype = dtype
     quantization = _quantization(config, fp8_written)
     if quantization is not None:
         config.quantization_config = quantization

@@ -102,7 +102,7 @@ def save(model: torch.nn.Module, directory: str | os.PathLike[str], *, mapping: 
         plan = explain_save(model, directory, mapping=mapping, max_shard_size=max_shard_size,
                             overwrite=overwrite, threads=threads, quantize=quantize)
         files = model_config_files(model, fp8_written=plan.writes_fp8,
-                                   written_dtype=plan.recorded_dtype)
+                                   written_dtypes=plan.recorded_dtypes)
     except Exception as e:  # the ranks saving with this one learn it at once
         _tell_plan_failure(model, process_group, e)
         raise

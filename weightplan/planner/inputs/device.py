@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from weightplan.errors import PlanError
+from weightplan.units import counted
 
 CPU = torch.device("cpu")
 STAGING_CHUNK = 32 << 20  # bytes per pinned host buffer CUDA copies go through, at most
@@ -136,4 +137,4 @@ def _check_cuda(device: torch.device, what: str) -> None:
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index >= torch.cuda.device_count():
         raise PlanError(f"{what}={str(device)!r} but this machine has "
-                        f"{torch.cuda.device_count()} CUDA device(s)")
+                        f"{counted(torch.cuda.device_count(), 'CUDA device')}")

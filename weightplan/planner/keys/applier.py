@@ -142,7 +142,7 @@ class Applier:
             pairs = [renamed(key, decided.matched) for key in keys]
             names, fired = [name for name, _ in pairs], [f for _, f in pairs]
         if decided.converter is None:
-            routes = _routes(count, keys, names, fired, repeat(None), repeat(None), repeat(""))
+            routes = _routes(count, keys, names, fired, repeat(None), repeat(None), repeat(""), repeat(None))
             return Batch(routes, keys, [])  # (a plain key is a group of its own)
         return _claimed(keys, names, fired, decided)
 
@@ -178,7 +178,7 @@ class Applier:
                 else:
                     converters[i], claims[i] = c, m
             pending = left
-        return _routes(count, keys, names, fired, converters, claims, repeat(""))
+        return _routes(count, keys, names, fired, converters, claims, repeat(""), repeat(None))
 
     def _decide(self, template: str) -> Decision | None:
         matched, fires, name = [], [], template
@@ -249,7 +249,7 @@ def _claimed(keys: list[str], names: list[str], fired: Iterable[tuple[Renaming, 
     seen: list = indices if by_head else list(zip(indices, groups, strict=True))
     made = {one: _match(shape, *((one, ()) if by_head else one)) for one in set(seen)}
     claims = _claims(count, repeat(shape.source_index), heads, tails, map(made.__getitem__, seen))
-    routes = _routes(count, keys, names, fired, repeat(converter), claims, repeat(""))
+    routes = _routes(count, keys, names, fired, repeat(converter), claims, repeat(""), repeat(None))
     runs = [Run((id(converter), head, tail, group), shape.source_index, routes[begin:stop],
                 keys[begin:stop], indices[begin:stop])
             for head, tail, group, begin, stop in runs_at]

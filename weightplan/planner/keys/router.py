@@ -11,7 +11,8 @@ batch).
 When a model is known, a key whose route doesn't land (:func:`~.applier.lands`) tries the
 fix-ups in turn: the model's ``base_model_prefix`` removed, then added, each after and
 then before the renamings, each with its own applier; the first whose route fires the
-prefix change and lands is taken (noted). A key none of them lands keeps its checkpoint
+prefix change and lands is taken (noted), with the key the model's own checkpoint would
+hold (``saved_as``: what a save writes). A key none of them lands keeps its checkpoint
 name when that is a model key and the mapping changed it (noted). Fix-ups are tried only
 for templates where one may land (:meth:`Router.viable`) or some key is a model key.
 A key that is a model key is routed without the :data:`~.transforms.LEGACY` renamings
@@ -24,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import compress
 from operator import not_
+from typing import cast
 
 from weightplan.planner.inputs.model_info import ModelInfo
 from weightplan.planner.keys.applier import Applier, Batch, Decision, Run, batch_of, lands
@@ -123,8 +125,11 @@ class Router:
                 break
             tried = fixup.applier.batch([keys[i] for i in pending], decided).routes
             taken = [fixup.fix in r.fired and self.lands(r) for r in tried]
-            for i, r in compress(zip(pending, tried, strict=True), taken):
-                routes[i] = Route(r.key, r.renamed, r.fired, r.converter, r.claim, note=fixup.note)
+            fixed = list(compress(zip(pending, tried, strict=True), taken))
+            for (i, r), own in zip(fixed, self.saved_as(fixup.fix, template, fixed),
+                                   strict=True):
+                routes[i] = Route(r.key, r.renamed, r.fired, r.converter, r.claim,
+                                  note=fixup.note, saved_as=own)
                 changed = True
             pending = list(compress(pending, map(not_, taken)))
         for i in pending:
@@ -145,6 +150,21 @@ class Router:
         for i, r in zip(own, modern.each([keys[i] for i in own]), strict=True):
             routes[i] = Route(r.key, r.renamed, r.fired, r.converter, r.claim, note=_OWN)
         return bool(own)
+
+    def saved_as(self, fix: PrefixChange, template: str | None,
+                 fixed: list[tuple[int, Route]]) -> list[str | None]:
+        """Each fixed route's key as the model's own checkpoint holds it: the prefix
+        change made on the checkpoint's key, where the mapping alone routes that key as
+        the fix-up routed the checkpoint's (``None`` where it doesn't: saved as it was)."""
+        owns = [fix.rename(r.key) for _, r in fixed]
+        if None in owns:  # (a fix-up that fires only after the renamings: key by key)
+            return [None if own is None else self.saved_as(fix, None, [pair])[0]
+                    for own, pair in zip(owns, fixed, strict=True)]
+        mine = cast("list[str]", owns)
+        own_template = None if template is None else fix.rename(template)
+        again = self.base.batch(mine, self.base.decision(own_template)).routes
+        return [own if (a.key, a.renamed, a.converter) == (own, r.renamed, r.converter)
+                else None for own, a, (_, r) in zip(mine, again, fixed, strict=True)]
 
     def lands(self, route: Route) -> bool:
         """:func:`~.applier.lands` in the model, once per converter group."""

@@ -8,7 +8,8 @@ a group of its own. When a model is known, two fix-ups keep real checkpoints loa
 (:mod:`~.router`): the model's ``base_model_prefix`` is added or removed (after the
 renamings, or before them so mappings scoped to a submodule path see the key) when that
 makes the key exist, and a key whose transformed name is unknown but whose original name
-exists keeps its original name. Both are recorded on the route's ``note``.
+exists keeps its original name. Both are recorded on the route's ``note``; a prefix
+fix-up also on its ``saved_as`` (the key without it, which a save writes).
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ class Route:
     converter: WeightConverter | None = None  # the converter that claimed it; None: plain
     claim: ConverterMatch | None = None  # how its source pattern matched (claimed keys)
     note: str = ""
+    # the key this model's own checkpoint holds for it, where a base-model-prefix fix-up
+    # made it land (the checkpoint was another head class's): what a save writes, as
+    # transformers' save_pretrained writes the model's own names; None: ``key``
+    saved_as: str | None = None
 
     @property
     def match(self) -> ConverterMatch:

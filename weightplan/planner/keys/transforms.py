@@ -26,6 +26,7 @@ from weightplan.planner.keys.patterns import (
     PatternMatch, SourcePattern, TargetPattern, compile_source, compile_target,
     source_to_target, target_to_source,
 )
+from weightplan.units import counted
 
 
 def _as_tuple(patterns: object, what: str) -> tuple[str, ...]:
@@ -326,7 +327,7 @@ def _compile(transform: PatternTransform) -> None:
     for s in sources:
         if len(s.user_groups) < need:
             raise PatternError(f"target uses \\{need} but source {s.text!r} captures only "
-                               f"{len(s.user_groups)} group(s)")
+                               f"{counted(len(s.user_groups), 'group')}")
     _set(transform, _sources=sources, _targets=targets)
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+import torch
+
 from weightplan.planner.core.problems import Note
 from weightplan.planner.core.quant.blocks import FP8_DTYPES
 from weightplan.planner.tensors.ir.build import TargetStatus
@@ -54,16 +56,21 @@ class WritePlanData(PlanData):
         return self.layout.names
 
     @property
-    def recorded_dtype(self) -> str | None:
-        """The one floating dtype a save through the load record writes (the checkpoint's,
-        whatever the model was cast to), ``""`` where it writes several (the config keeps
-        its value), ``None`` for a save that writes the model's own dtypes."""
+    def recorded_dtypes(self) -> tuple[str, ...] | None:
+        """The floating dtypes a save through the load record writes (the checkpoint's,
+        whatever the model was cast to), the one holding most bytes first; ``None`` for a
+        save that writes the model's own dtypes."""
         if self.inversion is not Inversion.RECORD:
             return None
-        dtypes = {t.dest.dtype for c in self.conversions for t in c.targets
-                  if t.status is TargetStatus.LOAD and t.dest.dtype.is_floating_point
-                  and t.dest.dtype not in FP8_DTYPES}
-        return str(dtypes.pop()).removeprefix("torch.") if len(dtypes) == 1 else ""
+        held: dict[torch.dtype, int] = {}
+        for c in self.conversions:
+            for t in c.targets:
+                dtype = t.dest.dtype
+                if (t.status is TargetStatus.LOAD and dtype.is_floating_point
+                        and dtype not in FP8_DTYPES):
+                    held[dtype] = held.get(dtype, 0) + t.produced.numel * dtype.itemsize
+        return tuple(str(d).removeprefix("torch.")
+                     for d in sorted(held, key=lambda d: (-held[d], str(d))))
 
     @property
     def writes_fp8(self) -> bool:

@@ -19,6 +19,7 @@ from weightplan.planner.core.ops.base import ConversionOp
 from weightplan.planner.core.spec import TensorSpec
 from weightplan.planner.inputs.checkpoint import Checkpoint, TensorEntry
 from weightplan.planner.keys.patterns import natural_key
+from weightplan.planner.keys.routing import Route
 from weightplan.planner.keys.transforms import Renaming
 from weightplan.planner.tensors.ir.build import Conversion, TargetStatus
 from weightplan.planner.tensors.ir.nodes import (
@@ -69,16 +70,24 @@ def record_of_conversions(conversions: Sequence[Conversion], checkpoint: Checkpo
                           merged_as: Mapping[str, str] | None = None) -> LoadRecord:
     """The record of conversions run on ``checkpoint`` (a load, or an in-memory convert);
     ``merged_as``: an adapter's key → the base key a weight merged into it is saved as (an
-    embedding saved with the adapter, which replaced the base's)."""
+    embedding saved with the adapter, which replaced the base's). A key loaded through a
+    base-model-prefix fix-up (another head class's checkpoint) is recorded as the model's
+    own checkpoint holds it (:attr:`~.routing.Route.saved_as`), as transformers saves it."""
     kept, not_loaded = [], set(unexpected)
+    saved_as = {r.key: r.saved_as for conv in conversions for stream in conv.group.routes
+                for r in stream if r.saved_as is not None}  # (another head class's keys)
+    names = {**saved_as, **merged_as} if saved_as and merged_as else saved_as or merged_as or {}
     for conv in conversions:
-        recorded = _record(conv, merged_as or {})
+        recorded = _record(conv, names)
         if recorded is None:
             not_loaded.update(e.key for e in conv.group.entries)
         else:
             kept.append(recorded)
+    order = data_order(checkpoint)
+    if saved_as:
+        order = tuple(saved_as.get(k, k) for k in order)
     return LoadRecord(tuple(kept), tuple(sorted(not_loaded, key=natural_key)),
-                      dict(checkpoint.metadata), data_order(checkpoint))
+                      dict(checkpoint.metadata), order)
 
 
 def data_order(checkpoint: Checkpoint) -> tuple[str, ...]:
@@ -118,13 +127,25 @@ def _record(conv: Conversion, merged_as: Mapping[str, str]) -> RecordedConversio
     fired: list[Renaming] = []
     for stream in routes:
         for route in stream:
-            fired.extend(r for r in route.fired if r not in fired)
+            fired.extend(r for r in _undone(route) if r not in fired)
     quantized = _quantized(conv, quantizes) if quantizes else ()
     scales = {scale for _, scale, _ in quantized}
     targets = tuple((t.key, t.position) for t in conv.targets if t.key not in scales)
     dequantized = tuple((k, n.attrs.block) for k, n in widened.items()
                         if isinstance(n.attrs, DequantizeAttrs))
     return RecordedConversion(sources, ops, targets, tuple(fired), dequantized, quantized)
+
+
+def _undone(route: Route) -> tuple[Renaming, ...]:
+    """The renamings a save undoes for ``route``: those that fired, less the base-model
+    prefix fix-up of a key saved as the model's own (first when it ran before the
+    renamings, and made ``saved_as`` of the key; else last)."""
+    fired = route.fired
+    if route.saved_as is None or not fired:
+        return fired
+    if fired[0].rename(route.key) == route.saved_as:
+        return fired[1:]
+    return fired[:-1]
 
 
 def _quantized(conv: Conversion, quantizes: list[Node]
