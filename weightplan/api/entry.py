@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -40,7 +40,7 @@ def by_name(mapping: object) -> object:
 
 
 def _explain_adapter(model: torch.nn.Module, checkpoint: object, name: str | None, mapping: object,
-                     **options: object) -> Plan:
+                     **options: Any) -> Plan:
     """An adapter directory into the adapter ``name`` injected in ``model`` (a directory
     holding a model too: :func:`_explain_embedded`)."""
     from weightplan.planner.inputs.adapter import read_adapter  # (adapters only)
@@ -101,10 +101,10 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
         >>> plan = explain(model, "ckpt_dir/"); print(plan); plan.execute()  # doctest: +SKIP
     """
     checkpoint = checkpoint if variant is None else _for_variant(checkpoint, variant, adapter_name)
-    options = dict(dtype=dtype, budget=budget, tp=tp, quantization=quantization, threads=threads,
-                   max_memory=max_memory, offload_folder=offload_folder, cooperative=cooperative,
-                   device=device if device_map is None else _device_from_map(device_map, device, tp),
-                   dequantize_on=dequantize_on)
+    options: dict[str, Any] = dict(
+        dtype=dtype, budget=budget, tp=tp, quantization=quantization, threads=threads, max_memory=max_memory,
+        offload_folder=offload_folder, cooperative=cooperative, dequantize_on=dequantize_on,
+        device=device if device_map is None else _device_from_map(device_map, device, tp))
     if model is not None and (adapter_name is not None or is_adapter_dir(checkpoint)):
         return _explain_adapter(model, checkpoint, adapter_name, mapping, **options)
     data = explain_load(model, checkpoint, mapping=by_name(mapping),
@@ -115,11 +115,12 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
 def _holds_model(checkpoint: object) -> bool:
     """Whether an adapter directory holds a model too (``config.json`` beside
     ``adapter_config.json``: peft's ``save_pretrained`` into the model's directory)."""
-    return os.path.isfile(os.path.join(os.fspath(checkpoint), "config.json"))  # type: ignore[arg-type]
+    return isinstance(checkpoint, (str, os.PathLike)) and os.path.isfile(
+        os.path.join(os.fspath(checkpoint), "config.json"))
 
 
 def _explain_embedded(model: torch.nn.Module, directory: object, adapter_name: str | None,
-                      mapping: object, **options: object) -> Plan:
+                      mapping: object, **options: Any) -> Plan:
     """A directory holding a model and an adapter, into ``model``: a model with no LoRA
     layers (and no ``adapter_name=``) gets the model's weights, the plan noting the adapter
     not loaded and how to load it; one with the adapter injected (peft's ``get_peft_model``,
