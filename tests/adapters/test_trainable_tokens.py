@@ -146,3 +146,21 @@ def test_trainable_tokens_load_into_a_peft_model(tmp_path):
     plan.execute()
     with torch.no_grad():
         assert torch.equal(model(IDS).logits, _peft(base, lora)(IDS).logits)
+
+
+def test_a_placement_for_an_adapter_alone_is_refused(tmp_path):
+    """An adapter alone into a model with it injected loads where its layers' base weights
+    are (was: device_map=, max_memory=, offload_folder= silently ignored)."""
+    from weightplan.errors import ArgumentError
+
+    base, lora = _trained(tmp_path, True, [1, 5])
+    with weightplan.init_empty():
+        model = transformers.AutoModelForCausalLM.from_config(
+            transformers.AutoConfig.from_pretrained(base))
+    model = peft.get_peft_model(model, peft.LoraConfig(
+        r=2, lora_alpha=4, target_modules=["q_proj"], trainable_token_indices=[1, 5]))
+    disk = {m: "disk" if m == "model.embed_tokens" else "cpu" for m in LAYOUT}
+    for words in ({"device_map": disk, "offload_folder": str(tmp_path / "off")},
+                  {"device_map": "auto", "max_memory": {"cpu": 0}}):
+        with pytest.raises(ArgumentError, match="from_pretrained\\(BASE, adapter=ADAPTER_DIR, device_map"):
+            weightplan.explain(model, lora, **words)

@@ -49,9 +49,25 @@ def _explain_adapter(model: torch.nn.Module, checkpoint: object, name: str | Non
     if is_adapter_dir(checkpoint) and _holds_model(checkpoint):
         return _explain_embedded(model, checkpoint, name, mapping, **options)
     adapter = read_adapter(_adapter_dir(checkpoint))
+    _placed_with_base(checkpoint, options)
     kept = {k: options[k] for k in ("tp", "dtype", "budget", "quantization", "threads", "device")}
     return promote(Plan, explain_adapter_load(model, adapter, name=name or "default", mapping=by_name(mapping),
                                               finder=bridge_for(model) if mapping is None else None, **kept))
+
+
+def _placed_with_base(checkpoint: object, options: dict[str, Any]) -> None:
+    """An adapter alone goes where its layers' base weights are: a placement (an automatic
+    strategy, the disk, ``max_memory``, ``offload_folder``) is made with the base's load.
+
+    Raises:
+        ArgumentError: a placement asked for (was ignored: the adapter loaded as if none)."""
+    device = options["device"]
+    automatic = isinstance(device, str) and device in ("auto", "balanced", "balanced_low_0", "sequential")
+    disk = isinstance(device, dict) and "disk" in device.values()
+    if automatic or disk or options["max_memory"] is not None or options["offload_folder"] is not None:
+        raise ArgumentError(f"{checkpoint}: an adapter alone loads where its layers' base weights are; "
+                            "device_map=/max_memory=/offload_folder= place a model when its base loads: "
+                            "weightplan.from_pretrained(BASE, adapter=ADAPTER_DIR, device_map=...)")
 
 
 def _adapter_dir(checkpoint: object) -> str:
