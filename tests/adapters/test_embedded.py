@@ -119,3 +119,45 @@ def test_a_hub_repo_with_both_and_a_variant_fetches_the_adapter(both, tmp_path, 
     assert "adapter_model.safetensors" in asked[-1]["allow_patterns"]
     assert any("lora_A.default" in k for k in model.state_dict())
     assert torch.equal(output(model, IDS), output(theirs, IDS))
+
+
+def _plain(both, tmp_path):
+    """The model alone (transformers with peft would load the adapter beside it too)."""
+    import shutil
+
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(both / name, plain)
+    return pretrained(T.AutoModelForCausalLM, plain)
+
+
+def test_explain_into_a_model_without_lora_layers_loads_the_model_and_says_so(both, tmp_path):
+    """Was: AdapterError 'the model has no adapter 'default' injected' (the directory was
+    taken for the adapter alone)."""
+    with weightplan.init_empty():
+        model = T.AutoModelForCausalLM.from_config(T.AutoConfig.from_pretrained(both))
+    with pytest.warns(UserWarning, match="adapter beside the model is not loaded.*get_peft_model"):
+        plan = weightplan.explain(model, both)
+    assert not plan.problems and not plan.missing and not plan.unexpected
+    assert any("not loaded" in n.message and "from_pretrained" in n.message for n in plan.notes)
+    assert "adapter beside the model is not loaded" in str(plan)
+    plan.execute()
+    assert not any("lora" in k for k in model.state_dict())
+    assert torch.equal(output(model.eval(), IDS), output(_plain(both, tmp_path), IDS))
+
+
+@pytest.mark.parametrize("how", ["get_peft_model", "inject_adapter_in_model"])
+def test_load_into_a_model_with_the_adapter_injected_loads_both(both, how):
+    """Was: the adapter's tensors only, the base's left on meta (no problem said)."""
+    theirs = pretrained(T.AutoModelForCausalLM, both)  # (transformers + peft: both)
+    config = peft.LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])
+    with weightplan.init_empty():
+        model = T.AutoModelForCausalLM.from_config(T.AutoConfig.from_pretrained(both))
+    model = peft.get_peft_model(model, config) if how == "get_peft_model" else \
+        peft.inject_adapter_in_model(config, model)
+    plan = weightplan.explain(model, both)
+    assert not plan.problems and not plan.missing and plan.adapter is not None
+    plan.execute()
+    assert not any(p.is_meta for p in model.parameters())
+    assert torch.equal(output(model.eval(), IDS), output(theirs, IDS))

@@ -16,7 +16,6 @@ import weightplan
 from weightplan.api.adapters import explain_with_adapter
 from weightplan.bridge.hub import build_empty_model
 from weightplan.errors import AdapterError
-from weightplan.planner.core.problems import ProblemKind
 
 from tests.adapters.builders import PREFIX, tiny_config
 
@@ -98,16 +97,32 @@ def test_the_plan_says_the_original_rows_are_filled_after_the_load(tmp_path):
     assert list(plan.to_dict()["adapter"]["tokens"][0]["rows"]) == [1, 5]
 
 
-def test_trainable_tokens_on_the_disk_are_refused_and_elsewhere_run(tmp_path):
-    base, lora = _trained(tmp_path, False, [1, 5])
+@pytest.mark.parametrize("tied,on_disk", [
+    (False, ("model.embed_tokens",)),
+    (True, ("model.embed_tokens",)),
+    (True, ("lm_head",)),  # (was: no problem, then accelerate's dispatch failed the load)
+    (True, ("model.embed_tokens", "lm_head")),
+])
+def test_trainable_tokens_on_the_disk_are_refused_at_plan_time(tmp_path, tied, on_disk):
+    """transformers + peft fail there (at the forward, or transformers' own dispatch of a
+    tie split between memory and the disk): refused when planned, naming the adapter's
+    config, the tensor and what to place where."""
+    base, lora = _trained(tmp_path, tied, [1, 5])
+    disk = {m: "disk" if m in on_disk else "cpu" for m in LAYOUT}
+    with pytest.raises(AdapterError, match=rf"adapter_config.json \[trainable_token_indices\]: "
+                       rf"{on_disk[0]}\.token_adapter\.base_layer\.weight.*placed on the disk.*place "
+                       rf"{'lm_head and ' if tied else ''}model.embed_tokens on a device"):
+        explain_with_adapter(build_empty_model(base).model, base, lora, device=disk,
+                             offload_folder=str(tmp_path / "off"))
+    with pytest.raises(AdapterError, match=str(lora / "adapter_config.json")):
+        weightplan.from_pretrained(base, adapter=lora, device_map="auto", max_memory={"cpu": 0},
+                                   offload_folder=str(tmp_path / "off"))
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_trainable_tokens_run_with_other_modules_on_the_disk(tmp_path, tied):
+    base, lora = _trained(tmp_path, tied, [1, 5])
     expected = _peft(base, lora)(IDS).logits
-    disk = {m: "disk" if m == "model.embed_tokens" else "cpu" for m in LAYOUT}
-    plan = explain_with_adapter(build_empty_model(base).model, base, lora, device=disk,
-                                offload_folder=str(tmp_path / "off"))
-    assert [p.kind for p in plan.problems] == [ProblemKind.ADAPTER]
-    assert "place model.embed_tokens on a device" in plan.problems[0].message
-    with pytest.raises(AdapterError, match="trainable tokens"):
-        plan.execute()
     layer = {m: "disk" if m == "model.layers.0" else "cpu" for m in LAYOUT}
     model = weightplan.from_pretrained(base, adapter=lora, device_map=layer,
                                        offload_folder=str(tmp_path / "off"))
@@ -131,3 +146,21 @@ def test_trainable_tokens_load_into_a_peft_model(tmp_path):
     plan.execute()
     with torch.no_grad():
         assert torch.equal(model(IDS).logits, _peft(base, lora)(IDS).logits)
+
+
+def test_a_placement_for_an_adapter_alone_is_refused(tmp_path):
+    """An adapter alone into a model with it injected loads where its layers' base weights
+    are (was: device_map=, max_memory=, offload_folder= silently ignored)."""
+    from weightplan.errors import ArgumentError
+
+    base, lora = _trained(tmp_path, True, [1, 5])
+    with weightplan.init_empty():
+        model = transformers.AutoModelForCausalLM.from_config(
+            transformers.AutoConfig.from_pretrained(base))
+    model = peft.get_peft_model(model, peft.LoraConfig(
+        r=2, lora_alpha=4, target_modules=["q_proj"], trainable_token_indices=[1, 5]))
+    disk = {m: "disk" if m == "model.embed_tokens" else "cpu" for m in LAYOUT}
+    for words in ({"device_map": disk, "offload_folder": str(tmp_path / "off")},
+                  {"device_map": "auto", "max_memory": {"cpu": 0}}):
+        with pytest.raises(ArgumentError, match="from_pretrained\\(BASE, adapter=ADAPTER_DIR, device_map"):
+            weightplan.explain(model, lora, **words)

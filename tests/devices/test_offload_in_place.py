@@ -322,3 +322,34 @@ def test_a_model_offloaded_from_a_checkpoint_of_another_float_dtype_saves(tmp_pa
     # saying which file holds which, rather than a checkpoint of two dtypes
     with pytest.raises(SaveError, match=r"holds bf16\[32, 32\], not the model's torch.float32"):
         weightplan.save(model, tmp_path / "mapped", mapping="llama")
+
+
+def test_the_disks_buffers_are_counted_beside_a_full_window(saved, tmp_path):
+    """The CPU's planned peak holds the window of staged tensors on their way to the disk
+    and, beside it, the non-persistent buffers of the disk's modules (held in memory
+    whatever the window). Was: the buffers were carved out of a full window (the window
+    counted less by their bytes, the peak short of them); they count apart, never against
+    ``max_memory``."""
+    from weightplan.planner.pipelines.devices import automatic_request, host_costs
+    from weightplan.planner.tensors.schedule.device_plan import _largest_step
+
+    cls, cfg, _, directory = saved["mixtral"]
+    with weightplan.init_empty():
+        model = cls(cfg).eval()
+    plain = weightplan.explain(model, directory, dtype=torch.bfloat16)
+    request = automatic_request("auto", {"cpu": "100KiB"}, tmp_path, model, None)
+    windowed = request.windowed(plain.schedule)
+    window = host_costs(windowed).window + _largest_step(windowed.steps)
+    plan = weightplan.explain(model, directory, device_map="auto", dtype=torch.bfloat16,
+                              max_memory={"cpu": "100KiB"}, offload_folder=tmp_path)
+    placement = plan.options.placement
+    cpu = next(u for u in placement.uses if u.device == "cpu")
+    temporaries = min(host_costs(windowed).temporaries, host_costs(plan.schedule).temporaries)
+    buffers = sum(b.nbytes for n, b in model.named_buffers() if placement.device_of(n) == "disk")
+    assert buffers and placement.offload.staged_bytes >= window  # (the window is full)
+    assert cpu.resident == buffers
+    assert cpu.staging == temporaries + window  # (no CUDA: no pinned pool)
+    assert cpu.peak == cpu.weights + temporaries + window + buffers
+    report = plan.execute()  # (what the load holds, the buffers beside it)
+    held = sum(b.nbytes for b in model.buffers() if b.device.type == "cpu")
+    assert report.peak_bytes + held <= cpu.peak

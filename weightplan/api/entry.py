@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -17,6 +17,7 @@ from weightplan.planner.keys.lookup import Finder, is_transformers_class
 
 if TYPE_CHECKING:
     from weightplan.api.write_plans import WritePlan
+    from weightplan.planner.pipelines.plan import LoadPlanData
     from weightplan.planner.keys.registry import MappingChoice
 
 
@@ -38,15 +39,35 @@ def by_name(mapping: object) -> object:
     return named_choice(mapping)
 
 
-def _explain_adapter(model: torch.nn.Module, checkpoint: object, name: str, mapping: object,
-                     finder: Finder | None, **options: object) -> Plan:
-    """An adapter directory into the adapter ``name`` injected in ``model``."""
+def _explain_adapter(model: torch.nn.Module, checkpoint: object, name: str | None, mapping: object,
+                     **options: Any) -> Plan:
+    """An adapter directory into the adapter ``name`` injected in ``model`` (a directory
+    holding a model too: :func:`_explain_embedded`)."""
     from weightplan.planner.inputs.adapter import read_adapter  # (adapters only)
     from weightplan.planner.pipelines.adapter_load import explain_adapter_load
 
+    if is_adapter_dir(checkpoint) and _holds_model(checkpoint):
+        return _explain_embedded(model, checkpoint, name, mapping, **options)
     adapter = read_adapter(_adapter_dir(checkpoint))
-    return promote(Plan, explain_adapter_load(model, adapter, name=name, mapping=by_name(mapping),
-                                              finder=finder, **options))
+    _placed_with_base(checkpoint, options)
+    kept = {k: options[k] for k in ("tp", "dtype", "budget", "quantization", "threads", "device")}
+    return promote(Plan, explain_adapter_load(model, adapter, name=name or "default", mapping=by_name(mapping),
+                                              finder=bridge_for(model) if mapping is None else None, **kept))
+
+
+def _placed_with_base(checkpoint: object, options: dict[str, Any]) -> None:
+    """An adapter alone goes where its layers' base weights are: a placement (an automatic
+    strategy, the disk, ``max_memory``, ``offload_folder``) is made with the base's load.
+
+    Raises:
+        ArgumentError: a placement asked for (was ignored: the adapter loaded as if none)."""
+    device = options["device"]
+    automatic = isinstance(device, str) and device in ("auto", "balanced", "balanced_low_0", "sequential")
+    disk = isinstance(device, dict) and "disk" in device.values()
+    if automatic or disk or options["max_memory"] is not None or options["offload_folder"] is not None:
+        raise ArgumentError(f"{checkpoint}: an adapter alone loads where its layers' base weights are; "
+                            "device_map=/max_memory=/offload_folder= place a model when its base loads: "
+                            "weightplan.from_pretrained(BASE, adapter=ADAPTER_DIR, device_map=...)")
 
 
 def _adapter_dir(checkpoint: object) -> str:
@@ -96,16 +117,75 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
         >>> plan = explain(model, "ckpt_dir/"); print(plan); plan.execute()  # doctest: +SKIP
     """
     checkpoint = checkpoint if variant is None else _for_variant(checkpoint, variant, adapter_name)
+    options: dict[str, Any] = dict(
+        dtype=dtype, budget=budget, tp=tp, quantization=quantization, threads=threads, max_memory=max_memory,
+        offload_folder=offload_folder, cooperative=cooperative, dequantize_on=dequantize_on,
+        device=device if device_map is None else _device_from_map(device_map, device, tp))
     if model is not None and (adapter_name is not None or is_adapter_dir(checkpoint)):
-        return _explain_adapter(model, checkpoint, adapter_name or "default", mapping,
-                                bridge_for(model) if mapping is None else None, tp=tp, dtype=dtype,
-                                budget=budget, quantization=quantization, threads=threads, device=device)
-    data = explain_load(model, checkpoint, mapping=by_name(mapping), dtype=dtype, budget=budget, tp=tp,
-                        quantization=quantization, threads=threads, max_memory=max_memory,
-                        device=device if device_map is None else _device_from_map(device_map, device, tp),
-                        finder=bridge_for(model) if mapping is None else None, cooperative=cooperative,
-                        offload_folder=offload_folder, dequantize_on=dequantize_on)
+        return _explain_adapter(model, checkpoint, adapter_name, mapping, **options)
+    data = explain_load(model, checkpoint, mapping=by_name(mapping),
+                        finder=bridge_for(model) if mapping is None else None, **options)
     return _dispatchable(promote(Plan, data))
+
+
+def _holds_model(checkpoint: object) -> bool:
+    """Whether an adapter directory holds a model too (``config.json`` beside
+    ``adapter_config.json``: peft's ``save_pretrained`` into the model's directory)."""
+    return isinstance(checkpoint, (str, os.PathLike)) and os.path.isfile(
+        os.path.join(os.fspath(checkpoint), "config.json"))
+
+
+def _explain_embedded(model: torch.nn.Module, directory: object, adapter_name: str | None,
+                      mapping: object, **options: Any) -> Plan:
+    """A directory holding a model and an adapter, into ``model``: a model with no LoRA
+    layers (and no ``adapter_name=``) gets the model's weights, the plan noting the adapter
+    not loaded and how to load it; one with the adapter injected (peft's ``get_peft_model``,
+    ``inject_adapter_in_model``) gets both in one plan, as ``from_pretrained(directory)``."""
+    from weightplan.bridge.config_guard import read_directory
+    from weightplan.planner.inputs.adapter_model import injected_adapters
+
+    read = read_directory(directory)
+    if adapter_name is None and not injected_adapters(model):
+        data = explain_load(model, read, mapping=by_name(mapping),
+                            finder=bridge_for(model) if mapping is None else None, **options)
+        return _dispatchable(promote(Plan, _adapter_left(data, read.directory)))
+    from weightplan.planner.inputs.adapter import read_adapter  # (adapters only)
+    from weightplan.planner.inputs.checkpoint import open_checkpoint
+    from weightplan.planner.pipelines.adapter_load import explain_base_and_adapter
+    from weightplan.planner.pipelines.load import choose_mapping
+
+    target = _peft_inner(model)
+    choice = choose_mapping(by_name(mapping), target, bridge_for(target) if mapping is None else None)
+    data = explain_base_and_adapter(target, open_checkpoint(read), read_adapter(read.directory), choice,
+                                    name=adapter_name or "default", **options)
+    return _dispatchable(promote(Plan, data))
+
+
+def _peft_inner(model: torch.nn.Module) -> torch.nn.Module:
+    """The model peft wraps (a ``PeftModel``'s ``base_model.model``: the base checkpoint's
+    keys name its tensors), else ``model`` (the adapter injected in place)."""
+    from weightplan.planner.inputs.adapter_model import PEFT_PREFIX
+
+    if not type(model).__name__.startswith("Peft"):
+        return model
+    return model.get_submodule(PEFT_PREFIX.removesuffix("."))
+
+
+def _adapter_left(data: LoadPlanData, directory: os.PathLike[str]) -> LoadPlanData:
+    """``data`` noting the adapter beside the model, not loaded into a model without LoRA
+    layers (and warning: ``load`` shows no plan)."""
+    import warnings
+
+    from weightplan.planner.core.problems import Note
+
+    config = os.path.join(os.fspath(directory), "adapter_config.json")
+    said = (f"{config}: the adapter beside the model is not loaded: this model has no LoRA "
+            "layers; to load both, inject it first (peft's get_peft_model or "
+            "inject_adapter_in_model, then explain/load this directory again), or "
+            f"weightplan.from_pretrained({os.fspath(directory)!r})")
+    warnings.warn(said, UserWarning, stacklevel=6)
+    findings = dataclasses.replace(data.findings, notes=data.findings.notes + (Note(config, said),))
+    return dataclasses.replace(data, findings=findings)
 
 
 def _for_variant(checkpoint: object, variant: str, adapter_name: str | None) -> object:

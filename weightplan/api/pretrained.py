@@ -16,8 +16,10 @@
 4. explain with ``dtype="auto"`` (the config's dtype, else the checkpoint's), execute;
 5. like transformers: the model's generation config is read and it is put in eval mode.
 
-``adapter=ADAPTER_DIR`` (``adapter_name="default"``; a directory holding a model and an adapter,
-as transformers with peft: both): a LoRA adapter is injected with peft (the
+``adapter=ADAPTER_DIR`` (a directory or a Hub repo id, resolved as the base's: ``cache_dir``,
+``token``, ``local_files_only`` / ``HF_HUB_OFFLINE``, its revision ``adapter_revision=``;
+``adapter_name="default"``; a directory holding a model and an adapter, as transformers with
+peft: both): a LoRA adapter is injected with peft (the
 ``adapters`` extra) into the model on meta and loaded with the base in one plan and one
 schedule (:mod:`weightplan.api.adapters`); the model keeps its class, as after
 transformers' ``load_adapter``; with ``merge=True`` it is folded into the base weights inside
@@ -63,9 +65,9 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
                     local_files_only: bool = False, token: str | bool | None = None,
                     subfolder: str | None = None, variant: str | None = None, attn_implementation:
                     str | None = None, experts_implementation: str | None = None, generation_config: Any = None,
-                    dequantize: bool | None = None, dequantize_on: str = "auto", model_class: Any = None,
-                    adapter: str | os.PathLike[str] | None = None,
-                    adapter_name: str = "default", merge: bool = False, **transformers_only: Any) -> Any:
+                    dequantize: bool | None = None, dequantize_on: str = "auto", model_class: Any = None, adapter:
+                    str | os.PathLike[str] | None = None, adapter_name: str = "default", adapter_revision: str | None
+                    = None, merge: bool = False, **transformers_only: Any) -> Any:
     """Build the model a checkpoint's ``config.json`` names and load the checkpoint into it.
 
     Args:
@@ -78,11 +80,11 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
         tp: ``"auto"`` or a :class:`TensorParallel`: each rank loads its part of a model
             prepared as transformers' ``tp_plan="auto"`` does (``experts="ep"``: EP), whose
             forward runs across the ranks (under torchrun, the group is started if need be).
-        strict, progress: as :meth:`Plan.execute`; mapping, budget, threads, dequantize_on: as :func:`explain`.
-        return_report / output_loading_info: also return the :class:`LoadReport` / transformers' loading info.
-        revision, cache_dir, local_files_only, token, subfolder, variant, attn_implementation,
-        experts_implementation, generation_config, torch_dtype (deprecated: ``dtype``): as
-            in transformers; others are refused, saying why (:mod:`weightplan.api.keywords`).
+        strict, progress: as :meth:`Plan.execute`; mapping, budget, threads, dequantize_on: as :func:`explain`;
+            adapter (a directory or repo id), adapter_name, adapter_revision, merge: see the module.
+        return_report / output_loading_info: also return the :class:`LoadReport` / transformers' info;
+        revision, cache_dir, local_files_only, token, subfolder, variant, attn_implementation, experts_implementation,
+            generation_config, torch_dtype (``dtype``): as transformers; others refused (:mod:`.keywords`).
 
     Example:
         >>> model = weightplan.from_pretrained("org/tiny-llama", tp="auto")  # doctest: +SKIP
@@ -92,8 +94,8 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
     device, keep, (tensor_parallel, mesh) = (device_from_map(device_map, device, tp),
                                              keeps_quantized(dequantize, dtype, tp, merge), _parallel(tp))
     with _agreed(tensor_parallel):  # (a cooperative load's ranks agree here: none waits in vain)
-        read, adapter = _resolved(name_or_path, adapter, revision=revision, cache_dir=cache_dir, token=token,
-                                  local_files_only=local_files_only, subfolder=subfolder, variant=variant)
+        read, adapter = _resolved(name_or_path, adapter, adapter_revision, revision=revision, cache_dir=cache_dir,
+                                  token=token, local_files_only=local_files_only, subfolder=subfolder, variant=variant)
         builds = (attn_implementation, experts_implementation, model_class, transformers_only.get("trust_remote_code"))
         model = _built(read, tensor_parallel, mesh, builds, progress, (keep, dequantize, dequantize_on), dtype)
     with status(f"planning the load of {read.path}", "planned the load", progress):
@@ -140,12 +142,19 @@ def _alone(tp: object, adapter: object) -> object:
     return tp
 
 
-def _resolved(name_or_path: str | os.PathLike[str], adapter: Any, **hub: Any
-              ) -> tuple[DirectoryRead, Any]:
+def _resolved(name_or_path: str | os.PathLike[str], adapter: Any, adapter_revision: str | None,
+              **hub: Any) -> tuple[DirectoryRead, Any]:
     """The checkpoint with its config read (:func:`read_directory`), and the adapter: an
     adapter directory given loads onto its base, as transformers (with peft) loads it
-    (:func:`~weightplan.api.adapters.adapter_base`: the directory's own model, else its config's)."""
+    (:func:`~weightplan.api.adapters.adapter_base`: the directory's own model, else its config's);
+    ``adapter=`` a local directory or a Hub repo id, resolved as the base's is (its cache,
+    token, offline switches; ``adapter_revision``: its revision, as peft's ``revision=``)."""
     directory = resolve_checkpoint(name_or_path, **hub)
+    if adapter is not None:
+        adapter = resolve_checkpoint(adapter, revision=adapter_revision, cache_dir=hub["cache_dir"],
+                                     local_files_only=hub["local_files_only"], token=hub["token"])
+    elif adapter_revision is not None:
+        raise ArgumentError("adapter_revision= picks the revision of adapter=, and no adapter= was given")
     if adapter is None and (directory / "adapter_config.json").is_file():
         from weightplan.api.adapters import adapter_base, loads_adapter
 

@@ -193,7 +193,7 @@ def with_adapter(data: LoadPlanData, adapter: Adapter, injected: InjectedAdapter
                                    + data.findings.problems,
                                    notes=data.findings.notes + tuple(_shared_only(config, fused)))
     tokens = trainable_tokens(injected)
-    return dataclasses.replace(data, findings=token_findings(findings, data, tokens),
+    return dataclasses.replace(data, findings=token_findings(findings, data, tokens, config.file),
                                adapter=dataclasses.replace(summary, tokens=tokens))
 
 

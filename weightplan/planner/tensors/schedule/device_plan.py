@@ -230,24 +230,24 @@ def _converged(strategy: str, budgets: Sequence[DeviceBudget], inp: FillInput,
     returns the pinned bytes the CPU was given: the pool of the result's CUDA share, or
     (should that pool not settle) at least it: the result is always the fill of the slots
     returned, and the CPU's room covers its pool."""
-    keep_block, disk, pinned = False, 0, 0
+    keep_block, disk, pinned = False, (0, 0), 0
     for _ in range(PASSES):
         slots = _slots(strategy, budgets, inp, host, block if keep_block else 0, disk, pinned)
         result = fill(inp, slots)
-        on_disk = inp.host_bytes_offloaded(frozenset().union(
-            *(inp.tensors(u) for u, d in result.items() if d == DISK)))
-        needed = (keep_block or _offloads(result, budgets), max(disk, min(window, on_disk)),
-                  pinned_of(result))
+        tensors = frozenset().union(*(inp.tensors(u) for u, d in result.items() if d == DISK))
+        on_disk, buffers = inp.host_bytes_offloaded(tensors), inp.resident(tensors)
+        needed = (keep_block or _offloads(result, budgets), (max(disk[0], min(window, on_disk)),
+                  max(disk[1], min(window, on_disk - buffers))), pinned_of(result))
         if needed == (keep_block, disk, pinned):
             return result, slots, pinned
         keep_block, disk, pinned = needed
     for _ in range(PASSES):  # the room kept at its bound; the pool only grows
-        slots = _slots(strategy, budgets, inp, host, block, window, pinned)
+        slots = _slots(strategy, budgets, inp, host, block, (window, window), pinned)
         result = fill(inp, slots)
         if pinned_of(result) <= pinned:
             return result, slots, pinned
         pinned = pinned_of(result)
-    slots = _slots(strategy, budgets, inp, host, block, window, POOL_BOUND)
+    slots = _slots(strategy, budgets, inp, host, block, (window, window), POOL_BOUND)
     return fill(inp, slots), slots, POOL_BOUND
 
 
@@ -314,15 +314,16 @@ def _fp8_reads(step: Step, target: int) -> list[ReadTask]:
 
 
 def _slots(strategy: str, budgets: Sequence[DeviceBudget], inp: FillInput, host: HostCosts,
-           kept: int, disk: int, pinned: int) -> list[Slot]:
+           kept: int, disk: tuple[int, int], pinned: int) -> list[Slot]:
+    """``disk``: host bytes to the disk (a window) with its buffers (0: no block kept) and without."""
     caps = _balanced(strategy, budgets, inp)
     accelerators = [b for b in budgets if b.is_accelerator]
     slots = []
     for b in budgets:
         fixed, room = 0, 0
         if b.device == CPU:
-            room = kept if disk else 0  # (a disk block runs from the CPU's memory)
-            fixed = host.temporaries + pinned + disk
+            room = kept if disk[0] else 0  # (a disk block runs from the CPU's memory)
+            fixed = host.temporaries + pinned + disk[1]
         elif accelerators and b is accelerators[0]:
             room = kept
         slots.append(Slot(b.device, caps.get(b.device, b.budget), fixed + room,
@@ -370,12 +371,10 @@ def _uses(inp: FillInput, result: Mapping[str, str], slots: Sequence[Slot],
     for slot, b in zip(slots, budgets, strict=True):
         tensors = per.get(slot.device, set()) - seen
         seen |= tensors
-        # (non-persistent buffers stay in memory: the disk's are the CPU's, apart)
         weights = inp.bytes_of(frozenset(tensors - buffers if slot.device == DISK else tensors))
         staging, resident = (inp.staging_of(tensors) if slot.accelerator else 0), 0
-        if slot.device == CPU:  # the load's host side
-            resident = min(slot.fixed - slot.kept, inp.bytes_of(frozenset(per.get(DISK, set()) & buffers)))
-            staging = slot.fixed - slot.kept - resident
+        if slot.device == CPU:  # the load's host side; the disk's buffers, held in memory, apart
+            resident, staging = inp.bytes_of(frozenset(per.get(DISK, set()) & buffers)), slot.fixed - slot.kept
         kept = slot.kept if weights else 0  # (a device given nothing runs nothing)
         uses.append(DeviceUse(slot.device, b.budget, weights, staging, kept,
                               counts.get(slot.device, 0), b.present, resident))
