@@ -45,6 +45,8 @@ CASES = [
     ("truncated", ["explain", "truncated", *MIXTRAL], 3, "TruncatedCheckpointError"),
     ("convert a missing source", ["convert", "nothing-here", "out", *MIXTRAL], 3,
      "CheckpointError"),
+    ("recover a missing directory", ["recover", "nothing-here"], 3, "no such directory"),
+    ("recover a file", ["recover", "notes.txt"], 3, "not a directory"),
     ("interrupted save", ["explain", "interrupted", *MIXTRAL], 4, "weightplan recover"),
     ("convert into an interrupted save", ["convert", "good", "interrupted", *MIXTRAL,
                                           "--overwrite"], 4, "InterruptedSaveError"),
