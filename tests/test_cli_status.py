@@ -80,12 +80,26 @@ def test_a_bug_exits_6(error, dirs, capsys, monkeypatch):
     assert "please report" not in capsys.readouterr().out
 
 
+def test_a_directory_another_save_holds_exits_7(dirs, capsys):
+    """(was 2, as every error; a script can wait and run it again)"""
+    from weightplan.executor.dir_lock import directory_lock
+
+    target = dirs / "target"
+    target.mkdir()
+    with directory_lock(target, "save"):
+        assert main(["recover", str(target)]) == 7
+        out, err = capsys.readouterr()
+        assert not out and err.count("\n") == 1 and "ConcurrentSaveError" in err, err
+        assert main(["convert", str(dirs / "good"), str(target), *MIXTRAL]) == 7
+        assert "ConcurrentSaveError" in capsys.readouterr().err
+
+
 def test_every_status_is_in_the_help_and_the_readme():
     from pathlib import Path
 
     epilog = build_parser().epilog
     readme = (Path(__file__).parent.parent / "README.md").read_text()
-    for status in range(7):
+    for status in range(8):
         assert f"\n    {status}    " in epilog, status
         assert f"`{status}`" in readme, status
     assert "weightplan recover DIR" in epilog

@@ -33,7 +33,8 @@ exit status:
     5    any other error (the plan can't be made or run as asked: mapping, model, budget,
          a failed save or convert)
     6    an unexpected error (a bug: please report it with --debug's traceback)
-         (2 to 6: one line on stderr naming the error; --debug adds the traceback)
+    7    another save or recover holds the directory's lock: run it again once it is done
+         (2 to 7: one line on stderr naming the error; --debug adds the traceback)
     120  stdout was closed early (| head)
     130  interrupted (Ctrl-C)
     143  terminated (SIGTERM); like 130, a convert's temporaries are removed first

@@ -13,6 +13,8 @@ tells "fix the command line" from "the checkpoint is bad", "run recover" and "a 
 5     any other weightplan error: the plan can't be made or run as asked (a mapping, the
       model's build, a budget, a save or convert that failed)
 6     an unexpected error inside weightplan or a dependency (a bug: please report it)
+7     another save or ``recover`` holds the directory's lock: run it again once that one is
+      done (:class:`ConcurrentSaveError`, which names the holder)
 120   stdout was closed early (``| head``)
 130   interrupted (Ctrl-C)
 143   terminated (SIGTERM)
@@ -24,10 +26,10 @@ numbers are stable.
 
 from __future__ import annotations
 
-from weightplan.errors import (ArgumentError, CheckpointError, InterruptedSaveError,
-                               UnexpectedError, WeightplanError)
+from weightplan.errors import (ArgumentError, CheckpointError, ConcurrentSaveError,
+                               InterruptedSaveError, UnexpectedError, WeightplanError)
 
-OK, PROBLEMS, USAGE, CHECKPOINT, INTERRUPTED_SAVE, FAILED, BUG = 0, 1, 2, 3, 4, 5, 6
+OK, PROBLEMS, USAGE, CHECKPOINT, INTERRUPTED_SAVE, FAILED, BUG, BUSY = 0, 1, 2, 3, 4, 5, 6, 7
 CLOSED, INTERRUPTED, TERMINATED = 120, 130, 143
 
 
@@ -38,6 +40,8 @@ def error_status(error: BaseException) -> int:
         return BUG
     if isinstance(error, ArgumentError):
         return USAGE
+    if isinstance(error, ConcurrentSaveError):
+        return BUSY
     if isinstance(error, InterruptedSaveError):
         return INTERRUPTED_SAVE
     if isinstance(error, CheckpointError):
