@@ -10,6 +10,8 @@ import weightplan
 from weightplan.cli import main
 from weightplan.errors import PlanError
 
+from tests.test_cli_status import status_of
+
 PYTHON_WORDS = ("max_memory", "offload_folder", "device_map=", "device_map:", "pass the model")
 
 
@@ -59,7 +61,7 @@ def test_device_map_errors_speak_in_flags(llama, capsys, args, says):
     except SystemExit as e:  # argparse's own errors
         code = e.code
     out, err = capsys.readouterr()
-    assert code == 2 and not out and err.count("\n") == 1, err
+    assert code == status_of(err) and not out and err.count("\n") == 1, err
     assert says.format(root=llama) in err, err
     assert not [w for w in PYTHON_WORDS if w in err], err
 
@@ -67,7 +69,7 @@ def test_device_map_errors_speak_in_flags(llama, capsys, args, says):
 @pytest.mark.parametrize("extra", [[], ["--model-type", "llama"]])
 def test_a_device_map_without_a_model_says_what_the_command_needs(llama, capsys, extra):
     where = llama / ("bare" if not extra else "llama")
-    assert main(["explain", str(where), "--device-map", "auto", *extra]) == 2
+    assert main(["explain", str(where), "--device-map", "auto", *extra]) == 5
     err = capsys.readouterr().err
     assert ("--device-map auto places a model's modules: give a checkpoint directory with its "
             "config.json (and no --model-type)") in err, err
@@ -108,7 +110,7 @@ def test_repeated_max_memory_flags_add_up(llama, capsys):
               "--max-memory", "cpu=2GiB", "--max-memory", "cpu=1GiB"])
     assert "cpu is given twice" in capsys.readouterr().err
     assert main(["explain", str(llama / "llama"), "--device-map", "auto",
-                 "--max-memory", "0=60KiB", "--max-memory", "cuda:0=1GiB"]) == 2
+                 "--max-memory", "0=60KiB", "--max-memory", "cuda:0=1GiB"]) == 5
     assert "names cuda:0 twice" in capsys.readouterr().err
 
 
@@ -164,7 +166,7 @@ def test_a_bad_device_map_is_named_by_its_entry(llama, capsys, given, says):
         main(["explain", str(llama / "llama"), "--device-map",
               given.replace("{root}", str(llama))])
     err = capsys.readouterr().err
-    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert e.value.code == status_of(err) == 2 and err.count("\n") == 1, err
     assert f"argument --device-map: {says.replace('{root}', str(llama))}" in err, err
 
 
@@ -179,7 +181,7 @@ def test_budgets_beside_a_dict_map_speak_in_flags(llama, capsys):
     for budget, says in [("cpu=1KiB", "--device-map: cpu would hold "),
                          ("0=1GiB", "--max-memory names cuda:0, where the map puts nothing (it "
                           "uses cpu, disk): drop it from --max-memory, or map modules to it")]:
-        assert main([*argv, budget]) == 2
+        assert main([*argv, budget]) == 5
         out, err = capsys.readouterr()
         assert not out and err.count("\n") == 1 and says in err, err
         assert not [w for w in PYTHON_WORDS if w in err], err

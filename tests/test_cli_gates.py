@@ -48,7 +48,7 @@ def test_a_clean_plan_exits_0_and_an_error_2(tmp_path, capsys):
     saved("llama", tmp_path / "ok")
     assert main(["explain", str(tmp_path / "ok")]) == 0
     assert "problems: none" in capsys.readouterr().out
-    assert main(["explain", str(tmp_path / "nothing-here")]) == 2
+    assert main(["explain", str(tmp_path / "nothing-here")]) == 3
 
 
 def test_the_exit_statuses_are_documented():
@@ -116,16 +116,16 @@ def test_convert_writes_a_model_directory_from_the_config_model_type(tmp_path, c
 
 def test_convert_wording_and_the_refused_config(tmp_path, capsys):
     src = write_checkpoint(tmp_path / "src", moe_checkpoint())
-    assert main(["convert", str(src), str(tmp_path / "o")]) == 2
+    assert main(["convert", str(src), str(tmp_path / "o")]) == 5
     assert "names a model_type" in capsys.readouterr().err
     assert main(["convert", str(src), str(tmp_path / "o"), "--model-type", "mixtral"]) == 0
-    assert main(["convert", str(src), str(tmp_path / "o"), "--model-type", "mixtral"]) == 2
+    assert main(["convert", str(src), str(tmp_path / "o"), "--model-type", "mixtral"]) == 5
     err = capsys.readouterr().err
     assert "pass --overwrite" in err and "overwrite=True" not in err
     saved("llama", tmp_path / "llama")
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "config.json").write_text("{}")
-    assert main(["convert", str(tmp_path / "llama"), str(tmp_path / "mine")]) == 2
+    assert main(["convert", str(tmp_path / "llama"), str(tmp_path / "mine")]) == 5
     assert "config.json exists and differs" in capsys.readouterr().err
     assert (tmp_path / "mine" / "config.json").read_text() == "{}"
 

@@ -1,6 +1,7 @@
 """The README's command-line block, run line by line as a user copies it (placeholders replaced
 by tiny checkpoints that transformers' and peft's own ``save_pretrained`` wrote), and the
-command line's answers to bad input: one line on stderr, exit status 2, no traceback."""
+command line's answers to bad input: one line on stderr, its class's exit status (2 for bad
+arguments, 3 an unreadable checkpoint, 5 another error), no traceback."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from weightplan.cli import main
+
+from tests.test_cli_status import status_of
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -76,7 +79,7 @@ def test_every_readme_cli_line_runs(user_dirs, capsys):
         out, err = capsys.readouterr()
         if line.startswith("weightplan convert") and "--dequantize" in line:
             # these fixtures are not quantized: the command says so in one line
-            assert code == 2 and err.count("\n") == 1 and "nothing to dequantize" in err, err
+            assert code == 5 and err.count("\n") == 1 and "nothing to dequantize" in err, err
             continue
         assert code == 0, f"{line}: exit {code}\n{err}"
         assert "Traceback" not in err and out, line
@@ -145,7 +148,7 @@ def test_every_readme_cli_line_runs(user_dirs, capsys):
      "SaveError: {root}/pickle holds other files (config.json, pytorch_model.bin)"),
     (["demo", "--dir", "{root}/pickle/config.json"], "not a directory"),
 ])
-def test_bad_input_is_one_line_and_exit_2(user_dirs, capsys, args, says):
+def test_bad_input_is_one_line_and_its_status(user_dirs, capsys, args, says):
     pickle = user_dirs / "pickle"
     pickle.mkdir(exist_ok=True)
     (pickle / "pytorch_model.bin").write_bytes(b"\x80\x02}q\x00.")  # never unpickled
@@ -158,7 +161,7 @@ def test_bad_input_is_one_line_and_exit_2(user_dirs, capsys, args, says):
     except SystemExit as e:  # argparse's own errors leave through SystemExit
         code = e.code
     out, err = capsys.readouterr()
-    assert code == 2 and not out, out  # (refused before a plan is printed)
+    assert code == status_of(err) and not out, (out, err)  # (refused before a plan is printed)
     assert err.count("\n") == 1 and "Traceback" not in err and "usage:" not in err, err
     assert says.format(root=user_dirs) in err, err
 
@@ -167,7 +170,7 @@ def test_convert_without_a_mapping_says_the_flag(tmp_path, capsys):
     from tests.conftest import moe_checkpoint, write_checkpoint
 
     source = write_checkpoint(tmp_path / "c", moe_checkpoint())
-    assert main(["convert", str(source), str(tmp_path / "out")]) == 2
+    assert main(["convert", str(source), str(tmp_path / "out")]) == 5
     err = capsys.readouterr().err
     assert "MappingError" in err and "--model-type NAME" in err and "mapping=" not in err
 

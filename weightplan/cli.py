@@ -13,10 +13,10 @@ import threading
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from weightplan.cli_parser import build_parser
+from weightplan.cli_status import (CLOSED, INTERRUPTED, OK, PROBLEMS, TERMINATED,
+                                   error_status)
 from weightplan.cli_words import cli_wording
 from weightplan.errors import WeightplanError
-
-OK, PROBLEMS, ERROR, CLOSED, INTERRUPTED, TERMINATED = 0, 1, 2, 120, 130, 143  # (see above)
 
 if TYPE_CHECKING:
     from torch import nn
@@ -95,7 +95,7 @@ def _run(args: argparse.Namespace) -> int:
             kind = f"unexpected {kind}"
         message = cli_wording(" ".join(str(e).split()))
         print(f"weightplan: error: {kind}: {_safe(message)}", file=sys.stderr)
-        return ERROR
+        return error_status(e)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -26,7 +26,15 @@ exit status:
     0    done; the plan has no problems
     1    the plan has problems (missing or unexpected keys, shape mismatches, tensor-parallel
          problems): printed, nothing loaded; --allow-problems exits 0 anyway
-    2    an error (one line on stderr; --debug adds the traceback), or bad arguments
+    2    bad arguments (an unknown flag or value, a flag without the one it needs)
+    3    the checkpoint can't be read (no such path nor Hub repo, not safetensors, a corrupt
+         or truncated header, a missing shard)
+    4    the directory holds an interrupted save: run weightplan recover DIR
+    5    any other error (the plan can't be made or run as asked: mapping, model, budget,
+         a failed save or convert)
+    6    an unexpected error (a bug: please report it with --debug's traceback)
+    7    another save or recover holds the directory's lock: run it again once it is done
+         (2 to 7: one line on stderr naming the error; --debug adds the traceback)
     120  stdout was closed early (| head)
     130  interrupted (Ctrl-C)
     143  terminated (SIGTERM); like 130, a convert's temporaries are removed first
@@ -142,16 +150,16 @@ def _explain_parser(exp: argparse.ArgumentParser) -> None:
                      help="where FP8 dequantizes run: on the destination device after the "
                           "copy (FP8 bytes + scales over the bus), or on the host before it; "
                           "auto (default): on the device when it is a GPU")
-    exp.add_argument("--budget", help="memory the load may add at most, e.g. 8GiB")
+    exp.add_argument("--budget", type=_size("--budget"), help="memory the load may add at most, e.g. 8GiB")
     exp.add_argument("--variant", help="the weight variant's files (fp16: model.fp16."
                      "safetensors, or the shards model.safetensors.index.fp16.json names), "
                      "as transformers' from_pretrained(variant=...); with an adapter: its "
                      "base's")
     exp.add_argument("--json", action="store_true", help="print plan.to_dict() as JSON")
     exp.add_argument("--width", type=int, default=None, help="text width")
-    exp.add_argument("--svg", metavar="PATH",
+    exp.add_argument("--svg", metavar="PATH", type=_picture_path,
                      help="draw the plan graph (.svg/.png/.pdf with graphviz, or .dot)")
-    exp.add_argument("--timeline", metavar="PATH", help="draw the memory timeline (.svg)")
+    exp.add_argument("--timeline", metavar="PATH", type=_picture_path, help="draw the memory timeline (.svg)")
     exp.add_argument("--detail", choices=("grouped", "full"), default=None,
                      help="graph detail (default: grouped; full with --only)")
     exp.add_argument("--fold", action=argparse.BooleanOptionalAction, default=None,
@@ -218,6 +226,7 @@ def _convert_parser(conv: argparse.ArgumentParser) -> None:
     conv.add_argument("--reverse", action="store_true",
                       help="apply the inverse mapping (model layout back to the original)")
     conv.add_argument("--max-shard-size", default="5GB", metavar="SIZE",
+                      type=_size("--max-shard-size"),
                       help="largest output file: bytes or a size like 200KB, 5GB, 2GiB "
                            "(default 5GB); a bigger tensor gets a file of its own")
     conv.add_argument("--overwrite", action="store_true",
@@ -231,12 +240,44 @@ def _convert_parser(conv: argparse.ArgumentParser) -> None:
                       help="re-encode MXFP4 (gpt-oss) as 128×128 block FP8 with float32 "
                            "weight_scale_inv, losslessly (a block that can't be exact is an "
                            "error), keys as they are (unless --mapping)")
-    conv.add_argument("--budget", help="memory the conversion may hold at most (reads in "
+    conv.add_argument("--budget", type=_size("--budget"), help="memory the conversion may hold at most (reads in "
                       "flight, outputs not yet written), e.g. 2GiB; too small: an error "
                       "naming the minimum")
-    conv.add_argument("--threads", type=int, default=4, metavar="N",
+    conv.add_argument("--threads", type=_threads, default=4, metavar="N",
                       help="threads reading and writing tensors (default 4; 0: all in this "
                            "thread)")
+
+
+def _size(flag: str) -> Any:
+    """A size flag's check (``--budget lots`` is bad arguments, exit 2, said before any
+    work); the text is passed on as given."""
+    def checked(text: str) -> str:
+        from weightplan.errors import PlanError
+        from weightplan.units import parse_bytes
+
+        try:
+            parse_bytes(text, what=flag)
+        except PlanError as e:
+            raise argparse.ArgumentTypeError(str(e)) from e
+        return text
+    return checked
+
+
+def _threads(text: str) -> int:
+    """``--threads N``: 0 or more."""
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"--threads must be a non-negative int, got {text}")
+    return int(text)
+
+
+def _picture_path(text: str) -> str:
+    """``--svg`` / ``--timeline``: a path in a directory that exists (refused before the
+    plan, not after it is printed)."""
+    parent = Path(text).parent
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: no directory {str(parent)!r} to write it "
+                                         "in; create it first")
+    return text
 
 
 def _ranks(text: str) -> int:

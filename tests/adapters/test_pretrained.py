@@ -117,7 +117,7 @@ def test_cli_base_from_the_config(tmp_path, capsys):
 
 
 def test_cli_without_a_base_says_what_to_do(mixtral, capsys):
-    assert main(["explain", str(mixtral / "v4")]) == 2
+    assert main(["explain", str(mixtral / "v4")]) == 5
     assert "--base" in capsys.readouterr().err
 
 
@@ -281,7 +281,7 @@ def test_a_modules_to_save_copy_takes_the_asked_dtype_as_peft_casts_it(tmp_path,
 def test_cli_base_and_adapter_swapped_says_so(mixtral, capsys):
     """'weightplan explain BASE --base ADAPTER' said 'no config.json to build a model
     from; pass --model-type' about the adapter directory."""
-    assert main(["explain", str(mixtral / "base"), "--base", str(mixtral / "v4")]) == 2
+    assert main(["explain", str(mixtral / "base"), "--base", str(mixtral / "v4")]) == 5
     err = capsys.readouterr().err
     assert "is an adapter directory" in err and "weightplan explain" in err
     assert "--model-type" not in err

@@ -234,7 +234,7 @@ def test_a_convert_into_an_interrupted_directory_is_refused_before_its_plan(tmp_
     source = tmp_path / "src"
     _save(source, 7.0, "1GB", overwrite=False)
     assert main(["convert", str(source), str(directory), "--model-type", "mixtral",
-                 "--overwrite"]) == 2
+                 "--overwrite"]) == 4
     out, err = capsys.readouterr()
     assert not out and err.count("\n") == 1 and "InterruptedSaveError" in err, (out, err)
     assert err.rstrip().endswith("then save again"), err

@@ -65,7 +65,7 @@ def _with_config(llama_dir, tmp_path, **changes):
                                           ("num_local_experts", 10**9)])
 def test_a_config_asking_for_unbounded_layers_is_refused(llama_dir, tmp_path, field, value):
     result = _cli("explain", str(_with_config(llama_dir, tmp_path, **{field: value})))
-    assert result.returncode == 2, result.stderr
+    assert result.returncode == 5, result.stderr
     assert "ModelBuildError" in result.stderr and field in result.stderr
     limit = "WEIGHTPLAN_MAX_EXPERTS" if "experts" in field else "WEIGHTPLAN_MAX_LAYERS"
     assert limit in result.stderr
@@ -83,7 +83,7 @@ def test_the_layer_limit_can_be_raised(llama_dir, tmp_path, monkeypatch):
 
 def test_a_million_ranks_are_refused(llama_dir):
     result = _cli("explain", str(llama_dir), "--tp", "1000000")
-    assert result.returncode == 2, result.stderr
+    assert result.returncode == 5, result.stderr
     assert "ParallelError" in result.stderr and "WEIGHTPLAN_MAX_RANKS" in result.stderr
 
 

@@ -51,7 +51,7 @@ def test_a_journal_that_is_no_regular_small_file_is_a_typed_error_at_once(tmp_pa
         result = _recover_in_child(directory)
     except subprocess.TimeoutExpired:
         pytest.fail("recover blocked on the journal")
-    assert result.returncode == 2, result.stderr
+    assert result.returncode == 4, result.stderr
     assert "InterruptedSaveError" in result.stderr and JOURNAL_NAME in result.stderr
     assert "MemoryError" not in result.stderr
     journal.unlink()

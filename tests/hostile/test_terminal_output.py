@@ -56,7 +56,7 @@ def test_cli_explain_escapes_keys(tmp_path):
 def test_cli_errors_and_recover_escape_what_they_print(tmp_path):
     bad = {"x\x1b]0;owned\x07\u202e": entry("F99", [2], 0, 8)}  # an unknown dtype
     result = run_cli("explain", str(write(tmp_path / "bad.safetensors", raw_file(bad, bytes(8)))))
-    assert result.returncode == 2 and "HeaderError" in result.stderr, result.stderr
+    assert result.returncode == 3 and "HeaderError" in result.stderr, result.stderr
     assert _unseen(result.stderr.rstrip("\n")) == [] and "\\x1b]0;owned\\x07\\u202e" in result.stderr
     directory = tmp_path / "dir\x1b[2J\u202e"
     directory.mkdir()

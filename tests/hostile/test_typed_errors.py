@@ -126,7 +126,7 @@ def test_cli_unexpected_errors_are_one_line_too(monkeypatch, capsys):
         raise ZeroDivisionError("surprise\nsecond line")
 
     monkeypatch.setattr(cli, "_dispatch", boom)
-    assert cli.main(["mappings"]) == 2
+    assert cli.main(["mappings"]) == 6
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unexpected ZeroDivisionError: surprise second line" in err
 

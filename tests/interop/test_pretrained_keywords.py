@@ -216,6 +216,16 @@ def test_transformers_defaults_load_as_without_them(llama):
     assert torch.equal(output(model, inputs), output(pretrained(cls, directory), inputs))
 
 
+def test_transformers_private_keywords_are_taken(llama):
+    """transformers pops ``_commit_hash`` (read by nothing in 5.x), ``_from_auto`` and
+    ``_from_pipeline`` (its Hub user agent), which its auto classes and ``pipeline()``
+    pass; were refused as 'config overrides are not applied', which they aren't."""
+    directory, cls, inputs = llama
+    model = weightplan.from_pretrained(directory, _commit_hash="0" * 40, _from_auto=True,
+                                       _from_pipeline="text-generation")
+    assert torch.equal(output(model, inputs), output(pretrained(cls, directory), inputs))
+
+
 @pytest.mark.parametrize("keyword, value, says", [
     ("ignore_mismatched_sizes", True, "plan.mismatched"),
     ("weights_only", False, "nothing is unpickled"),

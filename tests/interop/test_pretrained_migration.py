@@ -167,7 +167,7 @@ def test_cli_explain_variant(variants, capsys):
     from weightplan.cli import main
 
     directory, _, _ = variants
-    assert main(["explain", str(directory)]) == 2
+    assert main(["explain", str(directory)]) == 3
     assert "--variant bf16" in capsys.readouterr().err
     assert main(["explain", str(directory), "--variant", "fp16"]) == 0
     out = capsys.readouterr().out

@@ -65,7 +65,7 @@ def test_a_path_that_is_no_repo_id(ckpts):
 
 def test_the_cli_says_the_same(ckpts, monkeypatch, capsys):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert main(["explain", "ckpts/lama"]) == 2
+    assert main(["explain", "ckpts/lama"]) == 3
     err = capsys.readouterr().err
     assert "CheckpointError: ckpts/lama: no local file or directory of that name (did you mean" \
            " ckpts/llama?)" in err

@@ -72,7 +72,7 @@ def test_cli_adapter_with_a_variant_base(variants, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "(3 files, 29 tensors" in out, out  # two fp16 shards + the adapter
     assert "problems: none" in out and "--variant fp16" in out  # (the bf16 file's note)
-    assert main(["explain", lora, "--base", str(directory)]) == 2  # the base's two variants
+    assert main(["explain", lora, "--base", str(directory)]) == 3  # the base's two variants
     assert "pass --variant bf16" in capsys.readouterr().err
     oracle = peft.PeftModel.from_pretrained(pretrained(cls, directory, variant="fp16"), lora)
     model = weightplan.from_pretrained(directory, variant="fp16", adapter=lora)
@@ -88,7 +88,7 @@ def test_convert_takes_variant(variants, tmp_path, capsys):
     import weightplan
 
     directory, cls, inputs = variants
-    assert main(["convert", str(directory), str(tmp_path / "none"), "--dry-run"]) == 2
+    assert main(["convert", str(directory), str(tmp_path / "none"), "--dry-run"]) == 3
     assert "pass --variant bf16" in capsys.readouterr().err
     assert main(["convert", str(directory), str(tmp_path / "out"), "--variant", "fp16"]) == 0
     theirs = pretrained(cls, directory, variant="fp16")

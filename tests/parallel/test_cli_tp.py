@@ -32,7 +32,7 @@ def test_explain_tp_needs_a_model(tmp_path, capsys):
     import torch
 
     ckpt = write_checkpoint(tmp_path / "c", {"w": torch.zeros(2)})
-    assert main(["explain", str(ckpt), "--tp", "2"]) == 2
+    assert main(["explain", str(ckpt), "--tp", "2"]) == 5
     assert "--tp needs the model" in capsys.readouterr().err
 
 
@@ -81,7 +81,7 @@ def test_explain_tp_cooperative_json_rows_read_the_checkpoint_about_once(tp_chec
 
 def test_explain_nodes_must_split_the_ranks(tp_checkpoints, capsys):
     assert main(["explain", str(tp_checkpoints["llama"]), "--tp", "4", "--cooperative",
-                 "--nodes", "3"]) == 2
+                 "--nodes", "3"]) == 5
     assert "3 nodes: the 4 ranks" in capsys.readouterr().err
 
 

@@ -28,7 +28,9 @@ keyword                            here
 ``use_safetensors``                ``True`` accepted; ``False`` refused: pickles are never read
 ``low_cpu_mem_usage``, ``_fast_init``, ignored, any value, as transformers 5 ignores them
 ``offload_state_dict``, ``mirror``,  (weightplan always loads with low memory use and never
-``from_tf``, ``from_flax``           stages the state dict; only safetensors are read)
+``from_tf``, ``from_flax``,          stages the state dict; only safetensors are read)
+``_commit_hash``, ``_from_auto``,
+``_from_pipeline``
 ``tp_plan``, ``tp_size``,          refused: ``tp="auto"`` or ``tp=TensorParallel(...)``
 ``distributed_config``, ``device_mesh``
 ``offload_buffers``                refused (``False`` accepted): buffers stay on the
@@ -142,8 +144,10 @@ REFUSED = {
 # transformers 5 pops these from ``from_pretrained``'s keywords without reading them (no
 # warning): any value asks for nothing there, and here (weightplan loads with low memory use,
 # never initializes what it loads, reads safetensors only, never stages the state dict)
+# (and its private words, which its auto classes and pipeline() pass: ``_commit_hash``,
+# read by nothing in 5.x, ``_from_auto`` / ``_from_pipeline``, the Hub request's user agent)
 IGNORED = ("low_cpu_mem_usage", "_fast_init", "offload_state_dict", "mirror", "from_tf",
-           "from_flax")
+           "from_flax", "_commit_hash", "_from_auto", "_from_pipeline")
 
 
 RENAMED = {  # transformers' word → weightplan's, for the functions that don't take it

@@ -28,7 +28,8 @@ import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from weightplan.errors import InterruptedSaveError, SaveError, WeightplanError
+from weightplan.errors import (CheckpointError, InterruptedSaveError, SaveError,
+                               WeightplanError)
 from weightplan.executor.dir_lock import directory_lock
 from weightplan.executor.journal import (
     PARTIAL, Journal, create_exclusive, new_token, temp_name, write_synced,
@@ -149,8 +150,10 @@ def recover(directory: str | os.PathLike) -> str:
         What was done, in words.
     """
     path = Path(directory)
-    if not path.is_dir():
-        raise SaveError(f"{path}: not a directory")
+    if not path.is_dir():  # (as a load of it says: a checkpoint path that isn't there)
+        what = "not a directory" if path.exists() else "no such directory"
+        raise CheckpointError(f"{what}; recover takes the directory a save was writing",
+                              file=str(path))
     with directory_lock(path, "recover"):
         if not os.path.lexists(path / JOURNAL_NAME):
             orphans = remove_orphans(path)
