@@ -225,8 +225,8 @@ def lone_step(conv: Conversion, piece_bytes: int = PIECE_BYTES) -> Step | None:
     stream = nodes[1].inputs if len(nodes) == 3 else sink.inputs
     dest = sink.attrs.dest  # type: ignore[union-attr]
     if len(sources) != 1 or len(sources[0]) != 1 or len(stream) != 1 or stream[0] is not read \
-            or sink.inputs[0] is not nodes[-2] or read.attrs.source != _ORIGIN \
-            or dest.kind is DestKind.DISCARD:  # type: ignore[union-attr]
+            or sink.inputs[0] is not nodes[-2] or dest.kind is DestKind.DISCARD \
+            or read.attrs.source != _ORIGIN:  # type: ignore[union-attr]
         return None
     dests = (dest,)
     reads = placed_reads((stream,), ((_whole(dest.spec.shape, dest.stride, 0),),), dests,
