@@ -33,6 +33,8 @@ class DestKind(Enum):
     MEMORY = "memory"  # a new tensor returned to the caller (in-memory convert / revert)
     DISCARD = "discard"  # computed by a shared op but not kept (unexpected, tied, mismatched)
 
+    __hash__ = object.__hash__  # (singletons: a C-level hash, as NodeKind's; one per step)
+
 
 ALLOCATED = frozenset((DestKind.ALLOCATE, DestKind.MEMORY))  # allocated, then resident
 
@@ -81,6 +83,8 @@ class TargetStatus(Enum):
     UNEXPECTED = "unexpected"  # no such model tensor
     MISMATCH = "mismatch"  # converted shape differs from the model's
     TIED_DUPLICATE = "tied"  # another name of the same tied tensor is loaded instead
+
+    __hash__ = object.__hash__  # (singletons: a C-level hash, as NodeKind's; one per target)
 
 
 class SinkKind(Enum):

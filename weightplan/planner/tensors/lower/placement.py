@@ -201,9 +201,47 @@ def plan_step(conv: Conversion, piece_bytes: int = PIECE_BYTES, fronts: Fronts |
               ) -> Step:
     """Destinations from the sinks, then fragments pushed back through the ops as far as
     they go; reads land where the fragments say. ``fronts``: the stages of conversions
-    lowered before, reused where this one's are the same nodes."""
+    lowered before, reused where this one's are the same nodes. A plain key's conversion
+    (one read, a cast at most, one sink: :data:`_LONE`, the one test) is lowered by
+    :func:`lone_step` to the step this gives it, without its stages."""
     nodes = conv.nodes
     kinds = list(map(_KIND, nodes))
+    if kinds in _LONE:
+        lone = lone_step(conv, piece_bytes)
+        if lone is not None:
+            return lone
+    return staged_step(conv, kinds, piece_bytes, fronts)
+
+
+_LONE = ([NodeKind.READ, NodeKind.SINK], [NodeKind.READ, NodeKind.CAST, NodeKind.SINK])
+
+
+def lone_step(conv: Conversion, piece_bytes: int = PIECE_BYTES) -> Step | None:
+    """A plain key's step: its read lands whole in its sink's destination (through the cast,
+    unchanged). ``None`` where the nodes are not one source's read feeding its sink, or
+    the sink is discarded: :func:`staged_step` lowers (or refuses) those."""
+    nodes, sources = conv.nodes, conv.group.sources
+    read, sink = nodes[0], nodes[-1]
+    stream = nodes[1].inputs if len(nodes) == 3 else sink.inputs
+    dest = sink.attrs.dest  # type: ignore[union-attr]
+    if len(sources) != 1 or len(sources[0]) != 1 or len(stream) != 1 or stream[0] is not read \
+            or sink.inputs[0] is not nodes[-2] or dest.kind is DestKind.DISCARD \
+            or read.attrs.source != _ORIGIN:  # type: ignore[union-attr]
+        return None
+    dests = (dest,)
+    reads = placed_reads((stream,), ((_whole(dest.spec.shape, dest.stride, 0),),), dests,
+                         piece_bytes)
+    return Step(conv.label, nodes[-1:], _staging(dests, reads, False), reads, (stream,), (), ())
+
+
+_ORIGIN = (0, 0)
+
+
+def staged_step(conv: Conversion, kinds: list[NodeKind], piece_bytes: int = PIECE_BYTES,
+                fronts: Fronts | None = None) -> Step:
+    """:func:`plan_step` through the conversion's stages (any conversion; ``kinds``: its
+    nodes' kinds)."""
+    nodes = conv.nodes
     values, specs = _front(conv, kinds) if fronts is None else fronts.of(conv, kinds)
     sinks = _sinks(nodes, kinds)
     written, dests = _written(sinks)
