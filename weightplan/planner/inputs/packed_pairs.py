@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from itertools import chain, compress, islice, repeat
-from operator import add, and_, attrgetter, is_not, itemgetter
+from operator import add, and_, attrgetter, getitem, is_not, itemgetter
 from typing import cast
 
 import torch
@@ -311,11 +311,11 @@ def _stack(template: str, positions: list[int], keys: list[str],
     else:
         return None
     cut = len(next(iter(suffixes.values())))
-    bases = [k[:-cut] for k in members]
+    bases = _cut(members, cut)
     # the logical key: the stored key less the part of its suffix past the logical one
     # (each stored suffix starts with its logical suffix: ``.weight_packed``, ``.weight``)
     drop = cut - len(logical)
-    logicals = bases if drop == cut else members if not drop else [k[:-drop] for k in members]
+    logicals = bases if drop == cut else members if not drop else _cut(members, drop)
     base_template = template[:-cut]
     if config.digit_blind:
         schemes = [config.scheme_for(module_of(base_template))] * len(members)
@@ -330,6 +330,11 @@ def _stack(template: str, positions: list[int], keys: list[str],
         role: list(map(entries.get, names[role])) for role in names if role != stored}
     parts = {stored: list(map(in_order.__getitem__, positions)), **parts}
     return _Stack(positions, bases, logicals, schemes, suffixes, parts)
+
+
+def _cut(keys: list[str], count: int) -> list[str]:
+    """Each key less its last ``count`` characters (sliced at C speed)."""
+    return list(map(getitem, keys, repeat(slice(None, -count))))
 
 
 def _mxfp4_module(base: str) -> str:
