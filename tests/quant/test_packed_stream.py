@@ -88,3 +88,21 @@ def test_a_merged_stack_of_packed_experts_is_cut_straight_from_its_nodes(tmp_pat
     moved = dataclasses.replace(conv, nodes=reversed_reads)
     assert ir_stages._as_built(moved.nodes, (len(entries),), [n.kind for n in moved.nodes]) \
         is None and stages(moved) == _definition(moved)
+
+
+@pytest.mark.parametrize("kind", ["int", "int-asym", "nvfp4", "modelopt"])
+def test_weights_of_one_shape_share_one_spec_across_key_templates(tmp_path_factory, kind):
+    """The weights of one logical shape span several key templates (``gate_proj`` and
+    ``up_proj``; a layer's ``experts.1`` and ``experts.11``: paired a template at a time),
+    and hold one spec object: the passes that tell specs apart by identity first (a
+    merge's stacked specs, the lowering's stack geometry) see one spec, not one per
+    template."""
+    _, pairing = pairing_of(tmp_path_factory, kind)
+    specs: dict[tuple[int, ...], set[int]] = {}
+    templates: dict[tuple[int, ...], set[str]] = {}
+    for w in pairing.stored:
+        specs.setdefault(tuple(w.spec.shape), set()).add(id(w.spec))
+        templates.setdefault(tuple(w.spec.shape), set()).add(
+            "".join("1" if c.isdigit() else c for c in w.key))
+    assert any(len(t) > 1 for t in templates.values())
+    assert all(len(ids) == 1 for ids in specs.values())

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice, repeat
 from typing import Any, TypeVar
 
@@ -45,6 +45,16 @@ def fill(objects: Sequence[Any], setters: Sequence[Callable[[Any, Any], None]],
     :func:`slot_setters`); the caller writes every slot the class has."""
     for setter, column in zip(setters, values, strict=True):
         deque(map(setter, objects, column), maxlen=0)  # runs each map to its end
+
+
+def once(values: Sequence[T], judge: Callable[[T], Any]) -> Iterator[Any]:
+    """``map(judge, values)`` with each distinct object judged once (told by identity: a
+    stack's rows share a few spec and scheme objects; ``judge`` says the same of equal
+    values)."""
+    if values and values.count(values[0]) == len(values):  # (one object: C speed)
+        return repeat(judge(values[0]), len(values))
+    verdicts = {id(v): judge(v) for v in dict(zip(map(id, values), values, strict=True)).values()}
+    return map(verdicts.__getitem__, map(id, values))
 
 
 def slot_setters(cls: type, names: Iterable[str]) -> tuple[Callable[[Any, Any], None], ...]:

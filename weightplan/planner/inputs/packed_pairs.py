@@ -28,31 +28,23 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from itertools import chain, compress, islice, repeat
-from operator import add, and_, attrgetter, is_not, itemgetter
+from operator import add, and_, attrgetter, getitem, is_not, itemgetter
 from typing import cast
 
 import torch
 
 from weightplan.planner.core.entry import TensorEntry
-from weightplan.planner.core.quant.formats import Scheme, companion_shapes, logical_shape
-from weightplan.planner.core.spec import TensorSpec, short_dtype
+from weightplan.planner.core.makers import once
+from weightplan.planner.core.quant.formats import Scheme
+from weightplan.planner.core.spec import TensorSpec
 from weightplan.planner.inputs.small_reads import INTEGER_CODES
+from weightplan.planner.inputs.packed_check import pair_one as _pair
 from weightplan.planner.inputs.packed_weight import PackedWeight, packed_weights
 from weightplan.planner.inputs.packed_problems import PackedProblem, shadowed, strays, unmatched_ignores
 from weightplan.planner.inputs.quant_formats import FormatConfig
 
 F8 = torch.float8_e4m3fn
-_SCALES = (torch.float32, torch.bfloat16, torch.float16)
-# role → the dtypes the format allows
-_DTYPES: dict[str, dict[str, tuple[torch.dtype, ...]]] = {
-    "mxfp4": {"blocks": (torch.uint8,), "scales": (torch.uint8,)},
-    "fp8": {"weight": (F8,), "scale": _SCALES},
-    "int": {"packed": (torch.int32,), "scale": _SCALES, "zero": (torch.int32,),
-            "g_idx": (torch.int32, torch.int64)},
-    "nvfp4": {"packed": (torch.uint8,), "scale": (F8,), "global": (torch.float32,)},
-}
 ReadSmall = Callable[[Sequence[TensorEntry]], list[tuple[int, ...]]]  # a batch's values
-ReadOne = Callable[[TensorEntry], Sequence[int]]
 
 
 @dataclass(frozen=True)
@@ -175,9 +167,9 @@ class _Stack:
         shapes = self.parts.get("shape")
         if shapes is None:
             return [], []
-        rows = [i for i, (e, s) in enumerate(zip(shapes, self.schemes, strict=True))
-                if e is not None and s is not None and s.format == "int"
-                and e.spec.dtype in INTEGER_CODES and len(e.spec.shape) == 1]
+        specs = list(map(getattr, shapes, repeat("spec"), repeat(None)))  # (None: absent)
+        rows = list(compress(range(len(shapes)), map(and_, once(specs, _int_vector),
+                                                     once(self.schemes, _pack_quantized))))
         return rows, cast(list[TensorEntry], list(map(shapes.__getitem__, rows)))
 
     def paired(self, entries: Mapping[str, TensorEntry], values: list[Sequence[int] | None],
@@ -276,6 +268,14 @@ def _layouts(columns: list[list]) -> Sequence[tuple]:
     return list(zip(*columns, strict=True))
 
 
+def _int_vector(spec: TensorSpec | None) -> bool:
+    return spec is not None and spec.dtype in INTEGER_CODES and len(spec.shape) == 1
+
+
+def _pack_quantized(scheme: Scheme | None) -> bool:
+    return scheme is not None and scheme.format == "int"
+
+
 def _spec_of(entry: TensorEntry | None) -> TensorSpec | None:
     return None if entry is None else entry.spec
 
@@ -311,11 +311,11 @@ def _stack(template: str, positions: list[int], keys: list[str],
     else:
         return None
     cut = len(next(iter(suffixes.values())))
-    bases = [k[:-cut] for k in members]
+    bases = _cut(members, cut)
     # the logical key: the stored key less the part of its suffix past the logical one
     # (each stored suffix starts with its logical suffix: ``.weight_packed``, ``.weight``)
     drop = cut - len(logical)
-    logicals = bases if drop == cut else members if not drop else [k[:-drop] for k in members]
+    logicals = bases if drop == cut else members if not drop else _cut(members, drop)
     base_template = template[:-cut]
     if config.digit_blind:
         schemes = [config.scheme_for(module_of(base_template))] * len(members)
@@ -332,69 +332,14 @@ def _stack(template: str, positions: list[int], keys: list[str],
     return _Stack(positions, bases, logicals, schemes, suffixes, parts)
 
 
+def _cut(keys: list[str], count: int) -> list[str]:
+    """Each key less its last ``count`` characters (sliced at C speed)."""
+    return list(map(getitem, keys, repeat(slice(None, -count))))
+
+
 def _mxfp4_module(base: str) -> str:
     return base.rsplit(".", 1)[0]
 
 
 def _ct_module(base: str) -> str:
     return base
-
-
-def _pair(logical: str, scheme: Scheme, names: dict[str, str], entries: Mapping[str, TensorEntry],
-          read_small: ReadOne, file_of: Callable[[TensorEntry], str]
-          ) -> PackedWeight | PackedProblem:
-    first = entries[names[scheme.roles[0]]]
-    where = f"{file_of(first)}: {logical}"
-    if scheme.format == "int" and first.spec.dtype == torch.uint8:
-        return PackedProblem(logical, f"{where}: {names['packed']} is u8 (NVFP4's packing) but "
-                             "the config says pack-quantized (int32 words)")
-    for role in scheme.roles:
-        e = entries.get(names[role])
-        if e is None:
-            return PackedProblem(logical, f"{where}: {scheme.describe()} needs {names[role]} "
-                                 "and the checkpoint has none; without it the weight can't be "
-                                 "dequantized")
-        if e.spec.dtype not in _DTYPES[scheme.format][role]:
-            allowed = ", ".join(short_dtype(d) for d in _DTYPES[scheme.format][role])
-            return PackedProblem(logical, f"{where}: {e.key} is {short_dtype(e.spec.dtype)}; "
-                                 f"{scheme.describe()} stores it as {allowed}")
-    shape = _shape(logical, scheme, names, entries, read_small, where)
-    if isinstance(shape, PackedProblem):
-        return shape
-    expected = companion_shapes(scheme, shape)
-    parts = tuple(entries[names[r]] for r in scheme.roles)
-    for role, part in zip(scheme.roles, parts, strict=True):
-        got, want = tuple(part.spec.shape), expected[role]
-        if got != want and not (role == "global" and got in ((), (1,))) \
-                and not (scheme.strategy == "tensor" and role == "scale" and got in ((), (1,))):
-            return PackedProblem(logical, f"{where}: {part.key} is {list(got)} but a weight of "
-                                 f"{list(shape)} in {scheme.describe()} needs {list(want)}")
-    return PackedWeight(logical, scheme, parts, shape)
-
-
-def _shape(logical: str, scheme: Scheme, names: dict[str, str], entries: Mapping[str, TensorEntry],
-           read_small: ReadOne, where: str) -> tuple[int, ...] | PackedProblem:
-    """The logical shape: from the stored weight, or ``weight_shape``'s values (int)."""
-    first = entries[names[scheme.roles[0]]]
-    packed = tuple(first.spec.shape)
-    if len(packed) < (3 if scheme.format == "mxfp4" else 2):
-        return PackedProblem(logical, f"{where}: {first.key} is {list(packed)}; a packed weight "
-                             "is a [..., rows, cols] matrix")
-    if scheme.format == "mxfp4" and packed[-1] != 16:
-        return PackedProblem(logical, f"{where}: {first.key} is {list(packed)}; MXFP4 blocks "
-                             "are 16 bytes (32 values) in the last dim")
-    if scheme.format != "int":
-        return logical_shape(scheme, packed)
-    stored = entries.get(names["shape"])
-    if stored is None:
-        return PackedProblem(logical, f"{where}: pack-quantized needs {names['shape']} (the "
-                             "weight's shape) and the checkpoint has none")
-    if stored.spec.dtype.is_floating_point or len(stored.spec.shape) != 1 \
-            or stored.spec.shape[0] != len(packed):
-        return PackedProblem(logical, f"{where}: {stored.key} is {stored.spec}; it must hold "
-                             f"{len(packed)} integers")
-    shape = logical_shape(scheme, packed, read_small(stored))
-    if shape[:-1] != packed[:-1] or shape[-1] < 1:
-        return PackedProblem(logical, f"{where}: {stored.key} says {list(shape)} but "
-                             f"{first.key} is {list(packed)}")
-    return shape

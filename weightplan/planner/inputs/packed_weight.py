@@ -7,6 +7,7 @@ made column by column.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from functools import lru_cache
 from itertools import repeat
 from operator import attrgetter
 
@@ -33,8 +34,7 @@ class PackedWeight(TensorEntry):
 
     def __init__(self, key: str, scheme: Scheme, parts: tuple[TensorEntry, ...],
                  shape: tuple[int, ...]) -> None:
-        _fill([self], (key,), (TensorSpec(shape, torch.bfloat16),), (scheme,), (parts,),
-              parts[:1])
+        _fill([self], (key,), (logical_spec(shape),), (scheme,), (parts,), parts[:1])
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -57,6 +57,16 @@ class PackedWeight(TensorEntry):
 
     def __reduce__(self) -> tuple:
         return PackedWeight, (self.key, self.scheme, self.parts, self.shape)
+
+
+@lru_cache(maxsize=1024)
+def logical_spec(shape: tuple[int, ...]) -> TensorSpec:
+    """The logical spec of a weight of ``shape``, one object per shape: the weights of
+    every stack (a layer's experts span several key templates: ``experts.1``,
+    ``experts.11``, ``experts.111``) share it, so the passes that tell specs apart by
+    identity first (a merge's stacked specs, the lowering's and verify's geometry) see one
+    spec where there is one."""
+    return TensorSpec(tuple(shape), torch.bfloat16)
 
 
 def packed_weight(entry: TensorEntry) -> PackedWeight | None:
