@@ -62,7 +62,7 @@ def test_cli_main_never_runs_shipped_code(tmp_path, model_type, monkeypatch, cap
 
     ckpt, marker = _evil_dir(tmp_path, model_type)
     monkeypatch.setattr("sys.stdin", io.StringIO("y\ny\ny\n"))
-    assert cli.main(["explain", str(ckpt)]) == (2 if model_type == "evil" else 1)
+    assert cli.main(["explain", str(ckpt)]) == (5 if model_type == "evil" else 1)
     assert not marker.exists(), "code from the checkpoint directory ran"
     captured = capsys.readouterr()
     if model_type == "evil":
