@@ -7,6 +7,7 @@ it is called on; weightplan does the same (was: the base only, the adapter silen
 from __future__ import annotations
 
 import builtins
+import re
 
 import pytest
 import torch
@@ -161,3 +162,22 @@ def test_load_into_a_model_with_the_adapter_injected_loads_both(both, how):
     plan.execute()
     assert not any(p.is_meta for p in model.parameters())
     assert torch.equal(output(model.eval(), IDS), output(theirs, IDS))
+
+
+@pytest.mark.parametrize("injected, name, found", [
+    (None, "default", "none"), ("x", None, "['x']")])
+def test_an_adapter_name_the_model_lacks_is_refused_naming_those_it_has(both, injected, name,
+                                                                         found):
+    """Was: 'none of the adapter's 8 tensors has a place in the model's adapter 'default'
+    (... the model holds ['lm_head.weight'])': the directory's base and adapter planned
+    into a model without that adapter (the adapter-only path said so)."""
+    from weightplan.errors import AdapterError
+
+    with weightplan.init_empty():
+        model = T.AutoModelForCausalLM.from_config(T.AutoConfig.from_pretrained(both))
+    if injected is not None:
+        model = peft.inject_adapter_in_model(peft.LoraConfig(
+            r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]), model, adapter_name=injected)
+    with pytest.raises(AdapterError, match=rf"has no adapter 'default' injected \(adapters "
+                                           rf"found: {re.escape(found)}\)"):
+        weightplan.explain(model, both, adapter_name=name)

@@ -72,3 +72,15 @@ def test_an_adapter_repo_id_not_cached_offline_is_refused_saying_so(hub, tmp_pat
                                    local_files_only=True)
     with pytest.raises(ArgumentError, match="adapter_revision="):
         weightplan.from_pretrained(hub / "base", adapter_revision=OTHER)
+
+
+def test_an_adapter_revision_not_cached_offline_names_the_revision(hub):
+    """Was: 'tiny-org/lora ... not in the local cache ... (hf download tiny-org/lora)' while
+    the cache holds it at main: the revision asked was not said, and the command given
+    fetches main."""
+    with pytest.raises(CheckpointError, match=r"tiny-org/lora.*not in the local cache at "
+                                              r"revision 'v9'.*hf download tiny-org/lora "
+                                              r"--revision v9"):
+        weightplan.from_pretrained(hub / "base", adapter="tiny-org/lora",
+                                   cache_dir=str(hub / "cache"), adapter_revision="v9",
+                                   local_files_only=True)

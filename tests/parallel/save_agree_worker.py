@@ -11,7 +11,8 @@ barrier:
   ``SaveError``, rank 0 a ``RankFailedError`` naming it, at once;
 - ``extra``: rank 1's model holds a parameter rank 0's lacks;
 - ``shape``: rank 1's ``bias`` has another shape;
-- ``after``: rank 1 fails after rank 0 committed the checkpoint.
+- ``after``: rank 1 fails after rank 0 committed the checkpoint;
+- ``apart``: the same, each rank saving into a path of its own (per-node paths).
 
 Each rank writes ``OUT/<scenario>.rank<r>.json``: the error it raised (``type``,
 ``message``, ``committed`` for a ``RankFailedError``) or none, and the call's seconds.
@@ -79,9 +80,10 @@ def main() -> None:
         dist.barrier()
     if rank == 1:
         fail_after_the_run()
-    result = outcome(save("after", model()))
-    (out / f"after.rank{rank}.json").write_text(json.dumps(result))
-    dist.barrier()
+    for scenario, directory in (("after", None), ("apart", "apart" if rank == 0 else "apart1")):
+        result = outcome(save(scenario, model(), directory))
+        (out / f"{scenario}.rank{rank}.json").write_text(json.dumps(result))
+        dist.barrier()
     dist.destroy_process_group()
 
 

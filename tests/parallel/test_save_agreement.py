@@ -18,7 +18,7 @@ import pytest
 from tests.parallel.conftest import torchrun
 
 WORKER = Path(__file__).with_name("save_agree_worker.py")
-SCENARIOS = ("planfail", "extra", "shape", "after")
+SCENARIOS = ("planfail", "extra", "shape", "after", "apart")
 GROUP_TIMEOUT_S = 30  # the worker's process group's
 
 
@@ -70,3 +70,17 @@ def test_a_failure_after_the_commit_says_the_checkpoint_is_complete(saved):
         failed
     assert set(load_file(str(out / "after" / "model.safetensors"))) == \
         {"0.weight", "0.bias", "1.weight", "1.bias"}
+
+
+def test_a_failure_after_the_commit_names_the_writers_directory_where_paths_differ(saved):
+    """Was: '{rank 1's path}: the checkpoint was committed complete by rank 0' on rank 1,
+    whose path (per-node paths) holds nothing: the writer's directory was not said."""
+    out, outcomes = saved
+    committed = f"{out / 'apart'}: the checkpoint was committed complete by rank 0 (its writer)"
+    writer, failed = outcomes["apart", 0], outcomes["apart", 1]
+    assert writer["message"].startswith(f"{committed}, but rank 1 failed: OSError"), writer
+    assert failed["type"] == "ExecutionError", failed
+    assert failed["message"].startswith(
+        f"{committed} (its directory: this rank's {out / 'apart1'} was not written), but this "
+        "rank failed: OSError"), failed
+    assert (out / "apart" / "model.safetensors").is_file() and not (out / "apart1").exists()

@@ -102,7 +102,7 @@ def _snapshot(hub: Any, path: Path, options: dict[str, Any], local_only: bool,
     except Exception as cached_error:  # LocalEntryNotFoundError and the like
         if offline:
             raise CheckpointError(f"{_not_local(path)}; as a Hugging Face repo id it is not in "
-                                  f"the local cache, and {why} so the Hub was not asked; "
+                                  f"the local cache{_at(options)}, and {why} so the Hub was not asked; "
                                   f"{_way_out(repo_id, options)}") from cached_error
     else:  # a snapshot is cached: with the weights, or only what another call fetched
         lacking = _lacking(found / subfolder if subfolder else found, variant)
@@ -158,8 +158,16 @@ def _hub_said(error: BaseException, options: dict[str, Any]) -> str:
     return f"the Hub attempt failed: {type(error).__name__}: {' '.join(str(error).split())}"
 
 
+def _at(options: dict[str, Any]) -> str:
+    """' at revision R' where one was asked (the cache may hold the repo at another)."""
+    revision = options.get("revision")
+    return "" if revision is None else f" at revision {revision!r}"
+
+
 def _way_out(repo_id: str, options: dict[str, Any]) -> str:
     cache = options.get("cache_dir") or "the default cache (HF_HUB_CACHE)"
+    revision = options.get("revision")
+    fetch = repo_id if revision is None else f"{repo_id} --revision {revision}"
     return (f"to use it offline, download it once where the Hub is reachable (hf download "
-            f"{repo_id}) into {cache}, then pass local_files_only=True or set HF_HUB_OFFLINE=1; "
+            f"{fetch}) into {cache}, then pass local_files_only=True or set HF_HUB_OFFLINE=1; "
             "or pass the path of a local checkpoint directory")

@@ -151,20 +151,21 @@ def agree_done(point: Agreement, directory: str, error: Exception | None,
     whether this rank committed the checkpoint. Raises when any rank failed, saying the
     checkpoint is complete where the writer committed it; returns otherwise (the caller
     raises its own ``error`` where nothing was committed)."""
-    try:
-        failures, values = point.gather(error, committed)
+    try:  # (the writer tells its directory: per-node paths differ from this rank's)
+        failures, values = point.gather(error, str(directory) if committed else None)
     except RankFailedError as e:
         if not committed:
             raise
         raise RankFailedError(f"{directory}: the checkpoint was committed complete by this "
                               f"rank (its writer); afterwards {e}", committed=True) from e
-    writers = sorted(r for r, done in values.items() if done)
+    writers = sorted((r, where) for r, where in values.items() if where)
     if not writers:
         if error is None:
             point.stop(failures)
         return
-    done = (f"{directory}: the checkpoint was committed complete by rank {writers[0]} (its "
-            "writer), but")
+    (writer, where), mine = writers[0], str(directory)
+    apart = "" if where == mine else f" (its directory: this rank's {mine} was not written)"
+    done = f"{where}: the checkpoint was committed complete by rank {writer} (its writer){apart}, but"
     if error is not None:
         raise ExecutionError(f"{done} this rank failed: {type(error).__name__}: "
                              f"{error}") from error

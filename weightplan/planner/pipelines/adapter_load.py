@@ -56,13 +56,7 @@ def explain_adapter_load(model: torch.nn.Module, adapter: Adapter, *, name: str 
     if tp is not None:
         raise ParallelError(f"{adapter.directory}: tp= with an adapter is not supported yet; "
                             "load the adapter without tp= (its tensors are small)")
-    injected = inspect_adapter(model, name)
-    if not injected.layers and not injected.saved_modules and not injected.tokens:
-        found = injected_adapters(model)
-        raise AdapterError(f"{adapter.directory}: the model has no adapter {name!r} injected"
-                           f" (adapters found: {list(found) or 'none'}); inject it with "
-                           "peft (get_peft_model / inject_adapter_in_model) or use "
-                           "weightplan.from_pretrained(base, adapter=...)")
+    injected = _injected(model, adapter, name)
     base = choose_mapping(mapping, model, finder)
     transforms, fused = adapter_transforms(base.transforms, injected,
                                            adapter.config.modules_to_save)
@@ -82,7 +76,7 @@ def explain_base_and_adapter(model: torch.nn.Module, base_checkpoint: Checkpoint
     ``model``, the adapter ``name`` injected in it in place (no PeftModel level)."""
     if options.get("tp") is not None:
         raise ParallelError(f"{adapter.directory}: tp= with an adapter is not supported yet")
-    injected = inspect_adapter(model, name)
+    injected = _injected(model, adapter, name)
     transforms, fused = base_and_adapter_transforms(base.transforms, injected,
                                                     adapter.config.modules_to_save)
     choice = MappingChoice(base.key, base.reason, transforms, base.submodules)
@@ -95,6 +89,21 @@ def explain_base_and_adapter(model: torch.nn.Module, base_checkpoint: Checkpoint
                         **options)
     return with_adapter(data, adapter, injected, fused, keys=keys,
                         replaced=tuple(replaced.values()))
+
+
+def _injected(model: torch.nn.Module, adapter: Adapter, name: str) -> InjectedAdapter:
+    """The adapter ``name`` injected in ``model``.
+
+    Raises:
+        AdapterError: the model has none of that name (naming those it has)."""
+    injected = inspect_adapter(model, name)
+    if not injected.layers and not injected.saved_modules and not injected.tokens:
+        found = injected_adapters(model)
+        raise AdapterError(f"{adapter.directory}: the model has no adapter {name!r} injected"
+                           f" (adapters found: {list(found) or 'none'}); inject it with "
+                           "peft (get_peft_model / inject_adapter_in_model) or use "
+                           "weightplan.from_pretrained(base, adapter=...)")
+    return injected
 
 
 def last_file_keys(checkpoint: Checkpoint) -> tuple[str, ...]:
