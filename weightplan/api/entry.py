@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from weightplan.api.hub import refuse_repo_id
 from weightplan.api.plans import Plan, promote
 from weightplan.errors import AdapterError, ArgumentError, CheckpointError, MappingError, SaveError
 from weightplan.planner.inputs.paths import is_adapter_dir
@@ -116,6 +117,7 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
     Example:
         >>> plan = explain(model, "ckpt_dir/"); print(plan); plan.execute()  # doctest: +SKIP
     """
+    refuse_repo_id(checkpoint, "explain/load", adapter=adapter_name is not None)
     checkpoint = checkpoint if variant is None else _for_variant(checkpoint, variant, adapter_name)
     options: dict[str, Any] = dict(
         dtype=dtype, budget=budget, tp=tp, quantization=quantization, threads=threads, max_memory=max_memory,
