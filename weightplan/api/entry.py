@@ -51,9 +51,10 @@ def _explain_adapter(model: torch.nn.Module, checkpoint: object, name: str | Non
         return _explain_embedded(model, checkpoint, name, mapping, **options)
     adapter = read_adapter(_adapter_dir(checkpoint))
     _placed_with_base(checkpoint, options)
-    kept = {k: options[k] for k in ("tp", "dtype", "budget", "quantization", "threads", "device")}
+    # (every option forwarded, as to a model's load: dequantize_on checked and sided, cooperative=
+    # without tp= refused; a placement was refused above)
     return promote(Plan, explain_adapter_load(model, adapter, name=name or "default", mapping=by_name(mapping),
-                                              finder=bridge_for(model) if mapping is None else None, **kept))
+                                              finder=bridge_for(model) if mapping is None else None, **options))
 
 
 def _placed_with_base(checkpoint: object, options: dict[str, Any]) -> None:
