@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import weightplan
-from weightplan.errors import AdapterError, ParallelError, ShapeMismatchError
+from weightplan.errors import AdapterError, ParallelError, PlanError, ShapeMismatchError
 from weightplan.planner.core.problems import ProblemKind
 
 from tests.adapters.builders import tiny_model, zero_lora
@@ -125,6 +125,19 @@ def test_unknown_adapter_name_and_tp_are_refused(tmp_path):
         weightplan.explain(model, d, adapter_name="other")
     with pytest.raises(ParallelError, match="adapter"):
         weightplan.explain(model, d, tp="auto")
+
+
+def test_an_adapter_alone_takes_the_load_options_a_model_takes(tmp_path):
+    """``dequantize_on=`` and ``cooperative=`` reach an adapter's plan as a model's (were
+    dropped: a bad value, or cooperative= without tp=, planned as if never given)."""
+    d = _saved(tmp_path, "lora", r=2, lora_alpha=4, target_modules=["q_proj"])
+    oracle, model = _fresh(d)
+    with pytest.raises(PlanError, match="dequantize_on='nowhere': one of 'auto', 'host', 'device'"):
+        weightplan.explain(model, d, dequantize_on="nowhere")
+    with pytest.raises(ParallelError, match="cooperative=True shares the reads.*pass tp= too"):
+        weightplan.load(model, d, cooperative=True)
+    weightplan.load(model, d, dequantize_on="host")
+    assert _same(oracle, model) == []
 
 
 def test_scale_changes_only_where_the_file_loads(tmp_path):

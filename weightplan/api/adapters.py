@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from weightplan.api.entry import bridge_for, by_name
+from weightplan.api.hub import refuse_repo_id
 from weightplan.api.plans import Plan, promote
 from weightplan.errors import AdapterError, ParallelError, WeightplanError
 from weightplan.planner.inputs.adapter import is_adapter_dir, read_adapter
@@ -40,6 +41,8 @@ def explain_with_adapter(model: torch.nn.Module,
     if tp is not None:
         raise ParallelError(f"{adapter}: tp= with an adapter is not supported yet; load "
                             "without tp=")
+    refuse_repo_id(base, "explain_with_adapter")
+    refuse_repo_id(adapter, "explain_with_adapter", adapter=True)
     if not is_adapter_dir(adapter):
         raise AdapterError(f"{adapter}: not an adapter directory (adapter_config.json + "
                            "adapter_model.safetensors)")

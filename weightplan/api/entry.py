@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from weightplan.api.hub import refuse_repo_id
 from weightplan.api.plans import Plan, promote
 from weightplan.errors import AdapterError, ArgumentError, CheckpointError, MappingError, SaveError
 from weightplan.planner.inputs.paths import is_adapter_dir
@@ -50,9 +51,10 @@ def _explain_adapter(model: torch.nn.Module, checkpoint: object, name: str | Non
         return _explain_embedded(model, checkpoint, name, mapping, **options)
     adapter = read_adapter(_adapter_dir(checkpoint))
     _placed_with_base(checkpoint, options)
-    kept = {k: options[k] for k in ("tp", "dtype", "budget", "quantization", "threads", "device")}
+    # (every option forwarded, as to a model's load: dequantize_on checked and sided, cooperative=
+    # without tp= refused; a placement was refused above)
     return promote(Plan, explain_adapter_load(model, adapter, name=name or "default", mapping=by_name(mapping),
-                                              finder=bridge_for(model) if mapping is None else None, **kept))
+                                              finder=bridge_for(model) if mapping is None else None, **options))
 
 
 def _placed_with_base(checkpoint: object, options: dict[str, Any]) -> None:
@@ -116,6 +118,7 @@ def explain(model: torch.nn.Module | None, checkpoint: object, *, mapping: objec
     Example:
         >>> plan = explain(model, "ckpt_dir/"); print(plan); plan.execute()  # doctest: +SKIP
     """
+    refuse_repo_id(checkpoint, "explain/load", adapter=adapter_name is not None)
     checkpoint = checkpoint if variant is None else _for_variant(checkpoint, variant, adapter_name)
     options: dict[str, Any] = dict(
         dtype=dtype, budget=budget, tp=tp, quantization=quantization, threads=threads, max_memory=max_memory,

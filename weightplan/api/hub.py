@@ -37,6 +37,26 @@ def hub_files(variant: str | None) -> tuple[str, ...]:
             f"model-*.{variant}.safetensors", ADAPTER_FILE, "*.json")
 
 
+def refuse_repo_id(checkpoint: object, caller: str, adapter: bool = False) -> None:
+    """``explain`` / ``load`` read local checkpoints (SPEC: a file, a directory, files, a
+    dict); a name that is not on disk but reads as ``org/name`` is refused saying where a
+    repo id is resolved (nothing is looked up on the Hub or in its cache here).
+
+    Raises:
+        CheckpointError: naming the repo id, and the two ways to load it."""
+    if not isinstance(checkpoint, (str, os.PathLike)) or os.path.exists(checkpoint) \
+            or not REPO_ID.match(os.fspath(checkpoint)):
+        return
+    name = os.fspath(checkpoint)
+    loads = f"BASE, adapter={name!r}, " if adapter else f"{name!r}, "
+    raise CheckpointError(
+        f"no such file or directory; {caller} reads a local checkpoint (a file, a directory, "
+        "files or a dict), and a Hugging Face repo id is resolved by "
+        f"weightplan.from_pretrained({loads}...) (cache_dir=, revision=, token=, "
+        "local_files_only=), or pass the directory "
+        f"huggingface_hub.snapshot_download({name!r}) returns", file=name)
+
+
 def resolve_checkpoint(name_or_path: str | os.PathLike[str], *, revision: str | None = None,
                        cache_dir: str | os.PathLike[str] | None = None,
                        local_files_only: bool = False, token: str | bool | None = None,

@@ -158,13 +158,40 @@ class Router:
         the fix-up routed the checkpoint's (``None`` where it doesn't: saved as it was)."""
         owns = [fix.rename(r.key) for _, r in fixed]
         if None in owns:  # (a fix-up that fires only after the renamings: key by key)
-            return [None if own is None else self.saved_as(fix, None, [pair])[0]
-                    for own, pair in zip(owns, fixed, strict=True)]
+            return self.saved_inside(fix, fixed)
         mine = cast("list[str]", owns)
         own_template = None if template is None else fix.rename(template)
         again = self.base.batch(mine, self.base.decision(own_template)).routes
-        return [own if (a.key, a.renamed, a.converter) == (own, r.renamed, r.converter)
-                else None for own, a, (_, r) in zip(mine, again, fixed, strict=True)]
+        found = [own if (a.key, a.renamed, a.converter) == (own, r.renamed, r.converter)
+                 else None for own, a, (_, r) in zip(mine, again, fixed, strict=True)]
+        # (not there, and the fix-up ran after the renamings: maybe inside the key)
+        later = [pair for pair, own in zip(fixed, found, strict=True) if own is None
+                 and len(pair[1].fired) > 1 and pair[1].fired[-1] == fix]
+        inside, tried = iter(self.saved_inside(fix, later)), {i for i, _ in later}
+        return [next(inside) if own is None and i in tried else own
+                for own, (i, _) in zip(found, fixed, strict=True)]
+
+    def saved_inside(self, fix: PrefixChange, fixed: list[tuple[int, Route]]) -> list[str | None]:
+        """:meth:`saved_as` of keys the fix-up can't change as they are (it fired after the
+        renamings, on a key under a prefix of the checkpoint's own: an adapter file's
+        ``base_model.model.``, as peft saves the model's own names under it): the prefix
+        component removed (or added) at the first place where the mapping alone then routes
+        the key as the fix-up routed it; the place found is tried first for the next key."""
+        found: list[str | None] = []
+        last: int | None = None
+        for _, r in fixed:
+            parts = r.key.split(".")
+            own = None
+            for place in ([last] if last is not None else []) + list(range(len(parts) + 1)):
+                candidate = _changed_at(fix, parts, place)
+                if candidate is None:
+                    continue
+                again = self.base.batch([candidate], self.base.decision(None)).routes[0]
+                if (again.renamed, again.converter) == (r.renamed, r.converter):
+                    own, last = candidate, place
+                    break
+            found.append(own)
+        return found
 
     def lands(self, route: Route) -> bool:
         """:func:`~.applier.lands` in the model, once per converter group."""
@@ -190,3 +217,15 @@ class Router:
             self.viable_fixups[template] = found
         return found
 
+
+def _changed_at(fix: PrefixChange, parts: list[str], place: int) -> str | None:
+    """The key of ``parts`` with ``fix``'s prefix component removed at ``place`` (where it
+    is that component), or added there; ``None``: not a change there."""
+    if fix.prefix_to_remove is not None:
+        if place >= len(parts) or parts[place] != fix.prefix_to_remove:
+            return None
+        return ".".join(parts[:place] + parts[place + 1:])
+    assert fix.prefix_to_add is not None  # (one of the two is set)
+    if place < len(parts) and parts[place] == fix.prefix_to_add:
+        return None  # (already there: adding is idempotent)
+    return ".".join(parts[:place] + [fix.prefix_to_add] + parts[place:])

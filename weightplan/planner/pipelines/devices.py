@@ -63,6 +63,7 @@ class AutomaticRequest:
         if self.given is not None:
             placement = given_placement(self.given, tree, info, schedule, options.dtype, host,
                                         self.offload_folder, self.budgets)
+            _check_split_ties(placement, info)
         else:
             placement = place_devices(self.strategy, self.budgets, tree, info, schedule,
                                       options.dtype, host, self.offload_folder)
@@ -179,6 +180,33 @@ def automatic_request(device: object, max_memory: object, offload_folder: object
     if max_memory is not None and not isinstance(max_memory, Mapping):
         raise PlanError(f"max_memory must be a dict {{device: size}}, got {max_memory!r}")
     return AutomaticRequest(device, parse_max_memory(max_memory), folder)
+
+
+def _check_split_ties(placement: DevicePlacement, info: ModelInfo) -> None:
+    """A tie is one tensor: a given map putting one of its names on the disk and another in
+    memory is refused (accelerate's hooks don't read it back: transformers' load with the
+    same map fails at the dispatch or at the forward; its automatic maps keep ties on one
+    device). A trainable-token layer's tie is left to the adapter's own refusal.
+
+    Raises:
+        PlanError: naming both tensors, their devices and what to map instead."""
+    seen: set[str] = set()
+    for spec in info.tensors.values():
+        if spec.name in seen or len(spec.aliases) < 2:
+            continue
+        seen.add(spec.name)
+        devices = {name: placement.device_of(name) for name in spec.aliases}
+        if DISK not in devices.values() or len(set(devices.values())) == 1 \
+                or any(".token_adapter." in name for name in devices):
+            continue
+        disk = next(n for n, d in devices.items() if d == DISK)
+        other, where = next((n, d) for n, d in devices.items() if d != DISK)
+        modules = " and ".join(sorted(n.rpartition(".")[0] for n in (disk, other)))
+        raise PlanError(f"device_map puts {disk} on 'disk' and {other}, tied to it (one tensor), "
+                        f"on {where!r}: accelerate's hooks can't run a tie split between memory "
+                        "and the disk (transformers' load with this map fails at the dispatch or "
+                        f"the forward); map {modules} to the same device (both on 'disk', or both "
+                        "in memory)")
 
 
 def _needs_folder(offload: OffloadPlan, placement: DevicePlacement) -> None:
