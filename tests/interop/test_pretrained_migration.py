@@ -238,3 +238,31 @@ def test_missing_keys_name_every_name_of_a_tied_tensor_loaded_by_none(base, head
     assert any(k.endswith("decoder.bias") for k in info["missing_keys"])
     assert mine["missing_keys"] == set(info["missing_keys"])
     assert mine["unexpected_keys"] == set(info["unexpected_keys"])
+
+
+def test_config_overrides_apply_as_in_transformers(llama, tmp_path):
+    """``AutoModelForSequenceClassification.from_pretrained(base, num_labels=3)``, the
+    fine-tuning call: was an ArgumentError 'config overrides are not applied'. The config
+    gets the keyword as transformers' gives it (a 3-row head, missing and initialized, as
+    its loading info says; the base weights equal), ``output_attentions=True`` too."""
+    directory, cls, inputs = llama
+    theirs, info = T.AutoModelForSequenceClassification.from_pretrained(
+        directory, num_labels=3, output_loading_info=True)
+    model, mine = weightplan.from_pretrained(
+        directory, model_class=T.AutoModelForSequenceClassification, num_labels=3,
+        output_loading_info=True)
+    assert model.score.weight.shape == theirs.score.weight.shape == (3, 32)
+    assert model.config.id2label == theirs.config.id2label and model.config.num_labels == 3
+    assert mine == {k: set(v) if isinstance(v, list) and k != "error_msgs" else v
+                    for k, v in info.items()}
+    their = dict(theirs.named_parameters())
+    for name, tensor in model.named_parameters():
+        if name != "score.weight":
+            assert torch.equal(tensor, their[name]), name
+    assert not model.score.weight.is_meta
+    theirs = pretrained(cls, directory, output_attentions=True, use_cache=False)
+    model = weightplan.from_pretrained(directory, output_attentions=True, use_cache=False)
+    for config in (model.config, theirs.config):
+        assert (config.output_attentions, config.use_cache) == (True, False)
+    assert model.config._attn_implementation == theirs.config._attn_implementation
+    assert torch.equal(output(model, inputs), output(theirs, inputs))
