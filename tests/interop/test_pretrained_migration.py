@@ -266,3 +266,22 @@ def test_config_overrides_apply_as_in_transformers(llama, tmp_path):
         assert (config.output_attentions, config.use_cache) == (True, False)
     assert model.config._attn_implementation == theirs.config._attn_implementation
     assert torch.equal(output(model, inputs), output(theirs, inputs))
+
+
+def test_a_sub_config_override_updates_it_and_a_bad_value_is_named(tmp_path):
+    """A dict for a sub-config updates its fields, as transformers' ``from_dict`` does (the
+    other fields kept); a value the config refuses names the override (was: every override
+    refused; a bad one would have read as the file's fault)."""
+    from tests.interop.matrix import FAMILIES
+
+    cls, cfg, inputs = FAMILIES["llava"]()
+    torch.manual_seed(0)
+    cls(cfg).save_pretrained(tmp_path)
+    theirs = pretrained(cls, tmp_path, text_config={"use_cache": False})
+    model = weightplan.from_pretrained(tmp_path, text_config={"use_cache": False})
+    for config in (model.config.text_config, theirs.config.text_config):
+        assert config.use_cache is False and config.hidden_size == cfg.text_config.hidden_size
+    assert type(model.config.text_config) is type(theirs.config.text_config)
+    assert torch.equal(output(model, inputs), output(theirs, inputs))
+    with pytest.raises(ArgumentError, match=r"from_pretrained\(num_labels=...\): .* refuses"):
+        weightplan.from_pretrained(tmp_path, num_labels="three")

@@ -172,11 +172,29 @@ def _read_config(transformers: Any, path: Path, read: Mapping[str, object] | Non
     try:
         config, unused = _auto_config(transformers, copy.deepcopy(words), path, overrides)
     except Exception as e:  # ValueError / KeyError / TypeError by version and config
-        raise ModelBuildError(f"{path}: transformers can't read this config: "
-                              f"{type(e).__name__}: {e}") from e
+        raise _unreadable(transformers, words, path, overrides, e) from e
     if unused:
         raise _not_config_words(unused, config, path)
     return config
+
+
+def _unreadable(transformers: Any, words: dict, path: Path, overrides: dict[str, Any],
+                error: Exception) -> Exception:
+    """Why the config can't be read: the overrides' fault (an ``ArgumentError`` naming
+    them) when the file alone reads, else the file's (a ``ModelBuildError``)."""
+    from weightplan.errors import ArgumentError
+
+    said = f"{type(error).__name__}: {error}"
+    if overrides:
+        try:
+            _auto_config(transformers, copy.deepcopy(words), path, {})
+        except Exception:  # (the file itself: said below)
+            pass
+        else:
+            return ArgumentError(f"from_pretrained({', '.join(f'{k}=' for k in overrides)}...): "
+                                 f"transformers' {words.get('model_type')} config ({path}) refuses "
+                                 f"the override: {said}")
+    return ModelBuildError(f"{path}: transformers can't read this config: {said}")
 
 
 def _not_config_words(unused: Mapping[str, Any], config: Any, path: Path) -> Exception:
