@@ -33,8 +33,8 @@ keyword                            here
 ``_from_pipeline``
 ``tp_plan="auto"``                 ``tp="auto"``, with transformers' deprecation (a
                                    FutureWarning); a dict plan: ``tp=TensorParallel(plan=)``
-``tp_size``, ``distributed_config``, refused: ``tp="auto"`` or ``tp=TensorParallel(...)``
-``device_mesh``
+``tp_size``, ``device_mesh``,      refused: ``tp="auto"`` or ``tp=TensorParallel(...)``
+``distributed_config``
 ``offload_buffers``                refused (``False`` accepted): buffers stay on the
                                    execution device
 ``quantization_config``            refused: the checkpoint's config decides (FP8 is kept;
