@@ -89,16 +89,19 @@ def test_every_refused_keyword_says_what_to_do(keyword):
 
 
 def test_an_unknown_keyword_is_not_a_type_error_about_explain(llama):
+    """One the config has no attribute for (transformers: its model's ``__init__`` gets it,
+    a TypeError there) is an ArgumentError naming it; a near miss of a keyword is told it,
+    before any work (was: every config override refused, ``output_hidden_states=True``)."""
     directory, _, _ = llama
     with pytest.raises(ArgumentError) as caught:
-        weightplan.from_pretrained(directory, output_hidden_states=True)
-    assert "output_hidden_states=True" in str(caught.value) and "explain()" not in str(caught.value)
-    assert "config overrides are not applied" in str(caught.value)
+        weightplan.from_pretrained(directory, hidden_states_out=True)
+    assert "hidden_states_out=True" in str(caught.value) and "explain()" not in str(caught.value)
+    assert "not an attribute of LlamaConfig" in str(caught.value)
     for typo, meant in (("dtpye", "dtype"), ("device_mapp", "device_map"),
                         ("local_file_only", "local_files_only"), ("torch_type", "torch_dtype")):
         with pytest.raises(ArgumentError, match=f"did you mean {meant}=") as caught:
-            weightplan.from_pretrained(directory, **{typo: "auto"})
-        assert "config overrides" not in str(caught.value)
+            weightplan.from_pretrained("no/such-checkpoint", **{typo: "auto"})
+        assert "not an attribute" not in str(caught.value)
     with pytest.raises(ArgumentError, match="weightplan.load"):
         weightplan.from_pretrained(torch.nn.Linear(2, 2))
     with pytest.raises(ArgumentError, match="not both"):
@@ -115,8 +118,11 @@ def test_a_refused_value_is_named_in_one_short_line(llama):
     assert message.startswith(f"from_pretrained(config={type(config).__name__}(...)): the "
                               "model is built from the checkpoint's config.json"), message
     assert "\n" not in message and len(message) < 400, message
-    with pytest.raises(ArgumentError, match=r"got output_attentions=True, which"):
-        weightplan.from_pretrained(directory, output_attentions=True)  # short: as it is
+    with pytest.raises(ArgumentError, match=r"got attentions_out=True: not an") as caught:
+        weightplan.from_pretrained(directory, attentions_out=True)  # short: as it is
+    with pytest.raises(ArgumentError) as caught:
+        weightplan.from_pretrained(directory, extra_config=config)  # (no attribute)
+    assert f"got extra_config={type(config).__name__}(...): not an" in str(caught.value)
 
 
 def test_attention_implementation_and_generation_config(llama):
@@ -240,7 +246,7 @@ def test_a_transformers_keyword_is_refused_for_what_it_is(keyword, value, says, 
     directory, _, _ = llama
     with pytest.raises(ArgumentError) as caught:
         weightplan.from_pretrained(directory, **{keyword: value})
-    assert says in str(caught.value) and "config overrides" not in str(caught.value)
+    assert says in str(caught.value) and "not an attribute" not in str(caught.value)
 
 
 def test_a_dtype_per_sub_config_is_taken_as_transformers_takes_it(tmp_path):
@@ -260,3 +266,20 @@ def test_a_dtype_per_sub_config_is_taken_as_transformers_takes_it(tmp_path):
         theirs = pretrained(cls, tmp_path, dtype=dtype)
         assert {p.dtype for p in model.parameters()} == {loaded}, dtype
         assert torch.equal(output(model, inputs), output(theirs, inputs))
+
+
+def test_tp_plan_auto_is_tp_auto_with_transformers_deprecation(llama):
+    """transformers 5.25 still takes ``tp_plan="auto"`` (a FutureWarning): was an
+    ArgumentError 'pass tp='auto''; now it is ``tp="auto"`` (the same checks, the same
+    load: under torchrun, tests/parallel); a dict plan is refused saying what to do."""
+    from weightplan.api.keywords import fold_transformers_keywords
+
+    directory, _, _ = llama
+    with pytest.warns(FutureWarning, match="tp_plan='auto'.*use tp='auto'"):
+        assert fold_transformers_keywords({"tp_plan": "auto"}, None).tp == "auto"
+    with pytest.warns(FutureWarning), pytest.raises(ArgumentError, match="drop device_map"):
+        weightplan.from_pretrained(directory, tp_plan="auto", device_map="cpu")
+    with pytest.raises(ArgumentError, match=r"TensorParallel\(plan="):
+        weightplan.from_pretrained(directory, tp_plan={"model.layers.*.mlp.up_proj": "colwise"})
+    with pytest.raises(ArgumentError, match="pass tp= only"):
+        weightplan.from_pretrained(directory, tp_plan="auto", tp=weightplan.TensorParallel())

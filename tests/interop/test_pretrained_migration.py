@@ -238,3 +238,50 @@ def test_missing_keys_name_every_name_of_a_tied_tensor_loaded_by_none(base, head
     assert any(k.endswith("decoder.bias") for k in info["missing_keys"])
     assert mine["missing_keys"] == set(info["missing_keys"])
     assert mine["unexpected_keys"] == set(info["unexpected_keys"])
+
+
+def test_config_overrides_apply_as_in_transformers(llama, tmp_path):
+    """``AutoModelForSequenceClassification.from_pretrained(base, num_labels=3)``, the
+    fine-tuning call: was an ArgumentError 'config overrides are not applied'. The config
+    gets the keyword as transformers' gives it (a 3-row head, missing and initialized, as
+    its loading info says; the base weights equal), ``output_attentions=True`` too."""
+    directory, cls, inputs = llama
+    theirs, info = T.AutoModelForSequenceClassification.from_pretrained(
+        directory, num_labels=3, output_loading_info=True)
+    model, mine = weightplan.from_pretrained(
+        directory, model_class=T.AutoModelForSequenceClassification, num_labels=3,
+        output_loading_info=True)
+    assert model.score.weight.shape == theirs.score.weight.shape == (3, 32)
+    assert model.config.id2label == theirs.config.id2label and model.config.num_labels == 3
+    assert mine == {k: set(v) if isinstance(v, list) and k != "error_msgs" else v
+                    for k, v in info.items()}
+    their = dict(theirs.named_parameters())
+    for name, tensor in model.named_parameters():
+        if name != "score.weight":
+            assert torch.equal(tensor, their[name]), name
+    assert not model.score.weight.is_meta
+    theirs = pretrained(cls, directory, output_attentions=True, use_cache=False)
+    model = weightplan.from_pretrained(directory, output_attentions=True, use_cache=False)
+    for config in (model.config, theirs.config):
+        assert (config.output_attentions, config.use_cache) == (True, False)
+    assert model.config._attn_implementation == theirs.config._attn_implementation
+    assert torch.equal(output(model, inputs), output(theirs, inputs))
+
+
+def test_a_sub_config_override_updates_it_and_a_bad_value_is_named(tmp_path):
+    """A dict for a sub-config updates its fields, as transformers' ``from_dict`` does (the
+    other fields kept); a value the config refuses names the override (was: every override
+    refused; a bad one would have read as the file's fault)."""
+    from tests.interop.matrix import FAMILIES
+
+    cls, cfg, inputs = FAMILIES["llava"]()
+    torch.manual_seed(0)
+    cls(cfg).save_pretrained(tmp_path)
+    theirs = pretrained(cls, tmp_path, text_config={"use_cache": False})
+    model = weightplan.from_pretrained(tmp_path, text_config={"use_cache": False})
+    for config in (model.config.text_config, theirs.config.text_config):
+        assert config.use_cache is False and config.hidden_size == cfg.text_config.hidden_size
+    assert type(model.config.text_config) is type(theirs.config.text_config)
+    assert torch.equal(output(model, inputs), output(theirs, inputs))
+    with pytest.raises(ArgumentError, match=r"from_pretrained\(num_labels=...\): .* refuses"):
+        weightplan.from_pretrained(tmp_path, num_labels="three")

@@ -31,8 +31,10 @@ keyword                            here
 ``from_tf``, ``from_flax``,          stages the state dict; only safetensors are read)
 ``_commit_hash``, ``_from_auto``,
 ``_from_pipeline``
-``tp_plan``, ``tp_size``,          refused: ``tp="auto"`` or ``tp=TensorParallel(...)``
-``distributed_config``, ``device_mesh``
+``tp_plan="auto"``                 ``tp="auto"``, with transformers' deprecation (a
+                                   FutureWarning); a dict plan: ``tp=TensorParallel(plan=)``
+``tp_size``, ``device_mesh``,      refused: ``tp="auto"`` or ``tp=TensorParallel(...)``
+``distributed_config``
 ``offload_buffers``                refused (``False`` accepted): buffers stay on the
                                    execution device
 ``quantization_config``            refused: the checkpoint's config decides (FP8 is kept;
@@ -45,9 +47,13 @@ keyword                            here
 (each refused one, at its default)  taken: transformers' defaults (``key_mapping=None``,
                                    ``config=None``, ``weights_only=True``) ask for nothing,
                                    so code that passes its arguments through loads
-anything else                      refused: config overrides (``output_hidden_states=True``)
-                                   are not applied; edit the config or build the model yourself
-                                   (a misspelt keyword, ``dtpye``: the one it is closest to)
+anything else                      a config override, as in transformers (``num_labels=3``,
+                                   ``output_attentions=True``): set on the config before the
+                                   model is built (``from_dict``'s ``return_unused_kwargs``:
+                                   a dict for a sub-config updates it); one the config has no
+                                   attribute for (transformers passes it to ``__init__``) is
+                                   refused, and a misspelt keyword (``dtpye``) is told the one
+                                   it is closest to
 =================================  ==========================================================
 
 :func:`weightplan.save` and ``explain_save`` take ``save_pretrained``'s words at the values
@@ -63,7 +69,7 @@ from __future__ import annotations
 
 import difflib
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,7 +98,8 @@ REFUSED = {
                                  f"{OWN_MODEL}", (False, None, True)),
     "use_safetensors": Refusal("only safetensors are read (pickle checkpoints are never "
                                "unpickled); convert the checkpoint to safetensors", (True, None)),
-    "tp_plan": Refusal("pass tp='auto' (the model's tp_plan) or "
+    "tp_plan": Refusal("pass tp='auto' (the model's tp_plan; from_pretrained takes "
+                       "tp_plan='auto' as it) or "
                        "tp=weightplan.TensorParallel(plan={module glob: style})", UNSET),
     "tp_size": Refusal("the size is the process group's (torchrun --nproc-per-node N); pass "
                        "tp='auto', or tp=weightplan.TensorParallel(mesh=...) for a sub-mesh",
@@ -225,16 +232,30 @@ def keyword_advice(keyword: str, function: str = "from_pretrained") -> str | Non
     return None if refusal is None else refusal.advice
 
 
+@dataclass(frozen=True)
+class Folded:
+    """transformers' keywords in weightplan's terms (:func:`fold_transformers_keywords`)."""
+
+    dtype: Any  # after torch_dtype; None is "auto"
+    tp: Any  # after tp_plan="auto"
+    overrides: Mapping[str, Any]  # the others: config overrides, applied as transformers does
+
+    def __iter__(self) -> Iterator[Any]:  # (dtype, tp, overrides = fold_...(...))
+        return iter((self.dtype, self.tp, self.overrides))
+
+
 def fold_transformers_keywords(extra: Mapping[str, Any], dtype: Any,
-                               own: Iterable[str] = ()) -> Any:
+                               own: Iterable[str] = (), tp: Any = None) -> Folded:
     """The ``dtype`` to use after ``torch_dtype`` (``None`` for both is ``"auto"``, as in
-    transformers 5); refuses every other keyword in ``extra``
-    (what ``from_pretrained`` got beyond its own arguments, ``own``) that isn't harmless;
-    a misspelt one is told the keyword it is closest to.
+    transformers 5), ``tp`` after ``tp_plan="auto"``, and the config overrides: the keywords
+    in ``extra`` (what ``from_pretrained`` got beyond its own arguments, ``own``) transformers
+    has no other use for, which it sets on the config (see ``bridge.hub``: one the config
+    lacks is refused there). Refuses every refused keyword that isn't harmless; a misspelt
+    one (close to one of ``own``) is told the keyword it is closest to.
 
     Raises:
-        ArgumentError: a refused keyword or value (the message says what to do instead), or
-            ``torch_dtype`` and ``dtype`` both given and different.
+        ArgumentError: a refused keyword or value (the message says what to do instead),
+            ``torch_dtype`` and ``dtype`` (or ``tp_plan`` and ``tp``) both given and different.
     """
     extra = dict(extra)
     if "torch_dtype" in extra:
@@ -248,15 +269,36 @@ def fold_transformers_keywords(extra: Mapping[str, Any], dtype: Any,
             dtype = torch_dtype
     if isinstance(dtype, Mapping):
         dtype = _one_dtype(dtype)
+    tp, overrides = _tp_plan(extra.pop("tp_plan", None), tp), {}
     for name, value in extra.items():
         if name in IGNORED:
             continue
         refusal = REFUSED.get(name)
         if refusal is None:
-            raise ArgumentError(_unknown(name, value, own))
-        if not harmless(value, refusal.harmless):
+            overrides[name] = _override(name, value, own)
+        elif not harmless(value, refusal.harmless):
             raise ArgumentError(f"from_pretrained({name}={shown(value)}): {refusal.advice}")
-    return "auto" if dtype is None else dtype
+    return Folded("auto" if dtype is None else dtype, tp, overrides)
+
+
+def _tp_plan(tp_plan: Any, tp: Any) -> Any:
+    """``tp`` after transformers' ``tp_plan="auto"`` (deprecated there, still taken by 5.x:
+    the model's own plan, which ``tp="auto"`` is here), with its FutureWarning.
+
+    Raises:
+        ArgumentError: a ``tp_plan`` other than ``"auto"`` (a dict), or ``tp=`` also given.
+    """
+    if tp_plan is None:
+        return tp
+    if not (isinstance(tp_plan, str) and tp_plan == "auto"):
+        raise ArgumentError(f"from_pretrained(tp_plan={shown(tp_plan)}): "
+                            f"{REFUSED['tp_plan'].advice}")
+    if tp is not None and not (isinstance(tp, str) and tp == "auto"):
+        raise ArgumentError(f"from_pretrained got tp_plan='auto' and tp={shown(tp)}: pass "
+                            "tp= only")
+    warnings.warn("from_pretrained(tp_plan='auto') is deprecated in transformers (5.x warns "
+                  "too): use tp='auto'", FutureWarning, stacklevel=6)
+    return "auto"
 
 
 def _one_dtype(per_config: Mapping[Any, Any]) -> Any:
@@ -291,17 +333,16 @@ def did_you_mean(word: str, words: Iterable[str]) -> str | None:
     return close[0] if close else None
 
 
-def _unknown(name: str, value: Any, own: Iterable[str]) -> str:
-    """Why ``name`` is refused: a misspelling of a keyword (``dtpye``), else a config
-    override (which transformers applies to the config and weightplan doesn't)."""
-    close = did_you_mean(name, [*own, "torch_dtype", *REFUSED, *IGNORED])
+def _override(name: str, value: Any, own: Iterable[str]) -> Any:
+    """``value``, a config override (``num_labels=3``), unless ``name`` misspells a keyword
+    (``dtpye``): checked before any work, as a config can't be told from a typo before it
+    is read (one the config lacks is refused once it is: ``bridge.hub``)."""
+    close = did_you_mean(name, [*own, "torch_dtype", "tp_plan", *REFUSED, *IGNORED])
     if close:
-        return (f"from_pretrained got {name}={shown(value)}: no such keyword; did you mean "
-                f"{close}=? (weightplan's keywords are listed in "
-                "help(weightplan.from_pretrained))")
-    return (f"from_pretrained got {name}={shown(value)}, which weightplan doesn't take: config "
-            f"overrides are not applied (edit config.json, or {OWN_MODEL}); weightplan's "
-            "keywords are listed in help(weightplan.from_pretrained)")
+        raise ArgumentError(f"from_pretrained got {name}={shown(value)}: no such keyword; "
+                            f"did you mean {close}=? (weightplan's keywords are listed in "
+                            "help(weightplan.from_pretrained))")
+    return value
 
 
 def device_from_map(device_map: object, device: object, tp: object,

@@ -77,26 +77,26 @@ def from_pretrained(name_or_path: str | os.PathLike[str], *,
         dequantize: whether a quantized checkpoint loads dequantized (:func:`keeps_quantized`).
         device, device_map, max_memory, offload_folder: as :func:`explain` (placed on
             several devices or the disk, the model runs through accelerate's hooks).
-        tp: ``"auto"`` or a :class:`TensorParallel`: each rank loads its part of a model
-            prepared as transformers' ``tp_plan="auto"`` does (``experts="ep"``: EP), whose
-            forward runs across the ranks (under torchrun, the group is started if need be).
+        tp: ``"auto"`` or a :class:`TensorParallel`: each rank loads its part of a model prepared as transformers'
+            ``tp_plan="auto"`` does (``experts="ep"``: EP), run across the ranks (under torchrun: the group started).
         strict, progress: as :meth:`Plan.execute`; mapping, budget, threads, dequantize_on: as :func:`explain`;
             adapter (a directory or repo id), adapter_name, adapter_revision, merge: see the module.
         return_report / output_loading_info: also return the :class:`LoadReport` / transformers' info;
         revision, cache_dir, local_files_only, token, subfolder, variant, attn_implementation, experts_implementation,
-            generation_config, torch_dtype (``dtype``): as transformers; others refused (:mod:`.keywords`).
+            generation_config, torch_dtype, tp_plan="auto", config overrides (``num_labels=3``): as in :mod:`.keywords`.
 
     Example:
         >>> model = weightplan.from_pretrained("org/tiny-llama", tp="auto")  # doctest: +SKIP
     """
     _one_return(return_report, output_loading_info, dequantize_on)
-    dtype, tp = fold_transformers_keywords(transformers_only, dtype, _OWN), _alone(tp, adapter)
-    device, keep, (tensor_parallel, mesh) = (device_from_map(device_map, device, tp),
+    dtype, tp, overrides = fold_transformers_keywords(transformers_only, dtype, _OWN, tp)
+    device, keep, (tensor_parallel, mesh) = (device_from_map(device_map, device, _alone(tp, adapter)),
                                              keeps_quantized(dequantize, dtype, tp, merge), _parallel(tp))
     with _agreed(tensor_parallel):  # (a cooperative load's ranks agree here: none waits in vain)
         read, adapter = _resolved(name_or_path, adapter, adapter_revision, revision=revision, cache_dir=cache_dir,
                                   token=token, local_files_only=local_files_only, subfolder=subfolder, variant=variant)
-        builds = (attn_implementation, experts_implementation, model_class, transformers_only.get("trust_remote_code"))
+        builds = (attn_implementation, experts_implementation, model_class, transformers_only.get("trust_remote_code"),
+                  overrides)
         model = _built(read, tensor_parallel, mesh, builds, progress, (keep, dequantize, dequantize_on), dtype)
     with status(f"planning the load of {read.path}", "planned the load", progress):
         plan = _explain(model, read, adapter, adapter_name, merge, dtype=dtype, mapping=mapping,
@@ -317,7 +317,7 @@ def _parallel(tp: object) -> tuple[TensorParallel | None, Any]:
 
 
 def _built(read: DirectoryRead, tp: TensorParallel | None, mesh: Any,
-           implementations: tuple[str | None, str | None, Any, Any], progress: bool | None,
+           implementations: tuple[str | None, str | None, Any, Any, Any], progress: bool | None,
            quantized: tuple[bool, bool | None, str], dtype: object) -> torch.nn.Module:
     """The model on meta; ``quantized``: (:func:`keeps_quantized`, dequantize, dequantize_on)."""
     from weightplan.bridge.distribute import prepare_tensor_parallel
@@ -325,12 +325,12 @@ def _built(read: DirectoryRead, tp: TensorParallel | None, mesh: Any,
 
     with status(f"building the model {read.directory / 'config.json'} names (on meta)",
                 "built the model", progress):
-        attn, experts, model_class, trust = implementations  # (model_class: the class built, if given)
+        attn, experts, model_class, trust, overrides = implementations  # (model_class: the class built, if given)
         keep = _runs_kept(quantized[0], quantized[1], read)
         built = build_empty_model(read.path, attn_implementation=attn, trust_remote_code=trust,
                                   experts_implementation=experts, model_class=model_class,
                                   keep_quantized=keep[0], must_keep=keep[1],
-                                  dtype=_build_dtype(dtype, read), config_json=read.config)
+                                  dtype=_build_dtype(dtype, read), config_json=read.config, overrides=overrides)
         model = built.model
         if built.note is not None:
             import warnings

@@ -46,13 +46,13 @@ def config_path(checkpoint: str | Path) -> Path | None:
 
 
 def build_empty_model(checkpoint: str | Path, *, attn_implementation: str | None = None,
-                      experts_implementation: str | None = None,
-                      keep_quantized: bool = False, dtype: torch.dtype | None = None,
-                      config_json: Mapping[str, object] | None = None, model_class: Any = None,
-                      must_keep: bool = False, trust_remote_code: object = None) -> BuiltModel:
+                      experts_implementation: str | None = None, keep_quantized: bool = False,
+                      dtype: torch.dtype | None = None, config_json: Mapping[str, object] | None = None,
+                      model_class: Any = None, must_keep: bool = False, trust_remote_code: object = None,
+                      overrides: Mapping[str, Any] | None = None) -> BuiltModel:
     """Build the model ``config.json`` describes, with its parameters on ``meta``
-    (``attn_implementation`` / ``experts_implementation``: as transformers' keywords;
-    ``config_json``: the file as its caller read it, else read here, once).
+    (``attn_implementation`` / ``experts_implementation``: as transformers' keywords; ``overrides`` (``num_labels=3``):
+    set as transformers' ``from_dict`` sets them; ``config_json``: the file as its caller read it, else read here once).
     ``keep_quantized``: when the config says the checkpoint is quantized in a format the
     model can hold (block FP8), build it with the quantized layers (serving's way:
     :mod:`weightplan.bridge.quantized`); else the plain one, loaded dequantized — also
@@ -63,13 +63,13 @@ def build_empty_model(checkpoint: str | Path, *, attn_implementation: str | None
     ``embed_scale`` buffer) holds it, what it makes in float32 (rotary ``inv_freq``) stays;
     the meta tensors made in it are float32 again, as a float32 build gives them (the plan
     casts each to the load's dtype, keeping the ones the model keeps in float32).
-    ``model_class``: the class built instead of ``architectures[0]``'s (:func:`given_class`).
+    ``model_class``: the class built instead of ``architectures[0]``'s (:func:`given_class`);
     ``trust_remote_code``: as transformers' (what it would import: refused, ``config_guard``).
 
     Raises:
         ModelBuildError: there is no ``config.json``, transformers is not installed, or
             transformers can't read the config or build the class (the message says which).
-        ArgumentError: a ``model_class`` that is no class for this config.
+        ArgumentError: a ``model_class`` that is no class for this config, or an override.
         QuantizationError: ``must_keep`` and the format is not one a model holds here.
     """
     path = config_path(checkpoint)
@@ -82,7 +82,7 @@ def build_empty_model(checkpoint: str | Path, *, attn_implementation: str | None
         raise ModelBuildError(f"{path}: building a model needs transformers, which is not "
                               "installed (pip install transformers), or pass --model-type"
                               ) from e
-    config = _read_config(transformers, path, config_json, trust_remote_code, model_class)
+    config = _read_config(transformers, path, config_json, trust_remote_code, model_class, overrides)
     if attn_implementation is not None:  # as from_pretrained(attn_implementation=...) does
         config._attn_implementation = attn_implementation
     if experts_implementation is not None:
@@ -151,10 +151,12 @@ def _meta_as_float32(model: nn.Module, dtype: torch.dtype | None) -> None:
 
 
 def _read_config(transformers: Any, path: Path, read: Mapping[str, object] | None,
-                 trust_remote_code: object = None, model_class: Any = None) -> Any:
+                 trust_remote_code: object = None, model_class: Any = None,
+                 overrides: Mapping[str, Any] | None = None) -> Any:
     """transformers' config of ``path``, made from the file as read once (``read``, else
-    read here): what ``AutoConfig.from_pretrained`` makes of the file's dict (refused where
-    transformers would import the classes its ``auto_map`` names instead)."""
+    read here): what ``AutoConfig.from_pretrained`` makes of the file's dict and
+    ``overrides`` (refused where transformers would import the classes its ``auto_map``
+    names instead; an override it has no attribute for: :class:`ArgumentError`)."""
     from weightplan.bridge.config_bounds import check_config_bounds
     from weightplan.bridge.config_guard import read_config_json, refuse_remote_code
 
@@ -165,23 +167,66 @@ def _read_config(transformers: Any, path: Path, read: Mapping[str, object] | Non
                   if getattr(model_class, "_model_mapping", None) is not None else "")
     refuse_remote_code(path, words, trust_remote_code=trust_remote_code, built_in=built_in,
                        auto_class=auto_class)  # (what transformers would import: refused)
-    check_config_bounds(words, path)  # before any module is built
+    overrides = dict(overrides or {})
+    check_config_bounds({**words, **overrides}, path)  # before any module is built
     try:
-        return _auto_config(transformers, copy.deepcopy(words), path)
+        config, unused = _auto_config(transformers, copy.deepcopy(words), path, overrides)
     except Exception as e:  # ValueError / KeyError / TypeError by version and config
-        raise ModelBuildError(f"{path}: transformers can't read this config: "
-                              f"{type(e).__name__}: {e}") from e
+        raise _unreadable(transformers, words, path, overrides, e) from e
+    if unused:
+        raise _not_config_words(unused, config, path)
+    return config
 
 
-def _auto_config(transformers: Any, words: dict, path: Path) -> Any:
+def _unreadable(transformers: Any, words: dict, path: Path, overrides: dict[str, Any],
+                error: Exception) -> Exception:
+    """Why the config can't be read: the overrides' fault (an ``ArgumentError`` naming
+    them) when the file alone reads, else the file's (a ``ModelBuildError``)."""
+    from weightplan.errors import ArgumentError
+
+    said = f"{type(error).__name__}: {error}"
+    if overrides:
+        try:
+            _auto_config(transformers, copy.deepcopy(words), path, {})
+        except Exception:  # (the file itself: said below)
+            pass
+        else:
+            return ArgumentError(f"from_pretrained({', '.join(f'{k}=' for k in overrides)}...): "
+                                 f"transformers' {words.get('model_type')} config ({path}) refuses "
+                                 f"the override: {said}")
+    return ModelBuildError(f"{path}: transformers can't read this config: {said}")
+
+
+def _not_config_words(unused: Mapping[str, Any], config: Any, path: Path) -> Exception:
+    """Why keywords the config has no attribute for are refused: transformers passes them
+    to the model class's ``__init__``, which weightplan calls with the config only."""
+    from weightplan.errors import ArgumentError
+
+    def shown(value: Any) -> str:  # (a config's repr is its whole JSON: its type then)
+        text = repr(value)
+        return f"{type(value).__name__}(...)" if "\n" in text or len(text) > 60 else text
+
+    words = ", ".join(f"{k}={shown(v)}" for k, v in unused.items())
+    return ArgumentError(
+        f"from_pretrained got {words}: not an attribute of {type(config).__name__} ({path}), "
+        "so not a config override (transformers passes such a keyword to the model's "
+        "__init__; weightplan builds the model from the config alone): set it on the config "
+        "after loading, or build the model yourself and weightplan.load(model, path); "
+        "weightplan's keywords are listed in help(weightplan.from_pretrained)")
+
+
+def _auto_config(transformers: Any, words: dict, path: Path,
+                 overrides: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """The config class ``model_type`` names, made from ``words`` as ``AutoConfig`` makes
     it (a ``mistral`` config with ``layer_types`` is read as ``ministral`` there; floats
     JSON can't hold, written ``{"__float__": "Infinity"}``, decoded as its file reader
     decodes them); a config naming no ``model_type`` (or other files:
-    ``configuration_files``) is left to ``AutoConfig``, which reads the file again."""
+    ``configuration_files``) is left to ``AutoConfig``, which reads the file again. With the
+    ``overrides`` the config has no attribute for (``return_unused_kwargs``)."""
     kind = words.get("model_type")
     if not isinstance(kind, str) or "configuration_files" in words:
-        return transformers.AutoConfig.from_pretrained(str(path.parent), trust_remote_code=False)
+        return transformers.AutoConfig.from_pretrained(
+            str(path.parent), trust_remote_code=False, return_unused_kwargs=True, **overrides)
     if kind == "mistral" and "layer_types" in words:
         words["model_type"] = kind = "ministral"
     mapping = _config_mapping(transformers)
@@ -191,7 +236,7 @@ def _auto_config(transformers: Any, words: dict, path: Path) -> Any:
     cls = mapping[kind]
     decoded = getattr(cls, "_decode_special_floats", None)  # (transformers 5: inf, nan)
     return cls.from_dict(words if decoded is None else decoded(words),
-                         name_or_path=str(path.parent))
+                         name_or_path=str(path.parent), return_unused_kwargs=True, **overrides)
 
 
 def _config_mapping(transformers: Any) -> Any:
