@@ -14,14 +14,10 @@ import transformers as T
 from safetensors.torch import load_file
 
 import weightplan
+from tests.interop.test_save_keys import LLAMA, MIXTRAL  # (the same tiny configs)
 
 peft = pytest.importorskip("peft")
 
-LLAMA = T.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False)
-MIXTRAL = T.MixtralConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
-                          num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                          num_local_experts=3, num_experts_per_tok=2, tie_word_embeddings=False)
 HEADS = [(T.LlamaForCausalLM, T.LlamaModel, LLAMA), (T.LlamaModel, T.LlamaForCausalLM, LLAMA),
          (T.MixtralForCausalLM, T.MixtralModel, MIXTRAL)]
 
